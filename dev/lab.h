@@ -1,0 +1,183 @@
+/*
+The kernel lab's harness: random inputs, poisoned outputs, comparison with a double-precision reference,
+and timing. Each op family has a file dev/lab_<family>.cuh with one function that runs its checks (and,
+with --bench, its benchmarks); dev/kernel_lab.cu calls them all and prints `N passed, M failed`.
+
+How a check goes:
+  1. make fresh random inputs on the host (never zeros, a new seed per check),
+  2. round them to floatX (so the reference sees exactly the values the kernel sees) and upload them,
+  3. poison every output buffer (all bits set: NaN in fp32 and in bf16), so an element the kernel forgets
+     to write can never pass by accident,
+  4. run the kernel, download, and compare against a plain C++ loop that accumulates in double.
+A result passes when |got - ref| <= atol + rtol * |ref| for every element (and got is finite).
+*/
+#pragma once
+
+#include <vector>
+#include <algorithm>
+#include <string>
+#include <functional>
+#include <cstdio>
+#include <cstdint>
+#include <cmath>
+#include <cstring>
+#include "../llmc/cuda_common.cuh"
+
+constexpr bool kBF16 = sizeof(floatX) == 2;
+
+// one of two tolerances, by the build's precision
+inline double by_precision(double fp32_value, double bf16_value) { return kBF16 ? bf16_value : fp32_value; }
+
+struct LabState {
+    int passed = 0;
+    int failed = 0;
+    bool bench = false;        // --bench: also time each kernel at GPT-2 124M shapes
+    std::string only;          // --only NAME: run the families whose name contains NAME
+    uint64_t seed = 1337;      // advanced for every random array, so inputs are fresh everywhere
+};
+inline LabState lab;
+
+// ----------------------------------------------------------------------------
+// random inputs
+
+inline uint64_t splitmix64(uint64_t& state) {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+// uniform in [lo, hi], with exact zeros nudged away (a zero input hides bugs such as a missing term)
+inline std::vector<float> random_floats(size_t count, float lo = -1.0f, float hi = 1.0f) {
+    uint64_t state = lab.seed++ * 0x2545f4914f6cdd1dull;
+    std::vector<float> values(count);
+    for (size_t i = 0; i < count; i++) {
+        double unit = (splitmix64(state) >> 11) * (1.0 / 9007199254740992.0);
+        float v = (float)(lo + (hi - lo) * unit);
+        if (v == 0.0f) v = 1e-3f;
+        values[i] = v;
+    }
+    return values;
+}
+
+inline std::vector<int> random_ints(size_t count, int lo, int hi_exclusive) {
+    uint64_t state = lab.seed++ * 0x2545f4914f6cdd1dull;
+    std::vector<int> values(count);
+    for (size_t i = 0; i < count; i++) values[i] = lo + (int)(splitmix64(state) % (uint64_t)(hi_exclusive - lo));
+    return values;
+}
+
+// the values as the kernel will see them: rounded to floatX
+inline std::vector<float> round_to_floatX(std::vector<float> values) {
+    for (float& v : values) v = (float)(floatX)v;
+    return values;
+}
+
+// ----------------------------------------------------------------------------
+// device buffers
+
+template <class T>
+struct DeviceBuffer {
+    T* ptr = nullptr;
+    size_t count = 0;
+
+    explicit DeviceBuffer(size_t n) : count(n) { cudaCheck(cudaMalloc(&ptr, n * sizeof(T))); }
+    DeviceBuffer(const DeviceBuffer&) = delete;
+    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+    ~DeviceBuffer() { cudaCheck(cudaFree(ptr)); }
+
+    // upload host values, converting each to T
+    template <class Source>
+    void upload(const std::vector<Source>& values) {
+        std::vector<T> converted(count);
+        for (size_t i = 0; i < count; i++) converted[i] = (T)values[i];
+        cudaCheck(cudaMemcpy(ptr, converted.data(), count * sizeof(T), cudaMemcpyHostToDevice));
+    }
+    // download, converting each element to float
+    std::vector<float> download() const {
+        std::vector<T> raw(count);
+        cudaCheck(cudaMemcpy(raw.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost));
+        std::vector<float> values(count);
+        for (size_t i = 0; i < count; i++) values[i] = (float)raw[i];
+        return values;
+    }
+    // all bits set: NaN as fp32 and as bf16, -1 as an integer
+    void poison() { cudaCheck(cudaMemset(ptr, 0xff, count * sizeof(T))); }
+    void zero() { cudaCheck(cudaMemset(ptr, 0, count * sizeof(T))); }
+};
+
+// ----------------------------------------------------------------------------
+// comparison
+
+// Compares every element; prints one line with the worst error and the tolerance; counts the result.
+inline bool check_close(const std::string& name, const std::vector<float>& got, const std::vector<double>& ref,
+                        double atol, double rtol) {
+    if (got.size() != ref.size() || got.empty()) {
+        printf("  FAIL %-48s size %zu, expected %zu\n", name.c_str(), got.size(), ref.size());
+        lab.failed++;
+        return false;
+    }
+    // the worst element is the one that comes closest to (or goes furthest past) its allowed error
+    size_t worst = 0, bad = 0;
+    double worst_excess = -INFINITY;
+    for (size_t i = 0; i < got.size(); i++) {
+        double diff = std::isfinite(got[i]) ? std::fabs((double)got[i] - ref[i]) : INFINITY;
+        double excess = diff - (atol + rtol * std::fabs(ref[i]));
+        if (excess > 0) bad++;
+        if (excess > worst_excess) { worst_excess = excess; worst = i; }
+    }
+    double diff = std::fabs((double)got[worst] - ref[worst]);
+    bool ok = bad == 0;
+    printf("  %s %-48s worst |err| %.3e (rel %.2e) at %zu: got %.6g ref %.6g   tol %.0e + %.0e*|ref|",
+           ok ? "ok  " : "FAIL", name.c_str(), diff, diff / std::max(std::fabs(ref[worst]), 1e-30), worst,
+           (double)got[worst], ref[worst], atol, rtol);
+    if (!ok) printf("   (%zu of %zu elements out of tolerance)", bad, got.size());
+    printf("\n");
+    (ok ? lab.passed : lab.failed)++;
+    return ok;
+}
+
+// A yes/no check that is not a numerical comparison (e.g. "two runs gave the same bits").
+inline bool check_true(const std::string& name, bool condition, const std::string& detail = "") {
+    printf("  %s %-48s %s\n", condition ? "ok  " : "FAIL", name.c_str(), detail.c_str());
+    (condition ? lab.passed : lab.failed)++;
+    return condition;
+}
+
+inline std::vector<double> to_double(const std::vector<float>& values) {
+    return std::vector<double>(values.begin(), values.end());
+}
+
+// ----------------------------------------------------------------------------
+// benchmarking: median-free and simple: warm up once, then average over `repeats` runs timed with events
+// (CUDA events on a GPU; wall clock on the CPU device).
+
+inline double time_ms(const std::function<void()>& run, int repeats = 10) {
+    run();
+    cudaEvent_t start, stop;
+    cudaCheck(cudaEventCreate(&start));
+    cudaCheck(cudaEventCreate(&stop));
+    cudaCheck(cudaEventRecord(start, 0));
+    for (int i = 0; i < repeats; i++) run();
+    cudaCheck(cudaEventRecord(stop, 0));
+    cudaCheck(cudaEventSynchronize(stop));
+    float elapsed = 0.0f;
+    cudaCheck(cudaEventElapsedTime(&elapsed, start, stop));
+    cudaCheck(cudaEventDestroy(start));
+    cudaCheck(cudaEventDestroy(stop));
+    return elapsed / repeats;
+}
+
+// prints one benchmark line; pass bytes moved and/or flops done by one run (0 when not meaningful)
+inline void report_bench(const std::string& name, double ms, double bytes, double flops) {
+    printf("  bench %-44s %9.3f ms", name.c_str(), ms);
+    if (bytes > 0) printf("  %8.1f GB/s", bytes / (ms * 1e-3) / 1e9);
+    if (flops > 0) printf("  %8.2f TFLOP/s", flops / (ms * 1e-3) / 1e12);
+    printf("\n");
+}
+
+inline bool family_selected(const char* family) {
+    bool selected = lab.only.empty() || std::string(family).find(lab.only) != std::string::npos;
+    if (selected) printf("%s\n", family);
+    return selected;
+}

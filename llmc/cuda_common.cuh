@@ -1,0 +1,221 @@
+/*
+Everything a kernel header needs, in both builds.
+
+Every kernel in llmc/ is written once in CUDA C++ and compiled two ways:
+  - by nvcc for the GPU (this header then pulls in the CUDA runtime, cuda_bf16 and cooperative_groups);
+  - by g++ for the CPU (this header then pulls in llmc/cpu/cuda.h, the CPU execution layer that runs the
+    same kernels: fibers for threads, a scheduler for barriers and warp operations, host memory for
+    device memory).
+Code below this point must not care which build it is in. The few places that must (cuBLASLt versus
+OpenBLAS, NCCL versus MPI) test LLMC_CPU, which the Makefile defines for the CPU build.
+
+Rules the kernels follow so that both builds compute the same thing:
+  - launches go through launch(kernel, grid, block, smem, stream, args...), never raw triple-chevrons;
+  - dynamic shared memory is declared with DYNAMIC_SHARED(type, name);
+  - bf16 values are converted to float explicitly before arithmetic ((float)x), and back with (floatX)y:
+    on the GPU bf16 + bf16 rounds to bf16, so the CPU stand-in refuses to compile it;
+  - elementwise kernels are grid-stride loops over Packed128 chunks, sized by grid_size_for().
+*/
+#pragma once
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstdint>
+#include <cstring>
+#include <cmath>
+
+#ifdef LLMC_CPU
+#include "cpu/cuda.h"
+#else
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cooperative_groups.h>
+#include <cooperative_groups/reduce.h>
+#endif
+
+// ----------------------------------------------------------------------------
+// error checking: every runtime call is wrapped, and a failure names the call site
+
+inline void cuda_check_impl(cudaError_t error, const char* file, int line) {
+    if (error != cudaSuccess) {
+        fprintf(stderr, "error: CUDA call failed at %s:%d: %s\n", file, line, cudaGetErrorString(error));
+        exit(EXIT_FAILURE);
+    }
+}
+#define cudaCheck(call) cuda_check_impl((call), __FILE__, __LINE__)
+
+// ----------------------------------------------------------------------------
+// precision: floatX is the type of parameters, activations and gradients.
+// BF16 is the default; -DENABLE_FP32 gives an all-fp32 build for exact comparisons.
+// Master weights, optimizer state, losses and all statistics are fp32 in both.
+
+#ifdef ENABLE_FP32
+typedef float floatX;
+#define PRECISION_NAME "FP32"
+#else
+typedef __nv_bfloat16 floatX;
+#define PRECISION_NAME "BF16"
+#endif
+
+// ----------------------------------------------------------------------------
+// dynamic shared memory, one spelling for both builds
+
+#ifdef LLMC_CPU
+#define DYNAMIC_SHARED(T, name) T* name = reinterpret_cast<T*>(::cudacpu::dynamic_shared_memory())
+#else
+#define DYNAMIC_SHARED(T, name) \
+    extern __shared__ __align__(16) unsigned char llmc_dynamic_smem_[]; \
+    T* name = reinterpret_cast<T*>(llmc_dynamic_smem_)
+#endif
+
+// ----------------------------------------------------------------------------
+// kernel launch: the one place where a kernel is started. Errors in the launch configuration (too many
+// threads, too much shared memory) are caught here in both builds.
+
+#ifndef LLMC_CPU
+template <typename... KernelParams, typename... Args>
+void launch(void (*kernel)(KernelParams...), dim3 grid, dim3 block, size_t shared_bytes,
+            cudaStream_t stream, Args&&... args) {
+    kernel<<<grid, block, shared_bytes, stream>>>(static_cast<KernelParams>(args)...);
+    cudaCheck(cudaGetLastError());
+}
+#endif
+// (the CPU build's launch() lives in llmc/cpu/device.h)
+
+// Kernels that want more than 48 KiB of dynamic shared memory must say so once (the GPU's default cap).
+template <typename... KernelParams>
+void allow_large_shared_memory(void (*kernel)(KernelParams...), size_t shared_bytes) {
+    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared_bytes));
+}
+
+// ----------------------------------------------------------------------------
+// the device we run on, asked once
+
+inline const cudaDeviceProp& device_properties() {
+    static cudaDeviceProp props = [] {
+        cudaDeviceProp p;
+        int device = 0;
+        cudaCheck(cudaGetDevice(&device));
+        cudaCheck(cudaGetDeviceProperties(&p, device));
+        return p;
+    }();
+    return props;
+}
+
+inline __host__ __device__ constexpr int ceil_div(long long a, long long b) { return (int)((a + b - 1) / b); }
+
+// A grid for a grid-stride loop over `work_items`: enough blocks to fill every multiprocessor a few times
+// over, never more than there is work. On the CPU device (few "multiprocessors") each emulated thread then
+// runs a long loop, which is what makes emulation cheap.
+inline int grid_size_for(long long work_items, int block_size) {
+    int enough = device_properties().multiProcessorCount * 4;
+    int needed = ceil_div(work_items, block_size);
+    return needed < enough ? (needed > 0 ? needed : 1) : enough;
+}
+
+// ----------------------------------------------------------------------------
+// Packed128: 16 bytes of elements moved with one vector load/store (LDG.128 on the GPU)
+
+template <class ElementType>
+struct alignas(16) Packed128 {
+    static constexpr int size = sizeof(int4) / sizeof(ElementType);
+    ElementType payload[size];
+
+    Packed128() = default;
+    __device__ __host__ explicit Packed128(int4 bits) { memcpy(&payload, &bits, sizeof(bits)); }
+    __device__ __host__ static Packed128 constant(ElementType value) {
+        Packed128 result;
+        for (int k = 0; k < size; k++) result.payload[k] = value;
+        return result;
+    }
+    __device__ __host__ ElementType& operator[](int index) { return payload[index]; }
+    __device__ __host__ const ElementType& operator[](int index) const { return payload[index]; }
+    __device__ __host__ int4 get_bits() const {
+        int4 bits;
+        memcpy(&bits, &payload, sizeof(bits));
+        return bits;
+    }
+};
+typedef Packed128<float> f128;
+typedef Packed128<floatX> x128;
+
+template <class ElementType>
+__device__ __forceinline__ Packed128<ElementType> load128(const ElementType* address) {
+    return Packed128<ElementType>{*reinterpret_cast<const int4*>(address)};
+}
+// load that will not be reused: do not keep it in cache
+template <class ElementType>
+__device__ __forceinline__ Packed128<ElementType> load128cs(const ElementType* address) {
+    return Packed128<ElementType>{__ldcs(reinterpret_cast<const int4*>(address))};
+}
+template <class ElementType>
+__device__ __forceinline__ void store128(ElementType* target, Packed128<ElementType> value) {
+    *reinterpret_cast<int4*>(target) = value.get_bits();
+}
+template <class ElementType>
+__device__ __forceinline__ void store128cs(ElementType* target, Packed128<ElementType> value) {
+    __stcs(reinterpret_cast<int4*>(target), value.get_bits());
+}
+
+// ----------------------------------------------------------------------------
+// reductions inside a warp and a block (fp32)
+
+__device__ __forceinline__ float warp_reduce_sum(float value) {
+    for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffff, value, offset);
+    return value;
+}
+__device__ __forceinline__ float warp_reduce_max(float value) {
+    for (int offset = 16; offset > 0; offset /= 2) value = fmaxf(value, __shfl_xor_sync(0xffffffff, value, offset));
+    return value;
+}
+
+// Sum over all threads of the block; every thread gets the result. blockDim.x must be a multiple of 32.
+// The trailing barrier lets a caller use block_reduce_sum twice in a row without a race on `partials`.
+__device__ inline float block_reduce_sum(float value) {
+    __shared__ float partials[32];
+    const int lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32;
+    const int num_warps = blockDim.x / 32;
+    value = warp_reduce_sum(value);
+    if (lane == 0) partials[warp] = value;
+    __syncthreads();
+    value = lane < num_warps ? partials[lane] : 0.0f;
+    value = warp_reduce_sum(value);
+    __syncthreads();
+    return value;
+}
+__device__ inline float block_reduce_max(float value) {
+    __shared__ float partials[32];
+    const int lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32;
+    const int num_warps = blockDim.x / 32;
+    value = warp_reduce_max(value);
+    if (lane == 0) partials[warp] = value;
+    __syncthreads();
+    value = lane < num_warps ? partials[lane] : -INFINITY;
+    value = warp_reduce_max(value);
+    __syncthreads();
+    return value;
+}
+
+// ----------------------------------------------------------------------------
+// Deterministic column sums. Several backward kernels (bias gradient, layernorm weight/bias gradients)
+// reduce over all B*T rows. Each block writes the partial sums of its rows to a scratch array
+// partials[num_partials][columns], and this kernel adds them up in a fixed order:
+//     target[c] += sum_{p = 0 .. num_partials-1} partials[p][c]
+// Same bits every run, no atomics.
+
+__global__ void add_column_partials_kernel(floatX* target, const float* partials, int num_partials, int columns) {
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < columns; c += gridDim.x * blockDim.x) {
+        float sum = 0.0f;
+        for (int p = 0; p < num_partials; p++) sum += partials[(size_t)p * columns + c];
+        target[c] = (floatX)((float)target[c] + sum);
+    }
+}
+
+inline void add_column_partials(floatX* target, const float* partials, int num_partials, int columns,
+                                cudaStream_t stream) {
+    const int block_size = 256;
+    launch(add_column_partials_kernel, grid_size_for(columns, block_size), block_size, 0, stream,
+           target, partials, num_partials, columns);
+}
