@@ -1,0 +1,84 @@
+# Every program builds two ways from the same sources:
+#   make            GPU variant with nvcc:  ./kernel_lab (BF16), ./kernel_lab_fp32 with PRECISION=FP32
+#   make cpu        CPU variant with g++ onto the CPU execution layer (llmc/cpu/): ./kernel_lab_cpu ...
+#   make test       builds what it can and runs every test on the CPU (and on the GPU when there is one)
+# Options: PRECISION=BF16|FP32 (default BF16), GPU_ARCH="80 90" (compute capabilities to build for).
+
+PRECISION ?= BF16
+GPU_ARCH ?= 80 90
+NVCC ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
+CXX := g++
+CUDA_INCLUDE ?= $(dir $(NVCC))../include
+
+ifeq ($(PRECISION),FP32)
+  SUFFIX := _fp32
+else ifeq ($(PRECISION),BF16)
+  SUFFIX :=
+else
+  $(error PRECISION must be BF16 or FP32, not '$(PRECISION)')
+endif
+
+PROGRAMS := kernel_lab
+HEADERS := $(wildcard llmc/*.cuh llmc/*.h llmc/cpu/*.h dev/*.h dev/*.cuh)
+
+# --- GPU build -------------------------------------------------------------------------------------
+GPU_GENCODE := $(foreach arch,$(GPU_ARCH),-gencode arch=compute_$(arch),code=sm_$(arch))
+NVCC_FLAGS := -std=c++17 -O3 -lineinfo $(GPU_GENCODE) -Xcompiler -Wall
+NVCC_LIBS := -lcublasLt -lcublas
+
+# --- CPU build -------------------------------------------------------------------------------------
+CPU_FLAGS := -std=c++17 -O2 -g -march=native -DLLMC_CPU -fopenmp -Wall -Wno-unknown-pragmas
+CPU_LIBS := -rdynamic -lboost_context -lopenblas -fopenmp
+ASAN_FLAGS := -std=c++17 -O1 -g -DLLMC_CPU -fopenmp -fsanitize=address,undefined -fno-sanitize-recover=all \
+              -fno-omit-frame-pointer
+
+.PHONY: all gpu cpu test run-tests clean check-gpu-tools check-cpu-tools
+all: gpu
+gpu: $(addsuffix $(SUFFIX),$(PROGRAMS))
+cpu: $(addsuffix $(SUFFIX)_cpu,$(PROGRAMS))
+
+# $(1) program name, $(2) its source: rules for the GPU and CPU variants in both precisions, and the
+# CPU variant under AddressSanitizer + UBSan
+define program_rules
+$(1): $(2) $(HEADERS) | check-gpu-tools
+	$(NVCC) $(NVCC_FLAGS) -x cu $(2) -o $$@ $(NVCC_LIBS)
+$(1)_fp32: $(2) $(HEADERS) | check-gpu-tools
+	$(NVCC) $(NVCC_FLAGS) -DENABLE_FP32 -x cu $(2) -o $$@ $(NVCC_LIBS)
+$(1)_cpu: $(2) $(HEADERS) | check-cpu-tools
+	$(CXX) $(CPU_FLAGS) -x c++ $(2) -o $$@ $(CPU_LIBS)
+$(1)_fp32_cpu: $(2) $(HEADERS) | check-cpu-tools
+	$(CXX) $(CPU_FLAGS) -DENABLE_FP32 -x c++ $(2) -o $$@ $(CPU_LIBS)
+$(1)_cpu_asan: $(2) $(HEADERS) | check-cpu-tools
+	$(CXX) $(ASAN_FLAGS) -x c++ $(2) -o $$@ $(CPU_LIBS)
+endef
+$(eval $(call program_rules,kernel_lab,dev/kernel_lab.cu))
+
+# tests of the CPU execution layer itself
+build/test_cpu_layer: dev/test_cpu_layer.cu $(HEADERS) | check-cpu-tools
+	@mkdir -p build
+	$(CXX) $(CPU_FLAGS) -x c++ $< -o $@ $(CPU_LIBS)
+build/test_cpu_layer_asan: dev/test_cpu_layer.cu $(HEADERS) | check-cpu-tools
+	@mkdir -p build
+	$(CXX) $(ASAN_FLAGS) -x c++ $< -o $@ $(CPU_LIBS)
+build/test_bf16: dev/test_bf16.cpp llmc/cpu/bf16.h | check-gpu-tools
+	@mkdir -p build
+	$(CXX) -std=c++17 -O2 -I$(CUDA_INCLUDE) $< -o $@
+
+# ---------------------------------------------------------------------------------------------------
+# test: CPU suites in both precisions and both lane orders, the sanitizer build, the GPU compile
+# (and the GPU suites when a GPU is present). scripts/run_tests.sh adds up the suites' closing lines.
+CPU_TEST_BINARIES := build/test_bf16 build/test_cpu_layer build/test_cpu_layer_asan \
+                     kernel_lab_cpu kernel_lab_fp32_cpu kernel_lab_cpu_asan
+test:
+	@bash scripts/install_deps.sh
+	@$(MAKE) --no-print-directory run-tests
+run-tests: $(CPU_TEST_BINARIES) kernel_lab kernel_lab_fp32
+	@bash scripts/run_tests.sh
+
+check-cpu-tools:
+	@bash scripts/check_tools.sh cpu
+check-gpu-tools:
+	@bash scripts/check_tools.sh gpu
+
+clean:
+	rm -rf build $(foreach p,$(PROGRAMS),$(p) $(p)_fp32 $(p)_cpu $(p)_fp32_cpu $(p)_cpu_asan)

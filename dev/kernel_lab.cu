@@ -1,0 +1,42 @@
+/*
+The kernel lab: every GPT-2 kernel in llmc/ checked against a plain C++ reference, in the build's
+precision, on the GPU or on the CPU device. With --bench it also times each kernel at GPT-2 124M shapes.
+
+    ./kernel_lab_cpu                     all checks (CPU build, BF16)
+    ./kernel_lab_fp32_cpu --only attention
+    ./kernel_lab --bench                 checks, then timings (GPU build)
+*/
+#include "lab.h"
+#include "lab_encoder.cuh"
+#include "lab_layernorm.cuh"
+#include "lab_matmul.cuh"
+#include "lab_attention.cuh"
+#include "lab_gelu.cuh"
+#include "lab_classifier.cuh"
+#include "lab_adamw.cuh"
+#include "lab_global_norm.cuh"
+
+int main(int argc, char** argv) {
+    for (int i = 1; i < argc; i++) {
+        std::string arg = argv[i];
+        if (arg == "--bench") {
+            lab.bench = true;
+        } else if (arg == "--only" && i + 1 < argc) {
+            lab.only = argv[++i];
+        } else {
+            fprintf(stderr, "usage: %s [--bench] [--only FAMILY]\n", argv[0]);
+            return EXIT_FAILURE;
+        }
+    }
+    printf("kernel lab: %s, %s\n", PRECISION_NAME, device_properties().name);
+    lab_encoder();
+    lab_layernorm();
+    lab_matmul();
+    lab_attention();
+    lab_gelu();
+    lab_classifier();
+    lab_adamw();
+    lab_global_norm();
+    printf("%d passed, %d failed\n", lab.passed, lab.failed);
+    return lab.failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

@@ -1,0 +1,243 @@
+/*
+Kernel lab: matmul forward and backward (cuBLASLt on the GPU, OpenBLAS on the CPU) and the hand-written
+bias-gradient kernel, against plain double-precision loops.
+
+The bias-gradient kernel takes any OC: rows whose length is a multiple of x128::size are read with 128-bit
+loads, other widths (OC = 50 below) element by element; both paths are checked.
+*/
+#pragma once
+
+#include "lab.h"
+#include "../llmc/matmul.cuh"
+
+// ----------------------------------------------------------------------------
+// references, accumulating in double; loops ordered so the innermost one runs along contiguous memory
+
+// out[n][o] = bias[o] + sum_c inp[n][c] * weight[o][c]   (without bias here; the caller adds it)
+static std::vector<double> matmul_lab_forward_reference(const std::vector<float>& inp, const std::vector<float>& weight,
+                                                        int N, int C, int OC) {
+    std::vector<double> out((size_t)N * OC);
+    for (int n = 0; n < N; n++) {
+        for (int o = 0; o < OC; o++) {
+            const float* x = &inp[(size_t)n * C];
+            const float* w = &weight[(size_t)o * C];
+            double sum = 0.0;
+            for (int c = 0; c < C; c++) sum += (double)x[c] * (double)w[c];
+            out[(size_t)n * OC + o] = sum;
+        }
+    }
+    return out;
+}
+
+// dinp[n][c] = sum_o dout[n][o] * weight[o][c]
+static std::vector<double> matmul_lab_dinp_reference(const std::vector<float>& dout, const std::vector<float>& weight,
+                                                     int N, int C, int OC) {
+    std::vector<double> dinp((size_t)N * C, 0.0);
+    for (int n = 0; n < N; n++) {
+        double* row = &dinp[(size_t)n * C];
+        for (int o = 0; o < OC; o++) {
+            const double g = dout[(size_t)n * OC + o];
+            const float* w = &weight[(size_t)o * C];
+            for (int c = 0; c < C; c++) row[c] += g * (double)w[c];
+        }
+    }
+    return dinp;
+}
+
+// dweight[o][c] = start[o][c] + sum_n dout[n][o] * inp[n][c]
+static std::vector<double> matmul_lab_dweight_reference(const std::vector<float>& start, const std::vector<float>& dout,
+                                                        const std::vector<float>& inp, int N, int C, int OC) {
+    std::vector<double> dweight = to_double(start);
+    for (int o = 0; o < OC; o++) {
+        double* row = &dweight[(size_t)o * C];
+        for (int n = 0; n < N; n++) {
+            const double g = dout[(size_t)n * OC + o];
+            const float* x = &inp[(size_t)n * C];
+            for (int c = 0; c < C; c++) row[c] += g * (double)x[c];
+        }
+    }
+    return dweight;
+}
+
+// dbias[o] = start[o] + sum_n dout[n][o]
+static std::vector<double> matmul_lab_dbias_reference(const std::vector<float>& start, const std::vector<float>& dout,
+                                                      int N, int OC) {
+    std::vector<double> dbias = to_double(start);
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) dbias[o] += dout[(size_t)n * OC + o];
+    return dbias;
+}
+
+// ----------------------------------------------------------------------------
+// tolerances
+
+/*
+All inputs here are uniform in [-1, 1]: mean square 1/3, so a product of two has root mean square 1/3 and
+a single value 1/sqrt(3). A sum of K such terms, and each of its partial sums, is then about
+sqrt(K) * term_rms in size.
+
+FP32 accumulation (both precisions accumulate in fp32): each of the K additions rounds with a relative
+error of at most 2^-24 of the partial sum. The roundings have random signs and add up like a random walk,
+to about 2^-24 * sqrt(K) * (sqrt(K) * term_rms) on a typical output: one sqrt(K) from the number of
+roundings, one from the size of what is rounded, so the tolerance grows like K. The worst of 10^5..10^6
+outputs is a few times the typical one (the largest outputs have the largest partial sums, and the walk
+has a tail): OpenBLAS and a plain sequential fma loop both reach 3.6 times it at K = 64; we allow 16 times.
+Blocked or split sums, as BLAS libraries compute them, only shorten the walk. (The textbook worst-case
+bound, K * 2^-24 * sum|terms|, grows like K^2 and would be far too loose at K = 2304.)
+*/
+static double matmul_lab_fp32_sum_error(int K, double term_rms) {
+    return 16.0 * std::ldexp(1.0, -24) * std::sqrt((double)K) * (std::sqrt((double)K) * term_rms);
+}
+
+// atol for a sum of K terms of the given rms
+static double matmul_lab_atol(int K, double term_rms) {
+    // FP32: the accumulation error above.
+    // BF16: products of bf16 values are exact in fp32 and summed in fp32 (same error as above), then the
+    // result is rounded to bf16 once (covered by rtol). cuBLASLt may split K into parts and combine the
+    // parts in the output type, so allow one more bf16 rounding (2^-8 relative) of a typical-size sum.
+    const double fp32_error = matmul_lab_fp32_sum_error(K, term_rms);
+    return by_precision(fp32_error, fp32_error + std::ldexp(1.0, -8) * std::sqrt((double)K) * term_rms);
+}
+
+// rtol: twice the unit roundoff of floatX, for the one rounding of the result and the rounding of the
+// starting value's addition when accumulating. Rounding to nearest is off by at most half a unit in the
+// last place: 2^-24 relative for fp32 (24 significant bits), 2^-8 for bf16 (8 significant bits: 7 stored
+// and the implicit leading one; a value just above a power of two really is off by that much).
+static double matmul_lab_rtol() { return by_precision(std::ldexp(1.0, -23), std::ldexp(1.0, -7)); }
+
+// ----------------------------------------------------------------------------
+// one shape: forward and backward, without and with bias, on the same inputs
+
+static void matmul_lab_check_shape(int N, int C, int OC) {
+    const double product_rms = 1.0 / 3.0, value_rms = 1.0 / std::sqrt(3.0);
+    const std::vector<float> inp = round_to_floatX(random_floats((size_t)N * C));
+    const std::vector<float> weight = round_to_floatX(random_floats((size_t)OC * C));
+    const std::vector<float> bias = round_to_floatX(random_floats(OC));
+    const std::vector<float> dout = round_to_floatX(random_floats((size_t)N * OC));
+    // non-zero starting gradients, so that "accumulates" and "overwrites" are both checked
+    const std::vector<float> dweight_start = round_to_floatX(random_floats((size_t)OC * C));
+    const std::vector<float> dbias_start = round_to_floatX(random_floats(OC));
+
+    const std::vector<double> out_reference_no_bias = matmul_lab_forward_reference(inp, weight, N, C, OC);
+    std::vector<double> out_reference_bias = out_reference_no_bias;
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) out_reference_bias[(size_t)n * OC + o] += bias[o];
+    const std::vector<double> dinp_reference = matmul_lab_dinp_reference(dout, weight, N, C, OC);
+    const std::vector<double> dweight_reference = matmul_lab_dweight_reference(dweight_start, dout, inp, N, C, OC);
+    const std::vector<double> dbias_reference = matmul_lab_dbias_reference(dbias_start, dout, N, OC);
+
+    DeviceBuffer<floatX> d_inp((size_t)N * C), d_weight((size_t)OC * C), d_bias(OC), d_out((size_t)N * OC);
+    DeviceBuffer<floatX> d_dout((size_t)N * OC), d_dinp((size_t)N * C), d_dweight((size_t)OC * C), d_dbias(OC);
+    DeviceBuffer<float> d_scratch(matmul_backward_scratch_floats(N, OC));
+    d_inp.upload(inp);
+    d_weight.upload(weight);
+    d_bias.upload(bias);
+    d_dout.upload(dout);
+    const cudaStream_t stream = 0;
+
+    for (int with_bias = 0; with_bias <= 1; with_bias++) {
+        char shape[96];
+        snprintf(shape, sizeof(shape), "N=%d C=%d OC=%d%s", N, C, OC, with_bias ? " bias" : "");
+        const std::string name = shape;
+
+        d_out.poison();
+        d_dinp.poison();
+        d_scratch.poison();
+        d_dweight.upload(dweight_start);
+        d_dbias.upload(dbias_start);
+        matmul_forward(d_out.ptr, d_inp.ptr, d_weight.ptr, with_bias ? d_bias.ptr : nullptr, N, C, OC, stream);
+        matmul_backward(d_dinp.ptr, d_dweight.ptr, with_bias ? d_dbias.ptr : nullptr, d_scratch.ptr, d_dout.ptr,
+                        d_inp.ptr, d_weight.ptr, N, C, OC, stream);
+        cudaCheck(cudaDeviceSynchronize());
+
+        // a bias adds a value of rms 1/sqrt(3) to sums that are larger; rtol covers its rounding
+        check_close("matmul_forward out " + name, d_out.download(),
+                    with_bias ? out_reference_bias : out_reference_no_bias, matmul_lab_atol(C, product_rms),
+                    matmul_lab_rtol());
+        check_close("matmul_backward dinp " + name, d_dinp.download(), dinp_reference, matmul_lab_atol(OC, product_rms),
+                    matmul_lab_rtol());
+        check_close("matmul_backward dweight (+=) " + name, d_dweight.download(), dweight_reference,
+                    matmul_lab_atol(N, product_rms), matmul_lab_rtol());
+        const std::vector<float> dbias_got = d_dbias.download();
+        if (!with_bias) {
+            // no bias: the bias gradient must be left alone
+            check_true("matmul_backward dbias untouched " + name, dbias_got == round_to_floatX(dbias_start));
+            continue;
+        }
+        check_close("matmul_backward dbias (+=) " + name, dbias_got, dbias_reference, matmul_lab_atol(N, value_rms),
+                    matmul_lab_rtol());
+
+        // deterministic: the bias gradient alone, again from the same start, gives the same bits
+        d_scratch.poison();
+        d_dbias.upload(dbias_start);
+        matmul_bias_backward(d_dbias.ptr, d_scratch.ptr, d_dout.ptr, N, OC, stream);
+        cudaCheck(cudaDeviceSynchronize());
+        const std::vector<float> dbias_again = d_dbias.download();
+        check_true("matmul_backward dbias deterministic " + name,
+                   memcmp(dbias_got.data(), dbias_again.data(), dbias_got.size() * sizeof(float)) == 0);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// benchmarks at GPT-2 124M shapes: the qkv (OC = 3C) and fc (OC = 4C) layers
+
+static void matmul_lab_bench(int OC) {
+#ifdef LLMC_CPU
+    const int N = 256;  // the CPU is slow: B*T = 256 instead of 8192
+#else
+    const int N = 8 * 1024;
+#endif
+    const int C = 768;
+    char shape[96];
+    snprintf(shape, sizeof(shape), "N=%d C=%d OC=%d", N, C, OC);
+    const std::string name = shape;
+
+    DeviceBuffer<floatX> inp((size_t)N * C), weight((size_t)OC * C), bias(OC), out((size_t)N * OC);
+    DeviceBuffer<floatX> dout((size_t)N * OC), dinp((size_t)N * C), dweight((size_t)OC * C), dbias(OC);
+    DeviceBuffer<float> scratch(matmul_backward_scratch_floats(N, OC));
+    inp.upload(random_floats(inp.count));
+    weight.upload(random_floats(weight.count));
+    bias.upload(random_floats(bias.count));
+    dout.upload(random_floats(dout.count));
+    dweight.zero();
+    dbias.zero();
+    const cudaStream_t stream = 0;
+    const double x = sizeof(floatX);
+    const double flops = 2.0 * N * C * OC;  // one product
+
+    double ms = time_ms([&] { matmul_forward(out.ptr, inp.ptr, weight.ptr, bias.ptr, N, C, OC, stream); });
+    report_bench("matmul_forward " + name, ms, x * ((double)N * C + (double)OC * C + OC + (double)N * OC), flops);
+
+    ms = time_ms([&] {
+        matmul_backward(dinp.ptr, dweight.ptr, dbias.ptr, scratch.ptr, dout.ptr, inp.ptr, weight.ptr, N, C, OC, stream);
+    });
+    // dinp reads dout and weight and writes dinp; dweight reads dout and inp and updates dweight; dbias
+    // reads dout once more and writes and reads the partials
+    report_bench("matmul_backward " + name, ms,
+                 x * (3.0 * N * OC + 3.0 * OC * C + 2.0 * N * C) + 4.0 * scratch.count * 2, 2 * flops);
+
+    ms = time_ms([&] { matmul_bias_backward(dbias.ptr, scratch.ptr, dout.ptr, N, OC, stream); });
+    // reads dout once, writes and reads the partials once, reads and writes dbias
+    report_bench("matmul_bias_backward " + name, ms, x * ((double)N * OC + 2.0 * OC) + 4.0 * scratch.count * 2, 0);
+}
+
+// ----------------------------------------------------------------------------
+
+void lab_matmul() {
+    if (!family_selected("matmul")) return;
+
+    // small and odd: rows fewer than one bias-gradient chunk, OC not a multiple of the 256-column block
+    matmul_lab_check_shape(37, 64, 96);
+    // OC = 50: not a multiple of x128::size, the bias gradient's element-by-element path; N = 300: several
+    // row chunks, the last one partial
+    matmul_lab_check_shape(300, 40, 50);
+    // GPT-2 widths: the qkv layer (OC = 3C), and the attention projection (OC = C) over two row chunks
+    matmul_lab_check_shape(64, 768, 2304);
+    matmul_lab_check_shape(128, 768, 768);
+
+    if (lab.bench) {
+        matmul_lab_bench(3072);
+        matmul_lab_bench(2304);
+    }
+    matmul_teardown();
+}

@@ -1,0 +1,273 @@
+/*
+Layer normalization, forward and backward, and the residual addition that comes before it (fused).
+
+For one row x of C values (the activation of one token):
+    mean   = (1/C) sum_i x_i
+    var    = (1/C) sum_i (x_i - mean)^2            biased: the row is the whole population
+    rstd   = 1 / sqrt(var + 1e-5)
+    norm_i = (x_i - mean) * rstd
+    out_i  = norm_i * weight_i + bias_i
+mean and rstd (fp32, one of each per row) are kept for the backward pass.
+
+Backward, for one row, with dnorm_i = dout_i * weight_i:
+    dbias_i   += dout_i                                   (summed over all rows)
+    dweight_i += dout_i * norm_i                          (summed over all rows)
+    dinp_i    += rstd * (dnorm_i - mean_j(dnorm_j) - norm_i * mean_j(dnorm_j * norm_j))
+The last line is the chain rule through mean and rstd: moving one x_i moves the mean, which shifts every
+norm_j equally (the first correction), and changes the spread, which scales every norm_j in proportion
+to itself (the second correction).
+
+What each launcher does with its outputs:
+    layernorm_forward                 out, mean, rstd: overwritten (mean/rstd may be null: not kept)
+    fused_residual_layernorm_forward  residual, normed, mean, rstd: overwritten
+    layernorm_backward                dinp, dweight, dbias: ACCUMULATED (+=). dinp is the gradient of the
+                                      residual stream, which already holds the gradient of the skip
+                                      connection; dweight/dbias accumulate over micro-steps.
+
+Work split: one warp per row. The 32 lanes stride across the row in 16-byte chunks, so a row needs two
+warp reductions and no block-wide synchronisation. All statistics are fp32, whatever floatX is.
+
+The backward pass sums dweight/dbias over all N rows without atomics, so that it gives the same bits on
+every run: each warp adds its rows into a private fp32 slice of shared memory, the block adds its warps'
+slices in warp order and writes one partial sum per block to `scratch`, and add_column_partials() adds
+the blocks' partials in block order.
+
+Constraints: C % x128::size == 0 (8 in BF16, 4 in FP32), which every GPT-2 width (768, 1024, 1280,
+1600) meets. The backward kernel keeps 8 warps x 2C floats in shared memory (64*C bytes, C rounded up
+to a multiple of 32 chunks: 48 KiB at C=768, 112 KiB at C=1600), so C is limited to about 2600 on
+A100 and 3600 on H100.
+Scratch for the backward pass: layernorm_backward_scratch_floats(N, C) floats (2*C per block; the number
+of blocks depends on the device's multiprocessor count).
+*/
+#pragma once
+
+#include "cuda_common.cuh"
+
+constexpr float LAYERNORM_EPSILON = 1e-5f;
+constexpr int LAYERNORM_WARPS_PER_BLOCK = 8;
+constexpr int LAYERNORM_BLOCK_SIZE = LAYERNORM_WARPS_PER_BLOCK * 32;
+// backward blocks resident per multiprocessor: 48 KiB of shared memory each at C=768 lets three fit on an
+// A100 (164 KiB) and an H100 (227 KiB); more blocks would only add partial sums to combine
+constexpr int LAYERNORM_BACKWARD_BLOCKS_PER_SM = 3;
+
+// ----------------------------------------------------------------------------
+// kernels
+
+// One warp normalizes one row: two passes for the statistics (the second subtracts the mean before
+// squaring, which keeps the variance accurate when the mean is large), a third writes the output.
+// The row is re-read from memory each pass; 1.5 KiB per row stays in L1.
+__device__ void layernorm_row(floatX* out_row, float* mean_out, float* rstd_out, const floatX* x_row,
+                              const floatX* weight, const floatX* bias, int C, int lane) {
+    float sum = 0.0f;
+    for (int c = lane * x128::size; c < C; c += 32 * x128::size) {
+        const x128 x = load128(x_row + c);
+        for (int k = 0; k < x128::size; k++) sum += (float)x[k];
+    }
+    const float mean = warp_reduce_sum(sum) / (float)C;
+
+    float squares = 0.0f;
+    for (int c = lane * x128::size; c < C; c += 32 * x128::size) {
+        const x128 x = load128(x_row + c);
+        for (int k = 0; k < x128::size; k++) {
+            const float centered = (float)x[k] - mean;
+            squares += centered * centered;
+        }
+    }
+    const float rstd = rsqrtf(warp_reduce_sum(squares) / (float)C + LAYERNORM_EPSILON);
+
+    for (int c = lane * x128::size; c < C; c += 32 * x128::size) {
+        const x128 x = load128cs(x_row + c);  // last use of the row
+        const x128 w = load128(weight + c);
+        const x128 b = load128(bias + c);
+        x128 result;
+        for (int k = 0; k < x128::size; k++) {
+            const float norm = ((float)x[k] - mean) * rstd;
+            result[k] = (floatX)(norm * (float)w[k] + (float)b[k]);
+        }
+        store128(out_row + c, result);
+    }
+    if (lane == 0 && mean_out != nullptr) *mean_out = mean;
+    if (lane == 0 && rstd_out != nullptr) *rstd_out = rstd;
+}
+
+// out[row] = layernorm(inp[row]); a grid-stride loop over rows, one warp per row.
+__global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, const floatX* inp,
+                                         const floatX* weight, const floatX* bias, int N, int C) {
+    const int warps_per_block = blockDim.x / 32;
+    const int lane = threadIdx.x % 32;
+    // `row` is the same for all lanes of a warp, so whole warps leave the loop together and the
+    // shuffles inside layernorm_row always see all 32 lanes
+    for (int row = blockIdx.x * warps_per_block + threadIdx.x / 32; row < N; row += gridDim.x * warps_per_block) {
+        layernorm_row(out + (size_t)row * C, mean ? mean + row : nullptr, rstd ? rstd + row : nullptr,
+                      inp + (size_t)row * C, weight, bias, C, lane);
+    }
+}
+
+// residual = inp1 + inp2 (rounded to floatX, as it is stored), normed = layernorm(residual).
+// The statistics are taken from the rounded residual, so that the backward pass, which only sees the
+// stored residual, differentiates exactly the function that was computed.
+__global__ void fused_residual_layernorm_forward_kernel(floatX* residual, floatX* normed, float* mean, float* rstd,
+                                                        const floatX* inp1, const floatX* inp2,
+                                                        const floatX* weight, const floatX* bias, int N, int C) {
+    const int warps_per_block = blockDim.x / 32;
+    const int lane = threadIdx.x % 32;
+    for (int row = blockIdx.x * warps_per_block + threadIdx.x / 32; row < N; row += gridDim.x * warps_per_block) {
+        const size_t offset = (size_t)row * C;
+        // Each lane writes the chunks that it alone reads back in layernorm_row (same lane-to-chunk
+        // mapping), so no synchronisation is needed between the two.
+        for (int c = lane * x128::size; c < C; c += 32 * x128::size) {
+            const x128 a = load128cs(inp1 + offset + c);
+            const x128 b = load128cs(inp2 + offset + c);
+            x128 sum;
+            for (int k = 0; k < x128::size; k++) sum[k] = (floatX)((float)a[k] + (float)b[k]);
+            store128(residual + offset + c, sum);
+        }
+        layernorm_row(normed + offset, mean + row, rstd + row, residual + offset, weight, bias, C, lane);
+    }
+}
+
+// Each warp keeps its running sums of dout*norm (dweight) and dout (dbias) in its own slice of shared
+// memory: [dweight sums | dbias sums], each `slice_width` floats (C rounded up to whole 32-lane passes).
+// Within a slice, column c sits at layernorm_slice_index(c): lane-minor, so that when all 32 lanes add
+// element k of their chunks they touch 32 consecutive floats, one per shared memory bank (stored by
+// column, lanes 8 floats apart would collide 8 ways on the same banks).
+__host__ __device__ inline int layernorm_slice_width(int C) { return ceil_div(C, 32 * x128::size) * 32 * x128::size; }
+
+__device__ inline int layernorm_slice_index(int c) {
+    const int chunk = c / x128::size;  // chunk `chunk` belongs to lane chunk % 32, in pass chunk / 32
+    const int pass = chunk / 32;
+    const int lane = chunk % 32;
+    const int k = c % x128::size;
+    return (pass * x128::size + k) * 32 + lane;
+}
+
+// dinp += layernorm backward (see the top of the file); this block's sums of dout*norm and dout over
+// its rows go to partials[0][blockIdx.x][0..C) and partials[1][blockIdx.x][0..C).
+// Dynamic shared memory: warps_per_block * 2 * layernorm_slice_width(C) floats.
+__global__ void layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp,
+                                          const floatX* weight, const float* mean, const float* rstd, int N, int C) {
+    DYNAMIC_SHARED(float, warp_sums);
+    const int warps_per_block = blockDim.x / 32;
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    const int slice_width = layernorm_slice_width(C);
+
+    for (int i = threadIdx.x; i < warps_per_block * 2 * slice_width; i += blockDim.x) warp_sums[i] = 0.0f;
+    __syncthreads();  // the zeroing above crosses warp slices; no warp may add into a slice before it is clear
+
+    float* dweight_sum = warp_sums + (size_t)warp * 2 * slice_width;
+    float* dbias_sum = dweight_sum + slice_width;
+    for (int row = blockIdx.x * warps_per_block + warp; row < N; row += gridDim.x * warps_per_block) {
+        const floatX* dout_row = dout + (size_t)row * C;
+        const floatX* inp_row = inp + (size_t)row * C;
+        floatX* dinp_row = dinp + (size_t)row * C;
+        const float row_mean = mean[row];
+        const float row_rstd = rstd[row];
+
+        // first pass: the two row means the chain rule needs, and this row's share of dweight/dbias
+        float sum_dnorm = 0.0f;
+        float sum_dnorm_norm = 0.0f;
+        for (int c = lane * x128::size; c < C; c += 32 * x128::size) {
+            const x128 g = load128(dout_row + c);
+            const x128 x = load128(inp_row + c);
+            const x128 w = load128(weight + c);
+            for (int k = 0; k < x128::size; k++) {
+                const float norm = ((float)x[k] - row_mean) * row_rstd;
+                const float dnorm = (float)g[k] * (float)w[k];
+                sum_dnorm += dnorm;
+                sum_dnorm_norm += dnorm * norm;
+                const int slot = layernorm_slice_index(c + k);
+                dweight_sum[slot] += (float)g[k] * norm;
+                dbias_sum[slot] += (float)g[k];
+            }
+        }
+        const float mean_dnorm = warp_reduce_sum(sum_dnorm) / (float)C;
+        const float mean_dnorm_norm = warp_reduce_sum(sum_dnorm_norm) / (float)C;
+
+        // second pass: accumulate the input gradient
+        for (int c = lane * x128::size; c < C; c += 32 * x128::size) {
+            const x128 g = load128cs(dout_row + c);
+            const x128 x = load128cs(inp_row + c);
+            const x128 w = load128(weight + c);
+            const x128 previous = load128(dinp_row + c);
+            x128 result;
+            for (int k = 0; k < x128::size; k++) {
+                const float norm = ((float)x[k] - row_mean) * row_rstd;
+                const float dnorm = (float)g[k] * (float)w[k];
+                const float grad = row_rstd * (dnorm - mean_dnorm - norm * mean_dnorm_norm);
+                result[k] = (floatX)((float)previous[k] + grad);
+            }
+            store128(dinp_row + c, result);
+        }
+    }
+    __syncthreads();  // every warp's slice is complete before the block adds them up
+
+    // add the warps' slices in warp order (fixed, hence deterministic); i < C is dweight, the rest dbias
+    for (int i = threadIdx.x; i < 2 * C; i += blockDim.x) {
+        const int which = i / C;
+        const int column = i % C;
+        const int slot = which * slice_width + layernorm_slice_index(column);
+        float sum = 0.0f;
+        for (int w = 0; w < warps_per_block; w++) sum += warp_sums[(size_t)w * 2 * slice_width + slot];
+        partials[((size_t)which * gridDim.x + blockIdx.x) * C + column] = sum;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// launchers
+
+inline void layernorm_check_width(const char* caller, int C) {
+    if (C <= 0 || C % x128::size != 0) {
+        fprintf(stderr, "error: %s: C = %d must be a positive multiple of %d (16 bytes of %s)\n", caller, C,
+                x128::size, PRECISION_NAME);
+        exit(EXIT_FAILURE);
+    }
+}
+
+void layernorm_forward(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* weight,
+                       const floatX* bias, int N, int C, cudaStream_t stream) {
+    layernorm_check_width("layernorm_forward", C);
+    const int grid = grid_size_for(N, LAYERNORM_WARPS_PER_BLOCK);
+    launch(layernorm_forward_kernel, grid, LAYERNORM_BLOCK_SIZE, 0, stream, out, mean, rstd, inp, weight, bias, N, C);
+}
+
+void fused_residual_layernorm_forward(floatX* residual, floatX* normed, float* mean, float* rstd,
+                                      const floatX* inp1, const floatX* inp2, const floatX* weight,
+                                      const floatX* bias, int N, int C, cudaStream_t stream) {
+    layernorm_check_width("fused_residual_layernorm_forward", C);
+    const int grid = grid_size_for(N, LAYERNORM_WARPS_PER_BLOCK);
+    launch(fused_residual_layernorm_forward_kernel, grid, LAYERNORM_BLOCK_SIZE, 0, stream, residual, normed, mean,
+           rstd, inp1, inp2, weight, bias, N, C);
+}
+
+// Blocks of the backward kernel: enough to fill the device, each looping over several rows. The count
+// fixes which rows each block adds up, so it must be the same for the kernel and the scratch layout.
+inline int layernorm_backward_blocks(int N) {
+    const int enough = device_properties().multiProcessorCount * LAYERNORM_BACKWARD_BLOCKS_PER_SM;
+    const int needed = ceil_div(N, LAYERNORM_WARPS_PER_BLOCK);
+    return needed < enough ? needed : enough;
+}
+
+// floats of scratch that layernorm_backward needs for N rows of C
+inline size_t layernorm_backward_scratch_floats(int N, int C) {
+    return (size_t)2 * C * layernorm_backward_blocks(N);
+}
+
+// scratch: layernorm_backward_scratch_floats(N, C) floats, contents on entry do not matter
+void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, float* scratch, const floatX* dout,
+                        const floatX* inp, const floatX* weight, const float* mean, const float* rstd, int N, int C,
+                        cudaStream_t stream) {
+    layernorm_check_width("layernorm_backward", C);
+    const int blocks = layernorm_backward_blocks(N);
+    const size_t shared_bytes = (size_t)LAYERNORM_WARPS_PER_BLOCK * 2 * layernorm_slice_width(C) * sizeof(float);
+    if (shared_bytes > device_properties().sharedMemPerBlockOptin) {
+        fprintf(stderr, "error: layernorm_backward: C = %d needs %zu bytes of shared memory per block, the device "
+                "allows %zu\n", C, shared_bytes, (size_t)device_properties().sharedMemPerBlockOptin);
+        exit(EXIT_FAILURE);
+    }
+    if (shared_bytes > 48 * 1024) allow_large_shared_memory(layernorm_backward_kernel, shared_bytes);
+    launch(layernorm_backward_kernel, blocks, LAYERNORM_BLOCK_SIZE, shared_bytes, stream, dinp, scratch, dout, inp,
+           weight, mean, rstd, N, C);
+    add_column_partials(dweight, scratch, blocks, C, stream);
+    add_column_partials(dbias, scratch + (size_t)blocks * C, blocks, C, stream);
+}

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Runs every test suite that `make test` built and adds up their closing lines into one:
+#   N passed, M failed
+# Each CPU suite of kernels runs in both lane orders (LLMC_CPU_REVERSE_LANES=0/1): a race between
+# threads shows up as a difference between the two. GPU suites run only when a GPU answers.
+set -u
+cd "$(dirname "$0")/.."
+
+# Two OS threads run blocks; passive waiting keeps idle OpenMP threads from stealing the other core.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} OMP_WAIT_POLICY=PASSIVE
+# OpenBLAS 0.3.21 does not recognise newer Intel cores and falls back to a slow kernel; name the core
+# type when the CPU has AVX-512 (on a CPU without it that kernel would crash).
+if grep -q avx512f /proc/cpuinfo 2>/dev/null; then export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-SkylakeX}; fi
+
+total_passed=0 total_failed=0 broken=()
+run_suite() {  # run_suite NAME COMMAND...
+    local name=$1
+    shift
+    echo "=== $name"
+    local log start=$SECONDS
+    log=$(mktemp)
+    "$@" 2>&1 | tee "$log"
+    local status=${PIPESTATUS[0]}
+    local line
+    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
+    rm -f "$log"
+    if [[ -z "$line" ]]; then
+        echo "--- $name: exited $status without a result line"
+        broken+=("$name")
+        total_failed=$((total_failed + 1))
+        return
+    fi
+    local passed failed
+    passed=$(echo "$line" | sed -E 's/^([0-9]+) passed.*/\1/')
+    failed=$(echo "$line" | sed -E 's/^[0-9]+ passed, ([0-9]+) failed.*/\1/')
+    if [[ $status -ne 0 && $failed -eq 0 ]]; then failed=1; fi
+    [[ $failed -ne 0 ]] && broken+=("$name")
+    total_passed=$((total_passed + passed))
+    total_failed=$((total_failed + failed))
+    echo "--- $name: $passed passed, $failed failed ($((SECONDS - start)) s)"
+}
+
+run_suite "bf16 stand-in vs CUDA toolkit" build/test_bf16
+run_suite "CPU execution layer" build/test_cpu_layer
+run_suite "CPU execution layer, reverse lane order" env LLMC_CPU_REVERSE_LANES=1 build/test_cpu_layer
+run_suite "CPU execution layer, ASan+UBSan" build/test_cpu_layer_asan
+run_suite "kernel lab, CPU, BF16" ./kernel_lab_cpu
+run_suite "kernel lab, CPU, BF16, reverse lane order" env LLMC_CPU_REVERSE_LANES=1 ./kernel_lab_cpu
+run_suite "kernel lab, CPU, FP32" ./kernel_lab_fp32_cpu
+run_suite "kernel lab, CPU, FP32, reverse lane order" env LLMC_CPU_REVERSE_LANES=1 ./kernel_lab_fp32_cpu
+run_suite "kernel lab, CPU, BF16, ASan+UBSan" ./kernel_lab_cpu_asan
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    run_suite "kernel lab, GPU, BF16" ./kernel_lab
+    run_suite "kernel lab, GPU, FP32" ./kernel_lab_fp32
+else
+    echo "=== no GPU here: the GPU programs were compiled and linked, not run"
+fi
+
+echo
+[[ ${#broken[@]} -gt 0 ]] && printf 'failing suites: %s\n' "$(IFS=';'; echo "${broken[*]}")"
+echo "$total_passed passed, $total_failed failed"
+[[ $total_failed -eq 0 ]]
