@@ -1,6 +1,7 @@
 # Every program builds two ways from the same sources:
-#   make            GPU variant with nvcc:  ./kernel_lab (BF16), ./kernel_lab_fp32 with PRECISION=FP32
-#   make cpu        CPU variant with g++ onto the CPU execution layer (llmc/cpu/): ./kernel_lab_cpu ...
+#   make            GPU variant with nvcc:  ./train_gpt ./test_gpt ./kernel_lab (BF16; PRECISION=FP32: *_fp32)
+#   make cpu        CPU variant with g++ onto the CPU execution layer (llmc/cpu/): ./train_gpt_cpu ...
+#   make train      installs what is missing, prepares the default data, trains a small model (GPU or CPU)
 #   make test       builds what it can and runs every test on the CPU (and on the GPU when there is one)
 # Options: PRECISION=BF16|FP32 (default BF16), GPU_ARCH="80 90" (compute capabilities to build for).
 
@@ -18,7 +19,7 @@ else
   $(error PRECISION must be BF16 or FP32, not '$(PRECISION)')
 endif
 
-PROGRAMS := kernel_lab
+PROGRAMS := train_gpt test_gpt kernel_lab
 HEADERS := $(wildcard llmc/*.cuh llmc/*.h llmc/cpu/*.h dev/*.h dev/*.cuh)
 
 # --- GPU build -------------------------------------------------------------------------------------
@@ -32,7 +33,7 @@ CPU_LIBS := -rdynamic -lboost_context -lopenblas -fopenmp
 ASAN_FLAGS := -std=c++17 -O1 -g -DLLMC_CPU -fopenmp -fsanitize=address,undefined -fno-sanitize-recover=all \
               -fno-omit-frame-pointer
 
-.PHONY: all gpu cpu test run-tests clean check-gpu-tools check-cpu-tools
+.PHONY: all gpu cpu train test run-tests data clean check-gpu-tools check-cpu-tools
 all: gpu
 gpu: $(addsuffix $(SUFFIX),$(PROGRAMS))
 cpu: $(addsuffix $(SUFFIX)_cpu,$(PROGRAMS))
@@ -51,6 +52,8 @@ $(1)_fp32_cpu: $(2) $(HEADERS) | check-cpu-tools
 $(1)_cpu_asan: $(2) $(HEADERS) | check-cpu-tools
 	$(CXX) $(ASAN_FLAGS) -x c++ $(2) -o $$@ $(CPU_LIBS)
 endef
+$(eval $(call program_rules,train_gpt,train_gpt.cu))
+$(eval $(call program_rules,test_gpt,test_gpt.cu))
 $(eval $(call program_rules,kernel_lab,dev/kernel_lab.cu))
 
 # tests of the CPU execution layer itself
@@ -60,19 +63,53 @@ build/test_cpu_layer: dev/test_cpu_layer.cu $(HEADERS) | check-cpu-tools
 build/test_cpu_layer_asan: dev/test_cpu_layer.cu $(HEADERS) | check-cpu-tools
 	@mkdir -p build
 	$(CXX) $(ASAN_FLAGS) -x c++ $< -o $@ $(CPU_LIBS)
+# host-side tests: flags, checkpoints, schedules, logging, MFU; data loader and tokenizer
+build/test_host: dev/test_host.cu $(HEADERS) | check-cpu-tools
+	@mkdir -p build
+	$(CXX) $(CPU_FLAGS) -x c++ $< -o $@ $(CPU_LIBS)
+build/test_data: dev/test_data.cu $(HEADERS) | check-cpu-tools
+	@mkdir -p build
+	$(CXX) $(CPU_FLAGS) -x c++ $< -o $@ $(CPU_LIBS)
 build/test_bf16: dev/test_bf16.cpp llmc/cpu/bf16.h | check-gpu-tools
 	@mkdir -p build
 	$(CXX) -std=c++17 -O2 -I$(CUDA_INCLUDE) $< -o $@
 
 # ---------------------------------------------------------------------------------------------------
+# data: the default corpus (Jane Austen's novels, from Debian's r-cran-janeaustenr), GPT-2 tokens
+PYTHON := /usr/bin/python3
+DATA_FILES := data/austen_train.bin data/austen_val.bin data/gpt2_tokenizer.bin
+data: $(DATA_FILES)
+$(DATA_FILES) &: data/prepare.py data/gpt2_bpe.py data/r_serialize.py
+	$(PYTHON) data/prepare.py
+
+# PyTorch reference states that test_gpt compares against (dev/gpt2_reference.py)
+build/ref/small_model.bin build/ref/small_state.bin &: dev/gpt2_reference.py
+	@mkdir -p build/ref
+	$(PYTHON) dev/gpt2_reference.py --config small --model-out build/ref/small_model.bin \
+		--state-out build/ref/small_state.bin
+build/ref/124M_model.bin build/ref/124M_state.bin &: dev/gpt2_reference.py
+	@mkdir -p build/ref
+	$(PYTHON) dev/gpt2_reference.py --config 124M --model-out build/ref/124M_model.bin \
+		--state-out build/ref/124M_state.bin
+REFERENCES := build/ref/small_state.bin build/ref/124M_state.bin
+
+# train: the README's first command
+train:
+	@bash scripts/install_deps.sh
+	@$(MAKE) --no-print-directory data
+	@bash scripts/train_default.sh
+
+# ---------------------------------------------------------------------------------------------------
 # test: CPU suites in both precisions and both lane orders, the sanitizer build, the GPU compile
 # (and the GPU suites when a GPU is present). scripts/run_tests.sh adds up the suites' closing lines.
-CPU_TEST_BINARIES := build/test_bf16 build/test_cpu_layer build/test_cpu_layer_asan \
-                     kernel_lab_cpu kernel_lab_fp32_cpu kernel_lab_cpu_asan
+CPU_TEST_BINARIES := build/test_bf16 build/test_cpu_layer build/test_cpu_layer_asan build/test_host \
+                     build/test_data kernel_lab_cpu kernel_lab_fp32_cpu kernel_lab_cpu_asan \
+                     train_gpt_cpu train_gpt_fp32_cpu test_gpt_cpu test_gpt_fp32_cpu
+GPU_TEST_BINARIES := kernel_lab kernel_lab_fp32 train_gpt train_gpt_fp32 test_gpt test_gpt_fp32
 test:
 	@bash scripts/install_deps.sh
 	@$(MAKE) --no-print-directory run-tests
-run-tests: $(CPU_TEST_BINARIES) kernel_lab kernel_lab_fp32
+run-tests: $(CPU_TEST_BINARIES) $(GPU_TEST_BINARIES) $(DATA_FILES) $(REFERENCES)
 	@bash scripts/run_tests.sh
 
 check-cpu-tools:
@@ -81,4 +118,4 @@ check-gpu-tools:
 	@bash scripts/check_tools.sh gpu
 
 clean:
-	rm -rf build $(foreach p,$(PROGRAMS),$(p) $(p)_fp32 $(p)_cpu $(p)_fp32_cpu $(p)_cpu_asan)
+	rm -rf build $(DATA_FILES) $(foreach p,$(PROGRAMS),$(p) $(p)_fp32 $(p)_cpu $(p)_fp32_cpu $(p)_cpu_asan)

@@ -111,6 +111,21 @@ inline void check_fused_residual(int N, int C) {
     check_close("fused_residual rstd" + shape, d_rstd.download(), ref.rstd, 0.0, 1e-5);
 }
 
+inline void check_residual(int N, int C) {
+    const std::string shape = " N=" + std::to_string(N) + " C=" + std::to_string(C);
+    const std::vector<float> inp1 = round_to_floatX(random_floats((size_t)N * C, -1.0f, 2.0f));
+    const std::vector<float> inp2 = round_to_floatX(random_floats((size_t)N * C, -1.5f, 1.0f));
+    std::vector<double> sum(inp1.size());
+    for (size_t i = 0; i < sum.size(); i++) sum[i] = (float)(floatX)(inp1[i] + inp2[i]);
+    DeviceBuffer<floatX> d_inp1(inp1.size()), d_inp2(inp2.size()), d_out(inp1.size());
+    d_inp1.upload(inp1);
+    d_inp2.upload(inp2);
+    d_out.poison();
+    residual_forward(d_out.ptr, d_inp1.ptr, d_inp2.ptr, inp1.size(), 0);
+    // one fp32 addition rounded once to floatX, as in the reference: same bits
+    check_close("residual_forward" + shape, d_out.download(), sum, 0.0, 0.0);
+}
+
 inline void check_backward(int N, int C) {
     const std::string shape = " N=" + std::to_string(N) + " C=" + std::to_string(C);
     const std::vector<float> x = round_to_floatX(random_floats((size_t)N * C, -1.5f, 2.5f));
@@ -231,6 +246,7 @@ void lab_layernorm() {
     for (const Shape& s : shapes) {
         layernorm_lab::check_forward(s.N, s.C);
         layernorm_lab::check_fused_residual(s.N, s.C);
+        layernorm_lab::check_residual(s.N, s.C);
         layernorm_lab::check_backward(s.N, s.C);
     }
     if (lab.bench) {

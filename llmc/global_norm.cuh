@@ -8,10 +8,15 @@ It must be deterministic: the clipping factor multiplies every update, so a norm
 bit from run to run would make whole training runs unrepeatable. Floating-point addition is not
 associative, so the order of additions must be fixed, which rules out atomicAdd from many blocks. Instead:
   1. a grid-stride kernel, with a grid that depends only on the device and the element count: each
-     thread squares and adds its elements in fp32, each block reduces its threads (block_reduce_sum) and
+     thread squares its elements and adds them up, each block reduces its threads (block_reduce_sum) and
      writes one partial sum to scratch[block];
   2. a one-block kernel adds the partials up in a fixed order and writes (or adds to) the result.
 The same device, count and data give the same bits every time.
+
+Accuracy: with few threads (the CPU device has a handful of "multiprocessors") one thread adds tens of
+thousands of squares, and an fp32 running sum that long loses ~1e-3 of its value (each addition rounds
+relative to the growing total). So each thread adds a chunk's squares in fp32 and the chunks into a
+double; the short block and partial sums that follow stay in fp32.
 
 The model's gradients may live in several arrays (one per parameter chunk): call global_norm_squared for
 the first and global_norm_squared_accumulate for the others, in a fixed order, to get the total.
@@ -32,19 +37,21 @@ __global__ void sum_of_squares_partials_kernel(float* partials, const floatX* va
                                                size_t packed_count) {
     const size_t thread = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     const size_t num_threads = (size_t)gridDim.x * blockDim.x;
-    float sum = 0.0f;
+    double thread_sum = 0.0;
     for (size_t base = thread * x128::size; base < packed_count; base += num_threads * x128::size) {
         const x128 packed = load128cs(values + base);
+        float chunk_sum = 0.0f;
         for (int k = 0; k < x128::size; k++) {
             const float value = (float)packed[k];
-            sum += value * value;
+            chunk_sum += value * value;
         }
+        thread_sum += chunk_sum;
     }
     for (size_t i = packed_count + thread; i < count; i += num_threads) {
         const float value = (float)values[i];
-        sum += value * value;
+        thread_sum += value * value;
     }
-    sum = block_reduce_sum(sum);
+    const float sum = block_reduce_sum((float)thread_sum);
     if (threadIdx.x == 0) partials[blockIdx.x] = sum;
 }
 

@@ -17,7 +17,11 @@ The last line is the chain rule through mean and rstd: moving one x_i moves the 
 norm_j equally (the first correction), and changes the spread, which scales every norm_j in proportion
 to itself (the second correction).
 
+The residual addition on its own (out = inp1 + inp2, the end of a transformer block, where no layernorm
+follows inside the block) is residual_forward.
+
 What each launcher does with its outputs:
+    residual_forward                  out: overwritten
     layernorm_forward                 out, mean, rstd: overwritten (mean/rstd may be null: not kept)
     fused_residual_layernorm_forward  residual, normed, mean, rstd: overwritten
     layernorm_backward                dinp, dweight, dbias: ACCUMULATED (+=). dinp is the gradient of the
@@ -126,6 +130,18 @@ __global__ void fused_residual_layernorm_forward_kernel(floatX* residual, floatX
     }
 }
 
+// out = inp1 + inp2, a grid-stride loop over 16-byte chunks
+__global__ void residual_forward_kernel(floatX* out, const floatX* inp1, const floatX* inp2, size_t N) {
+    const size_t stride = (size_t)gridDim.x * blockDim.x * x128::size;
+    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size; i < N; i += stride) {
+        const x128 a = load128cs(inp1 + i);
+        const x128 b = load128cs(inp2 + i);
+        x128 sum;
+        for (int k = 0; k < x128::size; k++) sum[k] = (floatX)((float)a[k] + (float)b[k]);
+        store128(out + i, sum);
+    }
+}
+
 // Each warp keeps its running sums of dout*norm (dweight) and dout (dbias) in its own slice of shared
 // memory: [dweight sums | dbias sums], each `slice_width` floats (C rounded up to whole 32-lane passes).
 // Within a slice, column c sits at layernorm_slice_index(c): lane-minor, so that when all 32 lanes add
@@ -222,6 +238,17 @@ inline void layernorm_check_width(const char* caller, int C) {
                 x128::size, PRECISION_NAME);
         exit(EXIT_FAILURE);
     }
+}
+
+// N elements; N % x128::size == 0 (true for any B*T*C here, since C is)
+void residual_forward(floatX* out, const floatX* inp1, const floatX* inp2, size_t N, cudaStream_t stream) {
+    if (N % x128::size != 0) {
+        fprintf(stderr, "error: residual_forward: N = %zu must be a multiple of %d\n", N, x128::size);
+        exit(EXIT_FAILURE);
+    }
+    const int block_size = 256;
+    launch(residual_forward_kernel, grid_size_for((long long)(N / x128::size), block_size), block_size, 0, stream,
+           out, inp1, inp2, N);
 }
 
 void layernorm_forward(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* weight,

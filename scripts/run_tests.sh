@@ -49,9 +49,26 @@ run_suite "kernel lab, CPU, BF16, reverse lane order" env LLMC_CPU_REVERSE_LANES
 run_suite "kernel lab, CPU, FP32" ./kernel_lab_fp32_cpu
 run_suite "kernel lab, CPU, FP32, reverse lane order" env LLMC_CPU_REVERSE_LANES=1 ./kernel_lab_fp32_cpu
 run_suite "kernel lab, CPU, BF16, ASan+UBSan" ./kernel_lab_cpu_asan
+run_suite "flags, checkpoints, schedules, logger, MFU" build/test_host
+run_suite "data loader and tokenizer file" build/test_data
+run_suite "GPT-2 BPE encoder vs the npm package's" /usr/bin/python3 data/test_tokenizer.py
+run_suite "PyTorch reference self-check" /usr/bin/python3 dev/gpt2_reference.py --self-check
+for size in small 124M; do
+    reference=(--model build/ref/${size}_model.bin --state build/ref/${size}_state.bin)
+    run_suite "GPT-2 $size vs PyTorch, CPU, FP32" ./test_gpt_fp32_cpu "${reference[@]}"
+    run_suite "GPT-2 $size vs PyTorch, CPU, BF16" ./test_gpt_cpu "${reference[@]}"
+done
+run_suite "training program: bad input and resume, CPU, FP32" bash scripts/test_train.sh ./train_gpt_fp32_cpu
+run_suite "training program: bad input and resume, CPU, BF16" bash scripts/test_train.sh ./train_gpt_cpu
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     run_suite "kernel lab, GPU, BF16" ./kernel_lab
     run_suite "kernel lab, GPU, FP32" ./kernel_lab_fp32
+    for size in small 124M; do
+        reference=(--model build/ref/${size}_model.bin --state build/ref/${size}_state.bin)
+        run_suite "GPT-2 $size vs PyTorch, GPU, FP32" ./test_gpt_fp32 "${reference[@]}"
+        run_suite "GPT-2 $size vs PyTorch, GPU, BF16" ./test_gpt "${reference[@]}"
+    done
+    run_suite "training program: bad input and resume, GPU, BF16" bash scripts/test_train.sh ./train_gpt
 else
     echo "=== no GPU here: the GPU programs were compiled and linked, not run"
 fi

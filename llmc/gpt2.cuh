@@ -1,0 +1,609 @@
+/*
+GPT-2: the model, its parameters, and one layer's forward and backward pass.
+
+The network, for a batch of B sequences of T tokens (C channels, NH heads, L layers, vocabulary V padded
+to Vp rows of the embedding table):
+    x      = wte[tokens] + wpe[positions]                              encoder
+    for each of the L blocks:                                          block_forward
+        x  = x + attproj(attention(qkv(layernorm1(x))))
+        x  = x + fcproj(gelu(fc(layernorm2(x))))
+    logits = layernormf(x) @ wte^T                                     the LM head shares wte
+    loss   = mean cross-entropy of softmax(logits[:, :V]) against the next tokens
+
+Parameters are laid out layer-major: one contiguous chunk per block holding that block's twelve tensors,
+plus an embedding chunk (wte, wpe) before them and a final chunk (lnfw, lnfb) after them. A chunk is the
+unit that later gets sharded, gathered, owned by a pipeline stage or reduced as one gradient bucket, so
+"block l's parameters" is always one pointer and one length. llm.c's model files are tensor-major (each
+tensor for all layers, then the next tensor); gpt2_load and gpt2_save convert.
+
+The block is the unit of work: block_forward(l) reads block l-1's output and writes an activation record
+for layer l (everything block_backward needs: the layernorm statistics, qkv, the attention output and its
+log-sum-exp, the MLP's hidden activations, the block's output); block_backward(l) takes the gradient of
+block l's output and turns it into the gradient of its input, accumulating block l's parameter gradients
+on the way.
+
+Gradients accumulate (+=) across micro-steps until gpt2_zero_grads. In BF16 the parameters, activations
+and gradients are bf16; the optimizer keeps fp32 master weights and fp32 moments.
+*/
+#pragma once
+
+#include <cmath>
+#include <string>
+#include <vector>
+#include "utils.h"
+#include "cuda_common.cuh"
+#include "encoder.cuh"
+#include "layernorm.cuh"
+#include "matmul.cuh"
+#include "attention.cuh"
+#include "gelu.cuh"
+#include "fused_classifier.cuh"
+#include "adamw.cuh"
+#include "global_norm.cuh"
+
+// ----------------------------------------------------------------------------
+// configuration
+
+struct GPT2Config {
+    int max_seq_len = 0;        // rows of wpe
+    int vocab_size = 0;         // V: real tokens
+    int padded_vocab_size = 0;  // Vp: rows of wte, V rounded up to a multiple of 128 (aligned matmuls)
+    int num_layers = 0;
+    int num_heads = 0;
+    int channels = 0;
+};
+
+inline int padded_vocab(int vocab_size) { return (vocab_size + 127) / 128 * 128; }
+
+// The GPT-2 family by name ("124M" etc.; "d12" style depth names too), with GPT-2's vocabulary.
+inline bool gpt2_config_by_name(const std::string& name, GPT2Config* config) {
+    struct Named { const char* name; const char* depth_name; int layers, heads, channels; };
+    static const Named family[] = {
+        {"124M", "d12", 12, 12, 768}, {"350M", "d24", 24, 16, 1024},
+        {"774M", "d36", 36, 20, 1280}, {"1558M", "d48", 48, 25, 1600},
+    };
+    for (const Named& n : family) {
+        if (name == n.name || name == n.depth_name) {
+            config->max_seq_len = 1024;
+            config->vocab_size = 50257;
+            config->padded_vocab_size = 50304;
+            config->num_layers = n.layers;
+            config->num_heads = n.heads;
+            config->channels = n.channels;
+            return true;
+        }
+    }
+    return false;
+}
+
+// Refuses shapes the kernels cannot run, naming the problem (`source` says where the config came from).
+inline void gpt2_validate_config(const GPT2Config& c, const std::string& source) {
+    auto refuse = [&](const char* problem) {
+        fatal("%s: invalid model shape (layers %d, heads %d, channels %d, vocab %d padded to %d, max_seq_len %d): "
+              "%s", source.c_str(), c.num_layers, c.num_heads, c.channels, c.vocab_size, c.padded_vocab_size,
+              c.max_seq_len, problem);
+    };
+    if (c.num_layers <= 0 || c.num_heads <= 0 || c.channels <= 0 || c.vocab_size <= 0 || c.max_seq_len <= 0)
+        refuse("every dimension must be positive");
+    if (c.padded_vocab_size < c.vocab_size || c.padded_vocab_size % 128 != 0)
+        refuse("the padded vocabulary must be >= the vocabulary and a multiple of 128");
+    if (c.channels % c.num_heads != 0) refuse("channels must be divisible by heads");
+    const int head_size = c.channels / c.num_heads;
+    if (head_size % 16 != 0 || head_size > 128) refuse("the head size (channels / heads) must be 16, 32, ..., 128");
+    if (c.channels % 8 != 0) refuse("channels must be a multiple of 8");
+}
+
+// ----------------------------------------------------------------------------
+// parameter layout
+
+// The sixteen tensors, in the order of llm.c's model file. Per-layer tensors exist once per block.
+enum TensorKind {
+    WTE, WPE, LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB, LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB, LNFW, LNFB,
+    NUM_TENSOR_KINDS
+};
+struct TensorKindInfo {
+    const char* name;
+    bool per_layer;
+    bool is_matrix;  // weight decay applies to matrices only (embeddings and matmul weights)
+};
+inline const TensorKindInfo& tensor_kind_info(int kind) {
+    static const TensorKindInfo info[NUM_TENSOR_KINDS] = {
+        {"wte", false, true},      {"wpe", false, true},       {"ln1w", true, false},  {"ln1b", true, false},
+        {"qkvw", true, true},      {"qkvb", true, false},      {"attprojw", true, true}, {"attprojb", true, false},
+        {"ln2w", true, false},     {"ln2b", true, false},      {"fcw", true, true},    {"fcb", true, false},
+        {"fcprojw", true, true},   {"fcprojb", true, false},   {"lnfw", false, false}, {"lnfb", false, false},
+    };
+    return info[kind];
+}
+
+// elements of one instance of a tensor (one layer's, for per-layer tensors)
+inline size_t tensor_elements(const GPT2Config& c, int kind) {
+    const size_t C = c.channels;
+    switch (kind) {
+        case WTE: return (size_t)c.padded_vocab_size * C;
+        case WPE: return (size_t)c.max_seq_len * C;
+        case QKVW: return 3 * C * C;
+        case QKVB: return 3 * C;
+        case ATTPROJW: return C * C;
+        case FCW: case FCPROJW: return 4 * C * C;
+        case FCB: return 4 * C;
+        default: return C;  // layernorm weights and biases, attprojb, fcprojb
+    }
+}
+
+// Where each tensor of each layer sits in the one parameter buffer:
+//   [ embedding chunk: wte wpe ][ block 0: ln1w ... fcprojb ] ... [ block L-1 ][ final chunk: lnfw lnfb ]
+struct ParameterLayout {
+    GPT2Config config;
+    size_t embedding_chunk = 0;  // elements
+    size_t block_chunk = 0;
+    size_t final_chunk = 0;
+    size_t total = 0;
+
+    ParameterLayout() = default;
+    explicit ParameterLayout(const GPT2Config& c) : config(c) {
+        embedding_chunk = tensor_elements(c, WTE) + tensor_elements(c, WPE);
+        for (int kind = LN1W; kind <= FCPROJB; kind++) block_chunk += tensor_elements(c, kind);
+        final_chunk = tensor_elements(c, LNFW) + tensor_elements(c, LNFB);
+        total = embedding_chunk + (size_t)c.num_layers * block_chunk + final_chunk;
+    }
+    size_t block_start(int layer) const { return embedding_chunk + (size_t)layer * block_chunk; }
+    size_t final_start() const { return block_start(config.num_layers); }
+    // offset of tensor `kind` of `layer` (layer ignored for the embedding and final tensors)
+    size_t offset(int kind, int layer = 0) const {
+        size_t start = kind < LN1W ? 0 : kind > FCPROJB ? final_start() : block_start(layer);
+        int first = kind < LN1W ? WTE : kind > FCPROJB ? LNFW : LN1W;
+        for (int k = first; k < kind; k++) start += tensor_elements(config, k);
+        return start;
+    }
+};
+
+// Calls fn(kind, layer, offset, count) for every tensor instance, in the model file's order.
+template <class Function>
+void for_each_tensor_in_file_order(const ParameterLayout& layout, Function&& fn) {
+    for (int kind = 0; kind < NUM_TENSOR_KINDS; kind++) {
+        const int layers = tensor_kind_info(kind).per_layer ? layout.config.num_layers : 1;
+        for (int layer = 0; layer < layers; layer++)
+            fn(kind, layer, layout.offset(kind, layer), tensor_elements(layout.config, kind));
+    }
+}
+
+// One block's tensors, as pointers into a parameter (or gradient) buffer.
+struct BlockParams {
+    floatX *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
+};
+inline BlockParams block_params(floatX* buffer, const ParameterLayout& layout, int layer) {
+    auto at = [&](int kind) { return buffer + layout.offset(kind, layer); };
+    return BlockParams{at(LN1W), at(LN1B), at(QKVW), at(QKVB), at(ATTPROJW), at(ATTPROJB),
+                       at(LN2W), at(LN2B), at(FCW),  at(FCB),  at(FCPROJW),  at(FCPROJB)};
+}
+
+// ----------------------------------------------------------------------------
+// activations
+
+// What block_backward needs from block_forward, for one (layer, micro-batch). N = B*T rows.
+struct BlockActivations {
+    floatX* ln1;        // (N, C)   layernorm1 output
+    float* ln1_mean;    // (N)
+    float* ln1_rstd;    // (N)
+    floatX* qkv;        // (N, 3C)
+    floatX* atty;       // (N, C)   attention output, before the projection
+    float* lse;         // (B, NH, T) attention log-sum-exp
+    floatX* residual2;  // (N, C)   x + attention branch
+    floatX* ln2;        // (N, C)
+    float* ln2_mean;    // (N)
+    float* ln2_rstd;    // (N)
+    floatX* fch;        // (N, 4C)  fc output, before GELU
+    floatX* fch_gelu;   // (N, 4C)
+    floatX* output;     // (N, C)   the block's output: the next block's input
+};
+
+// Buffers every layer reuses in turn.
+struct SharedBuffers {
+    floatX* projection;     // (N, C)   attproj / fcproj output, added to the residual right away
+    floatX* dresidual;      // (N, C)   gradient of the residual stream, carried from block to block
+    floatX* dchannels;      // (N, C)   gradient of a layernorm output or of the attention output
+    floatX* dhidden;        // (N, 4C)  gradient of the MLP's hidden activations
+    floatX* dqkv;           // (N, 3C)
+    float* attention_D;     // (B, NH, T) attention backward workspace
+    float* matmul_scratch;  // bias-gradient partial sums
+    float* layernorm_scratch;
+    float* norm_scratch;
+    float* norm_result;     // one float
+    EncoderBackwardWorkspace encoder_workspace;
+};
+
+// ----------------------------------------------------------------------------
+// the model
+
+struct GPT2 {
+    GPT2Config config;
+    ParameterLayout layout;
+    int max_batch = 0, max_seq = 0;   // the B and T the activations were sized for
+
+    floatX* params = nullptr;
+    floatX* grads = nullptr;
+    float* master = nullptr;          // fp32 master weights (BF16 build only; FP32 params are their own master)
+    float* adam_m = nullptr;
+    float* adam_v = nullptr;
+
+    floatX* encoded = nullptr;        // (N, C) the encoder's output: block 0's input
+    std::vector<BlockActivations> blocks;
+    floatX* lnf = nullptr;            // (N, C)
+    float* lnf_mean = nullptr;
+    float* lnf_rstd = nullptr;
+    floatX* logits = nullptr;         // (N, Vp): logits after forward, dlogits after the loss
+    float* losses = nullptr;          // (N) per-position loss
+    int* inputs = nullptr;            // (N) device copies of the batch
+    int* targets = nullptr;
+    std::vector<int> inputs_host;     // the encoder's backward pass groups positions by token on the host
+    std::vector<float> losses_host;
+    SharedBuffers shared{};
+    cudaStream_t stream = 0;
+};
+
+template <class T>
+T* device_alloc(size_t count) {
+    T* pointer = nullptr;
+    cudaCheck(cudaMalloc(&pointer, count * sizeof(T)));
+    return pointer;
+}
+
+// Allocates parameters, gradients, optimizer state and activations for micro-batches of up to B x T.
+inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T) {
+    gpt2_validate_config(config, "model");
+    if (T > config.max_seq_len) fatal("sequence length %d exceeds the model's maximum %d", T, config.max_seq_len);
+    model.config = config;
+    model.layout = ParameterLayout(config);
+    model.max_batch = B;
+    model.max_seq = T;
+    const size_t P = model.layout.total;
+    const size_t N = (size_t)B * T, C = config.channels, NH = config.num_heads, L = config.num_layers;
+
+    model.params = device_alloc<floatX>(P);
+    model.grads = device_alloc<floatX>(P);
+    if (sizeof(floatX) != sizeof(float)) model.master = device_alloc<float>(P);
+    model.adam_m = device_alloc<float>(P);
+    model.adam_v = device_alloc<float>(P);
+    cudaCheck(cudaMemset(model.grads, 0, P * sizeof(floatX)));
+    cudaCheck(cudaMemset(model.adam_m, 0, P * sizeof(float)));
+    cudaCheck(cudaMemset(model.adam_v, 0, P * sizeof(float)));
+
+    model.encoded = device_alloc<floatX>(N * C);
+    model.blocks.resize(L);
+    for (BlockActivations& a : model.blocks) {
+        a.ln1 = device_alloc<floatX>(N * C);
+        a.ln1_mean = device_alloc<float>(N);
+        a.ln1_rstd = device_alloc<float>(N);
+        a.qkv = device_alloc<floatX>(N * 3 * C);
+        a.atty = device_alloc<floatX>(N * C);
+        a.lse = device_alloc<float>(N * NH);
+        a.residual2 = device_alloc<floatX>(N * C);
+        a.ln2 = device_alloc<floatX>(N * C);
+        a.ln2_mean = device_alloc<float>(N);
+        a.ln2_rstd = device_alloc<float>(N);
+        a.fch = device_alloc<floatX>(N * 4 * C);
+        a.fch_gelu = device_alloc<floatX>(N * 4 * C);
+        a.output = device_alloc<floatX>(N * C);
+    }
+    model.lnf = device_alloc<floatX>(N * C);
+    model.lnf_mean = device_alloc<float>(N);
+    model.lnf_rstd = device_alloc<float>(N);
+    model.logits = device_alloc<floatX>(N * config.padded_vocab_size);
+    model.losses = device_alloc<float>(N);
+    model.inputs = device_alloc<int>(N);
+    model.targets = device_alloc<int>(N);
+    model.inputs_host.assign(N, 0);
+    model.losses_host.assign(N, 0.0f);
+
+    SharedBuffers& s = model.shared;
+    s.projection = device_alloc<floatX>(N * C);
+    s.dresidual = device_alloc<floatX>(N * C);
+    s.dchannels = device_alloc<floatX>(N * C);
+    s.dhidden = device_alloc<floatX>(N * 4 * C);
+    s.dqkv = device_alloc<floatX>(N * 3 * C);
+    s.attention_D = device_alloc<float>(N * NH);
+    s.matmul_scratch = device_alloc<float>(matmul_backward_scratch_floats((int)N, 4 * (int)C));
+    s.layernorm_scratch = device_alloc<float>(layernorm_backward_scratch_floats((int)N, (int)C));
+    s.norm_scratch = device_alloc<float>(global_norm_scratch_count());
+    s.norm_result = device_alloc<float>(1);
+    encoder_backward_workspace_create(&s.encoder_workspace, (int)N);
+}
+
+inline void gpt2_free(GPT2& model) {
+    for (void* p : {(void*)model.params, (void*)model.grads, (void*)model.master, (void*)model.adam_m,
+                    (void*)model.adam_v, (void*)model.encoded, (void*)model.lnf, (void*)model.lnf_mean,
+                    (void*)model.lnf_rstd, (void*)model.logits, (void*)model.losses, (void*)model.inputs,
+                    (void*)model.targets})
+        cudaCheck(cudaFree(p));
+    for (BlockActivations& a : model.blocks)
+        for (void* p : {(void*)a.ln1, (void*)a.ln1_mean, (void*)a.ln1_rstd, (void*)a.qkv, (void*)a.atty, (void*)a.lse,
+                        (void*)a.residual2, (void*)a.ln2, (void*)a.ln2_mean, (void*)a.ln2_rstd, (void*)a.fch,
+                        (void*)a.fch_gelu, (void*)a.output})
+            cudaCheck(cudaFree(p));
+    SharedBuffers& s = model.shared;
+    for (void* p : {(void*)s.projection, (void*)s.dresidual, (void*)s.dchannels, (void*)s.dhidden, (void*)s.dqkv,
+                    (void*)s.attention_D, (void*)s.matmul_scratch, (void*)s.layernorm_scratch, (void*)s.norm_scratch,
+                    (void*)s.norm_result})
+        cudaCheck(cudaFree(p));
+    encoder_backward_workspace_free(&s.encoder_workspace);
+    model = GPT2{};
+}
+
+// Copies fp32 host values into the parameters (and the master weights).
+inline void gpt2_set_parameters(GPT2& model, const std::vector<float>& values) {
+    const size_t P = model.layout.total;
+    std::vector<floatX> converted(P);
+    for (size_t i = 0; i < P; i++) converted[i] = (floatX)values[i];
+    cudaCheck(cudaMemcpy(model.params, converted.data(), P * sizeof(floatX), cudaMemcpyHostToDevice));
+    if (model.master) cudaCheck(cudaMemcpy(model.master, values.data(), P * sizeof(float), cudaMemcpyHostToDevice));
+}
+
+// The parameters as fp32 host values (from the master weights when there are any).
+inline std::vector<float> gpt2_get_parameters(const GPT2& model) {
+    const size_t P = model.layout.total;
+    std::vector<float> values(P);
+    if (model.master) {
+        cudaCheck(cudaMemcpy(values.data(), model.master, P * sizeof(float), cudaMemcpyDeviceToHost));
+    } else {
+        std::vector<floatX> raw(P);
+        cudaCheck(cudaMemcpy(raw.data(), model.params, P * sizeof(floatX), cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < P; i++) values[i] = (float)raw[i];
+    }
+    return values;
+}
+
+// ----------------------------------------------------------------------------
+// model files (llm.c's format: 256 int32 header, then the tensors, tensor-major)
+
+constexpr int kModelMagic = 20240326;
+constexpr int kModelVersionFP32 = 3;
+constexpr int kModelVersionBF16 = 5;
+
+// Reads the header only: the shape of the model in a file.
+inline GPT2Config gpt2_read_config(const std::string& path, int* version = nullptr) {
+    FILE* file = open_file(path, "rb");
+    int header[256];
+    read_exact(header, sizeof(int), 256, file, path, "the model header");
+    close_file(file, path);
+    if (header[0] != kModelMagic)
+        fatal("%s is not a model file (magic number %d, expected %d)", path.c_str(), header[0], kModelMagic);
+    if (header[1] != kModelVersionFP32 && header[1] != kModelVersionBF16)
+        fatal("%s: unsupported model file version %d (3 = fp32, 5 = bf16)", path.c_str(), header[1]);
+    if (version) *version = header[1];
+    GPT2Config c;
+    c.max_seq_len = header[2];
+    c.vocab_size = header[3];
+    c.num_layers = header[4];
+    c.num_heads = header[5];
+    c.channels = header[6];
+    c.padded_vocab_size = header[7];
+    gpt2_validate_config(c, path);
+    return c;
+}
+
+// Host fp32 values of every parameter, in the in-memory (layer-major) layout.
+inline std::vector<float> gpt2_read_parameters(const std::string& path, const ParameterLayout& layout) {
+    int version = 0;
+    gpt2_read_config(path, &version);
+    const size_t element_bytes = version == kModelVersionFP32 ? 4 : 2;
+    const size_t expected = 256 * sizeof(int) + layout.total * element_bytes;
+    const size_t actual = file_size(path);
+    if (actual != expected)
+        fatal("%s: size %zu bytes does not match its header, which implies %zu bytes (%zu parameters)", path.c_str(),
+              actual, expected, layout.total);
+    FILE* file = open_file(path, "rb");
+    fseek(file, 256 * sizeof(int), SEEK_SET);
+    std::vector<float> values(layout.total);
+    std::vector<uint16_t> half;
+    for_each_tensor_in_file_order(layout, [&](int kind, int, size_t offset, size_t count) {
+        if (version == kModelVersionFP32) {
+            read_exact(values.data() + offset, 4, count, file, path, tensor_kind_info(kind).name);
+        } else {
+            half.resize(count);
+            read_exact(half.data(), 2, count, file, path, tensor_kind_info(kind).name);
+            for (size_t i = 0; i < count; i++) {
+                uint32_t bits = (uint32_t)half[i] << 16;
+                memcpy(&values[offset + i], &bits, 4);
+            }
+        }
+    });
+    close_file(file, path);
+    for (size_t i = 0; i < values.size(); i++)
+        if (!std::isfinite(values[i])) fatal("%s: parameter %zu is not finite (%g)", path.c_str(), i, values[i]);
+    return values;
+}
+
+// Writes the parameters as an fp32 model file (version 3). Written to a temporary name and renamed, so a
+// crash never leaves half a file under the final name.
+inline void gpt2_save(const GPT2& model, const std::string& path) {
+    const std::vector<float> values = gpt2_get_parameters(model);
+    const GPT2Config& c = model.config;
+    int header[256] = {0};
+    header[0] = kModelMagic;
+    header[1] = kModelVersionFP32;
+    header[2] = c.max_seq_len;
+    header[3] = c.vocab_size;
+    header[4] = c.num_layers;
+    header[5] = c.num_heads;
+    header[6] = c.channels;
+    header[7] = c.padded_vocab_size;
+    const std::string temporary = path + ".tmp";
+    FILE* file = open_file(temporary, "wb");
+    write_exact(header, sizeof(int), 256, file, temporary);
+    for_each_tensor_in_file_order(model.layout, [&](int, int, size_t offset, size_t count) {
+        write_exact(values.data() + offset, sizeof(float), count, file, temporary);
+    });
+    close_file(file, temporary);
+    if (rename(temporary.c_str(), path.c_str()) != 0) fatal("cannot rename %s to %s", temporary.c_str(), path.c_str());
+}
+
+// GPT-2's initialisation: weights ~ normal(0, 0.02), the two projections that write into the residual
+// stream scaled down by 1/sqrt(2L) (so the stream's variance does not grow with depth), biases 0,
+// layernorm weights 1. `normal` is a function returning standard normal samples. Padded wte rows stay 0.
+template <class NormalSource>
+std::vector<float> gpt2_initial_parameters(const ParameterLayout& layout, NormalSource&& normal) {
+    const GPT2Config& c = layout.config;
+    std::vector<float> values(layout.total, 0.0f);
+    const float residual_std = 0.02f / sqrtf(2.0f * c.num_layers);
+    for_each_tensor_in_file_order(layout, [&](int kind, int, size_t offset, size_t count) {
+        if (kind == LN1W || kind == LN2W || kind == LNFW) {
+            for (size_t i = 0; i < count; i++) values[offset + i] = 1.0f;
+        } else if (tensor_kind_info(kind).is_matrix) {
+            const float std = (kind == ATTPROJW || kind == FCPROJW) ? residual_std : 0.02f;
+            const size_t used = kind == WTE ? (size_t)c.vocab_size * c.channels : count;
+            for (size_t i = 0; i < used; i++) values[offset + i] = std * normal();
+        }
+    });
+    return values;
+}
+
+// ----------------------------------------------------------------------------
+// one block, forward and backward (N = B*T rows)
+
+inline void block_forward(const GPT2Config& c, const BlockParams& p, const BlockActivations& a, floatX* projection,
+                          const floatX* input, int B, int T, cudaStream_t stream) {
+    const int N = B * T, C = c.channels;
+    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, input, p.ln1w, p.ln1b, N, C, stream);
+    matmul_forward(a.qkv, a.ln1, p.qkvw, p.qkvb, N, C, 3 * C, stream);
+    attention_forward(a.atty, a.lse, a.qkv, B, T, C, c.num_heads, stream);
+    matmul_forward(projection, a.atty, p.attprojw, p.attprojb, N, C, C, stream);
+    fused_residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, input, projection, p.ln2w, p.ln2b,
+                                     N, C, stream);
+    matmul_forward(a.fch, a.ln2, p.fcw, p.fcb, N, C, 4 * C, stream);
+    gelu_forward(a.fch_gelu, a.fch, (size_t)N * 4 * C, stream);
+    matmul_forward(projection, a.fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C, stream);
+    residual_forward(a.output, a.residual2, projection, (size_t)N * C, stream);
+}
+
+// dresidual: in, the gradient of the block's output; out, the gradient of its input. The block's
+// parameter gradients accumulate into g. The steps run the forward pass backwards.
+inline void block_backward(const GPT2Config& c, const BlockParams& p, const BlockParams& g, const BlockActivations& a,
+                           const floatX* input, floatX* dresidual, SharedBuffers& s, int B, int T,
+                           cudaStream_t stream) {
+    const int N = B * T, C = c.channels;
+    // output = residual2 + fcproj(gelu(fc(ln2))): dresidual is the gradient of both terms
+    matmul_backward(s.dhidden, g.fcprojw, g.fcprojb, s.matmul_scratch, dresidual, a.fch_gelu, p.fcprojw, N, 4 * C, C,
+                    stream);
+    gelu_backward(s.dhidden, a.fch, s.dhidden, (size_t)N * 4 * C, stream);
+    matmul_backward(s.dchannels, g.fcw, g.fcb, s.matmul_scratch, s.dhidden, a.ln2, p.fcw, N, C, 4 * C, stream);
+    layernorm_backward(dresidual, g.ln2w, g.ln2b, s.layernorm_scratch, s.dchannels, a.residual2, p.ln2w, a.ln2_mean,
+                       a.ln2_rstd, N, C, stream);
+    // residual2 = input + attproj(attention(qkv(ln1))): dresidual is now the gradient of residual2
+    matmul_backward(s.dchannels, g.attprojw, g.attprojb, s.matmul_scratch, dresidual, a.atty, p.attprojw, N, C, C,
+                    stream);
+    attention_backward(s.dqkv, s.attention_D, s.dchannels, a.qkv, a.atty, a.lse, B, T, C, c.num_heads, stream);
+    matmul_backward(s.dchannels, g.qkvw, g.qkvb, s.matmul_scratch, s.dqkv, a.ln1, p.qkvw, N, C, 3 * C, stream);
+    layernorm_backward(dresidual, g.ln1w, g.ln1b, s.layernorm_scratch, s.dchannels, input, p.ln1w, a.ln1_mean,
+                       a.ln1_rstd, N, C, stream);
+}
+
+// ----------------------------------------------------------------------------
+// the whole model
+
+// Checks a batch's token ids before they index any table.
+inline void check_token_ids(const int* tokens, size_t count, int vocab_size, const char* what) {
+    for (size_t i = 0; i < count; i++)
+        if (tokens[i] < 0 || tokens[i] >= vocab_size)
+            fatal("%s: token id %d at position %zu is outside the vocabulary [0, %d)", what, tokens[i], i, vocab_size);
+}
+
+// Forward pass of B sequences of T tokens (host ids) up to the logits (model.logits, N x Vp).
+inline void gpt2_forward(GPT2& model, const int* inputs, int B, int T) {
+    const GPT2Config& c = model.config;
+    if (B > model.max_batch || T > model.max_seq)
+        fatal("batch %d x %d exceeds the allocated %d x %d", B, T, model.max_batch, model.max_seq);
+    const int N = B * T, C = c.channels, L = c.num_layers;
+    check_token_ids(inputs, N, c.vocab_size, "input batch");
+    std::copy(inputs, inputs + N, model.inputs_host.begin());
+    cudaCheck(cudaMemcpy(model.inputs, inputs, N * sizeof(int), cudaMemcpyHostToDevice));
+
+    const ParameterLayout& layout = model.layout;
+    encoder_forward(model.encoded, model.inputs, model.params + layout.offset(WTE), model.params + layout.offset(WPE),
+                    B, T, C, model.stream);
+    for (int l = 0; l < L; l++) {
+        const floatX* input = l == 0 ? model.encoded : model.blocks[l - 1].output;
+        block_forward(c, block_params(model.params, layout, l), model.blocks[l], model.shared.projection, input, B, T,
+                      model.stream);
+    }
+    layernorm_forward(model.lnf, model.lnf_mean, model.lnf_rstd, model.blocks[L - 1].output,
+                      model.params + layout.offset(LNFW), model.params + layout.offset(LNFB), N, C, model.stream);
+    matmul_forward(model.logits, model.lnf, model.params + layout.offset(WTE), nullptr, N, C, c.padded_vocab_size,
+                   model.stream);
+}
+
+// Cross-entropy of the logits against `targets` (host ids); returns the mean loss over the N positions.
+// Replaces the logits by dloss * dloss_i/dlogits, ready for gpt2_backward: dloss = 1 / (N * micro-steps)
+// makes the accumulated gradient that of the mean loss over the whole batch.
+inline float gpt2_loss(GPT2& model, const int* targets, int B, int T, float dloss) {
+    const GPT2Config& c = model.config;
+    const int N = B * T;
+    check_token_ids(targets, N, c.vocab_size, "target batch");
+    cudaCheck(cudaMemcpy(model.targets, targets, N * sizeof(int), cudaMemcpyHostToDevice));
+    fused_classifier(model.logits, model.losses, dloss, model.targets, N, c.vocab_size, c.padded_vocab_size,
+                     model.stream);
+    cudaCheck(cudaMemcpy(model.losses_host.data(), model.losses, N * sizeof(float), cudaMemcpyDeviceToHost));
+    double sum = 0.0;
+    for (int i = 0; i < N; i++) sum += model.losses_host[i];
+    return (float)(sum / N);
+}
+
+// Backward pass after gpt2_forward + gpt2_loss on the same batch; accumulates into model.grads.
+inline void gpt2_backward(GPT2& model, int B, int T) {
+    const GPT2Config& c = model.config;
+    const ParameterLayout& layout = model.layout;
+    const int N = B * T, C = c.channels, L = c.num_layers;
+    SharedBuffers& s = model.shared;
+    floatX* params = model.params;
+    floatX* grads = model.grads;
+
+    // logits = lnf @ wte^T: the LM head's share of dwte, and the gradient of lnf
+    matmul_backward(s.dchannels, grads + layout.offset(WTE), nullptr, s.matmul_scratch, model.logits, model.lnf,
+                    params + layout.offset(WTE), N, C, c.padded_vocab_size, model.stream);
+    // lnf = layernorm(x_L): the residual stream's gradient starts here
+    cudaCheck(cudaMemsetAsync(s.dresidual, 0, (size_t)N * C * sizeof(floatX), model.stream));
+    layernorm_backward(s.dresidual, grads + layout.offset(LNFW), grads + layout.offset(LNFB), s.layernorm_scratch,
+                       s.dchannels, model.blocks[L - 1].output, params + layout.offset(LNFW), model.lnf_mean,
+                       model.lnf_rstd, N, C, model.stream);
+    for (int l = L - 1; l >= 0; l--) {
+        const floatX* input = l == 0 ? model.encoded : model.blocks[l - 1].output;
+        block_backward(c, block_params(params, layout, l), block_params(grads, layout, l), model.blocks[l], input,
+                       s.dresidual, s, B, T, model.stream);
+    }
+    encoder_backward(grads + layout.offset(WTE), grads + layout.offset(WPE), &s.encoder_workspace, s.dresidual,
+                     model.inputs_host.data(), B, T, C, model.stream);
+}
+
+inline void gpt2_zero_grads(GPT2& model) {
+    cudaCheck(cudaMemsetAsync(model.grads, 0, model.layout.total * sizeof(floatX), model.stream));
+}
+
+// L2 norm of all gradients (deterministic).
+inline float gpt2_grad_norm(GPT2& model) {
+    SharedBuffers& s = model.shared;
+    global_norm_squared(s.norm_result, s.norm_scratch, model.grads, model.layout.total, model.stream);
+    float squared = 0.0f;
+    cudaCheck(cudaMemcpy(&squared, s.norm_result, sizeof(float), cudaMemcpyDeviceToHost));
+    return sqrtf(squared);
+}
+
+struct AdamWConfig {
+    float learning_rate = 3e-4f;
+    float beta1 = 0.9f;
+    float beta2 = 0.95f;
+    float eps = 1e-8f;
+    float weight_decay = 0.1f;
+};
+
+// One AdamW step on every tensor (weight decay on matrices only). step: 1-based. grad_scale multiplies
+// the gradients (gradient clipping). seed: fresh per step, for stochastic rounding to bf16.
+inline void gpt2_update(GPT2& model, const AdamWConfig& adamw, float learning_rate, int step, float grad_scale,
+                        uint32_t seed) {
+    int index = 0;
+    for_each_tensor_in_file_order(model.layout, [&](int kind, int, size_t offset, size_t count) {
+        const float decay = tensor_kind_info(kind).is_matrix ? adamw.weight_decay : 0.0f;
+        adamw_update(model.params + offset, model.master ? model.master + offset : nullptr, model.adam_m + offset,
+                     model.adam_v + offset, model.grads + offset, count, learning_rate, adamw.beta1, adamw.beta2,
+                     adamw.eps, decay, step, grad_scale, seed + 0x9e3779b9u * (uint32_t)(index++), model.stream);
+    });
+}

@@ -1,0 +1,189 @@
+/*
+Logging: one human-readable line per training step on the console, and the same numbers as
+machine-readable JSON lines (one JSON object per line) in <output_dir>/log.jsonl, for plots and tests.
+
+    Logger logger(output_dir, resuming, rank == 0);  // append to the log when resuming; only rank 0 logs
+    logger.config(flags);                         // {"event": "config", "flags": {...}}
+    StepStats stats;                              // fill in after each optimizer step
+    stats.step = step + 1; stats.total_steps = steps; stats.loss = loss; stats.learning_rate = lr;
+    stats.grad_norm = norm; stats.seconds = seconds; stats.tokens = B * T * accumulation * data_parallel;
+    stats.memory_bytes = device_memory_in_use_bytes(); stats.mfu = mfu;   // mfu < 0: unknown, not shown
+    logger.step(stats);
+    logger.val_loss(step + 1, val_loss);
+    logger.sample(step + 1, text);
+    logger.checkpoint(step + 1, path);
+    logger.write(JsonLine("my_event").integer("step", s).number("value", v));   // anything else
+
+Step numbers everywhere are the number of optimizer steps completed: the line after the first step says
+step 1, a validation loss measured before training is at step 0, and checkpoint_<step>.bin holds the state
+after that many steps, so the three agree.
+
+Console line:
+    step   12/5000 | loss 5.214573 | lr 3.00e-04 | norm 1.1234 | 312.5 ms | 104858 tok/s | 2341 MiB | MFU 41.3%
+JSON line (same numbers; "time_s", seconds since the logger was created, ends every line; a non-finite
+number such as a NaN loss becomes null, because JSON has no NaN and a diverged run is exactly the one whose
+log must still parse; so does an unknown MFU):
+    {"event": "step", "step": 12, "total_steps": 5000, "loss": 5.2145729, "lr": 0.000300000014,
+     "grad_norm": 1.12339997, "ms": 312.5, "tokens_per_s": 104857.6, "memory_mib": 2341, "mfu": 0.413, "time_s": 12.5}
+
+Each line is flushed as it is written, so a killed run keeps its log up to the last step. With append =
+true (resuming) the file is continued instead of started over. A disabled logger (ranks other than 0)
+does nothing at all.
+
+device_memory_in_use_bytes(): the GPU's memory in use, total minus free from cudaMemGetInfo (this counts
+the CUDA context and any other process on the GPU too: it is what nvidia-smi shows). The CPU build counts
+the bytes the program holds through cudaMalloc.
+*/
+#pragma once
+
+#include <chrono>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <sys/stat.h>
+#include "cuda_common.cuh"
+#include "flags.h"
+#include "utils.h"
+
+inline size_t device_memory_in_use_bytes() {
+#ifdef LLMC_CPU
+    cudacpu::Allocations& allocations = cudacpu::allocations();
+    std::lock_guard<std::mutex> guard(allocations.lock);
+    return allocations.in_use;
+#else
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+    return total_bytes - free_bytes;
+#endif
+}
+
+// mkdir -p: creates the directory and any missing parents; an existing directory is fine.
+inline void make_directories(const std::string& path) {
+    if (path.empty()) fatal("cannot create a directory with an empty name");
+    for (size_t end = 1; end <= path.size(); end++) {
+        if (end != path.size() && path[end] != '/') continue;
+        std::string prefix = path.substr(0, end);
+        if (mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST)
+            fatal("cannot create directory %s: %s", prefix.c_str(), strerror(errno));
+    }
+    struct stat info;
+    if (stat(path.c_str(), &info) != 0 || !S_ISDIR(info.st_mode))
+        fatal("cannot create directory %s: a file with that name is in the way", path.c_str());
+}
+
+// One JSON object, built member by member: JsonLine("step").integer("step", 3).number("loss", 2.5).str()
+// gives {"event": "step", "step": 3, "loss": 2.5}.
+class JsonLine {
+public:
+    explicit JsonLine(const std::string& event) { text_ = "{\"event\": " + json_quote(event); }
+    JsonLine& number(const std::string& key, double value) {
+        char formatted[64];
+        snprintf(formatted, sizeof(formatted), "%.9g", value);  // 9 digits give back every float exactly
+        return raw(key, std::isfinite(value) ? formatted : "null");
+    }
+    JsonLine& integer(const std::string& key, long long value) { return raw(key, std::to_string(value)); }
+    JsonLine& text(const std::string& key, const std::string& value) { return raw(key, json_quote(value)); }
+    JsonLine& raw(const std::string& key, const std::string& json_value) {
+        text_ += ", " + json_quote(key) + ": " + json_value;
+        return *this;
+    }
+    std::string str() const { return text_ + "}"; }
+
+private:
+    std::string text_;
+};
+
+struct StepStats {
+    long long step = 0;         // optimizer steps completed, counting this one
+    long long total_steps = 0;
+    float loss = 0.0f;
+    float learning_rate = 0.0f;
+    float grad_norm = 0.0f;
+    double seconds = 0.0;       // wall time of this step
+    long long tokens = 0;       // tokens trained on in this step, all ranks together
+    size_t memory_bytes = 0;    // device_memory_in_use_bytes()
+    double mfu = -1.0;          // fraction of peak (0.41 = 41%); negative when the GPU's peak is unknown
+};
+
+class Logger {
+public:
+    Logger(const std::string& output_dir, bool append = false, bool enabled = true)
+        : enabled_(enabled), start_(std::chrono::steady_clock::now()) {
+        if (!enabled_) return;
+        make_directories(output_dir);
+        path_ = output_dir + "/log.jsonl";
+        file_ = open_file(path_, append ? "a" : "w");
+    }
+    Logger(const Logger&) = delete;
+    Logger& operator=(const Logger&) = delete;
+    ~Logger() {
+        if (file_) fclose(file_);
+    }
+
+    const std::string& path() const { return path_; }
+
+    // Every flag's value, so that the log alone says how the run was made.
+    void config(const Flags& flags) {
+        write(JsonLine("config").raw("flags", flags.to_json()));
+    }
+
+    void step(const StepStats& s) {
+        if (!enabled_) return;
+        double tokens_per_second = s.seconds > 0 ? s.tokens / s.seconds : 0.0;
+        double memory_mib = s.memory_bytes / (1024.0 * 1024.0);
+        int width = (int)std::to_string(s.total_steps).size();
+        char line[512];
+        int n = snprintf(line, sizeof(line),
+                         "step %*lld/%lld | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s | %.0f MiB",
+                         width, s.step, s.total_steps, s.loss, s.learning_rate, s.grad_norm, s.seconds * 1e3,
+                         tokens_per_second, memory_mib);
+        if (s.mfu >= 0 && n > 0 && n < (int)sizeof(line))
+            snprintf(line + n, sizeof(line) - n, " | MFU %.1f%%", 100.0 * s.mfu);
+        printf("%s\n", line);
+        fflush(stdout);
+        JsonLine json("step");
+        json.integer("step", s.step).integer("total_steps", s.total_steps).number("loss", s.loss);
+        json.number("lr", s.learning_rate).number("grad_norm", s.grad_norm).number("ms", s.seconds * 1e3);
+        json.number("tokens_per_s", tokens_per_second).number("memory_mib", memory_mib);
+        json.number("mfu", s.mfu >= 0 ? s.mfu : NAN);  // unknown peak: null
+        write(json);
+    }
+
+    void val_loss(long long step, float loss) {
+        if (!enabled_) return;
+        printf("val loss %.6f at step %lld\n", loss, step);
+        fflush(stdout);
+        write(JsonLine("val_loss").integer("step", step).number("loss", loss));
+    }
+
+    void sample(long long step, const std::string& text) {
+        if (!enabled_) return;
+        printf("sample at step %lld:\n%s\n", step, text.c_str());
+        fflush(stdout);
+        write(JsonLine("sample").integer("step", step).text("text", text));
+    }
+
+    void checkpoint(long long step, const std::string& path) {
+        if (!enabled_) return;
+        printf("checkpoint at step %lld: %s\n", step, path.c_str());
+        fflush(stdout);
+        write(JsonLine("checkpoint").integer("step", step).text("path", path));
+    }
+
+    // Appends one line to log.jsonl, with "time_s" added as its last member.
+    void write(JsonLine line) {
+        if (!enabled_) return;
+        line.number("time_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+        std::string json = line.str() + "\n";
+        write_exact(json.data(), 1, json.size(), file_, path_);
+        if (fflush(file_) != 0) fatal("cannot write %s: %s", path_.c_str(), strerror(errno));
+    }
+
+private:
+    bool enabled_;
+    std::chrono::steady_clock::time_point start_;
+    std::string path_;
+    FILE* file_ = nullptr;
+};

@@ -1,0 +1,61 @@
+/*
+Host-side helpers shared by the whole program: the one way to stop with an error, and file I/O that
+checks every call. Bad input must end in a single line that names the problem and a non-zero exit,
+never a crash or a silently wrong answer; these helpers make that the easy path.
+*/
+#pragma once
+
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <cerrno>
+#include <string>
+#include <sys/stat.h>
+
+// Prints "error: <message>" on one line and exits with status 1.
+[[noreturn]] __attribute__((format(printf, 1, 2))) inline void fatal(const char* format, ...) {
+    fflush(stdout);
+    va_list args;
+    va_start(args, format);
+    fputs("error: ", stderr);
+    vfprintf(stderr, format, args);
+    fputc('\n', stderr);
+    va_end(args);
+    exit(EXIT_FAILURE);
+}
+
+inline FILE* open_file(const std::string& path, const char* mode) {
+    FILE* file = fopen(path.c_str(), mode);
+    if (!file) fatal("cannot open %s: %s", path.c_str(), strerror(errno));
+    return file;
+}
+
+// Reads exactly `count` elements or stops, naming the file and what was expected there.
+inline void read_exact(void* buffer, size_t element_size, size_t count, FILE* file, const std::string& path,
+                       const char* what) {
+    size_t got = fread(buffer, element_size, count, file);
+    if (got != count) {
+        fatal("%s is truncated: expected %zu bytes of %s, found %zu", path.c_str(), element_size * count, what,
+              element_size * got);
+    }
+}
+
+inline void write_exact(const void* buffer, size_t element_size, size_t count, FILE* file, const std::string& path) {
+    if (fwrite(buffer, element_size, count, file) != count) fatal("cannot write %s: %s", path.c_str(), strerror(errno));
+}
+
+inline void close_file(FILE* file, const std::string& path) {
+    if (fclose(file) != 0) fatal("cannot close %s: %s", path.c_str(), strerror(errno));
+}
+
+inline bool file_exists(const std::string& path) {
+    struct stat info;
+    return stat(path.c_str(), &info) == 0;
+}
+
+inline size_t file_size(const std::string& path) {
+    struct stat info;
+    if (stat(path.c_str(), &info) != 0) fatal("cannot open %s: %s", path.c_str(), strerror(errno));
+    return (size_t)info.st_size;
+}

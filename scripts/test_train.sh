@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# Tests of the training program as a user runs it:
+#   - bad input: every case must end with ONE line "error: ..." naming the problem, a non-zero exit, no
+#     crash (exit status < 128) and no checkpoint left behind;
+#   - resume: 20 steps straight and 10 + resume + 10 give bit-identical losses.
+# usage: scripts/test_train.sh ./train_gpt_fp32_cpu
+set -u
+binary=${1:?usage: $0 TRAIN_BINARY}
+python=/usr/bin/python3
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+passed=0 failed=0
+
+ok() { passed=$((passed + 1)); echo "  ok   $*"; }
+bad() { failed=$((failed + 1)); echo "  FAIL $*"; }
+
+# small files: shards of random tokens in a vocabulary of 100, a model file, and broken variants of each
+"$python" - "$work" <<'EOF'
+import struct, sys, random
+work = sys.argv[1]
+random.seed(7)
+def shard(path, tokens, claimed=None, magic=20240520):
+    header = [magic, 1, len(tokens) if claimed is None else claimed] + [0] * 253
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", *header))
+        f.write(struct.pack("<%dH" % len(tokens), *tokens))
+good = [random.randrange(100) for _ in range(4000)]
+shard(f"{work}/train.bin", good)
+shard(f"{work}/val.bin", good[:1000])
+shard(f"{work}/size_mismatch.bin", good[:1000], claimed=1200)
+shard(f"{work}/wrong_magic.bin", good[:1000], magic=12345)
+shard(f"{work}/token_out_of_range.bin", good[:500] + [150] + good[:499])
+shard(f"{work}/tiny.bin", good[:20])
+
+# model files: L=2, NH=2, C=32, V=100 (Vp=128), maxT=32, fp32
+L, NH, C, V, Vp, maxT = 2, 2, 32, 100, 128, 32
+def model(path, scale=0.02, magic=20240326, truncate=0):
+    sizes = [Vp * C, maxT * C, L * C, L * C, L * 3 * C * C, L * 3 * C, L * C * C, L * C, L * C, L * C,
+             L * 4 * C * C, L * 4 * C, L * C * 4 * C, L * C, C, C]
+    values = []
+    for i, n in enumerate(sizes):
+        if i in (2, 8, 14): values += [1.0] * n            # layernorm weights
+        elif i in (3, 5, 7, 9, 11, 13, 15): values += [0.0] * n  # biases
+        else: values += [random.gauss(0, 1) * scale for _ in range(n)]
+    data = struct.pack("<256i", magic, 3, maxT, V, L, NH, C, Vp, *([0] * 248)) + struct.pack("<%df" % len(values), *values)
+    with open(path, "wb") as f:
+        f.write(data[:len(data) - truncate])
+model(f"{work}/model.bin")
+model(f"{work}/model_truncated.bin", truncate=1000)
+model(f"{work}/model_wrong_magic.bin", magic=777)
+model(f"{work}/model_huge.bin", scale=3e37)   # finite weights whose products overflow: the loss is not finite
+EOF
+
+# the flags of a small healthy run; each case overrides some of them (a flag may be given only once)
+declare -A defaults=([model]=custom [layers]=2 [heads]=2 [channels]=32 [vocab-size]=100 [max-seq-len]=32
+                     [seq-len]=16 [batch-size]=2 [steps]=3 [val-every]=0 [sample-tokens]=0
+                     [train-data]="$work/train.bin" [val-data]="$work/val.bin")
+# run_args NAME=VALUE...: prints the default flags with these overrides, one per line
+run_args() {
+    declare -A flags
+    local key
+    for key in "${!defaults[@]}"; do flags[$key]=${defaults[$key]}; done
+    local pair
+    for pair in "$@"; do flags[${pair%%=*}]=${pair#*=}; done
+    for key in "${!flags[@]}"; do printf -- '--%s\n%s\n' "$key" "${flags[$key]}"; done
+}
+
+# expect_error NAME SUBSTRING [NAME=VALUE...]: runs the binary with the default flags and these
+# overrides, in a fresh output directory
+expect_error() {
+    local name=$1 expected=$2
+    shift 2
+    local out="$work/out_$passed$failed"
+    rm -rf "$out"
+    local args
+    mapfile -t args < <(run_args "$@" output-dir="$out")
+    "$binary" "${args[@]}" >"$work/stdout" 2>"$work/stderr"
+    local status=$?
+    local lines message
+    lines=$(grep -c . "$work/stderr")
+    message=$(tail -n 1 "$work/stderr")
+    if [[ $status -eq 0 ]]; then bad "$name: exited 0"; return; fi
+    if [[ $status -ge 128 ]]; then bad "$name: crashed (status $status): $message"; return; fi
+    if [[ $lines -ne 1 || $message != error:* ]]; then bad "$name: expected one 'error:' line, got $lines: $message"; return; fi
+    if [[ $message != *"$expected"* ]]; then bad "$name: message lacks '$expected': $message"; return; fi
+    if ls "$out"/checkpoint_* >/dev/null 2>&1; then bad "$name: left a checkpoint behind"; return; fi
+    ok "$name: $message"
+}
+
+echo "bad input ($binary)"
+expect_error "truncated model file" "size" model="$work/model_truncated.bin"
+expect_error "model file with a wrong magic number" "not a model file" model="$work/model_wrong_magic.bin"
+expect_error "missing model file" "not a model name" model="$work/nonexistent.bin"
+expect_error "shard whose size disagrees with its header" "size_mismatch.bin" train-data="$work/size_mismatch.bin"
+expect_error "shard with a wrong magic number" "wrong_magic.bin" train-data="$work/wrong_magic.bin"
+expect_error "token id >= vocabulary size" "token" train-data="$work/token_out_of_range.bin"
+expect_error "missing data files" "no file matches" train-data="$work/missing_*.bin"
+expect_error "batch larger than a shard" "tiny.bin" train-data="$work/tiny.bin"
+expect_error "batch size 0" "--batch-size must be" batch-size=0
+expect_error "batch size that is not a number" "--batch-size expects an integer" batch-size=abc
+expect_error "unknown flag" "--learning-rat" learning-rat=0.1
+expect_error "unknown schedule" "lr-schedule" lr-schedule=linear
+expect_error "sequence longer than the model's positions" "--seq-len 64 exceeds" seq-len=64
+expect_error "heads that do not divide channels" "divisible by heads" heads=3
+expect_error "total batch not a multiple of B*T" "total-batch-size" total-batch-size=100
+expect_error "missing tokenizer for samples" "nonexistent_tokenizer" sample-tokens=8 tokenizer="$work/nonexistent_tokenizer.bin"
+expect_error "non-finite loss" "not finite" model="$work/model_huge.bin" checkpoint-every=1
+expect_error "resume without a checkpoint" "no checkpoint" resume=true
+
+# a corrupted checkpoint must be refused on resume
+mapfile -t args < <(run_args checkpoint-every=3 output-dir="$work/corrupt")
+"$binary" "${args[@]}" >/dev/null 2>&1
+if [[ -f "$work/corrupt/checkpoint_3.bin" ]]; then
+    printf 'XXXX' | dd of="$work/corrupt/checkpoint_3.bin" bs=1 seek=5000 conv=notrunc status=none
+    mapfile -t args < <(run_args steps=5 resume=true output-dir="$work/corrupt")
+    "$binary" "${args[@]}" >"$work/stdout" 2>"$work/stderr"
+    status=$?
+    message=$(tail -n 1 "$work/stderr")
+    if [[ $status -ne 0 && $status -lt 128 && $message == error:* && $message == *checkpoint_3.bin* ]]; then
+        ok "corrupted checkpoint refused: $message"
+    else
+        bad "corrupted checkpoint: status $status: $message"
+    fi
+else
+    bad "corrupted checkpoint: the first run wrote no checkpoint"
+fi
+
+# ---- resume: 20 steps straight versus 10 + resume + 10 (constant schedule: the same for any --steps)
+echo "resume ($binary)"
+resume=(--model custom --layers 2 --heads 2 --channels 32 --vocab-size 100 --max-seq-len 32 --seq-len 16
+        --batch-size 2 --total-batch-size 64 --lr-schedule constant --warmup-steps 3 --learning-rate 1e-2
+        --val-every 0 --sample-tokens 0 --train-data "$work/train.bin" --checkpoint-every 10)
+losses() { grep '"event": "step"' "$1/log.jsonl" | sed -E 's/.*"step": ([0-9]+),.*"loss": ([^,]+),.*/\1 \2/'; }
+"$binary" "${resume[@]}" --steps 20 --output-dir "$work/straight" >/dev/null 2>&1 || bad "straight run failed"
+"$binary" "${resume[@]}" --steps 10 --output-dir "$work/split" >/dev/null 2>&1 || bad "first half failed"
+"$binary" "${resume[@]}" --steps 20 --resume --output-dir "$work/split" >"$work/resumed" 2>&1 || bad "resumed run failed"
+straight=$(losses "$work/straight")
+split=$(losses "$work/split")
+count=$(echo "$split" | grep -c .)
+if grep -q "resumed from .*checkpoint_10.bin at step 10" "$work/resumed" && [[ $count -eq 20 ]] &&
+   [[ "$straight" == "$split" ]]; then
+    ok "20 steps straight and 10 + resume + 10: the same 20 losses, bit for bit ($(echo "$straight" | tail -n 1))"
+else
+    bad "resume: losses differ or the run did not resume at step 10"
+    diff <(echo "$straight") <(echo "$split") | head -5
+fi
+
+echo "$passed passed, $failed failed"
+[[ $failed -eq 0 ]]

@@ -1,0 +1,199 @@
+/*
+Does train_gpt compute what PyTorch computes? This program loads a model file and a reference state
+written by dev/gpt2_reference.py (PyTorch, fp32, the same weights), runs the same batch through the
+same steps, and compares tensor by tensor:
+  - the logits and the loss of the first forward pass,
+  - every parameter gradient of the first backward pass (one line per tensor kind, worst layer shown),
+  - the loss and gradient norm of every one of the S AdamW steps that follow.
+Each line prints the relative error in norm, ||ours - reference|| / ||reference||, next to its tolerance.
+
+    ./test_gpt_fp32_cpu --model build/ref/small_model.bin --state build/ref/small_state.bin
+*/
+#include <algorithm>
+#include <string>
+#include <vector>
+#include "llmc/gpt2.cuh"
+
+// ----------------------------------------------------------------------------
+// tolerances, by precision
+//
+// FP32: both programs compute in fp32 and differ only in the order of operations (blocked matmuls,
+// tiled attention, tree reductions). Each fp32 rounding is 6e-8 relative; over the ~10^3-term sums of a
+// layer and 12 layers of them the errors stay well below 1e-5 in norm; gradients go through twice as
+// many roundings and through the softmax's cancellations, so we allow 1e-4 relative in norm. The loss is
+// a mean of per-position losses of size ~10 computed in fp32: 1e-5 absolute is ~100 ulps.
+// BF16: every activation and gradient is stored in bf16 (8 significant bits: each rounding is up to
+// 2^-8 = 0.4% relative, ~0.1% on average over a tensor). Independent roundings add in quadrature through
+// the layers, and a gradient passes through about twice as many stored tensors as the forward pass.
+// Measured at 124M (12 layers): logits 1.0%, gradients 1.1-1.3%, first loss 7e-5 (a mean over 256
+// positions averages the rounding away), gradient norms 0.4-0.5%; the small config about half of that.
+// The losses of later steps drift further: at 124M with lr 1e-4, weights of size ~0.02 have a bf16
+// spacing of 1.2e-4, so every AdamW update (about lr per weight) is about one bf16 step, and the
+// stochastically rounded bf16 weights differ from PyTorch's fp32 weights by as much as an update. The
+// trajectory (loss 11 -> 3.2 in 10 steps on one batch) has measured deviations up to 2.5e-2 (0.4%).
+// The tolerances are 2-3x the worst measured error: enough for rounding noise, far below what a
+// missing term or a wrong index does (errors of order 1).
+#ifdef ENABLE_FP32
+constexpr double kLogitsTolerance = 1e-5, kLossTolerance = 1e-5, kGradTolerance = 1e-4, kNormTolerance = 1e-4;
+constexpr double kStepLossTolerance = 1e-5;
+#else
+constexpr double kLogitsTolerance = 3e-2, kLossTolerance = 2e-3, kGradTolerance = 4e-2, kNormTolerance = 1.5e-2;
+constexpr double kStepLossTolerance = 6e-2;
+#endif
+
+static int passed = 0, failed = 0;
+
+static void report(const std::string& name, double error, double tolerance, const char* unit) {
+    const bool ok = std::isfinite(error) && error <= tolerance;
+    printf("  %s %-44s %s %.3e   tol %.1e\n", ok ? "ok  " : "FAIL", name.c_str(), unit, error, tolerance);
+    (ok ? passed : failed)++;
+}
+
+static double relative_error_in_norm(const float* ours, const float* reference, size_t count) {
+    double diff = 0.0, norm = 0.0;
+    for (size_t i = 0; i < count; i++) {
+        const double d = (double)ours[i] - reference[i];
+        diff += d * d;
+        norm += (double)reference[i] * reference[i];
+    }
+    if (norm == 0.0) return diff == 0.0 ? 0.0 : INFINITY;
+    return sqrt(diff / norm);
+}
+
+// ----------------------------------------------------------------------------
+// the reference state file (format in dev/gpt2_reference.py)
+
+struct ReferenceState {
+    int B = 0, T = 0, steps = 0;
+    float learning_rate = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0, grad_clip = 0;
+    std::vector<int> inputs, targets;
+    std::vector<float> logits, grads, losses, grad_norms;
+    float loss = 0;
+};
+
+static float float_from_bits(int bits) {
+    float value;
+    memcpy(&value, &bits, sizeof(value));
+    return value;
+}
+
+static ReferenceState read_reference(const std::string& path, const GPT2Config& config, size_t num_params) {
+    FILE* file = open_file(path, "rb");
+    int header[256];
+    read_exact(header, sizeof(int), 256, file, path, "the header");
+    if (header[0] != 20240327) fatal("%s is not a reference state (magic %d, expected 20240327)", path.c_str(), header[0]);
+    if (header[1] != 2) fatal("%s: unsupported reference state version %d (expected 2)", path.c_str(), header[1]);
+    ReferenceState s;
+    s.B = header[2];
+    s.T = header[3];
+    s.steps = header[4];
+    s.learning_rate = float_from_bits(header[5]);
+    s.beta1 = float_from_bits(header[6]);
+    s.beta2 = float_from_bits(header[7]);
+    s.eps = float_from_bits(header[8]);
+    s.weight_decay = float_from_bits(header[9]);
+    s.grad_clip = float_from_bits(header[10]);
+    if (s.B <= 0 || s.T <= 0 || s.T > config.max_seq_len || s.steps < 0)
+        fatal("%s: implausible shape B=%d T=%d steps=%d", path.c_str(), s.B, s.T, s.steps);
+    const size_t N = (size_t)s.B * s.T;
+    s.inputs.resize(N);
+    s.targets.resize(N);
+    s.logits.resize(N * config.padded_vocab_size);
+    s.grads.resize(num_params);
+    s.losses.resize(s.steps);
+    s.grad_norms.resize(s.steps);
+    read_exact(s.inputs.data(), sizeof(int), N, file, path, "inputs");
+    read_exact(s.targets.data(), sizeof(int), N, file, path, "targets");
+    read_exact(s.logits.data(), sizeof(float), s.logits.size(), file, path, "logits");
+    read_exact(&s.loss, sizeof(float), 1, file, path, "loss");
+    read_exact(s.grads.data(), sizeof(float), num_params, file, path, "gradients");
+    read_exact(s.losses.data(), sizeof(float), s.steps, file, path, "losses");
+    read_exact(s.grad_norms.data(), sizeof(float), s.steps, file, path, "gradient norms");
+    close_file(file, path);
+    return s;
+}
+
+// ----------------------------------------------------------------------------
+
+template <class T>
+static std::vector<float> download_as_float(const T* device, size_t count) {
+    std::vector<T> raw(count);
+    cudaCheck(cudaMemcpy(raw.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost));
+    return std::vector<float>(raw.begin(), raw.end());
+}
+
+int main(int argc, char** argv) {
+    std::string model_path, state_path;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        std::string flag = argv[i];
+        if (flag == "--model") model_path = argv[i + 1];
+        else if (flag == "--state") state_path = argv[i + 1];
+        else fatal("unknown flag %s (usage: test_gpt --model FILE --state FILE)", flag.c_str());
+    }
+    if (model_path.empty() || state_path.empty()) fatal("usage: test_gpt --model FILE --state FILE");
+
+    const GPT2Config config = gpt2_read_config(model_path);
+    const ParameterLayout layout(config);
+    const ReferenceState ref = read_reference(state_path, config, layout.total);
+    printf("test_gpt: %s, %s, L=%d NH=%d C=%d V=%d, B=%d T=%d, %d steps\n", PRECISION_NAME, model_path.c_str(),
+           config.num_layers, config.num_heads, config.channels, config.vocab_size, ref.B, ref.T, ref.steps);
+
+    GPT2 model;
+    gpt2_allocate(model, config, ref.B, ref.T);
+    gpt2_set_parameters(model, gpt2_read_parameters(model_path, layout));
+    const int B = ref.B, T = ref.T, N = B * T;
+    AdamWConfig adamw;
+    adamw.beta1 = ref.beta1;
+    adamw.beta2 = ref.beta2;
+    adamw.eps = ref.eps;
+    adamw.weight_decay = ref.weight_decay;
+
+    for (int step = 0; step < std::max(ref.steps, 1); step++) {
+        gpt2_zero_grads(model);
+        gpt2_forward(model, ref.inputs.data(), B, T);
+        if (step == 0) {
+            printf("first forward and backward pass\n");
+            const std::vector<float> logits = download_as_float(model.logits, (size_t)N * config.padded_vocab_size);
+            report("logits", relative_error_in_norm(logits.data(), ref.logits.data(), logits.size()),
+                   kLogitsTolerance, "rel err (norm)");
+        }
+        const float loss = gpt2_loss(model, ref.targets.data(), B, T, 1.0f / N);
+        if (step == 0) report("loss", fabs((double)loss - ref.loss), kLossTolerance, "abs err       ");
+        gpt2_backward(model, B, T);
+        if (step == 0) {
+            const std::vector<float> grads = download_as_float(model.grads, layout.total);
+            // one line per tensor kind: the worst layer
+            for (int kind = 0; kind < NUM_TENSOR_KINDS; kind++) {
+                double worst = 0.0;
+                int worst_layer = 0;
+                size_t file_offset = 0;  // the reference's gradients are tensor-major (file order)
+                for_each_tensor_in_file_order(layout, [&](int k, int layer, size_t offset, size_t count) {
+                    if (k == kind) {
+                        const double error = relative_error_in_norm(grads.data() + offset,
+                                                                    ref.grads.data() + file_offset, count);
+                        if (!(error <= worst)) { worst = error; worst_layer = layer; }
+                    }
+                    file_offset += count;
+                });
+                std::string name = std::string("d") + tensor_kind_info(kind).name;
+                if (tensor_kind_info(kind).per_layer) name += " (worst: layer " + std::to_string(worst_layer) + ")";
+                report(name, worst, kGradTolerance, "rel err (norm)");
+            }
+            printf("%d AdamW steps (lr %g, betas %g %g, weight decay %g)\n", ref.steps, ref.learning_rate, ref.beta1,
+                   ref.beta2, ref.weight_decay);
+        }
+        const float norm = gpt2_grad_norm(model);
+        if (step < ref.steps) {
+            report("step " + std::to_string(step) + " loss " + std::to_string(loss),
+                   fabs((double)loss - ref.losses[step]), step == 0 ? kLossTolerance : kStepLossTolerance,
+                   "abs err       ");
+            report("step " + std::to_string(step) + " gradient norm",
+                   fabs((double)norm - ref.grad_norms[step]) / ref.grad_norms[step], kNormTolerance, "rel err       ");
+        }
+        const float scale = (ref.grad_clip > 0 && norm > ref.grad_clip) ? ref.grad_clip / norm : 1.0f;
+        gpt2_update(model, adamw, ref.learning_rate, step + 1, scale, 1234u + step);
+    }
+    gpt2_free(model);
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

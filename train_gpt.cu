@@ -1,0 +1,329 @@
+/*
+Trains GPT-2. Read main() as the story of a training run:
+
+    flags -> model (from scratch or a model file) -> data -> [resume] -> for each step:
+        micro-batches: forward -> loss -> backward (gradients accumulate)
+        -> gradient norm -> clip -> AdamW -> log
+        (every N steps: validation loss, a text sample, a checkpoint)
+
+The model and one layer's forward/backward are in llmc/gpt2.cuh, the kernels in llmc/*.cuh. This file
+only decides what happens when.
+
+    ./train_gpt_cpu --help
+    ./train_gpt_cpu --model custom --layers 4 --heads 4 --channels 256 --seq-len 64 --steps 300
+    ./train_gpt --model 124M --batch-size 16 --seq-len 1024 --total-batch-size 524288      (a GPU)
+*/
+#include <chrono>
+#include <cmath>
+#include <string>
+#include <vector>
+#include "llmc/utils.h"
+#include "llmc/flags.h"
+#include "llmc/rand.h"
+#include "llmc/gpt2.cuh"
+#include "llmc/dataloader.h"
+#include "llmc/tokenizer.h"
+#include "llmc/schedulers.h"
+#include "llmc/checkpoint.h"
+#include "llmc/logger.h"
+#include "llmc/mfu.h"
+
+// ----------------------------------------------------------------------------
+// the model's shape, from --model
+
+static GPT2Config config_from_flags(const std::string& model, int layers, int heads, int channels, int vocab_size,
+                                    int max_seq_len) {
+    GPT2Config config;
+    if (model == "custom") {
+        config.num_layers = layers;
+        config.num_heads = heads;
+        config.channels = channels;
+        config.vocab_size = vocab_size;
+        config.padded_vocab_size = padded_vocab(vocab_size);
+        config.max_seq_len = max_seq_len;
+        gpt2_validate_config(config, "--model custom");
+    } else if (gpt2_config_by_name(model, &config)) {
+        gpt2_validate_config(config, "--model " + model);
+    } else if (file_exists(model)) {
+        config = gpt2_read_config(model);
+    } else {
+        fatal("--model %s: not a model name (124M, 350M, 774M, 1558M, custom) nor an existing model file",
+              model.c_str());
+    }
+    return config;
+}
+
+// ----------------------------------------------------------------------------
+// validation loss and text samples
+
+static float validation_loss(GPT2& model, DataLoader& val_loader, int batches) {
+    val_loader.reset();  // the same batches every time, so successive values are comparable
+    double sum = 0.0;
+    for (int i = 0; i < batches; i++) {
+        val_loader.next_batch();
+        gpt2_forward(model, val_loader.inputs.data(), val_loader.B, val_loader.T);
+        sum += gpt2_loss(model, val_loader.targets.data(), val_loader.B, val_loader.T, 0.0f);
+    }
+    return (float)(sum / batches);
+}
+
+// Samples `count` tokens after an end-of-text token, one full forward pass per token (simple, not fast:
+// there is no key/value cache). Each token is drawn from softmax(logits) with a random number from rng.
+static std::string sample_text(GPT2& model, const Tokenizer& tokenizer, Rng& rng, int count) {
+    const GPT2Config& c = model.config;
+    std::vector<int> tokens = {(int)tokenizer.end_of_text};
+    std::vector<floatX> logits_raw(c.padded_vocab_size);
+    std::vector<double> probabilities(c.vocab_size);
+    while ((int)tokens.size() <= count && (int)tokens.size() <= model.max_seq) {
+        const int T = (int)tokens.size();
+        gpt2_forward(model, tokens.data(), 1, T);
+        cudaCheck(cudaMemcpy(logits_raw.data(), model.logits + (size_t)(T - 1) * c.padded_vocab_size,
+                             c.padded_vocab_size * sizeof(floatX), cudaMemcpyDeviceToHost));
+        double max_logit = -INFINITY, total = 0.0;
+        for (int v = 0; v < c.vocab_size; v++) max_logit = std::max(max_logit, (double)(float)logits_raw[v]);
+        for (int v = 0; v < c.vocab_size; v++) total += probabilities[v] = exp((float)logits_raw[v] - max_logit);
+        double threshold = rng.next_float() * total, cumulative = 0.0;
+        int next = c.vocab_size - 1;
+        for (int v = 0; v < c.vocab_size; v++) {
+            cumulative += probabilities[v];
+            if (cumulative > threshold) { next = v; break; }
+        }
+        tokens.push_back(next);
+    }
+    return tokenizer_printable(&tokenizer, tokens.data() + 1, tokens.size() - 1);
+}
+
+// ----------------------------------------------------------------------------
+// checkpoints: everything needed to continue bit for bit
+
+template <class T>
+static std::vector<T> download(const T* device, size_t count) {
+    std::vector<T> host(count);
+    cudaCheck(cudaMemcpy(host.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost));
+    return host;
+}
+template <class T>
+static void upload(T* device, const std::vector<T>& host) {
+    cudaCheck(cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+}
+
+static void save_checkpoint(const std::string& path, const GPT2& model, int step, const DataLoaderState& data,
+                            const Rng& sample_rng) {
+    const size_t P = model.layout.total;
+    CheckpointWriter writer(path);
+    writer.add_value("config", model.config);
+    writer.add_value("precision_bytes", (int)sizeof(floatX));
+    writer.add_value("step", step);
+    writer.add_value("train_data", data);
+    writer.add_value("sample_rng", sample_rng);
+    writer.add("params", download(model.params, P).data(), P * sizeof(floatX));
+    if (model.master) writer.add("master", download(model.master, P).data(), P * sizeof(float));
+    writer.add("adamw_m", download(model.adam_m, P).data(), P * sizeof(float));
+    writer.add("adamw_v", download(model.adam_v, P).data(), P * sizeof(float));
+    writer.commit();
+}
+
+// Restores the model and optimizer; returns the step to continue from.
+static int load_checkpoint(const std::string& path, GPT2& model, DataLoaderState* data, Rng* sample_rng) {
+    const size_t P = model.layout.total;
+    CheckpointReader reader(path);
+    const GPT2Config saved = reader.read_value<GPT2Config>("config");
+    if (memcmp(&saved, &model.config, sizeof(saved)) != 0)
+        fatal("%s holds a model of another shape (layers %d, heads %d, channels %d, vocab %d) than --model asks for",
+              path.c_str(), saved.num_layers, saved.num_heads, saved.channels, saved.vocab_size);
+    if (reader.read_value<int>("precision_bytes") != (int)sizeof(floatX))
+        fatal("%s was written by a build of another precision than this %s build", path.c_str(), PRECISION_NAME);
+    std::vector<floatX> params(P);
+    std::vector<float> buffer(P);
+    reader.read("params", params.data(), P * sizeof(floatX));
+    upload(model.params, params);
+    if (model.master) {
+        reader.read("master", buffer.data(), P * sizeof(float));
+        upload(model.master, buffer);
+    }
+    reader.read("adamw_m", buffer.data(), P * sizeof(float));
+    upload(model.adam_m, buffer);
+    reader.read("adamw_v", buffer.data(), P * sizeof(float));
+    upload(model.adam_v, buffer);
+    *data = reader.read_value<DataLoaderState>("train_data");
+    *sample_rng = reader.read_value<Rng>("sample_rng");
+    return reader.read_value<int>("step");
+}
+
+// ----------------------------------------------------------------------------
+
+int main(int argc, char** argv) {
+    Flags flags("train_gpt", "Trains GPT-2 on token shards (llm.c's format), on one GPU or on the CPU.");
+    flags.heading("Model");
+    std::string& model_name = flags.add_string("model", "124M",
+        "124M, 350M, 774M or 1558M (GPT-2 shapes, initialised from scratch), custom (the shape flags below), "
+        "or a model file in llm.c's format to start from");
+    int& layers = flags.add_int("layers", 4, "custom: transformer blocks", 1, 1024);
+    int& heads = flags.add_int("heads", 4, "custom: attention heads", 1, 1024);
+    int& channels = flags.add_int("channels", 256, "custom: width of the residual stream", 8, 65536);
+    int& vocab_size = flags.add_int("vocab-size", 50257, "custom: vocabulary size (GPT-2's tokenizer: 50257)", 1,
+                                    65536);
+    int& max_seq_len = flags.add_int("max-seq-len", 1024, "custom: positions the model can see", 1, 1 << 20);
+    int& init_seed = flags.add_int("init-seed", 42, "seed of the GPT-2 initialisation (from-scratch models)", 0);
+    flags.heading("Data");
+    std::string& train_data = flags.add_string("train-data", "data/austen_train*.bin", "training token shards (glob)");
+    std::string& val_data = flags.add_string("val-data", "data/austen_val*.bin", "validation token shards (glob)");
+    std::string& tokenizer_path = flags.add_string("tokenizer", "data/gpt2_tokenizer.bin",
+                                                   "tokenizer file, to decode samples");
+    bool& shuffle = flags.add_bool("shuffle", true, "visit training rows in a random order each epoch");
+    int& data_seed = flags.add_int("data-seed", 1337, "seed of the shuffled order", 0);
+    flags.heading("Batch");
+    int& batch_size = flags.add_int("batch-size", 4, "sequences per micro-batch (B)", 1, 1 << 20);
+    int& seq_len = flags.add_int("seq-len", 64, "tokens per sequence (T)", 1, 1 << 20);
+    int& total_batch_size = flags.add_int("total-batch-size", 0,
+        "tokens per optimizer step; a multiple of B*T, the rest is gradient accumulation (0: B*T)", 0);
+    flags.heading("Optimizer");
+    int& steps = flags.add_int("steps", 100, "optimizer steps in the whole run (the schedule spans them)", 1);
+    float& learning_rate = flags.add_float("learning-rate", 3e-4f, "peak learning rate", 0.0f, 10.0f);
+    std::string& lr_schedule = flags.add_choice("lr-schedule", "cosine", lr_schedule_names(),
+                                                "warmup then cosine decay, or warmup then constant");
+    int& warmup_steps = flags.add_int("warmup-steps", 0, "linear warmup steps", 0);
+    float& final_lr_fraction = flags.add_float("final-lr-fraction", 0.0f, "cosine: last step's lr / peak", 0.0f, 1.0f);
+    float& weight_decay = flags.add_float("weight-decay", 0.1f, "AdamW weight decay (matrices only)", 0.0f, 10.0f);
+    float& beta1 = flags.add_float("beta1", 0.9f, "AdamW beta1", 0.0f, 0.999999f);
+    float& beta2 = flags.add_float("beta2", 0.95f, "AdamW beta2", 0.0f, 0.999999f);
+    float& eps = flags.add_float("eps", 1e-8f, "AdamW epsilon", 0.0f, 1.0f);
+    float& grad_clip = flags.add_float("grad-clip", 1.0f, "clip the global gradient norm to this (0: off)", 0.0f);
+    flags.heading("Evaluation, samples, checkpoints");
+    int& val_every = flags.add_int("val-every", 20, "validation loss every N steps (0: never)", 0);
+    int& val_batches = flags.add_int("val-batches", 10, "batches per validation loss", 1);
+    int& sample_every = flags.add_int("sample-every", 0, "print a text sample every N steps (0: only at the end)", 0);
+    int& sample_tokens = flags.add_int("sample-tokens", 48, "tokens per sample (0: no samples)", 0);
+    int& checkpoint_every = flags.add_int("checkpoint-every", 0, "checkpoint every N steps and at the end (0: never)",
+                                          0);
+    int& keep_checkpoints = flags.add_int("keep-checkpoints", 2, "checkpoints kept in the output directory", 1);
+    std::string& output_dir = flags.add_string("output-dir", "out", "log.jsonl and checkpoints go here");
+    bool& resume = flags.add_bool("resume", false, "continue from the latest checkpoint in --output-dir");
+    flags.parse(argc, argv);
+
+    // ---- model
+    const GPT2Config config = config_from_flags(model_name, layers, heads, channels, vocab_size, max_seq_len);
+    const int B = batch_size, T = seq_len;
+    if (T > config.max_seq_len) fatal("--seq-len %d exceeds the model's %d positions", T, config.max_seq_len);
+    if (total_batch_size == 0) total_batch_size = B * T;
+    if (total_batch_size % (B * T) != 0)
+        fatal("--total-batch-size %d is not a multiple of --batch-size x --seq-len = %d", total_batch_size, B * T);
+    const int accumulation_steps = total_batch_size / (B * T);
+
+    GPT2 model;
+    gpt2_allocate(model, config, B, T);
+    if (file_exists(model_name) && model_name != "custom") {
+        gpt2_set_parameters(model, gpt2_read_parameters(model_name, model.layout));
+    } else {
+        Rng init_rng = rng_from_seed((uint64_t)init_seed);
+        gpt2_set_parameters(model, gpt2_initial_parameters(model.layout, [&] { return init_rng.next_normal(); }));
+    }
+    printf("train_gpt: %s build on %s\n", PRECISION_NAME, device_properties().name);
+    printf("model: %d layers, %d heads, %d channels, vocabulary %d (padded %d), %zu parameters\n", config.num_layers,
+           config.num_heads, config.channels, config.vocab_size, config.padded_vocab_size, model.layout.total);
+    printf("batch: %d x %d tokens, %d micro-step(s) per step: %d tokens per step\n", B, T, accumulation_steps,
+           total_batch_size);
+
+    // ---- data
+    DataLoader train_loader, val_loader;
+    train_loader.init(train_data, B, T, 0, 1, shuffle, (uint64_t)data_seed, config.vocab_size);
+    if (val_every > 0) val_loader.init(val_data, B, T, 0, 1, false, 0, config.vocab_size);
+    if (val_every > 0 && val_loader.batches_per_epoch() < (size_t)val_batches)
+        fatal("--val-batches %d: the validation data holds only %zu batches of %d x %d", val_batches,
+              val_loader.batches_per_epoch(), B, T);
+    Tokenizer tokenizer;
+    if (sample_tokens > 0) tokenizer_init(&tokenizer, tokenizer_path);
+    printf("data: %zu training tokens in %zu shard(s)\n", train_loader.total_tokens, train_loader.files.size());
+
+    // ---- optimizer and its schedule
+    AdamWConfig adamw;
+    adamw.beta1 = beta1;
+    adamw.beta2 = beta2;
+    adamw.eps = eps;
+    adamw.weight_decay = weight_decay;
+    const LearningRateSchedule schedule = make_lr_schedule(lr_schedule, learning_rate, warmup_steps, steps,
+                                                           final_lr_fraction);
+    Rng sample_rng = rng_from_seed(1234);
+
+    // ---- resume
+    int first_step = 0;
+    if (resume) {
+        const long long latest = latest_checkpoint_step(output_dir);
+        if (latest < 0) fatal("--resume: no checkpoint in %s", output_dir.c_str());
+        DataLoaderState data_state;
+        first_step = load_checkpoint(checkpoint_path(output_dir, latest), model, &data_state, &sample_rng);
+        train_loader.restore(data_state);
+        printf("resumed from %s at step %d\n", checkpoint_path(output_dir, latest).c_str(), first_step);
+    }
+    Logger logger(output_dir, resume);
+    logger.config(flags);
+    const double flops_per_step = gpt2_flops_per_token((long long)model.layout.total, config.num_layers,
+                                                       config.channels, T) * total_batch_size;
+    const double peak_flops = peak_flops_per_second(device_properties().name, PRECISION_NAME);
+
+    // ---- training
+    for (int step = first_step; step < steps; step++) {
+        if (val_every > 0 && step % val_every == 0) {
+            const float val_loss = validation_loss(model, val_loader, val_batches);
+            logger.val_loss(step, val_loss);
+        }
+        if (sample_tokens > 0 && sample_every > 0 && step > first_step && step % sample_every == 0) {
+            const std::string text = sample_text(model, tokenizer, sample_rng, sample_tokens);
+            logger.sample(step, text);
+        }
+
+        const auto start = std::chrono::steady_clock::now();
+        gpt2_zero_grads(model);
+        double loss = 0.0;
+        for (int micro_step = 0; micro_step < accumulation_steps; micro_step++) {
+            train_loader.next_batch();
+            gpt2_forward(model, train_loader.inputs.data(), B, T);
+            loss += gpt2_loss(model, train_loader.targets.data(), B, T, 1.0f / (B * T * accumulation_steps));
+            gpt2_backward(model, B, T);
+        }
+        loss /= accumulation_steps;
+        if (!std::isfinite(loss)) fatal("the loss is not finite (%g) at step %d", loss, step + 1);
+        const float norm = gpt2_grad_norm(model);
+        const float clip_scale = (grad_clip > 0.0f && norm > grad_clip) ? grad_clip / norm : 1.0f;
+        const float lr = schedule.at(step);
+        gpt2_update(model, adamw, lr, step + 1, clip_scale, (uint32_t)mix64((uint64_t)step + 1));
+        cudaCheck(cudaDeviceSynchronize());
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+        StepStats stats;
+        stats.step = step + 1;
+        stats.total_steps = steps;
+        stats.loss = (float)loss;
+        stats.learning_rate = lr;
+        stats.grad_norm = norm;
+        stats.seconds = seconds;
+        stats.tokens = total_batch_size;
+        stats.memory_bytes = device_memory_in_use_bytes();
+        stats.mfu = model_flops_utilization(flops_per_step, seconds, peak_flops);
+        logger.step(stats);
+
+        const bool last = step + 1 == steps;
+        if (checkpoint_every > 0 && ((step + 1) % checkpoint_every == 0 || last)) {
+            const std::string path = checkpoint_path(output_dir, step + 1);
+            save_checkpoint(path, model, step + 1, train_loader.state(), sample_rng);
+            remove_old_checkpoints(output_dir, keep_checkpoints);
+            logger.checkpoint(step + 1, path);
+        }
+    }
+
+    // ---- the end: a last validation loss and a sample
+    if (val_every > 0 && first_step < steps) {
+        const float val_loss = validation_loss(model, val_loader, val_batches);
+        logger.val_loss(steps, val_loss);
+    }
+    if (sample_tokens > 0) {
+        const std::string text = sample_text(model, tokenizer, sample_rng, sample_tokens);
+        logger.sample(steps, text);
+        tokenizer_free(&tokenizer);
+    }
+    train_loader.free();
+    if (val_every > 0) val_loader.free();
+    gpt2_free(model);
+    matmul_teardown();
+    return EXIT_SUCCESS;
+}
