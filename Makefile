@@ -75,9 +75,9 @@ build/test_bf16: dev/test_bf16.cpp llmc/cpu/bf16.h | check-gpu-tools
 	$(CXX) -std=c++17 -O2 -I$(CUDA_INCLUDE) $< -o $@
 
 # ---------------------------------------------------------------------------------------------------
-# data: the default corpus (Jane Austen's novels, from Debian's r-cran-janeaustenr), GPT-2 tokens
+# data: the default corpus (Austen's novels and the King James Bible, from Debian packages), GPT-2 tokens
 PYTHON := /usr/bin/python3
-DATA_FILES := data/austen_train.bin data/austen_val.bin data/gpt2_tokenizer.bin
+DATA_FILES := data/classics_train.bin data/classics_val.bin data/gpt2_tokenizer.bin
 data: $(DATA_FILES)
 $(DATA_FILES) &: data/prepare.py data/gpt2_bpe.py data/r_serialize.py
 	$(PYTHON) data/prepare.py

@@ -166,8 +166,8 @@ int main(int argc, char** argv) {
     int& max_seq_len = flags.add_int("max-seq-len", 1024, "custom: positions the model can see", 1, 1 << 20);
     int& init_seed = flags.add_int("init-seed", 42, "seed of the GPT-2 initialisation (from-scratch models)", 0);
     flags.heading("Data");
-    std::string& train_data = flags.add_string("train-data", "data/austen_train*.bin", "training token shards (glob)");
-    std::string& val_data = flags.add_string("val-data", "data/austen_val*.bin", "validation token shards (glob)");
+    std::string& train_data = flags.add_string("train-data", "data/classics_train*.bin", "training token shards (glob)");
+    std::string& val_data = flags.add_string("val-data", "data/classics_val*.bin", "validation token shards (glob)");
     std::string& tokenizer_path = flags.add_string("tokenizer", "data/gpt2_tokenizer.bin",
                                                    "tokenizer file, to decode samples");
     bool& shuffle = flags.add_bool("shuffle", true, "visit training rows in a random order each epoch");

@@ -1,20 +1,26 @@
 """
 Prepares training data: token shards and the tokenizer file.
 
-  /usr/bin/python3 data/prepare.py                 Jane Austen's six novels (default; offline)
+  /usr/bin/python3 data/prepare.py                 Austen's novels and the King James Bible (default; offline)
+  /usr/bin/python3 data/prepare.py --corpus austen (or bible): one of the two alone
   /usr/bin/python3 data/prepare.py --corpus tinyshakespeare   (downloads ~1 MB of text; needs the internet)
   options: --force (rebuild even if up to date), --out-dir DIR (default: this folder)
 
-Default corpus: the six novels as shipped by the Debian package r-cran-janeaustenr. Its text sits in
-an R data base (Rdata.rdx/.rdb) that r_serialize.py reads without R. If the package is not installed,
-its .deb is fetched with `apt-get download` into data/.cache and unpacked there (no R is installed).
+Default corpus ("classics", about 2 million tokens): public-domain English from two Debian packages.
+  - Jane Austen's six novels, from r-cran-janeaustenr. Its text sits in an R data base
+    (Rdata.rdx/.rdb) that r_serialize.py reads without R.
+  - The King James Bible, from bible-kjv (the `bible` program) and bible-kjv-text (its compressed
+    text, bible.data), which `bible` prints verse by verse.
+A package that is not installed is fetched with `apt-get download` into data/.cache and unpacked
+there (nothing is installed, so no R).
 
-Each chapter is one document (front matter and volume headings go with the chapter that follows
-them); every document starts with <|endoftext|> (50256). Every 20th chapter (chapters 20, 40, ...
-counted across the novels in publication order) is held out for validation, so validation text is
-spread over all six novels.
+Documents: each Austen chapter (front matter and volume headings go with the chapter that follows
+them) and each book of the Bible (its chapters as paragraphs, verse numbers dropped); every document
+starts with <|endoftext|> (50256). Every 20th document of each source (the 20th, 40th, ... in the
+source's own order) is held out for validation, so validation text is spread over all six novels and
+over both testaments.
 
-Outputs (llm.c's formats, see README.md): <name>_train.bin, <name>_val.bin, gpt2_tokenizer.bin.
+Outputs (llm.c's formats, see README.md): <corpus>_train.bin, <corpus>_val.bin, gpt2_tokenizer.bin.
 A second run is instant when the outputs are newer than every input.
 """
 
@@ -42,7 +48,18 @@ AUSTEN_PACKAGE = "r-cran-janeaustenr"
 AUSTEN_DATA_SUBDIR = "usr/lib/R/site-library/janeaustenr/data"
 # publication order; the names are the package's variable names
 AUSTEN_NOVELS = ["sensesensibility", "prideprejudice", "mansfieldpark", "emma", "northangerabbey", "persuasion"]
+
+BIBLE_PROGRAM_PACKAGE, BIBLE_PROGRAM = "bible-kjv", "usr/bin/bible"
+BIBLE_TEXT_PACKAGE, BIBLE_TEXT = "bible-kjv-text", "usr/lib/bible.data"
+BIBLE_CONCORDANCE = "usr/lib/bible.data.conc"  # bible crashes without it, even when only printing
+BIBLE_WHOLE = "Gen1:1-Rev22:21"
+BIBLE_BOOKS, BIBLE_CHAPTERS, BIBLE_VERSES = 66, 1189, 31102
+
 VALIDATION_EVERY = 20
+
+# which sources make up each corpus, in order
+CORPORA = {"classics": ["austen", "bible"], "austen": ["austen"], "bible": ["bible"],
+           "tinyshakespeare": ["tinyshakespeare"]}
 
 TINYSHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 
@@ -88,31 +105,42 @@ def write_tokenizer(path, tokenizer):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Jane Austen
+# Debian packages, installed or fetched
 
-def find_austen_data():
-    """Returns (rdx, rdb) paths of the package's data base, fetching the .deb if it is not installed."""
-    for root in ("/", os.path.join(DATA_DIR, ".cache", AUSTEN_PACKAGE)):
-        folder = os.path.join(root, AUSTEN_DATA_SUBDIR)
-        rdx, rdb = os.path.join(folder, "Rdata.rdx"), os.path.join(folder, "Rdata.rdb")
-        if os.path.exists(rdx) and os.path.exists(rdb):
-            return rdx, rdb
+def package_file(package, relative_path):
+    """Path of a file of a Debian package: the installed one, else the one unpacked in data/.cache,
+    else the package's .deb is fetched with apt-get download and unpacked there (not installed)."""
     cache = os.path.join(DATA_DIR, ".cache")
+    for root in ("/", os.path.join(cache, package)):
+        path = os.path.join(root, relative_path)
+        if os.path.exists(path):
+            return path
     os.makedirs(cache, exist_ok=True)
-    print(f"{AUSTEN_PACKAGE} is not installed: fetching its .deb into {cache}")
+    print(f"{package} is not installed: fetching its .deb into {cache}")
     try:
-        for old in glob.glob(os.path.join(cache, f"{AUSTEN_PACKAGE}_*.deb")):
+        for old in glob.glob(os.path.join(cache, f"{package}_*.deb")):
             os.remove(old)
-        subprocess.run(["apt-get", "download", AUSTEN_PACKAGE], cwd=cache, check=True,
+        subprocess.run(["apt-get", "download", package], cwd=cache, check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        debs = glob.glob(os.path.join(cache, f"{AUSTEN_PACKAGE}_*.deb"))
+        debs = glob.glob(os.path.join(cache, f"{package}_*.deb"))
         if not debs:
             raise OSError("apt-get download produced no .deb")
-        subprocess.run(["dpkg-deb", "-x", debs[0], os.path.join(cache, AUSTEN_PACKAGE)], check=True)
+        subprocess.run(["dpkg-deb", "-x", debs[0], os.path.join(cache, package)], check=True)
     except (OSError, subprocess.CalledProcessError) as problem:
-        sys.exit(f"error: cannot get {AUSTEN_PACKAGE} (install it with apt-get, or run apt-get update first): "
-                 f"{problem}")
-    return find_austen_data()
+        sys.exit(f"error: cannot get {package} (install it with apt-get, or run apt-get update first): {problem}")
+    path = os.path.join(cache, package, relative_path)
+    if not os.path.exists(path):
+        sys.exit(f"error: the package {package} has no {relative_path}")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------
+# Jane Austen
+
+def austen_files():
+    """The package's R data base (index, records)."""
+    return [package_file(AUSTEN_PACKAGE, os.path.join(AUSTEN_DATA_SUBDIR, name))
+            for name in ("Rdata.rdx", "Rdata.rdb")]
 
 
 CHAPTER_HEADING = re.compile(r"^\s*chapter\s+([ivxlc]+|\d+)\b", re.IGNORECASE)
@@ -140,7 +168,7 @@ def split_chapters(lines):
 
 
 def austen_documents():
-    rdx, rdb = find_austen_data()
+    rdx, rdb = austen_files()
     novels = r_serialize.read_lazyload_db(rdx, rdb)
     missing = [name for name in AUSTEN_NOVELS if name not in novels]
     if missing:
@@ -148,7 +176,59 @@ def austen_documents():
     documents = []
     for name in AUSTEN_NOVELS:
         documents.extend(split_chapters(list(novels[name])))
-    return documents, [rdx, rdb]
+    return documents
+
+
+# ---------------------------------------------------------------------------------------------------
+# The King James Bible
+
+def bible_files():
+    """The program that decompresses the text, the compressed text and its concordance (word index)."""
+    return [package_file(BIBLE_PROGRAM_PACKAGE, BIBLE_PROGRAM), package_file(BIBLE_TEXT_PACKAGE, BIBLE_TEXT),
+            package_file(BIBLE_TEXT_PACKAGE, BIBLE_CONCORDANCE)]
+
+
+# `bible -l0 REFERENCES` (pretty-printing on, no line breaking) prints a heading line "Book N" before
+# each chapter and each verse as one line "  V text" (blank lines around the headings)
+BIBLE_HEADING = re.compile(r"^(\S.*) (\d+)$")
+BIBLE_VERSE = re.compile(r"^  (\d+) (.*)$")
+
+
+def bible_documents():
+    """One document per book: each chapter as one paragraph (its verses joined by a space, verse numbers
+    dropped) under the program's heading "Book N", so the document starts with "Genesis 1"."""
+    program, text, _ = bible_files()
+    # -p: the folder of bible.data, -d: its name (the program finds bible.data.conc beside it)
+    command = [program, "-l0", "-p", ".", "-d", os.path.basename(text), BIBLE_WHOLE]
+    try:
+        printed = subprocess.run(command, cwd=os.path.dirname(text), capture_output=True, check=True,
+                                 stdin=subprocess.DEVNULL).stdout.decode("ascii")
+    except (OSError, subprocess.CalledProcessError, UnicodeDecodeError) as problem:
+        sys.exit(f"error: {program} cannot print the Bible (it needs libreadline8; installing the package "
+                 f"bible-kjv brings it): {problem}")
+    books = []  # [name, [(chapter heading, [verse, ...]), ...]]
+    verse_count = 0
+    for line in printed.split("\n"):
+        if not line.strip():
+            continue
+        verse = BIBLE_VERSE.match(line)
+        heading = BIBLE_HEADING.match(line)
+        if verse and books:
+            books[-1][1][-1][1].append(verse.group(2).strip())
+            verse_count += 1
+        elif heading:
+            name = heading.group(1)
+            if not books or books[-1][0] != name:
+                books.append([name, []])
+            books[-1][1].append((line, []))
+        else:
+            sys.exit(f"error: unexpected line in the output of {program}: {line[:80]!r}")
+    chapters = sum(len(chapters) for _, chapters in books)
+    if (len(books), chapters, verse_count) != (BIBLE_BOOKS, BIBLE_CHAPTERS, BIBLE_VERSES):
+        sys.exit(f"error: {program} printed {len(books)} books, {chapters} chapters, {verse_count} verses; "
+                 f"expected {BIBLE_BOOKS}, {BIBLE_CHAPTERS}, {BIBLE_VERSES}")
+    return ["\n\n".join(heading + "\n\n" + " ".join(verses) for heading, verses in chapters)
+            for _, chapters in books]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -169,14 +249,35 @@ def tinyshakespeare_documents():
     with open(path, encoding="utf-8") as f:
         text = f.read()
     # each speech (separated by blank lines) is one document
-    return [speech for speech in text.split("\n\n") if speech.strip()], [path]
+    return [speech for speech in text.split("\n\n") if speech.strip()]
+
+
+def tinyshakespeare_files():
+    return [os.path.join(DATA_DIR, ".cache", "tinyshakespeare.txt")]
+
+
+# source name -> (its input files, for the up-to-date check; its documents)
+SOURCES = {"austen": (austen_files, austen_documents), "bible": (bible_files, bible_documents),
+           "tinyshakespeare": (tinyshakespeare_files, tinyshakespeare_documents)}
+
+
+def held_out(source, index, count):
+    """Whether document `index` (of `count`) of a source goes to validation."""
+    if source == "tinyshakespeare":
+        return index < count // 10  # the first tenth, as one contiguous stretch
+    return (index + 1) % VALIDATION_EVERY == 0
+
+
+def corpus_documents(corpus):
+    """[(source, [document, ...]), ...] for the sources of a corpus, in order."""
+    return [(source, SOURCES[source][1]()) for source in CORPORA[corpus]]
 
 
 # ---------------------------------------------------------------------------------------------------
 
 def main():
     parser = argparse.ArgumentParser(description="Tokenize a corpus into llm.c token shards.")
-    parser.add_argument("--corpus", choices=["austen", "tinyshakespeare"], default="austen")
+    parser.add_argument("--corpus", choices=list(CORPORA), default="classics")
     parser.add_argument("--out-dir", default=DATA_DIR)
     parser.add_argument("--force", action="store_true", help="rebuild even if the outputs are up to date")
     args = parser.parse_args()
@@ -191,11 +292,7 @@ def main():
     package_dir = gpt2_bpe.ensure_vocabulary_files()
     code = [os.path.join(DATA_DIR, name) for name in ("prepare.py", "gpt2_bpe.py", "r_serialize.py")]
     vocabulary = [os.path.join(package_dir, name) for name in ("encoder.json", "vocab.bpe")]
-    if args.corpus == "austen":
-        rdx, rdb = find_austen_data()
-        corpus_inputs = [rdx, rdb]
-    else:
-        corpus_inputs = [os.path.join(DATA_DIR, ".cache", "tinyshakespeare.txt")]
+    corpus_inputs = [path for source in CORPORA[args.corpus] for path in SOURCES[source][0]()]
     inputs = code + vocabulary + corpus_inputs
     if not args.force and all(os.path.exists(p) for p in outputs + inputs):
         newest_input = max(os.path.getmtime(p) for p in inputs)
@@ -205,23 +302,23 @@ def main():
             return
 
     tokenizer = gpt2_bpe.GPT2Tokenizer(package_dir)
-    documents, _ = austen_documents() if args.corpus == "austen" else tinyshakespeare_documents()
     train, val = [], []
-    val_documents = 0
-    for index, document in enumerate(documents):
-        held_out = (index + 1) % VALIDATION_EVERY == 0
-        if args.corpus == "tinyshakespeare":
-            held_out = index < len(documents) // 10  # the first tenth, as one contiguous stretch
-        target = val if held_out else train
-        val_documents += held_out
-        target.append(gpt2_bpe.END_OF_TEXT_ID)
-        target.extend(tokenizer.encode(document))
+    train_documents = val_documents = 0
+    for source, documents in corpus_documents(args.corpus):
+        source_train, source_val = len(train), len(val)
+        for index, document in enumerate(documents):
+            target = val if held_out(source, index, len(documents)) else train
+            val_documents += target is val
+            train_documents += target is train
+            target.append(gpt2_bpe.END_OF_TEXT_ID)
+            target.extend(tokenizer.encode(document))
+        characters = sum(len(d) for d in documents)
+        print(f"{source}: {len(documents)} documents, {characters} characters, "
+              f"{len(train) - source_train} train tokens, {len(val) - source_val} val tokens")
     write_shard(train_path, train)
     write_shard(val_path, val)
     write_tokenizer(tokenizer_path, tokenizer)
-    characters = sum(len(d) for d in documents)
-    print(f"{args.corpus}: {len(documents)} documents, {characters} characters")
-    print(f"wrote {train_path}: {len(documents) - val_documents} documents, {len(train)} tokens")
+    print(f"wrote {train_path}: {train_documents} documents, {len(train)} tokens")
     print(f"wrote {val_path}: {val_documents} documents, {len(val)} tokens")
     print(f"wrote {tokenizer_path}: {gpt2_bpe.VOCAB_SIZE} tokens")
     print(f"took {time.time() - started:.1f} s")

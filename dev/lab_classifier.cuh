@@ -43,9 +43,10 @@ static bool classifier_lab_same_bits(const std::vector<float>& a, const std::vec
 // ----------------------------------------------------------------------------
 // one shape; `bad_targets` puts targets outside [0, V) on the first and last rows
 
-static void classifier_lab_check_shape(int N, int V, int Vp, bool bad_targets) {
+static void classifier_lab_check_shape(int N, int V, int Vp, bool bad_targets, int threads_per_row) {
     char shape[96];
-    snprintf(shape, sizeof(shape), "N=%d V=%d Vp=%d%s", N, V, Vp, bad_targets ? " bad targets" : "");
+    snprintf(shape, sizeof(shape), "N=%d V=%d Vp=%d%s, %d threads", N, V, Vp, bad_targets ? " bad targets" : "",
+             threads_per_row);
     const std::string name = shape;
     const float dloss = 1.0f / N;
 
@@ -74,7 +75,7 @@ static void classifier_lab_check_shape(int N, int V, int Vp, bool bad_targets) {
     for (int run = 0; run < 2; run++) {
         d_logits.upload(logits);
         d_losses.poison();
-        fused_classifier(d_logits.ptr, d_losses.ptr, dloss, d_targets.ptr, N, V, Vp, stream);
+        fused_classifier(d_logits.ptr, d_losses.ptr, dloss, d_targets.ptr, N, V, Vp, stream, threads_per_row);
         cudaCheck(cudaDeviceSynchronize());
         const std::vector<float> losses = d_losses.download();
         const std::vector<float> dlogits = d_logits.download();
@@ -141,9 +142,12 @@ static void classifier_lab_bench() {
 
 void lab_classifier() {
     if (!family_selected("classifier")) return;
-    classifier_lab_check_shape(5, 50257, 50304, false);
-    classifier_lab_check_shape(7, 77, 80, false);
-    classifier_lab_check_shape(3, 77, 80, true);
-    classifier_lab_check_shape(4, 1, 8, false);  // a single class: loss 0, gradient 0 everywhere
+    // both block sizes the launcher uses (512 on a GPU, one warp on the CPU device), on every device
+    for (int threads_per_row : {512, 32}) {
+        classifier_lab_check_shape(5, 50257, 50304, false, threads_per_row);
+        classifier_lab_check_shape(7, 77, 80, false, threads_per_row);
+        classifier_lab_check_shape(3, 77, 80, true, threads_per_row);
+        classifier_lab_check_shape(4, 1, 8, false, threads_per_row);  // a single class: loss 0, gradient 0
+    }
     if (lab.bench) classifier_lab_bench();
 }

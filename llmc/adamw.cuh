@@ -101,10 +101,9 @@ __device__ __forceinline__ float adamw_new_weight(float weight, float grad, floa
 // not 16-byte aligned). fp32 arrays are read as x128::size / f128::size f128 chunks per parameter chunk.
 __global__ void adamw_kernel(floatX* params, float* master, float* m, float* v, const floatX* grads,
                              size_t count, size_t packed_count, AdamWSettings settings) {
-    const size_t thread = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const size_t num_threads = (size_t)gridDim.x * blockDim.x;
-
-    for (size_t base = thread * x128::size; base < packed_count; base += num_threads * x128::size) {
+    const GridStride chunks = grid_stride(packed_count / x128::size);
+    for (size_t chunk = chunks.first; chunk < chunks.end; chunk += chunks.step) {
+        const size_t base = chunk * x128::size;
         const x128 grad = load128cs(grads + base);
         const x128 old_param = load128cs(params + base);
         x128 new_param;
@@ -129,7 +128,8 @@ __global__ void adamw_kernel(floatX* params, float* master, float* m, float* v, 
         store128cs(params + base, new_param);
     }
 
-    for (size_t i = packed_count + thread; i < count; i += num_threads) {
+    const GridStride tail = grid_stride(count - packed_count);
+    for (size_t i = packed_count + tail.first; i < packed_count + tail.end; i += tail.step) {
         const float weight = master != nullptr ? master[i] : (float)params[i];
         const float new_weight = adamw_new_weight(weight, (float)grads[i], m[i], v[i], settings);
         if (master != nullptr) master[i] = new_weight;
@@ -138,8 +138,8 @@ __global__ void adamw_kernel(floatX* params, float* master, float* m, float* v, 
 }
 
 __global__ void copy_to_master_kernel(float* master, const floatX* params, size_t count) {
-    const size_t num_threads = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += num_threads) {
+    const GridStride share = grid_stride(count);
+    for (size_t i = share.first; i < share.end; i += share.step) {
         master[i] = (float)params[i];
     }
 }

@@ -113,6 +113,42 @@ inline int grid_size_for(long long work_items, int block_size) {
     return needed < enough ? (needed > 0 ? needed : 1) : enough;
 }
 
+// The share of a grid-stride loop over [0, count) that belongs to the calling thread:
+//     const GridStride share = grid_stride(count);
+//     for (size_t i = share.first; i < share.end; i += share.step) ...
+// On the GPU, thread t takes items t, t + threads, t + 2*threads, ...: neighbouring threads touch
+// neighbouring items at the same moment, so the loads of a warp coalesce. The CPU device runs one
+// emulated thread's whole loop before the next thread starts, so that order would make every thread
+// stride across the whole array and fetch each cache line several times, long after its neighbours did;
+// there each thread takes one contiguous stretch of items instead. Each item is still processed exactly
+// once by exactly one thread; only which thread takes which item differs.
+struct GridStride {
+    size_t first, end, step;
+};
+__device__ __forceinline__ GridStride grid_stride(size_t count) {
+    const size_t threads = (size_t)gridDim.x * blockDim.x;
+    const size_t thread = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+#ifdef LLMC_CPU
+    const size_t per_thread = (count + threads - 1) / threads;
+    const size_t first = thread * per_thread < count ? thread * per_thread : count;
+    const size_t end = first + per_thread < count ? first + per_thread : count;
+    return GridStride{first, end, 1};
+#else
+    return GridStride{thread, count, threads};
+#endif
+}
+// The same within one block: the calling thread's share of [0, count) among the block's threads.
+__device__ __forceinline__ GridStride block_stride(size_t count) {
+#ifdef LLMC_CPU
+    const size_t per_thread = (count + blockDim.x - 1) / blockDim.x;
+    const size_t first = threadIdx.x * per_thread < count ? threadIdx.x * per_thread : count;
+    const size_t end = first + per_thread < count ? first + per_thread : count;
+    return GridStride{first, end, 1};
+#else
+    return GridStride{threadIdx.x, count, blockDim.x};
+#endif
+}
+
 // ----------------------------------------------------------------------------
 // Packed128: 16 bytes of elements moved with one vector load/store (LDG.128 on the GPU)
 
@@ -206,7 +242,8 @@ __device__ inline float block_reduce_max(float value) {
 // Same bits every run, no atomics.
 
 __global__ void add_column_partials_kernel(floatX* target, const float* partials, int num_partials, int columns) {
-    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < columns; c += gridDim.x * blockDim.x) {
+    const GridStride share = grid_stride(columns);
+    for (size_t c = share.first; c < share.end; c += share.step) {
         float sum = 0.0f;
         for (int p = 0; p < num_partials; p++) sum += partials[(size_t)p * columns + c];
         target[c] = (floatX)((float)target[c] + sum);

@@ -29,7 +29,7 @@ global batch, and (checked when a shard is loaded) a token id not below vocab_si
 the token's index.
 
     DataLoader loader;
-    loader.init("data/austen_train*.bin", B, T, rank, num_processes, shuffle, seed, vocab_size);
+    loader.init("data/classics_train*.bin", B, T, rank, num_processes, shuffle, seed, vocab_size);
     loader.next_batch();           // fills loader.inputs and loader.targets, B*T ints each
     DataLoaderState saved = loader.state();   ...   loader.restore(saved);
 */

@@ -44,8 +44,9 @@ the same stream, which orders each call's upload after the previous call's kerne
 __global__ void encoder_forward_kernel(floatX* out, const int* tokens, const floatX* wte, const floatX* wpe, int B,
                                        int T, int C) {
     const size_t total = (size_t)B * T * C;
-    const size_t stride = (size_t)gridDim.x * blockDim.x * x128::size;
-    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size; i < total; i += stride) {
+    const GridStride chunks = grid_stride(total / x128::size);
+    for (size_t chunk = chunks.first; chunk < chunks.end; chunk += chunks.step) {
+        const size_t i = chunk * x128::size;
         const size_t bt = i / C;  // a chunk never straddles two rows, since C % x128::size == 0
         const int c = (int)(i % C);
         const int t = (int)(bt % T);
@@ -60,8 +61,9 @@ __global__ void encoder_forward_kernel(floatX* out, const int* tokens, const flo
 // dwpe[t, :] += sum_b dout[b, t, :]; each thread owns 16-byte chunks of dwpe and sums over b in order
 __global__ void encoder_backward_wpe_kernel(floatX* dwpe, const floatX* dout, int B, int T, int C) {
     const size_t per_sequence = (size_t)T * C;
-    const size_t stride = (size_t)gridDim.x * blockDim.x * x128::size;
-    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size; i < per_sequence; i += stride) {
+    const GridStride chunks = grid_stride(per_sequence / x128::size);
+    for (size_t chunk = chunks.first; chunk < chunks.end; chunk += chunks.step) {
+        const size_t i = chunk * x128::size;
         float sum[x128::size] = {};
         for (int b = 0; b < B; b++) {
             const x128 g = load128cs(dout + b * per_sequence + i);

@@ -70,7 +70,8 @@ __global__ void fused_classifier_kernel(floatX* logits, float* losses, float dlo
     // pass 1: running max and sum over the real columns [0, V) of this thread's chunks
     SoftmaxRunningSum mine = {-FLT_MAX, 0.0f};
     const int chunks_with_classes = ceil_div(V, x128::size);
-    for (int chunk = threadIdx.x; chunk < chunks_with_classes; chunk += blockDim.x) {
+    const GridStride class_chunks = block_stride(chunks_with_classes);
+    for (size_t chunk = class_chunks.first; chunk < class_chunks.end; chunk += class_chunks.step) {
         const x128 packed = load128(row_logits + chunk * x128::size);  // plain load: pass 2 reads it again
         const int first_column = chunk * x128::size;
         float chunk_max = -FLT_MAX;
@@ -108,7 +109,8 @@ __global__ void fused_classifier_kernel(floatX* logits, float* losses, float dlo
 
     // pass 2: overwrite the whole row, padding included, with the gradient
     const float inverse_sum = 1.0f / row_stats.sum;
-    for (int chunk = threadIdx.x; chunk < Vp / x128::size; chunk += blockDim.x) {
+    const GridStride row_chunks = block_stride(Vp / x128::size);
+    for (size_t chunk = row_chunks.first; chunk < row_chunks.end; chunk += row_chunks.step) {
         const int first_column = chunk * x128::size;
         const x128 packed = load128cs(row_logits + first_column);  // last read of the logits
         x128 gradient;
@@ -132,8 +134,9 @@ __global__ void fused_classifier_kernel(floatX* logits, float* losses, float dlo
 // losses (N): the per-row cross-entropy loss (written, not accumulated); NaN for a target outside [0, V).
 // dloss: the gradient of the final loss with respect to each row's loss (e.g. 1/N for the mean).
 // Requires Vp % x128::size == 0 (8 in BF16, 4 in FP32) and a 16-byte aligned logits pointer.
+// threads_per_row: the block size, a multiple of 32 up to 1024; 0 picks the device's best (see below).
 inline void fused_classifier(floatX* logits, float* losses, float dloss, const int* targets, int N, int V,
-                             int Vp, cudaStream_t stream) {
+                             int Vp, cudaStream_t stream, int threads_per_row = 0) {
     if (V <= 0 || V > Vp || Vp % x128::size != 0) {
         fprintf(stderr, "error: fused_classifier needs 0 < V <= Vp and Vp a multiple of %d (got V=%d, Vp=%d)\n",
                 x128::size, V, Vp);
@@ -141,7 +144,12 @@ inline void fused_classifier(floatX* logits, float* losses, float dloss, const i
     }
     if (N <= 0) return;
     // 512 threads: enough loads in flight per row on the GPU (1024 gains little, since a row is only
-    // ~6K chunks), and half the fibers of 1024 on the CPU build
-    const int block_size = 512;
+    // ~6K chunks). The CPU device pays for every emulated thread (a fiber, and a switch at each shuffle
+    // and barrier) and gains nothing from more of them: one warp per row there.
+#ifdef LLMC_CPU
+    const int block_size = threads_per_row > 0 ? threads_per_row : 32;
+#else
+    const int block_size = threads_per_row > 0 ? threads_per_row : 512;
+#endif
     launch(fused_classifier_kernel, N, block_size, 0, stream, logits, losses, dloss, targets, V, Vp);
 }

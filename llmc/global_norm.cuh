@@ -35,11 +35,10 @@ constexpr int global_norm_block_size = 512;
 // then single elements for [packed_count, count) (a tail, or everything for an unaligned pointer)
 __global__ void sum_of_squares_partials_kernel(float* partials, const floatX* values, size_t count,
                                                size_t packed_count) {
-    const size_t thread = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const size_t num_threads = (size_t)gridDim.x * blockDim.x;
     double thread_sum = 0.0;
-    for (size_t base = thread * x128::size; base < packed_count; base += num_threads * x128::size) {
-        const x128 packed = load128cs(values + base);
+    const GridStride chunks = grid_stride(packed_count / x128::size);
+    for (size_t chunk = chunks.first; chunk < chunks.end; chunk += chunks.step) {
+        const x128 packed = load128cs(values + chunk * x128::size);
         float chunk_sum = 0.0f;
         for (int k = 0; k < x128::size; k++) {
             const float value = (float)packed[k];
@@ -47,7 +46,8 @@ __global__ void sum_of_squares_partials_kernel(float* partials, const floatX* va
         }
         thread_sum += chunk_sum;
     }
-    for (size_t i = packed_count + thread; i < count; i += num_threads) {
+    const GridStride tail = grid_stride(count - packed_count);
+    for (size_t i = packed_count + tail.first; i < packed_count + tail.end; i += tail.step) {
         const float value = (float)values[i];
         thread_sum += value * value;
     }

@@ -132,8 +132,9 @@ __global__ void fused_residual_layernorm_forward_kernel(floatX* residual, floatX
 
 // out = inp1 + inp2, a grid-stride loop over 16-byte chunks
 __global__ void residual_forward_kernel(floatX* out, const floatX* inp1, const floatX* inp2, size_t N) {
-    const size_t stride = (size_t)gridDim.x * blockDim.x * x128::size;
-    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size; i < N; i += stride) {
+    const GridStride chunks = grid_stride(N / x128::size);
+    for (size_t chunk = chunks.first; chunk < chunks.end; chunk += chunks.step) {
+        const size_t i = chunk * x128::size;
         const x128 a = load128cs(inp1 + i);
         const x128 b = load128cs(inp2 + i);
         x128 sum;

@@ -278,6 +278,7 @@ inline float* fp32_result(floatX* x, size_t count, std::vector<float>& buffer) {
 inline void matmul_row_major(floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
                              bool transpose_a, bool transpose_b, bool accumulate, cudaStream_t stream) {
     (void)stream;  // the CPU device has finished all earlier work by now
+    const auto start = std::chrono::steady_clock::now();
     const float* a32 = fp32_operand(a, (size_t)m * k, matmul_context.a);
     const float* b32 = fp32_operand(b, (size_t)k * n, matmul_context.b);
     float* d32 = fp32_result(d, (size_t)m * n, matmul_context.d);
@@ -286,7 +287,9 @@ inline void matmul_row_major(floatX* d, const floatX* a, const floatX* b, const 
     // starting value, so that beta = 1 adds them in fp32 before the one rounding to floatX, as cuBLASLt's
     // bias epilogue and beta do.
     const bool has_start = accumulate || bias != nullptr;
-    if (has_start) {
+    // (in the FP32 build d32 is d itself: accumulating without a bias needs no copy at all)
+    const bool build_start = bias != nullptr || (accumulate && (void*)d32 != (void*)d);
+    if (build_start) {
         for (int row = 0; row < m; row++) {
             for (int col = 0; col < n; col++) {
                 const size_t i = (size_t)row * n + col;
@@ -299,6 +302,7 @@ inline void matmul_row_major(floatX* d, const floatX* a, const floatX* b, const 
 #ifndef ENABLE_FP32
     for (size_t i = 0; i < (size_t)m * n; i++) d[i] = (floatX)d32[i];  // the one rounding to bf16
 #endif
+    cudacpu::profile_add((const void*)&matmul_row_major, start);
 }
 
 #endif

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's main job: trains a small GPT-2 on the default corpus (Jane Austen) for a few minutes,
+# The README's main job: trains a small GPT-2 on the default corpus (Austen and the Bible) for a few minutes,
 # on the GPU when there is one, else on the CPU. Prints the validation loss as it falls and a sample.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -25,6 +25,7 @@ and dynamic shared memory is one buffer per OS thread. Real atomics make concurr
 
 LLMC_CPU_REVERSE_LANES=1 runs lanes, warps and blocks in reverse order: a kernel whose result depends on
 the order in which threads happen to run (a race) gives a different answer one way or the other.
+LLMC_CPU_PROFILE=1 times every launch and prints, at exit, each kernel's total time and launch count.
 
 Launch errors (too many threads, too much shared memory, empty grid) abort with a one-line message
 naming the kernel, like the GPU's launch failure reported by cudaGetLastError.
@@ -39,6 +40,8 @@ naming the kernel, like the GPU's launch failure reported by cudaGetLastError.
 #include <dlfcn.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include <algorithm>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -481,6 +484,42 @@ cudaError_t cudaFuncSetAttribute(Kernel* kernel, cudaFuncAttribute attribute, in
 
 namespace cudacpu {
 
+// LLMC_CPU_PROFILE=1: wall time and launches per kernel, printed at exit, slowest first
+struct KernelProfile {
+    std::mutex lock;
+    std::map<const void*, std::pair<double, long long>> totals;  // seconds, launches
+    ~KernelProfile() {
+        std::vector<std::pair<double, std::string>> rows;
+        double all = 0.0;
+        for (auto& [kernel, total] : totals) {
+            rows.push_back({total.first, describe_function(kernel) + " (" + std::to_string(total.second) + ")"});
+            all += total.first;
+        }
+        std::sort(rows.rbegin(), rows.rend());
+        if (!rows.empty()) fprintf(stderr, "CPU device profile: %.3f s in kernels\n", all);
+        for (auto& [seconds, name] : rows) fprintf(stderr, "  %9.3f s  %5.1f%%  %s\n", seconds, 100 * seconds / all, name.c_str());
+    }
+};
+inline KernelProfile* kernel_profile() {
+    static KernelProfile* profile = [] {
+        const char* setting = getenv("LLMC_CPU_PROFILE");
+        if (!setting || setting[0] != '1') return (KernelProfile*)nullptr;
+        atexit([] { delete kernel_profile(); });
+        return new KernelProfile;
+    }();
+    return profile;
+}
+// adds time spent in `function` (a kernel, or host code such as the CPU matmul) to the profile
+inline void profile_add(const void* function, std::chrono::steady_clock::time_point start) {
+    if (KernelProfile* profile = kernel_profile()) {
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        std::lock_guard<std::mutex> guard(profile->lock);
+        auto& total = profile->totals[function];
+        total.first += seconds;
+        total.second += 1;
+    }
+}
+
 inline void run_grid(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes, void (*body)(void*), void* state) {
     const long long threads = (long long)block.x * block.y * block.z;
     auto fail = [&](const char* problem) {
@@ -501,6 +540,7 @@ inline void run_grid(const void* kernel, dim3 grid, dim3 block, size_t shared_by
         fail(limit == kDefaultSharedBytes ? "more than 48 KiB of dynamic shared memory without opting in"
                                           : "more dynamic shared memory than the kernel opted in to");
 
+    const auto start = std::chrono::steady_clock::now();
     current_grid_dim = grid;
     const long long num_blocks = (long long)grid.x * grid.y * grid.z;
     const bool reverse = reverse_lanes();
@@ -521,6 +561,7 @@ inline void run_grid(const void* kernel, dim3 grid, dim3 block, size_t shared_by
         runner.run_block((int)threads, block);
         current_runner = nullptr;
     }
+    profile_add(kernel, start);
 }
 
 }  // namespace cudacpu
