@@ -234,6 +234,8 @@ void lab_attention() {
     if (lab.bench) {
 #ifdef LLMC_CPU
         lab_attention_bench(1, 256, 4, 64, "(CPU: B=1 T=256 NH=4 HS=64)");
+        // what one layer of a small GPT-2 124M training run on the CPU sees (batch 4, sequence 64)
+        lab_attention_bench(4, 64, 12, 64, "(CPU: B=4 T=64 NH=12 HS=64)");
 #else
         lab_attention_bench(8, 1024, 12, 64, "(B=8 T=1024 NH=12 HS=64)");
 #endif
