@@ -27,13 +27,24 @@ GPU_GENCODE := $(foreach arch,$(GPU_ARCH),-gencode arch=compute_$(arch),code=sm_
 NVCC_FLAGS := -std=c++17 -O3 -lineinfo $(GPU_GENCODE) -Xcompiler -Wall
 NVCC_LIBS := -lcublasLt -lcublas
 
+# --- MPI: programs that talk to other ranks through llmc/comm.h -------------------------------------
+# mpicxx knows where this system's MPI headers and libraries live; both builds take its flags. nvcc takes
+# -I/-L/-l/-D as they are, linker options (-Wl,...) through -Xlinker and anything else through -Xcompiler.
+comma := ,
+MPI_COMPILE_FLAGS := $(shell mpicxx --showme:compile 2>/dev/null)
+MPI_LINK_FLAGS := $(shell mpicxx --showme:link 2>/dev/null)
+nvcc_host_flags = $(foreach flag,$(1),$(if $(filter -I% -L% -l% -D%,$(flag)),$(flag),$(if \
+                  $(filter -Wl$(comma)%,$(flag)),-Xlinker $(patsubst -Wl$(comma)%,%,$(flag)),-Xcompiler $(flag))))
+MPI_NVCC_COMPILE_FLAGS := $(call nvcc_host_flags,$(MPI_COMPILE_FLAGS))
+MPI_NVCC_LINK_FLAGS := $(call nvcc_host_flags,$(MPI_LINK_FLAGS)) -lnccl
+
 # --- CPU build -------------------------------------------------------------------------------------
 CPU_FLAGS := -std=c++17 -O2 -g -march=native -DLLMC_CPU -fopenmp -Wall -Wno-unknown-pragmas
 CPU_LIBS := -rdynamic -lboost_context -lopenblas -fopenmp
 ASAN_FLAGS := -std=c++17 -O1 -g -DLLMC_CPU -fopenmp -fsanitize=address,undefined -fno-sanitize-recover=all \
               -fno-omit-frame-pointer
 
-.PHONY: all gpu cpu train test run-tests data clean check-gpu-tools check-cpu-tools
+.PHONY: all gpu cpu train test run-tests data clean check-gpu-tools check-cpu-tools check-mpi-tools
 all: gpu
 gpu: $(addsuffix $(SUFFIX),$(PROGRAMS))
 cpu: $(addsuffix $(SUFFIX)_cpu,$(PROGRAMS))
@@ -70,6 +81,14 @@ build/test_host: dev/test_host.cu $(HEADERS) | check-cpu-tools
 build/test_data: dev/test_data.cu $(HEADERS) | check-cpu-tools
 	@mkdir -p build
 	$(CXX) $(CPU_FLAGS) -x c++ $< -o $@ $(CPU_LIBS)
+# the communication layer and the device mesh: the CPU build runs under mpirun (scripts/run_tests.sh); the
+# GPU build proves that NCCL and MPI link, and runs on one GPU when there is one
+build/test_comm: dev/test_comm.cu $(HEADERS) | check-cpu-tools check-mpi-tools
+	@mkdir -p build
+	$(CXX) $(CPU_FLAGS) $(MPI_COMPILE_FLAGS) -x c++ $< -o $@ $(CPU_LIBS) $(MPI_LINK_FLAGS)
+build/test_comm_gpu: dev/test_comm.cu $(HEADERS) | check-gpu-tools check-mpi-tools
+	@mkdir -p build
+	$(NVCC) $(NVCC_FLAGS) $(MPI_NVCC_COMPILE_FLAGS) -x cu $< -o $@ $(NVCC_LIBS) $(MPI_NVCC_LINK_FLAGS)
 build/test_bf16: dev/test_bf16.cpp llmc/cpu/bf16.h | check-gpu-tools
 	@mkdir -p build
 	$(CXX) -std=c++17 -O2 -I$(CUDA_INCLUDE) $< -o $@
@@ -103,9 +122,9 @@ train:
 # test: CPU suites in both precisions and both lane orders, the sanitizer build, the GPU compile
 # (and the GPU suites when a GPU is present). scripts/run_tests.sh adds up the suites' closing lines.
 CPU_TEST_BINARIES := build/test_bf16 build/test_cpu_layer build/test_cpu_layer_asan build/test_host \
-                     build/test_data kernel_lab_cpu kernel_lab_fp32_cpu kernel_lab_cpu_asan \
+                     build/test_data build/test_comm kernel_lab_cpu kernel_lab_fp32_cpu kernel_lab_cpu_asan \
                      train_gpt_cpu train_gpt_fp32_cpu test_gpt_cpu test_gpt_fp32_cpu
-GPU_TEST_BINARIES := kernel_lab kernel_lab_fp32 train_gpt train_gpt_fp32 test_gpt test_gpt_fp32
+GPU_TEST_BINARIES := kernel_lab kernel_lab_fp32 train_gpt train_gpt_fp32 test_gpt test_gpt_fp32 build/test_comm_gpu
 test:
 	@bash scripts/install_deps.sh
 	@$(MAKE) --no-print-directory run-tests
@@ -116,6 +135,8 @@ check-cpu-tools:
 	@bash scripts/check_tools.sh cpu
 check-gpu-tools:
 	@bash scripts/check_tools.sh gpu
+check-mpi-tools:
+	@bash scripts/check_tools.sh mpi
 
 clean:
 	rm -rf build $(DATA_FILES) $(foreach p,$(PROGRAMS),$(p) $(p)_fp32 $(p)_cpu $(p)_fp32_cpu $(p)_cpu_asan)

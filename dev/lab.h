@@ -21,6 +21,8 @@ A result passes when |got - ref| <= atol + rtol * |ref| for every element (and g
 #include <cstdint>
 #include <cmath>
 #include <cstring>
+#include <sys/wait.h>
+#include <unistd.h>
 #include "../llmc/cuda_common.cuh"
 
 constexpr bool kBF16 = sizeof(floatX) == 2;
@@ -34,6 +36,7 @@ struct LabState {
     bool bench = false;        // --bench: also time each kernel at GPT-2 124M shapes
     std::string only;          // --only NAME: run the families whose name contains NAME
     uint64_t seed = 1337;      // advanced for every random array, so inputs are fresh everywhere
+    bool quiet = false;        // print failed checks only (suites with thousands of checks)
 };
 inline LabState lab;
 
@@ -128,20 +131,69 @@ inline bool check_close(const std::string& name, const std::vector<float>& got, 
     }
     double diff = std::fabs((double)got[worst] - ref[worst]);
     bool ok = bad == 0;
+    (ok ? lab.passed : lab.failed)++;
+    if (ok && lab.quiet) return true;
     printf("  %s %-48s worst |err| %.3e (rel %.2e) at %zu: got %.6g ref %.6g   tol %.0e + %.0e*|ref|",
            ok ? "ok  " : "FAIL", name.c_str(), diff, diff / std::max(std::fabs(ref[worst]), 1e-30), worst,
            (double)got[worst], ref[worst], atol, rtol);
     if (!ok) printf("   (%zu of %zu elements out of tolerance)", bad, got.size());
     printf("\n");
-    (ok ? lab.passed : lab.failed)++;
     return ok;
 }
 
 // A yes/no check that is not a numerical comparison (e.g. "two runs gave the same bits").
 inline bool check_true(const std::string& name, bool condition, const std::string& detail = "") {
-    printf("  %s %-48s %s\n", condition ? "ok  " : "FAIL", name.c_str(), detail.c_str());
     (condition ? lab.passed : lab.failed)++;
+    if (condition && lab.quiet) return true;
+    printf("  %s %-48s %s\n", condition ? "ok  " : "FAIL", name.c_str(), detail.c_str());
     return condition;
+}
+
+// ----------------------------------------------------------------------------
+// bad input must stop the program with one line: such cases run in a forked child
+
+// Runs `body` in a child process; returns its exit status (128 + signal number when it was killed) and
+// everything it printed on stdout and stderr.
+inline std::pair<int, std::string> run_in_child(const std::function<void()>& body) {
+    int pipe_ends[2];
+    if (pipe(pipe_ends) != 0) return {-1, "pipe failed"};
+    fflush(stdout);
+    fflush(stderr);
+    pid_t child = fork();
+    if (child == 0) {
+        dup2(pipe_ends[1], 1);
+        dup2(pipe_ends[1], 2);
+        close(pipe_ends[0]);
+        body();
+        fflush(stdout);
+        _exit(0);
+    }
+    close(pipe_ends[1]);
+    std::string output;
+    char chunk[512];
+    ssize_t got;
+    while ((got = read(pipe_ends[0], chunk, sizeof(chunk))) > 0) output.append(chunk, got);
+    close(pipe_ends[0]);
+    int status = 0;
+    waitpid(child, &status, 0);
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), output};
+}
+
+// Whether `body` fails the way bad input must: a non-zero exit that is not a crash, and exactly one line of
+// output, "error: ...", containing `must_contain`. `report` receives "exit N: <the line>".
+inline bool fails_with_one_error_line(const std::function<void()>& body, const std::string& must_contain,
+                                      std::string* report) {
+    auto [status, message] = run_in_child(body);
+    while (!message.empty() && message.back() == '\n') message.pop_back();
+    *report = "exit " + std::to_string(status) + ": " + message;
+    return status != 0 && status < 128 && message.rfind("error: ", 0) == 0 &&
+           message.find('\n') == std::string::npos && message.find(must_contain) != std::string::npos;
+}
+
+inline void expect_failure(const std::string& name, const std::function<void()>& body, const std::string& must_contain) {
+    std::string report;
+    const bool ok = fails_with_one_error_line(body, must_contain, &report);
+    check_true(name, ok, report);
 }
 
 inline std::vector<double> to_double(const std::vector<float>& values) {

@@ -8,7 +8,6 @@ compared bit for bit with the CUDA toolkit's own conversion on millions of float
 */
 #include <string>
 #include <vector>
-#include <sys/wait.h>
 #include "lab.h"
 
 // ----------------------------------------------------------------------------
@@ -278,37 +277,6 @@ __global__ void divergent_kernel(float* out) {
 }
 
 __global__ void nothing_kernel(float* out) { out[0] = 1.0f; }
-
-// runs `body` in a child; returns its exit status and whatever it wrote to stderr
-std::pair<int, std::string> run_in_child(void (*body)()) {
-    int pipe_ends[2];
-    if (pipe(pipe_ends) != 0) return {-1, "pipe failed"};
-    fflush(stdout);
-    pid_t child = fork();
-    if (child == 0) {
-        dup2(pipe_ends[1], 2);
-        close(pipe_ends[0]);
-        body();
-        _exit(0);
-    }
-    close(pipe_ends[1]);
-    std::string message;
-    char chunk[512];
-    ssize_t got;
-    while ((got = read(pipe_ends[0], chunk, sizeof(chunk))) > 0) message.append(chunk, got);
-    close(pipe_ends[0]);
-    int status = 0;
-    waitpid(child, &status, 0);
-    return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), message};
-}
-
-void expect_failure(const std::string& name, void (*body)(), const std::string& must_contain) {
-    auto [status, message] = run_in_child(body);
-    while (!message.empty() && message.back() == '\n') message.pop_back();
-    bool ok = status != 0 && message.find(must_contain) != std::string::npos &&
-              message.find('\n') == std::string::npos;  // one line
-    check_true(name, ok, "exit " + std::to_string(status) + ": " + message);
-}
 
 void run_divergent() {
     float* out;

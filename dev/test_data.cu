@@ -20,52 +20,12 @@ children, which must exit non-zero with one line on stderr naming the problem.
 #include <utility>
 #include <vector>
 
+#include "lab.h"
 #include "../llmc/dataloader.h"
 #include "../llmc/rand.h"
 #include "../llmc/tokenizer.h"
 
-static int passed = 0, failed = 0, skipped = 0;
-
-static void check(const std::string& name, bool ok, const std::string& detail = "") {
-    if (ok) {
-        passed++;
-    } else {
-        failed++;
-        printf("FAIL %s%s%s\n", name.c_str(), detail.empty() ? "" : ": ", detail.c_str());
-    }
-}
-
-// Runs body in a forked child with stderr captured; returns (exit status, stderr text).
-static std::pair<int, std::string> run_in_child(const std::function<void()>& body) {
-    int pipe_ends[2];
-    if (pipe(pipe_ends) != 0) return {-1, "pipe failed"};
-    fflush(stdout);
-    pid_t child = fork();
-    if (child == 0) {
-        dup2(pipe_ends[1], 2);
-        close(pipe_ends[0]);
-        body();
-        _exit(0);
-    }
-    close(pipe_ends[1]);
-    std::string message;
-    char chunk[512];
-    ssize_t got;
-    while ((got = read(pipe_ends[0], chunk, sizeof(chunk))) > 0) message.append(chunk, got);
-    close(pipe_ends[0]);
-    int status = 0;
-    waitpid(child, &status, 0);
-    return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), message};
-}
-
-static void expect_failure(const std::string& name, const std::function<void()>& body,
-                           const std::string& must_contain) {
-    auto [status, message] = run_in_child(body);
-    while (!message.empty() && message.back() == '\n') message.pop_back();
-    bool ok = status != 0 && message.find(must_contain) != std::string::npos &&
-              message.find('\n') == std::string::npos;
-    check(name, ok, "exit " + std::to_string(status) + ": " + message);
-}
+static int skipped = 0;
 
 // ---------------------------------------------------------------------------------------------------
 // files
@@ -121,10 +81,10 @@ static void test_sequential(const std::string& pattern) {
     const int B = 2, T = 4;
     DataLoader loader;
     loader.init(pattern, B, T, 0, 1, false, 0, kVocab);
-    check("three shards found", loader.files.size() == 3);
-    check("total tokens counted", loader.total_tokens == 101 + 135 + 75);
+    check_true("three shards found", loader.files.size() == 3);
+    check_true("total tokens counted", loader.total_tokens == 101 + 135 + 75);
     // rows per shard 25, 33, 18; batches of 2 rows: 12 + 16 + 9
-    check("batches per epoch", loader.batches_per_epoch() == 37, std::to_string(loader.batches_per_epoch()));
+    check_true("batches per epoch", loader.batches_per_epoch() == 37, std::to_string(loader.batches_per_epoch()));
     bool contiguous = true, shifted = true;
     int shard_sizes[3] = {12, 16, 9};
     for (int epoch = 0; epoch < 2; epoch++) {
@@ -141,12 +101,12 @@ static void test_sequential(const std::string& pattern) {
             }
         }
     }
-    check("sequential batches are consecutive rows of consecutive shards, over two epochs", contiguous);
-    check("targets are the inputs shifted by one token", shifted);
-    check("after two epochs the position is epoch 2", loader.state().epoch == 2);
+    check_true("sequential batches are consecutive rows of consecutive shards, over two epochs", contiguous);
+    check_true("targets are the inputs shifted by one token", shifted);
+    check_true("after two epochs the position is epoch 2", loader.state().epoch == 2);
     loader.reset();
     loader.next_batch();
-    check("reset starts again at the first token", loader.inputs[0] == 0 && loader.inputs[1] == 1);
+    check_true("reset starts again at the first token", loader.inputs[0] == 0 && loader.inputs[1] == 1);
     loader.free();
 }
 
@@ -156,7 +116,7 @@ static void test_shuffled(const std::string& pattern) {
     DataLoader loader;
     loader.init(pattern, B, T, 0, 1, true, 1234, kVocab);
     size_t batches = loader.batches_per_epoch();  // 8 + 11 + 6
-    check("batches per epoch with 3 rows per batch", batches == 25, std::to_string(batches));
+    check_true("batches per epoch with 3 rows per batch", batches == 25, std::to_string(batches));
     std::vector<std::vector<int>> epochs[2];
     for (int epoch = 0; epoch < 2; epoch++) {
         std::map<int, int> rows_seen;  // first token of a row -> count
@@ -176,17 +136,17 @@ static void test_shuffled(const std::string& pattern) {
             }
             epochs[epoch].push_back(batch);
         }
-        check("shuffled rows are whole rows of T+1 consecutive tokens", rows_whole);
-        check("shuffled rows start at row boundaries", in_range);
+        check_true("shuffled rows are whole rows of T+1 consecutive tokens", rows_whole);
+        check_true("shuffled rows start at row boundaries", in_range);
         bool each_once = true;
         for (auto& seen : rows_seen) each_once &= seen.second == 1;
         // every row of a shard except the leftover (rows % 3 = 1, 0, 0) appears exactly once
-        check("no row repeats within an epoch", each_once);
-        check("every row but the leftovers is visited", rows_seen.size() == 75, std::to_string(rows_seen.size()));
+        check_true("no row repeats within an epoch", each_once);
+        check_true("every row but the leftovers is visited", rows_seen.size() == 75, std::to_string(rows_seen.size()));
         bool sorted = std::is_sorted(first_tokens.begin(), first_tokens.end());
-        check("the shuffled order is not the file order", !sorted);
+        check_true("the shuffled order is not the file order", !sorted);
     }
-    check("the next epoch has a different order", epochs[0] != epochs[1]);
+    check_true("the next epoch has a different order", epochs[0] != epochs[1]);
 
     DataLoader same, other;
     same.init(pattern, B, T, 0, 1, true, 1234, kVocab);
@@ -198,8 +158,8 @@ static void test_shuffled(const std::string& pattern) {
         all_same &= same.inputs == epochs[0][k];
         all_other &= other.inputs == epochs[0][k];
     }
-    check("the same seed gives the same order", all_same);
-    check("another seed gives another order", !all_other);
+    check_true("the same seed gives the same order", all_same);
+    check_true("another seed gives another order", !all_other);
 }
 
 // N ranks with B rows each together see the rows one process with N*B rows sees, in the same order.
@@ -222,9 +182,9 @@ static void test_rank_slicing(const std::string& pattern, bool shuffle) {
         }
         same &= inputs == single.inputs && targets == single.targets;
     }
-    check(std::string("concatenated ranks equal one process with N*B rows") + (shuffle ? " (shuffled)" : ""), same);
+    check_true(std::string("concatenated ranks equal one process with N*B rows") + (shuffle ? " (shuffled)" : ""), same);
     bool ranks_differ = ranks[0].inputs != ranks[1].inputs && ranks[1].inputs != ranks[2].inputs;
-    check("ranks get different rows", ranks_differ);
+    check_true("ranks get different rows", ranks_differ);
 }
 
 static void test_state(const std::string& pattern) {
@@ -249,7 +209,7 @@ static void test_state(const std::string& pattern) {
             restored.restore(saved);
             bool same = true;
             for (int k = 0; k < 30; k++) same &= take_batch(restored) == expected[k];
-            check("restore after " + std::to_string(point) + " batches continues identically" +
+            check_true("restore after " + std::to_string(point) + " batches continues identically" +
                       (shuffle ? " (shuffled)" : ""),
                   same);
         }
@@ -269,7 +229,7 @@ static void test_state(const std::string& pattern) {
     rank1.next_batch();
     std::vector<int> joined(rank0.inputs);
     joined.insert(joined.end(), rank1.inputs.begin(), rank1.inputs.end());
-    check("a state restores into more ranks with the same global batch", joined == single.inputs);
+    check_true("a state restores into more ranks with the same global batch", joined == single.inputs);
     static_assert(std::is_trivially_copyable<DataLoaderState>::value, "state must be plain bytes");
 }
 
@@ -313,7 +273,7 @@ static void test_bad_shards(const std::string& pattern) {
     expect_failure("shard smaller than one global batch of several ranks", loads("exact.bin", 2, 1, 2),
                    "exact.bin has 9 tokens; a batch of 2 process(es) x 2 rows x 4 tokens needs at least 17");
     auto [status, message] = run_in_child(loads("exact.bin", 2, 0, 1));
-    check("a shard of exactly B*T+1 tokens is enough", status == 0, message);
+    check_true("a shard of exactly B*T+1 tokens is enough", status == 0, message);
     expect_failure("token id not below the vocabulary size", loads("bad_token.bin", 2, 0, 1),
                    "bad_token.bin: token 8000 at index 57 is not below the vocabulary size 8000");
     expect_failure("rank outside the process count", loads("exact.bin", 1, 2, 2), "process rank 2");
@@ -354,28 +314,28 @@ static void test_tokenizer_small() {
     write_tokenizer(good, tokens, TOKENIZER_MAGIC, TOKENIZER_VERSION, -1, 7);
     Tokenizer tokenizer;
     tokenizer_init(&tokenizer, good);
-    check("vocabulary size read", tokenizer.vocab_size == 8);
-    check("end-of-text id read", tokenizer.end_of_text == 7);
-    check("token bytes read", tokenizer_decode(&tokenizer, 1) == " bc" && tokenizer_decode(&tokenizer, 3) == "\x98\x80");
+    check_true("vocabulary size read", tokenizer.vocab_size == 8);
+    check_true("end-of-text id read", tokenizer.end_of_text == 7);
+    check_true("token bytes read", tokenizer_decode(&tokenizer, 1) == " bc" && tokenizer_decode(&tokenizer, 3) == "\x98\x80");
     int emoji[] = {0, 2, 3, 1};
-    check("a character split over two tokens prints whole", tokenizer_printable(&tokenizer, emoji, 4) ==
+    check_true("a character split over two tokens prints whole", tokenizer_printable(&tokenizer, emoji, 4) ==
                                                                  "a\xF0\x9F\x98\x80 bc");
     TextAssembler assembler;
     std::string first = assembler.push("\xF0\x9F");
-    check("the first half of a character is held back", first.empty() && assembler.pending.size() == 2);
-    check("the second half completes it", assembler.push("\x98\x80") == "\xF0\x9F\x98\x80");
+    check_true("the first half of a character is held back", first.empty() && assembler.pending.size() == 2);
+    check_true("the second half completes it", assembler.push("\x98\x80") == "\xF0\x9F\x98\x80");
     int odd[] = {5, 4, 6, 0};
-    check("control and invalid bytes are escaped, newline kept",
+    check_true("control and invalid bytes are escaped, newline kept",
           tokenizer_printable(&tokenizer, odd, 4) == "\\x01\n\\xffa", tokenizer_printable(&tokenizer, odd, 4));
     int unfinished[] = {0, 2};
-    check("an unfinished character at the end is escaped", tokenizer_printable(&tokenizer, unfinished, 2) ==
+    check_true("an unfinished character at the end is escaped", tokenizer_printable(&tokenizer, unfinished, 2) ==
                                                                "a\\xf0\\x9f");
     int interrupted[] = {2, 0};
-    check("a character interrupted by ASCII is escaped",
+    check_true("a character interrupted by ASCII is escaped",
           tokenizer_printable(&tokenizer, interrupted, 2) == "\\xf0\\x9fa");
     const unsigned char surrogate[] = {0xED, 0xA0, 0x80};
     const unsigned char overlong[] = {0xC0, 0xAF};
-    check("UTF-8 surrogates and overlong forms are invalid",
+    check_true("UTF-8 surrogates and overlong forms are invalid",
           utf8_sequence_length(surrogate, 3) == -1 && utf8_sequence_length(overlong, 2) == -1);
 
     expect_failure("decode of an id outside the vocabulary", [&] { tokenizer_decode(&tokenizer, 8); },
@@ -424,16 +384,16 @@ static void test_tokenizer_gpt2(const std::string& path) {
     printf("tokenizer: GPT-2 vocabulary from %s\n", path.c_str());
     Tokenizer tokenizer;
     tokenizer_init(&tokenizer, path);
-    check("GPT-2 vocabulary has 50257 tokens", tokenizer.vocab_size == 50257);
-    check("GPT-2 end-of-text is 50256", tokenizer.end_of_text == 50256);
-    check("15496 995 is 'Hello world'",
+    check_true("GPT-2 vocabulary has 50257 tokens", tokenizer.vocab_size == 50257);
+    check_true("GPT-2 end-of-text is 50256", tokenizer.end_of_text == 50256);
+    check_true("15496 995 is 'Hello world'",
           tokenizer_decode(&tokenizer, 15496) + tokenizer_decode(&tokenizer, 995) == "Hello world");
-    check("262 is ' the', 0 is '!', 628 is two newlines", tokenizer_decode(&tokenizer, 262) == " the" &&
+    check_true("262 is ' the', 0 is '!', 628 is two newlines", tokenizer_decode(&tokenizer, 262) == " the" &&
                                                             tokenizer_decode(&tokenizer, 0) == "!" &&
                                                             tokenizer_decode(&tokenizer, 628) == "\n\n");
-    check("50256 is <|endoftext|>", tokenizer_decode(&tokenizer, 50256) == "<|endoftext|>");
+    check_true("50256 is <|endoftext|>", tokenizer_decode(&tokenizer, 50256) == "<|endoftext|>");
     int emoji[] = {350, 1491, 1636, 47249, 222};  // " Pemberley" then an emoji split over two tokens
-    check("GPT-2 tokens print ' Pemberley' and a whole emoji",
+    check_true("GPT-2 tokens print ' Pemberley' and a whole emoji",
           tokenizer_printable(&tokenizer, emoji, 5) == " Pemberley\xF0\x9F\x98\x80");
     tokenizer_free(&tokenizer);
 }
@@ -450,13 +410,13 @@ static void test_rand() {
         same &= x == b.next_u32();
         differs |= x != c.next_u32();
     }
-    check("the same seed gives the same numbers", same);
-    check("another seed gives other numbers", differs);
+    check_true("the same seed gives the same numbers", same);
+    check_true("another seed gives other numbers", differs);
     Rng saved = a;
     uint64_t next = a.next_u64();
-    check("a copied state continues identically", saved.next_u64() == next);
+    check_true("a copied state continues identically", saved.next_u64() == next);
     Rng zero = rng_from_seed(0);
-    check("seed 0 works", zero.next_u64() != 0 || zero.next_u64() != 0);
+    check_true("seed 0 works", zero.next_u64() != 0 || zero.next_u64() != 0);
 
     Rng rng = rng_from_seed(1);
     bool in_unit = true;
@@ -467,8 +427,8 @@ static void test_rand() {
         in_unit &= f >= 0.0f && f < 1.0f;
         sum += f;
     }
-    check("next_float is in [0, 1)", in_unit);
-    check("next_float has mean 1/2", std::abs(sum / n - 0.5) < 0.005, std::to_string(sum / n));
+    check_true("next_float is in [0, 1)", in_unit);
+    check_true("next_float has mean 1/2", std::abs(sum / n - 0.5) < 0.005, std::to_string(sum / n));
     int counts[7] = {};
     bool below = true;
     for (int i = 0; i < 70000; i++) {
@@ -478,7 +438,7 @@ static void test_rand() {
     }
     bool even = true;
     for (int k = 0; k < 7; k++) even &= std::abs(counts[k] - 10000) < 500;  // ~5 standard deviations
-    check("next_below(7) stays below 7 and is even", below && even);
+    check_true("next_below(7) stays below 7 and is even", below && even);
     double mean = 0, square = 0;
     for (int i = 0; i < n; i++) {
         double z = rng.next_normal();
@@ -487,7 +447,7 @@ static void test_rand() {
     }
     mean /= n;
     square /= n;
-    check("next_normal has mean 0 and variance 1", std::abs(mean) < 0.01 && std::abs(square - 1) < 0.02,
+    check_true("next_normal has mean 0 and variance 1", std::abs(mean) < 0.01 && std::abs(square - 1) < 0.02,
           std::to_string(mean) + " " + std::to_string(square));
 
     std::vector<int> order(1000);
@@ -496,8 +456,8 @@ static void test_rand() {
     std::sort(sorted.begin(), sorted.end());
     bool permutation = true;
     for (int i = 0; i < 1000; i++) permutation &= sorted[i] == i;
-    check("random_permutation is a permutation", permutation);
-    check("random_permutation is not the identity", order != sorted);
+    check_true("random_permutation is a permutation", permutation);
+    check_true("random_permutation is not the identity", order != sorted);
     // each of the 6 orders of 3 items equally likely
     std::map<std::vector<int>, int> orders;
     for (int i = 0; i < 60000; i++) {
@@ -507,13 +467,14 @@ static void test_rand() {
     }
     bool uniform = orders.size() == 6;
     for (auto& o : orders) uniform &= std::abs(o.second - 10000) < 500;
-    check("shuffle makes all orders of 3 items equally likely", uniform);
+    check_true("shuffle makes all orders of 3 items equally likely", uniform);
     Rng s1 = rng_for_stream(3, {0, 1}), s2 = rng_for_stream(3, {1, 0}), s3 = rng_for_stream(3, {0, 1});
-    check("streams differ by their numbers and repeat for the same ones",
+    check_true("streams differ by their numbers and repeat for the same ones",
           s1.next_u64() != s2.next_u64() && s3.next_u64() == rng_for_stream(3, {0, 1}).next_u64());
 }
 
 int main(int argc, char** argv) {
+    lab.quiet = true;  // print failed checks only
     char pattern[] = "/tmp/test_data_XXXXXX";
     if (!mkdtemp(pattern)) fatal("cannot make a temporary folder");
     temp_dir = pattern;
@@ -531,6 +492,6 @@ int main(int argc, char** argv) {
 
     std::string remove = "rm -rf '" + temp_dir + "'";
     if (system(remove.c_str()) != 0) printf("could not remove %s\n", temp_dir.c_str());
-    printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    printf("%d passed, %d failed, %d skipped\n", lab.passed, lab.failed, skipped);
+    return lab.failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

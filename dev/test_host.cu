@@ -9,50 +9,12 @@ Prints `N passed, M failed` and exits non-zero on any failure.
 #include <map>
 #include <string>
 #include <vector>
-#include <sys/wait.h>
-#include <unistd.h>
 #include "lab.h"
 #include "../llmc/flags.h"
 #include "../llmc/checkpoint.h"
 #include "../llmc/schedulers.h"
 #include "../llmc/logger.h"
 #include "../llmc/mfu.h"
-
-// ----------------------------------------------------------------------------
-// running a body in a child process: its exit status and everything it printed (stdout and stderr)
-
-std::pair<int, std::string> run_in_child(const std::function<void()>& body) {
-    int pipe_ends[2];
-    if (pipe(pipe_ends) != 0) return {-1, "pipe failed"};
-    fflush(stdout);
-    pid_t child = fork();
-    if (child == 0) {
-        dup2(pipe_ends[1], 1);
-        dup2(pipe_ends[1], 2);
-        close(pipe_ends[0]);
-        body();
-        fflush(stdout);
-        _exit(0);
-    }
-    close(pipe_ends[1]);
-    std::string output;
-    char chunk[512];
-    ssize_t got;
-    while ((got = read(pipe_ends[0], chunk, sizeof(chunk))) > 0) output.append(chunk, got);
-    close(pipe_ends[0]);
-    int status = 0;
-    waitpid(child, &status, 0);
-    return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), output};
-}
-
-// The body must exit non-zero with a single line that contains `must_contain`.
-void expect_failure(const std::string& name, const std::function<void()>& body, const std::string& must_contain) {
-    auto [status, message] = run_in_child(body);
-    while (!message.empty() && message.back() == '\n') message.pop_back();
-    bool ok = status != 0 && message.find(must_contain) != std::string::npos &&
-              message.find('\n') == std::string::npos && message.rfind("error: ", 0) == 0;
-    check_true(name, ok, "exit " + std::to_string(status) + ": " + message);
-}
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 

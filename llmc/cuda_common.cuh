@@ -125,29 +125,23 @@ inline int grid_size_for(long long work_items, int block_size) {
 struct GridStride {
     size_t first, end, step;
 };
+// the share of [0, count) of party `party` out of `parties`, in the device's preferred order
+__device__ __forceinline__ GridStride share_of(size_t count, size_t party, size_t parties) {
+#ifdef LLMC_CPU
+    const size_t per_party = (count + parties - 1) / parties;
+    const size_t first = party * per_party < count ? party * per_party : count;
+    const size_t end = first + per_party < count ? first + per_party : count;
+    return GridStride{first, end, 1};
+#else
+    return GridStride{party, count, parties};
+#endif
+}
+// the calling thread's share among all threads of the grid
 __device__ __forceinline__ GridStride grid_stride(size_t count) {
-    const size_t threads = (size_t)gridDim.x * blockDim.x;
-    const size_t thread = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-#ifdef LLMC_CPU
-    const size_t per_thread = (count + threads - 1) / threads;
-    const size_t first = thread * per_thread < count ? thread * per_thread : count;
-    const size_t end = first + per_thread < count ? first + per_thread : count;
-    return GridStride{first, end, 1};
-#else
-    return GridStride{thread, count, threads};
-#endif
+    return share_of(count, (size_t)blockIdx.x * blockDim.x + threadIdx.x, (size_t)gridDim.x * blockDim.x);
 }
-// The same within one block: the calling thread's share of [0, count) among the block's threads.
-__device__ __forceinline__ GridStride block_stride(size_t count) {
-#ifdef LLMC_CPU
-    const size_t per_thread = (count + blockDim.x - 1) / blockDim.x;
-    const size_t first = threadIdx.x * per_thread < count ? threadIdx.x * per_thread : count;
-    const size_t end = first + per_thread < count ? first + per_thread : count;
-    return GridStride{first, end, 1};
-#else
-    return GridStride{threadIdx.x, count, blockDim.x};
-#endif
-}
+// the calling thread's share among the threads of its block
+__device__ __forceinline__ GridStride block_stride(size_t count) { return share_of(count, threadIdx.x, blockDim.x); }
 
 // ----------------------------------------------------------------------------
 // Packed128: 16 bytes of elements moved with one vector load/store (LDG.128 on the GPU)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks that the compilers and libraries a build needs are installed; names the Debian package if not.
-# usage: check_tools.sh cpu|gpu
+# usage: check_tools.sh cpu|gpu|mpi
 set -u
 missing=0
 need() {  # need DESCRIPTION PACKAGE TEST...
@@ -23,8 +23,12 @@ gpu)
     nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
     need "nvcc (CUDA toolkit; also provides cuBLAS/cuBLASLt)" nvidia-cuda-toolkit test -x "$nvcc"
     ;;
+mpi)
+    need "OpenMPI (mpicxx, mpirun)" "openmpi-bin libopenmpi-dev" command -v mpicxx
+    need "OpenMPI's mpirun" openmpi-bin command -v mpirun
+    ;;
 *)
-    echo "usage: $0 cpu|gpu" >&2
+    echo "usage: $0 cpu|gpu|mpi" >&2
     exit 2
     ;;
 esac

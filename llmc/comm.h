@@ -1,0 +1,453 @@
+/*
+Collective communication between the ranks of a training job, written once for both builds.
+
+  GPU build: NCCL on device memory. Each call is enqueued on the caller's stream and returns before the
+             data has moved, exactly like a kernel launch: order it with the kernels around it.
+  CPU build: MPI on host memory (the CPU device's "device memory"). Each call blocks until done; the stream
+             argument is ignored because kernels have already finished when launch() returns.
+
+A Communicator is a group of ranks: its size, this rank's place in it, and the MPI or NCCL handle. The
+world is one; the device mesh (llmc/mesh.h) splits it into one per parallel axis.
+
+The operations, with `count` in elements and every buffer in device memory of T = float or floatX:
+  all_reduce(comm, data, count, op, stream)        data = sum (or mean) of everyone's data, in place
+  reduce_scatter(comm, out, in, count, op, stream) in holds size*count; out = block `rank` of the sum/mean
+  all_gather(comm, out, in, count, stream)         out holds size*count; block r is rank r's `in`
+  broadcast(comm, data, count, root, stream)       everyone's data = root's data
+  send(comm, data, count, peer, stream)            point to point; the peer calls recv with the same count
+  recv(comm, data, count, peer, stream)
+  send_recv(comm, send_data, send_peer, recv_data, recv_peer, count, stream)
+                                                   a send and a receive at once: a ring shift cannot deadlock
+  all_to_all(comm, out, in, count, stream)         block p of in goes to rank p; block p of out came from p
+  barrier(comm, stream)                            returns when every rank got there (the stream drained)
+Average means sum / size. The CPU build sums and then divides; NCCL (ncclAvg) may fold the division in
+elsewhere, so the two can differ in the last bit.
+
+bf16 reductions. MPI has no bf16 type, so the CPU build widens bf16 buffers to fp32, reduces in fp32 and
+rounds once to bf16 at the end. NCCL reduces bf16 in bf16 along its ring, rounding at every hop, so with
+many ranks the GPU result can differ from the CPU one in the last bits. Moving bf16 data without arithmetic
+(gather, broadcast, point to point, all-to-all) is bit-exact in both builds.
+
+Counting bytes. Every call adds to comm.bytes_sent the bytes THIS rank puts on the wire under the standard
+ring algorithms, for n = comm.size ranks and element size s (2 for bf16 even where the CPU build reduces
+in fp32: the count describes the algorithm, so CPU runs predict GPU traffic):
+  all_reduce      2 (n-1)/n * count*s     a ring reduce-scatter then a ring all-gather; in each phase a rank
+                                          sends n-1 of the n chunks of the buffer
+  reduce_scatter  (n-1) * count*s         = (n-1)/n of the n*count input: every chunk but its own, once
+  all_gather      (n-1) * count*s         = (n-1)/n of the n*count output: its own chunk passes n-1 hops
+  broadcast       (n-1)/n * count*s       a pipelined chain root -> ... -> last: every rank but the last
+                                          forwards the whole buffer. Charged as the average over ranks, so
+                                          every rank counts the same and the ranks' sum is the true (n-1)*count*s
+  send            count*s                 (recv counts nothing: the sender pays)
+  send_recv       count*s
+  all_to_all      (n-1) * count*s         one block to each other rank; its own block is a local copy
+  barrier         0                       synchronisation, not data
+Fractions are rounded down to whole bytes, once per call. A single rank (n = 1) sends nothing.
+
+Every MPI and NCCL call is checked; a failure stops the program with one line naming the call.
+*/
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+#include <type_traits>
+#include <chrono>
+#include <thread>
+#include <unistd.h>
+#include "cuda_common.cuh"
+#include "utils.h"
+
+#define OMPI_SKIP_MPICXX 1  // the C API is all we use; OpenMPI's deprecated C++ bindings stay out
+#include <mpi.h>
+#ifndef LLMC_CPU
+#include <nccl.h>
+#endif
+
+// ----------------------------------------------------------------------------
+// checking every call
+
+inline void mpi_check_impl(int result, const char* call, const char* file, int line) {
+    if (result == MPI_SUCCESS) return;
+    char text[MPI_MAX_ERROR_STRING];
+    int length = 0;
+    MPI_Error_string(result, text, &length);
+    fatal("MPI call %s failed at %s:%d: %s", call, file, line, text);
+}
+#define mpiCheck(call) mpi_check_impl((call), #call, __FILE__, __LINE__)
+
+#ifndef LLMC_CPU
+inline void nccl_check_impl(ncclResult_t result, const char* call, const char* file, int line) {
+    if (result == ncclSuccess) return;
+    std::string detail = ncclGetLastError(nullptr);
+    for (char& c : detail) if (c == '\n') c = ' ';  // the message stays on one line
+    fatal("NCCL call %s failed at %s:%d: %s (%s)", call, file, line, ncclGetErrorString(result), detail.c_str());
+}
+#define ncclCheck(call) nccl_check_impl((call), #call, __FILE__, __LINE__)
+#endif
+
+// ----------------------------------------------------------------------------
+// the communicator
+
+struct Communicator {
+    int rank = 0;                  // this rank's place in the group, 0 .. size-1
+    int size = 1;
+    MPI_Comm mpi = MPI_COMM_NULL;  // CPU build: the group. GPU build: only the world, only when MPI launched us
+#ifndef LLMC_CPU
+    ncclComm_t nccl = nullptr;
+    float* barrier_token = nullptr;  // one float of device memory that barrier() all-reduces
+#endif
+    uint64_t bytes_sent = 0;       // see "Counting bytes" above; reset it by assigning 0
+};
+
+enum class Reduction { Sum, Average };
+
+// Element types that can travel: float and bf16 (floatX is one of them in either precision).
+template <typename T>
+constexpr bool is_comm_element = std::is_same_v<T, float> || std::is_same_v<T, __nv_bfloat16>;
+
+#ifdef LLMC_CPU
+// MPI's view of the raw elements, for operations that only move them
+template <typename T>
+MPI_Datatype mpi_raw_type() {
+    static_assert(is_comm_element<T>, "communication supports float and bf16 buffers");
+    return std::is_same_v<T, float> ? MPI_FLOAT : MPI_UINT16_T;
+}
+// MPI counts are ints; a larger message would silently wrap
+inline int mpi_count(size_t count) {
+    if (count > (size_t)INT32_MAX) fatal("a message of %zu elements is too large for one MPI call", count);
+    return (int)count;
+}
+// bf16 elements widened to fp32 for a reduction, and rounded back once after it
+template <typename T>
+std::vector<float> widen(const T* data, size_t count) {
+    std::vector<float> wide(count);
+    for (size_t i = 0; i < count; i++) wide[i] = (float)data[i];
+    return wide;
+}
+template <typename T>
+void narrow(T* data, const float* wide, size_t count, float divisor) {
+    for (size_t i = 0; i < count; i++) data[i] = (T)(wide[i] / divisor);
+}
+#else
+template <typename T>
+ncclDataType_t nccl_type() {
+    static_assert(is_comm_element<T>, "communication supports float and bf16 buffers");
+    return std::is_same_v<T, float> ? ncclFloat32 : ncclBfloat16;
+}
+inline ncclRedOp_t nccl_op(Reduction op) { return op == Reduction::Sum ? ncclSum : ncclAvg; }
+#endif
+
+// passes * (n-1)/n of `bytes`, rounded down once: what leaves a rank in `passes` trips around the ring
+inline uint64_t ring_share(uint64_t bytes, int n, int passes = 1) {
+    return (uint64_t)passes * bytes * (uint64_t)(n - 1) / (uint64_t)n;
+}
+
+// ----------------------------------------------------------------------------
+// collectives
+
+template <typename T>
+void all_reduce(Communicator& comm, T* data, size_t count, Reduction op, cudaStream_t stream) {
+    comm.bytes_sent += ring_share(count * sizeof(T), comm.size, 2);
+#ifdef LLMC_CPU
+    (void)stream;
+    const float divisor = op == Reduction::Average ? (float)comm.size : 1.0f;
+    if constexpr (std::is_same_v<T, float>) {
+        mpiCheck(MPI_Allreduce(MPI_IN_PLACE, data, mpi_count(count), MPI_FLOAT, MPI_SUM, comm.mpi));
+        if (op == Reduction::Average) narrow(data, data, count, divisor);
+    } else {
+        std::vector<float> wide = widen(data, count);
+        mpiCheck(MPI_Allreduce(MPI_IN_PLACE, wide.data(), mpi_count(count), MPI_FLOAT, MPI_SUM, comm.mpi));
+        narrow(data, wide.data(), count, divisor);
+    }
+#else
+    ncclCheck(ncclAllReduce(data, data, count, nccl_type<T>(), nccl_op(op), comm.nccl, stream));
+#endif
+}
+
+template <typename T>
+void reduce_scatter(Communicator& comm, T* out, const T* in, size_t count, Reduction op, cudaStream_t stream) {
+    comm.bytes_sent += (uint64_t)(comm.size - 1) * count * sizeof(T);
+#ifdef LLMC_CPU
+    (void)stream;
+    // MPI wants separate buffers and `out` may be this rank's own block of `in`: reduce into scratch first
+    std::vector<float> sum(count);
+    if constexpr (std::is_same_v<T, float>) {
+        mpiCheck(MPI_Reduce_scatter_block(in, sum.data(), mpi_count(count), MPI_FLOAT, MPI_SUM, comm.mpi));
+    } else {
+        std::vector<float> wide = widen(in, (size_t)comm.size * count);
+        mpiCheck(MPI_Reduce_scatter_block(wide.data(), sum.data(), mpi_count(count), MPI_FLOAT, MPI_SUM, comm.mpi));
+    }
+    narrow(out, sum.data(), count, op == Reduction::Average ? (float)comm.size : 1.0f);
+#else
+    ncclCheck(ncclReduceScatter(in, out, count, nccl_type<T>(), nccl_op(op), comm.nccl, stream));
+#endif
+}
+
+// `in` is either a separate buffer or this rank's own block of `out` (out + rank * count): in place.
+template <typename T>
+void all_gather(Communicator& comm, T* out, const T* in, size_t count, cudaStream_t stream) {
+    comm.bytes_sent += (uint64_t)(comm.size - 1) * count * sizeof(T);
+#ifdef LLMC_CPU
+    (void)stream;
+    const void* source = in == out + (size_t)comm.rank * count ? MPI_IN_PLACE : (const void*)in;
+    mpiCheck(MPI_Allgather(source, mpi_count(count), mpi_raw_type<T>(), out, mpi_count(count), mpi_raw_type<T>(),
+                           comm.mpi));
+#else
+    ncclCheck(ncclAllGather(in, out, count, nccl_type<T>(), comm.nccl, stream));
+#endif
+}
+
+template <typename T>
+void broadcast(Communicator& comm, T* data, size_t count, int root, cudaStream_t stream) {
+    comm.bytes_sent += ring_share(count * sizeof(T), comm.size);
+#ifdef LLMC_CPU
+    (void)stream;
+    mpiCheck(MPI_Bcast(data, mpi_count(count), mpi_raw_type<T>(), root, comm.mpi));
+#else
+    ncclCheck(ncclBroadcast(data, data, count, nccl_type<T>(), root, comm.nccl, stream));
+#endif
+}
+
+// Messages between the same two ranks arrive in the order they were sent.
+template <typename T>
+void send(Communicator& comm, const T* data, size_t count, int peer, cudaStream_t stream) {
+    comm.bytes_sent += count * sizeof(T);
+#ifdef LLMC_CPU
+    (void)stream;
+    mpiCheck(MPI_Send(data, mpi_count(count), mpi_raw_type<T>(), peer, 0, comm.mpi));
+#else
+    ncclCheck(ncclSend(data, count, nccl_type<T>(), peer, comm.nccl, stream));
+#endif
+}
+
+template <typename T>
+void recv(Communicator& comm, T* data, size_t count, int peer, cudaStream_t stream) {
+#ifdef LLMC_CPU
+    (void)stream;
+    mpiCheck(MPI_Recv(data, mpi_count(count), mpi_raw_type<T>(), peer, 0, comm.mpi, MPI_STATUS_IGNORE));
+#else
+    ncclCheck(ncclRecv(data, count, nccl_type<T>(), peer, comm.nccl, stream));
+#endif
+}
+
+template <typename T>
+void send_recv(Communicator& comm, const T* send_data, int send_peer, T* recv_data, int recv_peer, size_t count,
+               cudaStream_t stream) {
+    comm.bytes_sent += count * sizeof(T);
+#ifdef LLMC_CPU
+    (void)stream;
+    mpiCheck(MPI_Sendrecv(send_data, mpi_count(count), mpi_raw_type<T>(), send_peer, 0, recv_data, mpi_count(count),
+                          mpi_raw_type<T>(), recv_peer, 0, comm.mpi, MPI_STATUS_IGNORE));
+#else
+    // inside one group NCCL starts both transfers together, so neither side waits for the other to receive
+    ncclCheck(ncclGroupStart());
+    ncclCheck(ncclSend(send_data, count, nccl_type<T>(), send_peer, comm.nccl, stream));
+    ncclCheck(ncclRecv(recv_data, count, nccl_type<T>(), recv_peer, comm.nccl, stream));
+    ncclCheck(ncclGroupEnd());
+#endif
+}
+
+template <typename T>
+void all_to_all(Communicator& comm, T* out, const T* in, size_t count, cudaStream_t stream) {
+    comm.bytes_sent += (uint64_t)(comm.size - 1) * count * sizeof(T);
+#ifdef LLMC_CPU
+    (void)stream;
+    mpiCheck(MPI_Alltoall(in, mpi_count(count), mpi_raw_type<T>(), out, mpi_count(count), mpi_raw_type<T>(),
+                          comm.mpi));
+#else
+    // one send and one receive per peer, all in one group (works on every NCCL since 2.7)
+    ncclCheck(ncclGroupStart());
+    for (int peer = 0; peer < comm.size; peer++) {
+        ncclCheck(ncclSend(in + (size_t)peer * count, count, nccl_type<T>(), peer, comm.nccl, stream));
+        ncclCheck(ncclRecv(out + (size_t)peer * count, count, nccl_type<T>(), peer, comm.nccl, stream));
+    }
+    ncclCheck(ncclGroupEnd());
+#endif
+}
+
+inline void barrier(Communicator& comm, cudaStream_t stream) {
+#ifdef LLMC_CPU
+    (void)stream;
+    mpiCheck(MPI_Barrier(comm.mpi));
+#else
+    // NCCL has no barrier of its own: a one-float all-reduce completes only when every rank has joined
+    ncclCheck(ncclAllReduce(comm.barrier_token, comm.barrier_token, 1, ncclFloat32, ncclSum, comm.nccl, stream));
+    cudaCheck(cudaStreamSynchronize(stream));
+#endif
+}
+
+// ----------------------------------------------------------------------------
+// bootstrap: who we are, how many we are, the world communicator and its subgroups
+//
+// CPU build: always MPI. Under mpirun (or srun with PMIx) MPI_Init finds the other ranks; started alone
+// it runs as a world of one ("singleton" MPI_Init needs no launcher).
+// GPU build: the ranks agree on one NCCL unique id, made by rank 0, and each joins the NCCL world with it.
+// Under an MPI launcher the id is broadcast over MPI. A launcher that only sets environment variables
+// (Slurm's SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID, torchrun-style RANK/WORLD_SIZE/LOCAL_RANK) gives no
+// MPI; then rank 0 writes the id to a file the caller names, on a file system every rank sees, and the
+// others wait for it. Each rank drives the GPU numbered local_rank (modulo the GPUs it can see).
+
+struct LaunchInfo {
+    int rank = 0, size = 1, local_rank = 0;
+    bool by_mpi = false;         // an MPI launcher started us: MPI_Init will find the others
+    const char* launcher = "none";
+};
+
+inline int env_int(const char* name, int fallback) {
+    const char* text = getenv(name);
+    if (!text || !*text) return fallback;
+    char* end = nullptr;
+    long value = strtol(text, &end, 10);
+    if (*end != '\0' || value < 0 || value > INT32_MAX) fatal("environment variable %s=%s is not a count", name, text);
+    return (int)value;
+}
+
+inline LaunchInfo detect_launcher() {
+    LaunchInfo info;
+    if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK")) {
+        info.by_mpi = true;  // sizes come from MPI itself once it is initialised
+        info.launcher = "MPI";
+    } else if (getenv("SLURM_PROCID") && getenv("SLURM_NTASKS")) {
+        info.rank = env_int("SLURM_PROCID", 0);
+        info.size = env_int("SLURM_NTASKS", 1);
+        info.local_rank = env_int("SLURM_LOCALID", 0);
+        info.launcher = "Slurm environment";
+    } else if (getenv("RANK") && getenv("WORLD_SIZE")) {
+        info.rank = env_int("RANK", 0);
+        info.size = env_int("WORLD_SIZE", 1);
+        info.local_rank = env_int("LOCAL_RANK", 0);
+        info.launcher = "RANK/WORLD_SIZE environment";
+    }
+    if (info.size < 1 || info.rank >= info.size)
+        fatal("the %s says rank %d of %d ranks", info.launcher, info.rank, info.size);
+    return info;
+}
+
+// Rank 0 publishes `size` bytes at `path`; every other rank waits up to `timeout_seconds` for them.
+// Rank 0 writes a temporary file and renames it into place, so a reader never sees half a file. The path
+// must be fresh for every run (put the job id in it): rank 0 refuses one that already exists, because the
+// other ranks might already have read a stale id from it. Rank 0 removes it once everyone has joined.
+inline void share_through_file(const std::string& path, int rank, void* bytes, size_t size, double timeout_seconds) {
+    if (rank == 0) {
+        if (file_exists(path))
+            fatal("%s already exists (left by an earlier run?): remove it or give every run its own path",
+                  path.c_str());
+        std::string temporary = path + ".tmp." + std::to_string(getpid());
+        FILE* file = open_file(temporary, "wb");
+        write_exact(bytes, 1, size, file, temporary);
+        if (fflush(file) != 0 || fsync(fileno(file)) != 0) fatal("cannot write %s: %s", temporary.c_str(), strerror(errno));
+        close_file(file, temporary);
+        if (rename(temporary.c_str(), path.c_str()) != 0)
+            fatal("cannot rename %s to %s: %s", temporary.c_str(), path.c_str(), strerror(errno));
+        return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    while (!file_exists(path) || file_size(path) != size) {
+        double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (waited > timeout_seconds)
+            fatal("rank %d waited %.0f s for %s from rank 0: is rank 0 running, and is the path on a file system "
+                  "all ranks share?", rank, waited, path.c_str());
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    FILE* file = open_file(path, "rb");
+    read_exact(bytes, 1, size, file, path, "the shared bootstrap id");
+    close_file(file, path);
+}
+
+inline void mpi_start() {
+    int initialized = 0;
+    mpiCheck(MPI_Initialized(&initialized));
+    if (!initialized) mpiCheck(MPI_Init(nullptr, nullptr));
+    // report failures through mpiCheck's one line instead of MPI's default abort; split groups inherit this
+    mpiCheck(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+}
+
+#ifndef LLMC_CPU
+inline void make_barrier_token(Communicator& comm) {
+    cudaCheck(cudaMalloc(&comm.barrier_token, sizeof(float)));
+    cudaCheck(cudaMemset(comm.barrier_token, 0, sizeof(float)));
+}
+#endif
+
+// The world: every rank of the job. `nccl_id_file` is used only by the GPU build launched without MPI.
+inline Communicator comm_init_world(const std::string& nccl_id_file = "", double timeout_seconds = 300.0) {
+    Communicator world;
+    LaunchInfo launch = detect_launcher();
+#ifdef LLMC_CPU
+    (void)nccl_id_file;
+    (void)timeout_seconds;
+    mpi_start();
+    mpiCheck(MPI_Comm_dup(MPI_COMM_WORLD, &world.mpi));
+    mpiCheck(MPI_Comm_rank(world.mpi, &world.rank));
+    mpiCheck(MPI_Comm_size(world.mpi, &world.size));
+    if (!launch.by_mpi && launch.size != world.size)
+        fatal("the %s asks for %d ranks but MPI sees %d: start the CPU build with mpirun (or srun --mpi=pmix)",
+              launch.launcher, launch.size, world.size);
+#else
+    if (launch.by_mpi) {
+        mpi_start();
+        mpiCheck(MPI_Comm_dup(MPI_COMM_WORLD, &world.mpi));
+        mpiCheck(MPI_Comm_rank(world.mpi, &launch.rank));
+        mpiCheck(MPI_Comm_size(world.mpi, &launch.size));
+        MPI_Comm node;  // the ranks sharing this machine; our place among them picks the GPU
+        mpiCheck(MPI_Comm_split_type(world.mpi, MPI_COMM_TYPE_SHARED, launch.rank, MPI_INFO_NULL, &node));
+        mpiCheck(MPI_Comm_rank(node, &launch.local_rank));
+        mpiCheck(MPI_Comm_free(&node));
+    }
+    world.rank = launch.rank;
+    world.size = launch.size;
+    int devices = 0;
+    cudaCheck(cudaGetDeviceCount(&devices));
+    cudaCheck(cudaSetDevice(launch.local_rank % devices));
+    ncclUniqueId id;
+    if (world.rank == 0) ncclCheck(ncclGetUniqueId(&id));
+    if (launch.by_mpi) {
+        mpiCheck(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, world.mpi));
+    } else if (world.size > 1) {
+        if (nccl_id_file.empty())
+            fatal("launched by the %s without MPI: give a shared file path for the NCCL id", launch.launcher);
+        share_through_file(nccl_id_file, world.rank, &id, sizeof(id), timeout_seconds);
+    }
+    ncclCheck(ncclCommInitRank(&world.nccl, world.size, id, world.rank));
+    // ncclCommInitRank returns only once every rank has joined, so nobody still needs the file
+    if (!launch.by_mpi && world.size > 1 && world.rank == 0) remove(nccl_id_file.c_str());
+    make_barrier_token(world);
+#endif
+    return world;
+}
+
+// A subgroup: ranks passing the same `color` form one group, ordered by `key`. Every rank of `parent`
+// must call this together.
+inline Communicator comm_split(Communicator& parent, int color, int key) {
+    Communicator group;
+#ifdef LLMC_CPU
+    mpiCheck(MPI_Comm_split(parent.mpi, color, key, &group.mpi));
+    mpiCheck(MPI_Comm_rank(group.mpi, &group.rank));
+    mpiCheck(MPI_Comm_size(group.mpi, &group.size));
+#else
+    ncclCheck(ncclCommSplit(parent.nccl, color, key, &group.nccl, nullptr));
+    ncclCheck(ncclCommUserRank(group.nccl, &group.rank));
+    ncclCheck(ncclCommCount(group.nccl, &group.size));
+    make_barrier_token(group);
+#endif
+    return group;
+}
+
+inline void comm_destroy(Communicator& comm) {
+    if (comm.mpi != MPI_COMM_NULL) mpiCheck(MPI_Comm_free(&comm.mpi));
+#ifndef LLMC_CPU
+    if (comm.nccl) ncclCheck(ncclCommDestroy(comm.nccl));
+    if (comm.barrier_token) cudaCheck(cudaFree(comm.barrier_token));
+    comm.nccl = nullptr;
+    comm.barrier_token = nullptr;
+#endif
+}
+
+// Call last, after comm_destroy of every communicator.
+inline void comm_finalize() {
+    int initialized = 0, finalized = 0;
+    mpiCheck(MPI_Initialized(&initialized));
+    mpiCheck(MPI_Finalized(&finalized));
+    if (initialized && !finalized) mpiCheck(MPI_Finalize());
+}
