@@ -6,8 +6,8 @@ Trains GPT-2. Read main() as the story of a training run:
         -> gradient norm -> clip -> AdamW -> log
         (every N steps: validation loss, a text sample, a checkpoint)
 
-The model and one layer's forward/backward are in llmc/gpt2.cuh, the kernels in llmc/*.cuh. This file
-only decides what happens when.
+The model and one layer's forward/backward are in llmc/gpt2.cuh, the kernels in the other llmc/
+headers. This file only decides what happens when.
 
     ./train_gpt_cpu --help
     ./train_gpt_cpu --model custom --layers 4 --heads 4 --channels 256 --seq-len 64 --steps 300

@@ -259,8 +259,10 @@ inline const float* fp32_operand(const floatX* x, size_t count, std::vector<floa
     return x;
 #else
     if (copy.size() < count) copy.resize(count);
-    for (size_t i = 0; i < count; i++) copy[i] = (float)x[i];
-    return copy.data();
+    float* widened = copy.data();
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < count; i++) widened[i] = (float)x[i];
+    return widened;
 #endif
 }
 // where sgemm writes the fp32 result: the output itself in the FP32 build, a buffer in the BF16 build
@@ -290,6 +292,7 @@ inline void matmul_row_major(floatX* d, const floatX* a, const floatX* b, const 
     // (in the FP32 build d32 is d itself: accumulating without a bias needs no copy at all)
     const bool build_start = bias != nullptr || (accumulate && (void*)d32 != (void*)d);
     if (build_start) {
+        #pragma omp parallel for schedule(static)
         for (int row = 0; row < m; row++) {
             for (int col = 0; col < n; col++) {
                 const size_t i = (size_t)row * n + col;
@@ -300,6 +303,7 @@ inline void matmul_row_major(floatX* d, const floatX* a, const floatX* b, const 
     cblas_sgemm(CblasRowMajor, transpose_a ? CblasTrans : CblasNoTrans, transpose_b ? CblasTrans : CblasNoTrans,
                 m, n, k, 1.0f, a32, transpose_a ? m : k, b32, transpose_b ? k : n, has_start ? 1.0f : 0.0f, d32, n);
 #ifndef ENABLE_FP32
+    #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < (size_t)m * n; i++) d[i] = (floatX)d32[i];  // the one rounding to bf16
 #endif
     cudacpu::profile_add((const void*)&matmul_row_major, start);
