@@ -76,7 +76,7 @@ typedef __nv_bfloat16 floatX;
 template <typename... KernelParams, typename... Args>
 void launch(void (*kernel)(KernelParams...), dim3 grid, dim3 block, size_t shared_bytes,
             cudaStream_t stream, Args&&... args) {
-    kernel<<<grid, block, shared_bytes, stream>>>(static_cast<KernelParams>(args)...);
+    kernel<<<grid, block, shared_bytes, stream>>>(static_cast<KernelParams>(args)...);  // the one raw launch
     cudaCheck(cudaGetLastError());
 }
 #endif
