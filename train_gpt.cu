@@ -197,7 +197,9 @@ int main(int argc, char** argv) {
     int& checkpoint_every = flags.add_int("checkpoint-every", 0, "checkpoint every N steps and at the end (0: never)",
                                           0);
     int& keep_checkpoints = flags.add_int("keep-checkpoints", 2, "checkpoints kept in the output directory", 1);
-    std::string& output_dir = flags.add_string("output-dir", "out", "log.jsonl and checkpoints go here");
+    std::string& output_dir = flags.add_string("output-dir", "out", "log.jsonl, checkpoints and model.bin go here");
+    bool& save_model = flags.add_bool("save-model", true,
+                                      "at the end, write the model to <output-dir>/model.bin in llm.c's format (fp32)");
     bool& resume = flags.add_bool("resume", false, "continue from the latest checkpoint in --output-dir");
     flags.parse(argc, argv);
 
@@ -320,6 +322,11 @@ int main(int argc, char** argv) {
         const std::string text = sample_text(model, tokenizer, sample_rng, sample_tokens);
         logger.sample(steps, text);
         tokenizer_free(&tokenizer);
+    }
+    if (save_model) {
+        const std::string path = output_dir + "/model.bin";
+        gpt2_save(model, path);
+        printf("wrote %s\n", path.c_str());
     }
     train_loader.free();
     if (val_every > 0) val_loader.free();

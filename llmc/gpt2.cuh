@@ -14,7 +14,7 @@ Parameters are laid out layer-major: one contiguous chunk per block holding that
 plus an embedding chunk (wte, wpe) before them and a final chunk (lnfw, lnfb) after them. A chunk is the
 unit that later gets sharded, gathered, owned by a pipeline stage or reduced as one gradient bucket, so
 "block l's parameters" is always one pointer and one length. llm.c's model files are tensor-major (each
-tensor for all layers, then the next tensor); gpt2_load and gpt2_save convert.
+tensor for all layers, then the next tensor); gpt2_read_parameters and gpt2_save convert.
 
 The block is the unit of work: block_forward(l) reads block l-1's output and writes an activation record
 for layer l (everything block_backward needs: the layernorm statistics, qkv, the attention output and its
