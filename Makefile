@@ -52,16 +52,16 @@ cpu: $(addsuffix $(SUFFIX)_cpu,$(PROGRAMS))
 # $(1) program name, $(2) its source: rules for the GPU and CPU variants in both precisions, and the
 # CPU variant under AddressSanitizer + UBSan
 define program_rules
-$(1): $(2) $(HEADERS) | check-gpu-tools
-	$(NVCC) $(NVCC_FLAGS) -x cu $(2) -o $$@ $(NVCC_LIBS)
-$(1)_fp32: $(2) $(HEADERS) | check-gpu-tools
-	$(NVCC) $(NVCC_FLAGS) -DENABLE_FP32 -x cu $(2) -o $$@ $(NVCC_LIBS)
-$(1)_cpu: $(2) $(HEADERS) | check-cpu-tools
-	$(CXX) $(CPU_FLAGS) -x c++ $(2) -o $$@ $(CPU_LIBS)
-$(1)_fp32_cpu: $(2) $(HEADERS) | check-cpu-tools
-	$(CXX) $(CPU_FLAGS) -DENABLE_FP32 -x c++ $(2) -o $$@ $(CPU_LIBS)
-$(1)_cpu_asan: $(2) $(HEADERS) | check-cpu-tools
-	$(CXX) $(ASAN_FLAGS) -x c++ $(2) -o $$@ $(CPU_LIBS)
+$(1): $(2) $(HEADERS) | check-gpu-tools check-mpi-tools
+	$(NVCC) $(NVCC_FLAGS) $(MPI_NVCC_COMPILE_FLAGS) -x cu $(2) -o $$@ $(NVCC_LIBS) $(MPI_NVCC_LINK_FLAGS)
+$(1)_fp32: $(2) $(HEADERS) | check-gpu-tools check-mpi-tools
+	$(NVCC) $(NVCC_FLAGS) $(MPI_NVCC_COMPILE_FLAGS) -DENABLE_FP32 -x cu $(2) -o $$@ $(NVCC_LIBS) $(MPI_NVCC_LINK_FLAGS)
+$(1)_cpu: $(2) $(HEADERS) | check-cpu-tools check-mpi-tools
+	$(CXX) $(CPU_FLAGS) $(MPI_COMPILE_FLAGS) -x c++ $(2) -o $$@ $(CPU_LIBS) $(MPI_LINK_FLAGS)
+$(1)_fp32_cpu: $(2) $(HEADERS) | check-cpu-tools check-mpi-tools
+	$(CXX) $(CPU_FLAGS) $(MPI_COMPILE_FLAGS) -DENABLE_FP32 -x c++ $(2) -o $$@ $(CPU_LIBS) $(MPI_LINK_FLAGS)
+$(1)_cpu_asan: $(2) $(HEADERS) | check-cpu-tools check-mpi-tools
+	$(CXX) $(ASAN_FLAGS) $(MPI_COMPILE_FLAGS) -x c++ $(2) -o $$@ $(CPU_LIBS) $(MPI_LINK_FLAGS)
 endef
 $(eval $(call program_rules,train_gpt,train_gpt.cu))
 $(eval $(call program_rules,test_gpt,test_gpt.cu))

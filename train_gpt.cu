@@ -1,8 +1,10 @@
 /*
 Trains GPT-2. Read main() as the story of a training run:
 
-    flags -> model (from scratch or a model file) -> data -> [resume] -> for each step:
-        micro-batches: forward -> loss -> backward (gradients accumulate)
+    flags -> mesh (which rank does what) -> model (from scratch or a model file) -> data -> [resume]
+    -> for each step:
+        micro-batches: forward -> loss -> backward (gradients accumulate; on the last micro-step each
+                       layer's gradient is averaged over the data-parallel ranks as soon as it is final)
         -> gradient norm -> clip -> AdamW -> log
         (every N steps: validation loss, a text sample, a checkpoint)
 
@@ -10,6 +12,7 @@ The model and one layer's forward/backward are in llmc/gpt2.cuh, the kernels in 
 headers. This file only decides what happens when.
 
     ./train_gpt_cpu --help
+    mpirun -np 4 ./train_gpt_cpu --model custom --batch-size 1 ...   (data parallel: 4 ranks, 1 row each)
     ./train_gpt_cpu --model custom --layers 4 --heads 4 --channels 256 --seq-len 64 --steps 300
     ./train_gpt --model 124M --batch-size 16 --seq-len 1024 --total-batch-size 524288      (a GPU)
 */
@@ -27,6 +30,9 @@ headers. This file only decides what happens when.
 #include "llmc/checkpoint.h"
 #include "llmc/logger.h"
 #include "llmc/mfu.h"
+#include "llmc/comm.h"
+#include "llmc/mesh.h"
+#include "llmc/data_parallel.h"
 
 // ----------------------------------------------------------------------------
 // the model's shape, from --model
@@ -56,7 +62,8 @@ static GPT2Config config_from_flags(const std::string& model, int layers, int he
 // ----------------------------------------------------------------------------
 // validation loss and text samples
 
-static float validation_loss(GPT2& model, DataLoader& val_loader, int batches) {
+// each data-parallel rank measures its rows of the validation batches; the mean over ranks is the loss
+static float validation_loss(GPT2& model, DataLoader& val_loader, int batches, DataParallel& dp) {
     val_loader.reset();  // the same batches every time, so successive values are comparable
     double sum = 0.0;
     for (int i = 0; i < batches; i++) {
@@ -64,7 +71,7 @@ static float validation_loss(GPT2& model, DataLoader& val_loader, int batches) {
         gpt2_forward(model, val_loader.inputs.data(), val_loader.B, val_loader.T);
         sum += gpt2_loss(model, val_loader.targets.data(), val_loader.B, val_loader.T, 0.0f);
     }
-    return (float)(sum / batches);
+    return average_over_ranks(dp, (float)(sum / batches), model.stream);
 }
 
 // Samples `count` tokens after an end-of-text token, one full forward pass per token (simple, not fast:
@@ -173,10 +180,11 @@ int main(int argc, char** argv) {
     bool& shuffle = flags.add_bool("shuffle", true, "visit training rows in a random order each epoch");
     int& data_seed = flags.add_int("data-seed", 1337, "seed of the shuffled order", 0);
     flags.heading("Batch");
-    int& batch_size = flags.add_int("batch-size", 4, "sequences per micro-batch (B)", 1, 1 << 20);
+    int& batch_size = flags.add_int("batch-size", 4, "sequences per micro-batch and rank (B)", 1, 1 << 20);
     int& seq_len = flags.add_int("seq-len", 64, "tokens per sequence (T)", 1, 1 << 20);
     int& total_batch_size = flags.add_int("total-batch-size", 0,
-        "tokens per optimizer step; a multiple of B*T, the rest is gradient accumulation (0: B*T)", 0);
+        "tokens per optimizer step, all ranks together; a multiple of B*T*ranks, the rest is gradient "
+        "accumulation (0: B*T*ranks)", 0);
     flags.heading("Optimizer");
     int& steps = flags.add_int("steps", 100, "optimizer steps in the whole run (the schedule spans them)", 1);
     float& learning_rate = flags.add_float("learning-rate", 3e-4f, "peak learning rate", 0.0f, 10.0f);
@@ -203,14 +211,25 @@ int main(int argc, char** argv) {
     bool& resume = flags.add_bool("resume", false, "continue from the latest checkpoint in --output-dir");
     flags.parse(argc, argv);
 
+    // ---- mesh: every rank of the launcher (mpirun; one rank without it) is a data-parallel replica
+    Communicator world = comm_init_world();
+    Mesh mesh = mesh_create(world, mesh_layout(world.size, 1, 1, 1, 1));
+    const bool main_rank = world.rank == 0;  // prints, logs, samples and writes files
+    const int dp_rank = mesh_data_parallel_rank(mesh), dp_size = mesh_data_parallel_size(mesh);
+    if (main_rank) mesh_print(mesh);
+    DataParallel data_parallel;
+    data_parallel_init(data_parallel, mesh.gradient);
+
     // ---- model
     const GPT2Config config = config_from_flags(model_name, layers, heads, channels, vocab_size, max_seq_len);
     const int B = batch_size, T = seq_len;
     if (T > config.max_seq_len) fatal("--seq-len %d exceeds the model's %d positions", T, config.max_seq_len);
-    if (total_batch_size == 0) total_batch_size = B * T;
-    if (total_batch_size % (B * T) != 0)
-        fatal("--total-batch-size %d is not a multiple of --batch-size x --seq-len = %d", total_batch_size, B * T);
-    const int accumulation_steps = total_batch_size / (B * T);
+    const int tokens_per_micro_step = B * T * dp_size;
+    if (total_batch_size == 0) total_batch_size = tokens_per_micro_step;
+    if (total_batch_size % tokens_per_micro_step != 0)
+        fatal("--total-batch-size %d is not a multiple of --batch-size x --seq-len x ranks = %d", total_batch_size,
+              tokens_per_micro_step);
+    const int accumulation_steps = total_batch_size / tokens_per_micro_step;
 
     GPT2 model;
     gpt2_allocate(model, config, B, T);
@@ -220,22 +239,26 @@ int main(int argc, char** argv) {
         Rng init_rng = rng_from_seed((uint64_t)init_seed);
         gpt2_set_parameters(model, gpt2_initial_parameters(model.layout, [&] { return init_rng.next_normal(); }));
     }
-    printf("train_gpt: %s build on %s\n", PRECISION_NAME, device_properties().name);
-    printf("model: %d layers, %d heads, %d channels, vocabulary %d (padded %d), %zu parameters\n", config.num_layers,
-           config.num_heads, config.channels, config.vocab_size, config.padded_vocab_size, model.layout.total);
-    printf("batch: %d x %d tokens, %d micro-step(s) per step: %d tokens per step\n", B, T, accumulation_steps,
-           total_batch_size);
+    if (main_rank) {
+        printf("train_gpt: %s build on %s\n", PRECISION_NAME, device_properties().name);
+        printf("model: %d layers, %d heads, %d channels, vocabulary %d (padded %d), %zu parameters\n",
+               config.num_layers, config.num_heads, config.channels, config.vocab_size, config.padded_vocab_size,
+               model.layout.total);
+        printf("batch: %d x %d tokens on each of %d rank(s), %d micro-step(s) per step: %d tokens per step\n", B, T,
+               dp_size, accumulation_steps, total_batch_size);
+    }
 
-    // ---- data
+    // ---- data: each data-parallel rank reads its own rows of every global batch
     DataLoader train_loader, val_loader;
-    train_loader.init(train_data, B, T, 0, 1, shuffle, (uint64_t)data_seed, config.vocab_size);
-    if (val_every > 0) val_loader.init(val_data, B, T, 0, 1, false, 0, config.vocab_size);
+    train_loader.init(train_data, B, T, dp_rank, dp_size, shuffle, (uint64_t)data_seed, config.vocab_size);
+    if (val_every > 0) val_loader.init(val_data, B, T, dp_rank, dp_size, false, 0, config.vocab_size);
     if (val_every > 0 && val_loader.batches_per_epoch() < (size_t)val_batches)
-        fatal("--val-batches %d: the validation data holds only %zu batches of %d x %d", val_batches,
-              val_loader.batches_per_epoch(), B, T);
+        fatal("--val-batches %d: the validation data holds only %zu batches of %d x %d x %d ranks", val_batches,
+              val_loader.batches_per_epoch(), B, T, dp_size);
     Tokenizer tokenizer;
     if (sample_tokens > 0) tokenizer_init(&tokenizer, tokenizer_path);
-    printf("data: %zu training tokens in %zu shard(s)\n", train_loader.total_tokens, train_loader.files.size());
+    if (main_rank)
+        printf("data: %zu training tokens in %zu shard(s)\n", train_loader.total_tokens, train_loader.files.size());
 
     // ---- optimizer and its schedule
     AdamWConfig adamw;
@@ -255,9 +278,9 @@ int main(int argc, char** argv) {
         DataLoaderState data_state;
         first_step = load_checkpoint(checkpoint_path(output_dir, latest), model, &data_state, &sample_rng);
         train_loader.restore(data_state);
-        printf("resumed from %s at step %d\n", checkpoint_path(output_dir, latest).c_str(), first_step);
+        if (main_rank) printf("resumed from %s at step %d\n", checkpoint_path(output_dir, latest).c_str(), first_step);
     }
-    Logger logger(output_dir, resume);
+    Logger logger(output_dir, resume, main_rank);
     logger.config(flags);
     const double flops_per_step = gpt2_flops_per_token((long long)model.layout.total, config.num_layers,
                                                        config.channels, T) * total_batch_size;
@@ -266,24 +289,29 @@ int main(int argc, char** argv) {
     // ---- training
     for (int step = first_step; step < steps; step++) {
         if (val_every > 0 && step % val_every == 0) {
-            const float val_loss = validation_loss(model, val_loader, val_batches);
+            const float val_loss = validation_loss(model, val_loader, val_batches, data_parallel);
             logger.val_loss(step, val_loss);
         }
-        if (sample_tokens > 0 && sample_every > 0 && step > first_step && step % sample_every == 0) {
+        if (main_rank && sample_tokens > 0 && sample_every > 0 && step > first_step && step % sample_every == 0) {
             const std::string text = sample_text(model, tokenizer, sample_rng, sample_tokens);
             logger.sample(step, text);
         }
 
         const auto start = std::chrono::steady_clock::now();
+        mesh_reset_bytes(mesh);
         gpt2_zero_grads(model);
         double loss = 0.0;
         for (int micro_step = 0; micro_step < accumulation_steps; micro_step++) {
             train_loader.next_batch();
             gpt2_forward(model, train_loader.inputs.data(), B, T);
             loss += gpt2_loss(model, train_loader.targets.data(), B, T, 1.0f / (B * T * accumulation_steps));
-            gpt2_backward(model, B, T);
+            const bool last_micro_step = micro_step == accumulation_steps - 1;
+            gpt2_backward(model, B, T, !last_micro_step ? GradientChunkFinal() : [&](size_t offset, size_t count) {
+                average_gradient_chunk(data_parallel, model.grads + offset, count, model.stream);
+            });
         }
-        loss /= accumulation_steps;
+        wait_for_gradient_averages(data_parallel, model.stream);
+        loss = average_over_ranks(data_parallel, (float)(loss / accumulation_steps), model.stream);
         if (!std::isfinite(loss)) fatal("the loss is not finite (%g) at step %d", loss, step + 1);
         const float norm = gpt2_grad_norm(model);
         const float clip_scale = (grad_clip > 0.0f && norm > grad_clip) ? grad_clip / norm : 1.0f;
@@ -301,11 +329,12 @@ int main(int argc, char** argv) {
         stats.seconds = seconds;
         stats.tokens = total_batch_size;
         stats.memory_bytes = device_memory_in_use_bytes();
-        stats.mfu = model_flops_utilization(flops_per_step, seconds, peak_flops);
+        stats.mfu = model_flops_utilization(flops_per_step / world.size, seconds, peak_flops);  // this GPU's share
+        stats.comm_bytes = (long long)mesh_bytes_sent(mesh);
         logger.step(stats);
 
         const bool last = step + 1 == steps;
-        if (checkpoint_every > 0 && ((step + 1) % checkpoint_every == 0 || last)) {
+        if (main_rank && checkpoint_every > 0 && ((step + 1) % checkpoint_every == 0 || last)) {
             const std::string path = checkpoint_path(output_dir, step + 1);
             save_checkpoint(path, model, step + 1, train_loader.state(), sample_rng);
             remove_old_checkpoints(output_dir, keep_checkpoints);
@@ -315,15 +344,15 @@ int main(int argc, char** argv) {
 
     // ---- the end: a last validation loss and a sample
     if (val_every > 0 && first_step < steps) {
-        const float val_loss = validation_loss(model, val_loader, val_batches);
+        const float val_loss = validation_loss(model, val_loader, val_batches, data_parallel);
         logger.val_loss(steps, val_loss);
     }
-    if (sample_tokens > 0) {
+    if (main_rank && sample_tokens > 0) {
         const std::string text = sample_text(model, tokenizer, sample_rng, sample_tokens);
         logger.sample(steps, text);
-        tokenizer_free(&tokenizer);
     }
-    if (save_model) {
+    if (sample_tokens > 0) tokenizer_free(&tokenizer);
+    if (main_rank && save_model) {
         const std::string path = output_dir + "/model.bin";
         gpt2_save(model, path);
         printf("wrote %s\n", path.c_str());
@@ -332,5 +361,9 @@ int main(int argc, char** argv) {
     if (val_every > 0) val_loader.free();
     gpt2_free(model);
     matmul_teardown();
+    data_parallel_free(data_parallel);
+    mesh_destroy(mesh);
+    comm_destroy(world);
+    comm_finalize();
     return EXIT_SUCCESS;
 }

@@ -28,6 +28,7 @@ and gradients are bf16; the optimizer keeps fp32 master weights and fp32 moments
 #pragma once
 
 #include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 #include "utils.h"
@@ -549,7 +550,10 @@ inline float gpt2_loss(GPT2& model, const int* targets, int B, int T, float dlos
 }
 
 // Backward pass after gpt2_forward + gpt2_loss on the same batch; accumulates into model.grads.
-inline void gpt2_backward(GPT2& model, int B, int T) {
+// chunk_final(offset, count), when given, is called as soon as a parameter chunk's gradient is complete
+// (final layernorm, then blocks L-1 .. 0, then the embeddings): data parallelism averages it right then.
+using GradientChunkFinal = std::function<void(size_t offset, size_t count)>;
+inline void gpt2_backward(GPT2& model, int B, int T, const GradientChunkFinal& chunk_final = nullptr) {
     const GPT2Config& c = model.config;
     const ParameterLayout& layout = model.layout;
     const int N = B * T, C = c.channels, L = c.num_layers;
@@ -565,13 +569,16 @@ inline void gpt2_backward(GPT2& model, int B, int T) {
     layernorm_backward(s.dresidual, grads + layout.offset(LNFW), grads + layout.offset(LNFB), s.layernorm_scratch,
                        s.dchannels, model.blocks[L - 1].output, params + layout.offset(LNFW), model.lnf_mean,
                        model.lnf_rstd, N, C, model.stream);
+    if (chunk_final) chunk_final(layout.final_start(), layout.final_chunk);
     for (int l = L - 1; l >= 0; l--) {
         const floatX* input = l == 0 ? model.encoded : model.blocks[l - 1].output;
         block_backward(c, block_params(params, layout, l), block_params(grads, layout, l), model.blocks[l], input,
                        s.dresidual, s, B, T, model.stream);
+        if (chunk_final) chunk_final(layout.block_start(l), layout.block_chunk);
     }
     encoder_backward(grads + layout.offset(WTE), grads + layout.offset(WPE), &s.encoder_workspace, s.dresidual,
                      model.inputs_host.data(), B, T, C, model.stream);
+    if (chunk_final) chunk_final(0, layout.embedding_chunk);
 }
 
 inline void gpt2_zero_grads(GPT2& model) {

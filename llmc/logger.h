@@ -105,6 +105,7 @@ struct StepStats {
     long long tokens = 0;       // tokens trained on in this step, all ranks together
     size_t memory_bytes = 0;    // device_memory_in_use_bytes()
     double mfu = -1.0;          // fraction of peak (0.41 = 41%); negative when the GPU's peak is unknown
+    long long comm_bytes = 0;   // bytes this rank sent to other ranks during the step (0: one rank)
 };
 
 class Logger {
@@ -140,7 +141,9 @@ public:
                          width, s.step, s.total_steps, s.loss, s.learning_rate, s.grad_norm, s.seconds * 1e3,
                          tokens_per_second, memory_mib);
         if (s.mfu >= 0 && n > 0 && n < (int)sizeof(line))
-            snprintf(line + n, sizeof(line) - n, " | MFU %.1f%%", 100.0 * s.mfu);
+            n += snprintf(line + n, sizeof(line) - n, " | MFU %.1f%%", 100.0 * s.mfu);
+        if (s.comm_bytes > 0 && n > 0 && n < (int)sizeof(line))
+            snprintf(line + n, sizeof(line) - n, " | sent %.1f MiB", s.comm_bytes / (1024.0 * 1024.0));
         printf("%s\n", line);
         fflush(stdout);
         JsonLine json("step");
@@ -148,6 +151,7 @@ public:
         json.number("lr", s.learning_rate).number("grad_norm", s.grad_norm).number("ms", s.seconds * 1e3);
         json.number("tokens_per_s", tokens_per_second).number("memory_mib", memory_mib);
         json.number("mfu", s.mfu >= 0 ? s.mfu : NAN);  // unknown peak: null
+        json.integer("comm_bytes", s.comm_bytes);
         write(json);
     }
 
