@@ -13,6 +13,7 @@ Each line prints the relative error in norm, ||ours - reference|| / ||reference|
 #include <string>
 #include <vector>
 #include "llmc/gpt2.cuh"
+#include "llmc/zero.h"
 
 // ----------------------------------------------------------------------------
 // tolerances, by precision
@@ -134,7 +135,7 @@ int main(int argc, char** argv) {
 
     const GPT2Config config = gpt2_read_config(model_path);
     const ParameterLayout layout(config);
-    const ReferenceState ref = read_reference(state_path, config, layout.total);
+    const ReferenceState ref = read_reference(state_path, config, layout.num_parameters);
     printf("test_gpt: %s, %s, L=%d NH=%d C=%d V=%d, B=%d T=%d, %d steps\n", PRECISION_NAME, model_path.c_str(),
            config.num_layers, config.num_heads, config.channels, config.vocab_size, ref.B, ref.T, ref.steps);
 
@@ -142,6 +143,8 @@ int main(int argc, char** argv) {
     gpt2_allocate(model, config, ref.B, ref.T);
     gpt2_set_parameters(model, gpt2_read_parameters(model_path, layout));
     const int B = ref.B, T = ref.T, N = B * T;
+    Zero optimizer;  // one process: stage 0, the whole optimizer state here
+    zero_init(optimizer, 0, nullptr, model);
     AdamWConfig adamw;
     adamw.beta1 = ref.beta1;
     adamw.beta2 = ref.beta2;
@@ -191,8 +194,9 @@ int main(int argc, char** argv) {
                    fabs((double)norm - ref.grad_norms[step]) / ref.grad_norms[step], kNormTolerance, "rel err       ");
         }
         const float scale = (ref.grad_clip > 0 && norm > ref.grad_clip) ? ref.grad_clip / norm : 1.0f;
-        gpt2_update(model, adamw, ref.learning_rate, step + 1, scale, 1234u + step);
+        zero_optimizer_step(optimizer, model, adamw, ref.learning_rate, step + 1, scale, 1234u + step);
     }
+    zero_free(optimizer);
     gpt2_free(model);
     printf("%d passed, %d failed\n", passed, failed);
     return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;

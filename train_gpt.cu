@@ -32,7 +32,7 @@ headers. This file only decides what happens when.
 #include "llmc/mfu.h"
 #include "llmc/comm.h"
 #include "llmc/mesh.h"
-#include "llmc/data_parallel.h"
+#include "llmc/zero.h"
 
 // ----------------------------------------------------------------------------
 // the model's shape, from --model
@@ -63,7 +63,7 @@ static GPT2Config config_from_flags(const std::string& model, int layers, int he
 // validation loss and text samples
 
 // each data-parallel rank measures its rows of the validation batches; the mean over ranks is the loss
-static float validation_loss(GPT2& model, DataLoader& val_loader, int batches, DataParallel& dp) {
+static float validation_loss(GPT2& model, DataLoader& val_loader, int batches, Zero& zero) {
     val_loader.reset();  // the same batches every time, so successive values are comparable
     double sum = 0.0;
     for (int i = 0; i < batches; i++) {
@@ -71,7 +71,7 @@ static float validation_loss(GPT2& model, DataLoader& val_loader, int batches, D
         gpt2_forward(model, val_loader.inputs.data(), val_loader.B, val_loader.T);
         sum += gpt2_loss(model, val_loader.targets.data(), val_loader.B, val_loader.T, 0.0f);
     }
-    return average_over_ranks(dp, (float)(sum / batches), model.stream);
+    return average_over_ranks(zero, (float)(sum / batches), model.stream);
 }
 
 // Samples `count` tokens after an end-of-text token, one full forward pass per token (simple, not fast:
@@ -114,9 +114,10 @@ static void upload(T* device, const std::vector<T>& host) {
     cudaCheck(cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
 }
 
-static void save_checkpoint(const std::string& path, const GPT2& model, int step, const DataLoaderState& data,
-                            const Rng& sample_rng) {
+static void save_checkpoint(const std::string& path, const GPT2& model, const Zero& optimizer, int step,
+                            const DataLoaderState& data, const Rng& sample_rng) {
     const size_t P = model.layout.total;
+    const size_t state = P / optimizer.shards;
     CheckpointWriter writer(path);
     writer.add_value("config", model.config);
     writer.add_value("precision_bytes", (int)sizeof(floatX));
@@ -124,15 +125,17 @@ static void save_checkpoint(const std::string& path, const GPT2& model, int step
     writer.add_value("train_data", data);
     writer.add_value("sample_rng", sample_rng);
     writer.add("params", download(model.params, P).data(), P * sizeof(floatX));
-    if (model.master) writer.add("master", download(model.master, P).data(), P * sizeof(float));
-    writer.add("adamw_m", download(model.adam_m, P).data(), P * sizeof(float));
-    writer.add("adamw_v", download(model.adam_v, P).data(), P * sizeof(float));
+    if (optimizer.master) writer.add("master", download(optimizer.master, state).data(), state * sizeof(float));
+    writer.add("adamw_m", download(optimizer.m, state).data(), state * sizeof(float));
+    writer.add("adamw_v", download(optimizer.v, state).data(), state * sizeof(float));
     writer.commit();
 }
 
 // Restores the model and optimizer; returns the step to continue from.
-static int load_checkpoint(const std::string& path, GPT2& model, DataLoaderState* data, Rng* sample_rng) {
+static int load_checkpoint(const std::string& path, GPT2& model, Zero& optimizer, DataLoaderState* data,
+                           Rng* sample_rng) {
     const size_t P = model.layout.total;
+    const size_t state = P / optimizer.shards;
     CheckpointReader reader(path);
     const GPT2Config saved = reader.read_value<GPT2Config>("config");
     if (memcmp(&saved, &model.config, sizeof(saved)) != 0)
@@ -141,17 +144,17 @@ static int load_checkpoint(const std::string& path, GPT2& model, DataLoaderState
     if (reader.read_value<int>("precision_bytes") != (int)sizeof(floatX))
         fatal("%s was written by a build of another precision than this %s build", path.c_str(), PRECISION_NAME);
     std::vector<floatX> params(P);
-    std::vector<float> buffer(P);
+    std::vector<float> buffer(state);
     reader.read("params", params.data(), P * sizeof(floatX));
     upload(model.params, params);
-    if (model.master) {
-        reader.read("master", buffer.data(), P * sizeof(float));
-        upload(model.master, buffer);
+    if (optimizer.master) {
+        reader.read("master", buffer.data(), state * sizeof(float));
+        upload(optimizer.master, buffer);
     }
-    reader.read("adamw_m", buffer.data(), P * sizeof(float));
-    upload(model.adam_m, buffer);
-    reader.read("adamw_v", buffer.data(), P * sizeof(float));
-    upload(model.adam_v, buffer);
+    reader.read("adamw_m", buffer.data(), state * sizeof(float));
+    upload(optimizer.m, buffer);
+    reader.read("adamw_v", buffer.data(), state * sizeof(float));
+    upload(optimizer.v, buffer);
     *data = reader.read_value<DataLoaderState>("train_data");
     *sample_rng = reader.read_value<Rng>("sample_rng");
     return reader.read_value<int>("step");
@@ -209,16 +212,22 @@ int main(int argc, char** argv) {
     bool& save_model = flags.add_bool("save-model", true,
                                       "at the end, write the model to <output-dir>/model.bin in llm.c's format (fp32)");
     bool& resume = flags.add_bool("resume", false, "continue from the latest checkpoint in --output-dir");
+    flags.heading("Parallelism (ranks come from the launcher: mpirun)");
+    int& zero_stage = flags.add_int("zero", 0, "ZeRO stage: 0 = plain data parallelism, 1 = optimizer state sharded",
+                                    0, 1);
+    int& dp_shard = flags.add_int("dp-shard", 0,
+        "ranks that share one sharded copy of the state (HSDP: the rest replicate it); 0: all ranks", 0);
     flags.parse(argc, argv);
 
-    // ---- mesh: every rank of the launcher (mpirun; one rank without it) is a data-parallel replica
+    // ---- mesh: every rank of the launcher (mpirun; one rank without it) trains on its own rows; the
+    // optimizer state is sharded over groups of --dp-shard ranks (ZeRO-1), replicated across the groups
     Communicator world = comm_init_world();
-    Mesh mesh = mesh_create(world, mesh_layout(world.size, 1, 1, 1, 1));
+    if (dp_shard == 0) dp_shard = world.size;
+    if (world.size % dp_shard != 0) fatal("--dp-shard %d does not divide the %d ranks", dp_shard, world.size);
+    Mesh mesh = mesh_create(world, mesh_layout(world.size / dp_shard, dp_shard, 1, 1, 1));
     const bool main_rank = world.rank == 0;  // prints, logs, samples and writes files
     const int dp_rank = mesh_data_parallel_rank(mesh), dp_size = mesh_data_parallel_size(mesh);
     if (main_rank) mesh_print(mesh);
-    DataParallel data_parallel;
-    data_parallel_init(data_parallel, mesh.gradient);
 
     // ---- model
     const GPT2Config config = config_from_flags(model_name, layers, heads, channels, vocab_size, max_seq_len);
@@ -232,18 +241,23 @@ int main(int argc, char** argv) {
     const int accumulation_steps = total_batch_size / tokens_per_micro_step;
 
     GPT2 model;
-    gpt2_allocate(model, config, B, T);
+    gpt2_allocate(model, config, B, T, zero_shard_count(zero_stage, &mesh));
     if (file_exists(model_name) && model_name != "custom") {
         gpt2_set_parameters(model, gpt2_read_parameters(model_name, model.layout));
     } else {
         Rng init_rng = rng_from_seed((uint64_t)init_seed);
         gpt2_set_parameters(model, gpt2_initial_parameters(model.layout, [&] { return init_rng.next_normal(); }));
     }
+    Zero optimizer;  // AdamW's state for this rank's shard, and the averaging of gradients over ranks
+    zero_init(optimizer, zero_stage, &mesh, model);
+    if (optimizer.shards > 1 && (checkpoint_every > 0 || resume))
+        fatal("checkpoints of a sharded optimizer state (--zero %d over %d ranks) are not supported yet", zero_stage,
+              optimizer.shards);
     if (main_rank) {
         printf("train_gpt: %s build on %s\n", PRECISION_NAME, device_properties().name);
         printf("model: %d layers, %d heads, %d channels, vocabulary %d (padded %d), %zu parameters\n",
                config.num_layers, config.num_heads, config.channels, config.vocab_size, config.padded_vocab_size,
-               model.layout.total);
+               model.layout.num_parameters);
         printf("batch: %d x %d tokens on each of %d rank(s), %d micro-step(s) per step: %d tokens per step\n", B, T,
                dp_size, accumulation_steps, total_batch_size);
     }
@@ -276,20 +290,20 @@ int main(int argc, char** argv) {
         const long long latest = latest_checkpoint_step(output_dir);
         if (latest < 0) fatal("--resume: no checkpoint in %s", output_dir.c_str());
         DataLoaderState data_state;
-        first_step = load_checkpoint(checkpoint_path(output_dir, latest), model, &data_state, &sample_rng);
+        first_step = load_checkpoint(checkpoint_path(output_dir, latest), model, optimizer, &data_state, &sample_rng);
         train_loader.restore(data_state);
         if (main_rank) printf("resumed from %s at step %d\n", checkpoint_path(output_dir, latest).c_str(), first_step);
     }
     Logger logger(output_dir, resume, main_rank);
     logger.config(flags);
-    const double flops_per_step = gpt2_flops_per_token((long long)model.layout.total, config.num_layers,
+    const double flops_per_step = gpt2_flops_per_token((long long)model.layout.num_parameters, config.num_layers,
                                                        config.channels, T) * total_batch_size;
     const double peak_flops = peak_flops_per_second(device_properties().name, PRECISION_NAME);
 
     // ---- training
     for (int step = first_step; step < steps; step++) {
         if (val_every > 0 && step % val_every == 0) {
-            const float val_loss = validation_loss(model, val_loader, val_batches, data_parallel);
+            const float val_loss = validation_loss(model, val_loader, val_batches, optimizer);
             logger.val_loss(step, val_loss);
         }
         if (main_rank && sample_tokens > 0 && sample_every > 0 && step > first_step && step % sample_every == 0) {
@@ -306,17 +320,17 @@ int main(int argc, char** argv) {
             gpt2_forward(model, train_loader.inputs.data(), B, T);
             loss += gpt2_loss(model, train_loader.targets.data(), B, T, 1.0f / (B * T * accumulation_steps));
             const bool last_micro_step = micro_step == accumulation_steps - 1;
-            gpt2_backward(model, B, T, !last_micro_step ? GradientChunkFinal() : [&](size_t offset, size_t count) {
-                average_gradient_chunk(data_parallel, model.grads + offset, count, model.stream);
+            gpt2_backward(model, B, T, !last_micro_step ? GradientChunkFinal() : [&](int chunk) {
+                zero_gradient_chunk_final(optimizer, model, chunk);
             });
         }
-        wait_for_gradient_averages(data_parallel, model.stream);
-        loss = average_over_ranks(data_parallel, (float)(loss / accumulation_steps), model.stream);
+        zero_wait_for_gradients(optimizer, model);
+        loss = average_over_ranks(optimizer, (float)(loss / accumulation_steps), model.stream);
         if (!std::isfinite(loss)) fatal("the loss is not finite (%g) at step %d", loss, step + 1);
-        const float norm = gpt2_grad_norm(model);
+        const float norm = zero_gradient_norm(optimizer, model);
         const float clip_scale = (grad_clip > 0.0f && norm > grad_clip) ? grad_clip / norm : 1.0f;
         const float lr = schedule.at(step);
-        gpt2_update(model, adamw, lr, step + 1, clip_scale, (uint32_t)mix64((uint64_t)step + 1));
+        zero_optimizer_step(optimizer, model, adamw, lr, step + 1, clip_scale, (uint32_t)mix64((uint64_t)step + 1));
         cudaCheck(cudaDeviceSynchronize());
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
@@ -336,7 +350,7 @@ int main(int argc, char** argv) {
         const bool last = step + 1 == steps;
         if (main_rank && checkpoint_every > 0 && ((step + 1) % checkpoint_every == 0 || last)) {
             const std::string path = checkpoint_path(output_dir, step + 1);
-            save_checkpoint(path, model, step + 1, train_loader.state(), sample_rng);
+            save_checkpoint(path, model, optimizer, step + 1, train_loader.state(), sample_rng);
             remove_old_checkpoints(output_dir, keep_checkpoints);
             logger.checkpoint(step + 1, path);
         }
@@ -344,7 +358,7 @@ int main(int argc, char** argv) {
 
     // ---- the end: a last validation loss and a sample
     if (val_every > 0 && first_step < steps) {
-        const float val_loss = validation_loss(model, val_loader, val_batches, data_parallel);
+        const float val_loss = validation_loss(model, val_loader, val_batches, optimizer);
         logger.val_loss(steps, val_loss);
     }
     if (main_rank && sample_tokens > 0) {
@@ -361,7 +375,7 @@ int main(int argc, char** argv) {
     if (val_every > 0) val_loader.free();
     gpt2_free(model);
     matmul_teardown();
-    data_parallel_free(data_parallel);
+    zero_free(optimizer);
     mesh_destroy(mesh);
     comm_destroy(world);
     comm_finalize();

@@ -23,7 +23,8 @@ block l's output and turns it into the gradient of its input, accumulating block
 on the way.
 
 Gradients accumulate (+=) across micro-steps until gpt2_zero_grads. In BF16 the parameters, activations
-and gradients are bf16; the optimizer keeps fp32 master weights and fp32 moments.
+and gradients are bf16. The optimizer, with its fp32 master weights and moments, and the averaging of
+gradients over data-parallel ranks are in llmc/zero.h.
 */
 #pragma once
 
@@ -134,19 +135,37 @@ inline size_t tensor_elements(const GPT2Config& c, int kind) {
 
 // Where each tensor of each layer sits in the one parameter buffer:
 //   [ embedding chunk: wte wpe ][ block 0: ln1w ... fcprojb ] ... [ block L-1 ][ final chunk: lnfw lnfb ]
+// With `shards` > 1 (ZeRO: every rank keeps 1/shards of each chunk) each chunk is padded with zeros to a
+// multiple of 8 * shards elements, so it splits into equal 16-byte aligned shards. Padding parameters are
+// 0, get gradient 0 and stay 0; they are never read by a kernel nor written to a model file.
 struct ParameterLayout {
     GPT2Config config;
-    size_t embedding_chunk = 0;  // elements
+    int shards = 1;
+    size_t embedding_chunk = 0;  // elements, padding included
     size_t block_chunk = 0;
     size_t final_chunk = 0;
-    size_t total = 0;
+    size_t total = 0;            // the buffer: every chunk, padding included
+    size_t num_parameters = 0;   // the model's parameters, without padding
 
     ParameterLayout() = default;
-    explicit ParameterLayout(const GPT2Config& c) : config(c) {
-        embedding_chunk = tensor_elements(c, WTE) + tensor_elements(c, WPE);
-        for (int kind = LN1W; kind <= FCPROJB; kind++) block_chunk += tensor_elements(c, kind);
-        final_chunk = tensor_elements(c, LNFW) + tensor_elements(c, LNFB);
+    explicit ParameterLayout(const GPT2Config& c, int num_shards = 1) : config(c), shards(num_shards) {
+        const size_t multiple = 8 * (size_t)shards;
+        auto padded = [&](size_t count) { return (count + multiple - 1) / multiple * multiple; };
+        size_t block = 0;
+        for (int kind = LN1W; kind <= FCPROJB; kind++) block += tensor_elements(c, kind);
+        const size_t embedding = tensor_elements(c, WTE) + tensor_elements(c, WPE);
+        const size_t final = tensor_elements(c, LNFW) + tensor_elements(c, LNFB);
+        num_parameters = embedding + (size_t)c.num_layers * block + final;
+        embedding_chunk = padded(embedding);
+        block_chunk = padded(block);
+        final_chunk = padded(final);
         total = embedding_chunk + (size_t)c.num_layers * block_chunk + final_chunk;
+    }
+    int num_chunks() const { return config.num_layers + 2; }
+    // chunk 0 is the embeddings, chunks 1..L the blocks, chunk L+1 the final layernorm
+    size_t chunk_start(int chunk) const { return chunk == 0 ? 0 : block_start(chunk - 1); }
+    size_t chunk_size(int chunk) const {
+        return chunk == 0 ? embedding_chunk : chunk <= config.num_layers ? block_chunk : final_chunk;
     }
     size_t block_start(int layer) const { return embedding_chunk + (size_t)layer * block_chunk; }
     size_t final_start() const { return block_start(config.num_layers); }
@@ -224,9 +243,6 @@ struct GPT2 {
 
     floatX* params = nullptr;
     floatX* grads = nullptr;
-    float* master = nullptr;          // fp32 master weights (BF16 build only; FP32 params are their own master)
-    float* adam_m = nullptr;
-    float* adam_v = nullptr;
 
     floatX* encoded = nullptr;        // (N, C) the encoder's output: block 0's input
     std::vector<BlockActivations> blocks;
@@ -250,12 +266,13 @@ T* device_alloc(size_t count) {
     return pointer;
 }
 
-// Allocates parameters, gradients, optimizer state and activations for micro-batches of up to B x T.
-inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T) {
+// Allocates parameters, gradients and activations for micro-batches of up to B x T; chunks padded for
+// `shards` ZeRO shards.
+inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, int shards = 1) {
     gpt2_validate_config(config, "model");
     if (T > config.max_seq_len) fatal("sequence length %d exceeds the model's maximum %d", T, config.max_seq_len);
     model.config = config;
-    model.layout = ParameterLayout(config);
+    model.layout = ParameterLayout(config, shards);
     model.max_batch = B;
     model.max_seq = T;
     const size_t P = model.layout.total;
@@ -263,12 +280,7 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T) {
 
     model.params = device_alloc<floatX>(P);
     model.grads = device_alloc<floatX>(P);
-    if (sizeof(floatX) != sizeof(float)) model.master = device_alloc<float>(P);
-    model.adam_m = device_alloc<float>(P);
-    model.adam_v = device_alloc<float>(P);
     cudaCheck(cudaMemset(model.grads, 0, P * sizeof(floatX)));
-    cudaCheck(cudaMemset(model.adam_m, 0, P * sizeof(float)));
-    cudaCheck(cudaMemset(model.adam_v, 0, P * sizeof(float)));
 
     model.encoded = device_alloc<floatX>(N * C);
     model.blocks.resize(L);
@@ -312,8 +324,7 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T) {
 }
 
 inline void gpt2_free(GPT2& model) {
-    for (void* p : {(void*)model.params, (void*)model.grads, (void*)model.master, (void*)model.adam_m,
-                    (void*)model.adam_v, (void*)model.encoded, (void*)model.lnf, (void*)model.lnf_mean,
+    for (void* p : {(void*)model.params, (void*)model.grads, (void*)model.encoded, (void*)model.lnf, (void*)model.lnf_mean,
                     (void*)model.lnf_rstd, (void*)model.logits, (void*)model.losses, (void*)model.inputs,
                     (void*)model.targets})
         cudaCheck(cudaFree(p));
@@ -331,27 +342,20 @@ inline void gpt2_free(GPT2& model) {
     model = GPT2{};
 }
 
-// Copies fp32 host values into the parameters (and the master weights).
+// Copies fp32 host values (in the layout's order, padding included) into the parameters.
 inline void gpt2_set_parameters(GPT2& model, const std::vector<float>& values) {
     const size_t P = model.layout.total;
     std::vector<floatX> converted(P);
     for (size_t i = 0; i < P; i++) converted[i] = (floatX)values[i];
     cudaCheck(cudaMemcpy(model.params, converted.data(), P * sizeof(floatX), cudaMemcpyHostToDevice));
-    if (model.master) cudaCheck(cudaMemcpy(model.master, values.data(), P * sizeof(float), cudaMemcpyHostToDevice));
 }
 
-// The parameters as fp32 host values (from the master weights when there are any).
+// The parameters as fp32 host values.
 inline std::vector<float> gpt2_get_parameters(const GPT2& model) {
     const size_t P = model.layout.total;
-    std::vector<float> values(P);
-    if (model.master) {
-        cudaCheck(cudaMemcpy(values.data(), model.master, P * sizeof(float), cudaMemcpyDeviceToHost));
-    } else {
-        std::vector<floatX> raw(P);
-        cudaCheck(cudaMemcpy(raw.data(), model.params, P * sizeof(floatX), cudaMemcpyDeviceToHost));
-        for (size_t i = 0; i < P; i++) values[i] = (float)raw[i];
-    }
-    return values;
+    std::vector<floatX> raw(P);
+    cudaCheck(cudaMemcpy(raw.data(), model.params, P * sizeof(floatX), cudaMemcpyDeviceToHost));
+    return std::vector<float>(raw.begin(), raw.end());
 }
 
 // ----------------------------------------------------------------------------
@@ -388,11 +392,11 @@ inline std::vector<float> gpt2_read_parameters(const std::string& path, const Pa
     int version = 0;
     gpt2_read_config(path, &version);
     const size_t element_bytes = version == kModelVersionFP32 ? 4 : 2;
-    const size_t expected = 256 * sizeof(int) + layout.total * element_bytes;
+    const size_t expected = 256 * sizeof(int) + layout.num_parameters * element_bytes;
     const size_t actual = file_size(path);
     if (actual != expected)
         fatal("%s: size %zu bytes does not match its header, which implies %zu bytes (%zu parameters)", path.c_str(),
-              actual, expected, layout.total);
+              actual, expected, layout.num_parameters);
     FILE* file = open_file(path, "rb");
     fseek(file, 256 * sizeof(int), SEEK_SET);
     std::vector<float> values(layout.total);
@@ -550,9 +554,9 @@ inline float gpt2_loss(GPT2& model, const int* targets, int B, int T, float dlos
 }
 
 // Backward pass after gpt2_forward + gpt2_loss on the same batch; accumulates into model.grads.
-// chunk_final(offset, count), when given, is called as soon as a parameter chunk's gradient is complete
-// (final layernorm, then blocks L-1 .. 0, then the embeddings): data parallelism averages it right then.
-using GradientChunkFinal = std::function<void(size_t offset, size_t count)>;
+// chunk_final(chunk), when given, is called as soon as a parameter chunk's gradient is complete (the final
+// layernorm, then blocks L-1 .. 0, then the embeddings): data parallelism averages it right then.
+using GradientChunkFinal = std::function<void(int chunk)>;
 inline void gpt2_backward(GPT2& model, int B, int T, const GradientChunkFinal& chunk_final = nullptr) {
     const GPT2Config& c = model.config;
     const ParameterLayout& layout = model.layout;
@@ -569,16 +573,16 @@ inline void gpt2_backward(GPT2& model, int B, int T, const GradientChunkFinal& c
     layernorm_backward(s.dresidual, grads + layout.offset(LNFW), grads + layout.offset(LNFB), s.layernorm_scratch,
                        s.dchannels, model.blocks[L - 1].output, params + layout.offset(LNFW), model.lnf_mean,
                        model.lnf_rstd, N, C, model.stream);
-    if (chunk_final) chunk_final(layout.final_start(), layout.final_chunk);
+    if (chunk_final) chunk_final(layout.num_chunks() - 1);
     for (int l = L - 1; l >= 0; l--) {
         const floatX* input = l == 0 ? model.encoded : model.blocks[l - 1].output;
         block_backward(c, block_params(params, layout, l), block_params(grads, layout, l), model.blocks[l], input,
                        s.dresidual, s, B, T, model.stream);
-        if (chunk_final) chunk_final(layout.block_start(l), layout.block_chunk);
+        if (chunk_final) chunk_final(l + 1);
     }
     encoder_backward(grads + layout.offset(WTE), grads + layout.offset(WPE), &s.encoder_workspace, s.dresidual,
                      model.inputs_host.data(), B, T, C, model.stream);
-    if (chunk_final) chunk_final(0, layout.embedding_chunk);
+    if (chunk_final) chunk_final(0);
 }
 
 inline void gpt2_zero_grads(GPT2& model) {
@@ -592,25 +596,4 @@ inline float gpt2_grad_norm(GPT2& model) {
     float squared = 0.0f;
     cudaCheck(cudaMemcpy(&squared, s.norm_result, sizeof(float), cudaMemcpyDeviceToHost));
     return sqrtf(squared);
-}
-
-struct AdamWConfig {
-    float learning_rate = 3e-4f;
-    float beta1 = 0.9f;
-    float beta2 = 0.95f;
-    float eps = 1e-8f;
-    float weight_decay = 0.1f;
-};
-
-// One AdamW step on every tensor (weight decay on matrices only). step: 1-based. grad_scale multiplies
-// the gradients (gradient clipping). seed: fresh per step, for stochastic rounding to bf16.
-inline void gpt2_update(GPT2& model, const AdamWConfig& adamw, float learning_rate, int step, float grad_scale,
-                        uint32_t seed) {
-    int index = 0;
-    for_each_tensor_in_file_order(model.layout, [&](int kind, int, size_t offset, size_t count) {
-        const float decay = tensor_kind_info(kind).is_matrix ? adamw.weight_decay : 0.0f;
-        adamw_update(model.params + offset, model.master ? model.master + offset : nullptr, model.adam_m + offset,
-                     model.adam_v + offset, model.grads + offset, count, learning_rate, adamw.beta1, adamw.beta2,
-                     adamw.eps, decay, step, grad_scale, seed + 0x9e3779b9u * (uint32_t)(index++), model.stream);
-    });
 }

@@ -1,0 +1,208 @@
+/*
+Data parallelism and ZeRO: N ranks, each training on its own rows of the batch, sharing the optimizer work.
+
+Data parallelism (every stage). The global batch of a step is N * B rows; the data loader gives rank r the
+rows [r*B, r*B + B) of it (llmc/dataloader.h states the invariant). Each rank runs forward and backward on
+its rows, so its gradient is the mean loss gradient over ITS rows (dloss = 1 / (B * T * micro-steps)).
+The average of the N gradients is the mean over all N * B rows: exactly the gradient one rank would
+compute on the whole batch, up to the order of the additions.
+
+When. A chunk's gradient (the embeddings, one block, the final layernorm: see llmc/gpt2.cuh) is final once
+the backward pass of the LAST micro-step has gone through it; gpt2_backward reports each chunk as that
+happens (final layernorm, blocks L-1 .. 0, embeddings) and zero_gradient_chunk_final hands it over to
+the communication stream at once, so on a GPU block l's reduction runs while block l-1's backward
+kernels run:
+    compute stream:  ... backward(l) [event] backward(l-1) [event] ...           [wait] norm, AdamW
+    comm stream:                 wait -> reduce(l)     wait -> reduce(l-1) ...
+No kernel of the step writes a chunk's gradient after it was handed over, and the optimizer waits for
+the comm stream. The CPU build's MPI calls simply run when called.
+
+The stages (Rajbhandari et al., "ZeRO", 2020), for P parameters on N ranks:
+  stage 0  plain data parallelism. Every rank keeps everything: parameters, gradients, fp32 master
+           weights and the two AdamW moments. Gradients are all-reduced (averaged) over all ranks, and
+           every rank takes the same deterministic AdamW step, so the parameters stay identical without
+           being sent. Sends 2 (N-1)/N * P gradient elements per rank and step.
+  stage 1  the optimizer state is sharded: each chunk is cut into N equal shards (llmc/gpt2.cuh pads
+           chunks to make that possible) and rank r keeps master weights and moments for shard r only.
+           Gradients are reduce-scattered (averaged): rank r receives just the average of shard r, updates
+           the parameters of shard r, and an all-gather sends every rank the updated parameters. Sends
+           (N-1)/N * P gradient elements plus (N-1)/N * P parameter elements: the same 2 (N-1)/N * P.
+Hybrid sharding (HSDP): with --dp-shard K the N = M * K ranks form M groups of K; the state is sharded
+within a group (stage 1 over K) and each shard's gradient is then averaged across the M groups with an
+all-reduce between the ranks that hold the same shard.
+
+The global gradient norm (for clipping) is the norm of the averaged gradient: at stage 0 every rank has
+all of it; at stage 1 each rank squares its shard and the squares are summed over the shard group.
+*/
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include "cuda_common.cuh"
+#include "comm.h"
+#include "mesh.h"
+#include "gpt2.cuh"
+
+struct AdamWConfig {
+    float beta1 = 0.9f;
+    float beta2 = 0.95f;
+    float eps = 1e-8f;
+    float weight_decay = 0.1f;
+};
+
+struct Zero {
+    int stage = 0;
+    int shards = 1;                          // the optimizer state is cut this many ways (1 at stage 0)
+    int shard_rank = 0;                      // which shard this rank keeps
+    const ParameterLayout* layout = nullptr;
+    Communicator* data_parallel = nullptr;   // every data-parallel rank (stage 0 averages over it); null: one process
+    Communicator* shard_group = nullptr;     // stage 1: the ranks that split one copy of the state
+    Communicator* replicate_group = nullptr; // stage 1: the ranks holding the same shard (HSDP)
+
+    float* master = nullptr;                 // this rank's shard: fp32 master weights (BF16 build only)
+    float* m = nullptr;                      // ... AdamW's first moment
+    float* v = nullptr;                      // ... and second moment
+    floatX* grad_shard = nullptr;            // stage 1: the averaged gradient of this rank's shard
+
+    cudaStream_t comm_stream = nullptr;
+    cudaEvent_t chunk_ready = nullptr;
+    cudaEvent_t reductions_done = nullptr;
+    float* scalar = nullptr;                 // one float of device memory, for averaging logged values
+};
+
+// This rank's shard of chunk c: elements [shard_start, shard_start + shard_size) of the parameter buffer,
+// stored at shard_offset in the shard-sized buffers (chunks are padded to a multiple of the shard count).
+inline size_t shard_size(const Zero& z, int chunk) { return z.layout->chunk_size(chunk) / z.shards; }
+inline size_t shard_start(const Zero& z, int chunk) {
+    return z.layout->chunk_start(chunk) + (size_t)z.shard_rank * shard_size(z, chunk);
+}
+inline size_t shard_offset(const Zero& z, int chunk) { return z.layout->chunk_start(chunk) / z.shards; }
+
+// The chunk that holds tensor `kind` of `layer`.
+inline int chunk_of(const ParameterLayout& layout, int kind, int layer) {
+    return kind < LN1W ? 0 : kind > FCPROJB ? layout.num_chunks() - 1 : layer + 1;
+}
+
+// stage 0 or 1; mesh null for a single process. The model's layout must be padded for the shard count
+// (gpt2_allocate with zero_shard_count()).
+inline int zero_shard_count(int stage, const Mesh* mesh) { return stage == 0 || !mesh ? 1 : mesh->shard.size; }
+
+inline void zero_init(Zero& z, int stage, Mesh* mesh, GPT2& model) {
+    z.stage = stage;
+    z.layout = &model.layout;
+    z.shards = zero_shard_count(stage, mesh);
+    z.shard_rank = z.shards > 1 ? mesh->shard.rank : 0;
+    if (model.layout.shards != z.shards)
+        fatal("the parameter layout is padded for %d shard(s), ZeRO stage %d needs %d", model.layout.shards, stage,
+              z.shards);
+    if (mesh) {
+        z.data_parallel = &mesh->gradient;
+        z.shard_group = &mesh->shard;
+        z.replicate_group = &mesh->axis[DP_REPLICATE];
+    }
+    const size_t shard_total = model.layout.total / z.shards;
+    cudaCheck(cudaMalloc(&z.m, shard_total * sizeof(float)));
+    cudaCheck(cudaMalloc(&z.v, shard_total * sizeof(float)));
+    cudaCheck(cudaMemset(z.m, 0, shard_total * sizeof(float)));
+    cudaCheck(cudaMemset(z.v, 0, shard_total * sizeof(float)));
+    if (sizeof(floatX) != sizeof(float)) {
+        cudaCheck(cudaMalloc(&z.master, shard_total * sizeof(float)));
+        for (int c = 0; c < model.layout.num_chunks(); c++)
+            init_master_weights(z.master + shard_offset(z, c), model.params + shard_start(z, c), shard_size(z, c),
+                                model.stream);
+    }
+    if (stage >= 1) cudaCheck(cudaMalloc(&z.grad_shard, shard_total * sizeof(floatX)));
+    cudaCheck(cudaStreamCreate(&z.comm_stream));
+    cudaCheck(cudaEventCreate(&z.chunk_ready));
+    cudaCheck(cudaEventCreate(&z.reductions_done));
+    cudaCheck(cudaMalloc(&z.scalar, sizeof(float)));
+}
+
+inline void zero_free(Zero& z) {
+    for (void* p : {(void*)z.master, (void*)z.m, (void*)z.v, (void*)z.grad_shard, (void*)z.scalar})
+        cudaCheck(cudaFree(p));
+    cudaCheck(cudaStreamDestroy(z.comm_stream));
+    cudaCheck(cudaEventDestroy(z.chunk_ready));
+    cudaCheck(cudaEventDestroy(z.reductions_done));
+    z = Zero{};
+}
+
+// ----------------------------------------------------------------------------
+// gradients
+
+// Called when chunk c's gradient is final (last micro-step): averages it over the data-parallel ranks,
+// whole (stage 0) or into this rank's shard (stage 1), on the comm stream once the compute stream got there.
+inline void zero_gradient_chunk_final(Zero& z, GPT2& model, int chunk) {
+    const bool alone = z.data_parallel == nullptr || z.data_parallel->size == 1;
+    if (z.stage == 0 && alone) return;
+    cudaCheck(cudaEventRecord(z.chunk_ready, model.stream));
+    cudaCheck(cudaStreamWaitEvent(z.comm_stream, z.chunk_ready, 0));
+    floatX* chunk_grads = model.grads + z.layout->chunk_start(chunk);
+    if (z.stage == 0) {
+        all_reduce(*z.data_parallel, chunk_grads, z.layout->chunk_size(chunk), Reduction::Average, z.comm_stream);
+        return;
+    }
+    floatX* shard = z.grad_shard + shard_offset(z, chunk);
+    const size_t count = shard_size(z, chunk);
+    if (z.shard_group) {
+        reduce_scatter(*z.shard_group, shard, chunk_grads, count, Reduction::Average, z.comm_stream);
+        if (z.replicate_group->size > 1) all_reduce(*z.replicate_group, shard, count, Reduction::Average, z.comm_stream);
+    } else {
+        cudaCheck(cudaMemcpyAsync(shard, chunk_grads, count * sizeof(floatX), cudaMemcpyDeviceToDevice, z.comm_stream));
+    }
+}
+
+// Makes the compute stream wait for every reduction handed over so far.
+inline void zero_wait_for_gradients(Zero& z, GPT2& model) {
+    cudaCheck(cudaEventRecord(z.reductions_done, z.comm_stream));
+    cudaCheck(cudaStreamWaitEvent(model.stream, z.reductions_done, 0));
+}
+
+// L2 norm of the averaged gradient of the whole model (the same value on every rank).
+inline float zero_gradient_norm(Zero& z, GPT2& model) {
+    if (z.stage == 0) return gpt2_grad_norm(model);
+    SharedBuffers& s = model.shared;
+    global_norm_squared(s.norm_result, s.norm_scratch, z.grad_shard, z.layout->total / z.shards, model.stream);
+    if (z.shard_group && z.shard_group->size > 1) all_reduce(*z.shard_group, s.norm_result, 1, Reduction::Sum, model.stream);
+    float squared = 0.0f;
+    cudaCheck(cudaMemcpy(&squared, s.norm_result, sizeof(float), cudaMemcpyDeviceToHost));
+    return sqrtf(squared);
+}
+
+// The mean of a host value over the data-parallel ranks (each rank's loss on its rows, for the log).
+inline float average_over_ranks(Zero& z, float value, cudaStream_t stream) {
+    if (z.data_parallel == nullptr || z.data_parallel->size == 1) return value;
+    cudaCheck(cudaMemcpy(z.scalar, &value, sizeof(float), cudaMemcpyHostToDevice));
+    all_reduce(*z.data_parallel, z.scalar, 1, Reduction::Average, stream);
+    cudaCheck(cudaMemcpy(&value, z.scalar, sizeof(float), cudaMemcpyDeviceToHost));
+    return value;
+}
+
+// ----------------------------------------------------------------------------
+// the optimizer step
+
+// One AdamW step on this rank's shard of every tensor (weight decay on matrices only), then, at stage 1,
+// an all-gather of every chunk so that all ranks hold all the new parameters. step: 1-based; grad_scale
+// multiplies the gradients (clipping); seed: fresh per step, for the stochastic rounding to bf16.
+inline void zero_optimizer_step(Zero& z, GPT2& model, const AdamWConfig& adamw, float learning_rate, int step,
+                                float grad_scale, uint32_t seed) {
+    int tensor_index = 0;
+    for_each_tensor_in_file_order(model.layout, [&](int kind, int layer, size_t offset, size_t count) {
+        const uint32_t tensor_seed = seed + 0x9e3779b9u * (uint32_t)(tensor_index++);
+        const int chunk = chunk_of(model.layout, kind, layer);
+        const size_t first = std::max(offset, shard_start(z, chunk));
+        const size_t end = std::min(offset + count, shard_start(z, chunk) + shard_size(z, chunk));
+        if (first >= end) return;  // no part of this tensor is in this rank's shard
+        const size_t in_shard = shard_offset(z, chunk) + (first - shard_start(z, chunk));
+        const floatX* grads = z.stage == 0 ? model.grads + first : z.grad_shard + in_shard;
+        const float decay = tensor_kind_info(kind).is_matrix ? adamw.weight_decay : 0.0f;
+        adamw_update(model.params + first, z.master ? z.master + in_shard : nullptr, z.m + in_shard, z.v + in_shard,
+                     grads, end - first, learning_rate, adamw.beta1, adamw.beta2, adamw.eps, decay, step, grad_scale,
+                     tensor_seed, model.stream);
+    });
+    if (z.stage >= 1 && z.shard_group && z.shards > 1) {
+        for (int c = 0; c < model.layout.num_chunks(); c++)
+            all_gather(*z.shard_group, model.params + model.layout.chunk_start(c), model.params + shard_start(z, c),
+                       shard_size(z, c), model.stream);
+    }
+}
