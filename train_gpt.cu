@@ -213,14 +213,15 @@ int main(int argc, char** argv) {
                                       "at the end, write the model to <output-dir>/model.bin in llm.c's format (fp32)");
     bool& resume = flags.add_bool("resume", false, "continue from the latest checkpoint in --output-dir");
     flags.heading("Parallelism (ranks come from the launcher: mpirun)");
-    int& zero_stage = flags.add_int("zero", 0, "ZeRO stage: 0 = plain data parallelism, 1 = optimizer state sharded",
-                                    0, 1);
+    int& zero_stage = flags.add_int("zero", 0,
+        "ZeRO stage: 0 = plain data parallelism, 1 = optimizer state sharded, 2 = gradients sharded too", 0, 2);
     int& dp_shard = flags.add_int("dp-shard", 0,
         "ranks that share one sharded copy of the state (HSDP: the rest replicate it); 0: all ranks", 0);
     flags.parse(argc, argv);
 
     // ---- mesh: every rank of the launcher (mpirun; one rank without it) trains on its own rows; the
-    // optimizer state is sharded over groups of --dp-shard ranks (ZeRO-1), replicated across the groups
+    // optimizer state (ZeRO-1, and the gradients with ZeRO-2) is sharded over groups of --dp-shard ranks,
+    // replicated across the groups
     Communicator world = comm_init_world();
     if (dp_shard == 0) dp_shard = world.size;
     if (world.size % dp_shard != 0) fatal("--dp-shard %d does not divide the %d ranks", dp_shard, world.size);
@@ -241,7 +242,7 @@ int main(int argc, char** argv) {
     const int accumulation_steps = total_batch_size / tokens_per_micro_step;
 
     GPT2 model;
-    gpt2_allocate(model, config, B, T, zero_shard_count(zero_stage, &mesh));
+    gpt2_allocate(model, config, B, T, zero_shard_count(zero_stage, &mesh), /*full_gradients=*/zero_stage < 2);
     if (file_exists(model_name) && model_name != "custom") {
         gpt2_set_parameters(model, gpt2_read_parameters(model_name, model.layout));
     } else {
@@ -313,16 +314,14 @@ int main(int argc, char** argv) {
 
         const auto start = std::chrono::steady_clock::now();
         mesh_reset_bytes(mesh);
-        gpt2_zero_grads(model);
+        zero_begin_step(optimizer, model);
         double loss = 0.0;
         for (int micro_step = 0; micro_step < accumulation_steps; micro_step++) {
             train_loader.next_batch();
             gpt2_forward(model, train_loader.inputs.data(), B, T);
             loss += gpt2_loss(model, train_loader.targets.data(), B, T, 1.0f / (B * T * accumulation_steps));
             const bool last_micro_step = micro_step == accumulation_steps - 1;
-            gpt2_backward(model, B, T, !last_micro_step ? GradientChunkFinal() : [&](int chunk) {
-                zero_gradient_chunk_final(optimizer, model, chunk);
-            });
+            gpt2_backward(model, B, T, zero_backward_hooks(optimizer, model, last_micro_step));
         }
         zero_wait_for_gradients(optimizer, model);
         loss = average_over_ranks(optimizer, (float)(loss / accumulation_steps), model.stream);

@@ -192,10 +192,15 @@ void for_each_tensor_in_file_order(const ParameterLayout& layout, Function&& fn)
 struct BlockParams {
     floatX *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
 };
-inline BlockParams block_params(floatX* buffer, const ParameterLayout& layout, int layer) {
-    auto at = [&](int kind) { return buffer + layout.offset(kind, layer); };
+// ... given where the block's chunk starts
+inline BlockParams block_params_in_chunk(floatX* chunk, const ParameterLayout& layout) {
+    auto at = [&](int kind) { return chunk + (layout.offset(kind, 0) - layout.block_start(0)); };
     return BlockParams{at(LN1W), at(LN1B), at(QKVW), at(QKVB), at(ATTPROJW), at(ATTPROJB),
                        at(LN2W), at(LN2B), at(FCW),  at(FCB),  at(FCPROJW),  at(FCPROJB)};
+}
+// ... in a buffer that holds every chunk
+inline BlockParams block_params(floatX* buffer, const ParameterLayout& layout, int layer) {
+    return block_params_in_chunk(buffer + layout.block_start(layer), layout);
 }
 
 // ----------------------------------------------------------------------------
@@ -267,8 +272,9 @@ T* device_alloc(size_t count) {
 }
 
 // Allocates parameters, gradients and activations for micro-batches of up to B x T; chunks padded for
-// `shards` ZeRO shards.
-inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, int shards = 1) {
+// `shards` ZeRO shards. Without full_gradients there is no model.grads: ZeRO-2 keeps gradients elsewhere.
+inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, int shards = 1,
+                          bool full_gradients = true) {
     gpt2_validate_config(config, "model");
     if (T > config.max_seq_len) fatal("sequence length %d exceeds the model's maximum %d", T, config.max_seq_len);
     model.config = config;
@@ -279,8 +285,10 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, i
     const size_t N = (size_t)B * T, C = config.channels, NH = config.num_heads, L = config.num_layers;
 
     model.params = device_alloc<floatX>(P);
-    model.grads = device_alloc<floatX>(P);
-    cudaCheck(cudaMemset(model.grads, 0, P * sizeof(floatX)));
+    if (full_gradients) {
+        model.grads = device_alloc<floatX>(P);
+        cudaCheck(cudaMemset(model.grads, 0, P * sizeof(floatX)));
+    }
 
     model.encoded = device_alloc<floatX>(N * C);
     model.blocks.resize(L);
@@ -553,36 +561,53 @@ inline float gpt2_loss(GPT2& model, const int* targets, int B, int T, float dlos
     return (float)(sum / N);
 }
 
-// Backward pass after gpt2_forward + gpt2_loss on the same batch; accumulates into model.grads.
-// chunk_final(chunk), when given, is called as soon as a parameter chunk's gradient is complete (the final
-// layernorm, then blocks L-1 .. 0, then the embeddings): data parallelism averages it right then.
-using GradientChunkFinal = std::function<void(int chunk)>;
-inline void gpt2_backward(GPT2& model, int B, int T, const GradientChunkFinal& chunk_final = nullptr) {
+// What the backward pass does with each parameter chunk's gradient (chunk 0: embeddings, 1..L: blocks,
+// L+1: final layernorm), for data parallelism and ZeRO (llmc/zero.h):
+//   gradient_buffer(chunk)  where the chunk's gradient accumulates; asked just before the first write to
+//                           it. Unset: its place in model.grads.
+//   chunk_final(chunk)      called as soon as the chunk's gradient is complete, in the order final
+//                           layernorm, blocks L-1 .. 0, embeddings (wte also collects the token lookup's
+//                           gradient, at the very end).
+struct BackwardHooks {
+    std::function<floatX*(int chunk)> gradient_buffer;
+    std::function<void(int chunk)> chunk_final;
+};
+
+// Backward pass after gpt2_forward + gpt2_loss on the same batch; gradients accumulate (+=).
+inline void gpt2_backward(GPT2& model, int B, int T, const BackwardHooks& hooks = {}) {
     const GPT2Config& c = model.config;
     const ParameterLayout& layout = model.layout;
     const int N = B * T, C = c.channels, L = c.num_layers;
     SharedBuffers& s = model.shared;
     floatX* params = model.params;
-    floatX* grads = model.grads;
+    auto gradients_of = [&](int chunk) {
+        return hooks.gradient_buffer ? hooks.gradient_buffer(chunk) : model.grads + layout.chunk_start(chunk);
+    };
+    auto final = [&](int chunk) {
+        if (hooks.chunk_final) hooks.chunk_final(chunk);
+    };
+    const int final_chunk = layout.num_chunks() - 1;
 
     // logits = lnf @ wte^T: the LM head's share of dwte, and the gradient of lnf
-    matmul_backward(s.dchannels, grads + layout.offset(WTE), nullptr, s.matmul_scratch, model.logits, model.lnf,
+    floatX* embedding_grads = gradients_of(0);  // wte, then wpe
+    matmul_backward(s.dchannels, embedding_grads, nullptr, s.matmul_scratch, model.logits, model.lnf,
                     params + layout.offset(WTE), N, C, c.padded_vocab_size, model.stream);
     // lnf = layernorm(x_L): the residual stream's gradient starts here
+    floatX* final_grads = gradients_of(final_chunk);  // lnfw, then lnfb
     cudaCheck(cudaMemsetAsync(s.dresidual, 0, (size_t)N * C * sizeof(floatX), model.stream));
-    layernorm_backward(s.dresidual, grads + layout.offset(LNFW), grads + layout.offset(LNFB), s.layernorm_scratch,
-                       s.dchannels, model.blocks[L - 1].output, params + layout.offset(LNFW), model.lnf_mean,
-                       model.lnf_rstd, N, C, model.stream);
-    if (chunk_final) chunk_final(layout.num_chunks() - 1);
+    layernorm_backward(s.dresidual, final_grads, final_grads + C, s.layernorm_scratch, s.dchannels,
+                       model.blocks[L - 1].output, params + layout.offset(LNFW), model.lnf_mean, model.lnf_rstd, N, C,
+                       model.stream);
+    final(final_chunk);
     for (int l = L - 1; l >= 0; l--) {
         const floatX* input = l == 0 ? model.encoded : model.blocks[l - 1].output;
-        block_backward(c, block_params(params, layout, l), block_params(grads, layout, l), model.blocks[l], input,
-                       s.dresidual, s, B, T, model.stream);
-        if (chunk_final) chunk_final(l + 1);
+        block_backward(c, block_params(params, layout, l), block_params_in_chunk(gradients_of(l + 1), layout),
+                       model.blocks[l], input, s.dresidual, s, B, T, model.stream);
+        final(l + 1);
     }
-    encoder_backward(grads + layout.offset(WTE), grads + layout.offset(WPE), &s.encoder_workspace, s.dresidual,
+    encoder_backward(embedding_grads, embedding_grads + layout.offset(WPE), &s.encoder_workspace, s.dresidual,
                      model.inputs_host.data(), B, T, C, model.stream);
-    if (chunk_final) chunk_final(0);
+    final(0);
 }
 
 inline void gpt2_zero_grads(GPT2& model) {

@@ -27,12 +27,18 @@ The stages (Rajbhandari et al., "ZeRO", 2020), for P parameters on N ranks:
            Gradients are reduce-scattered (averaged): rank r receives just the average of shard r, updates
            the parameters of shard r, and an all-gather sends every rank the updated parameters. Sends
            (N-1)/N * P gradient elements plus (N-1)/N * P parameter elements: the same 2 (N-1)/N * P.
+  stage 2  the gradients are sharded too: there is no full-size gradient buffer. A chunk's gradient is
+           computed into a working buffer (one for the embeddings, two alternating for the blocks, one for
+           the final layernorm), reduce-scattered into this rank's shard as soon as that chunk's backward
+           pass is done, on EVERY micro-step, and added to the shard's running sum; the working buffer is
+           then cleared for the next chunk that uses it. Sends (N-1)/N * P per micro-step plus the
+           all-gather's (N-1)/N * P per step.
 Hybrid sharding (HSDP): with --dp-shard K the N = M * K ranks form M groups of K; the state is sharded
-within a group (stage 1 over K) and each shard's gradient is then averaged across the M groups with an
+within a group (stages 1-2 over K) and each shard's gradient is then averaged across the M groups with an
 all-reduce between the ranks that hold the same shard.
 
 The global gradient norm (for clipping) is the norm of the averaged gradient: at stage 0 every rank has
-all of it; at stage 1 each rank squares its shard and the squares are summed over the shard group.
+all of it; at stages 1-2 each rank squares its shard and the squares are summed over the shard group.
 */
 #pragma once
 
@@ -56,13 +62,18 @@ struct Zero {
     int shard_rank = 0;                      // which shard this rank keeps
     const ParameterLayout* layout = nullptr;
     Communicator* data_parallel = nullptr;   // every data-parallel rank (stage 0 averages over it); null: one process
-    Communicator* shard_group = nullptr;     // stage 1: the ranks that split one copy of the state
-    Communicator* replicate_group = nullptr; // stage 1: the ranks holding the same shard (HSDP)
+    Communicator* shard_group = nullptr;     // stages 1, 2: the ranks that split one copy of the state
+    Communicator* replicate_group = nullptr; // stages 1, 2: the ranks holding the same shard (HSDP)
 
     float* master = nullptr;                 // this rank's shard: fp32 master weights (BF16 build only)
     float* m = nullptr;                      // ... AdamW's first moment
     float* v = nullptr;                      // ... and second moment
-    floatX* grad_shard = nullptr;            // stage 1: the averaged gradient of this rank's shard
+    floatX* grad_shard = nullptr;            // stage 1, 2: the averaged gradient of this rank's shard
+
+    // stage 2: where chunk gradients are computed before they are reduced into grad_shard
+    floatX* working[4] = {};                 // embeddings, blocks (two, alternating), final layernorm
+    cudaEvent_t working_free[4] = {};        // recorded when a working buffer has been reduced and cleared
+    floatX* reduced = nullptr;               // one chunk's reduced shard, before it is added to grad_shard
 
     cudaStream_t comm_stream = nullptr;
     cudaEvent_t chunk_ready = nullptr;
@@ -83,9 +94,15 @@ inline int chunk_of(const ParameterLayout& layout, int kind, int layer) {
     return kind < LN1W ? 0 : kind > FCPROJB ? layout.num_chunks() - 1 : layer + 1;
 }
 
-// stage 0 or 1; mesh null for a single process. The model's layout must be padded for the shard count
-// (gpt2_allocate with zero_shard_count()).
+// stage 0, 1 or 2; mesh null for a single process. The model's layout must be padded for the shard count
+// (gpt2_allocate with zero_shard_count()), and at stage 2 allocated without full gradients.
 inline int zero_shard_count(int stage, const Mesh* mesh) { return stage == 0 || !mesh ? 1 : mesh->shard.size; }
+
+// stage 2: which working buffer chunk c's gradient goes to
+inline int working_buffer_of(const Zero& z, int chunk) {
+    const int last = z.layout->num_chunks() - 1;
+    return chunk == 0 ? 0 : chunk == last ? 3 : 1 + chunk % 2;
+}
 
 inline void zero_init(Zero& z, int stage, Mesh* mesh, GPT2& model) {
     z.stage = stage;
@@ -112,6 +129,19 @@ inline void zero_init(Zero& z, int stage, Mesh* mesh, GPT2& model) {
                                 model.stream);
     }
     if (stage >= 1) cudaCheck(cudaMalloc(&z.grad_shard, shard_total * sizeof(floatX)));
+    if (stage == 2) {
+        const int last = model.layout.num_chunks() - 1;
+        const size_t sizes[4] = {model.layout.chunk_size(0), model.layout.block_chunk, model.layout.block_chunk,
+                                 model.layout.chunk_size(last)};
+        for (int w = 0; w < 4; w++) {
+            cudaCheck(cudaMalloc(&z.working[w], sizes[w] * sizeof(floatX)));
+            cudaCheck(cudaMemset(z.working[w], 0, sizes[w] * sizeof(floatX)));
+            cudaCheck(cudaEventCreate(&z.working_free[w]));
+        }
+        size_t largest_shard = 0;
+        for (int c = 0; c <= last; c++) largest_shard = std::max(largest_shard, shard_size(z, c));
+        cudaCheck(cudaMalloc(&z.reduced, largest_shard * sizeof(floatX)));
+    }
     cudaCheck(cudaStreamCreate(&z.comm_stream));
     cudaCheck(cudaEventCreate(&z.chunk_ready));
     cudaCheck(cudaEventCreate(&z.reductions_done));
@@ -119,8 +149,13 @@ inline void zero_init(Zero& z, int stage, Mesh* mesh, GPT2& model) {
 }
 
 inline void zero_free(Zero& z) {
-    for (void* p : {(void*)z.master, (void*)z.m, (void*)z.v, (void*)z.grad_shard, (void*)z.scalar})
+    for (void* p : {(void*)z.master, (void*)z.m, (void*)z.v, (void*)z.grad_shard, (void*)z.scalar, (void*)z.reduced})
         cudaCheck(cudaFree(p));
+    for (int w = 0; w < 4; w++) {
+        if (!z.working[w]) continue;
+        cudaCheck(cudaFree(z.working[w]));
+        cudaCheck(cudaEventDestroy(z.working_free[w]));
+    }
     cudaCheck(cudaStreamDestroy(z.comm_stream));
     cudaCheck(cudaEventDestroy(z.chunk_ready));
     cudaCheck(cudaEventDestroy(z.reductions_done));
@@ -130,13 +165,47 @@ inline void zero_free(Zero& z) {
 // ----------------------------------------------------------------------------
 // gradients
 
-// Called when chunk c's gradient is final (last micro-step): averages it over the data-parallel ranks,
-// whole (stage 0) or into this rank's shard (stage 1), on the comm stream once the compute stream got there.
-inline void zero_gradient_chunk_final(Zero& z, GPT2& model, int chunk) {
+// Start of a step: no gradient yet.
+inline void zero_begin_step(Zero& z, GPT2& model) {
+    if (z.stage < 2) {
+        gpt2_zero_grads(model);
+    } else {  // the working buffers are cleared after each use
+        cudaCheck(cudaMemsetAsync(z.grad_shard, 0, z.layout->total / z.shards * sizeof(floatX), model.stream));
+    }
+}
+
+// stage 2: the working buffer for chunk c, once the comm stream has reduced and cleared its last use
+inline floatX* zero_gradient_buffer(Zero& z, GPT2& model, int chunk) {
+    const int w = working_buffer_of(z, chunk);
+    cudaCheck(cudaStreamWaitEvent(model.stream, z.working_free[w], 0));
+    return z.working[w];
+}
+
+// Called when chunk c's gradient is complete: averages it over the data-parallel ranks, whole (stage 0) or
+// into this rank's shard (stages 1, 2), on the comm stream once the compute stream got there. Stages 0 and
+// 1 act on the last micro-step only; stage 2 on every micro-step (see zero_backward_hooks).
+inline void zero_gradient_chunk_final(Zero& z, GPT2& model, int chunk, bool last_micro_step) {
     const bool alone = z.data_parallel == nullptr || z.data_parallel->size == 1;
     if (z.stage == 0 && alone) return;
     cudaCheck(cudaEventRecord(z.chunk_ready, model.stream));
     cudaCheck(cudaStreamWaitEvent(z.comm_stream, z.chunk_ready, 0));
+    if (z.stage == 2) {
+        const int w = working_buffer_of(z, chunk);
+        floatX* shard = z.grad_shard + shard_offset(z, chunk);
+        const size_t count = shard_size(z, chunk);
+        if (z.shard_group) {
+            reduce_scatter(*z.shard_group, z.reduced, z.working[w], count, Reduction::Average, z.comm_stream);
+        } else {
+            cudaCheck(cudaMemcpyAsync(z.reduced, z.working[w], count * sizeof(floatX), cudaMemcpyDeviceToDevice,
+                                      z.comm_stream));
+        }
+        residual_forward(shard, shard, z.reduced, count, z.comm_stream);  // the running sum over micro-steps
+        if (last_micro_step && z.replicate_group && z.replicate_group->size > 1)
+            all_reduce(*z.replicate_group, shard, count, Reduction::Average, z.comm_stream);
+        cudaCheck(cudaMemsetAsync(z.working[w], 0, z.layout->chunk_size(chunk) * sizeof(floatX), z.comm_stream));
+        cudaCheck(cudaEventRecord(z.working_free[w], z.comm_stream));
+        return;
+    }
     floatX* chunk_grads = model.grads + z.layout->chunk_start(chunk);
     if (z.stage == 0) {
         all_reduce(*z.data_parallel, chunk_grads, z.layout->chunk_size(chunk), Reduction::Average, z.comm_stream);
@@ -150,6 +219,17 @@ inline void zero_gradient_chunk_final(Zero& z, GPT2& model, int chunk) {
     } else {
         cudaCheck(cudaMemcpyAsync(shard, chunk_grads, count * sizeof(floatX), cudaMemcpyDeviceToDevice, z.comm_stream));
     }
+}
+
+// The backward pass's hooks for one micro-step.
+inline BackwardHooks zero_backward_hooks(Zero& z, GPT2& model, bool last_micro_step) {
+    BackwardHooks hooks;
+    if (z.stage == 2) hooks.gradient_buffer = [&z, &model](int chunk) { return zero_gradient_buffer(z, model, chunk); };
+    if (z.stage == 2 || last_micro_step)
+        hooks.chunk_final = [&z, &model, last_micro_step](int chunk) {
+            zero_gradient_chunk_final(z, model, chunk, last_micro_step);
+        };
+    return hooks;
 }
 
 // Makes the compute stream wait for every reduction handed over so far.
@@ -181,7 +261,7 @@ inline float average_over_ranks(Zero& z, float value, cudaStream_t stream) {
 // ----------------------------------------------------------------------------
 // the optimizer step
 
-// One AdamW step on this rank's shard of every tensor (weight decay on matrices only), then, at stage 1,
+// One AdamW step on this rank's shard of every tensor (weight decay on matrices only), then, at stages 1-2,
 // an all-gather of every chunk so that all ranks hold all the new parameters. step: 1-based; grad_scale
 // multiplies the gradients (clipping); seed: fresh per step, for the stochastic rounding to bf16.
 inline void zero_optimizer_step(Zero& z, GPT2& model, const AdamWConfig& adamw, float learning_rate, int step,
