@@ -141,10 +141,10 @@ int main(int argc, char** argv) {
 
     GPT2 model;
     gpt2_allocate(model, config, ref.B, ref.T);
-    gpt2_set_parameters(model, gpt2_read_parameters(model_path, layout));
+
     const int B = ref.B, T = ref.T, N = B * T;
     Zero optimizer;  // one process: stage 0, the whole optimizer state here
-    zero_init(optimizer, 0, nullptr, model);
+    zero_init(optimizer, 0, nullptr, model, gpt2_read_parameters(model_path, layout));
     AdamWConfig adamw;
     adamw.beta1 = ref.beta1;
     adamw.beta2 = ref.beta2;

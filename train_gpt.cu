@@ -214,7 +214,8 @@ int main(int argc, char** argv) {
     bool& resume = flags.add_bool("resume", false, "continue from the latest checkpoint in --output-dir");
     flags.heading("Parallelism (ranks come from the launcher: mpirun)");
     int& zero_stage = flags.add_int("zero", 0,
-        "ZeRO stage: 0 = plain data parallelism, 1 = optimizer state sharded, 2 = gradients sharded too", 0, 2);
+        "ZeRO stage: 0 = plain data parallelism, 1 = optimizer state sharded, 2 = gradients too, 3 = parameters "
+        "too (FSDP)", 0, 3);
     int& dp_shard = flags.add_int("dp-shard", 0,
         "ranks that share one sharded copy of the state (HSDP: the rest replicate it); 0: all ranks", 0);
     flags.parse(argc, argv);
@@ -242,17 +243,20 @@ int main(int argc, char** argv) {
     const int accumulation_steps = total_batch_size / tokens_per_micro_step;
 
     GPT2 model;
-    gpt2_allocate(model, config, B, T, zero_shard_count(zero_stage, &mesh), /*full_gradients=*/zero_stage < 2);
+    gpt2_allocate(model, config, B, T, zero_shard_count(zero_stage, &mesh), /*full_gradients=*/zero_stage < 2,
+                  /*full_parameters=*/zero_stage < 3);
+    std::vector<float> initial_values;
     if (file_exists(model_name) && model_name != "custom") {
-        gpt2_set_parameters(model, gpt2_read_parameters(model_name, model.layout));
+        initial_values = gpt2_read_parameters(model_name, model.layout);
     } else {
         Rng init_rng = rng_from_seed((uint64_t)init_seed);
-        gpt2_set_parameters(model, gpt2_initial_parameters(model.layout, [&] { return init_rng.next_normal(); }));
+        initial_values = gpt2_initial_parameters(model.layout, [&] { return init_rng.next_normal(); });
     }
-    Zero optimizer;  // AdamW's state for this rank's shard, and the averaging of gradients over ranks
-    zero_init(optimizer, zero_stage, &mesh, model);
-    if (optimizer.shards > 1 && (checkpoint_every > 0 || resume))
-        fatal("checkpoints of a sharded optimizer state (--zero %d over %d ranks) are not supported yet", zero_stage,
+    Zero optimizer;  // this rank's parameters and AdamW state, and the averaging of gradients over ranks
+    zero_init(optimizer, zero_stage, &mesh, model, initial_values);
+    initial_values = std::vector<float>();
+    if ((optimizer.shards > 1 || zero_stage == 3) && (checkpoint_every > 0 || resume))
+        fatal("checkpoints of sharded state (--zero %d over %d ranks) are not supported yet", zero_stage,
               optimizer.shards);
     if (main_rank) {
         printf("train_gpt: %s build on %s\n", PRECISION_NAME, device_properties().name);
@@ -307,7 +311,9 @@ int main(int argc, char** argv) {
             const float val_loss = validation_loss(model, val_loader, val_batches, optimizer);
             logger.val_loss(step, val_loss);
         }
-        if (main_rank && sample_tokens > 0 && sample_every > 0 && step > first_step && step % sample_every == 0) {
+        // every rank computes the sample (at ZeRO-3 the forward pass gathers parameters from all ranks);
+        // only the main rank's logger prints it
+        if (sample_tokens > 0 && sample_every > 0 && step > first_step && step % sample_every == 0) {
             const std::string text = sample_text(model, tokenizer, sample_rng, sample_tokens);
             logger.sample(step, text);
         }
@@ -360,15 +366,18 @@ int main(int argc, char** argv) {
         const float val_loss = validation_loss(model, val_loader, val_batches, optimizer);
         logger.val_loss(steps, val_loss);
     }
-    if (main_rank && sample_tokens > 0) {
+    if (sample_tokens > 0) {
         const std::string text = sample_text(model, tokenizer, sample_rng, sample_tokens);
         logger.sample(steps, text);
+        tokenizer_free(&tokenizer);
     }
-    if (sample_tokens > 0) tokenizer_free(&tokenizer);
-    if (main_rank && save_model) {
+    if (save_model) {
+        const std::vector<float> values = zero_parameters(optimizer, model);  // a collective at ZeRO-3
         const std::string path = output_dir + "/model.bin";
-        gpt2_save(model, path);
-        printf("wrote %s\n", path.c_str());
+        if (main_rank) {
+            gpt2_save(model.layout, values, path);
+            printf("wrote %s\n", path.c_str());
+        }
     }
     train_loader.free();
     if (val_every > 0) val_loader.free();

@@ -188,20 +188,17 @@ void for_each_tensor_in_file_order(const ParameterLayout& layout, Function&& fn)
     }
 }
 
-// One block's tensors, as pointers into a parameter (or gradient) buffer.
+// One block's tensors, as pointers into its chunk of parameters (or gradients).
 struct BlockParams {
     floatX *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
 };
-// ... given where the block's chunk starts
+// One block's tensors, given where the block's chunk starts.
 inline BlockParams block_params_in_chunk(floatX* chunk, const ParameterLayout& layout) {
     auto at = [&](int kind) { return chunk + (layout.offset(kind, 0) - layout.block_start(0)); };
     return BlockParams{at(LN1W), at(LN1B), at(QKVW), at(QKVB), at(ATTPROJW), at(ATTPROJB),
                        at(LN2W), at(LN2B), at(FCW),  at(FCB),  at(FCPROJW),  at(FCPROJB)};
 }
-// ... in a buffer that holds every chunk
-inline BlockParams block_params(floatX* buffer, const ParameterLayout& layout, int layer) {
-    return block_params_in_chunk(buffer + layout.block_start(layer), layout);
-}
+
 
 // ----------------------------------------------------------------------------
 // activations
@@ -246,8 +243,11 @@ struct GPT2 {
     ParameterLayout layout;
     int max_batch = 0, max_seq = 0;   // the B and T the activations were sized for
 
-    floatX* params = nullptr;
-    floatX* grads = nullptr;
+    floatX* params = nullptr;         // every chunk's parameters (not allocated under ZeRO-3)
+    floatX* grads = nullptr;          // every chunk's gradients (not allocated under ZeRO-2 and 3)
+    // Where chunk c's parameters are when a kernel needs them: unset, in `params`; ZeRO-3 (llmc/zero.h)
+    // gathers them from the ranks' shards on demand.
+    std::function<floatX*(int chunk)> parameters_of;
 
     floatX* encoded = nullptr;        // (N, C) the encoder's output: block 0's input
     std::vector<BlockActivations> blocks;
@@ -272,9 +272,10 @@ T* device_alloc(size_t count) {
 }
 
 // Allocates parameters, gradients and activations for micro-batches of up to B x T; chunks padded for
-// `shards` ZeRO shards. Without full_gradients there is no model.grads: ZeRO-2 keeps gradients elsewhere.
+// `shards` ZeRO shards. Without full_gradients there is no model.grads (ZeRO-2 keeps gradients elsewhere),
+// without full_parameters no model.params (ZeRO-3).
 inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, int shards = 1,
-                          bool full_gradients = true) {
+                          bool full_gradients = true, bool full_parameters = true) {
     gpt2_validate_config(config, "model");
     if (T > config.max_seq_len) fatal("sequence length %d exceeds the model's maximum %d", T, config.max_seq_len);
     model.config = config;
@@ -284,7 +285,7 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, i
     const size_t P = model.layout.total;
     const size_t N = (size_t)B * T, C = config.channels, NH = config.num_heads, L = config.num_layers;
 
-    model.params = device_alloc<floatX>(P);
+    if (full_parameters) model.params = device_alloc<floatX>(P);
     if (full_gradients) {
         model.grads = device_alloc<floatX>(P);
         cudaCheck(cudaMemset(model.grads, 0, P * sizeof(floatX)));
@@ -427,11 +428,10 @@ inline std::vector<float> gpt2_read_parameters(const std::string& path, const Pa
     return values;
 }
 
-// Writes the parameters as an fp32 model file (version 3). Written to a temporary name and renamed, so a
-// crash never leaves half a file under the final name.
-inline void gpt2_save(const GPT2& model, const std::string& path) {
-    const std::vector<float> values = gpt2_get_parameters(model);
-    const GPT2Config& c = model.config;
+// Writes parameters (host values in the layout's order) as an fp32 model file (version 3). Written to a
+// temporary name and renamed, so a crash never leaves half a file under the final name.
+inline void gpt2_save(const ParameterLayout& layout, const std::vector<float>& values, const std::string& path) {
+    const GPT2Config& c = layout.config;
     int header[256] = {0};
     header[0] = kModelMagic;
     header[1] = kModelVersionFP32;
@@ -444,7 +444,7 @@ inline void gpt2_save(const GPT2& model, const std::string& path) {
     const std::string temporary = path + ".tmp";
     FILE* file = open_file(temporary, "wb");
     write_exact(header, sizeof(int), 256, file, temporary);
-    for_each_tensor_in_file_order(model.layout, [&](int, int, size_t offset, size_t count) {
+    for_each_tensor_in_file_order(layout, [&](int, int, size_t offset, size_t count) {
         write_exact(values.data() + offset, sizeof(float), count, file, temporary);
     });
     close_file(file, temporary);
@@ -522,6 +522,11 @@ inline void check_token_ids(const int* tokens, size_t count, int vocab_size, con
 }
 
 // Forward pass of B sequences of T tokens (host ids) up to the logits (model.logits, N x Vp).
+// chunk c's parameters (0: embeddings, 1..L: blocks, L+1: final layernorm)
+inline floatX* chunk_parameters(GPT2& model, int chunk) {
+    return model.parameters_of ? model.parameters_of(chunk) : model.params + model.layout.chunk_start(chunk);
+}
+
 inline void gpt2_forward(GPT2& model, const int* inputs, int B, int T) {
     const GPT2Config& c = model.config;
     if (B > model.max_batch || T > model.max_seq)
@@ -532,17 +537,17 @@ inline void gpt2_forward(GPT2& model, const int* inputs, int B, int T) {
     cudaCheck(cudaMemcpy(model.inputs, inputs, N * sizeof(int), cudaMemcpyHostToDevice));
 
     const ParameterLayout& layout = model.layout;
-    encoder_forward(model.encoded, model.inputs, model.params + layout.offset(WTE), model.params + layout.offset(WPE),
-                    B, T, C, model.stream);
+    floatX* embeddings = chunk_parameters(model, 0);  // wte, then wpe
+    encoder_forward(model.encoded, model.inputs, embeddings, embeddings + layout.offset(WPE), B, T, C, model.stream);
     for (int l = 0; l < L; l++) {
         const floatX* input = l == 0 ? model.encoded : model.blocks[l - 1].output;
-        block_forward(c, block_params(model.params, layout, l), model.blocks[l], model.shared.projection, input, B, T,
-                      model.stream);
+        block_forward(c, block_params_in_chunk(chunk_parameters(model, l + 1), layout), model.blocks[l],
+                      model.shared.projection, input, B, T, model.stream);
     }
-    layernorm_forward(model.lnf, model.lnf_mean, model.lnf_rstd, model.blocks[L - 1].output,
-                      model.params + layout.offset(LNFW), model.params + layout.offset(LNFB), N, C, model.stream);
-    matmul_forward(model.logits, model.lnf, model.params + layout.offset(WTE), nullptr, N, C, c.padded_vocab_size,
-                   model.stream);
+    floatX* final_layernorm = chunk_parameters(model, L + 1);  // lnfw, then lnfb
+    layernorm_forward(model.lnf, model.lnf_mean, model.lnf_rstd, model.blocks[L - 1].output, final_layernorm,
+                      final_layernorm + C, N, C, model.stream);
+    matmul_forward(model.logits, model.lnf, embeddings, nullptr, N, C, c.padded_vocab_size, model.stream);
 }
 
 // Cross-entropy of the logits against `targets` (host ids); returns the mean loss over the N positions.
@@ -579,7 +584,6 @@ inline void gpt2_backward(GPT2& model, int B, int T, const BackwardHooks& hooks 
     const ParameterLayout& layout = model.layout;
     const int N = B * T, C = c.channels, L = c.num_layers;
     SharedBuffers& s = model.shared;
-    floatX* params = model.params;
     auto gradients_of = [&](int chunk) {
         return hooks.gradient_buffer ? hooks.gradient_buffer(chunk) : model.grads + layout.chunk_start(chunk);
     };
@@ -591,18 +595,19 @@ inline void gpt2_backward(GPT2& model, int B, int T, const BackwardHooks& hooks 
     // logits = lnf @ wte^T: the LM head's share of dwte, and the gradient of lnf
     floatX* embedding_grads = gradients_of(0);  // wte, then wpe
     matmul_backward(s.dchannels, embedding_grads, nullptr, s.matmul_scratch, model.logits, model.lnf,
-                    params + layout.offset(WTE), N, C, c.padded_vocab_size, model.stream);
+                    chunk_parameters(model, 0), N, C, c.padded_vocab_size, model.stream);
     // lnf = layernorm(x_L): the residual stream's gradient starts here
     floatX* final_grads = gradients_of(final_chunk);  // lnfw, then lnfb
     cudaCheck(cudaMemsetAsync(s.dresidual, 0, (size_t)N * C * sizeof(floatX), model.stream));
     layernorm_backward(s.dresidual, final_grads, final_grads + C, s.layernorm_scratch, s.dchannels,
-                       model.blocks[L - 1].output, params + layout.offset(LNFW), model.lnf_mean, model.lnf_rstd, N, C,
-                       model.stream);
+                       model.blocks[L - 1].output, chunk_parameters(model, final_chunk), model.lnf_mean,
+                       model.lnf_rstd, N, C, model.stream);
     final(final_chunk);
     for (int l = L - 1; l >= 0; l--) {
         const floatX* input = l == 0 ? model.encoded : model.blocks[l - 1].output;
-        block_backward(c, block_params(params, layout, l), block_params_in_chunk(gradients_of(l + 1), layout),
-                       model.blocks[l], input, s.dresidual, s, B, T, model.stream);
+        block_backward(c, block_params_in_chunk(chunk_parameters(model, l + 1), layout),
+                       block_params_in_chunk(gradients_of(l + 1), layout), model.blocks[l], input, s.dresidual, s, B, T,
+                       model.stream);
         final(l + 1);
     }
     encoder_backward(embedding_grads, embedding_grads + layout.offset(WPE), &s.encoder_workspace, s.dresidual,

@@ -33,6 +33,15 @@ The stages (Rajbhandari et al., "ZeRO", 2020), for P parameters on N ranks:
            pass is done, on EVERY micro-step, and added to the shard's running sum; the working buffer is
            then cleared for the next chunk that uses it. Sends (N-1)/N * P per micro-step plus the
            all-gather's (N-1)/N * P per step.
+  stage 3  the parameters are sharded too (FSDP): rank r keeps only shard r of every chunk. A chunk's
+           full parameters are all-gathered into a working buffer when a kernel first needs them (the
+           embeddings, two alternating block buffers, the final layernorm) and stay there until the buffer
+           is needed for another chunk: each block is gathered for its forward pass and again for its
+           backward pass, except the last one, which is still there when the backward pass turns around.
+           After the optimizer step every gathered copy is stale and is gathered again on next use.
+           Sends (N-1)/N * P twice (forward, backward) plus the reduce-scatter: 3 (N-1)/N * P per step
+           (gradient accumulation gathers and reduces once per micro-step). The gathers run on the compute
+           stream, in order; prefetching the next block's gather is not done yet.
 Hybrid sharding (HSDP): with --dp-shard K the N = M * K ranks form M groups of K; the state is sharded
 within a group (stages 1-2 over K) and each shard's gradient is then averaged across the M groups with an
 all-reduce between the ranks that hold the same shard.
@@ -71,9 +80,14 @@ struct Zero {
     floatX* grad_shard = nullptr;            // stage 1, 2: the averaged gradient of this rank's shard
 
     // stage 2: where chunk gradients are computed before they are reduced into grad_shard
-    floatX* working[4] = {};                 // embeddings, blocks (two, alternating), final layernorm
+    floatX* working[4] = {};                 // embeddings, blocks (two, alternating), final layernorm (stages 2, 3)
     cudaEvent_t working_free[4] = {};        // recorded when a working buffer has been reduced and cleared
     floatX* reduced = nullptr;               // one chunk's reduced shard, before it is added to grad_shard
+
+    // stage 3: this rank's shard of the parameters, and the gathered chunks (same four roles as `working`)
+    floatX* param_shard = nullptr;
+    floatX* gathered[4] = {};
+    int gathered_chunk[4] = {-1, -1, -1, -1}; // which chunk each buffer holds now (-1: none, or stale)
 
     cudaStream_t comm_stream = nullptr;
     cudaEvent_t chunk_ready = nullptr;
@@ -94,17 +108,36 @@ inline int chunk_of(const ParameterLayout& layout, int kind, int layer) {
     return kind < LN1W ? 0 : kind > FCPROJB ? layout.num_chunks() - 1 : layer + 1;
 }
 
-// stage 0, 1 or 2; mesh null for a single process. The model's layout must be padded for the shard count
-// (gpt2_allocate with zero_shard_count()), and at stage 2 allocated without full gradients.
+// stage 0 to 3; mesh null for a single process. The model's layout must be padded for the shard count
+// (gpt2_allocate with zero_shard_count()), allocated without full gradients from stage 2 on and without
+// full parameters at stage 3.
 inline int zero_shard_count(int stage, const Mesh* mesh) { return stage == 0 || !mesh ? 1 : mesh->shard.size; }
 
-// stage 2: which working buffer chunk c's gradient goes to
+// stages 2, 3: which working buffer chunk c's gradient (and, at stage 3, its gathered parameters) goes to
 inline int working_buffer_of(const Zero& z, int chunk) {
     const int last = z.layout->num_chunks() - 1;
     return chunk == 0 ? 0 : chunk == last ? 3 : 1 + chunk % 2;
 }
 
-inline void zero_init(Zero& z, int stage, Mesh* mesh, GPT2& model) {
+// stage 3: chunk c's full parameters, gathered unless the buffer still holds them
+inline floatX* zero_gather_chunk(Zero& z, GPT2& model, int chunk) {
+    const int w = working_buffer_of(z, chunk);
+    if (z.gathered_chunk[w] != chunk) {
+        const floatX* shard = z.param_shard + shard_offset(z, chunk);
+        if (z.shard_group) {
+            all_gather(*z.shard_group, z.gathered[w], shard, shard_size(z, chunk), model.stream);
+        } else {
+            cudaCheck(cudaMemcpyAsync(z.gathered[w], shard, shard_size(z, chunk) * sizeof(floatX),
+                                      cudaMemcpyDeviceToDevice, model.stream));
+        }
+        z.gathered_chunk[w] = chunk;
+    }
+    return z.gathered[w];
+}
+
+// Sets up the optimizer for `stage` and gives the model its parameters `values` (host, in the layout's
+// order): whole in model.params, or, at stage 3, this rank's shard of them.
+inline void zero_init(Zero& z, int stage, Mesh* mesh, GPT2& model, const std::vector<float>& values) {
     z.stage = stage;
     z.layout = &model.layout;
     z.shards = zero_shard_count(stage, mesh);
@@ -118,18 +151,35 @@ inline void zero_init(Zero& z, int stage, Mesh* mesh, GPT2& model) {
         z.replicate_group = &mesh->axis[DP_REPLICATE];
     }
     const size_t shard_total = model.layout.total / z.shards;
+    const floatX* params_of_shard = nullptr;  // this rank's parameters, where shard_start() points
+    if (stage < 3) {
+        gpt2_set_parameters(model, values);
+        params_of_shard = model.params;
+    } else {
+        std::vector<floatX> mine(shard_total);
+        for (int c = 0; c < model.layout.num_chunks(); c++)
+            for (size_t i = 0; i < shard_size(z, c); i++) mine[shard_offset(z, c) + i] = (floatX)values[shard_start(z, c) + i];
+        cudaCheck(cudaMalloc(&z.param_shard, shard_total * sizeof(floatX)));
+        cudaCheck(cudaMemcpy(z.param_shard, mine.data(), shard_total * sizeof(floatX), cudaMemcpyHostToDevice));
+        const int last = model.layout.num_chunks() - 1;
+        const size_t sizes[4] = {model.layout.chunk_size(0), model.layout.block_chunk, model.layout.block_chunk,
+                                 model.layout.chunk_size(last)};
+        for (int w = 0; w < 4; w++) cudaCheck(cudaMalloc(&z.gathered[w], sizes[w] * sizeof(floatX)));
+        model.parameters_of = [&z, &model](int chunk) { return zero_gather_chunk(z, model, chunk); };
+    }
     cudaCheck(cudaMalloc(&z.m, shard_total * sizeof(float)));
     cudaCheck(cudaMalloc(&z.v, shard_total * sizeof(float)));
     cudaCheck(cudaMemset(z.m, 0, shard_total * sizeof(float)));
     cudaCheck(cudaMemset(z.v, 0, shard_total * sizeof(float)));
     if (sizeof(floatX) != sizeof(float)) {
         cudaCheck(cudaMalloc(&z.master, shard_total * sizeof(float)));
-        for (int c = 0; c < model.layout.num_chunks(); c++)
-            init_master_weights(z.master + shard_offset(z, c), model.params + shard_start(z, c), shard_size(z, c),
-                                model.stream);
+        for (int c = 0; c < model.layout.num_chunks(); c++) {
+            const floatX* from = stage < 3 ? params_of_shard + shard_start(z, c) : z.param_shard + shard_offset(z, c);
+            init_master_weights(z.master + shard_offset(z, c), from, shard_size(z, c), model.stream);
+        }
     }
     if (stage >= 1) cudaCheck(cudaMalloc(&z.grad_shard, shard_total * sizeof(floatX)));
-    if (stage == 2) {
+    if (stage >= 2) {
         const int last = model.layout.num_chunks() - 1;
         const size_t sizes[4] = {model.layout.chunk_size(0), model.layout.block_chunk, model.layout.block_chunk,
                                  model.layout.chunk_size(last)};
@@ -149,7 +199,9 @@ inline void zero_init(Zero& z, int stage, Mesh* mesh, GPT2& model) {
 }
 
 inline void zero_free(Zero& z) {
-    for (void* p : {(void*)z.master, (void*)z.m, (void*)z.v, (void*)z.grad_shard, (void*)z.scalar, (void*)z.reduced})
+    for (void* p : {(void*)z.master, (void*)z.m, (void*)z.v, (void*)z.grad_shard, (void*)z.scalar, (void*)z.reduced,
+                    (void*)z.param_shard, (void*)z.gathered[0], (void*)z.gathered[1], (void*)z.gathered[2],
+                    (void*)z.gathered[3]})
         cudaCheck(cudaFree(p));
     for (int w = 0; w < 4; w++) {
         if (!z.working[w]) continue;
@@ -189,7 +241,7 @@ inline void zero_gradient_chunk_final(Zero& z, GPT2& model, int chunk, bool last
     if (z.stage == 0 && alone) return;
     cudaCheck(cudaEventRecord(z.chunk_ready, model.stream));
     cudaCheck(cudaStreamWaitEvent(z.comm_stream, z.chunk_ready, 0));
-    if (z.stage == 2) {
+    if (z.stage >= 2) {
         const int w = working_buffer_of(z, chunk);
         floatX* shard = z.grad_shard + shard_offset(z, chunk);
         const size_t count = shard_size(z, chunk);
@@ -224,8 +276,8 @@ inline void zero_gradient_chunk_final(Zero& z, GPT2& model, int chunk, bool last
 // The backward pass's hooks for one micro-step.
 inline BackwardHooks zero_backward_hooks(Zero& z, GPT2& model, bool last_micro_step) {
     BackwardHooks hooks;
-    if (z.stage == 2) hooks.gradient_buffer = [&z, &model](int chunk) { return zero_gradient_buffer(z, model, chunk); };
-    if (z.stage == 2 || last_micro_step)
+    if (z.stage >= 2) hooks.gradient_buffer = [&z, &model](int chunk) { return zero_gradient_buffer(z, model, chunk); };
+    if (z.stage >= 2 || last_micro_step)
         hooks.chunk_final = [&z, &model, last_micro_step](int chunk) {
             zero_gradient_chunk_final(z, model, chunk, last_micro_step);
         };
@@ -275,14 +327,31 @@ inline void zero_optimizer_step(Zero& z, GPT2& model, const AdamWConfig& adamw, 
         if (first >= end) return;  // no part of this tensor is in this rank's shard
         const size_t in_shard = shard_offset(z, chunk) + (first - shard_start(z, chunk));
         const floatX* grads = z.stage == 0 ? model.grads + first : z.grad_shard + in_shard;
+        floatX* params = z.stage == 3 ? z.param_shard + in_shard : model.params + first;
         const float decay = tensor_kind_info(kind).is_matrix ? adamw.weight_decay : 0.0f;
-        adamw_update(model.params + first, z.master ? z.master + in_shard : nullptr, z.m + in_shard, z.v + in_shard,
+        adamw_update(params, z.master ? z.master + in_shard : nullptr, z.m + in_shard, z.v + in_shard,
                      grads, end - first, learning_rate, adamw.beta1, adamw.beta2, adamw.eps, decay, step, grad_scale,
                      tensor_seed, model.stream);
     });
-    if (z.stage >= 1 && z.shard_group && z.shards > 1) {
+    if (z.stage == 3) {
+        for (int& chunk : z.gathered_chunk) chunk = -1;  // every gathered copy is stale now
+    } else if (z.stage >= 1 && z.shard_group && z.shards > 1) {
         for (int c = 0; c < model.layout.num_chunks(); c++)
             all_gather(*z.shard_group, model.params + model.layout.chunk_start(c), model.params + shard_start(z, c),
                        shard_size(z, c), model.stream);
     }
+}
+
+// All parameters as host values, on every rank (a collective at stage 3: every rank must call it).
+inline std::vector<float> zero_parameters(Zero& z, GPT2& model) {
+    if (z.stage < 3) return gpt2_get_parameters(model);
+    std::vector<float> values(model.layout.total);
+    std::vector<floatX> chunk_values;
+    for (int c = 0; c < model.layout.num_chunks(); c++) {
+        const floatX* gathered = zero_gather_chunk(z, model, c);
+        chunk_values.resize(model.layout.chunk_size(c));
+        cudaCheck(cudaMemcpy(chunk_values.data(), gathered, chunk_values.size() * sizeof(floatX), cudaMemcpyDeviceToHost));
+        std::copy(chunk_values.begin(), chunk_values.end(), values.begin() + model.layout.chunk_start(c));
+    }
+    return values;
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Data parallelism and ZeRO against one rank: the same model, the same global batch (16 rows of 16 tokens,
-# as 2 micro-steps of 8 rows), the same steps, on 2 and 4 ranks with --zero 0, 1 and 2, and hybrid sharding
-# 2 x 2 with stages 1 and 2 (mpirun, CPU build, FP32). The losses of every step and the final parameters must agree with the
+# as 2 micro-steps of 8 rows), the same steps, on 2 and 4 ranks with --zero 0, 1, 2 and 3, and hybrid
+# sharding 2 x 2 with stages 1, 2 and 3 (mpirun, CPU build, FP32). The losses of every step and the final parameters must agree with the
 # single rank's within 1e-5 relative: only the order of the additions in the gradient average differs.
 # Also compares the bytes each rank sent per step with the ring algorithms' theory (llmc/zero.h).
 #   usage: scripts/test_data_parallel.sh ./train_gpt_fp32_cpu
@@ -24,8 +24,8 @@ run() {  # run NAME RANKS ZERO DP_SHARD: B = 8 / RANKS rows per rank and micro-s
         bad "$name: the run failed: $(grep -m1 error: "$work/$name.out")"
 }
 run one 1 0 1
-layouts="zero0_2:2:0:2 zero0_4:4:0:4 zero1_2:2:1:2 zero1_4:4:1:4 zero2_2:2:2:2 zero2_4:4:2:4 hsdp1_2x2:4:1:2
-         hsdp2_2x2:4:2:2"
+layouts="zero0_2:2:0:2 zero0_4:4:0:4 zero1_2:2:1:2 zero1_4:4:1:4 zero2_2:2:2:2 zero2_4:4:2:4 zero3_2:2:3:2
+         zero3_4:4:3:4 hsdp1_2x2:4:1:2 hsdp2_2x2:4:2:2 hsdp3_2x2:4:3:2"
 for layout in $layouts; do IFS=: read -r name ranks zero shard <<<"$layout"; run "$name" "$ranks" "$zero" "$shard"; done
 
 echo "data parallelism vs one rank ($binary)"
@@ -56,8 +56,12 @@ for name, ranks, zero, shard in layouts:
         P = padded_total(1)
         theory = 2 * (ranks - 1) / ranks * P * 4
         formula = f"2(N-1)/N x {P} x 4"
-    else:           # reduce-scatter (stage 2: per micro-step) + all-gather within K, all-reduce across the M groups
-        K, M, A = shard, ranks // shard, (2 if zero == 2 else 1)
+    else:
+        # reduce-scatter within K (stages 2-3: every micro-step, A = 2), the all-gather of the parameters
+        # within K, and the all-reduce of the shard across the M groups. Stage 3 gathers a chunk when a
+        # buffer does not hold it: with this 2-layer model both blocks fit the two block buffers, so each
+        # chunk is gathered once per step, as at stages 1-2 (a deep model gathers each block twice).
+        K, M, A = shard, ranks // shard, (2 if zero >= 2 else 1)
         P = padded_total(K)
         theory = ((A + 1) * (K - 1) / K + 2 * (M - 1) / M / K) * P * 4
         formula = f"(({A}+1)(K-1)/K + 2(M-1)/(MK)) x {P} x 4"
