@@ -33,6 +33,7 @@ headers. This file only decides what happens when.
 #include "llmc/comm.h"
 #include "llmc/mesh.h"
 #include "llmc/zero.h"
+#include "llmc/memory.h"
 
 // ----------------------------------------------------------------------------
 // the model's shape, from --model
@@ -218,7 +219,28 @@ int main(int argc, char** argv) {
         "too (FSDP)", 0, 3);
     int& dp_shard = flags.add_int("dp-shard", 0,
         "ranks that share one sharded copy of the state (HSDP: the rest replicate it); 0: all ranks", 0);
+    int& plan_ranks = flags.add_int("plan", 0,
+        "print the memory per rank and the communication per step of this run on N ranks, and exit without "
+        "allocating anything (0: train)", 0);
     flags.parse(argc, argv);
+
+    if (plan_ranks > 0) {  // arithmetic only: works for any model and layout, on any machine
+        const GPT2Config config = config_from_flags(model_name, layers, heads, channels, vocab_size, max_seq_len);
+        const int shard = dp_shard == 0 ? plan_ranks : dp_shard;
+        if (plan_ranks % shard != 0) fatal("--dp-shard %d does not divide the %d ranks", shard, plan_ranks);
+        const int per_micro_step = batch_size * seq_len * plan_ranks;
+        const int accumulation = total_batch_size > 0 ? std::max(1, total_batch_size / per_micro_step) : 1;
+        GPT2MemoryShape shape{config.num_layers, config.channels, config.num_heads, config.padded_vocab_size,
+                              config.max_seq_len, batch_size, seq_len};
+        printf("plan: %d layers, %d channels, %zu parameters; ZeRO stage %d on %d ranks (shard groups of %d), "
+               "%d x %d tokens per rank and micro-step, %d micro-step(s)\n", config.num_layers, config.channels,
+               ParameterLayout(config).num_parameters, zero_stage, plan_ranks, shard, batch_size, seq_len,
+               accumulation);
+        print_memory_plan(plan_training_memory(ParameterLayout(config, zero_stage == 0 ? 1 : shard).total,
+                                               zero_stage, plan_ranks, shard, sizeof(floatX) == 2, accumulation,
+                                               &shape));
+        return EXIT_SUCCESS;
+    }
 
     // ---- mesh: every rank of the launcher (mpirun; one rank without it) trains on its own rows; the
     // optimizer state (ZeRO-1, and the gradients with ZeRO-2) is sharded over groups of --dp-shard ranks,
@@ -378,6 +400,10 @@ int main(int argc, char** argv) {
             gpt2_save(model.layout, values, path);
             printf("wrote %s\n", path.c_str());
         }
+    }
+    if (main_rank) {
+        printf("device memory of rank 0, by category (now and at its peak):\n");
+        print_memory_totals(memory_totals());
     }
     train_loader.free();
     if (val_every > 0) val_loader.free();

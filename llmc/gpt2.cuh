@@ -42,6 +42,7 @@ gradients over data-parallel ranks are in llmc/zero.h.
 #include "fused_classifier.cuh"
 #include "adamw.cuh"
 #include "global_norm.cuh"
+#include "memory.h"
 
 // ----------------------------------------------------------------------------
 // configuration
@@ -264,13 +265,6 @@ struct GPT2 {
     cudaStream_t stream = 0;
 };
 
-template <class T>
-T* device_alloc(size_t count) {
-    T* pointer = nullptr;
-    cudaCheck(cudaMalloc(&pointer, count * sizeof(T)));
-    return pointer;
-}
-
 // Allocates parameters, gradients and activations for micro-batches of up to B x T; chunks padded for
 // `shards` ZeRO shards. Without full_gradients there is no model.grads (ZeRO-2 keeps gradients elsewhere),
 // without full_parameters no model.params (ZeRO-3).
@@ -285,50 +279,50 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, i
     const size_t P = model.layout.total;
     const size_t N = (size_t)B * T, C = config.channels, NH = config.num_heads, L = config.num_layers;
 
-    if (full_parameters) model.params = device_alloc<floatX>(P);
+    if (full_parameters) model.params = tracked_alloc<floatX>(P, MemoryKind::Parameters);
     if (full_gradients) {
-        model.grads = device_alloc<floatX>(P);
+        model.grads = tracked_alloc<floatX>(P, MemoryKind::Gradients);
         cudaCheck(cudaMemset(model.grads, 0, P * sizeof(floatX)));
     }
 
-    model.encoded = device_alloc<floatX>(N * C);
+    model.encoded = tracked_alloc<floatX>(N * C, MemoryKind::Activations);
     model.blocks.resize(L);
     for (BlockActivations& a : model.blocks) {
-        a.ln1 = device_alloc<floatX>(N * C);
-        a.ln1_mean = device_alloc<float>(N);
-        a.ln1_rstd = device_alloc<float>(N);
-        a.qkv = device_alloc<floatX>(N * 3 * C);
-        a.atty = device_alloc<floatX>(N * C);
-        a.lse = device_alloc<float>(N * NH);
-        a.residual2 = device_alloc<floatX>(N * C);
-        a.ln2 = device_alloc<floatX>(N * C);
-        a.ln2_mean = device_alloc<float>(N);
-        a.ln2_rstd = device_alloc<float>(N);
-        a.fch = device_alloc<floatX>(N * 4 * C);
-        a.fch_gelu = device_alloc<floatX>(N * 4 * C);
-        a.output = device_alloc<floatX>(N * C);
+        a.ln1 = tracked_alloc<floatX>(N * C, MemoryKind::Activations);
+        a.ln1_mean = tracked_alloc<float>(N, MemoryKind::Activations);
+        a.ln1_rstd = tracked_alloc<float>(N, MemoryKind::Activations);
+        a.qkv = tracked_alloc<floatX>(N * 3 * C, MemoryKind::Activations);
+        a.atty = tracked_alloc<floatX>(N * C, MemoryKind::Activations);
+        a.lse = tracked_alloc<float>(N * NH, MemoryKind::Activations);
+        a.residual2 = tracked_alloc<floatX>(N * C, MemoryKind::Activations);
+        a.ln2 = tracked_alloc<floatX>(N * C, MemoryKind::Activations);
+        a.ln2_mean = tracked_alloc<float>(N, MemoryKind::Activations);
+        a.ln2_rstd = tracked_alloc<float>(N, MemoryKind::Activations);
+        a.fch = tracked_alloc<floatX>(N * 4 * C, MemoryKind::Activations);
+        a.fch_gelu = tracked_alloc<floatX>(N * 4 * C, MemoryKind::Activations);
+        a.output = tracked_alloc<floatX>(N * C, MemoryKind::Activations);
     }
-    model.lnf = device_alloc<floatX>(N * C);
-    model.lnf_mean = device_alloc<float>(N);
-    model.lnf_rstd = device_alloc<float>(N);
-    model.logits = device_alloc<floatX>(N * config.padded_vocab_size);
-    model.losses = device_alloc<float>(N);
-    model.inputs = device_alloc<int>(N);
-    model.targets = device_alloc<int>(N);
+    model.lnf = tracked_alloc<floatX>(N * C, MemoryKind::Activations);
+    model.lnf_mean = tracked_alloc<float>(N, MemoryKind::Activations);
+    model.lnf_rstd = tracked_alloc<float>(N, MemoryKind::Activations);
+    model.logits = tracked_alloc<floatX>(N * config.padded_vocab_size, MemoryKind::Activations);
+    model.losses = tracked_alloc<float>(N, MemoryKind::Activations);
+    model.inputs = tracked_alloc<int>(N, MemoryKind::Activations);
+    model.targets = tracked_alloc<int>(N, MemoryKind::Activations);
     model.inputs_host.assign(N, 0);
     model.losses_host.assign(N, 0.0f);
 
     SharedBuffers& s = model.shared;
-    s.projection = device_alloc<floatX>(N * C);
-    s.dresidual = device_alloc<floatX>(N * C);
-    s.dchannels = device_alloc<floatX>(N * C);
-    s.dhidden = device_alloc<floatX>(N * 4 * C);
-    s.dqkv = device_alloc<floatX>(N * 3 * C);
-    s.attention_D = device_alloc<float>(N * NH);
-    s.matmul_scratch = device_alloc<float>(matmul_backward_scratch_floats((int)N, 4 * (int)C));
-    s.layernorm_scratch = device_alloc<float>(layernorm_backward_scratch_floats((int)N, (int)C));
-    s.norm_scratch = device_alloc<float>(global_norm_scratch_count());
-    s.norm_result = device_alloc<float>(1);
+    s.projection = tracked_alloc<floatX>(N * C, MemoryKind::Activations);
+    s.dresidual = tracked_alloc<floatX>(N * C, MemoryKind::Activations);
+    s.dchannels = tracked_alloc<floatX>(N * C, MemoryKind::Activations);
+    s.dhidden = tracked_alloc<floatX>(N * 4 * C, MemoryKind::Activations);
+    s.dqkv = tracked_alloc<floatX>(N * 3 * C, MemoryKind::Activations);
+    s.attention_D = tracked_alloc<float>(N * NH, MemoryKind::Activations);
+    s.matmul_scratch = tracked_alloc<float>(matmul_backward_scratch_floats((int)N, 4 * (int)C), MemoryKind::Activations);
+    s.layernorm_scratch = tracked_alloc<float>(layernorm_backward_scratch_floats((int)N, (int)C), MemoryKind::Activations);
+    s.norm_scratch = tracked_alloc<float>(global_norm_scratch_count(), MemoryKind::Activations);
+    s.norm_result = tracked_alloc<float>(1, MemoryKind::Activations);
     encoder_backward_workspace_create(&s.encoder_workspace, (int)N);
 }
 
@@ -336,17 +330,17 @@ inline void gpt2_free(GPT2& model) {
     for (void* p : {(void*)model.params, (void*)model.grads, (void*)model.encoded, (void*)model.lnf, (void*)model.lnf_mean,
                     (void*)model.lnf_rstd, (void*)model.logits, (void*)model.losses, (void*)model.inputs,
                     (void*)model.targets})
-        cudaCheck(cudaFree(p));
+        tracked_free(p);
     for (BlockActivations& a : model.blocks)
         for (void* p : {(void*)a.ln1, (void*)a.ln1_mean, (void*)a.ln1_rstd, (void*)a.qkv, (void*)a.atty, (void*)a.lse,
                         (void*)a.residual2, (void*)a.ln2, (void*)a.ln2_mean, (void*)a.ln2_rstd, (void*)a.fch,
                         (void*)a.fch_gelu, (void*)a.output})
-            cudaCheck(cudaFree(p));
+            tracked_free(p);
     SharedBuffers& s = model.shared;
     for (void* p : {(void*)s.projection, (void*)s.dresidual, (void*)s.dchannels, (void*)s.dhidden, (void*)s.dqkv,
                     (void*)s.attention_D, (void*)s.matmul_scratch, (void*)s.layernorm_scratch, (void*)s.norm_scratch,
                     (void*)s.norm_result})
-        cudaCheck(cudaFree(p));
+        tracked_free(p);
     encoder_backward_workspace_free(&s.encoder_workspace);
     model = GPT2{};
 }

@@ -57,6 +57,7 @@ all of it; at stages 1-2 each rank squares its shard and the squares are summed 
 #include "comm.h"
 #include "mesh.h"
 #include "gpt2.cuh"
+#include "memory.h"
 
 struct AdamWConfig {
     float beta1 = 0.9f;
@@ -159,53 +160,53 @@ inline void zero_init(Zero& z, int stage, Mesh* mesh, GPT2& model, const std::ve
         std::vector<floatX> mine(shard_total);
         for (int c = 0; c < model.layout.num_chunks(); c++)
             for (size_t i = 0; i < shard_size(z, c); i++) mine[shard_offset(z, c) + i] = (floatX)values[shard_start(z, c) + i];
-        cudaCheck(cudaMalloc(&z.param_shard, shard_total * sizeof(floatX)));
+        z.param_shard = tracked_alloc<floatX>(shard_total, MemoryKind::Parameters);
         cudaCheck(cudaMemcpy(z.param_shard, mine.data(), shard_total * sizeof(floatX), cudaMemcpyHostToDevice));
         const int last = model.layout.num_chunks() - 1;
         const size_t sizes[4] = {model.layout.chunk_size(0), model.layout.block_chunk, model.layout.block_chunk,
                                  model.layout.chunk_size(last)};
-        for (int w = 0; w < 4; w++) cudaCheck(cudaMalloc(&z.gathered[w], sizes[w] * sizeof(floatX)));
+        for (int w = 0; w < 4; w++) z.gathered[w] = tracked_alloc<floatX>(sizes[w], MemoryKind::Parameters);
         model.parameters_of = [&z, &model](int chunk) { return zero_gather_chunk(z, model, chunk); };
     }
-    cudaCheck(cudaMalloc(&z.m, shard_total * sizeof(float)));
-    cudaCheck(cudaMalloc(&z.v, shard_total * sizeof(float)));
+    z.m = tracked_alloc<float>(shard_total, MemoryKind::OptimizerState);
+    z.v = tracked_alloc<float>(shard_total, MemoryKind::OptimizerState);
     cudaCheck(cudaMemset(z.m, 0, shard_total * sizeof(float)));
     cudaCheck(cudaMemset(z.v, 0, shard_total * sizeof(float)));
     if (sizeof(floatX) != sizeof(float)) {
-        cudaCheck(cudaMalloc(&z.master, shard_total * sizeof(float)));
+        z.master = tracked_alloc<float>(shard_total, MemoryKind::OptimizerState);
         for (int c = 0; c < model.layout.num_chunks(); c++) {
             const floatX* from = stage < 3 ? params_of_shard + shard_start(z, c) : z.param_shard + shard_offset(z, c);
             init_master_weights(z.master + shard_offset(z, c), from, shard_size(z, c), model.stream);
         }
     }
-    if (stage >= 1) cudaCheck(cudaMalloc(&z.grad_shard, shard_total * sizeof(floatX)));
+    if (stage >= 1) z.grad_shard = tracked_alloc<floatX>(shard_total, MemoryKind::Gradients);
     if (stage >= 2) {
         const int last = model.layout.num_chunks() - 1;
         const size_t sizes[4] = {model.layout.chunk_size(0), model.layout.block_chunk, model.layout.block_chunk,
                                  model.layout.chunk_size(last)};
         for (int w = 0; w < 4; w++) {
-            cudaCheck(cudaMalloc(&z.working[w], sizes[w] * sizeof(floatX)));
+            z.working[w] = tracked_alloc<floatX>(sizes[w], MemoryKind::Gradients);
             cudaCheck(cudaMemset(z.working[w], 0, sizes[w] * sizeof(floatX)));
             cudaCheck(cudaEventCreate(&z.working_free[w]));
         }
         size_t largest_shard = 0;
         for (int c = 0; c <= last; c++) largest_shard = std::max(largest_shard, shard_size(z, c));
-        cudaCheck(cudaMalloc(&z.reduced, largest_shard * sizeof(floatX)));
+        z.reduced = tracked_alloc<floatX>(largest_shard, MemoryKind::Communication);
     }
     cudaCheck(cudaStreamCreate(&z.comm_stream));
     cudaCheck(cudaEventCreate(&z.chunk_ready));
     cudaCheck(cudaEventCreate(&z.reductions_done));
-    cudaCheck(cudaMalloc(&z.scalar, sizeof(float)));
+    z.scalar = tracked_alloc<float>(1, MemoryKind::Communication);
 }
 
 inline void zero_free(Zero& z) {
     for (void* p : {(void*)z.master, (void*)z.m, (void*)z.v, (void*)z.grad_shard, (void*)z.scalar, (void*)z.reduced,
                     (void*)z.param_shard, (void*)z.gathered[0], (void*)z.gathered[1], (void*)z.gathered[2],
                     (void*)z.gathered[3]})
-        cudaCheck(cudaFree(p));
+        tracked_free(p);
     for (int w = 0; w < 4; w++) {
         if (!z.working[w]) continue;
-        cudaCheck(cudaFree(z.working[w]));
+        tracked_free(z.working[w]);
         cudaCheck(cudaEventDestroy(z.working_free[w]));
     }
     cudaCheck(cudaStreamDestroy(z.comm_stream));

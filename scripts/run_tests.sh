@@ -51,6 +51,7 @@ run_suite "kernel lab, CPU, FP32, reverse lane order" env LLMC_CPU_REVERSE_LANES
 run_suite "kernel lab, CPU, BF16, ASan+UBSan" ./kernel_lab_cpu_asan
 run_suite "flags, checkpoints, schedules, logger, MFU" build/test_host
 run_suite "data loader and tokenizer file" build/test_data
+run_suite "memory accounting and the ZeRO memory plan" build/test_memory
 # one process per rank, more ranks than cores; mpirun refuses root unless told
 mpi_run=(env OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS)
 for ranks in 1 2 4 8; do

@@ -1,0 +1,241 @@
+/*
+Tests of llmc/memory.h: the books kept by tracked_alloc / tracked_free, and the memory plan's arithmetic
+checked against numbers worked out by hand, against the ZeRO paper, and (CPU build) against what
+gpt2_allocate and zero_init really allocate. Prints `N passed, M failed`.
+*/
+#include <string>
+#include <thread>
+#include <vector>
+#include "lab.h"
+#include "../llmc/memory.h"
+#include "../llmc/zero.h"
+
+static std::string describe(double got, double want) {
+    char text[128];
+    snprintf(text, sizeof(text), "got %.12g, expected %.12g", got, want);
+    return text;
+}
+static void check_equal(const std::string& name, double got, double want) {
+    check_true(name, got == want, describe(got, want));
+}
+static void check_within(const std::string& name, double got, double want, double relative) {
+    check_true(name, std::fabs(got - want) <= relative * std::fabs(want), describe(got, want));
+}
+
+// ----------------------------------------------------------------------------
+// (a) the books
+
+static void test_accounting() {
+    printf("accounting\n");
+    const MemoryTotals start = memory_totals();
+    check_equal("nothing held at start", (double)start.current_total, 0);
+
+    float* a = tracked_alloc<float>(1000, MemoryKind::Parameters);          // 4000 bytes
+    floatX* b = tracked_alloc<floatX>(500, MemoryKind::Activations);        // 500 * sizeof(floatX)
+    const double b_bytes = 500.0 * sizeof(floatX);
+    MemoryTotals t = memory_totals();
+    check_equal("parameters now", (double)t.current[(int)MemoryKind::Parameters], 4000);
+    check_equal("activations now", (double)t.current[(int)MemoryKind::Activations], b_bytes);
+    check_equal("total now", (double)t.current_total, 4000 + b_bytes);
+    check_equal("peak total", (double)t.peak_total, 4000 + b_bytes);
+
+    tracked_free(a);
+    int* c = tracked_alloc<int>(100, MemoryKind::Gradients);                // 400 bytes
+    t = memory_totals();
+    check_equal("parameters now after free", (double)t.current[(int)MemoryKind::Parameters], 0);
+    check_equal("parameters peak survives free", (double)t.peak[(int)MemoryKind::Parameters], 4000);
+    check_equal("total now after free", (double)t.current_total, 400 + b_bytes);
+    check_equal("peak total is the largest sum", (double)t.peak_total, 4000 + b_bytes);
+    check_equal("gradients peak", (double)t.peak[(int)MemoryKind::Gradients], 400);
+
+    // a larger moment raises the overall peak
+    char* d = tracked_alloc<char>(10000, MemoryKind::Communication);
+    t = memory_totals();
+    check_equal("peak total rises", (double)t.peak_total, 10000 + 400 + b_bytes);
+    printf("  %s\n", memory_totals_line(t).c_str());
+    print_memory_totals(t);
+
+    check_true("zero count gives nullptr", tracked_alloc<float>(0, MemoryKind::Other) == nullptr);
+    tracked_free(nullptr);  // a no-op, like cudaFree
+    tracked_free(b);
+    tracked_free(c);
+    tracked_free(d);
+    t = memory_totals();
+    check_equal("everything freed", (double)t.current_total, 0);
+    for (int k = 0; k < kNumMemoryKinds; k++) check_equal(std::string("nothing held: ") +
+                                                          memory_kind_name((MemoryKind)k), (double)t.current[k], 0);
+
+    // several threads at once: the books balance and the peak is at most all of them at once
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 4; i++)
+        threads.emplace_back([] {
+            for (int r = 0; r < 200; r++) tracked_free(tracked_alloc<float>(256, MemoryKind::Other));
+        });
+    for (std::thread& thread : threads) thread.join();
+    t = memory_totals();
+    check_equal("threads: books balance", (double)t.current_total, 0);
+    check_true("threads: peak of other <= 4 buffers", t.peak[(int)MemoryKind::Other] <= 4 * 256 * sizeof(float) &&
+                                                         t.peak[(int)MemoryKind::Other] >= 256 * sizeof(float));
+
+    expect_failure("free of a pointer never allocated", [] {
+        static int local = 0;
+        tracked_free(&local);
+    }, "not allocated by tracked_alloc");
+    expect_failure("double free", [] {
+        float* p = tracked_alloc<float>(8, MemoryKind::Other);
+        tracked_free(p);
+        tracked_free(p);
+    }, "already freed");
+}
+
+// ----------------------------------------------------------------------------
+// (b) the ZeRO paper, Figure 1: Psi = 7.5B parameters, N_d = 64 ranks, mixed-precision Adam (K = 12).
+// Per-rank model state: baseline 120 GB, P_os 31.4 GB, P_os+g 16.6 GB, P_os+g+p 1.9 GB (GB = 1e9 bytes).
+
+static void test_paper() {
+    printf("ZeRO paper, Figure 1 (7.5B parameters, 64 ranks, BF16 mixed precision)\n");
+    const double figure[4] = {120.0, 31.4, 16.6, 1.9};
+    for (int stage = 0; stage <= 3; stage++) {
+        const MemoryPlan plan = plan_training_memory(7500000000ull, stage, 64, 64, true);
+        const double gb = plan.model_state / 1e9;
+        printf("  stage %d: figure %6.1f GB, plan %8.3f GB\n", stage, figure[stage], gb);
+        check_within("paper stage " + std::to_string(stage) + " within 5%", gb, figure[stage], 0.05);
+        check_equal("paper stage " + std::to_string(stage) + ": no activations without a shape", plan.total,
+                    plan.model_state);
+    }
+    print_memory_plan(plan_training_memory(7500000000ull, 2, 64, 64, true));
+}
+
+// ----------------------------------------------------------------------------
+// (c) FP32 and communication, worked out by hand
+
+static void test_formulas() {
+    printf("formulas\n");
+    // FP32, P = 1000, N = 4: params 4P, grads 4P, m + v 8P
+    //   stage 0: 16000;  stage 1: 4000 + 4000 + 8000/4 = 10000;  stage 2: 4000 + 12000/4 = 7000;
+    //   stage 3: 16000/4 = 4000
+    const double fp32[4] = {16000, 10000, 7000, 4000};
+    for (int stage = 0; stage <= 3; stage++)
+        check_equal("fp32 P=1000 N=4 stage " + std::to_string(stage),
+                    plan_training_memory(1000, stage, 4, 4, false).model_state, fp32[stage]);
+    // the split by category, FP32 stage 2: parameters 4000, gradients 4000/4, m + v 8000/4
+    const MemoryPlan fp32_stage2 = plan_training_memory(1000, 2, 4, 4, false);
+    check_equal("fp32 stage 2 parameters", fp32_stage2.parameters, 4000);
+    check_equal("fp32 stage 2 gradients", fp32_stage2.gradients, 1000);
+    check_equal("fp32 stage 2 optimizer", fp32_stage2.optimizer_state, 2000);
+    // BF16, P = 1000, N = 8: stage 1 = 2000 + 2000 + 12000/8 = 5500; stage 2 = 2000 + 14000/8 = 3750
+    check_equal("bf16 P=1000 N=8 stage 1", plan_training_memory(1000, 1, 8, 8, true).model_state, 5500);
+    check_equal("bf16 P=1000 N=8 stage 2", plan_training_memory(1000, 2, 8, 8, true).model_state, 3750);
+    // stage 0 ignores the shard count: 16 P on every rank
+    check_equal("stage 0 ignores shard ranks", plan_training_memory(1000, 0, 8, 4, true).model_state, 16000);
+
+    // communication, P = 1024
+    //   stage 0, BF16, D = 8: 2 * 7/8 * 1024 * 2 = 3584
+    check_equal("comm stage 0 D=8 bf16", plan_training_memory(1024, 0, 8, 1, true).communication, 3584);
+    //   stage 1, BF16, one group of N = 4: 2 * 3/4 * 1024 * 2 = 3072
+    check_equal("comm stage 1 N=4 bf16", plan_training_memory(1024, 1, 4, 4, true).communication, 3072);
+    //   HSDP stage 1, BF16, D = 8 = M 2 x N 4: 3072 within the group
+    //   + 2 * 1/2 * (1024/4) * 2 = 512 across the groups = 3584
+    check_equal("comm HSDP stage 1 D=8 N=4 bf16", plan_training_memory(1024, 1, 8, 4, true).communication, 3584);
+    //   HSDP stage 2, FP32, A = 4, D = 8 = M 4 x N 2: (4+1) * 1/2 * 1024 * 4 = 10240
+    //   + 2 * 3/4 * (1024/2) * 4 = 3072 = 13312
+    check_equal("comm HSDP stage 2 A=4 D=8 N=2 fp32", plan_training_memory(1024, 2, 8, 2, false, 4).communication,
+                13312);
+    //   stage 3, BF16, A = 2, N = D = 4: 3 * 2 * 3/4 * 1024 * 2 = 9216
+    check_equal("comm stage 3 A=2 N=4 bf16", plan_training_memory(1024, 3, 4, 4, true, 2).communication, 9216);
+    //   stage 1 with shards of one rank on D = 4 (plain all-reduce across 4 groups): 2 * 3/4 * 1024 * 2 = 3072
+    check_equal("comm stage 1 N=1 D=4 bf16", plan_training_memory(1024, 1, 4, 1, true).communication, 3072);
+    //   one rank sends nothing
+    check_equal("comm one rank", plan_training_memory(1024, 2, 1, 1, true, 8).communication, 0);
+
+    expect_failure("ranks that do not split into shard groups", [] { plan_training_memory(1000, 1, 6, 4, true); },
+                   "do not split");
+    expect_failure("stage 4", [] { plan_training_memory(1000, 4, 1, 1, true); }, "does not exist");
+    expect_failure("zero accumulation steps", [] { plan_training_memory(1000, 1, 1, 1, true, 0); }, "must be >= 1");
+}
+
+// ----------------------------------------------------------------------------
+// (d) activations of a small GPT-2, counted by hand:
+//   L = 2, C = 64, NH = 4, Vp = 128, B = 2, T = 16 (N = 32 rows), 4 multiprocessors.
+//   per layer, BF16: 16 N C s = 16 * 32 * 64 * 2 = 65536; fp32 stats (4N + N NH) * 4 = (128 + 128) * 4 = 1024
+//                    = 66560                                  FP32: 131072 + 1024 = 132096
+//   activations:     2 layers                                 133120   |  264192
+//                    encoded, lnf NC and logits N Vp, floatX  (2048 + 2048 + 4096) * s = 16384  |  32768
+//                    lnf mean, rstd, losses: 3 N fp32          384
+//                    inputs, targets: 2 N int                  256
+//                    = 150144 (BF16)                           297600 (FP32)
+//   workspace:       projection, dresidual, dchannels NC, dhidden 4NC, dqkv 3NC = 10 NC s = 40960 | 81920
+//                    fp32: attention_D N NH = 128, bias scratch ceil(32/64) * 4C = 256,
+//                          layernorm scratch 2C * min(ceil(32/8), 3*4) = 512, norm scratch 4*4 = 16,
+//                          norm result 1: 913 floats = 3652
+//                    encoder workspace 4N int = 512
+//                    = 45124 (BF16)                            86084 (FP32)
+
+static void test_activations() {
+    printf("activations\n");
+    GPT2MemoryShape shape;
+    shape.num_layers = 2;
+    shape.channels = 64;
+    shape.num_heads = 4;
+    shape.padded_vocab = 128;
+    shape.max_seq_len = 16;
+    shape.batch = 2;
+    shape.seq_len = 16;
+    shape.multiprocessors = 4;
+    const ActivationBytes bf16 = gpt2_activation_bytes(shape, true), fp32 = gpt2_activation_bytes(shape, false);
+    check_equal("hand count bf16 per layer", bf16.per_layer, 66560);
+    check_equal("hand count bf16 activations", bf16.activations, 150144);
+    check_equal("hand count bf16 workspace", bf16.workspace, 45124);
+    check_equal("hand count fp32 per layer", fp32.per_layer, 132096);
+    check_equal("hand count fp32 activations", fp32.activations, 297600);
+    check_equal("hand count fp32 workspace", fp32.workspace, 86084);
+    const MemoryPlan plan = plan_training_memory(1000, 1, 1, 1, true, 1, &shape);
+    check_equal("plan total adds the activations", plan.total, plan.model_state + 150144 + 45124);
+    print_memory_plan(plan);
+
+#ifdef LLMC_CPU
+    // What the program really allocates: the CPU device counts every cudaMalloc. A model of that shape
+    // (real vocabulary 100, padded to 128), then the optimizer at each stage on one rank.
+    GPT2Config config;
+    config.max_seq_len = 24;
+    config.vocab_size = 100;
+    config.padded_vocab_size = 128;
+    config.num_layers = 2;
+    config.num_heads = 4;
+    config.channels = 64;
+    shape.max_seq_len = config.max_seq_len;
+    shape.multiprocessors = device_properties().multiProcessorCount;
+    const bool is_bf16 = sizeof(floatX) == 2;
+    const ActivationBytes here = gpt2_activation_bytes(shape, is_bf16);
+    auto in_use = [] { return (double)cudacpu::allocations().in_use; };
+    const size_t P = ParameterLayout(config, 1).total;
+    for (int stage = 0; stage <= 3; stage++) {
+        const double before = in_use();
+        GPT2 model;
+        gpt2_allocate(model, config, shape.batch, shape.seq_len, 1, stage < 2, stage < 3);
+        const double model_bytes = in_use() - before;
+        Zero zero;
+        zero_init(zero, stage, nullptr, model, std::vector<float>(P, 0.01f));
+        const double all_bytes = in_use() - before;
+        const MemoryPlan p = plan_training_memory(P, stage, 1, 1, is_bf16, 1, &shape);
+        // the model: full parameters below stage 3, full gradients below stage 2, activations, workspace
+        const double s = sizeof(floatX);
+        check_equal("gpt2_allocate bytes, stage " + std::to_string(stage), model_bytes,
+                    (stage < 3 ? s * P : 0) + (stage < 2 ? s * P : 0) + here.activations + here.workspace);
+        // everything: the plan's total and the optimizer's one float for averaging logged values
+        check_equal("gpt2_allocate + zero_init bytes, stage " + std::to_string(stage), all_bytes, p.total + 4);
+        zero_free(zero);
+        gpt2_free(model);
+        check_equal("all freed, stage " + std::to_string(stage), in_use(), before);
+    }
+#endif
+}
+
+int main() {
+    test_accounting();
+    test_paper();
+    test_formulas();
+    test_activations();
+    printf("%d passed, %d failed\n", lab.passed, lab.failed);
+    return lab.failed != 0;
+}

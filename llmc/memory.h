@@ -1,0 +1,377 @@
+/*
+Device memory: what the program holds (accounting) and what a training run will need (the plan).
+
+Accounting. Every device buffer is allocated through tracked_alloc with the category it belongs to, and
+released through tracked_free; the totals say, per category, how many bytes are held now and the most
+ever held, plus the most ever held in all categories together (the number that has to fit on the GPU):
+    floatX* params = tracked_alloc<floatX>(count, MemoryKind::Parameters);
+    ...
+    tracked_free(params);
+    print_memory_totals(memory_totals());        // a table; memory_totals_line(...) gives one line
+The per-category peaks need not have happened at the same moment, so they can add up to more than the
+overall peak. tracked_free(nullptr) does nothing, as cudaFree does; freeing a pointer tracked_alloc did
+not hand out (or freeing it twice) stops the program with one error line. A mutex guards the books, so
+any thread may allocate.
+
+The plan. plan_training_memory is arithmetic only: it allocates nothing and needs no GPU, so it can
+answer "does this model fit with this layout?" for any size, and print_memory_plan shows the answer:
+    MemoryPlan plan = plan_training_memory(num_parameters, zero_stage, data_parallel_ranks, shard_ranks,
+                                           bf16, accumulation_steps, &shape);   // shape may be null
+    print_memory_plan(plan);
+
+Model state, bytes per rank, for P parameters (Rajbhandari et al., "ZeRO", 2020), with N = shard_ranks,
+the size of the group that splits one copy of the state:
+    BF16 (mixed precision): bf16 parameters (2), bf16 gradients (2), fp32 master weights + AdamW m + v (12)
+        stage 0:  2P + 2P + 12P          = 16 P
+        stage 1:  2P + 2P + 12P/N
+        stage 2:  2P + (2P + 12P)/N
+        stage 3:  (2P + 2P + 12P)/N      = 16 P / N
+    FP32: fp32 parameters (4), gradients (4), m + v (8); the parameters are their own master copy
+        stage 0:  16 P;   stage 1: 4P + 4P + 8P/N;   stage 2: 4P + 12P/N;   stage 3: 16 P / N
+Stage 0 keeps everything on every rank, so shard_ranks does not matter there (llmc/zero.h shards over
+one rank at stage 0 too). P is whatever the caller passes: the model's parameter count leaves out the
+zero padding that makes every chunk a multiple of 8 * N elements; ParameterLayout(config, N).total
+includes it (every formula is linear in P, so the difference is the padding's share, under 8 N elements
+per chunk).
+With a model shape the plan also counts the buffers llmc/zero.h keeps beyond the paper's formula:
+  stage 1: the averaged gradient shard, s P/N, that the full gradient is reduce-scattered into;
+  stages 2, 3: the working buffers chunk gradients are computed in before they are reduce-scattered (the
+           embedding chunk, two block chunks and the final chunk, padded as ParameterLayout pads them)
+           and one largest shard that receives a reduce-scatter;
+  stage 3: as many again for the gathered parameters of the chunks being worked on.
+
+Communication, bytes this rank sends per optimizer step under the ring algorithms whose counts
+llmc/comm.h keeps (s = bytes per element of the communicated data: gradients and parameters travel as
+floatX, so 2 in BF16 and 4 in FP32; D = data_parallel_ranks; M = D / N replica groups; A = micro-steps
+per step, i.e. gradient accumulation):
+    stage 0:  2 (D-1)/D * P s                  all-reduce of the gradients once, after the last micro-step
+    stage 1:  2 (N-1)/N * P s                  reduce-scatter of the gradients (last micro-step) and
+                                               all-gather of the updated parameters
+    stage 2:  (A+1) (N-1)/N * P s              a reduce-scatter on EVERY micro-step (there is no full
+                                               gradient buffer to accumulate in), then the all-gather
+    stage 3:  3 A (N-1)/N * P s                per micro-step: all-gather the parameters for the forward
+                                               pass, again for the backward pass, and reduce-scatter the
+                                               gradients (an upper bound: llmc/zero.h skips the gather of
+                                               a chunk still held from the forward pass, a few chunks)
+  plus, at stages 1-3 with M > 1 groups (HSDP), the all-reduce of this rank's gradient shard between the
+  M ranks holding the same shard, once per step:  2 (M-1)/M * (P/N) s.
+With A = 1, stages 0-2 send the same 2 (N-1)/N P s and stage 3 half as much again, as the paper says.
+comm.h rounds each call down to whole bytes; the plan does not (a few bytes per call).
+
+Activations (optional, GPT-2 only): the exact sizes of the buffers gpt2_allocate makes for micro-batches
+of B x T (llmc/gpt2.cuh), see gpt2_activation_bytes below, split into what the forward pass keeps for the
+backward pass ("activations") and the buffers every layer reuses ("workspace"). Two small scratch
+buffers are sized by the device's multiprocessor count, which the shape carries so that the plan needs
+no device. Not counted: cuBLASLt's 32 MiB workspace (GPU build), NCCL's own buffers, and the CUDA
+context (a few hundred MiB that no allocation call sees).
+*/
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include "cuda_common.cuh"
+#include "utils.h"
+
+// ----------------------------------------------------------------------------
+// accounting
+
+enum class MemoryKind { Parameters, Gradients, OptimizerState, Activations, Communication, Other };
+constexpr int kNumMemoryKinds = 6;
+
+inline const char* memory_kind_name(MemoryKind kind) {
+    static const char* names[kNumMemoryKinds] = {"parameters", "gradients", "optimizer state",
+                                                 "activations", "communication", "other"};
+    return names[(int)kind];
+}
+
+struct MemoryTotals {
+    size_t current[kNumMemoryKinds] = {};  // bytes held now, per MemoryKind
+    size_t peak[kNumMemoryKinds] = {};     // the most each kind ever held
+    size_t current_total = 0;
+    size_t peak_total = 0;                 // the most held in all kinds together at one moment
+};
+
+struct MemoryBooks {
+    std::mutex mutex;
+    MemoryTotals totals;
+    struct Entry { size_t bytes; MemoryKind kind; };
+    std::unordered_map<void*, Entry> allocations;
+};
+inline MemoryBooks& memory_books() {
+    static MemoryBooks books;
+    return books;
+}
+
+// count elements of T in device memory, charged to `kind`. A zero count gives nullptr and charges nothing.
+template <class T>
+T* tracked_alloc(size_t count, MemoryKind kind) {
+    if (count == 0) return nullptr;
+    const size_t bytes = count * sizeof(T);
+    T* pointer = nullptr;
+    cudaCheck(cudaMalloc(&pointer, bytes));
+    MemoryBooks& books = memory_books();
+    std::lock_guard<std::mutex> lock(books.mutex);
+    books.allocations[(void*)pointer] = MemoryBooks::Entry{bytes, kind};
+    MemoryTotals& t = books.totals;
+    const int k = (int)kind;
+    t.current[k] += bytes;
+    t.peak[k] = std::max(t.peak[k], t.current[k]);
+    t.current_total += bytes;
+    t.peak_total = std::max(t.peak_total, t.current_total);
+    return pointer;
+}
+
+inline void tracked_free(void* pointer) {
+    if (pointer == nullptr) return;
+    {
+        MemoryBooks& books = memory_books();
+        std::lock_guard<std::mutex> lock(books.mutex);
+        auto found = books.allocations.find(pointer);
+        if (found == books.allocations.end())
+            fatal("tracked_free: %p was not allocated by tracked_alloc (or was already freed)", pointer);
+        const MemoryBooks::Entry entry = found->second;
+        books.allocations.erase(found);
+        books.totals.current[(int)entry.kind] -= entry.bytes;
+        books.totals.current_total -= entry.bytes;
+    }
+    cudaCheck(cudaFree(pointer));
+}
+
+inline MemoryTotals memory_totals() {
+    MemoryBooks& books = memory_books();
+    std::lock_guard<std::mutex> lock(books.mutex);
+    return books.totals;
+}
+
+// "12.0 MiB": bytes in binary units, three significant digits or so
+inline std::string format_bytes(double bytes) {
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int unit = 0;
+    while (bytes >= 1024.0 && unit < 4) { bytes /= 1024.0; unit++; }
+    char text[32];
+    snprintf(text, sizeof(text), unit == 0 ? "%.0f %s" : "%.2f %s", bytes, units[unit]);
+    return text;
+}
+
+// "device memory 1.52 GiB (peak 1.60 GiB): parameters 237 MiB, gradients ..." (kinds holding nothing now
+// are left out)
+inline std::string memory_totals_line(const MemoryTotals& t) {
+    std::string line = "device memory " + format_bytes((double)t.current_total) + " (peak " +
+                       format_bytes((double)t.peak_total) + ")";
+    const char* separator = ": ";
+    for (int k = 0; k < kNumMemoryKinds; k++) {
+        if (t.current[k] == 0) continue;
+        line += separator + std::string(memory_kind_name((MemoryKind)k)) + " " + format_bytes((double)t.current[k]);
+        separator = ", ";
+    }
+    return line;
+}
+
+inline void print_memory_totals(const MemoryTotals& t, FILE* out = stdout) {
+    fprintf(out, "%-16s %14s %14s\n", "device memory", "now", "peak");
+    for (int k = 0; k < kNumMemoryKinds; k++)
+        fprintf(out, "%-16s %14s %14s\n", memory_kind_name((MemoryKind)k), format_bytes((double)t.current[k]).c_str(),
+                format_bytes((double)t.peak[k]).c_str());
+    fprintf(out, "%-16s %14s %14s\n", "total", format_bytes((double)t.current_total).c_str(),
+            format_bytes((double)t.peak_total).c_str());
+}
+
+// ----------------------------------------------------------------------------
+// activations of GPT-2, counted buffer by buffer as gpt2_allocate makes them
+
+struct GPT2MemoryShape {
+    int num_layers = 0;        // L
+    int channels = 0;          // C
+    int num_heads = 0;         // NH
+    int padded_vocab = 0;      // Vp
+    int max_seq_len = 0;       // rows of wpe (only stage 2-3 working buffers need it)
+    int batch = 0;             // B: the micro-batch
+    int seq_len = 0;           // T
+    int multiprocessors = 132; // sizes two scratch buffers; 132 = H100 SXM (device_properties() at run time)
+};
+
+struct ActivationBytes {
+    double per_layer = 0;  // one block's activation record
+    double activations = 0;  // L records + encoder output, final layernorm, logits, losses, token ids
+    double workspace = 0;    // the buffers every layer reuses, gradients of activations included
+};
+
+// With N = B*T rows, s = sizeof(floatX), f = 4 (fp32 statistics), i = 4 (int):
+//   per layer: floatX ln1 NC, qkv 3NC, atty NC, residual2 NC, ln2 NC, fch 4NC, fch_gelu 4NC, output NC
+//              = 16 NC s;  fp32 ln1 mean/rstd 2N, ln2 mean/rstd 2N, attention lse N*NH  = (4N + N NH) f
+//   model:     floatX encoded NC, lnf NC, logits N Vp;  fp32 lnf mean/rstd 2N, losses N;  int inputs,
+//              targets 2N
+//   workspace: floatX projection NC, dresidual NC, dchannels NC, dhidden 4NC, dqkv 3NC = 10 NC s;
+//              fp32 attention_D N NH, matmul bias scratch ceil(N/64) 4C, layernorm scratch
+//              2C min(ceil(N/8), 3 SMs), norm scratch 4 SMs, norm result 1;  int encoder workspace 4N
+// (the constants 64, 8, 3 and 4 are those of llmc/matmul.cuh, layernorm.cuh and cuda_common.cuh's
+// grid_size_for; the encoder's pinned host staging is host memory and not counted)
+inline ActivationBytes gpt2_activation_bytes(const GPT2MemoryShape& shape, bool bf16) {
+    const double s = bf16 ? 2 : 4, f = 4, i = 4;
+    const double N = (double)shape.batch * shape.seq_len, C = shape.channels, NH = shape.num_heads;
+    const double L = shape.num_layers, Vp = shape.padded_vocab, SMs = shape.multiprocessors;
+    ActivationBytes a;
+    a.per_layer = 16 * N * C * s + (4 * N + N * NH) * f;
+    a.activations = L * a.per_layer + (2 * N * C + N * Vp) * s + 3 * N * f + 2 * N * i;
+    const double bias_rows = std::ceil(N / 64), layernorm_blocks = std::min(std::ceil(N / 8), 3 * SMs);
+    a.workspace = 10 * N * C * s + (N * NH + bias_rows * 4 * C + 2 * C * layernorm_blocks + 4 * SMs + 1) * f +
+                  4 * N * i;
+    return a;
+}
+
+// ----------------------------------------------------------------------------
+// the plan
+
+struct MemoryPlan {
+    // what was planned
+    size_t num_parameters = 0;
+    int zero_stage = 0, data_parallel_ranks = 1, shard_ranks = 1, replica_groups = 1, accumulation_steps = 1;
+    bool bf16 = true;
+    bool has_shape = false;
+    // bytes per rank (doubles: 12P/N need not be a whole number of bytes)
+    double parameters = 0, gradients = 0, optimizer_state = 0;
+    double activations = 0, workspace = 0;  // zero without a model shape
+    double model_state = 0;                 // parameters + gradients + optimizer state
+    double total = 0;                       // everything above
+    double communication = 0;               // bytes this rank sends per optimizer step
+    // each line's formula, with the numbers put in
+    std::string parameters_formula, gradients_formula, optimizer_formula, activations_formula, workspace_formula,
+        communication_formula;
+};
+
+__attribute__((format(printf, 1, 2))) inline std::string plan_format(const char* format, ...) {
+    char text[512];
+    va_list args;
+    va_start(args, format);
+    vsnprintf(text, sizeof(text), format, args);
+    va_end(args);
+    return text;
+}
+
+// zero_stage 0-3; data_parallel_ranks D = M groups * shard_ranks N; bf16: the mixed-precision build (false:
+// FP32); accumulation_steps A >= 1; shape: a GPT-2 shape for the activations (and llmc/zero.h's extra
+// buffers), or null. Impossible layouts stop with one error line.
+inline MemoryPlan plan_training_memory(size_t num_parameters, int zero_stage, int data_parallel_ranks,
+                                       int shard_ranks, bool bf16, int accumulation_steps = 1,
+                                       const GPT2MemoryShape* shape = nullptr) {
+    if (zero_stage < 0 || zero_stage > 3) fatal("memory plan: ZeRO stage %d does not exist (0-3)", zero_stage);
+    if (data_parallel_ranks < 1 || shard_ranks < 1 || accumulation_steps < 1)
+        fatal("memory plan: data-parallel ranks (%d), shard ranks (%d) and accumulation steps (%d) must be >= 1",
+              data_parallel_ranks, shard_ranks, accumulation_steps);
+    if (zero_stage == 0) shard_ranks = 1;  // stage 0 keeps everything everywhere
+    if (data_parallel_ranks % shard_ranks != 0)
+        fatal("memory plan: %d data-parallel ranks do not split into groups of %d shard ranks", data_parallel_ranks,
+              shard_ranks);
+
+    MemoryPlan p;
+    p.num_parameters = num_parameters;
+    p.zero_stage = zero_stage;
+    p.data_parallel_ranks = data_parallel_ranks;
+    p.shard_ranks = shard_ranks;
+    p.replica_groups = data_parallel_ranks / shard_ranks;
+    p.accumulation_steps = accumulation_steps;
+    p.bf16 = bf16;
+    p.has_shape = shape != nullptr;
+
+    const double P = (double)num_parameters, N = shard_ranks, D = data_parallel_ranks, M = p.replica_groups,
+                 A = accumulation_steps;
+    const double s = bf16 ? 2 : 4;                 // parameters and gradients: floatX
+    const double optimizer = bf16 ? 12 : 8;        // fp32 master + m + v, or m + v
+    const char* optimizer_parts = bf16 ? "fp32 master + m + v" : "fp32 m + v";
+    const int n = shard_ranks;
+
+    // parameters: sharded at stage 3 only
+    const double param_share = zero_stage == 3 ? 1 / N : 1;
+    p.parameters = s * P * param_share;
+    p.parameters_formula = zero_stage == 3 ? plan_format("%.0f P / %d", s, n) : plan_format("%.0f P", s);
+    // gradients: sharded from stage 2
+    p.gradients = s * P * (zero_stage >= 2 ? 1 / N : 1);
+    p.gradients_formula = zero_stage >= 2 ? plan_format("%.0f P / %d", s, n) : plan_format("%.0f P", s);
+    // optimizer state: sharded from stage 1
+    p.optimizer_state = optimizer * P * (zero_stage >= 1 ? 1 / N : 1);
+    p.optimizer_formula = (zero_stage >= 1 ? plan_format("%.0f P / %d", optimizer, n) : plan_format("%.0f P", optimizer)) +
+                          "  (" + optimizer_parts + ")";
+
+    if (zero_stage == 1 && shape) {  // llmc/zero.h's grad_shard, next to the full gradient
+        p.gradients += s * P / N;
+        p.gradients_formula += plan_format(" + %.0f P / %d (the averaged shard)", s, n);
+    }
+    if (zero_stage >= 2 && shape) {  // chunk-sized buffers, padded as ParameterLayout pads them
+        const double multiple = 8.0 * N;
+        auto padded = [&](double count) { return std::ceil(count / multiple) * multiple; };
+        const double C = shape->channels;
+        const double embedding = padded(((double)shape->padded_vocab + shape->max_seq_len) * C);
+        const double block = padded(12 * C * C + 13 * C);
+        const double final = padded(2 * C);
+        const double chunks = (embedding + 2 * block + final) * s;
+        const double largest_shard = std::max({embedding, block, final}) / N * s;
+        p.gradients += chunks + largest_shard;
+        p.gradients_formula += plan_format(" + %s working buffers (embedding chunk, 2 block chunks, final chunk, "
+                                           "1 shard)", format_bytes(chunks + largest_shard).c_str());
+        if (zero_stage == 3) {
+            p.parameters += chunks;
+            p.parameters_formula += plan_format(" + %s gathered chunks (embedding, 2 blocks, final)",
+                                                format_bytes(chunks).c_str());
+        }
+    }
+
+    if (shape) {
+        const ActivationBytes a = gpt2_activation_bytes(*shape, bf16);
+        p.activations = a.activations;
+        p.workspace = a.workspace;
+        p.activations_formula = plan_format("L=%d x %s per layer + embeddings, logits (B=%d, T=%d, Vp=%d)",
+                                            shape->num_layers, format_bytes(a.per_layer).c_str(), shape->batch,
+                                            shape->seq_len, shape->padded_vocab);
+        p.workspace_formula = plan_format("shared buffers, 10 x B T C x %.0f bytes + fp32 scratch", s);
+    }
+
+    // communication per step
+    if (zero_stage == 0) {
+        p.communication = 2 * (D - 1) / D * P * s;
+        p.communication_formula = plan_format("all-reduce 2 (D-1)/D P s, D=%d, s=%.0f", data_parallel_ranks, s);
+    } else {
+        const double within = (zero_stage == 1 ? 2 : zero_stage == 2 ? A + 1 : 3 * A) * (N - 1) / N * P * s;
+        const double across = 2 * (M - 1) / M * (P / N) * s;
+        p.communication = within + across;
+        p.communication_formula =
+            zero_stage == 1 ? plan_format("reduce-scatter + all-gather 2 (N-1)/N P s")
+            : zero_stage == 2 ? plan_format("reduce-scatter per micro-step + all-gather (A+1) (N-1)/N P s, A=%d",
+                                            accumulation_steps)
+                              : plan_format("2 all-gathers + reduce-scatter per micro-step 3 A (N-1)/N P s, A=%d",
+                                            accumulation_steps);
+        p.communication_formula += plan_format(", N=%d, s=%.0f", n, s);
+        if (p.replica_groups > 1)
+            p.communication_formula += plan_format(" + HSDP all-reduce 2 (M-1)/M (P/N) s, M=%d", p.replica_groups);
+    }
+
+    p.model_state = p.parameters + p.gradients + p.optimizer_state;
+    p.total = p.model_state + p.activations + p.workspace;
+    return p;
+}
+
+// One line per category: bytes per rank, then the formula that gave them; then the total.
+inline void print_memory_plan(const MemoryPlan& p, FILE* out = stdout) {
+    fprintf(out, "memory plan: %zu parameters (P), %s, ZeRO stage %d, %d data-parallel rank(s) = %d group(s) x %d "
+            "shard rank(s), %d micro-step(s) per step; bytes per rank:\n", p.num_parameters, p.bf16 ? "BF16" : "FP32",
+            p.zero_stage, p.data_parallel_ranks, p.replica_groups, p.shard_ranks, p.accumulation_steps);
+    auto row = [&](const char* name, double bytes, const std::string& formula) {
+        fprintf(out, "  %-16s %12s  %s\n", name, format_bytes(bytes).c_str(), formula.c_str());
+    };
+    row("parameters", p.parameters, p.parameters_formula);
+    row("gradients", p.gradients, p.gradients_formula);
+    row("optimizer state", p.optimizer_state, p.optimizer_formula);
+    if (p.has_shape) {
+        row("activations", p.activations, p.activations_formula);
+        row("workspace", p.workspace, p.workspace_formula);
+    } else {
+        fprintf(out, "  %-16s %12s  (no model shape given)\n", "activations", "-");
+    }
+    row("total", p.total, p.has_shape ? "model state + activations + workspace (not counted: cuBLASLt workspace, "
+                                        "NCCL buffers, the CUDA context)" : "model state only");
+    row("communication", p.communication, p.communication_formula + "  (sent per step)");
+}
