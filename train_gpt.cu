@@ -115,28 +115,38 @@ static void upload(T* device, const std::vector<T>& host) {
     cudaCheck(cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
 }
 
-static void save_checkpoint(const std::string& path, const GPT2& model, const Zero& optimizer, int step,
-                            const DataLoaderState& data, const Rng& sample_rng) {
-    const size_t P = model.layout.total;
-    const size_t state = P / optimizer.shards;
+// Every rank that holds a shard of the first replica group writes it (llmc/zero.h); rank 0 then writes the
+// main file, which completes the checkpoint. Old checkpoints beyond the newest keep_last are removed.
+static void save_checkpoint(const std::string& output_dir, int step, int keep_last, GPT2& model, Zero& optimizer,
+                            Communicator& world, const DataLoaderState& data, const Rng& sample_rng) {
+    const std::string path = checkpoint_path(output_dir, step);
+    std::vector<long long> steps = list_checkpoint_steps(output_dir);
+    steps.push_back(step);
+    std::sort(steps.begin(), steps.end());
+    steps.resize(steps.size() > (size_t)keep_last ? steps.size() - keep_last : 0);  // the ones to remove
+    if (world.rank != 0 && zero_writes_shard(optimizer) && optimizer.shard_rank > 0) {
+        CheckpointWriter writer(shard_path(path, optimizer.shard_rank));
+        zero_write_shard(optimizer, model, writer);
+        writer.commit();
+        for (long long old : steps) remove(shard_path(checkpoint_path(output_dir, old), optimizer.shard_rank).c_str());
+    }
+    barrier(world, model.stream);  // every shard file is complete before the main file appears
+    if (world.rank != 0) return;
     CheckpointWriter writer(path);
     writer.add_value("config", model.config);
     writer.add_value("precision_bytes", (int)sizeof(floatX));
     writer.add_value("step", step);
     writer.add_value("train_data", data);
     writer.add_value("sample_rng", sample_rng);
-    writer.add("params", download(model.params, P).data(), P * sizeof(floatX));
-    if (optimizer.master) writer.add("master", download(optimizer.master, state).data(), state * sizeof(float));
-    writer.add("adamw_m", download(optimizer.m, state).data(), state * sizeof(float));
-    writer.add("adamw_v", download(optimizer.v, state).data(), state * sizeof(float));
+    writer.add_value("shards", optimizer.shards);
+    zero_write_shard(optimizer, model, writer);
     writer.commit();
+    remove_old_checkpoints(output_dir, keep_last);
 }
 
-// Restores the model and optimizer; returns the step to continue from.
+// Restores the model and optimizer, whatever layout the checkpoint was written with; returns its step.
 static int load_checkpoint(const std::string& path, GPT2& model, Zero& optimizer, DataLoaderState* data,
                            Rng* sample_rng) {
-    const size_t P = model.layout.total;
-    const size_t state = P / optimizer.shards;
     CheckpointReader reader(path);
     const GPT2Config saved = reader.read_value<GPT2Config>("config");
     if (memcmp(&saved, &model.config, sizeof(saved)) != 0)
@@ -144,18 +154,9 @@ static int load_checkpoint(const std::string& path, GPT2& model, Zero& optimizer
               path.c_str(), saved.num_layers, saved.num_heads, saved.channels, saved.vocab_size);
     if (reader.read_value<int>("precision_bytes") != (int)sizeof(floatX))
         fatal("%s was written by a build of another precision than this %s build", path.c_str(), PRECISION_NAME);
-    std::vector<floatX> params(P);
-    std::vector<float> buffer(state);
-    reader.read("params", params.data(), P * sizeof(floatX));
-    upload(model.params, params);
-    if (optimizer.master) {
-        reader.read("master", buffer.data(), state * sizeof(float));
-        upload(optimizer.master, buffer);
-    }
-    reader.read("adamw_m", buffer.data(), state * sizeof(float));
-    upload(optimizer.m, buffer);
-    reader.read("adamw_v", buffer.data(), state * sizeof(float));
-    upload(optimizer.v, buffer);
+    const int shards = reader.read_value<int>("shards");
+    if (shards < 1 || shards > 1 << 20) fatal("%s: implausible shard count %d", path.c_str(), shards);
+    zero_read_shards(optimizer, model, path, shards);
     *data = reader.read_value<DataLoaderState>("train_data");
     *sample_rng = reader.read_value<Rng>("sample_rng");
     return reader.read_value<int>("step");
@@ -277,9 +278,6 @@ int main(int argc, char** argv) {
     Zero optimizer;  // this rank's parameters and AdamW state, and the averaging of gradients over ranks
     zero_init(optimizer, zero_stage, &mesh, model, initial_values);
     initial_values = std::vector<float>();
-    if ((optimizer.shards > 1 || zero_stage == 3) && (checkpoint_every > 0 || resume))
-        fatal("checkpoints of sharded state (--zero %d over %d ranks) are not supported yet", zero_stage,
-              optimizer.shards);
     if (main_rank) {
         printf("train_gpt: %s build on %s\n", PRECISION_NAME, device_properties().name);
         printf("model: %d layers, %d heads, %d channels, vocabulary %d (padded %d), %zu parameters\n",
@@ -375,11 +373,10 @@ int main(int argc, char** argv) {
         logger.step(stats);
 
         const bool last = step + 1 == steps;
-        if (main_rank && checkpoint_every > 0 && ((step + 1) % checkpoint_every == 0 || last)) {
-            const std::string path = checkpoint_path(output_dir, step + 1);
-            save_checkpoint(path, model, optimizer, step + 1, train_loader.state(), sample_rng);
-            remove_old_checkpoints(output_dir, keep_checkpoints);
-            logger.checkpoint(step + 1, path);
+        if (checkpoint_every > 0 && ((step + 1) % checkpoint_every == 0 || last)) {
+            save_checkpoint(output_dir, step + 1, keep_checkpoints, model, optimizer, world, train_loader.state(),
+                            sample_rng);
+            logger.checkpoint(step + 1, checkpoint_path(output_dir, step + 1));
         }
     }
 

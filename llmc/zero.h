@@ -58,6 +58,7 @@ all of it; at stages 1-2 each rank squares its shard and the squares are summed 
 #include "mesh.h"
 #include "gpt2.cuh"
 #include "memory.h"
+#include "checkpoint.h"
 
 struct AdamWConfig {
     float beta1 = 0.9f;
@@ -355,4 +356,92 @@ inline std::vector<float> zero_parameters(Zero& z, GPT2& model) {
         std::copy(chunk_values.begin(), chunk_values.end(), values.begin() + model.layout.chunk_start(c));
     }
     return values;
+}
+
+// ----------------------------------------------------------------------------
+// checkpoints of the sharded state
+//
+// A checkpoint of S shards is S files: shard k holds, for every chunk, shard k of the parameters, the fp32
+// master weights and the two moments, as laid out for S shards (llmc/gpt2.cuh pads each chunk to a
+// multiple of 8 S). The ranks of the first replica group write them: rank 0 writes shard 0 into the main
+// file together with everything that is not sharded (step, data position, ...), after a barrier that
+// guarantees the other shard files are complete, so a checkpoint whose main file exists is whole.
+// Reading does not need the same layout: element o of chunk c (o below the chunk's unpadded size) is the
+// same parameter in every layout, so each rank copies, from every saved shard, the elements that fall in
+// the shards it holds now. A run saved on 4 ranks at ZeRO-1 can continue on 2 ranks at ZeRO-3.
+
+inline std::string shard_path(const std::string& main_path, int shard) {
+    if (shard == 0) return main_path;
+    return main_path.substr(0, main_path.size() - 4) + ".shard" + std::to_string(shard) + ".bin";  // drops ".bin"
+}
+
+// whether this rank writes a shard file (the first replica group does; the others hold the same shards)
+inline bool zero_writes_shard(const Zero& z) {
+    return z.replicate_group == nullptr || z.replicate_group->rank == 0;
+}
+
+// Adds this rank's shard of the parameters and the optimizer state to `writer`.
+inline void zero_write_shard(Zero& z, GPT2& model, CheckpointWriter& writer) {
+    const size_t count = model.layout.total / z.shards;
+    std::vector<floatX> params(count);
+    for (int c = 0; c < model.layout.num_chunks(); c++) {
+        const floatX* from = z.stage == 3 ? z.param_shard + shard_offset(z, c) : model.params + shard_start(z, c);
+        cudaCheck(cudaMemcpy(params.data() + shard_offset(z, c), from, shard_size(z, c) * sizeof(floatX),
+                             cudaMemcpyDeviceToHost));
+    }
+    writer.add("params", params.data(), count * sizeof(floatX));
+    std::vector<float> state(count);
+    for (auto [name, buffer] : {std::pair<const char*, float*>{"master", z.master}, {"adamw_m", z.m}, {"adamw_v", z.v}}) {
+        if (!buffer) continue;
+        cudaCheck(cudaMemcpy(state.data(), buffer, count * sizeof(float), cudaMemcpyDeviceToHost));
+        writer.add(name, state.data(), count * sizeof(float));
+    }
+}
+
+// Reads a checkpoint's S shards (main file at main_path) into this rank's parameters and optimizer state.
+inline void zero_read_shards(Zero& z, GPT2& model, const std::string& main_path, int saved_shards) {
+    const ParameterLayout saved(model.config, saved_shards);
+    const ParameterLayout& now = model.layout;
+    // host copies of what this rank holds: all parameters (stages 0-2) or its shard (stage 3), and its state
+    const size_t my_count = now.total / z.shards;
+    std::vector<floatX> params(z.stage == 3 ? my_count : now.total, (floatX)0.0f);
+    std::vector<float> master(z.master ? my_count : 0, 0.0f), m(my_count, 0.0f), v(my_count, 0.0f);
+
+    for (int k = 0; k < saved_shards; k++) {
+        CheckpointReader reader(shard_path(main_path, k));
+        const size_t saved_count = saved.total / saved_shards;
+        std::vector<floatX> saved_params(saved_count);
+        std::vector<float> saved_master(z.master ? saved_count : 0), saved_m(saved_count), saved_v(saved_count);
+        reader.read("params", saved_params.data(), saved_count * sizeof(floatX));
+        if (z.master) reader.read("master", saved_master.data(), saved_count * sizeof(float));
+        reader.read("adamw_m", saved_m.data(), saved_count * sizeof(float));
+        reader.read("adamw_v", saved_v.data(), saved_count * sizeof(float));
+        for (int c = 0; c < now.num_chunks(); c++) {
+            // offsets within chunk c: the saved shard k, this rank's shard, the chunk's real (unpadded) size
+            const size_t used = std::min(saved.chunk_size(c), now.chunk_size(c));  // the smaller padding
+            const size_t saved_size = saved.chunk_size(c) / saved_shards, saved_first = k * saved_size;
+            const size_t saved_at = saved.chunk_start(c) / saved_shards;
+            const size_t my_size = shard_size(z, c), my_first = (size_t)z.shard_rank * my_size;
+            const size_t my_at = shard_offset(z, c);
+            // parameters: the whole chunk (stages 0-2) or this rank's shard (stage 3)
+            const size_t p_first = z.stage == 3 ? my_first : 0, p_end = z.stage == 3 ? my_first + my_size : used;
+            const size_t p_at = z.stage == 3 ? my_at : now.chunk_start(c);
+            for (size_t o = std::max(saved_first, p_first); o < std::min({saved_first + saved_size, p_end, used}); o++)
+                params[p_at + (o - p_first)] = saved_params[saved_at + (o - saved_first)];
+            // optimizer state: this rank's shard
+            for (size_t o = std::max(saved_first, my_first); o < std::min({saved_first + saved_size, my_first + my_size, used});
+                 o++) {
+                const size_t to = my_at + (o - my_first), from = saved_at + (o - saved_first);
+                if (z.master) master[to] = saved_master[from];
+                m[to] = saved_m[from];
+                v[to] = saved_v[from];
+            }
+        }
+    }
+    floatX* param_target = z.stage == 3 ? z.param_shard : model.params;
+    cudaCheck(cudaMemcpy(param_target, params.data(), params.size() * sizeof(floatX), cudaMemcpyHostToDevice));
+    if (z.master) cudaCheck(cudaMemcpy(z.master, master.data(), my_count * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(z.m, m.data(), my_count * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(z.v, v.data(), my_count * sizeof(float), cudaMemcpyHostToDevice));
+    for (int& chunk : z.gathered_chunk) chunk = -1;
 }

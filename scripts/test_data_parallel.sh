@@ -15,12 +15,15 @@ bad() { failed=$((failed + 1)); echo "  FAIL $*"; }
 export OMP_NUM_THREADS=1
 
 flags=(--model custom --layers 2 --heads 2 --channels 32 --vocab-size 50257 --max-seq-len 32 --seq-len 16
-       --total-batch-size 256 --steps 5 --lr-schedule constant --learning-rate 1e-3 --val-every 0
+       --total-batch-size 256 --lr-schedule constant --learning-rate 1e-3 --val-every 0
        --sample-tokens 0 --train-data "data/classics_train.bin")
-run() {  # run NAME RANKS ZERO DP_SHARD: B = 8 / RANKS rows per rank and micro-step
+run() {  # run NAME RANKS ZERO DP_SHARD [FLAGS...]: B = 8 / RANKS rows per rank and micro-step; 5 steps unless given
     local name=$1 ranks=$2 zero=$3 shard=$4
+    shift 4
+    local extra=("$@")
+    [[ " ${extra[*]} " == *" --steps "* ]] || extra+=(--steps 5)
     mpirun --oversubscribe --allow-run-as-root -np "$ranks" "$binary" "${flags[@]}" --batch-size $((8 / ranks)) \
-        --zero "$zero" --dp-shard "$shard" --output-dir "$work/$name" >"$work/$name.out" 2>&1 ||
+        --zero "$zero" --dp-shard "$shard" --output-dir "$work/$name" "${extra[@]}" >>"$work/$name.out" 2>&1 ||
         bad "$name: the run failed: $(grep -m1 error: "$work/$name.out")"
 }
 run one 1 0 1
@@ -28,11 +31,31 @@ layouts="zero0_2:2:0:2 zero0_4:4:0:4 zero1_2:2:1:2 zero1_4:4:1:4 zero2_2:2:2:2 z
          zero3_4:4:3:4 hsdp1_2x2:4:1:2 hsdp2_2x2:4:2:2 hsdp3_2x2:4:3:2"
 for layout in $layouts; do IFS=: read -r name ranks zero shard <<<"$layout"; run "$name" "$ranks" "$zero" "$shard"; done
 
+# checkpoints across layouts: saved at step 3 by 4 ranks at ZeRO-1 (4 shard files), resumed from there by 2
+# ranks at ZeRO-3 and by 1 rank at ZeRO-0; the last 2 steps must match the uninterrupted single rank
+run saved 4 1 4 --checkpoint-every 3 --keep-checkpoints 5
+for name in resumed_zero3 resumed_one; do
+    mkdir -p "$work/$name" && cp "$work"/saved/checkpoint_3* "$work/$name/"
+done
+run resumed_zero3 2 3 2 --resume
+run resumed_one 1 0 1 --resume
+# killed: 4 ranks at ZeRO-2 with a checkpoint every 2 steps are killed with SIGKILL once a checkpoint
+# exists, then resumed from the newest complete checkpoint; their 12 losses must match an uninterrupted run
+run one_long 1 0 1 --steps 12
+( setsid mpirun --oversubscribe --allow-run-as-root -np 4 "$binary" "${flags[@]}" --batch-size 2 --zero 2 --dp-shard 4 \
+      --steps 12 --checkpoint-every 2 --output-dir "$work/killed" >"$work/killed.out" 2>&1 & echo $! >"$work/killed.pid"
+  wait ) &
+for _ in $(seq 1 600); do [[ -f "$work/killed/checkpoint_4.bin" ]] && break; sleep 0.05; done
+kill -KILL -- -"$(cat "$work/killed.pid")" 2>/dev/null
+wait
+killed_at=$(ls "$work/killed" | sed -n -E 's/^checkpoint_([0-9]+)\.bin$/\1/p' | sort -n | tail -n 1)
+run killed 4 2 4 --steps 12 --checkpoint-every 2 --resume
+
 echo "data parallelism vs one rank ($binary)"
-/usr/bin/python3 - "$work" $layouts >"$work/compare.out" <<'EOF' || true
+/usr/bin/python3 - "$work" "${killed_at:-none}" $layouts >"$work/compare.out" <<'EOF' || true
 import json, sys
 import numpy as np
-work, layouts = sys.argv[1], [l.split(":") for l in sys.argv[2:]]
+work, killed_at, layouts = sys.argv[1], sys.argv[2], [l.split(":") for l in sys.argv[3:]]
 def steps(name):
     lines = [json.loads(l) for l in open(f"{work}/{name}/log.jsonl")]
     return [l for l in lines if l["event"] == "step"]
@@ -71,7 +94,30 @@ for name, ranks, zero, shard in layouts:
     print(f"  {'ok  ' if ok else 'FAIL'} {name:9} {ranks} ranks, zero {zero}, dp-shard {shard}: losses rel err "
           f"{loss_error:.1e}, final parameters {param_error:.1e} (tol 1e-5); sent {sent} B/step, "
           f"theory {formula} = {theory:.0f} ({100 * comm_error:.3f}%)")
-print(f"RESULT {len(layouts) - bad} {bad}")
+checks = len(layouts)
+
+# resumed runs: the steps after the checkpoint, and the final parameters
+def compare_resumed(name, reference, first_step, what):
+    global bad, checks
+    checks += 1
+    ref = {s["step"]: s["loss"] for s in steps(reference)}
+    mine = {s["step"]: s["loss"] for s in steps(name)}
+    resumed = [s for s in mine if s > first_step]
+    loss_error = max([abs(mine[s] - ref[s]) / abs(ref[s]) for s in resumed] or [float("inf")])
+    param_error = float(np.linalg.norm(parameters(name) - parameters(reference)) / np.linalg.norm(parameters(reference)))
+    ok = len(resumed) == len(ref) - first_step and loss_error <= 1e-5 and param_error <= 1e-5
+    bad += not ok
+    print(f"  {'ok  ' if ok else 'FAIL'} {what}: steps {first_step + 1}..{len(ref)} losses rel err {loss_error:.1e}, "
+          f"final parameters {param_error:.1e} (tol 1e-5)")
+compare_resumed("resumed_zero3", "one", 3, "saved by 4 ranks at ZeRO-1, resumed by 2 ranks at ZeRO-3")
+compare_resumed("resumed_one", "one", 3, "saved by 4 ranks at ZeRO-1, resumed by 1 rank")
+if killed_at.isdigit() and 0 < int(killed_at) < 12:
+    compare_resumed("killed", "one_long", int(killed_at), f"4 ranks at ZeRO-2 killed (SIGKILL), resumed from step {killed_at}")
+else:
+    checks += 1
+    bad += 1
+    print(f"  FAIL the 4-rank run was not killed mid-training (newest checkpoint: {killed_at})")
+print(f"RESULT {checks - bad} {bad}")
 EOF
 grep -v '^RESULT' "$work/compare.out"
 read -r _ compared_ok compared_bad < <(grep '^RESULT' "$work/compare.out" || echo "RESULT 0 1")
