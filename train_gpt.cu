@@ -398,10 +398,27 @@ int main(int argc, char** argv) {
             printf("wrote %s\n", path.c_str());
         }
     }
+    // ---- memory: what rank 0 held, beside what the ZeRO formulas say it should (llmc/memory.h)
+    const MemoryTotals held = memory_totals();
+    const size_t model_state = held.peak[(int)MemoryKind::Parameters] + held.peak[(int)MemoryKind::Gradients] +
+                               held.peak[(int)MemoryKind::OptimizerState];
+    GPT2MemoryShape shape{config.num_layers, config.channels, config.num_heads, config.padded_vocab_size,
+                          config.max_seq_len, B, T, device_properties().multiProcessorCount};
+    const MemoryPlan formula = plan_training_memory(model.layout.total, zero_stage, dp_size, optimizer.shards,
+                                                    sizeof(floatX) == 2, accumulation_steps);
+    const MemoryPlan with_buffers = plan_training_memory(model.layout.total, zero_stage, dp_size, optimizer.shards,
+                                                         sizeof(floatX) == 2, accumulation_steps, &shape);
     if (main_rank) {
         printf("device memory of rank 0, by category (now and at its peak):\n");
-        print_memory_totals(memory_totals());
+        print_memory_totals(held);
+        printf("parameters + gradients + optimizer state: %s held; ZeRO-%d formula %s, with the working buffers "
+               "%s\n", format_bytes((double)model_state).c_str(), zero_stage, format_bytes(formula.model_state).c_str(),
+               format_bytes(with_buffers.model_state).c_str());
     }
+    logger.write(JsonLine("memory").integer("model_state_bytes", (long long)model_state)
+                     .number("formula_bytes", formula.model_state)
+                     .number("formula_with_buffers_bytes", with_buffers.model_state)
+                     .integer("peak_bytes", (long long)held.peak_total));
     train_loader.free();
     if (val_every > 0) val_loader.free();
     gpt2_free(model);

@@ -40,8 +40,9 @@ The stages (Rajbhandari et al., "ZeRO", 2020), for P parameters on N ranks:
            backward pass, except the last one, which is still there when the backward pass turns around.
            After the optimizer step every gathered copy is stale and is gathered again on next use.
            Sends (N-1)/N * P twice (forward, backward) plus the reduce-scatter: 3 (N-1)/N * P per step
-           (gradient accumulation gathers and reduces once per micro-step). The gathers run on the compute
-           stream, in order; prefetching the next block's gather is not done yet.
+           (gradient accumulation gathers and reduces once per micro-step). The gathers run on the comm
+           stream: while block l computes, block l+1's parameters (l-1's in the backward pass) arrive in the
+           other block buffer.
 Hybrid sharding (HSDP): with --dp-shard K the N = M * K ranks form M groups of K; the state is sharded
 within a group (stages 1-2 over K) and each shard's gradient is then averaged across the M groups with an
 all-reduce between the ranks that hold the same shard.
@@ -89,7 +90,9 @@ struct Zero {
     // stage 3: this rank's shard of the parameters, and the gathered chunks (same four roles as `working`)
     floatX* param_shard = nullptr;
     floatX* gathered[4] = {};
-    int gathered_chunk[4] = {-1, -1, -1, -1}; // which chunk each buffer holds now (-1: none, or stale)
+    int gathered_chunk[4] = {-1, -1, -1, -1}; // which chunk each buffer holds (or is receiving); -1: none, stale
+    cudaEvent_t gather_done[4] = {};          // recorded on the comm stream when a gather into the buffer ends
+    int last_block_gathered = -1;             // tells the forward pass (ascending) from the backward pass
 
     cudaStream_t comm_stream = nullptr;
     cudaEvent_t chunk_ready = nullptr;
@@ -122,17 +125,36 @@ inline int working_buffer_of(const Zero& z, int chunk) {
 }
 
 // stage 3: chunk c's full parameters, gathered unless the buffer still holds them
+// Starts gathering chunk c into its buffer on the comm stream, once the compute stream has reached this
+// point (so every kernel that used the buffer's previous chunk has been enqueued before it).
+inline void start_gather(Zero& z, GPT2& model, int chunk) {
+    const int w = working_buffer_of(z, chunk);
+    cudaCheck(cudaEventRecord(z.chunk_ready, model.stream));
+    cudaCheck(cudaStreamWaitEvent(z.comm_stream, z.chunk_ready, 0));
+    const floatX* shard = z.param_shard + shard_offset(z, chunk);
+    if (z.shard_group) {
+        all_gather(*z.shard_group, z.gathered[w], shard, shard_size(z, chunk), z.comm_stream);
+    } else {
+        cudaCheck(cudaMemcpyAsync(z.gathered[w], shard, shard_size(z, chunk) * sizeof(floatX),
+                                  cudaMemcpyDeviceToDevice, z.comm_stream));
+    }
+    cudaCheck(cudaEventRecord(z.gather_done[w], z.comm_stream));
+    z.gathered_chunk[w] = chunk;
+}
+
+// stage 3: chunk c's full parameters, ready for kernels on the compute stream. Blocks are asked for in order
+// (1, 2, ... in the forward pass, L, L-1, ... in the backward pass), so after handing out block c the next
+// block in the same direction is gathered into the other block buffer while block c computes.
 inline floatX* zero_gather_chunk(Zero& z, GPT2& model, int chunk) {
     const int w = working_buffer_of(z, chunk);
-    if (z.gathered_chunk[w] != chunk) {
-        const floatX* shard = z.param_shard + shard_offset(z, chunk);
-        if (z.shard_group) {
-            all_gather(*z.shard_group, z.gathered[w], shard, shard_size(z, chunk), model.stream);
-        } else {
-            cudaCheck(cudaMemcpyAsync(z.gathered[w], shard, shard_size(z, chunk) * sizeof(floatX),
-                                      cudaMemcpyDeviceToDevice, model.stream));
-        }
-        z.gathered_chunk[w] = chunk;
+    if (z.gathered_chunk[w] != chunk) start_gather(z, model, chunk);
+    cudaCheck(cudaStreamWaitEvent(model.stream, z.gather_done[w], 0));
+    const int L = model.config.num_layers;
+    if (chunk >= 1 && chunk <= L) {
+        const int direction = z.last_block_gathered == chunk + 1 ? -1 : 1;
+        const int next = chunk + direction;
+        if (next >= 1 && next <= L && z.gathered_chunk[working_buffer_of(z, next)] != next) start_gather(z, model, next);
+        z.last_block_gathered = chunk;
     }
     return z.gathered[w];
 }
@@ -166,7 +188,10 @@ inline void zero_init(Zero& z, int stage, Mesh* mesh, GPT2& model, const std::ve
         const int last = model.layout.num_chunks() - 1;
         const size_t sizes[4] = {model.layout.chunk_size(0), model.layout.block_chunk, model.layout.block_chunk,
                                  model.layout.chunk_size(last)};
-        for (int w = 0; w < 4; w++) z.gathered[w] = tracked_alloc<floatX>(sizes[w], MemoryKind::Parameters);
+        for (int w = 0; w < 4; w++) {
+            z.gathered[w] = tracked_alloc<floatX>(sizes[w], MemoryKind::Parameters);
+            cudaCheck(cudaEventCreate(&z.gather_done[w]));
+        }
         model.parameters_of = [&z, &model](int chunk) { return zero_gather_chunk(z, model, chunk); };
     }
     z.m = tracked_alloc<float>(shard_total, MemoryKind::OptimizerState);
@@ -192,7 +217,7 @@ inline void zero_init(Zero& z, int stage, Mesh* mesh, GPT2& model, const std::ve
         }
         size_t largest_shard = 0;
         for (int c = 0; c <= last; c++) largest_shard = std::max(largest_shard, shard_size(z, c));
-        z.reduced = tracked_alloc<floatX>(largest_shard, MemoryKind::Communication);
+        z.reduced = tracked_alloc<floatX>(largest_shard, MemoryKind::Gradients);
     }
     cudaCheck(cudaStreamCreate(&z.comm_stream));
     cudaCheck(cudaEventCreate(&z.chunk_ready));
@@ -206,6 +231,7 @@ inline void zero_free(Zero& z) {
                     (void*)z.gathered[3]})
         tracked_free(p);
     for (int w = 0; w < 4; w++) {
+        if (z.gather_done[w]) cudaCheck(cudaEventDestroy(z.gather_done[w]));
         if (!z.working[w]) continue;
         tracked_free(z.working[w]);
         cudaCheck(cudaEventDestroy(z.working_free[w]));
