@@ -106,6 +106,8 @@ expect_error "total batch not a multiple of B*T" "total-batch-size" total-batch-
 expect_error "missing tokenizer for samples" "nonexistent_tokenizer" sample-tokens=8 tokenizer="$work/nonexistent_tokenizer.bin"
 expect_error "non-finite loss" "not finite" model="$work/model_huge.bin" checkpoint-every=1
 expect_error "resume without a checkpoint" "no checkpoint" resume=true
+expect_error "ZeRO stage that does not exist" "--zero must be between 0 and 3" zero=4
+expect_error "shard group that does not divide the ranks" "--dp-shard 3 does not divide the 1 ranks" dp-shard=3
 
 # a corrupted checkpoint must be refused on resume
 mapfile -t args < <(run_args checkpoint-every=3 output-dir="$work/corrupt")
