@@ -53,6 +53,7 @@ all of it; at stages 1-2 each rank squares its shard and the squares are summed 
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include "cuda_common.cuh"
 #include "comm.h"
@@ -117,6 +118,11 @@ inline int chunk_of(const ParameterLayout& layout, int kind, int layer) {
 // (gpt2_allocate with zero_shard_count()), allocated without full gradients from stage 2 on and without
 // full parameters at stage 3.
 inline int zero_shard_count(int stage, const Mesh* mesh) { return stage == 0 || !mesh ? 1 : mesh->shard.size; }
+
+// stages 2, 3: the sizes of the four working buffers (embeddings, two blocks, final layernorm)
+inline std::array<size_t, 4> working_buffer_sizes(const ParameterLayout& layout) {
+    return {layout.chunk_size(0), layout.block_chunk, layout.block_chunk, layout.chunk_size(layout.num_chunks() - 1)};
+}
 
 // stages 2, 3: which working buffer chunk c's gradient (and, at stage 3, its gathered parameters) goes to
 inline int working_buffer_of(const Zero& z, int chunk) {
@@ -185,9 +191,7 @@ inline void zero_init(Zero& z, int stage, Mesh* mesh, GPT2& model, const std::ve
             for (size_t i = 0; i < shard_size(z, c); i++) mine[shard_offset(z, c) + i] = (floatX)values[shard_start(z, c) + i];
         z.param_shard = tracked_alloc<floatX>(shard_total, MemoryKind::Parameters);
         cudaCheck(cudaMemcpy(z.param_shard, mine.data(), shard_total * sizeof(floatX), cudaMemcpyHostToDevice));
-        const int last = model.layout.num_chunks() - 1;
-        const size_t sizes[4] = {model.layout.chunk_size(0), model.layout.block_chunk, model.layout.block_chunk,
-                                 model.layout.chunk_size(last)};
+        const std::array<size_t, 4> sizes = working_buffer_sizes(model.layout);
         for (int w = 0; w < 4; w++) {
             z.gathered[w] = tracked_alloc<floatX>(sizes[w], MemoryKind::Parameters);
             cudaCheck(cudaEventCreate(&z.gather_done[w]));
@@ -207,16 +211,14 @@ inline void zero_init(Zero& z, int stage, Mesh* mesh, GPT2& model, const std::ve
     }
     if (stage >= 1) z.grad_shard = tracked_alloc<floatX>(shard_total, MemoryKind::Gradients);
     if (stage >= 2) {
-        const int last = model.layout.num_chunks() - 1;
-        const size_t sizes[4] = {model.layout.chunk_size(0), model.layout.block_chunk, model.layout.block_chunk,
-                                 model.layout.chunk_size(last)};
+        const std::array<size_t, 4> sizes = working_buffer_sizes(model.layout);
         for (int w = 0; w < 4; w++) {
             z.working[w] = tracked_alloc<floatX>(sizes[w], MemoryKind::Gradients);
             cudaCheck(cudaMemset(z.working[w], 0, sizes[w] * sizeof(floatX)));
             cudaCheck(cudaEventCreate(&z.working_free[w]));
         }
         size_t largest_shard = 0;
-        for (int c = 0; c <= last; c++) largest_shard = std::max(largest_shard, shard_size(z, c));
+        for (int c = 0; c < model.layout.num_chunks(); c++) largest_shard = std::max(largest_shard, shard_size(z, c));
         z.reduced = tracked_alloc<floatX>(largest_shard, MemoryKind::Gradients);
     }
     cudaCheck(cudaStreamCreate(&z.comm_stream));
