@@ -103,7 +103,7 @@ static void adamw_lab_check(size_t count, size_t offset, bool use_master) {
     auto run = [&](const AdamWLabHyperparameters& h) {
         adamw_update(d_params.ptr + offset, use_master ? d_master.ptr + offset : nullptr, d_m.ptr + offset,
                      d_v.ptr + offset, d_grads.ptr + offset, count, h.learning_rate, h.beta1, h.beta2, h.eps,
-                     h.weight_decay, h.step, h.grad_scale, h.seed, stream);
+                     h.weight_decay, h.step, h.grad_scale, h.seed, 0, stream);
         cudaCheck(cudaDeviceSynchronize());
     };
 
@@ -218,10 +218,21 @@ static void adamw_lab_check_rounding_statistics() {
     d_m.upload(random_floats(count, -0.01f, 0.01f));
     d_v.upload(random_floats(count, 1e-6f, 1e-4f));
     adamw_update(d_params.ptr, d_master.ptr, d_m.ptr, d_v.ptr, d_grads.ptr, count, 0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 3,
-                 1.0f, 2024u, 0);
+                 1.0f, 2024u, 0, 0);
     cudaCheck(cudaDeviceSynchronize());
     const std::vector<float> params = d_params.download();
     check_true("adamw master unchanged at lr=0", d_master.download() == master);
+
+    // the same tensor updated in two pieces, as two ZeRO shards would, rounds exactly as when updated whole
+    const size_t split = count / 3 + 5;  // odd, so the second piece also takes the unaligned path
+    d_params.poison();
+    for (size_t first : {(size_t)0, split}) {
+        const size_t piece = first == 0 ? split : count - split;
+        adamw_update(d_params.ptr + first, d_master.ptr + first, d_m.ptr + first, d_v.ptr + first,
+                     d_grads.ptr + first, piece, 0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 3, 1.0f, 2024u, first, 0);
+    }
+    cudaCheck(cudaDeviceSynchronize());
+    check_true("adamw bf16 tensor in two pieces == whole", d_params.download() == params);
 
     // more elements than the grid has threads: each thread rounds several, and each must still use the
     // bits of its own element index
@@ -283,7 +294,7 @@ static void adamw_lab_bench() {
     int step = 1;
     const double ms = time_ms([&] {
         adamw_update(params.ptr, master_or_null, m.ptr, v.ptr, grads.ptr, count, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f,
-                     step, 1.0f, (uint32_t)step, 0);
+                     step, 1.0f, (uint32_t)step, 0, 0);
         step++;
     });
     // bytes: params and m, v (and master in BF16) read and written, grads read

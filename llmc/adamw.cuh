@@ -23,9 +23,10 @@ Precision. The moments m, v and the update are fp32 in both builds.
     smaller than half a bf16 step (2^-9 relative), which late in training is most of them; stochastic
     rounding keeps them in expectation. Without a master copy (master = nullptr in BF16) the old bf16
     value is the starting point and the stochastic rounding is all that carries small updates.
-The random bits come from a hash of (seed, element index within this call), never from the thread or
+The random bits come from a hash of (seed, element index within the tensor), never from the thread or
 block, so the result does not depend on the launch configuration and a run can be repeated bit for bit.
-Use a new seed every step (and a different one per call within a step).
+A tensor updated in pieces (each rank its shard, under ZeRO) passes each piece's first index, so it
+rounds exactly as when updated whole. Use a new seed every step and a different one per tensor.
 */
 #pragma once
 
@@ -83,6 +84,7 @@ struct AdamWSettings {
     float weight_decay;
     float grad_scale;
     uint32_t seed;
+    size_t first_index;  // index within its tensor of the first element of this call
 };
 
 // One parameter: updates m and v in place and returns the new fp32 value of the weight.
@@ -118,7 +120,7 @@ __global__ void adamw_kernel(floatX* params, float* master, float* m, float* v, 
             }
             for (int k = 0; k < f128::size; k++) {
                 weight[k] = adamw_new_weight(weight[k], (float)grad[j + k], moment1[k], moment2[k], settings);
-                const uint32_t random_bits = random_bits_for(settings.seed, base + j + k);
+                const uint32_t random_bits = random_bits_for(settings.seed, settings.first_index + base + j + k);
                 new_param[j + k] = round_stochastically<floatX>(weight[k], random_bits);
             }
             store128cs(m + base + j, moment1);
@@ -133,7 +135,7 @@ __global__ void adamw_kernel(floatX* params, float* master, float* m, float* v, 
         const float weight = master != nullptr ? master[i] : (float)params[i];
         const float new_weight = adamw_new_weight(weight, (float)grads[i], m[i], v[i], settings);
         if (master != nullptr) master[i] = new_weight;
-        params[i] = round_stochastically<floatX>(new_weight, random_bits_for(settings.seed, i));
+        params[i] = round_stochastically<floatX>(new_weight, random_bits_for(settings.seed, settings.first_index + i));
     }
 }
 
@@ -152,10 +154,11 @@ __global__ void copy_to_master_kernel(float* master, const floatX* params, size_
 // master (count): fp32 master weights, read and written; nullptr to use params as the master.
 // m, v (count): fp32 moments, read and written. grads (count): read only.
 // step: 1-based (the first update is step 1). grad_scale multiplies every gradient (clipping).
+// seed, first_index: element i rounds with the bits of hash(seed, first_index + i).
 // Any count and any alignment; 16-byte aligned pointers take the 128-bit path.
 inline void adamw_update(floatX* params, float* master, float* m, float* v, const floatX* grads, size_t count,
                          float learning_rate, float beta1, float beta2, float eps, float weight_decay, int step,
-                         float grad_scale, uint32_t seed, cudaStream_t stream) {
+                         float grad_scale, uint32_t seed, size_t first_index, cudaStream_t stream) {
     if (step < 1) {
         fprintf(stderr, "error: adamw_update: step must be 1 or more (got %d)\n", step);
         exit(EXIT_FAILURE);
@@ -171,6 +174,7 @@ inline void adamw_update(floatX* params, float* master, float* m, float* v, cons
     settings.weight_decay = weight_decay;
     settings.grad_scale = grad_scale;
     settings.seed = seed;
+    settings.first_index = first_index;
 
     auto aligned = [](const void* pointer) { return pointer == nullptr || (uintptr_t)pointer % 16 == 0; };
     const bool packed = aligned(params) && aligned(master) && aligned(m) && aligned(v) && aligned(grads);

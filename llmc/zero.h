@@ -361,7 +361,7 @@ inline void zero_optimizer_step(Zero& z, GPT2& model, const AdamWConfig& adamw, 
         const float decay = tensor_kind_info(kind).is_matrix ? adamw.weight_decay : 0.0f;
         adamw_update(params, z.master ? z.master + in_shard : nullptr, z.m + in_shard, z.v + in_shard,
                      grads, end - first, learning_rate, adamw.beta1, adamw.beta2, adamw.eps, decay, step, grad_scale,
-                     tensor_seed, model.stream);
+                     tensor_seed, first - offset, model.stream);
     });
     if (z.stage == 3) {
         for (int& chunk : z.gathered_chunk) chunk = -1;  // every gathered copy is stale now

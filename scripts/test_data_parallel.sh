@@ -4,9 +4,11 @@
 # sharding 2 x 2 with stages 1, 2 and 3 (mpirun, CPU build, FP32). The losses of every step and the final parameters must agree with the
 # single rank's within 1e-5 relative: only the order of the additions in the gradient average differs.
 # Also compares the bytes each rank sent per step with the ring algorithms' theory (llmc/zero.h).
-#   usage: scripts/test_data_parallel.sh ./train_gpt_fp32_cpu
+# Given a BF16 build too, checks that ZeRO stages 0-3 give bit-identical BF16 runs (see the end).
+#   usage: scripts/test_data_parallel.sh ./train_gpt_fp32_cpu [./train_gpt_cpu]
 set -u
-binary=${1:?usage: $0 TRAIN_BINARY}
+binary=${1:?usage: $0 TRAIN_BINARY [BF16_TRAIN_BINARY]}
+bf16_binary=${2:-}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 passed=0 failed=0
@@ -15,14 +17,16 @@ bad() { failed=$((failed + 1)); echo "  FAIL $*"; }
 export OMP_NUM_THREADS=1
 
 flags=(--model custom --layers 2 --heads 2 --channels 32 --vocab-size 50257 --max-seq-len 32 --seq-len 16
-       --total-batch-size 256 --lr-schedule constant --learning-rate 1e-3 --val-every 0
+       --lr-schedule constant --learning-rate 1e-3 --val-every 0
        --sample-tokens 0 --train-data "data/classics_train.bin")
-run() {  # run NAME RANKS ZERO DP_SHARD [FLAGS...]: B = 8 / RANKS rows per rank and micro-step; 5 steps unless given
+run() {  # run NAME RANKS ZERO DP_SHARD [FLAGS...]: B = 8 / RANKS rows per rank and micro-step; 5 steps and
+         # 256 tokens per step unless given
     local name=$1 ranks=$2 zero=$3 shard=$4
     shift 4
     local extra=("$@")
     [[ " ${extra[*]} " == *" --steps "* ]] || extra+=(--steps 5)
-    mpirun --oversubscribe --allow-run-as-root -np "$ranks" "$binary" "${flags[@]}" --batch-size $((8 / ranks)) \
+    [[ " ${extra[*]} " == *" --total-batch-size "* ]] || extra+=(--total-batch-size 256)
+    mpirun --oversubscribe --allow-run-as-root -np "$ranks" "${run_binary:-$binary}" "${flags[@]}" --batch-size $((8 / ranks)) \
         --zero "$zero" --dp-shard "$shard" --output-dir "$work/$name" "${extra[@]}" >>"$work/$name.out" 2>&1 ||
         bad "$name: the run failed: $(grep -m1 error: "$work/$name.out")"
 }
@@ -42,12 +46,12 @@ run resumed_one 1 0 1 --resume
 # killed: 4 ranks at ZeRO-2 with a checkpoint every 2 steps are killed with SIGKILL once a checkpoint
 # exists, then resumed from the newest complete checkpoint; their 12 losses must match an uninterrupted run
 run one_long 1 0 1 --steps 12
-mpirun --oversubscribe --allow-run-as-root -np 4 "$binary" "${flags[@]}" --batch-size 2 --zero 2 --dp-shard 4 \
+mpirun --oversubscribe --allow-run-as-root -np 4 "$binary" "${flags[@]}" --batch-size 2 --total-batch-size 256 --zero 2 --dp-shard 4 \
     --steps 12 --checkpoint-every 2 --output-dir "$work/killed" >"$work/killed.out" 2>&1 &
 for _ in $(seq 1 600); do [[ -f "$work/killed/checkpoint_4.bin" ]] && break; sleep 0.05; done
 # every process of that run (mpirun and its ranks) has the run's unique output directory in its arguments
 pkill -KILL -f -- "--output-dir $work/killed" 2>/dev/null
-wait
+wait 2>/dev/null  # (no "Killed" job notice)
 for _ in $(seq 1 100); do pgrep -f -- "--output-dir $work/killed" >/dev/null || break; sleep 0.05; done
 killed_at=$(ls "$work/killed" | sed -n -E 's/^checkpoint_([0-9]+)\.bin$/\1/p' | sort -n | tail -n 1)
 run killed 4 2 4 --steps 12 --checkpoint-every 2 --resume
@@ -128,6 +132,26 @@ else:
 print(f"RESULT {checks - bad} {bad}")
 EOF
 grep -v '^RESULT' "$work/compare.out"
+
+# BF16, 2 ranks, no gradient accumulation, no clipping: every ZeRO stage adds the same numbers in the same
+# order (a sum of two gradients is the same either way round, and the stochastic rounding hashes each
+# element's index within its tensor, not within the rank's shard), so losses and final parameters must be
+# bit-identical. Accumulation adds the micro-steps before the reduction at stages 0-1 and after it at 2-3,
+# and clipping sums the squared norm per shard: both reorder float additions, so they stay off here.
+if [[ -n "$bf16_binary" ]]; then
+    for zero in 0 1 2 3; do
+        run_binary=$bf16_binary run "bf16_zero$zero" 2 "$zero" 2 --total-batch-size 128 --grad-clip 0
+    done
+    losses() { grep -o '"loss": [^,]*' "$work/$1/log.jsonl"; }
+    for zero in 1 2 3; do
+        if [[ $(losses bf16_zero0 | wc -l) -eq 5 && "$(losses bf16_zero0)" == "$(losses bf16_zero$zero)" ]] &&
+            cmp -s "$work/bf16_zero0/model.bin" "$work/bf16_zero$zero/model.bin"; then
+            ok "BF16, 2 ranks: zero $zero's 5 losses and final parameters are bit-identical to zero 0's"
+        else
+            bad "BF16, 2 ranks: zero $zero's losses or final parameters differ from zero 0's"
+        fi
+    done
+fi
 read -r _ compared_ok compared_bad < <(grep '^RESULT' "$work/compare.out" || echo "RESULT 0 1")
 passed=$((passed + compared_ok))
 failed=$((failed + compared_bad))
