@@ -10,7 +10,8 @@ GPU_ARCH ?= 80 90
 NVCC ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
 CXX := g++
 # nvcc may be a wrapper script (e.g. /usr/local/bin/nvcc), so ask nvcc itself where its toolkit lives
-CUDA_BIN := $(shell $(NVCC) --dryrun -x cu -c /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$$ _HERE_=//p')
+# (a recursive variable: asked only by the one rule that needs the headers)
+CUDA_BIN = $(shell $(NVCC) --dryrun -x cu -c /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$$ _HERE_=//p')
 CUDA_INCLUDE ?= $(CUDA_BIN)/../include
 
 ifeq ($(PRECISION),FP32)
