@@ -2,10 +2,11 @@
 Tests of the CPU execution layer itself (llmc/cpu/): the machinery every other CPU test stands on.
 Each kernel here exercises one CUDA semantic whose expected outcome is written down independently of
 the layer's code: shuffle source lanes (with segments narrower than a warp), barriers, votes,
-cooperative groups, atomics, dynamic shared memory; then the failures that must be reported (a divergent
+cooperative groups, atomics, dynamic shared memory, warp-collective operations; then the failures that must be reported (a divergent
 warp, invalid launches) are run in a child process and their messages checked; the bf16 stand-in is
 compared bit for bit with the CUDA toolkit's own conversion on millions of floats in dev/test_bf16.cpp.
 */
+#include <atomic>
 #include <string>
 #include <vector>
 #include "lab.h"
@@ -262,6 +263,55 @@ void test_atomics_and_shared_memory() {
 }
 
 // ----------------------------------------------------------------------------
+// a warp-collective operation (the mechanism behind llmc/mma.cuh): each lane deposits its value; one call
+// per warp gives lane i the value of lane 31 - i and the warp's sum
+
+struct ReverseLane {
+    int value;
+    int* reversed;
+    int* sum;
+};
+std::atomic<int> collective_calls{0};
+
+void reverse_and_sum(void* const lanes[32]) {
+    collective_calls++;
+    int sum = 0;
+    for (int lane = 0; lane < 32; lane++) sum += static_cast<ReverseLane*>(lanes[lane])->value;
+    for (int lane = 0; lane < 32; lane++) {
+        ReverseLane& mine = *static_cast<ReverseLane*>(lanes[lane]);
+        *mine.reversed = static_cast<ReverseLane*>(lanes[31 - lane])->value;
+        *mine.sum = sum;
+    }
+}
+
+__global__ void collective_kernel(int* out) {
+    int reversed = -1, sum = -1;
+    ReverseLane mine{3 * (int)threadIdx.x, &reversed, &sum};
+    cudacpu::warp_collective("reverse_and_sum", reverse_and_sum, &mine, __FILE__, __LINE__);
+    out[2 * threadIdx.x] = reversed;
+    out[2 * threadIdx.x + 1] = sum;
+}
+
+void test_collective() {
+    printf("warp-collective operations\n");
+    DeviceBuffer<int> out(2 * 96);
+    out.poison();
+    collective_calls = 0;
+    launch(collective_kernel, 1, 96, 0, nullptr, out.ptr);
+    std::vector<int> raw(2 * 96);
+    cudaCheck(cudaMemcpy(raw.data(), out.ptr, raw.size() * sizeof(int), cudaMemcpyDeviceToHost));
+    int wrong = 0;
+    for (int t = 0; t < 96; t++) {
+        const int first = t / 32 * 32;
+        wrong += raw[2 * t] != 3 * (first + 31 - t % 32);
+        wrong += raw[2 * t + 1] != 3 * (32 * first + 496);  // 3 * (first + (first+1) + ... + (first+31))
+    }
+    check_true("each lane gets its results from all 32 lanes' arguments", wrong == 0);
+    check_true("the operation runs once per warp", collective_calls == 3,
+               std::to_string(collective_calls.load()) + " calls for 3 warps");
+}
+
+// ----------------------------------------------------------------------------
 // failures that must be reported: run in a child process, check exit status and message
 
 constexpr int kDivergentBarrierLine = __LINE__ + 5;  // the lines of the two waits below
@@ -277,6 +327,21 @@ __global__ void divergent_kernel(float* out) {
 }
 
 __global__ void nothing_kernel(float* out) { out[0] = 1.0f; }
+
+constexpr int kDivergentCollectiveLine = __LINE__ + 5;
+__global__ void divergent_collective_kernel(int* out) {
+    int reversed = -1, sum = -1;
+    ReverseLane mine{(int)threadIdx.x, &reversed, &sum};
+    if (threadIdx.x % 32 != 5)  // lane 5 never joins
+        cudacpu::warp_collective("reverse_and_sum", reverse_and_sum, &mine, __FILE__, __LINE__);
+    __syncthreads();
+    out[threadIdx.x] = reversed;
+}
+void run_divergent_collective() {
+    int* out;
+    cudaCheck(cudaMalloc(&out, 32 * sizeof(int)));
+    launch(divergent_collective_kernel, 1, 32, 0, nullptr, out);
+}
 
 void run_divergent() {
     float* out;
@@ -303,6 +368,8 @@ void test_reported_failures() {
                    "test_cpu_layer.cu:" + shuffle_line);
     expect_failure("divergent warp aborts naming the barrier's line", run_divergent,
                    "test_cpu_layer.cu:" + barrier_line);
+    expect_failure("a collective that lane 5 skips aborts naming its line", run_divergent_collective,
+                   "reverse_and_sum (dev/test_cpu_layer.cu:" + std::to_string(kDivergentCollectiveLine) + ")");
     expect_failure("1025 threads per block is an invalid launch", run_too_many_threads, "more than 1024 threads");
     expect_failure("64 KiB of shared memory without opting in is invalid", run_too_much_shared_memory,
                    "48 KiB");
@@ -316,6 +383,7 @@ int main() {
     test_votes();
     test_cooperative_groups();
     test_atomics_and_shared_memory();
+    test_collective();
     test_reported_failures();
     printf("%d passed, %d failed\n", lab.passed, lab.failed);
     return lab.failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
