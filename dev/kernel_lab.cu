@@ -10,6 +10,7 @@ precision, on the GPU or on the CPU device. With --bench it also times each kern
 #include "lab_encoder.cuh"
 #include "lab_layernorm.cuh"
 #include "lab_matmul.cuh"
+#include "lab_mma.cuh"
 #include "lab_attention.cuh"
 #include "lab_gelu.cuh"
 #include "lab_classifier.cuh"
@@ -32,6 +33,7 @@ int main(int argc, char** argv) {
     lab_encoder();
     lab_layernorm();
     lab_matmul();
+    lab_mma();
     lab_attention();
     lab_gelu();
     lab_classifier();
