@@ -23,6 +23,7 @@ defined. It maps CUDA's keywords onto C++ and pulls in the pieces of the CPU exe
 #define __forceinline__ inline __attribute__((always_inline))
 #define __launch_bounds__(...)
 #define __shared__ static thread_local
+#define __align__(bytes) alignas(bytes)
 
 #include "vector_types.h"
 #include "bf16.h"

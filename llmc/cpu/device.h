@@ -20,6 +20,17 @@ Scheduling, for one block:
     behaviour or a hang. Here it aborts with both source lines.
   - When every warp is at the block barrier or finished, the barrier is released. Finished threads count
     as arrived (as on Volta and later GPUs).
+Warp-collective operations (the tensor-core instructions of llmc/mma.cuh: mma.sync, ldmatrix) use the
+same machinery with a full mask: each lane deposits a pointer to its own arguments (its stack stays alive
+while it is suspended), and when all 32 lanes have arrived at the same operation and source line, one
+function computes every lane's result from all 32 argument blocks. A lane missing from the call is a
+divergent warp, reported as for shuffles.
+
+Asynchronous copies (cp.async) are queued in the issuing thread and performed only when that thread
+waits for their group (cp_async_wait<N>), never earlier and never at a barrier: on a GPU the copy may
+land any time before the wait, so a kernel that reads the target before waiting has a race, and here it
+reads the stale contents every time (dynamic shared memory starts each block filled with 0xff bytes). A
+thread that exits with copies still queued is reported.
 Blocks run on OpenMP threads, one block at a time per OS thread, so `__shared__` is `static thread_local`
 and dynamic shared memory is one buffer per OS thread. Real atomics make concurrent blocks safe.
 
@@ -82,7 +93,10 @@ constexpr size_t kFiberStackBytes = 64 * 1024;
 // what a waiting thread is waiting for
 
 enum class Wait { None, Barrier, Warp, Exited };
-enum class WarpOp { Sync, Shuffle, Ballot, ActiveMask };
+enum class WarpOp { Sync, Shuffle, Ballot, ActiveMask, Collective };
+
+// computes the results of a warp-collective operation from every lane's argument block
+using CollectiveFunction = void (*)(void* const lanes[kWarpSize]);
 
 inline const char* warp_op_name(WarpOp op) {
     switch (op) {
@@ -90,9 +104,20 @@ inline const char* warp_op_name(WarpOp op) {
         case WarpOp::Shuffle: return "__shfl_sync";
         case WarpOp::Ballot: return "__ballot_sync";
         case WarpOp::ActiveMask: return "__activemask";
+        case WarpOp::Collective: return "a warp-collective operation";
     }
     return "?";
 }
+
+// a 16-byte cp.async copy waiting for its group's wait (valid == false: write zeros, read nothing)
+struct PendingCopy {
+    void* target;
+    const void* source;
+    bool valid;
+    int group;
+    const char* file;
+    int line;
+};
 
 struct Fiber {
     fctx::fcontext_t context = nullptr;
@@ -111,6 +136,14 @@ struct Fiber {
     int value_bytes = 0;
     alignas(16) unsigned char value[16];
     alignas(16) unsigned char result[16];
+    // a warp-collective operation: what computes it, its name for messages, this lane's arguments
+    CollectiveFunction collective = nullptr;
+    const char* collective_name = "";
+    void* collective_arguments = nullptr;
+    // cp.async copies issued but not yet waited for, oldest first, and the number of committed groups
+    std::vector<PendingCopy> pending_copies;
+    size_t first_pending = 0;
+    int committed_groups = 0;
 #if defined(__SANITIZE_ADDRESS__)
     void* fake_stack = nullptr;
 #endif
@@ -205,11 +238,26 @@ inline void yield_to_scheduler() {
     sanitizer_finish_switch(fake_stack_slot(self), &runner.scheduler_stack_bottom, &runner.scheduler_stack_size);
 }
 
+// A copy still queued when its thread ends would land in shared memory nobody reads (or, here, never land):
+// the kernel forgot a cp_async_wait.
+inline void check_no_copies_pending(const Fiber& fiber) {
+    if (fiber.first_pending == fiber.pending_copies.size()) return;
+    const PendingCopy& copy = fiber.pending_copies[fiber.first_pending];
+    char message[512];
+    snprintf(message, sizeof(message),
+             "in kernel %s: thread (%u,%u,%u) of block (%u,%u,%u) exits with cp.async pending (issued at %s:%d, "
+             "never completed by cp_async_wait)", describe_function(current_runner->kernel).c_str(),
+             fiber.thread_idx.x, fiber.thread_idx.y, fiber.thread_idx.z, current_block_idx.x, current_block_idx.y,
+             current_block_idx.z, copy.file, copy.line);
+    fatal(message);
+}
+
 inline void fiber_entry(fctx::transfer_t from) {
     BlockRunner& runner = *static_cast<BlockRunner*>(from.data);
     runner.scheduler_context = from.fctx;
     sanitizer_finish_switch(nullptr, &runner.scheduler_stack_bottom, &runner.scheduler_stack_size);
     runner.body(runner.body_state);
+    check_no_copies_pending(*current_fiber);
     current_fiber->wait = Wait::Exited;
     yield_to_scheduler();  // never resumed
     fatal("an exited emulated thread was resumed");
@@ -255,8 +303,11 @@ inline void BlockRunner::reserve(int threads) {
     fatal(message);
 }
 
+inline const char* operation_name(const Fiber& fiber) {
+    return fiber.op == WarpOp::Collective ? fiber.collective_name : warp_op_name(fiber.op);
+}
 inline const char* wait_name(const Fiber& fiber) {
-    return fiber.wait == Wait::Barrier ? "__syncthreads" : warp_op_name(fiber.op);
+    return fiber.wait == Wait::Barrier ? "__syncthreads" : operation_name(fiber);
 }
 
 // Runs warp `warp` until none of its lanes can make progress without the rest of the block.
@@ -302,21 +353,22 @@ inline void BlockRunner::settle_warp(int warp, int num_threads) {
                 char message[512];
                 snprintf(message, sizeof(message),
                          "in kernel %s: lane %d calls %s (%s:%d) with a mask naming lane %d, which has exited",
-                         describe_function(kernel).c_str(), leader.lane, warp_op_name(leader.op), leader.file, leader.line, gone);
+                         describe_function(kernel).c_str(), leader.lane, operation_name(leader), leader.file, leader.line, gone);
                 fatal(message);
             }
             if (count < kWarpSize && (mask >> count)) {
                 char message[512];
                 snprintf(message, sizeof(message),
                          "in kernel %s: lane %d calls %s (%s:%d) with a mask naming lanes beyond the block's %d threads",
-                         describe_function(kernel).c_str(), leader.lane, warp_op_name(leader.op), leader.file, leader.line, num_threads);
+                         describe_function(kernel).c_str(), leader.lane, operation_name(leader), leader.file, leader.line, num_threads);
                 fatal(message);
             }
             if ((waiting & mask) != mask) continue;  // someone in the mask has not arrived yet
             for (unsigned bits = mask; bits; bits &= bits - 1) {
                 const Fiber& other = lanes[__builtin_ctz(bits)];
-                if (other.op != leader.op || other.line != leader.line || other.mask != mask)
-                    report_divergence(kernel, leader, warp_op_name(leader.op), other, warp_op_name(other.op));
+                if (other.op != leader.op || other.line != leader.line || other.mask != mask ||
+                    other.collective != leader.collective)
+                    report_divergence(kernel, leader, operation_name(leader), other, operation_name(other));
             }
             if (leader.op == WarpOp::Shuffle) {
                 for (unsigned bits = mask; bits; bits &= bits - 1) {
@@ -338,6 +390,10 @@ inline void BlockRunner::settle_warp(int warp, int num_threads) {
                     if (lanes[lane].value[0]) ballot |= 1u << lane;
                 }
                 for (unsigned bits = mask; bits; bits &= bits - 1) memcpy(lanes[__builtin_ctz(bits)].result, &ballot, 4);
+            } else if (leader.op == WarpOp::Collective) {  // the mask is the full warp
+                void* arguments[kWarpSize];
+                for (int lane = 0; lane < kWarpSize; lane++) arguments[lane] = lanes[lane].collective_arguments;
+                leader.collective(arguments);
             }
             for (unsigned bits = mask; bits; bits &= bits - 1) lanes[__builtin_ctz(bits)].wait = Wait::None;
             waiting &= ~mask;
@@ -368,6 +424,9 @@ inline void BlockRunner::run_block(int num_threads, dim3 block_dim) {
         fiber.lane = i % kWarpSize;
         fiber.warp = i / kWarpSize;
         fiber.wait = Wait::None;
+        fiber.pending_copies.clear();
+        fiber.first_pending = 0;
+        fiber.committed_groups = 0;
     }
     const int num_warps = (num_threads + kWarpSize - 1) / kWarpSize;
     for (;;) {
@@ -444,6 +503,57 @@ T shuffle(unsigned mask, T value, int source_lane, const char* file, int line) {
     T result;
     memcpy(&result, current_fiber->result, sizeof(T));
     return result;
+}
+
+// A warp-collective operation: every lane of the warp calls this with its own argument block (which must
+// stay alive until the call returns: a local of the caller does); when all 32 have arrived, `compute` runs
+// once with all 32 blocks and writes each lane's results wherever its block points.
+inline void warp_collective(const char* name, CollectiveFunction compute, void* lane_arguments, const char* file,
+                            int line) {
+    Fiber& self = *current_fiber;
+    self.collective = compute;
+    self.collective_name = name;
+    self.collective_arguments = lane_arguments;
+    warp_operation(WarpOp::Collective, 0xffffffffu, nullptr, 0, 0, file, line);
+}
+
+// ----------------------------------------------------------------------------
+// cp.async: 16-byte copies queued in the issuing thread, performed when their group is waited for
+
+inline void check_aligned_16(const void* address, const char* what, const char* file, int line) {
+    if (reinterpret_cast<uintptr_t>(address) % 16 != 0) {
+        char message[512];
+        snprintf(message, sizeof(message), "in kernel %s: thread %u calls %s (%s:%d) with an address that is not "
+                 "16-byte aligned (%p)", describe_function(current_runner->kernel).c_str(), current_fiber->thread_idx.x,
+                 what, file, line, address);
+        fatal(message);
+    }
+}
+
+inline void async_copy_16(void* target, const void* source, bool valid, const char* file, int line) {
+    check_aligned_16(target, "cp.async", file, line);
+    if (valid) check_aligned_16(source, "cp.async", file, line);
+    Fiber& self = *current_fiber;
+    self.pending_copies.push_back(PendingCopy{target, source, valid, self.committed_groups, file, line});
+}
+
+// copies issued since the last commit form the next group
+inline void async_copy_commit() { current_fiber->committed_groups++; }
+
+// performs every copy of the committed groups except the newest `groups_left_pending`
+inline void async_copy_wait(int groups_left_pending) {
+    Fiber& self = *current_fiber;
+    const int complete_below = self.committed_groups - groups_left_pending;
+    while (self.first_pending < self.pending_copies.size() &&
+           self.pending_copies[self.first_pending].group < complete_below) {
+        const PendingCopy& copy = self.pending_copies[self.first_pending++];
+        if (copy.valid) memcpy(copy.target, copy.source, 16);
+        else memset(copy.target, 0, 16);
+    }
+    if (self.first_pending == self.pending_copies.size()) {  // reuse the storage from the start
+        self.pending_copies.clear();
+        self.first_pending = 0;
+    }
 }
 
 // ----------------------------------------------------------------------------
