@@ -31,15 +31,17 @@ Each line prints the relative error in norm, ||ours - reference|| / ||reference|
 // The losses of later steps drift further: at 124M with lr 1e-4, weights of size ~0.02 have a bf16
 // spacing of 1.2e-4, so every AdamW update (about lr per weight) is about one bf16 step, and the
 // stochastically rounded bf16 weights differ from PyTorch's fp32 weights by as much as an update. The
-// trajectory (loss 11 -> 3.2 in 10 steps on one batch) has measured deviations up to 2.5e-2 (0.4%).
+// trajectory (loss 11 -> 3.2 in 10 steps on one batch) has measured deviations up to 2.6e-2 (0.4%) in the
+// loss and up to 1.5e-2 relative in the later steps' gradient norms (the first step's norm, before any
+// update, stays within 0.5%): the later norms get the trajectory's own tolerance.
 // The tolerances are 2-3x the worst measured error: enough for rounding noise, far below what a
 // missing term or a wrong index does (errors of order 1).
 #ifdef ENABLE_FP32
 constexpr double kLogitsTolerance = 1e-5, kLossTolerance = 1e-5, kGradTolerance = 1e-4, kNormTolerance = 1e-4;
-constexpr double kStepLossTolerance = 1e-5;
+constexpr double kStepLossTolerance = 1e-5, kStepNormTolerance = 1e-4;
 #else
 constexpr double kLogitsTolerance = 3e-2, kLossTolerance = 2e-3, kGradTolerance = 4e-2, kNormTolerance = 1.5e-2;
-constexpr double kStepLossTolerance = 6e-2;
+constexpr double kStepLossTolerance = 6e-2, kStepNormTolerance = 4e-2;
 #endif
 
 static int passed = 0, failed = 0;
@@ -191,7 +193,8 @@ int main(int argc, char** argv) {
                    fabs((double)loss - ref.losses[step]), step == 0 ? kLossTolerance : kStepLossTolerance,
                    "abs err       ");
             report("step " + std::to_string(step) + " gradient norm",
-                   fabs((double)norm - ref.grad_norms[step]) / ref.grad_norms[step], kNormTolerance, "rel err       ");
+                   fabs((double)norm - ref.grad_norms[step]) / ref.grad_norms[step],
+                   step == 0 ? kNormTolerance : kStepNormTolerance, "rel err       ");
         }
         const float scale = (ref.grad_clip > 0 && norm > ref.grad_clip) ? ref.grad_clip / norm : 1.0f;
         zero_optimizer_step(optimizer, model, adamw, ref.learning_rate, step + 1, scale, 1234u + step);

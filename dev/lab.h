@@ -113,9 +113,11 @@ struct DeviceBuffer {
 // comparison
 
 // Compares every element; prints one line with the worst error and the tolerance; counts the result.
+// `allowance`, when given, adds a tolerance of its own to each element (an error bound that depends on
+// more than |ref|, e.g. on the sizes of the terms that were summed).
 inline bool check_close(const std::string& name, const std::vector<float>& got, const std::vector<double>& ref,
-                        double atol, double rtol) {
-    if (got.size() != ref.size() || got.empty()) {
+                        double atol, double rtol, const std::vector<double>& allowance = {}) {
+    if (got.size() != ref.size() || got.empty() || (!allowance.empty() && allowance.size() != got.size())) {
         printf("  FAIL %-48s size %zu, expected %zu\n", name.c_str(), got.size(), ref.size());
         lab.failed++;
         return false;
@@ -125,7 +127,7 @@ inline bool check_close(const std::string& name, const std::vector<float>& got, 
     double worst_excess = -INFINITY;
     for (size_t i = 0; i < got.size(); i++) {
         double diff = std::isfinite(got[i]) ? std::fabs((double)got[i] - ref[i]) : INFINITY;
-        double excess = diff - (atol + rtol * std::fabs(ref[i]));
+        double excess = diff - (atol + rtol * std::fabs(ref[i]) + (allowance.empty() ? 0.0 : allowance[i]));
         if (excess > 0) bad++;
         if (excess > worst_excess) { worst_excess = excess; worst = i; }
     }
@@ -136,6 +138,7 @@ inline bool check_close(const std::string& name, const std::vector<float>& got, 
     printf("  %s %-48s worst |err| %.3e (rel %.2e) at %zu: got %.6g ref %.6g   tol %.0e + %.0e*|ref|",
            ok ? "ok  " : "FAIL", name.c_str(), diff, diff / std::max(std::fabs(ref[worst]), 1e-30), worst,
            (double)got[worst], ref[worst], atol, rtol);
+    if (!allowance.empty()) printf(" + %.1e", allowance[worst]);
     if (!ok) printf("   (%zu of %zu elements out of tolerance)", bad, got.size());
     printf("\n");
     return ok;

@@ -39,49 +39,17 @@ That computes S, P and dP twice (once per kernel): per score entry 7 products of
 5 an atomic version would need (S, dP, dV, dK, dQ), 1.4x the work; in exchange every gradient element is
 summed by one thread in a fixed order, so two runs give the same bits.
 
-Tiling. A block has 128 threads and owns a tile of 32 rows (query rows in the forward and dQ kernels, key
-rows in dK/dV). Query and key tiles are the same size, so causality is simple: query tile i needs key tiles
-0..i, and only the diagonal tile has masked entries. Rows and keys at or beyond T (the last tile when T is
-not a multiple of 32) load as zeros, are masked out of the softmax and are never stored.
-
-Each step of a kernel is two small matrix products between 32-row tiles staged in shared memory (fp32):
-  scores:       a 32 x 32 tile of S (and dP), each entry a dot product of length HS;
-  accumulation: output rows += (32 x 32 tile of P or dS) times (32 x HS tile), each thread owning HS/4 dims.
-Four threads share a row. In the scores step a thread computes 8 neighbouring entries of its row (columns
-8*quarter .. 8*quarter+7); in the accumulation step it owns dims quarter*HS/4 .. (quarter+1)*HS/4 - 1 of the
-row's output. Row maxima and sums combine the four threads with __shfl_xor_sync over groups of 4 lanes. The
-probabilities P (and dS) go through a 32 x 33 shared tile between the two steps.
-
-Two shared-memory layouts, chosen so that the innermost loops read consecutive words. That lets the CPU
-build (where each emulated thread runs its loops on one core) turn them into SIMD loads and fused
-multiply-adds with the accumulators in vector registers, and on the GPU it spreads a warp's reads over
-distinct banks or makes them broadcasts:
-  column tile (HS, 32+1), transposed: element (row r, dim d) at d * 33 + r. The scores step reads the other
-      operand from one: for each d the 8 columns of a thread are 8 consecutive floats. In a warp (8 rows x 4
-      threads) the 4 threads of a row read 4 different words (in 4 different banks) and the 8 rows read the
-      same ones (a broadcast).
-  row tile (32, HS+4): row r at r * (HS+4), and within the row each thread's HS/4 dims followed by one pad
-      word, so dim d sits at d + d / (HS/4). The accumulation step reads one from a row: the HS/4 dims of a
-      thread are consecutive. A warp reads the same row for all its 8 rows (a broadcast), and the pad word
-      puts the 4 threads' stretches on different banks (they start (HS/4 + 1) words apart, an odd number);
-      without it the 4 stretches would start HS/4 words apart and collide (2-way at HS = 64, 4-way at 128).
-      The scores step reads its scalar operand (one word per d) from a row tile too: the 8 rows of a warp
-      are (HS+4) words apart, which lands them on 8 different banks.
-Which tile is stored in which layout follows from who reads it. The scores step of the backward kernels
-runs with the roles of the tiles swapped (the row of a thread is a query in dK/dV and a key in dQ) so that
-the tile a block keeps for its whole life is the column operand and every tile is needed in one layout
-only; P and dS are then written transposed, read by other warps, and need a __syncthreads. The inner
-products are written as plain loops over the tiles; a tensor-core version would replace the two steps by
-mma fragments and keep the online-softmax bookkeeping unchanged.
-
-Why nothing T x T exists: each block holds one 32 x 32 tile of scores at a time, and the only per-row
-state carried from tile to tile is (m, l, o). Memory is O(T * HS) per head, not O(T^2).
+Two implementations of these formulas, one per precision, behind the same two launchers below:
+  llmc/attention_tensor_cores.cuh   BF16 build: every product of tiles is a tensor-core mma (bf16 operands,
+                                    fp32 accumulation), the online softmax works on the accumulator fragments
+                                    in registers, tiles stream in through cp.async double buffering.
+  llmc/attention_cuda_cores.cuh     FP32 build: plain fp32 multiply-adds over tiles in shared memory; the
+                                    exact reference path.
+Both run the same schedule: one block per tile of 64 (tensor cores) or 32 (CUDA cores) rows, the longest
+blocks first, nothing T x T ever stored (each block holds one tile of scores at a time, and the only per-row
+state carried from tile to tile is (m, l, o): memory is O(T * HS) per head, not O(T^2)).
 
 Workspace: the backward pass needs B * NH * T floats (the D values), passed as workspace_D.
-Shared memory per block, with R = 32 * (HS+4) a row tile, K = 33 * HS a column tile and 32 * 33 a score
-tile: forward 2R + K + 32*33 floats, dK/dV 2R + 2K + 2*32*33 + 64, dQ 2R + 2K + 32*33. That is above the
-default 48 KiB for the forward at HS = 128, dK/dV at HS >= 80 and dQ at HS >= 96; the launchers ask for it
-once per kernel.
 Supported head sizes: multiples of 16 from 16 to 128 (the kernels are templates on HS; the launchers
 dispatch at run time and refuse anything else). Any T >= 1.
 */
@@ -89,235 +57,14 @@ dispatch at run time and refuse anything else). Any T >= 1.
 
 #include <type_traits>
 #include "cuda_common.cuh"
+#ifdef ENABLE_FP32
+#include "attention_cuda_cores.cuh"
+#else
+#include "attention_tensor_cores.cuh"
+#endif
 
 // ----------------------------------------------------------------------------
-// tile geometry, shared by all kernels of this file
-
-constexpr int kAttentionTile = 32;                                          // rows per tile (queries or keys)
-constexpr int kAttentionThreads = 128;                                      // threads per block
-constexpr int kThreadsPerRow = kAttentionThreads / kAttentionTile;          // 4 threads share a row
-constexpr int kScoresPerThread = kAttentionTile / kThreadsPerRow;           // 8 of the row's 32 scores
-constexpr int kColumnStride = kAttentionTile + 1;                           // padded row of a column or score tile
-constexpr int kScoreTileFloats = kAttentionTile * kColumnStride;            // a 32 x 33 tile of P or dS
-static_assert(kThreadsPerRow == 4, "the row reductions below shuffle across groups of 4 lanes");
-
-// row tile (32, HS): HS/4 dims per thread, each thread's stretch followed by one pad word
-template <int HS>
-__host__ __device__ constexpr int row_tile_stride() { return HS + kThreadsPerRow; }
-template <int HS>
-__host__ __device__ constexpr int row_tile_floats() { return kAttentionTile * row_tile_stride<HS>(); }
-template <int HS>
-__device__ __forceinline__ int row_tile_index(int row, int d) {
-    constexpr int dims_per_thread = HS / kThreadsPerRow;
-    return row * row_tile_stride<HS>() + d + d / dims_per_thread;
-}
-// where the stretch of dims of thread `quarter` starts within a row of a row tile
-template <int HS>
-__device__ __forceinline__ int row_tile_quarter_offset(int quarter) {
-    return quarter * (HS / kThreadsPerRow + 1);
-}
-
-// column tile (HS, 32): the transpose, element (row, d) at d * 33 + row
-template <int HS>
-__host__ __device__ constexpr int column_tile_floats() { return HS * kColumnStride; }
-
-enum class TileLayout { Rows, Columns };
-
-// Copies rows first_row .. first_row+31 of a row-major (T, row_stride) floatX matrix (columns 0..HS-1 from
-// `source`) into a fp32 shared tile of the given layout; rows at or beyond T become zeros. All threads of
-// the block take part. (A warp reads whole rows from global memory, so the loads coalesce; the transposed
-// stores of a column tile meet at most 2-way bank conflicts, once per tile.)
-template <int HS, TileLayout layout>
-__device__ void load_tile_to_shared(float* tile, const floatX* source, size_t row_stride, int first_row, int T) {
-    constexpr int chunks_per_row = HS / x128::size;
-    const GridStride share = block_stride(kAttentionTile * chunks_per_row);
-    for (size_t chunk = share.first; chunk < share.end; chunk += share.step) {
-        const int row = (int)chunk / chunks_per_row;
-        const int column = ((int)chunk % chunks_per_row) * x128::size;
-        const x128 packed = first_row + row < T ? load128(source + (size_t)(first_row + row) * row_stride + column)
-                                                : x128::constant((floatX)0.0f);
-        if constexpr (layout == TileLayout::Rows) {
-            // 4 dims from a multiple of 4 never cross a pad word (HS/4 is a multiple of 4): one index per 4
-            for (int group = 0; group < x128::size; group += 4) {
-                float* target = tile + row_tile_index<HS>(row, column + group);
-                for (int k = 0; k < 4; k++) target[k] = (float)packed[group + k];
-            }
-        } else {
-            for (int k = 0; k < x128::size; k++) tile[(column + k) * kColumnStride + row] = (float)packed[k];
-        }
-    }
-}
-
-// The reverse for a row tile: writes its rows that are below T back to global memory as floatX.
-template <int HS>
-__device__ void store_row_tile_from_shared(floatX* target, size_t row_stride, const float* tile, int first_row,
-                                           int T) {
-    constexpr int chunks_per_row = HS / x128::size;
-    const GridStride share = block_stride(kAttentionTile * chunks_per_row);
-    for (size_t chunk = share.first; chunk < share.end; chunk += share.step) {
-        const int row = (int)chunk / chunks_per_row;
-        const int column = ((int)chunk % chunks_per_row) * x128::size;
-        if (first_row + row >= T) continue;
-        x128 packed;
-        for (int group = 0; group < x128::size; group += 4) {  // as in the load: one index per 4 dims
-            const float* source = tile + row_tile_index<HS>(row, column + group);
-            for (int k = 0; k < 4; k++) packed[group + k] = (floatX)source[k];
-        }
-        store128(target + (size_t)(first_row + row) * row_stride + column, packed);
-    }
-}
-
-// The scores step: scores[i] += sum_d rows[row][d] * columns[d][first_column + i] for the 8 columns
-// first_column .. first_column+7, with `rows` a row tile and `columns` a column tile. For each d: one
-// scalar and 8 consecutive floats.
-template <int HS>
-__device__ __forceinline__ void add_tile_dot_products(float (&scores)[kScoresPerThread], const float* rows, int row,
-                                                      const float* columns, int first_column) {
-    constexpr int dims_per_thread = HS / kThreadsPerRow;
-    const float* row_start = rows + row * row_tile_stride<HS>();
-    for (int quarter = 0; quarter < kThreadsPerRow; quarter++) {  // dims of each quarter, skipping its pad word
-        for (int j = 0; j < dims_per_thread; j++) {
-            const int d = quarter * dims_per_thread + j;
-            const float a = row_start[row_tile_quarter_offset<HS>(quarter) + j];
-            const float* b = columns + d * kColumnStride + first_column;
-            for (int i = 0; i < kScoresPerThread; i++) scores[i] += a * b[i];
-        }
-    }
-}
-
-// The same for two products at once (S and dP in the backward kernels): one loop, two independent chains
-// of multiply-adds, each summed in the same order as above.
-template <int HS>
-__device__ __forceinline__ void add_tile_dot_products(float (&scores_a)[kScoresPerThread], const float* rows_a,
-                                                      const float* columns_a, float (&scores_b)[kScoresPerThread],
-                                                      const float* rows_b, const float* columns_b, int row,
-                                                      int first_column) {
-    constexpr int dims_per_thread = HS / kThreadsPerRow;
-    const float* row_start_a = rows_a + row * row_tile_stride<HS>();
-    const float* row_start_b = rows_b + row * row_tile_stride<HS>();
-    for (int quarter = 0; quarter < kThreadsPerRow; quarter++) {
-        for (int j = 0; j < dims_per_thread; j++) {
-            const int d = quarter * dims_per_thread + j;
-            const float a = row_start_a[row_tile_quarter_offset<HS>(quarter) + j];
-            const float b = row_start_b[row_tile_quarter_offset<HS>(quarter) + j];
-            const float* column_a = columns_a + d * kColumnStride + first_column;
-            const float* column_b = columns_b + d * kColumnStride + first_column;
-            for (int i = 0; i < kScoresPerThread; i++) {
-                scores_a[i] += a * column_a[i];
-                scores_b[i] += b * column_b[i];
-            }
-        }
-    }
-}
-
-// The accumulation step: accumulator[j] += sum_r weights[row][r] * rows[r][dim j of `quarter`], with
-// `weights` a 32 x 33 score tile (P or dS) and `rows` a row tile. For each r: one scalar and HS/4
-// consecutive floats.
-template <int HS>
-__device__ __forceinline__ void add_weighted_rows(float (&accumulator)[HS / kThreadsPerRow], const float* weights,
-                                                  int row, const float* rows, int quarter) {
-    constexpr int dims_per_thread = HS / kThreadsPerRow;
-    const float* columns_start = rows + row_tile_quarter_offset<HS>(quarter);
-    for (int r = 0; r < kAttentionTile; r++) {
-        const float w = weights[row * kColumnStride + r];
-        const float* b = columns_start + r * row_tile_stride<HS>();
-        for (int j = 0; j < dims_per_thread; j++) accumulator[j] += w * b[j];
-    }
-}
-
-// Sum and maximum over the 4 threads that share a row (lanes 4r .. 4r+3 of a warp).
-__device__ __forceinline__ float row_group_sum(float value) {
-    value += __shfl_xor_sync(0xffffffff, value, 1, kThreadsPerRow);
-    value += __shfl_xor_sync(0xffffffff, value, 2, kThreadsPerRow);
-    return value;
-}
-__device__ __forceinline__ float row_group_max(float value) {
-    value = fmaxf(value, __shfl_xor_sync(0xffffffff, value, 1, kThreadsPerRow));
-    value = fmaxf(value, __shfl_xor_sync(0xffffffff, value, 2, kThreadsPerRow));
-    return value;
-}
-
-// ----------------------------------------------------------------------------
-// forward: block (query tile, h, b); online softmax over the key tiles 0 .. query tile.
-// Blocks are numbered so that the longest ones (last query tiles, most key tiles) start first.
-// Thread (row, quarter): query row `row`, keys 8*quarter .. 8*quarter+7 of each key tile, output dims of
-// its quarter.
-
-template <int HS>
-__global__ void attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int NH) {
-    constexpr int dims_per_thread = HS / kThreadsPerRow;
-    DYNAMIC_SHARED(float, shared);
-    float* q_tile = shared;                              // row tile: this block's queries; reused for the output
-    float* k_tile = q_tile + row_tile_floats<HS>();      // column tile: current keys
-    float* v_tile = k_tile + column_tile_floats<HS>();   // row tile: current values
-    float* p_tile = v_tile + row_tile_floats<HS>();      // (32, 33) exp(S - m) of the current tile
-
-    const int query_tile = gridDim.x - 1 - blockIdx.x;
-    const int h = blockIdx.y;
-    const int b = blockIdx.z;
-    const int C = NH * HS;
-    const size_t qkv_row_stride = 3 * (size_t)C;
-    const floatX* q_head = qkv + (size_t)b * T * qkv_row_stride + h * HS;
-    const floatX* k_head = q_head + C;
-    const floatX* v_head = q_head + 2 * C;
-    const int row = threadIdx.x / kThreadsPerRow;        // this thread's query row within the tile
-    const int quarter = threadIdx.x % kThreadsPerRow;    // which of the row's 4 threads
-    const int first_column = quarter * kScoresPerThread; // its 8 keys within each key tile
-    const int first_query = query_tile * kAttentionTile;
-    const int query = first_query + row;
-    const float scale = 1.0f / sqrtf((float)HS);
-
-    load_tile_to_shared<HS, TileLayout::Rows>(q_tile, q_head, qkv_row_stride, first_query, T);
-
-    float o[dims_per_thread];                            // this thread's dims of the row's accumulator
-    for (int j = 0; j < dims_per_thread; j++) o[j] = 0.0f;
-    float running_max = -INFINITY;                       // m, the same in all 4 threads of the row
-    float partial_sum = 0.0f;                            // this thread's share of l (summed over the 4 at the end)
-
-    for (int key_tile = 0; key_tile <= query_tile; key_tile++) {
-        const int first_key = key_tile * kAttentionTile;
-        load_tile_to_shared<HS, TileLayout::Columns>(k_tile, k_head, qkv_row_stride, first_key, T);
-        load_tile_to_shared<HS, TileLayout::Rows>(v_tile, v_head, qkv_row_stride, first_key, T);
-        __syncthreads();  // the K and V tiles (and, the first time, Q) are complete
-
-        float s[kScoresPerThread];
-        for (int i = 0; i < kScoresPerThread; i++) s[i] = 0.0f;
-        add_tile_dot_products<HS>(s, q_tile, row, k_tile, first_column);
-        float tile_max = -INFINITY;
-        for (int i = 0; i < kScoresPerThread; i++) {
-            const int key = first_key + first_column + i;
-            s[i] = (key <= query && key < T) ? s[i] * scale : -INFINITY;
-            tile_max = fmaxf(tile_max, s[i]);
-        }
-        // key first_key <= query is never masked, so new_max is finite from the first tile on
-        const float new_max = fmaxf(running_max, row_group_max(tile_max));
-        const float correction = expf(running_max - new_max);   // exp(-inf) = 0 on the first tile
-        partial_sum *= correction;
-        for (int j = 0; j < dims_per_thread; j++) o[j] *= correction;
-        for (int i = 0; i < kScoresPerThread; i++) {
-            const float p = expf(s[i] - new_max);
-            partial_sum += p;
-            p_tile[row * kColumnStride + first_column + i] = p;
-        }
-        running_max = new_max;
-        __syncwarp();  // the row's P values come from the 4 threads of the row, all in this warp
-
-        add_weighted_rows<HS>(o, p_tile, row, v_tile, quarter);
-        __syncthreads();  // everyone is done with K, V before the next tile overwrites them
-    }
-
-    const float row_sum = row_group_sum(partial_sum);
-    const float inverse_sum = 1.0f / row_sum;
-    // the Q row was only ever read by this row's threads: stage the output there for coalesced stores
-    float* out_row = q_tile + row * row_tile_stride<HS>() + row_tile_quarter_offset<HS>(quarter);
-    for (int j = 0; j < dims_per_thread; j++) out_row[j] = o[j] * inverse_sum;
-    if (quarter == 0 && query < T) lse[((size_t)b * NH + h) * T + query] = running_max + logf(row_sum);
-    __syncthreads();  // the whole output tile is staged
-    store_row_tile_from_shared<HS>(out + (size_t)b * T * C + h * HS, C, q_tile, first_query, T);
-}
-
-// ----------------------------------------------------------------------------
-// backward, step 1: D[b][h][t] = dout[b][t][head h] . out[b][t][head h]. One thread per (b, h, t) row,
+// backward, first step: D[b][h][t] = dout[b][t][head h] . out[b][t][head h]. One thread per (b, h, t) row,
 // grid-stride loop.
 
 __global__ void attention_backward_preprocess_kernel(float* D, const floatX* dout, const floatX* out,
@@ -338,173 +85,6 @@ __global__ void attention_backward_preprocess_kernel(float* D, const floatX* dou
         }
         D[index] = sum;
     }
-}
-
-// ----------------------------------------------------------------------------
-// backward, step 2: dK and dV. Block (key tile, h, b). Query tiles from the diagonal to the end: for each,
-// recompute P and dP for the 32 x 32 tile, then dV += P^T dO and dK += dS^T Q (scaled once at the end).
-// Scores step, thread (row, quarter): query row `row` of the query tile against keys 8*quarter ..
-// 8*quarter+7 of this block (the block's own K and V are the column tiles). Accumulation step: key row
-// `row`, dims of its quarter.
-
-template <int HS>
-__global__ void attention_backward_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv,
-                                               const float* lse, const float* D, int T, int NH) {
-    constexpr int dims_per_thread = HS / kThreadsPerRow;
-    DYNAMIC_SHARED(float, shared);
-    float* k_tile = shared;                                  // column tile: this block's keys
-    float* v_tile = k_tile + column_tile_floats<HS>();       // column tile: this block's values
-    float* q_tile = v_tile + column_tile_floats<HS>();       // row tile: current queries; reused for dK
-    float* dout_tile = q_tile + row_tile_floats<HS>();       // row tile: their output gradients; reused for dV
-    float* p_tile = dout_tile + row_tile_floats<HS>();       // (32, 33) P^T: row = key, column = query
-    float* ds_tile = p_tile + kScoreTileFloats;              // (32, 33) dS^T
-    float* lse_tile = ds_tile + kScoreTileFloats;            // (32) lse of the current queries
-    float* d_tile = lse_tile + kAttentionTile;               // (32) D of the current queries
-
-    const int key_tile = blockIdx.x;
-    const int h = blockIdx.y;
-    const int b = blockIdx.z;
-    const int C = NH * HS;
-    const size_t qkv_row_stride = 3 * (size_t)C;
-    const floatX* q_head = qkv + (size_t)b * T * qkv_row_stride + h * HS;
-    const floatX* k_head = q_head + C;
-    const floatX* v_head = q_head + 2 * C;
-    const floatX* dout_head = dout + (size_t)b * T * C + h * HS;
-    const float* lse_head = lse + ((size_t)b * NH + h) * T;
-    const float* d_head = D + ((size_t)b * NH + h) * T;
-    const int row = threadIdx.x / kThreadsPerRow;        // scores: query row; accumulation: key row
-    const int quarter = threadIdx.x % kThreadsPerRow;
-    const int first_column = quarter * kScoresPerThread; // scores: this thread's 8 keys within the tile
-    const int first_key = key_tile * kAttentionTile;
-    const int num_tiles = ceil_div(T, kAttentionTile);
-    const float scale = 1.0f / sqrtf((float)HS);
-
-    load_tile_to_shared<HS, TileLayout::Columns>(k_tile, k_head, qkv_row_stride, first_key, T);
-    load_tile_to_shared<HS, TileLayout::Columns>(v_tile, v_head, qkv_row_stride, first_key, T);
-
-    float dk[dims_per_thread], dv[dims_per_thread];     // key row `row`, this thread's dims
-    for (int j = 0; j < dims_per_thread; j++) { dk[j] = 0.0f; dv[j] = 0.0f; }
-
-    for (int query_tile = key_tile; query_tile < num_tiles; query_tile++) {
-        const int first_query = query_tile * kAttentionTile;
-        load_tile_to_shared<HS, TileLayout::Rows>(q_tile, q_head, qkv_row_stride, first_query, T);
-        load_tile_to_shared<HS, TileLayout::Rows>(dout_tile, dout_head, C, first_query, T);
-        if (threadIdx.x < kAttentionTile) {
-            const int query = first_query + threadIdx.x;
-            lse_tile[threadIdx.x] = query < T ? lse_head[query] : 0.0f;
-            d_tile[threadIdx.x] = query < T ? d_head[query] : 0.0f;
-        }
-        __syncthreads();  // Q, dO, lse, D of this query tile (and, the first time, K and V) are complete
-
-        // S and dP of query `row` against keys first_column .. first_column+7
-        float s[kScoresPerThread], dp[kScoresPerThread];
-        for (int i = 0; i < kScoresPerThread; i++) { s[i] = 0.0f; dp[i] = 0.0f; }
-        add_tile_dot_products<HS>(s, q_tile, k_tile, dp, dout_tile, v_tile, row, first_column);
-        const int query = first_query + row;
-        for (int i = 0; i < kScoresPerThread; i++) {
-            const int local_key = first_column + i;
-            const bool visible = first_key + local_key <= query && query < T;
-            const float p = visible ? expf(s[i] * scale - lse_tile[row]) : 0.0f;
-            p_tile[local_key * kColumnStride + row] = p;
-            ds_tile[local_key * kColumnStride + row] = p * (dp[i] - d_tile[row]);
-        }
-        __syncthreads();  // P^T and dS^T are complete (a key row's entries come from all 32 query rows)
-
-        add_weighted_rows<HS>(dv, p_tile, row, dout_tile, quarter);
-        add_weighted_rows<HS>(dk, ds_tile, row, q_tile, quarter);
-        __syncthreads();  // everyone is done with this Q, dO tile (and P^T, dS^T) before the next overwrites them
-    }
-
-    // stage dK and dV in the (now free) Q and dO tiles for coalesced stores
-    float* dk_row = q_tile + row * row_tile_stride<HS>() + row_tile_quarter_offset<HS>(quarter);
-    float* dv_row = dout_tile + row * row_tile_stride<HS>() + row_tile_quarter_offset<HS>(quarter);
-    for (int j = 0; j < dims_per_thread; j++) {
-        dk_row[j] = dk[j] * scale;
-        dv_row[j] = dv[j];
-    }
-    __syncthreads();  // the dK and dV tiles are staged
-    floatX* dqkv_head = dqkv + (size_t)b * T * qkv_row_stride + h * HS;
-    store_row_tile_from_shared<HS>(dqkv_head + C, qkv_row_stride, q_tile, first_key, T);
-    store_row_tile_from_shared<HS>(dqkv_head + 2 * C, qkv_row_stride, dout_tile, first_key, T);
-}
-
-// ----------------------------------------------------------------------------
-// backward, step 3: dQ. Block (query tile, h, b). Key tiles from the start to the diagonal: recompute P and
-// dP, then dQ += dS K (scaled once at the end).
-// Scores step, thread (row, quarter): key row `row` of the key tile against queries 8*quarter ..
-// 8*quarter+7 of this block (the block's own Q and dO are the column tiles). Accumulation step: query row
-// `row`, dims of its quarter.
-
-template <int HS>
-__global__ void attention_backward_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv,
-                                             const float* lse, const float* D, int T, int NH) {
-    constexpr int dims_per_thread = HS / kThreadsPerRow;
-    DYNAMIC_SHARED(float, shared);
-    float* q_tile = shared;                                  // column tile: this block's queries
-    float* dout_tile = q_tile + column_tile_floats<HS>();    // column tile: their output gradients
-    float* k_tile = dout_tile + column_tile_floats<HS>();    // row tile: current keys; reused for dQ
-    float* v_tile = k_tile + row_tile_floats<HS>();          // row tile: current values
-    float* ds_tile = v_tile + row_tile_floats<HS>();         // (32, 33) dS: row = query, column = key
-
-    const int query_tile = gridDim.x - 1 - blockIdx.x;       // longest blocks first
-    const int h = blockIdx.y;
-    const int b = blockIdx.z;
-    const int C = NH * HS;
-    const size_t qkv_row_stride = 3 * (size_t)C;
-    const floatX* q_head = qkv + (size_t)b * T * qkv_row_stride + h * HS;
-    const floatX* k_head = q_head + C;
-    const floatX* v_head = q_head + 2 * C;
-    const floatX* dout_head = dout + (size_t)b * T * C + h * HS;
-    const int row = threadIdx.x / kThreadsPerRow;        // scores: key row; accumulation: query row
-    const int quarter = threadIdx.x % kThreadsPerRow;
-    const int first_column = quarter * kScoresPerThread; // scores: this thread's 8 queries within the tile
-    const int first_query = query_tile * kAttentionTile;
-    const float scale = 1.0f / sqrtf((float)HS);
-
-    // lse and D of this thread's 8 queries, fixed for the whole block
-    float query_lse[kScoresPerThread], query_d[kScoresPerThread];
-    for (int i = 0; i < kScoresPerThread; i++) {
-        const int query = first_query + first_column + i;
-        query_lse[i] = query < T ? lse[((size_t)b * NH + h) * T + query] : 0.0f;
-        query_d[i] = query < T ? D[((size_t)b * NH + h) * T + query] : 0.0f;
-    }
-
-    load_tile_to_shared<HS, TileLayout::Columns>(q_tile, q_head, qkv_row_stride, first_query, T);
-    load_tile_to_shared<HS, TileLayout::Columns>(dout_tile, dout_head, C, first_query, T);
-
-    float dq[dims_per_thread];                           // query row `row`, this thread's dims
-    for (int j = 0; j < dims_per_thread; j++) dq[j] = 0.0f;
-
-    for (int key_tile = 0; key_tile <= query_tile; key_tile++) {
-        const int first_key = key_tile * kAttentionTile;
-        load_tile_to_shared<HS, TileLayout::Rows>(k_tile, k_head, qkv_row_stride, first_key, T);
-        load_tile_to_shared<HS, TileLayout::Rows>(v_tile, v_head, qkv_row_stride, first_key, T);
-        __syncthreads();  // K and V of this key tile (and, the first time, Q and dO) are complete
-
-        // S and dP of queries first_column .. first_column+7 against key `row`
-        float s[kScoresPerThread], dp[kScoresPerThread];
-        for (int i = 0; i < kScoresPerThread; i++) { s[i] = 0.0f; dp[i] = 0.0f; }
-        add_tile_dot_products<HS>(s, k_tile, q_tile, dp, v_tile, dout_tile, row, first_column);
-        const int key = first_key + row;
-        for (int i = 0; i < kScoresPerThread; i++) {
-            const int local_query = first_column + i;
-            const int query = first_query + local_query;
-            const bool visible = key <= query && query < T;
-            const float p = visible ? expf(s[i] * scale - query_lse[i]) : 0.0f;
-            ds_tile[local_query * kColumnStride + row] = p * (dp[i] - query_d[i]);
-        }
-        __syncthreads();  // dS is complete (a query row's entries come from all 32 key rows)
-
-        add_weighted_rows<HS>(dq, ds_tile, row, k_tile, quarter);
-        __syncthreads();  // everyone is done with K, V (and dS) before the next tile overwrites them
-    }
-
-    // stage dQ in the (now free) K tile for coalesced stores
-    float* dq_row = k_tile + row * row_tile_stride<HS>() + row_tile_quarter_offset<HS>(quarter);
-    for (int j = 0; j < dims_per_thread; j++) dq_row[j] = dq[j] * scale;
-    __syncthreads();  // the dQ tile is staged
-    store_row_tile_from_shared<HS>(dqkv + (size_t)b * T * qkv_row_stride + h * HS, qkv_row_stride, k_tile,
-                                   first_query, T);
 }
 
 // ----------------------------------------------------------------------------
@@ -537,34 +117,11 @@ inline int attention_head_size(int C, int NH) {
     return C / NH;
 }
 
-template <int HS>
-size_t attention_forward_shared_bytes() {
-    return sizeof(float) * (2 * row_tile_floats<HS>() + column_tile_floats<HS>() + kScoreTileFloats);
-}
-template <int HS>
-size_t attention_dkdv_shared_bytes() {
-    return sizeof(float) * (2 * row_tile_floats<HS>() + 2 * column_tile_floats<HS>() + 2 * kScoreTileFloats +
-                            2 * kAttentionTile);
-}
-template <int HS>
-size_t attention_dq_shared_bytes() {
-    return sizeof(float) * (2 * row_tile_floats<HS>() + 2 * column_tile_floats<HS>() + kScoreTileFloats);
-}
-
 // out (B, T, C) and lse (B, NH, T) are overwritten.
 void attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH,
                        cudaStream_t stream) {
-    const int HS = attention_head_size(C, NH);
-    dispatch_attention_head_size(HS, [&](auto head_size) {
-        constexpr int hs = decltype(head_size)::value;
-        const size_t shared_bytes = attention_forward_shared_bytes<hs>();
-        static bool large_shared_allowed = false;  // one of these per head size
-        if (shared_bytes > 48 * 1024 && !large_shared_allowed) {
-            allow_large_shared_memory(attention_forward_kernel<hs>, shared_bytes);
-            large_shared_allowed = true;
-        }
-        const dim3 grid(ceil_div(T, kAttentionTile), NH, B);
-        launch(attention_forward_kernel<hs>, grid, dim3(kAttentionThreads), shared_bytes, stream, out, lse, qkv, T, NH);
+    dispatch_attention_head_size(attention_head_size(C, NH), [&](auto head_size) {
+        launch_attention_forward<decltype(head_size)::value>(out, lse, qkv, B, T, NH, stream);
     });
 }
 
@@ -572,25 +129,11 @@ void attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T,
 // Two runs with the same inputs give the same bits.
 void attention_backward(floatX* dqkv, float* workspace_D, const floatX* dout, const floatX* qkv, const floatX* out,
                         const float* lse, int B, int T, int C, int NH, cudaStream_t stream) {
-    const int HS = attention_head_size(C, NH);
-    dispatch_attention_head_size(HS, [&](auto head_size) {
+    dispatch_attention_head_size(attention_head_size(C, NH), [&](auto head_size) {
         constexpr int hs = decltype(head_size)::value;
         const int block_size = 256;
         launch(attention_backward_preprocess_kernel, grid_size_for((long long)B * NH * T, block_size), block_size, 0,
                stream, workspace_D, dout, out, B, T, NH, hs);
-
-        const size_t dkdv_bytes = attention_dkdv_shared_bytes<hs>();
-        const size_t dq_bytes = attention_dq_shared_bytes<hs>();
-        static bool large_shared_allowed = false;  // one of these per head size
-        if (!large_shared_allowed) {
-            if (dkdv_bytes > 48 * 1024) allow_large_shared_memory(attention_backward_dkdv_kernel<hs>, dkdv_bytes);
-            if (dq_bytes > 48 * 1024) allow_large_shared_memory(attention_backward_dq_kernel<hs>, dq_bytes);
-            large_shared_allowed = true;
-        }
-        const dim3 grid(ceil_div(T, kAttentionTile), NH, B);
-        launch(attention_backward_dkdv_kernel<hs>, grid, dim3(kAttentionThreads), dkdv_bytes, stream,
-               dqkv, dout, qkv, lse, workspace_D, T, NH);
-        launch(attention_backward_dq_kernel<hs>, grid, dim3(kAttentionThreads), dq_bytes, stream,
-               dqkv, dout, qkv, lse, workspace_D, T, NH);
+        launch_attention_backward<hs>(dqkv, workspace_D, dout, qkv, lse, B, T, NH, stream);
     });
 }
