@@ -26,11 +26,14 @@ while it is suspended), and when all 32 lanes have arrived at the same operation
 function computes every lane's result from all 32 argument blocks. A lane missing from the call is a
 divergent warp, reported as for shuffles.
 
-Asynchronous copies (cp.async) are queued in the issuing thread and performed only when that thread
-waits for their group (cp_async_wait<N>), never earlier and never at a barrier: on a GPU the copy may
-land any time before the wait, so a kernel that reads the target before waiting has a race, and here it
-reads the stale contents every time (dynamic shared memory starts each block filled with 0xff bytes). A
-thread that exits with copies still queued is reported.
+Asynchronous copies (cp.async) land at one of the two extremes a GPU allows. By default they are queued
+in the issuing thread and performed only when that thread waits for their group (cp_async_wait<N>),
+never earlier and never at a barrier: a kernel that reads the target before waiting reads the stale
+contents every time (dynamic shared memory starts each block filled with 0xff bytes), and a thread that
+exits with copies still queued is reported. In reverse lane order (below) they land the moment they are
+issued instead: a kernel that refills a buffer other warps may still be reading (a missing barrier
+before the prefetch of a double buffer) then overwrites it under them. Running both orders, as the tests
+do, exercises both races.
 
 Blocks run on OpenMP threads, one block at a time per OS thread, so `__shared__` is `static thread_local`
 and dynamic shared memory is one buffer per OS thread. Real atomics make concurrent blocks safe.
@@ -534,6 +537,11 @@ inline void check_aligned_16(const void* address, const char* what, const char* 
 inline void async_copy_16(void* target, const void* source, bool valid, const char* file, int line) {
     check_aligned_16(target, "cp.async", file, line);
     if (valid) check_aligned_16(source, "cp.async", file, line);
+    if (reverse_lanes()) {  // the earliest a copy may land: now
+        if (valid) memcpy(target, source, 16);
+        else memset(target, 0, 16);
+        return;
+    }
     Fiber& self = *current_fiber;
     self.pending_copies.push_back(PendingCopy{target, source, valid, self.committed_groups, file, line});
 }
