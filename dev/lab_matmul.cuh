@@ -4,6 +4,11 @@ bias-gradient kernel, against plain double-precision loops.
 
 The bias-gradient kernel takes any OC: rows whose length is a multiple of x128::size are read with 128-bit
 loads, other widths (OC = 50 below) element by element; both paths are checked.
+
+Operands need not be 256-byte aligned (weights sit at offsets inside the parameter buffer): the products
+are checked again with every operand 2 (4 in FP32), 16, 32, 128 and 256 bytes past a 256-byte boundary,
+and the plan cache (llmc/matmul.cuh, "Plans") must hit on a repeated shape and alignment, build a new plan
+when only an alignment differs, and hand cuBLASLt the alignments of the right operands.
 */
 #pragma once
 
@@ -106,9 +111,32 @@ static double matmul_lab_atol(int K, double term_rms) {
 static double matmul_lab_rtol() { return by_precision(std::ldexp(1.0, -23), std::ldexp(1.0, -7)); }
 
 // ----------------------------------------------------------------------------
-// one shape: forward and backward, without and with bias, on the same inputs
+// floatX operands that start `offset_bytes` past a 256-byte boundary (cudaMalloc's alignment)
 
-static void matmul_lab_check_shape(int N, int C, int OC) {
+struct OffsetBuffer {
+    DeviceBuffer<floatX> storage;
+    floatX* ptr;
+    size_t count;
+    OffsetBuffer(size_t n, int offset_bytes)
+        : storage(n + MATMUL_MAX_ALIGNMENT / sizeof(floatX)), ptr(storage.ptr + offset_bytes / sizeof(floatX)),
+          count(n) {}
+    void upload(const std::vector<float>& values) {
+        std::vector<floatX> converted(values.begin(), values.end());
+        cudaCheck(cudaMemcpy(ptr, converted.data(), count * sizeof(floatX), cudaMemcpyHostToDevice));
+    }
+    std::vector<float> download() const {
+        std::vector<floatX> raw(count);
+        cudaCheck(cudaMemcpy(raw.data(), ptr, count * sizeof(floatX), cudaMemcpyDeviceToHost));
+        return std::vector<float>(raw.begin(), raw.end());
+    }
+    void poison() { cudaCheck(cudaMemset(ptr, 0xff, count * sizeof(floatX))); }
+};
+
+// ----------------------------------------------------------------------------
+// one shape: forward and backward, without and with bias, on the same inputs, every operand offset_bytes
+// past a 256-byte boundary
+
+static void matmul_lab_check_shape(int N, int C, int OC, int offset_bytes = 0) {
     const double product_rms = 1.0 / 3.0, value_rms = 1.0 / std::sqrt(3.0);
     const std::vector<float> inp = round_to_floatX(random_floats((size_t)N * C));
     const std::vector<float> weight = round_to_floatX(random_floats((size_t)OC * C));
@@ -126,8 +154,13 @@ static void matmul_lab_check_shape(int N, int C, int OC) {
     const std::vector<double> dweight_reference = matmul_lab_dweight_reference(dweight_start, dout, inp, N, C, OC);
     const std::vector<double> dbias_reference = matmul_lab_dbias_reference(dbias_start, dout, N, OC);
 
-    DeviceBuffer<floatX> d_inp((size_t)N * C), d_weight((size_t)OC * C), d_bias(OC), d_out((size_t)N * OC);
-    DeviceBuffer<floatX> d_dout((size_t)N * OC), d_dinp((size_t)N * C), d_dweight((size_t)OC * C), d_dbias(OC);
+    const int o = offset_bytes;
+    OffsetBuffer d_inp((size_t)N * C, o), d_weight((size_t)OC * C, o), d_bias(OC, o), d_out((size_t)N * OC, o);
+    OffsetBuffer d_dout((size_t)N * OC, o), d_dinp((size_t)N * C, o), d_dweight((size_t)OC * C, o), d_dbias(OC, o);
+    if (offset_bytes != 0)  // the offsets really give the alignment they are meant to
+        check_true("matmul operands " + std::to_string(offset_bytes) + "-byte aligned",
+                   address_alignment((uintptr_t)d_weight.ptr) == offset_bytes &&
+                   address_alignment((uintptr_t)d_dweight.ptr) == offset_bytes);
     DeviceBuffer<float> d_scratch(matmul_backward_scratch_floats(N, OC));
     d_inp.upload(inp);
     d_weight.upload(weight);
@@ -137,7 +170,8 @@ static void matmul_lab_check_shape(int N, int C, int OC) {
 
     for (int with_bias = 0; with_bias <= 1; with_bias++) {
         char shape[96];
-        snprintf(shape, sizeof(shape), "N=%d C=%d OC=%d%s", N, C, OC, with_bias ? " bias" : "");
+        snprintf(shape, sizeof(shape), "N=%d C=%d OC=%d%s%s", N, C, OC, with_bias ? " bias" : "",
+                 offset_bytes ? (" at +" + std::to_string(offset_bytes) + "B").c_str() : "");
         const std::string name = shape;
 
         d_out.poison();
@@ -176,6 +210,125 @@ static void matmul_lab_check_shape(int N, int C, int OC) {
         check_true("matmul_backward dbias deterministic " + name,
                    memcmp(dbias_got.data(), dbias_again.data(), dbias_got.size() * sizeof(float)) == 0);
     }
+}
+
+// ----------------------------------------------------------------------------
+// the plans: alignment, the key's operand order, the cache, the trace
+
+static void matmul_lab_alignment_table() {
+    const struct { uintptr_t address; int alignment; } table[] = {
+        {0x7f0000001000, 256}, {0x7f0000001001, 1}, {0x7f0000001002, 2}, {0x7f0000001004, 4},
+        {0x7f0000001008, 8},   {0x7f0000001010, 16}, {0x7f0000001030, 16}, {0x7f0000001020, 32},
+        {0x7f0000001040, 64},  {0x7f00000010c0, 64}, {0x7f0000001080, 128}, {0x7f0000001100, 256},
+        {0x7f0000010000, 256}, {0xfffffffffffffffe, 2}, {0, 256},
+    };
+    std::string first_wrong;
+    for (const auto& row : table) {
+        const int got = address_alignment(row.address);
+        if (got != row.alignment && first_wrong.empty()) {
+            char text[96];
+            snprintf(text, sizeof(text), "0x%llx: got %d, expected %d", (unsigned long long)row.address, got,
+                     row.alignment);
+            first_wrong = text;
+        }
+    }
+    check_true("address_alignment on a table of addresses", first_wrong.empty(), first_wrong);
+
+    // cudaMalloc's 256 bytes, on the CPU device too
+    DeviceBuffer<floatX> buffer(3);
+    check_true("cudaMalloc is 256-byte aligned", address_alignment((uintptr_t)buffer.ptr) == 256);
+
+    // workspace per architecture: 4 MiB before Hopper, 32 MiB from Hopper on
+    check_true("workspace: 4 MiB on sm_80, 32 MiB on sm_90 and sm_100",
+               matmul_workspace_bytes(8) == (4u << 20) && matmul_workspace_bytes(9) == (32u << 20) &&
+               matmul_workspace_bytes(10) == (32u << 20));
+}
+
+// Runs fn() with stderr going to a temporary file; returns what was written.
+static std::string capture_stderr(const std::function<void()>& fn) {
+    fflush(stderr);
+    FILE* file = tmpfile();
+    if (file == nullptr) return "tmpfile failed";
+    const int saved = dup(2);
+    dup2(fileno(file), 2);
+    fn();
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    std::string text;
+    rewind(file);
+    char chunk[512];
+    size_t got;
+    while ((got = fread(chunk, 1, sizeof(chunk), file)) > 0) text.append(chunk, got);
+    fclose(file);
+    return text;
+}
+
+static void matmul_lab_plan_cache() {
+    const int N = 48, C = 64, OC = 96;
+    // every operand 256-byte aligned, and the weight 16 bytes past a boundary
+    OffsetBuffer inp((size_t)N * C, 0), weight((size_t)OC * C, 0), shifted_weight((size_t)OC * C, 16);
+    OffsetBuffer bias(OC, 0), out((size_t)N * OC, 0), dweight((size_t)OC * C, 32), dout((size_t)N * OC, 0);
+    inp.upload(random_floats(inp.count));
+    weight.upload(random_floats(weight.count));
+    shifted_weight.upload(random_floats(shifted_weight.count));
+    bias.upload(random_floats(bias.count));
+    const cudaStream_t stream = 0;  // (dout and dweight only give keys)
+
+    // The forward pass's key names the weight as b and the input as a; cuBLASLt's A is our b.
+    const MatmulPlanKey forward_key = matmul_plan_key(out.ptr, inp.ptr, shifted_weight.ptr, bias.ptr, N, OC, C, false,
+                                                      true, false);
+    const CublasAlignments forward = matmul_cublas_alignments(forward_key);
+    check_true("forward: cuBLAS A is the weight (16), B the input (256)", forward.A == 16 && forward.B == 256 &&
+                                                                              forward.C == 256 && forward.D == 256);
+    // The weight gradient's key: D is dweight (32 bytes), A is the input (cuBLAS's A, our b)
+    const MatmulPlanKey dweight_key = matmul_plan_key(dweight.ptr, dout.ptr, inp.ptr, nullptr, OC, C, N, true, false,
+                                                      true);
+    const CublasAlignments backward = matmul_cublas_alignments(dweight_key);
+    check_true("dweight: cuBLAS C and D are dweight (32)",
+               backward.C == 32 && backward.D == 32 && backward.A == 256 && dweight_key.bias_alignment == 0 &&
+                   dweight_key.accumulate);
+
+    matmul_teardown();  // an empty cache
+    setenv("LLMC_MATMUL_TRACE", "1", 1);
+    long built[5], hits[5];
+    const std::string trace = capture_stderr([&] {
+        matmul_forward(out.ptr, inp.ptr, weight.ptr, bias.ptr, N, C, OC, stream);          // new
+        built[0] = matmul_context.plans_built, hits[0] = matmul_context.cache_hits;
+        matmul_forward(out.ptr, inp.ptr, weight.ptr, bias.ptr, N, C, OC, stream);          // the same key
+        built[1] = matmul_context.plans_built, hits[1] = matmul_context.cache_hits;
+        matmul_forward(out.ptr, inp.ptr, shifted_weight.ptr, bias.ptr, N, C, OC, stream);  // only the alignment differs
+        built[2] = matmul_context.plans_built, hits[2] = matmul_context.cache_hits;
+        matmul_forward(out.ptr, inp.ptr, shifted_weight.ptr, bias.ptr, N, C, OC, stream);  // that one again
+        built[3] = matmul_context.plans_built, hits[3] = matmul_context.cache_hits;
+        matmul_forward(out.ptr, inp.ptr, weight.ptr, nullptr, N, C, OC, stream);           // no bias: another plan
+        built[4] = matmul_context.plans_built, hits[4] = matmul_context.cache_hits;
+    });
+    unsetenv("LLMC_MATMUL_TRACE");
+    cudaCheck(cudaDeviceSynchronize());
+    char counts[160];
+    snprintf(counts, sizeof(counts), "plans built %ld %ld %ld %ld %ld, hits %ld %ld %ld %ld %ld", built[0], built[1],
+             built[2], built[3], built[4], hits[0], hits[1], hits[2], hits[3], hits[4]);
+    check_true("cache: first call builds a plan", built[0] == 1 && hits[0] == 0, counts);
+    check_true("cache: the same shape and alignment hits", built[1] == 1 && hits[1] == 1, counts);
+    check_true("cache: another alignment builds a plan", built[2] == 2 && hits[2] == 1, counts);
+    check_true("cache: ... which then hits", built[3] == 2 && hits[3] == 2, counts);
+    check_true("cache: no bias builds a plan", built[4] == 3 && hits[4] == 2, counts);
+    check_true("cache holds three plans", matmul_context.plans.size() == 3);
+
+    // the trace: one line per new plan, with the alignments cuBLASLt is told
+    int lines = 0;
+    for (char ch : trace) lines += ch == '\n';
+    check_true("trace: one line per new plan (3)", lines == 3, std::to_string(lines) + " lines");
+    check_true("trace names the 16-byte weight as cuBLAS's A",
+               trace.find("alignment A/B/C/D=16/256/256/256 bias=256") != std::string::npos);
+    printf("  trace:\n");
+    for (size_t start = 0, end; (end = trace.find('\n', start)) != std::string::npos; start = end + 1)
+        printf("    %s\n", trace.substr(start, end - start).c_str());
+
+    matmul_teardown();
+    check_true("teardown empties the cache", matmul_context.plans.empty() && matmul_context.plans_built == 0 &&
+                                                 matmul_context.cache_hits == 0);
 }
 
 // ----------------------------------------------------------------------------
@@ -234,6 +387,11 @@ void lab_matmul() {
     // GPT-2 widths: the qkv layer (OC = 3C), and the attention projection (OC = C) over two row chunks
     matmul_lab_check_shape(64, 768, 2304);
     matmul_lab_check_shape(128, 768, 768);
+    // operands off the 256-byte boundary by as little as one element (2 bytes in BF16, 4 in FP32)
+    for (int offset : {(int)sizeof(floatX), 16, 32, 128, 256}) matmul_lab_check_shape(40, 96, 160, offset);
+
+    matmul_lab_alignment_table();
+    matmul_lab_plan_cache();
 
     if (lab.bench) {
         matmul_lab_bench(3072);

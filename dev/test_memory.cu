@@ -231,11 +231,116 @@ static void test_activations() {
 #endif
 }
 
+// ----------------------------------------------------------------------------
+// (e) the alignment of the trainer's matmul operands in the real parameter layouts
+
+/*
+The matmul plans (llmc/matmul.cuh, "Plans") tell cuBLASLt how aligned each operand is. Activations are
+cudaMallocs of their own (256 bytes); the weights and their gradients sit at offsets in the parameter
+buffer, counted from the buffer's start when it holds every chunk (parameters at ZeRO stages 0-2,
+gradients at 0-1) or from the chunk's start when each chunk gets a buffer of its own (parameters gathered
+at stage 3, gradients accumulated at stages 2-3). For every GPT-2 size, chunks padded for 1, 2, 3, 4 and
+8 shards, and both placements, this builds every matmul key the trainer's forward and backward passes
+compute (qkv, attention projection, fc and fc projection of every layer, forward, dinp and dweight, and
+the lm head), from pointers made by the same block_params_in_chunk the trainer uses on a 256-aligned
+address, and checks each alignment against its definition: it divides the offset, and it is 256 or the
+quotient is odd. It also checks that no weight or bias drops below 16 bytes, the alignment the cuBLAS
+guide asks of pointers for the fastest tensor-core paths, and prints the smallest alignment per tensor
+for 1558M.
+*/
+static void test_matmul_alignment() {
+    printf("matmul operand alignment in the parameter layouts (BF16)\n");
+    const uintptr_t base = 0x7f0000000000;  // 256-byte aligned, like cudaMalloc's; never dereferenced
+    floatX* const activation = (floatX*)(base + 0x10000000000);  // any 256-aligned activation
+    const int N = 8 * 1024;
+    auto offset_of = [&](const floatX* pointer) { return (uintptr_t)pointer - base; };
+    // an alignment is right when it divides the offset and is 256 or leaves an odd quotient
+    auto is_largest_power_of_two = [](uintptr_t offset, int alignment) {
+        return offset % alignment == 0 && (alignment == MATMUL_MAX_ALIGNMENT || (offset / alignment) % 2 == 1);
+    };
+
+    enum { QKV, ATTPROJ, FC, FCPROJ, LM_HEAD, NUM_LINEAR };
+    for (const char* model_name : {"124M", "350M", "774M", "1558M"}) {
+        GPT2Config config;
+        gpt2_config_by_name(model_name, &config);
+        const int C = config.channels;
+        const bool print = std::string(model_name) == "1558M";
+        if (print)
+            printf("  GPT-2 %s: smallest alignment (bytes) of each weight / its bias over all layers, as cuBLASLt "
+                   "sees them\n  %-6s %-13s %8s %8s %8s %8s %8s\n", model_name, "shards", "placement", "qkv",
+                   "attproj", "fc", "fcproj", "lm head");
+        int keys = 0, wrong = 0, below_16 = 0;
+        std::string smallest_line;  // the smallest weight alignment in one buffer, per shard count
+        for (int shards : {1, 2, 3, 4, 8}) {
+            const ParameterLayout layout(config, shards);
+            for (int per_chunk = 0; per_chunk <= 1; per_chunk++) {
+                int weight_min[NUM_LINEAR], bias_min[NUM_LINEAR];
+                for (int i = 0; i < NUM_LINEAR; i++) weight_min[i] = bias_min[i] = MATMUL_MAX_ALIGNMENT;
+                // forward, dinp and dweight of one linear layer, keyed as matmul_forward / matmul_backward do
+                auto check_linear = [&](int which, const floatX* weight, const floatX* bias, const floatX* dweight,
+                                        int in, int out) {
+                    const MatmulPlanKey forward = matmul_plan_key(activation, activation, weight, bias, N, out, in,
+                                                                  false, true, false);
+                    const MatmulPlanKey dinp = matmul_plan_key(activation, activation, weight, nullptr, N, in, out,
+                                                               false, false, false);
+                    const MatmulPlanKey dweight_key = matmul_plan_key(dweight, activation, activation, nullptr, out,
+                                                                      in, N, true, false, true);
+                    const int weight_alignment = matmul_cublas_alignments(forward).A;  // cuBLAS's A: the weight
+                    keys += 3;
+                    wrong += !is_largest_power_of_two(offset_of(weight), weight_alignment);
+                    wrong += matmul_cublas_alignments(dinp).A != weight_alignment;
+                    wrong += !is_largest_power_of_two(offset_of(dweight), matmul_cublas_alignments(dweight_key).D);
+                    wrong += matmul_cublas_alignments(forward).B != 256 || matmul_cublas_alignments(dweight_key).A != 256;
+                    below_16 += weight_alignment < 16;
+                    weight_min[which] = std::min(weight_min[which], weight_alignment);
+                    if (bias != nullptr) {
+                        wrong += !is_largest_power_of_two(offset_of(bias), forward.bias_alignment);
+                        below_16 += forward.bias_alignment < 16;
+                        bias_min[which] = std::min(bias_min[which], forward.bias_alignment);
+                    }
+                };
+                for (int l = 0; l < config.num_layers; l++) {
+                    // parameters and gradients share the layout; the gradient buffer starts 256-aligned too
+                    floatX* chunk = (floatX*)(base + (per_chunk ? 0 : layout.chunk_start(l + 1) * sizeof(floatX)));
+                    const BlockParams p = block_params_in_chunk(chunk, layout);
+                    check_linear(QKV, p.qkvw, p.qkvb, p.qkvw, C, 3 * C);
+                    check_linear(ATTPROJ, p.attprojw, p.attprojb, p.attprojw, C, C);
+                    check_linear(FC, p.fcw, p.fcb, p.fcw, C, 4 * C);
+                    check_linear(FCPROJ, p.fcprojw, p.fcprojb, p.fcprojw, 4 * C, C);
+                }
+                // the lm head: wte, at the start of the embedding chunk
+                const floatX* wte = (floatX*)(base + layout.offset(WTE) * sizeof(floatX));
+                check_linear(LM_HEAD, wte, nullptr, wte, C, config.padded_vocab_size);
+                if (!per_chunk)
+                    smallest_line += " " + std::to_string(shards) + ": " +
+                                     std::to_string(*std::min_element(weight_min, weight_min + NUM_LINEAR));
+                if (print) {
+                    printf("  %-6d %-13s", shards, per_chunk ? "chunk's own" : "one buffer");
+                    for (int i = 0; i < NUM_LINEAR; i++) {
+                        char cell[16];
+                        if (i == LM_HEAD) snprintf(cell, sizeof(cell), "%d", weight_min[i]);
+                        else snprintf(cell, sizeof(cell), "%d/%d", weight_min[i], bias_min[i]);
+                        printf(" %8s", cell);
+                    }
+                    printf("\n");
+                }
+            }
+        }
+        const std::string name = std::string("GPT-2 ") + model_name;
+        printf("  %s: smallest weight alignment in one buffer, by shards:%s\n", name.c_str(), smallest_line.c_str());
+        check_true(name + ": every alignment is the offset's largest power of two <= 256", wrong == 0,
+                   std::to_string(keys) + " keys, " + std::to_string(wrong) + " wrong");
+        check_true(name + ": every weight and bias at least 16-byte aligned", below_16 == 0,
+                   std::to_string(below_16) + " below");
+    }
+}
+
 int main() {
     test_accounting();
     test_paper();
     test_formulas();
     test_activations();
+    test_matmul_alignment();
     printf("%d passed, %d failed\n", lab.passed, lab.failed);
     return lab.failed != 0;
 }

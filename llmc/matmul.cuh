@@ -42,12 +42,18 @@ needs no ones-vector: blocks own a slice of columns and a chunk of rows, sum in 
 per row-chunk into `scratch`, and add_column_partials() adds the partials to dbias in a fixed order.
 scratch must hold matmul_backward_scratch_floats(N, OC) floats (it may be null when dbias is null).
 
-Setup: the GPU build uses one cuBLASLt handle and one 32 MiB workspace for all matmuls, created by
-matmul_setup() (or on first use) and released by matmul_teardown().
+Setup: the GPU build uses one cuBLASLt handle, one workspace (sized for the GPU) and a cache of plans
+for all matmuls, created by matmul_setup() (or on first use) and released by matmul_teardown(); see
+"Plans" below for the cache and the operands' alignment.
 */
 #pragma once
 
 #include <cstdint>
+#include <cstring>
+#include <map>
+#include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 #include "cuda_common.cuh"
 
@@ -146,6 +152,93 @@ inline void matmul_bias_backward(floatX* dbias, float* scratch, const floatX* do
 //                op(B) (k, n): B is stored (k, n), or (n, k) if transpose_b;
 //     bias (n) or null: added to every row of D;  accumulate: add onto the old D instead of overwriting it.
 
+/*
+Plans. cuBLASLt separates choosing how to run a product (a descriptor, three layouts, a preference and a
+heuristic query, all host work) from running it. A training step runs the same few shapes about 150 times,
+so the choice is made once per plan key and kept in a cache: every call computes its key, and only a key
+never seen before builds a plan. Both builds compute the key and look it up the same way (the CPU build's
+plan is empty: OpenBLAS needs none), so the CPU tests exercise the cache and the alignment logic.
+
+Alignment is part of the key. cuBLASLt's heuristic assumes every operand starts on a 256-byte boundary
+unless the preference CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_{A,B,C,D}_BYTES says less (its default is 256),
+and the algorithm it then picks may refuse a less aligned pointer (CUBLAS_STATUS_NOT_SUPPORTED) at run
+time. cudaMalloc returns 256-byte aligned memory, but the weights sit at offsets inside the layer-major
+parameter buffer (llmc/gpt2.cuh): in GPT-2 1558M every other block, and every attention projection, is
+only 128-byte aligned, and with chunks padded for 3 ZeRO shards the weights of 350M and 1558M can be only
+16 (dev/test_memory.cu prints the table). So each operand's alignment is the largest power of two <= 256
+that divides its address, and the preference is told exactly that. Leading dimensions need nothing here:
+they are in the layouts the heuristic sees (the cuBLAS guide's "Tensor Core Usage" lists them, with
+16-byte pointers, among the conditions for the fastest paths, not as something the preference covers).
+The bias has no alignment preference in cuBLASLt; its alignment is in the key anyway, so a plan is never
+reused for a bias that sits differently, and the trace prints it. The layouts keep every weight and bias
+at least 16-byte aligned (dev/test_memory.cu checks it).
+
+Set LLMC_MATMUL_TRACE=1 to print one line per new plan on stderr: the shape, the alignments and, on the
+GPU, the algorithm and its workspace. A shape's plans are few: one per distinct alignment of its operands.
+*/
+
+// the largest power of two <= 256 that divides `address` (256 for address 0)
+constexpr int MATMUL_MAX_ALIGNMENT = 256;
+inline int address_alignment(uintptr_t address) {
+    const uintptr_t lowest_set_bit = address & (~address + 1);
+    return address == 0 || lowest_set_bit >= MATMUL_MAX_ALIGNMENT ? MATMUL_MAX_ALIGNMENT : (int)lowest_set_bit;
+}
+
+// Everything a plan depends on. Alignments in bytes, named by our operands (a, b, d: see the swap above
+// for how they become cuBLAS's A, B, C, D); bias_alignment is 0 without a bias.
+struct MatmulPlanKey {
+    int m, n, k;
+    bool transpose_a, transpose_b, has_bias, accumulate;
+    int a_alignment, b_alignment, d_alignment, bias_alignment;
+    int element_bytes;  // the operands' type: 2 (bf16) or 4 (fp32); one per build, in the key for completeness
+    bool operator<(const MatmulPlanKey& o) const {
+        auto fields = [](const MatmulPlanKey& x) {
+            return std::make_tuple(x.m, x.n, x.k, x.transpose_a, x.transpose_b, x.has_bias, x.accumulate,
+                                   x.a_alignment, x.b_alignment, x.d_alignment, x.bias_alignment, x.element_bytes);
+        };
+        return fields(*this) < fields(o);
+    }
+};
+
+inline MatmulPlanKey matmul_plan_key(const floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m,
+                                     int n, int k, bool transpose_a, bool transpose_b, bool accumulate) {
+    return MatmulPlanKey{m, n, k, transpose_a, transpose_b, bias != nullptr, accumulate,
+                         address_alignment((uintptr_t)a), address_alignment((uintptr_t)b),
+                         address_alignment((uintptr_t)d), bias ? address_alignment((uintptr_t)bias) : 0,
+                         (int)sizeof(floatX)};
+}
+
+// The minimum alignments cuBLASLt's preference gets: its A is our b and its B our a (the operand swap
+// above); C and D are both our d (we accumulate in place).
+struct CublasAlignments { int A, B, C, D; };
+inline CublasAlignments matmul_cublas_alignments(const MatmulPlanKey& key) {
+    return CublasAlignments{key.b_alignment, key.a_alignment, key.d_alignment, key.d_alignment};
+}
+
+// The workspace cuBLASLt may use, by compute capability. The cuBLAS guide (cublasSetWorkspace) recommends
+// its own default pool size: 32 MiB on Hopper (sm_90) and Blackwell (sm_10x, sm_12x), 4 MiB on every
+// other GPU. Newer architectures are given 32 MiB too. The same size goes to the heuristic (as the most
+// an algorithm may ask for) and to every call, so a chosen algorithm always gets what it asked for.
+inline size_t matmul_workspace_bytes(int compute_capability_major) {
+    return compute_capability_major >= 9 ? (32ull << 20) : (4ull << 20);
+}
+
+inline bool matmul_trace_enabled() {
+    const char* value = getenv("LLMC_MATMUL_TRACE");
+    return value != nullptr && strcmp(value, "1") == 0;
+}
+
+inline std::string matmul_plan_key_text(const MatmulPlanKey& key) {
+    const CublasAlignments c = matmul_cublas_alignments(key);
+    char text[256];
+    snprintf(text, sizeof(text),
+             "m=%d n=%d k=%d transpose_a=%d transpose_b=%d bias=%s accumulate=%d floatX=%dB "
+             "alignment A/B/C/D=%d/%d/%d/%d bias=%d",
+             key.m, key.n, key.k, key.transpose_a, key.transpose_b, key.has_bias ? "yes" : "no", key.accumulate,
+             key.element_bytes, c.A, c.B, c.C, c.D, key.bias_alignment);
+    return text;
+}
+
 #ifndef LLMC_CPU
 
 inline void cublas_check_impl(cublasStatus_t status, const char* file, int line) {
@@ -162,95 +255,172 @@ constexpr cudaDataType_t CUBLAS_FLOATX = CUDA_R_32F;
 constexpr cudaDataType_t CUBLAS_FLOATX = CUDA_R_16BF;
 #endif
 
-constexpr size_t MATMUL_WORKSPACE_BYTES = 32ull << 20;
+// what cuBLASLt chose for one key: reused by every call with that key
+struct MatmulPlan {
+    cublasLtMatmulDesc_t description = nullptr;
+    cublasLtMatrixLayout_t first_layout = nullptr, second_layout = nullptr, d_layout = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    size_t algo_workspace_bytes = 0;  // what the algorithm needs of the workspace
+};
 
-// the one cuBLASLt handle and its workspace, shared by every matmul
+// The one cuBLASLt handle, its workspace and the plans, shared by every matmul. Plans hold no pointers
+// but the bias (set again by each call), so one thread must issue all matmuls: the training program does.
 struct MatmulContext {
     cublasLtHandle_t handle = nullptr;
     void* workspace = nullptr;
+    size_t workspace_bytes = 0;
+    std::map<MatmulPlanKey, MatmulPlan> plans;
+    long plans_built = 0, cache_hits = 0;
 };
 inline MatmulContext matmul_context;
 
 inline void matmul_setup() {
     if (matmul_context.handle != nullptr) return;
+    int device = 0, major = 0;
+    cudaCheck(cudaGetDevice(&device));
+    cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    matmul_context.workspace_bytes = matmul_workspace_bytes(major);
     cublasCheck(cublasLtCreate(&matmul_context.handle));
-    cudaCheck(cudaMalloc(&matmul_context.workspace, MATMUL_WORKSPACE_BYTES));
+    cudaCheck(cudaMalloc(&matmul_context.workspace, matmul_context.workspace_bytes));
 }
 
 inline void matmul_teardown() {
     if (matmul_context.handle == nullptr) return;
+    for (auto& [key, plan] : matmul_context.plans) {
+        cublasCheck(cublasLtMatrixLayoutDestroy(plan.d_layout));
+        cublasCheck(cublasLtMatrixLayoutDestroy(plan.second_layout));
+        cublasCheck(cublasLtMatrixLayoutDestroy(plan.first_layout));
+        cublasCheck(cublasLtMatmulDescDestroy(plan.description));
+    }
     cudaCheck(cudaFree(matmul_context.workspace));
     cublasCheck(cublasLtDestroy(matmul_context.handle));
     matmul_context = MatmulContext{};
 }
 
-inline void matmul_row_major(floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
-                             bool transpose_a, bool transpose_b, bool accumulate, cudaStream_t stream) {
-    matmul_setup();
-
+// Asks cuBLASLt's heuristic for the best algorithm for the key's shape and alignments.
+inline MatmulPlan matmul_build_plan(const MatmulPlanKey& key, const floatX* bias) {
+    MatmulPlan plan;
     // cuBLAS computes, column-major, D^T (n, m) = op(B)^T (n, k) @ op(A)^T (k, m). Read column-major, B's
     // bytes are B^T: that is op(B)^T as it stands when B is not transposed, and needs a transpose otherwise.
     // The same holds for A.
-    const cublasOperation_t first_op = transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const cublasOperation_t second_op = transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-
-    cublasLtMatmulDesc_t description;
-    cublasCheck(cublasLtMatmulDescCreate(&description, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    cublasCheck(cublasLtMatmulDescSetAttribute(description, CUBLASLT_MATMUL_DESC_TRANSA, &first_op, sizeof(first_op)));
-    cublasCheck(cublasLtMatmulDescSetAttribute(description, CUBLASLT_MATMUL_DESC_TRANSB, &second_op, sizeof(second_op)));
-    if (bias != nullptr) {
+    const cublasOperation_t first_op = key.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t second_op = key.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasCheck(cublasLtMatmulDescCreate(&plan.description, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasCheck(cublasLtMatmulDescSetAttribute(plan.description, CUBLASLT_MATMUL_DESC_TRANSA, &first_op, sizeof(first_op)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(plan.description, CUBLASLT_MATMUL_DESC_TRANSB, &second_op, sizeof(second_op)));
+    if (key.has_bias) {
         const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-        cublasCheck(cublasLtMatmulDescSetAttribute(description, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-        cublasCheck(cublasLtMatmulDescSetAttribute(description, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(plan.description, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(plan.description, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     }
 
     // memory layouts as cuBLAS sees them: (rows, columns, leading dimension), column-major
-    cublasLtMatrixLayout_t first_layout, second_layout, d_layout;
-    if (transpose_b) cublasCheck(cublasLtMatrixLayoutCreate(&first_layout, CUBLAS_FLOATX, k, n, k));
-    else             cublasCheck(cublasLtMatrixLayoutCreate(&first_layout, CUBLAS_FLOATX, n, k, n));
-    if (transpose_a) cublasCheck(cublasLtMatrixLayoutCreate(&second_layout, CUBLAS_FLOATX, m, k, m));
-    else             cublasCheck(cublasLtMatrixLayoutCreate(&second_layout, CUBLAS_FLOATX, k, m, k));
-    cublasCheck(cublasLtMatrixLayoutCreate(&d_layout, CUBLAS_FLOATX, n, m, n));
+    const int m = key.m, n = key.n, k = key.k;
+    if (key.transpose_b) cublasCheck(cublasLtMatrixLayoutCreate(&plan.first_layout, CUBLAS_FLOATX, k, n, k));
+    else                 cublasCheck(cublasLtMatrixLayoutCreate(&plan.first_layout, CUBLAS_FLOATX, n, k, n));
+    if (key.transpose_a) cublasCheck(cublasLtMatrixLayoutCreate(&plan.second_layout, CUBLAS_FLOATX, m, k, m));
+    else                 cublasCheck(cublasLtMatrixLayoutCreate(&plan.second_layout, CUBLAS_FLOATX, k, m, k));
+    cublasCheck(cublasLtMatrixLayoutCreate(&plan.d_layout, CUBLAS_FLOATX, n, m, n));
 
     cublasLtMatmulPreference_t preference;
     cublasCheck(cublasLtMatmulPreferenceCreate(&preference));
-    const size_t workspace_bytes = MATMUL_WORKSPACE_BYTES;
+    const size_t workspace_bytes = matmul_context.workspace_bytes;
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                      &workspace_bytes, sizeof(workspace_bytes)));
+    const CublasAlignments alignment = matmul_cublas_alignments(key);
+    const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> minimum_alignments[] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, (uint32_t)alignment.A},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, (uint32_t)alignment.B},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, (uint32_t)alignment.C},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, (uint32_t)alignment.D},
+    };
+    for (const auto& [attribute, bytes] : minimum_alignments)
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, attribute, &bytes, sizeof(bytes)));
     cublasLtMatmulHeuristicResult_t heuristic;
     int found = 0;
-    cublasCheck(cublasLtMatmulAlgoGetHeuristic(matmul_context.handle, description, first_layout, second_layout,
-                                               d_layout, d_layout, preference, 1, &heuristic, &found));
+    cublasCheck(cublasLtMatmulAlgoGetHeuristic(matmul_context.handle, plan.description, plan.first_layout,
+                                               plan.second_layout, plan.d_layout, plan.d_layout, preference, 1,
+                                               &heuristic, &found));
+    cublasCheck(cublasLtMatmulPreferenceDestroy(preference));
     if (found == 0) {
-        fprintf(stderr, "error: cuBLASLt has no algorithm for the matmul m=%d n=%d k=%d transpose_a=%d "
-                        "transpose_b=%d bias=%d\n", m, n, k, transpose_a, transpose_b, bias != nullptr);
+        fprintf(stderr, "error: cuBLASLt has no algorithm for the matmul %s\n", matmul_plan_key_text(key).c_str());
         exit(EXIT_FAILURE);
     }
+    plan.algo = heuristic.algo;
+    plan.algo_workspace_bytes = heuristic.workspaceSize;
+    return plan;
+}
 
-    // alpha and beta are fp32 because the scale type (the matmul description's second type) is fp32
-    const float alpha = 1.0f;
-    const float beta = accumulate ? 1.0f : 0.0f;
-    cublasCheck(cublasLtMatmul(matmul_context.handle, description, &alpha, b, first_layout, a, second_layout, &beta,
-                               d, d_layout, d, d_layout, &heuristic.algo, matmul_context.workspace,
-                               MATMUL_WORKSPACE_BYTES, stream));
-
-    cublasCheck(cublasLtMatmulPreferenceDestroy(preference));
-    cublasCheck(cublasLtMatrixLayoutDestroy(d_layout));
-    cublasCheck(cublasLtMatrixLayoutDestroy(second_layout));
-    cublasCheck(cublasLtMatrixLayoutDestroy(first_layout));
-    cublasCheck(cublasLtMatmulDescDestroy(description));
+// the GPU part of a plan's trace line
+inline std::string matmul_plan_text(const MatmulPlan& plan) {
+    int algo_id = -1;
+    size_t written = 0;
+    cublasCheck(cublasLtMatmulAlgoConfigGetAttribute(&plan.algo, CUBLASLT_ALGO_CONFIG_ID, &algo_id, sizeof(algo_id),
+                                                     &written));
+    char text[128];
+    snprintf(text, sizeof(text), " algo=%d workspace=%zu of %zu bytes", algo_id, plan.algo_workspace_bytes,
+             matmul_context.workspace_bytes);
+    return text;
 }
 
 #else  // LLMC_CPU: OpenBLAS
 
-// fp32 copies of bf16 operands and result, reused from call to call (they only ever grow)
+struct MatmulPlan {};  // OpenBLAS chooses nothing ahead; the key is still computed and cached
+
+// fp32 copies of bf16 operands and result, reused from call to call (they only ever grow), and the plans
 struct MatmulContext {
     std::vector<float> a, b, d;
+    std::map<MatmulPlanKey, MatmulPlan> plans;
+    long plans_built = 0, cache_hits = 0;
 };
 inline MatmulContext matmul_context;
 
 inline void matmul_setup() {}
 inline void matmul_teardown() { matmul_context = MatmulContext{}; }
+
+inline MatmulPlan matmul_build_plan(const MatmulPlanKey&, const floatX*) { return MatmulPlan{}; }
+inline std::string matmul_plan_text(const MatmulPlan&) { return ""; }
+
+#endif
+
+// The plan for `key`: from the cache, or built, counted and (LLMC_MATMUL_TRACE=1) printed.
+inline const MatmulPlan& matmul_find_plan(const MatmulPlanKey& key, const floatX* bias) {
+    auto found = matmul_context.plans.find(key);
+    if (found != matmul_context.plans.end()) {
+        matmul_context.cache_hits++;
+        return found->second;
+    }
+    const MatmulPlan& plan = matmul_context.plans.emplace(key, matmul_build_plan(key, bias)).first->second;
+    matmul_context.plans_built++;
+    if (matmul_trace_enabled())
+        fprintf(stderr, "matmul plan %ld: %s%s\n", matmul_context.plans_built, matmul_plan_key_text(key).c_str(),
+                matmul_plan_text(plan).c_str());
+    return plan;
+}
+
+#ifndef LLMC_CPU
+
+inline void matmul_row_major(floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
+                             bool transpose_a, bool transpose_b, bool accumulate, cudaStream_t stream) {
+    matmul_setup();
+    const MatmulPlanKey key = matmul_plan_key(d, a, b, bias, m, n, k, transpose_a, transpose_b, accumulate);
+    const MatmulPlan& plan = matmul_find_plan(key, bias);
+    // The bias pointer is the one operand the descriptor holds. cublasLtMatmul reads the descriptor when
+    // the call is enqueued, and all calls come from one host thread in order, so setting it on the shared
+    // descriptor just before each call is safe.
+    if (bias != nullptr)
+        cublasCheck(cublasLtMatmulDescSetAttribute(plan.description, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                   sizeof(bias)));
+
+    // alpha and beta are fp32 because the scale type (the matmul description's second type) is fp32
+    const float alpha = 1.0f;
+    const float beta = accumulate ? 1.0f : 0.0f;
+    cublasCheck(cublasLtMatmul(matmul_context.handle, plan.description, &alpha, b, plan.first_layout, a,
+                               plan.second_layout, &beta, d, plan.d_layout, d, plan.d_layout, &plan.algo,
+                               matmul_context.workspace, matmul_context.workspace_bytes, stream));
+}
+
+#else  // LLMC_CPU: OpenBLAS
 
 // the operand as fp32: itself in the FP32 build, a widened copy in the BF16 build
 inline const float* fp32_operand(const floatX* x, size_t count, std::vector<float>& copy) {
@@ -281,6 +451,7 @@ inline void matmul_row_major(floatX* d, const floatX* a, const floatX* b, const 
                              bool transpose_a, bool transpose_b, bool accumulate, cudaStream_t stream) {
     (void)stream;  // the CPU device has finished all earlier work by now
     const auto start = std::chrono::steady_clock::now();
+    matmul_find_plan(matmul_plan_key(d, a, b, bias, m, n, k, transpose_a, transpose_b, accumulate), bias);
     const float* a32 = fp32_operand(a, (size_t)m * k, matmul_context.a);
     const float* b32 = fp32_operand(b, (size_t)k * n, matmul_context.b);
     float* d32 = fp32_result(d, (size_t)m * n, matmul_context.d);

@@ -1,7 +1,7 @@
 /*
 The part of the CUDA runtime API the project uses, for the CPU device.
 
-"Device memory" is host memory. Every cudaMalloc is a malloc of exactly the size asked for, so that
+"Device memory" is host memory. Every cudaMalloc is an allocation of exactly the size asked for, so that
 AddressSanitizer reports a kernel that reads or writes one element past a buffer (a GPU would silently
 read a neighbour's memory). Kernels run to completion inside launch(), so streams and events are ordered
 trivially: a stream is a name, synchronising does nothing, and an event records the wall clock so that
@@ -111,10 +111,12 @@ inline cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
     return cudaSuccess;
 }
 
+// Aligned to 256 bytes, as the CUDA runtime guarantees: code that looks at alignment (the matmul plans'
+// keys, 128-bit loads) sees the same addresses modulo 256 on both devices.
 template <class T>
 cudaError_t cudaMalloc(T** pointer, size_t bytes) {
-    void* memory = malloc(bytes > 0 ? bytes : 1);
-    if (!memory) return cudaErrorMemoryAllocation;
+    void* memory = nullptr;
+    if (posix_memalign(&memory, 256, bytes > 0 ? bytes : 1) != 0) return cudaErrorMemoryAllocation;
     cudacpu::Allocations& a = cudacpu::allocations();
     std::lock_guard<std::mutex> guard(a.lock);
     a.sizes[memory] = bytes;
