@@ -327,8 +327,9 @@ inline const char* process_environment(const char* name) { return getenv(name); 
 //   5    none of these                                        none       0 / 1 / 0
 //
 // The first row that matches decides. Slurm counts only inside a task step that srun started: a batch
-// script (sbatch) or salloc's interactive shell has SLURM_NTASKS (the job's allocation, not this launch)
-// and SLURM_PROCID=0 but no regular step id, and a program run there is ONE process. An MPI that announces
+// script (sbatch) or salloc's interactive step has SLURM_NTASKS (the job's allocation, not this launch)
+// and SLURM_PROCID=0 but no step id, or one of the ids Slurm reserves for its own steps at the top of the
+// range, and a program run there is ONE process. An MPI that announces
 // one rank does not hide an srun or torchrun launch of several (row 4 comes after rows 2 and 3).
 // Errors: values that are not counts, a rank outside its world, RANK without WORLD_SIZE (or the other way
 // round), a Slurm step without its task count, and two launchers that announce different numbers of
