@@ -261,7 +261,10 @@ PEAK_TENSOR = 989e12   # dense BF16 tensor-core FLOP/s
 PEAK_FP32 = 67e12      # FP32 FLOP/s on the CUDA cores (FFMA counted as 2)
 BANDWIDTH = 3.35e12    # HBM3 bytes/s
 L, C, NH, V, Vp, maxT, B, T = 12, 768, 12, 50257, 50304, 1024, 16, 1024
-HS, BT, X = C // NH, B * T, 2  # X: bytes of a bf16 element
+HS, BT = C // NH, B * T
+X = 2 if precision == "BF16" else 4  # bytes of an activation, parameter or gradient element
+# the FP32 build's matmuls are true FP32 (no TF32): on the CUDA cores
+MATMUL_UNIT, MATMUL_PEAK = ("tensor cores", PEAK_TENSOR) if precision == "BF16" else ("FP32 cores", PEAK_FP32)
 N = Vp * C + maxT * C + L * (12 * C * C + 13 * C) + 2 * C
 
 target = "90" if "90" in archs else archs[-1]  # the H100 is sm_90
@@ -287,10 +290,10 @@ flops = bytes_moved = seconds = 0.0
 for fan_in, fan_out in shapes:
     f = 2.0 * BT * fan_in * fan_out
     b = X * (BT * fan_in + fan_in * fan_out + BT * fan_out)
-    seconds += 3 * timed(f, b, PEAK_TENSOR)
+    seconds += 3 * timed(f, b, MATMUL_PEAK)
     flops += 3 * f
     bytes_moved += 3 * b
-classes.append(("matmuls (cuBLASLt)", "tensor cores", flops, bytes_moved, seconds))
+classes.append(("matmuls (cuBLASLt)", MATMUL_UNIT, flops, bytes_moved, seconds))
 # attention: causal, so half of the T x T scores. Forward: S = Q K^T and O = P V, 2 matmuls of
 # 2*T*T*HS/2 FLOPs per head. Backward: S recomputed, dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q:
 # 5 matmuls = 2.5 x forward. Bytes: q, k, v read, out and lse written (backward: also dout, out, lse, D
@@ -329,7 +332,7 @@ classes.append(("encoder", "memory", f, b, timed(f, b, PEAK_FP32)))
 
 step = sum(c[4] for c in classes)
 model_flops = (6.0 * N + 12.0 * L * C * T) * BT  # llmc/mfu.h's count (PaLM), for comparison with training logs
-print(f"\nroofline: GPT-2 124M ({N:,} parameters), B={B}, T={T}, one training step on an H100 SXM")
+print(f"\nroofline: GPT-2 124M ({N:,} parameters), B={B}, T={T}, one {precision} training step on an H100 SXM")
 print(f"  model: BF16 tensor cores {PEAK_TENSOR / 1e12:.0f} TFLOP/s dense, FP32 cores {PEAK_FP32 / 1e12:.0f} "
       f"TFLOP/s, HBM {BANDWIDTH / 1e12:.2f} TB/s; time = max(FLOPs / peak of the unit, bytes / bandwidth) per kernel;")
 print(f"  forward + backward over {L} layers, FLOPs and bytes from the shapes (each tensor moved once, caches "
@@ -337,7 +340,7 @@ print(f"  forward + backward over {L} layers, FLOPs and bytes from the shapes (e
 print(f"  {'class':<28} {'unit':<37} {'GFLOP':>8} {'GB':>7} {'ms':>7} {'share':>6}")
 for name, unit, f, b, s in classes:
     print(f"  {name:<28} {unit:<37} {f / 1e9:>8.0f} {b / 1e9:>7.2f} {s * 1e3:>7.2f} {100 * s / step:>5.1f}%")
-print(f"  step: {step * 1e3:.1f} ms at best -> {BT / step:,.0f} tokens/s, MFU {100 * model_flops / step / PEAK_TENSOR:.0f}% "
+print(f"  step: {step * 1e3:.1f} ms at best -> {BT / step:,.0f} tokens/s, MFU {100 * model_flops / step / MATMUL_PEAK:.0f}% "
       f"(model FLOPs 6N + 12LCT per token, as llmc/mfu.h)")
 
 # ----------------------------------------------------------------------------------------------------
