@@ -214,12 +214,15 @@ int main(int argc, char** argv) {
     bool& save_model = flags.add_bool("save-model", true,
                                       "at the end, write the model to <output-dir>/model.bin in llm.c's format (fp32)");
     bool& resume = flags.add_bool("resume", false, "continue from the latest checkpoint in --output-dir");
-    flags.heading("Parallelism (ranks come from the launcher: mpirun)");
+    flags.heading("Parallelism (ranks come from the launcher: mpirun, srun or torchrun)");
     int& zero_stage = flags.add_int("zero", 0,
         "ZeRO stage: 0 = plain data parallelism, 1 = optimizer state sharded, 2 = gradients too, 3 = parameters "
         "too (FSDP)", 0, 3);
     int& dp_shard = flags.add_int("dp-shard", 0,
         "ranks that share one sharded copy of the state (HSDP: the rest replicate it); 0: all ranks", 0);
+    std::string& nccl_init_file = flags.add_string("nccl-init-file", "",
+        "a path on a file system all ranks share, fresh for every run (put the job id in it): rank 0 hands the "
+        "NCCL id to the others there; needed by srun / torchrun launches without MPI (GPU build)");
     int& plan_ranks = flags.add_int("plan", 0,
         "print the memory per rank and the communication per step of this run on N ranks, and exit without "
         "allocating anything (0: train)", 0);
@@ -243,10 +246,10 @@ int main(int argc, char** argv) {
         return EXIT_SUCCESS;
     }
 
-    // ---- mesh: every rank of the launcher (mpirun; one rank without it) trains on its own rows; the
+    // ---- mesh: every rank of the launcher (mpirun, srun, torchrun; one rank without) trains on its own rows; the
     // optimizer state (ZeRO-1, and the gradients with ZeRO-2) is sharded over groups of --dp-shard ranks,
     // replicated across the groups
-    Communicator world = comm_init_world();
+    Communicator world = comm_init_world(nccl_init_file);
     if (dp_shard == 0) dp_shard = world.size;
     if (world.size % dp_shard != 0) fatal("--dp-shard %d does not divide the %d ranks", dp_shard, world.size);
     Mesh mesh = mesh_create(world, mesh_layout(world.size / dp_shard, dp_shard, 1, 1, 1));

@@ -10,7 +10,9 @@ sum needs more bits than bf16 has, so "rounded once at the end" is checked bit f
 are compared with the ring formulas, written out again here. Every mesh layout that fits the world is
 built and each group's members are listed (gathered through the group itself) and checked to differ
 from this rank only along the group's axes. Layouts and models that cannot work are run in a forked
-child (which makes no MPI call) and must stop with one line and a non-zero status.
+child (which makes no MPI call) and must stop with one line and a non-zero status. Launcher detection
+is a function of the environment: a table of environments (mpirun, srun steps, sbatch scripts, torchrun,
+contradictions) is checked against the launcher, ranks and error each must give.
 Each rank checks; rank 0 prints the sum over ranks as `N passed, M failed`.
 */
 #include <string>
@@ -325,6 +327,112 @@ static std::vector<MeshLayout> all_layouts(int world_size) {
 }
 
 // ----------------------------------------------------------------------------
+// launcher detection: a pure function of the environment, checked over a table of environments
+
+struct LaunchCase {
+    const char* name;
+    std::vector<std::pair<const char*, const char*>> environment;
+    Launcher launcher;
+    int rank, size, local_rank;
+    const char* error;  // nullptr: must succeed; else a part of the expected message
+};
+
+static void test_launcher_detection() {
+    // what Slurm sets around a program: a job of 8 tasks; srun adds the step's variables
+    const std::vector<std::pair<const char*, const char*>> job = {
+        {"SLURM_JOB_ID", "4242"}, {"SLURM_NTASKS", "8"}, {"SLURM_NPROCS", "8"}, {"SLURM_PROCID", "0"},
+        {"SLURM_LOCALID", "0"}};
+    auto in_job = [&](std::vector<std::pair<const char*, const char*>> extra) {
+        std::vector<std::pair<const char*, const char*>> all = job;
+        for (auto& variable : extra) {
+            bool replaced = false;
+            for (auto& existing : all)
+                if (strcmp(existing.first, variable.first) == 0) existing.second = variable.second, replaced = true;
+            if (!replaced) all.push_back(variable);
+        }
+        return all;
+    };
+    const std::vector<std::pair<const char*, const char*>> srun_step_of_4 = in_job(
+        {{"SLURM_STEP_ID", "0"}, {"SLURM_STEPID", "0"}, {"SLURM_STEP_NUM_TASKS", "4"}, {"SLURM_NTASKS", "4"},
+         {"SLURM_PROCID", "3"}, {"SLURM_LOCALID", "1"}});
+    auto with = [](std::vector<std::pair<const char*, const char*>> base,
+                   std::vector<std::pair<const char*, const char*>> extra) {
+        base.insert(base.end(), extra.begin(), extra.end());
+        return base;
+    };
+    const std::vector<LaunchCase> cases = {
+        {"nothing: one process", {}, Launcher::Single, 0, 1, 0, nullptr},
+        {"mpirun -np 4", {{"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_RANK", "2"}}, Launcher::Mpi, 2, 4, 0,
+         nullptr},
+        {"mpirun -np 1", {{"OMPI_COMM_WORLD_SIZE", "1"}, {"OMPI_COMM_WORLD_RANK", "0"}}, Launcher::Mpi, 0, 1, 0,
+         nullptr},
+        {"srun step of 4 tasks", srun_step_of_4, Launcher::Srun, 3, 4, 1, nullptr},
+        {"srun step, old SLURM_STEPID only",
+         {{"SLURM_STEPID", "2"}, {"SLURM_STEP_NUM_TASKS", "2"}, {"SLURM_PROCID", "1"}}, Launcher::Srun, 1, 2, 0,
+         nullptr},
+        {"sbatch script with SLURM_NTASKS=8, no step: one process", job, Launcher::Single, 0, 1, 0, nullptr},
+        {"salloc's interactive step (a Slurm step id): one process",
+         in_job({{"SLURM_STEP_ID", "4294967290"}, {"SLURM_STEP_NUM_TASKS", "2"}}), Launcher::Single, 0, 1, 0,
+         nullptr},
+        {"torchrun", {{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"}},
+         Launcher::Torchrun, 5, 8, 1, nullptr},
+        {"torchrun started by srun (one per node)",
+         with(in_job({{"SLURM_STEP_ID", "0"}, {"SLURM_STEP_NUM_TASKS", "2"}, {"SLURM_PROCID", "1"}}),
+              {{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}}),
+         Launcher::Torchrun, 5, 8, 1, nullptr},
+        {"mpirun -np 4 inside a one-task srun step",
+         with(in_job({{"SLURM_STEP_ID", "0"}, {"SLURM_STEP_NUM_TASKS", "1"}}), {{"OMPI_COMM_WORLD_SIZE", "4"}}),
+         Launcher::Mpi, 0, 4, 0, nullptr},
+        {"srun --mpi=pmi2, 4 tasks", with(srun_step_of_4, {{"PMI_SIZE", "4"}, {"PMI_RANK", "3"}}), Launcher::Mpi,
+         3, 4, 0, nullptr},
+        {"srun --mpi=pmix, 4 tasks: MPI, the step's size expected", with(srun_step_of_4, {{"PMIX_RANK", "3"}}),
+         Launcher::Mpi, 3, 4, 0, nullptr},
+        {"PMIx alone: MPI, size from MPI_Init", {{"PMIX_RANK", "0"}}, Launcher::Mpi, 0, 0, 0, nullptr},
+        {"an MPI world of 1 does not hide srun's 4", with(srun_step_of_4, {{"PMI_SIZE", "1"}}), Launcher::Srun, 3,
+         4, 1, nullptr},
+        // contradictions and bad values
+        {"srun -n 2 mpirun -np 4", with(in_job({{"SLURM_STEP_ID", "1"}, {"SLURM_STEP_NUM_TASKS", "2"}}),
+                                        {{"OMPI_COMM_WORLD_SIZE", "4"}}),
+         Launcher::Mpi, 0, 0, 0, "contradictory launchers: MPI announces 4 ranks and srun"},
+        {"MPI and torchrun of different sizes", {{"OMPI_COMM_WORLD_SIZE", "4"}, {"RANK", "0"}, {"WORLD_SIZE", "8"}},
+         Launcher::Mpi, 0, 0, 0, "contradictory launchers"},
+        {"RANK outside WORLD_SIZE", {{"RANK", "2"}, {"WORLD_SIZE", "2"}}, Launcher::Torchrun, 0, 0, 0,
+         "RANK=2 of WORLD_SIZE=2"},
+        {"WORLD_SIZE=0", {{"RANK", "0"}, {"WORLD_SIZE", "0"}}, Launcher::Torchrun, 0, 0, 0, "WORLD_SIZE=0 must be"},
+        {"WORLD_SIZE without RANK", {{"WORLD_SIZE", "2"}}, Launcher::Single, 0, 0, 0, "WORLD_SIZE is set but RANK"},
+        {"RANK that is not a number", {{"RANK", "one"}, {"WORLD_SIZE", "2"}}, Launcher::Single, 0, 0, 0,
+         "RANK=one is not a count"},
+        {"LOCAL_RANK outside LOCAL_WORLD_SIZE",
+         {{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "4"}, {"LOCAL_WORLD_SIZE", "4"}}, Launcher::Torchrun, 0,
+         0, 0, "LOCAL_RANK=4 of LOCAL_WORLD_SIZE=4"},
+        {"SLURM_PROCID outside the step", in_job({{"SLURM_STEP_ID", "0"}, {"SLURM_STEP_NUM_TASKS", "4"},
+                                                  {"SLURM_PROCID", "4"}}),
+         Launcher::Srun, 0, 0, 0, "SLURM_PROCID=4 of SLURM_STEP_NUM_TASKS=4"},
+        {"a step id without the step's task count", {{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "0"}},
+         Launcher::Single, 0, 0, 0, "SLURM_STEP_NUM_TASKS is not"},
+    };
+    for (const LaunchCase& c : cases) {
+        auto lookup = [&](const char* name) -> const char* {
+            for (const auto& variable : c.environment)
+                if (strcmp(variable.first, name) == 0) return variable.second;
+            return nullptr;
+        };
+        const LaunchInfo info = detect_launcher(lookup);
+        const std::string got = std::string(launcher_name(info.launcher)) + " rank " + std::to_string(info.rank) +
+                                " of " + std::to_string(info.size) + ", local " + std::to_string(info.local_rank) +
+                                (info.error.empty() ? "" : ", error: " + info.error);
+        bool ok;
+        if (c.error) {
+            ok = info.error.find(c.error) != std::string::npos;
+        } else {
+            ok = info.error.empty() && info.launcher == c.launcher && info.rank == c.rank && info.size == c.size &&
+                 info.local_rank == c.local_rank;
+        }
+        check(std::string("launcher: ") + c.name, ok, got);
+    }
+}
+
+// ----------------------------------------------------------------------------
 // failures that must stop the program with one line: run in a forked child that makes no MPI call
 
 static Communicator* failing_world = nullptr;
@@ -432,7 +540,8 @@ int main() {
           table.find("4 ranks = dp_replicate 1 x dp_shard 2 x pp 1 x cp 1 x tp 2") != std::string::npos &&
           table.find("     3             0         1   0   0   1") != std::string::npos, table);
 
-    if (world.rank == 0) printf("bootstrap through a file, and failures\n");
+    if (world.rank == 0) printf("launcher detection, bootstrap through a file, and failures\n");
+    test_launcher_detection();
     test_file_bootstrap(world);
     test_failures(world);
 

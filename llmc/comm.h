@@ -48,7 +48,10 @@ Every MPI and NCCL call is checked; a failure stops the program with one line na
 */
 #pragma once
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 #include <type_traits>
@@ -281,46 +284,142 @@ inline void barrier(Communicator& comm, cudaStream_t stream) {
 // bootstrap: who we are, how many we are, the world communicator and its subgroups
 //
 // CPU build: always MPI. Under mpirun (or srun with PMIx) MPI_Init finds the other ranks; started alone
-// it runs as a world of one ("singleton" MPI_Init needs no launcher).
+// it runs as a world of one ("singleton" MPI_Init needs no launcher). Another launcher asking for several
+// ranks is refused: its processes would each be a world of one and train alone.
 // GPU build: the ranks agree on one NCCL unique id, made by rank 0, and each joins the NCCL world with it.
 // Under an MPI launcher the id is broadcast over MPI. A launcher that only sets environment variables
-// (Slurm's SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID, torchrun-style RANK/WORLD_SIZE/LOCAL_RANK) gives no
-// MPI; then rank 0 writes the id to a file the caller names, on a file system every rank sees, and the
-// others wait for it. Each rank drives the GPU numbered local_rank (modulo the GPUs it can see).
+// (srun without an MPI plugin, torchrun) gives no MPI; then rank 0 writes the id to the file named by
+// --nccl-init-file, on a file system every rank sees, and the others wait for it. Each rank drives the
+// GPU numbered local_rank (modulo the GPUs it can see).
 
-struct LaunchInfo {
-    int rank = 0, size = 1, local_rank = 0;
-    bool by_mpi = false;         // an MPI launcher started us: MPI_Init will find the others
-    const char* launcher = "none";
-};
+enum class Launcher { Single, Mpi, Srun, Torchrun };
 
-inline int env_int(const char* name, int fallback) {
-    const char* text = getenv(name);
-    if (!text || !*text) return fallback;
-    char* end = nullptr;
-    long value = strtol(text, &end, 10);
-    if (*end != '\0' || value < 0 || value > INT32_MAX) fatal("environment variable %s=%s is not a count", name, text);
-    return (int)value;
+inline const char* launcher_name(Launcher launcher) {
+    switch (launcher) {
+        case Launcher::Mpi: return "MPI";
+        case Launcher::Srun: return "srun";
+        case Launcher::Torchrun: return "torchrun";
+        default: return "none";
+    }
 }
 
-inline LaunchInfo detect_launcher() {
+struct LaunchInfo {
+    Launcher launcher = Launcher::Single;
+    int rank = 0, size = 1, local_rank = 0;  // MPI: what the environment announces; size 0 = MPI_Init will tell
+    std::string error;                       // not empty: the environment contradicts itself
+};
+
+// Where variables are read from: getenv in the program, a table in the tests.
+using EnvironmentLookup = std::function<const char*(const char* name)>;
+inline const char* process_environment(const char* name) { return getenv(name); }
+
+// Which launcher started this process, read from the environment alone (no MPI call), so a table of
+// environments tests it. The innermost launcher wins: torchrun is often started by srun, and mpirun inside
+// a Slurm job; each leaves the outer launcher's variables in place.
+//
+//   row  variables present                                    launcher   rank / size / local rank
+//   1    OMPI_COMM_WORLD_SIZE or PMI_SIZE > 1, or PMIX_RANK    MPI        from MPI_Init (PMIx announces no
+//        alone (srun --mpi=pmix)                                          size; the srun step's is expected)
+//   2    RANK + WORLD_SIZE (+ LOCAL_RANK, LOCAL_WORLD_SIZE)   torchrun   RANK / WORLD_SIZE / LOCAL_RANK
+//   3    SLURM_STEP_ID (or SLURM_STEPID) of a task step       srun       SLURM_PROCID / SLURM_STEP_NUM_TASKS /
+//        + SLURM_STEP_NUM_TASKS                                          SLURM_LOCALID
+//   4    OMPI_COMM_WORLD_SIZE or PMI_SIZE = 1                 MPI        0 / 1 / 0
+//   5    none of these                                        none       0 / 1 / 0
+//
+// The first row that matches decides. Slurm counts only inside a task step that srun started: a batch
+// script (sbatch) or salloc's interactive step has SLURM_NTASKS (the job's allocation, not this launch)
+// and SLURM_PROCID=0 but no step id, or one of the ids Slurm reserves for its own steps at the top of the
+// range, and a program run there is ONE process. An MPI that announces
+// one rank does not hide an srun or torchrun launch of several (row 4 comes after rows 2 and 3).
+// Errors: values that are not counts, a rank outside its world, RANK without WORLD_SIZE (or the other way
+// round), a Slurm step without its task count, and two launchers that announce different numbers of
+// ranks above one (srun -n 2 mpirun -np 4 starts two separate worlds of 4).
+inline LaunchInfo detect_launcher(const EnvironmentLookup& env = process_environment) {
     LaunchInfo info;
-    if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK")) {
-        info.by_mpi = true;  // sizes come from MPI itself once it is initialised
-        info.launcher = "MPI";
-    } else if (getenv("SLURM_PROCID") && getenv("SLURM_NTASKS")) {
-        info.rank = env_int("SLURM_PROCID", 0);
-        info.size = env_int("SLURM_NTASKS", 1);
-        info.local_rank = env_int("SLURM_LOCALID", 0);
-        info.launcher = "Slurm environment";
-    } else if (getenv("RANK") && getenv("WORLD_SIZE")) {
-        info.rank = env_int("RANK", 0);
-        info.size = env_int("WORLD_SIZE", 1);
-        info.local_rank = env_int("LOCAL_RANK", 0);
-        info.launcher = "RANK/WORLD_SIZE environment";
+    auto fail = [&](const std::string& message) {
+        if (info.error.empty()) info.error = message;
+    };
+    // the variable as an integer: `absent` when unset or empty; an error when it is not an integer
+    const long long absent = -1;
+    auto read = [&](const char* name, bool allow_negative = false) -> long long {
+        const char* text = env(name);
+        if (!text || !*text) return absent;
+        char* end = nullptr;
+        errno = 0;
+        long long value = strtoll(text, &end, 10);
+        if (*end != '\0' || errno == ERANGE || (value < 0 && !allow_negative) || value > 0xffffffffLL) {
+            fail(std::string("environment variable ") + name + "=" + text + " is not a count");
+            return absent;
+        }
+        return value;
+    };
+    auto place = [&](Launcher launcher, long long rank, long long size, long long local_rank,
+                     const char* rank_name, const char* size_name) {
+        info.launcher = launcher;
+        if (size < 1 || size > INT32_MAX) fail(std::string(size_name) + "=" + std::to_string(size) + " must be at least 1");
+        else if (rank < 0 || rank >= size)
+            fail(std::string(launcher_name(launcher)) + " says " + rank_name + "=" + std::to_string(rank) +
+                 " of " + size_name + "=" + std::to_string(size) + " ranks");
+        info.rank = (int)std::max(0LL, std::min(rank, (long long)INT32_MAX));
+        info.size = (int)std::max(0LL, std::min(size, (long long)INT32_MAX));
+        info.local_rank = (int)std::max(0LL, std::min(local_rank, (long long)INT32_MAX));
+    };
+
+    // MPI: Open MPI's mpirun, a PMI-1/PMI-2 launcher (MPICH's Hydra, srun --mpi=pmi2), or PMIx
+    long long mpi_size = read("OMPI_COMM_WORLD_SIZE");
+    long long mpi_rank = read("OMPI_COMM_WORLD_RANK");
+    if (mpi_size == absent) mpi_size = read("PMI_SIZE"), mpi_rank = read("PMI_RANK");
+    const bool pmix_only = mpi_size == absent && env("PMIX_RANK") != nullptr;
+    if (pmix_only) mpi_rank = read("PMIX_RANK");
+    // torchrun (and other launchers that follow its convention)
+    const long long world_size = read("WORLD_SIZE"), torch_rank = read("RANK");
+    const long long local_world_size = read("LOCAL_WORLD_SIZE"), torch_local_rank = read("LOCAL_RANK");
+    if ((world_size == absent) != (torch_rank == absent))
+        fail(world_size == absent ? "RANK is set but WORLD_SIZE is not" : "WORLD_SIZE is set but RANK is not");
+    const bool torchrun = world_size != absent && torch_rank != absent;
+    // srun: a regular step id; Slurm's own steps (batch script, interactive shell, extern) use the top ids
+    long long step_id = read("SLURM_STEP_ID", true);
+    if (step_id == absent) step_id = read("SLURM_STEPID", true);
+    const bool task_step = step_id >= 0 && step_id < 0xfffffff0LL;
+    const long long step_tasks = task_step ? read("SLURM_STEP_NUM_TASKS") : absent;
+    if (task_step && step_tasks == absent) fail("SLURM_STEP_ID is set but SLURM_STEP_NUM_TASKS is not");
+    const long long slurm_rank = task_step ? read("SLURM_PROCID") : absent;
+    if (task_step && slurm_rank == absent) fail("SLURM_STEP_ID is set but SLURM_PROCID is not");
+
+    auto disagree = [&](const char* a, long long a_size, const char* b, long long b_size) {
+        if (a_size > 1 && b_size > 1 && a_size != b_size)
+            fail(std::string("contradictory launchers: ") + a + " announces " + std::to_string(a_size) +
+                 " ranks and " + b + " " + std::to_string(b_size));
+    };
+    if (mpi_size > 1 || pmix_only) {  // row 1
+        disagree("MPI", mpi_size, "torchrun (WORLD_SIZE)", torchrun ? world_size : absent);
+        if (pmix_only && torchrun && world_size > 1)
+            fail("contradictory launchers: MPI (PMIx) and torchrun (WORLD_SIZE=" + std::to_string(world_size) +
+                 ") both started this process");
+        disagree("MPI", mpi_size, "srun (SLURM_STEP_NUM_TASKS)", step_tasks);
+        const long long expected = mpi_size > 1 ? mpi_size : (step_tasks > 0 ? step_tasks : 0);
+        info.launcher = Launcher::Mpi;
+        info.size = (int)std::min(expected, (long long)INT32_MAX);
+        info.rank = (int)std::max(0LL, std::min(mpi_rank, (long long)INT32_MAX));
+        if (expected > 0 && mpi_rank >= expected)
+            fail("MPI says rank " + std::to_string(mpi_rank) + " of " + std::to_string(expected) + " ranks");
+    } else if (torchrun) {  // row 2
+        place(Launcher::Torchrun, torch_rank, world_size, torch_local_rank == absent ? 0 : torch_local_rank,
+              "RANK", "WORLD_SIZE");
+        if (local_world_size != absent && (local_world_size < 1 || local_world_size > world_size))
+            fail("LOCAL_WORLD_SIZE=" + std::to_string(local_world_size) + " must be between 1 and WORLD_SIZE=" +
+                 std::to_string(world_size));
+        else if (local_world_size != absent && torch_local_rank >= local_world_size)
+            fail("torchrun says LOCAL_RANK=" + std::to_string(torch_local_rank) + " of LOCAL_WORLD_SIZE=" +
+                 std::to_string(local_world_size));
+    } else if (task_step && step_tasks != absent && slurm_rank != absent) {  // row 3
+        const long long local = read("SLURM_LOCALID");
+        place(Launcher::Srun, slurm_rank, step_tasks, local == absent ? 0 : local, "SLURM_PROCID",
+              "SLURM_STEP_NUM_TASKS");
+    } else if (mpi_size == 1) {  // row 4
+        info.launcher = Launcher::Mpi;
+        if (mpi_rank > 0) fail("MPI says rank " + std::to_string(mpi_rank) + " of 1 rank");
     }
-    if (info.size < 1 || info.rank >= info.size)
-        fatal("the %s says rank %d of %d ranks", info.launcher, info.rank, info.size);
     return info;
 }
 
@@ -370,22 +469,30 @@ inline void make_barrier_token(Communicator& comm) {
 }
 #endif
 
-// The world: every rank of the job. `nccl_id_file` is used only by the GPU build launched without MPI.
-inline Communicator comm_init_world(const std::string& nccl_id_file = "", double timeout_seconds = 300.0) {
+// The world: every rank of the job. `nccl_init_file` (--nccl-init-file) is needed only by the GPU build
+// when a launcher other than MPI starts several ranks. Rank 0 prints the launcher it found.
+inline Communicator comm_init_world(const std::string& nccl_init_file = "", double timeout_seconds = 300.0) {
     Communicator world;
     LaunchInfo launch = detect_launcher();
+    if (!launch.error.empty()) fatal("%s", launch.error.c_str());
+    const bool by_mpi = launch.launcher == Launcher::Mpi;
+    const int announced = launch.size;  // MPI: 0 when the environment does not say
 #ifdef LLMC_CPU
-    (void)nccl_id_file;
+    (void)nccl_init_file;
     (void)timeout_seconds;
+    if (!by_mpi && launch.size > 1)
+        fatal("%s started %d ranks, but the CPU build's ranks talk over MPI: start them with mpirun (or srun "
+              "--mpi=pmix)", launcher_name(launch.launcher), launch.size);
     mpi_start();
     mpiCheck(MPI_Comm_dup(MPI_COMM_WORLD, &world.mpi));
     mpiCheck(MPI_Comm_rank(world.mpi, &world.rank));
     mpiCheck(MPI_Comm_size(world.mpi, &world.size));
-    if (!launch.by_mpi && launch.size != world.size)
-        fatal("the %s asks for %d ranks but MPI sees %d: start the CPU build with mpirun (or srun --mpi=pmix)",
-              launch.launcher, launch.size, world.size);
 #else
-    if (launch.by_mpi) {
+    if (!by_mpi && launch.size > 1 && nccl_init_file.empty())
+        fatal("%s started %d ranks without MPI: give --nccl-init-file PATH, a fresh path on a file system all "
+              "ranks share, through which rank 0 hands the NCCL id to the others", launcher_name(launch.launcher),
+              launch.size);
+    if (by_mpi) {
         mpi_start();
         mpiCheck(MPI_Comm_dup(MPI_COMM_WORLD, &world.mpi));
         mpiCheck(MPI_Comm_rank(world.mpi, &launch.rank));
@@ -397,21 +504,29 @@ inline Communicator comm_init_world(const std::string& nccl_id_file = "", double
     }
     world.rank = launch.rank;
     world.size = launch.size;
+#endif
+    // an MPI library that does not understand its launcher (say, srun's PMIx without PMIx support) makes
+    // every process a world of one: N separate trainings instead of one on N ranks
+    if (by_mpi && announced > 0 && announced != world.size)
+        fatal("the launcher announced %d ranks but MPI sees %d: this MPI does not speak the launcher's protocol "
+              "(for srun, try --mpi=pmix or --mpi=pmi2)", announced, world.size);
+    if (world.rank == 0)
+        printf("launcher: %s, %d rank%s%s\n", launcher_name(launch.launcher), world.size, world.size > 1 ? "s" : "",
+               !by_mpi && world.size > 1 ? (", NCCL id through " + nccl_init_file).c_str() : "");
+#ifndef LLMC_CPU
     int devices = 0;
     cudaCheck(cudaGetDeviceCount(&devices));
     cudaCheck(cudaSetDevice(launch.local_rank % devices));
     ncclUniqueId id;
     if (world.rank == 0) ncclCheck(ncclGetUniqueId(&id));
-    if (launch.by_mpi) {
+    if (by_mpi) {
         mpiCheck(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, world.mpi));
     } else if (world.size > 1) {
-        if (nccl_id_file.empty())
-            fatal("launched by the %s without MPI: give a shared file path for the NCCL id", launch.launcher);
-        share_through_file(nccl_id_file, world.rank, &id, sizeof(id), timeout_seconds);
+        share_through_file(nccl_init_file, world.rank, &id, sizeof(id), timeout_seconds);
     }
     ncclCheck(ncclCommInitRank(&world.nccl, world.size, id, world.rank));
     // ncclCommInitRank returns only once every rank has joined, so nobody still needs the file
-    if (!launch.by_mpi && world.size > 1 && world.rank == 0) remove(nccl_id_file.c_str());
+    if (!by_mpi && world.size > 1 && world.rank == 0) remove(nccl_init_file.c_str());
     make_barrier_token(world);
 #endif
     return world;

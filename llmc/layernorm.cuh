@@ -281,13 +281,18 @@ inline size_t layernorm_backward_scratch_floats(int N, int C) {
     return (size_t)2 * C * layernorm_backward_blocks(N);
 }
 
+// dynamic shared memory of one backward block: each warp's two running sums over a slice of C
+inline size_t layernorm_backward_shared_bytes(int C) {
+    return (size_t)LAYERNORM_WARPS_PER_BLOCK * 2 * layernorm_slice_width(C) * sizeof(float);
+}
+
 // scratch: layernorm_backward_scratch_floats(N, C) floats, contents on entry do not matter
 void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, float* scratch, const floatX* dout,
                         const floatX* inp, const floatX* weight, const float* mean, const float* rstd, int N, int C,
                         cudaStream_t stream) {
     layernorm_check_width("layernorm_backward", C);
     const int blocks = layernorm_backward_blocks(N);
-    const size_t shared_bytes = (size_t)LAYERNORM_WARPS_PER_BLOCK * 2 * layernorm_slice_width(C) * sizeof(float);
+    const size_t shared_bytes = layernorm_backward_shared_bytes(C);
     if (shared_bytes > device_properties().sharedMemPerBlockOptin) {
         fprintf(stderr, "error: layernorm_backward: C = %d needs %zu bytes of shared memory per block, the device "
                 "allows %zu\n", C, shared_bytes, (size_t)device_properties().sharedMemPerBlockOptin);

@@ -108,6 +108,20 @@ expect_error "non-finite loss" "not finite" model="$work/model_huge.bin" checkpo
 expect_error "resume without a checkpoint" "no checkpoint" resume=true
 expect_error "ZeRO stage that does not exist" "--zero must be between 0 and 3" zero=4
 expect_error "shard group that does not divide the ranks" "--dp-shard 3 does not divide the 1 ranks" dp-shard=3
+# a torchrun-style launch of 2 ranks without MPI: the CPU build's ranks need MPI; the GPU build needs a file
+# to pass the NCCL id through (refused before any GPU is touched)
+if [[ $binary == *_cpu ]]; then launch_hint="start them with mpirun"; else launch_hint="--nccl-init-file"; fi
+RANK=0 WORLD_SIZE=2 expect_error "2 ranks from RANK/WORLD_SIZE without MPI" "$launch_hint"
+RANK=0 WORLD_SIZE=2 LOCAL_RANK=2 LOCAL_WORLD_SIZE=2 expect_error "LOCAL_RANK outside LOCAL_WORLD_SIZE" \
+    "LOCAL_RANK=2 of LOCAL_WORLD_SIZE=2"
+# a batch script's environment (SLURM_NTASKS is the allocation, no srun step): one process, which trains
+mapfile -t args < <(run_args output-dir="$work/batch_script")
+if SLURM_JOB_ID=7 SLURM_NTASKS=8 SLURM_PROCID=0 SLURM_LOCALID=0 "$binary" "${args[@]}" >"$work/stdout" 2>&1 &&
+   grep -q "^launcher: none, 1 rank$" "$work/stdout"; then
+    ok "a batch script's SLURM_NTASKS=8 without an srun step runs one process"
+else
+    bad "batch-script environment: $(grep -m1 -E '^(launcher|error):' "$work/stdout")"
+fi
 
 # a corrupted checkpoint must be refused on resume
 mapfile -t args < <(run_args checkpoint-every=3 output-dir="$work/corrupt")
