@@ -273,7 +273,9 @@ __global__ void add_column_partial_groups_kernel(floatX* target, const float* pa
     if (column >= columns) return;
     const int rows_per_group = column_partials_rows_per_group(num_partials);
     float sum = 0.0f;
-    for (int first = 0; first < num_partials; first += rows_per_group) sum += partials[(size_t)first * columns + column];
+    for (int first = 0; first < num_partials; first += rows_per_group) {
+        sum += partials[(size_t)first * columns + column];
+    }
     target[column] = (floatX)((float)target[column] + sum);
 }
 
