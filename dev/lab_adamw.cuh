@@ -275,6 +275,92 @@ static void adamw_lab_check_master_init() {
 }
 
 // ----------------------------------------------------------------------------
+// several tensors in one launch: a chunk of tensors laid end to end (odd sizes, so most start unaligned and
+// take the element-by-element path while others go 128 bits at a time), each with its own seed and
+// weight decay. Updated tensor by tensor, all in one adamw_update_tensors call, and shard by shard (the
+// chunk cut at odd points, each shard's pieces of tensors updated in one call with their first_index), the
+// state must come out the same to the bit.
+
+static void adamw_lab_check_tensor_list(const std::vector<size_t>& sizes, bool use_master, int shards) {
+    size_t total = 0;
+    std::vector<AdamWTensor> whole;
+    for (size_t t = 0; t < sizes.size(); t++) {
+        const uint32_t seed = 1000u + 7919u * (uint32_t)t;
+        whole.push_back({total, sizes[t], 0, seed, t % 2 == 0 ? 0.1f : 0.0f});
+        total += sizes[t];
+    }
+    char name[128];
+    snprintf(name, sizeof(name), "%zu tensors, %zu elements%s", sizes.size(), total, use_master ? " master" : "");
+
+    AdamWLabState start;
+    start.master = random_floats(total, -1.0f, 1.0f);
+    start.params = round_to_floatX(start.master);
+    start.m = random_floats(total, -0.01f, 0.01f);
+    start.v = random_floats(total, 1e-6f, 1e-4f);
+    const std::vector<float> grads = round_to_floatX(random_floats(total, -1.0f, 1.0f));
+    DeviceBuffer<floatX> d_params(total), d_grads(total);
+    DeviceBuffer<float> d_master(total), d_m(total), d_v(total);
+    d_grads.upload(grads);
+    float* master = use_master ? d_master.ptr : nullptr;
+    const float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, grad_scale = 0.8f;
+    const int step = 3;
+
+    // runs `update` from the start state and returns the state it leaves
+    auto state_after = [&](const std::function<void()>& update) {
+        d_params.upload(start.params);
+        d_master.upload(start.master);
+        d_m.upload(start.m);
+        d_v.upload(start.v);
+        update();
+        cudaCheck(cudaDeviceSynchronize());
+        return std::vector<std::vector<float>>{d_params.download(), d_master.download(), d_m.download(),
+                                               d_v.download()};
+    };
+    auto same_bits = [](const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+        for (size_t k = 0; k < a.size(); k++)
+            if (a[k].size() != b[k].size() || memcmp(a[k].data(), b[k].data(), a[k].size() * sizeof(float)) != 0)
+                return false;
+        return true;
+    };
+
+    const auto one_by_one = state_after([&] {
+        for (const AdamWTensor& t : whole)
+            adamw_update(d_params.ptr + t.offset, master ? master + t.offset : nullptr, d_m.ptr + t.offset,
+                         d_v.ptr + t.offset, d_grads.ptr + t.offset, t.count, lr, beta1, beta2, eps, t.weight_decay,
+                         step, grad_scale, t.seed, 0, 0);
+    });
+    const auto together = state_after([&] {
+        adamw_update_tensors(d_params.ptr, master, d_m.ptr, d_v.ptr, d_grads.ptr, whole.data(), (int)whole.size(), lr,
+                             beta1, beta2, eps, step, grad_scale, 0);
+    });
+    check_true(std::string("adamw one launch == tensor by tensor, ") + name, same_bits(together, one_by_one),
+               "params, master, m, v");
+    // every element was updated (two runs that both skip a tensor would compare equal)
+    size_t unchanged = 0;
+    for (size_t i = 0; i < total; i++) unchanged += together[2][i] == start.m[i] || together[3][i] == start.v[i];
+    check_true(std::string("adamw tensor list updates every element, ") + name, unchanged == 0,
+               std::to_string(unchanged) + " moments unchanged");
+
+    const auto sharded = state_after([&] {
+        for (int k = 0; k < shards; k++) {
+            const size_t shard_first = total * k / shards + (k > 0 ? 3 : 0);
+            const size_t shard_end = k + 1 < shards ? total * (k + 1) / shards + 3 : total;
+            std::vector<AdamWTensor> pieces;
+            for (const AdamWTensor& t : whole) {
+                const size_t first = std::max(t.offset, shard_first), end = std::min(t.offset + t.count, shard_end);
+                if (first < end) pieces.push_back({first - shard_first, end - first, first - t.offset, t.seed,
+                                                   t.weight_decay});
+            }
+            adamw_update_tensors(d_params.ptr + shard_first, master ? master + shard_first : nullptr,
+                                 d_m.ptr + shard_first, d_v.ptr + shard_first, d_grads.ptr + shard_first,
+                                 pieces.data(), (int)pieces.size(), lr, beta1, beta2, eps, step, grad_scale, 0);
+        }
+    });
+    check_true(std::string("adamw ") + std::to_string(shards) + " shards == whole, " + name,
+               same_bits(sharded, together), "params, master, m, v");
+}
+
+// ----------------------------------------------------------------------------
 // benchmark: one step over all of GPT-2 124M's parameters
 
 static void adamw_lab_bench() {
@@ -311,6 +397,15 @@ void lab_adamw() {
     adamw_lab_check(1027, 1, true);
     adamw_lab_check(3, 0, true);
     adamw_lab_check_rounding_statistics();
+    // a GPT-2 block's 12 tensors at C = 64 (biases and layernorm weights 64..256 long, matrices 4096..16384)
+    const std::vector<size_t> block = {64, 64, 12288, 192, 4096, 64, 64, 64, 16384, 256, 16384, 64};
+    adamw_lab_check_tensor_list(block, true, 3);
+    adamw_lab_check_tensor_list(block, false, 2);
+    // odd sizes: most tensors start unaligned; 20 tensors take two launches of at most 16
+    std::vector<size_t> odd = {4099, 3, 1027, 13, 770};
+    for (size_t t = 0; t < 15; t++) odd.push_back(1 + 37 * t);
+    adamw_lab_check_tensor_list(odd, true, 4);
+    adamw_lab_check_tensor_list(odd, false, 3);
     adamw_lab_check_master_init();
     if (lab.bench) adamw_lab_bench();
 }

@@ -25,15 +25,30 @@ inline void reference_backward(std::vector<double>& dwte, std::vector<double>& d
         }
 }
 
-// B x T positions, C channels, token ids drawn from [0, V) (or all equal to `only_token` when >= 0).
+// How the token ids of a batch are drawn from [0, V)
+enum class TokenMix {
+    Uniform,     // every id equally likely
+    OneToken,    // every position holds token 7
+    HalfOneToken // token 7 at a random half of the positions (padding, end-of-text), the rest uniform
+};
+
+// B x T positions, C channels, token ids drawn from [0, V) as `mix` says.
 // The position table has max_T > T rows: the rows past T must come back untouched.
-inline void check(int B, int T, int C, int V, int only_token = -1) {
+inline void check(int B, int T, int C, int V, TokenMix mix = TokenMix::Uniform) {
     const int max_T = T + 3;
     std::string shape = " B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
                         " V=" + std::to_string(V);
-    if (only_token >= 0) shape += " one token";
+    const int heavy_token = 7;
     std::vector<int> tokens = random_ints((size_t)B * T, 0, V);
-    if (only_token >= 0) std::fill(tokens.begin(), tokens.end(), only_token);
+    if (mix == TokenMix::OneToken) {
+        shape += " one token";
+        std::fill(tokens.begin(), tokens.end(), heavy_token);
+    } else if (mix == TokenMix::HalfOneToken) {
+        shape += " half one token";
+        const std::vector<int> coin = random_ints(tokens.size(), 0, 2);
+        for (size_t p = 0; p < tokens.size(); p++)
+            if (coin[p] == 1) tokens[p] = heavy_token;
+    }
     const std::vector<float> wte = round_to_floatX(random_floats((size_t)V * C));
     const std::vector<float> wpe = round_to_floatX(random_floats((size_t)max_T * C));
 
@@ -68,18 +83,21 @@ inline void check(int B, int T, int C, int V, int only_token = -1) {
     DeviceBuffer<floatX> d_dout(dout.size()), d_dwte(wte.size()), d_dwpe(wpe.size());
     d_dout.upload(dout);
     EncoderBackwardWorkspace workspace;
-    encoder_backward_workspace_create(&workspace, B * T);
+    encoder_backward_workspace_create(&workspace, B * T, C);
     auto run = [&]() {
         d_dwte.upload(dwte_start);
         d_dwpe.upload(dwpe_start);
-        cudaCheck(cudaMemset(workspace.device, 0xff, (size_t)4 * B * T * sizeof(int)));  // poison
+        // poison: every list entry and partial row must be written before it is read
+        cudaCheck(cudaMemset(workspace.device, 0xff, encoder_backward_workspace_ints(B * T) * sizeof(int)));
+        cudaCheck(cudaMemset(workspace.partial_rows, 0xff,
+                             (size_t)encoder_backward_max_partial_rows(B * T) * C * sizeof(float)));
         encoder_backward(d_dwte.ptr, d_dwpe.ptr, &workspace, d_dout.ptr, tokens.data(), B, T, C, 0);
         cudaCheck(cudaDeviceSynchronize());
     };
     run();
     const std::vector<float> dwte = d_dwte.download(), dwpe = d_dwpe.download();
     // each element is its start value plus an fp32 sum of up to B*T terms in [-1, 1] (B*T for a token
-    // that fills the batch): FP32 error ~ sqrt(count) * 2^-24 * |terms|, far under 1e-5 for count <= 256.
+    // that fills the batch): FP32 error ~ sqrt(count) * 2^-24 * |terms|, far under 1e-5 for count <= 2048.
     // BF16: the accumulated value is rounded to 8 mantissa bits, 2^-9 relative (2^-8 for margin).
     check_close("encoder_backward dwte (+=)" + shape, dwte, dwte_ref, 1e-5, by_precision(1e-6, 1.0 / 256));
     check_close("encoder_backward dwpe (+=)" + shape, dwpe, dwpe_ref, 1e-5, by_precision(1e-6, 1.0 / 256));
@@ -109,10 +127,13 @@ inline void check(int B, int T, int C, int V, int only_token = -1) {
     encoder_backward_workspace_free(&workspace);
 }
 
-inline void bench(int B, int T, int C, int V, const std::string& note) {
-    const std::string shape =
-        " B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) + note;
-    const std::vector<int> tokens = random_ints((size_t)B * T, 0, V);
+// skewed: token 7 at every other position, as padding would be
+inline void bench(int B, int T, int C, int V, bool skewed, const std::string& note) {
+    const std::string shape = " B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
+                              (skewed ? " half one token" : "") + note;
+    std::vector<int> tokens = random_ints((size_t)B * T, 0, V);
+    if (skewed)
+        for (size_t p = 0; p < tokens.size(); p += 2) tokens[p] = 7;
     DeviceBuffer<int> d_tokens(tokens.size());
     DeviceBuffer<floatX> wte((size_t)V * C), wpe((size_t)T * C), out((size_t)B * T * C);
     d_tokens.upload(tokens);
@@ -124,7 +145,7 @@ inline void bench(int B, int T, int C, int V, const std::string& note) {
     report_bench("encoder_forward" + shape, ms, 3 * activation, 0);
 
     EncoderBackwardWorkspace workspace;
-    encoder_backward_workspace_create(&workspace, B * T);
+    encoder_backward_workspace_create(&workspace, B * T, C);
     ms = time_ms([&] { encoder_backward(wte.ptr, wpe.ptr, &workspace, out.ptr, tokens.data(), B, T, C, 0); });
     // dout read twice (once per table), dwte rows of the batch's tokens and dwpe read and written
     report_bench("encoder_backward (incl. host grouping)" + shape, ms, 4 * activation, 0);
@@ -138,14 +159,23 @@ void lab_encoder() {
     encoder_lab::check(2, 5, 64, 50);          // tiny; T odd
     encoder_lab::check(4, 37, 768, 50);        // GPT-2 width, ~3 positions per token id
     encoder_lab::check(3, 16, 200, 1000);      // most rows of dwte untouched; C not a multiple of 256
-    encoder_lab::check(4, 32, 64, 10, 7);      // every position holds the same token: one bucket of 128
+    // every position holds the same token: 128 = two full pieces of ENCODER_ROWS_PER_PIECE
+    encoder_lab::check(4, 32, 64, 10, encoder_lab::TokenMix::OneToken);
     encoder_lab::check(2, 9, 1600, 50);        // widest GPT-2 width
     encoder_lab::check(2, 64, 64, 50304);      // GPT-2's padded vocabulary: token ids far apart
+    // 5 ids over 400 positions: every token heavy, pieces of 64 and a shorter last one
+    encoder_lab::check(2, 200, 64, 5);
+    // skewed as padding makes it: one token at about 1024 of 2048 positions (16 pieces, the last short),
+    // among single occurrences of GPT-2's vocabulary; and the same batch shape uniform
+    encoder_lab::check(2, 1024, 768, 50304, encoder_lab::TokenMix::HalfOneToken);
+    encoder_lab::check(2, 1024, 768, 50304);
     if (lab.bench) {
 #ifdef LLMC_CPU
-        encoder_lab::bench(1, 1024, 768, 50304, " (CPU: B=1)");
+        encoder_lab::bench(1, 1024, 768, 50304, false, " (CPU: B=1)");
+        encoder_lab::bench(1, 1024, 768, 50304, true, " (CPU: B=1)");
 #else
-        encoder_lab::bench(8, 1024, 768, 50304, "");
+        encoder_lab::bench(16, 1024, 768, 50304, false, "");
+        encoder_lab::bench(16, 1024, 768, 50304, true, "");
 #endif
     }
 }

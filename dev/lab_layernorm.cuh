@@ -238,11 +238,33 @@ inline void bench(int N, int C, const std::string& note) {
 
 void lab_layernorm() {
     if (!family_selected("layernorm")) return;
+#ifdef LLMC_CPU
+    // At C=768 the backward kernel asks for exactly the 48 KiB a kernel gets without opting in: it must opt
+    // in anyway, or one static __shared__ variable more would make the launch fail on a GPU. (The CPU
+    // device records each kernel's opt-in; it cannot see static shared memory.) First, before a wider C has
+    // opted in for more.
+    {
+        const int N = 37, C = 768;
+        const size_t bytes = (size_t)LAYERNORM_WARPS_PER_BLOCK * 2 * layernorm_slice_width(C) * sizeof(float);
+        DeviceBuffer<floatX> x((size_t)N * C), dx((size_t)N * C), weight(C), dweight(C), dbias(C);
+        DeviceBuffer<float> mean(N), rstd(N), scratch(layernorm_backward_scratch_floats(N, C));
+        for (DeviceBuffer<floatX>* b : {&x, &dx, &weight, &dweight, &dbias}) b->zero();
+        mean.zero();
+        rstd.zero();
+        layernorm_backward(dx.ptr, dweight.ptr, dbias.ptr, scratch.ptr, x.ptr, x.ptr, weight.ptr, mean.ptr, rstd.ptr,
+                           N, C, 0);
+        const auto& limits = cudacpu::shared_memory_limits();
+        const auto opted = limits.find(reinterpret_cast<const void*>(layernorm_backward_kernel));
+        check_true("layernorm_backward opts in at C=768 (48 KiB)", opted != limits.end() && opted->second >= bytes,
+                   opted == limits.end() ? "no opt-in" : std::to_string(opted->second) + " bytes");
+    }
+#endif
     // rows: 37 and 5 are not multiples of the 8 rows a block takes (5 leaves warps idle);
     // widths: 64 and 200 fill less than one 32-lane pass of 16-byte chunks, 1600 ends in a partial pass,
-    // 768 is GPT-2 124M's
+    // 768 is GPT-2 124M's; the backward pass's shared memory is 48 KiB at 768, 112 KiB at 1600 and 128 KiB
+    // at 2048 (more than a kernel gets without opting in)
     struct Shape { int N, C; };
-    const Shape shapes[] = {{37, 64}, {37, 200}, {5, 1600}, {37, 768}, {1024, 768}};
+    const Shape shapes[] = {{37, 64}, {37, 200}, {5, 1600}, {37, 2048}, {37, 768}, {1024, 768}};
     for (const Shape& s : shapes) {
         layernorm_lab::check_forward(s.N, s.C);
         layernorm_lab::check_fused_residual(s.N, s.C);

@@ -375,6 +375,54 @@ static void matmul_lab_bench(int OC) {
 }
 
 // ----------------------------------------------------------------------------
+// add_column_partials (llmc/cuda_common.cuh), which finishes every bias and layernorm weight gradient: its
+// grouping of the partial rows, with row counts that leave the last group short, fill it, or give
+// groups of one row. The fixed order is spelled out here on the host, in fp32, so the result must match
+// to the bit (and stay within the usual distance of the double sum).
+
+static void matmul_lab_check_column_partials(int num_partials, int columns) {
+    char shape[96];
+    snprintf(shape, sizeof(shape), "partials=%d columns=%d", num_partials, columns);
+    const std::string name = shape;
+    const std::vector<float> partials = random_floats((size_t)num_partials * columns);
+    const std::vector<float> start = round_to_floatX(random_floats(columns));
+
+    const int rows_per_group = column_partials_rows_per_group(num_partials);
+    std::vector<float> expected(columns);
+    std::vector<double> reference(columns);
+    for (int c = 0; c < columns; c++) {
+        float sum = 0.0f;
+        double exact = start[c];
+        for (int first = 0; first < num_partials; first += rows_per_group) {
+            float group = 0.0f;
+            for (int p = first; p < std::min(first + rows_per_group, num_partials); p++) {
+                group += partials[(size_t)p * columns + c];
+                exact += partials[(size_t)p * columns + c];
+            }
+            sum += group;
+        }
+        expected[c] = (float)(floatX)(start[c] + sum);
+        reference[c] = exact;
+    }
+
+    DeviceBuffer<float> d_partials(partials.size());
+    DeviceBuffer<floatX> d_target(columns);
+    std::vector<float> runs[2];
+    for (std::vector<float>& got : runs) {
+        d_partials.upload(partials);
+        d_target.upload(start);
+        add_column_partials(d_target.ptr, d_partials.ptr, num_partials, columns, 0);
+        cudaCheck(cudaDeviceSynchronize());
+        got = d_target.download();
+    }
+    // fp32 sums of up to 1000 values in [-1, 1]: error ~ sqrt(1000) * 2^-24 * 30, far below 1e-4;
+    // rtol: the final rounding to floatX
+    check_close("add_column_partials " + name, runs[0], reference, 1e-4, matmul_lab_rtol());
+    check_true("add_column_partials in its fixed order " + name, runs[0] == expected && runs[1] == expected,
+               "two runs, each equal to the host's fp32 sums group by group");
+}
+
+// ----------------------------------------------------------------------------
 
 void lab_matmul() {
     if (!family_selected("matmul")) return;
@@ -392,6 +440,11 @@ void lab_matmul() {
 
     matmul_lab_alignment_table();
     matmul_lab_plan_cache();
+
+    // 1 row; fewer rows than groups; 33 and 396 (GPT-2 124M's layernorm at 132 SMs): a short last group;
+    // 256 (124M's bias gradient at B=16, T=1024): 32 full groups
+    for (int num_partials : {1, 5, 33, 256, 396})
+        for (int columns : {50, 768}) matmul_lab_check_column_partials(num_partials, columns);
 
     if (lab.bench) {
         matmul_lab_bench(3072);

@@ -12,8 +12,15 @@ For each parameter w with gradient g (at step t = 1, 2, ...):
 
 The weight decay is "decoupled" (the W in AdamW): it shrinks w directly instead of being added to the
 gradient, where Adam's normalisation by sqrt(v_hat) would rescale it differently for every parameter.
-Which tensors decay (matrices) and which do not (biases, layernorm gains) is the caller's choice: one call
-per tensor or per contiguous range with the same hyperparameters.
+Which tensors decay (matrices) and which do not (biases, layernorm gains) is the caller's choice: each
+tensor of an update carries its own weight decay and seed.
+
+Launches. A GPT-2 block has 12 tensors, half of them C = 768 elements long; one launch per tensor would
+be ~150 launches per step at 124M, most of them a handful of blocks. adamw_update_tensors instead takes
+a list of tensors (a chunk of the model, or this rank's shard of one: up to ADAMW_TENSORS_PER_LAUNCH per
+launch) and one grid-stride kernel walks them in turn, so each launch is a full grid. Every element is
+computed from its own values and (seed, index within its tensor) alone, so the grouping of tensors into
+launches, and the launch shape, never change a bit.
 
 Precision. The moments m, v and the update are fp32 in both builds.
   - FP32 build: the parameters are fp32 themselves and are the master copy (master = nullptr).
@@ -74,6 +81,7 @@ __device__ __host__ __forceinline__ Target round_stochastically(float value, uin
 // ----------------------------------------------------------------------------
 // kernels
 
+// the hyperparameters shared by all tensors of an update
 struct AdamWSettings {
     float learning_rate;
     float beta1;
@@ -81,61 +89,91 @@ struct AdamWSettings {
     float bias_correction1;  // 1 - beta1^step
     float bias_correction2;  // 1 - beta2^step
     float eps;
-    float weight_decay;
     float grad_scale;
+};
+
+// One tensor (or a piece of one) in an update: elements [offset, offset + count) of the arrays the update
+// is given, which are elements [first_index, first_index + count) of the tensor.
+struct AdamWTensor {
+    size_t offset;
+    size_t count;
+    size_t first_index;
     uint32_t seed;
-    size_t first_index;  // index within its tensor of the first element of this call
+    float weight_decay;
+};
+
+// What one launch walks, passed by value as a kernel argument (no upload needed).
+// packed_count[t]: elements [0, packed_count) of tensor t go in 128-bit chunks, the rest one by one.
+constexpr int ADAMW_TENSORS_PER_LAUNCH = 16;
+struct AdamWTensorList {
+    int count;
+    AdamWTensor tensors[ADAMW_TENSORS_PER_LAUNCH];
+    size_t packed_count[ADAMW_TENSORS_PER_LAUNCH];
 };
 
 // One parameter: updates m and v in place and returns the new fp32 value of the weight.
 __device__ __forceinline__ float adamw_new_weight(float weight, float grad, float& m, float& v,
-                                                  const AdamWSettings& s) {
+                                                  const AdamWSettings& s, float weight_decay) {
     grad *= s.grad_scale;
     m = s.beta1 * m + (1.0f - s.beta1) * grad;
     v = s.beta2 * v + (1.0f - s.beta2) * grad * grad;
     const float m_hat = m / s.bias_correction1;
     const float v_hat = v / s.bias_correction2;
-    return weight - s.learning_rate * (m_hat / (sqrtf(v_hat) + s.eps) + s.weight_decay * weight);
+    return weight - s.learning_rate * (m_hat / (sqrtf(v_hat) + s.eps) + weight_decay * weight);
 }
 
-// Grid-stride loop over 128-bit chunks of x128::size parameters for elements [0, packed_count), then
-// one element at a time for the rest [packed_count, count) (a tail, or everything when some pointer is
-// not 16-byte aligned). fp32 arrays are read as x128::size / f128::size f128 chunks per parameter chunk.
+// For each tensor in turn, a grid-stride loop over 128-bit chunks of x128::size parameters for its
+// elements [0, packed_count), then one element at a time for the rest [packed_count, count) (a tail, or
+// everything when some pointer is not 16-byte aligned). fp32 arrays are read as x128::size / f128::size
+// f128 chunks per parameter chunk. master may be null (see the top of the file).
 __global__ void adamw_kernel(floatX* params, float* master, float* m, float* v, const floatX* grads,
-                             size_t count, size_t packed_count, AdamWSettings settings) {
-    const GridStride chunks = grid_stride(packed_count / x128::size);
-    for (size_t chunk = chunks.first; chunk < chunks.end; chunk += chunks.step) {
-        const size_t base = chunk * x128::size;
-        const x128 grad = load128cs(grads + base);
-        const x128 old_param = load128cs(params + base);
-        x128 new_param;
-        for (int j = 0; j < x128::size; j += f128::size) {
-            f128 moment1 = load128cs(m + base + j);
-            f128 moment2 = load128cs(v + base + j);
-            f128 weight;
-            if (master != nullptr) {
-                weight = load128cs(master + base + j);
-            } else {
-                for (int k = 0; k < f128::size; k++) weight[k] = (float)old_param[j + k];
-            }
-            for (int k = 0; k < f128::size; k++) {
-                weight[k] = adamw_new_weight(weight[k], (float)grad[j + k], moment1[k], moment2[k], settings);
-                const uint32_t random_bits = random_bits_for(settings.seed, settings.first_index + base + j + k);
-                new_param[j + k] = round_stochastically<floatX>(weight[k], random_bits);
-            }
-            store128cs(m + base + j, moment1);
-            store128cs(v + base + j, moment2);
-            if (master != nullptr) store128cs(master + base + j, weight);
-        }
-        store128cs(params + base, new_param);
-    }
+                             AdamWTensorList list, AdamWSettings settings) {
+    for (int t = 0; t < list.count; t++) {
+        const AdamWTensor tensor = list.tensors[t];
+        const size_t packed_count = list.packed_count[t];
+        floatX* tensor_params = params + tensor.offset;
+        float* tensor_master = master != nullptr ? master + tensor.offset : nullptr;
+        float* tensor_m = m + tensor.offset;
+        float* tensor_v = v + tensor.offset;
+        const floatX* tensor_grads = grads + tensor.offset;
 
-    const GridStride tail = grid_stride(count - packed_count);
-    for (size_t i = packed_count + tail.first; i < packed_count + tail.end; i += tail.step) {
-        const float weight = master != nullptr ? master[i] : (float)params[i];
-        const float new_weight = adamw_new_weight(weight, (float)grads[i], m[i], v[i], settings);
-        if (master != nullptr) master[i] = new_weight;
-        params[i] = round_stochastically<floatX>(new_weight, random_bits_for(settings.seed, settings.first_index + i));
+        const GridStride chunks = grid_stride(packed_count / x128::size);
+        for (size_t chunk = chunks.first; chunk < chunks.end; chunk += chunks.step) {
+            const size_t base = chunk * x128::size;
+            const x128 grad = load128cs(tensor_grads + base);
+            const x128 old_param = load128cs(tensor_params + base);
+            x128 new_param;
+            for (int j = 0; j < x128::size; j += f128::size) {
+                f128 moment1 = load128cs(tensor_m + base + j);
+                f128 moment2 = load128cs(tensor_v + base + j);
+                f128 weight;
+                if (tensor_master != nullptr) {
+                    weight = load128cs(tensor_master + base + j);
+                } else {
+                    for (int k = 0; k < f128::size; k++) weight[k] = (float)old_param[j + k];
+                }
+                for (int k = 0; k < f128::size; k++) {
+                    weight[k] = adamw_new_weight(weight[k], (float)grad[j + k], moment1[k], moment2[k], settings,
+                                                 tensor.weight_decay);
+                    const uint32_t random_bits = random_bits_for(tensor.seed, tensor.first_index + base + j + k);
+                    new_param[j + k] = round_stochastically<floatX>(weight[k], random_bits);
+                }
+                store128cs(tensor_m + base + j, moment1);
+                store128cs(tensor_v + base + j, moment2);
+                if (tensor_master != nullptr) store128cs(tensor_master + base + j, weight);
+            }
+            store128cs(tensor_params + base, new_param);
+        }
+
+        const GridStride tail = grid_stride(tensor.count - packed_count);
+        for (size_t i = packed_count + tail.first; i < packed_count + tail.end; i += tail.step) {
+            const float weight = tensor_master != nullptr ? tensor_master[i] : (float)tensor_params[i];
+            const float new_weight = adamw_new_weight(weight, (float)tensor_grads[i], tensor_m[i], tensor_v[i],
+                                                      settings, tensor.weight_decay);
+            if (tensor_master != nullptr) tensor_master[i] = new_weight;
+            tensor_params[i] =
+                round_stochastically<floatX>(new_weight, random_bits_for(tensor.seed, tensor.first_index + i));
+        }
     }
 }
 
@@ -149,21 +187,21 @@ __global__ void copy_to_master_kernel(float* master, const floatX* params, size_
 // ----------------------------------------------------------------------------
 // launchers
 
-// One AdamW step over `count` parameters (see the top of the file).
-// params (count): updated in place (written from the new fp32 value; stochastic rounding in BF16).
-// master (count): fp32 master weights, read and written; nullptr to use params as the master.
-// m, v (count): fp32 moments, read and written. grads (count): read only.
+// One AdamW step over the tensors listed (see the top of the file). Tensor t's elements are
+// [tensors[t].offset, + count) of each array:
+// params: updated in place (written from the new fp32 value; stochastic rounding in BF16).
+// master: fp32 master weights, read and written; nullptr to use params as the master.
+// m, v: fp32 moments, read and written. grads: read only.
 // step: 1-based (the first update is step 1). grad_scale multiplies every gradient (clipping).
-// seed, first_index: element i rounds with the bits of hash(seed, first_index + i).
-// Any count and any alignment; 16-byte aligned pointers take the 128-bit path.
-inline void adamw_update(floatX* params, float* master, float* m, float* v, const floatX* grads, size_t count,
-                         float learning_rate, float beta1, float beta2, float eps, float weight_decay, int step,
-                         float grad_scale, uint32_t seed, size_t first_index, cudaStream_t stream) {
+// Element i of tensor t rounds with the bits of hash(tensors[t].seed, tensors[t].first_index + i).
+// Any counts and any alignment; a tensor whose pointers are all 16-byte aligned takes the 128-bit path.
+inline void adamw_update_tensors(floatX* params, float* master, float* m, float* v, const floatX* grads,
+                                 const AdamWTensor* tensors, int num_tensors, float learning_rate, float beta1,
+                                 float beta2, float eps, int step, float grad_scale, cudaStream_t stream) {
     if (step < 1) {
         fprintf(stderr, "error: adamw_update: step must be 1 or more (got %d)\n", step);
         exit(EXIT_FAILURE);
     }
-    if (count == 0) return;
     AdamWSettings settings;
     settings.learning_rate = learning_rate;
     settings.beta1 = beta1;
@@ -171,19 +209,44 @@ inline void adamw_update(floatX* params, float* master, float* m, float* v, cons
     settings.bias_correction1 = (float)(1.0 - pow((double)beta1, step));
     settings.bias_correction2 = (float)(1.0 - pow((double)beta2, step));
     settings.eps = eps;
-    settings.weight_decay = weight_decay;
     settings.grad_scale = grad_scale;
-    settings.seed = seed;
-    settings.first_index = first_index;
 
     auto aligned = [](const void* pointer) { return pointer == nullptr || (uintptr_t)pointer % 16 == 0; };
-    const bool packed = aligned(params) && aligned(master) && aligned(m) && aligned(v) && aligned(grads);
-    const size_t packed_count = packed ? count / x128::size * x128::size : 0;
+    AdamWTensorList list;
+    list.count = 0;
+    long long work_items = 0;  // 128-bit chunks and single elements, over the tensors of the launch
+    auto flush = [&]() {
+        if (list.count == 0) return;
+        const int block_size = 512;
+        launch(adamw_kernel, grid_size_for(work_items, block_size), block_size, 0, stream, params, master, m, v,
+               grads, list, settings);
+        list.count = 0;
+        work_items = 0;
+    };
+    for (int t = 0; t < num_tensors; t++) {
+        const AdamWTensor& tensor = tensors[t];
+        if (tensor.count == 0) continue;
+        const size_t o = tensor.offset;
+        const bool packed = aligned(params + o) && aligned(master ? master + o : nullptr) && aligned(m + o) &&
+                            aligned(v + o) && aligned(grads + o);
+        const size_t packed_count = packed ? tensor.count / x128::size * x128::size : 0;
+        list.tensors[list.count] = tensor;
+        list.packed_count[list.count] = packed_count;
+        list.count++;
+        work_items += (long long)(packed_count / x128::size + (tensor.count - packed_count));
+        if (list.count == ADAMW_TENSORS_PER_LAUNCH) flush();
+    }
+    flush();
+}
 
-    const int block_size = 512;
-    const long long work_items = packed ? (long long)(count / x128::size) + 1 : (long long)count;
-    launch(adamw_kernel, grid_size_for(work_items, block_size), block_size, 0, stream,
-           params, master, m, v, grads, count, packed_count, settings);
+// One AdamW step over one tensor of `count` parameters (or a piece of one whose first element is element
+// `first_index` of the tensor); see adamw_update_tensors.
+inline void adamw_update(floatX* params, float* master, float* m, float* v, const floatX* grads, size_t count,
+                         float learning_rate, float beta1, float beta2, float eps, float weight_decay, int step,
+                         float grad_scale, uint32_t seed, size_t first_index, cudaStream_t stream) {
+    const AdamWTensor tensor{0, count, first_index, seed, weight_decay};
+    adamw_update_tensors(params, master, m, v, grads, &tensor, 1, learning_rate, beta1, beta2, eps, step,
+                         grad_scale, stream);
 }
 
 // master = (float)params, for the start of training (or after loading a checkpoint without master weights)

@@ -231,22 +231,61 @@ __device__ inline float block_reduce_max(float value) {
 // ----------------------------------------------------------------------------
 // Deterministic column sums. Several backward kernels (bias gradient, layernorm weight/bias gradients)
 // reduce over all B*T rows. Each block writes the partial sums of its rows to a scratch array
-// partials[num_partials][columns], and this kernel adds them up in a fixed order:
-//     target[c] += sum_{p = 0 .. num_partials-1} partials[p][c]
-// Same bits every run, no atomics.
+// partials[num_partials][columns], and add_column_partials adds them up in a fixed order:
+//     target[c] += sum over groups g of (sum over the rows p of group g of partials[p][c])
+// where the partial rows are cut into at most COLUMN_PARTIAL_GROUPS groups of consecutive rows. Same bits
+// every run (the grouping depends on the shape alone), no atomics.
+//
+// Why groups: one thread per column summing every partial row gives a tiny grid. GPT-2 124M at B=16,
+// T=1024 (N = 16384 rows, C = 768) on an H100 (132 SMs):
+//   bias gradients: 256 partial rows (N / 64), columns C, 3C, 4C; layernorm: 396 rows (3 blocks per SM), C.
+//   one pass, 256 threads a block, each thread summing all the rows:   3, 9, 12 blocks (and 3 for layernorm)
+//   pass 1, grid (columns / 64, groups), 64 threads a block, 8 rows a thread in 32 groups (layernorm: 13
+//   rows in 31 groups):                                                 384, 1152, 1536 (and 372) blocks
+//   pass 2, 64 threads a block, each adding its column's 32 (31) group sums: 12, 36, 48 (and 12) blocks
+// Pass 1 writes each group's sum over the group's first partial row (the rows are scratch, and only the
+// thread that owns the column reads them), so no further memory is needed.
 
-__global__ void add_column_partials_kernel(floatX* target, const float* partials, int num_partials, int columns) {
-    const GridStride share = grid_stride(columns);
-    for (size_t c = share.first; c < share.end; c += share.step) {
-        float sum = 0.0f;
-        for (int p = 0; p < num_partials; p++) sum += partials[(size_t)p * columns + c];
-        target[c] = (floatX)((float)target[c] + sum);
-    }
+constexpr int COLUMN_PARTIAL_GROUPS = 32;
+constexpr int COLUMN_PARTIALS_BLOCK_SIZE = 64;
+
+// The partial rows of one group: [group * rows_per_group, min((group + 1) * rows_per_group, num_partials))
+inline __host__ __device__ int column_partials_rows_per_group(int num_partials) {
+    return ceil_div(num_partials, COLUMN_PARTIAL_GROUPS);
 }
 
-inline void add_column_partials(floatX* target, const float* partials, int num_partials, int columns,
-                                cudaStream_t stream) {
-    const int block_size = 256;
-    launch(add_column_partials_kernel, grid_size_for(columns, block_size), block_size, 0, stream,
-           target, partials, num_partials, columns);
+// pass 1: partials[group's first row][c] = the sum of the group's rows, in row order. grid.y: the group.
+__global__ void sum_column_partial_groups_kernel(float* partials, int num_partials, int columns) {
+    const int column = blockIdx.x * blockDim.x + threadIdx.x;
+    if (column >= columns) return;
+    const int rows_per_group = column_partials_rows_per_group(num_partials);
+    const int first = blockIdx.y * rows_per_group;
+    const int end = min(first + rows_per_group, num_partials);
+    float sum = 0.0f;
+    for (int p = first; p < end; p++) sum += partials[(size_t)p * columns + column];
+    partials[(size_t)first * columns + column] = sum;
+}
+
+// pass 2: target[c] += the group sums, in group order
+__global__ void add_column_partial_groups_kernel(floatX* target, const float* partials, int num_partials,
+                                                 int columns) {
+    const int column = blockIdx.x * blockDim.x + threadIdx.x;
+    if (column >= columns) return;
+    const int rows_per_group = column_partials_rows_per_group(num_partials);
+    float sum = 0.0f;
+    for (int first = 0; first < num_partials; first += rows_per_group) {
+        sum += partials[(size_t)first * columns + column];
+    }
+    target[column] = (floatX)((float)target[column] + sum);
+}
+
+// partials: num_partials rows of `columns` floats; overwritten (used as the first pass's output)
+inline void add_column_partials(floatX* target, float* partials, int num_partials, int columns, cudaStream_t stream) {
+    if (num_partials < 1 || columns < 1) return;
+    const int groups = ceil_div(num_partials, column_partials_rows_per_group(num_partials));
+    const int column_blocks = ceil_div(columns, COLUMN_PARTIALS_BLOCK_SIZE);
+    launch(sum_column_partial_groups_kernel, dim3(column_blocks, groups), COLUMN_PARTIALS_BLOCK_SIZE, 0, stream,
+           partials, num_partials, columns);
+    launch(add_column_partial_groups_kernel, column_blocks, COLUMN_PARTIALS_BLOCK_SIZE, 0, stream, target, partials,
+           num_partials, columns);
 }

@@ -16,11 +16,20 @@ lets every position add its row into dwte with atomics would add in whatever ord
 and float addition is not associative: different bits on every run. Instead the positions are grouped
 by token before anything runs on the device:
   - the host, which has the token ids anyway (the data loader reads them there), sorts the B*T positions
-    by (token, position) and cuts the sorted list into buckets, one per distinct token;
-  - it uploads the list and a (token, first, count) triple per bucket;
-  - on the device one warp takes one bucket and adds its positions' rows in list order.
-Each row of dwte is then written by exactly one warp, in a fixed order: the same bits on every run and on
+    by (token, position) and cuts the sorted list into one bucket per distinct token;
+  - a bucket of at most ENCODER_ROWS_PER_PIECE positions is one piece; a larger one (a heavy token) is
+    cut into pieces of that many positions (the last one shorter);
+  - on the device one warp takes one piece and adds its positions' rows in list order, into dwte for a
+    light token, into an fp32 partial row of its own for a piece of a heavy token; then the partial rows
+    of each heavy token are added, in piece order, into its row of dwte.
+Each row of dwte is then written once, by sums in a fixed order: the same bits on every run and on
 every GPU. dwpe needs no grouping: one thread sums the B rows of one position chunk in order of b.
+
+Balance. Text is skewed: the most frequent token of a batch can fill a few percent of it, and padding
+or end-of-text tokens half of it. One warp per token would leave that token's thousands of rows to a
+single warp while the rest of the GPU idles. Pieces bound every warp's work to ENCODER_ROWS_PER_PIECE
+rows; the partial rows of a token are then few (a token filling half of GPT-2 124M's B=16, T=1024 batch,
+8192 rows, gives 128 pieces of 64 rows, each on its own warp, then one pass over 128 partial rows).
 
 The upload goes through a pinned host buffer, so the copy is asynchronous on the GPU. The host must not
 refill that buffer while the previous call's copy may still be reading it, so each call records an event
@@ -76,29 +85,72 @@ __global__ void encoder_backward_wpe_kernel(floatX* dwpe, const floatX* dout, in
     }
 }
 
-// dwte[token, :] += the rows of dout at the bucket's positions, one warp per bucket.
-// buckets[3*j .. 3*j+2] = (token, first, count): the bucket's positions (b*T + t) are
-// positions[first .. first+count), in increasing order.
-__global__ void encoder_backward_wte_kernel(floatX* dwte, const int* buckets, const int* positions, int num_buckets,
-                                            const floatX* dout, int C) {
+// Rows of dout one warp adds up at most: small enough to spread a heavy token over many warps, large
+// enough that few partial rows are left to add (see the top of the file).
+constexpr int ENCODER_ROWS_PER_PIECE = 64;
+
+// One warp per piece: the sum of the dout rows at the piece's positions, in list order.
+// pieces[3*j .. 3*j+2] = (token, first, count): the piece's positions (b*T + t) are positions[first ..
+// first+count), in increasing order. Pieces j < num_partial_pieces belong to heavy tokens: their sums go
+// to partial_rows[j] (fp32, C each); the others' sums are added to dwte[token].
+__global__ void encoder_backward_wte_pieces_kernel(floatX* dwte, float* partial_rows, const int* pieces,
+                                                   int num_pieces, int num_partial_pieces, const int* positions,
+                                                   const floatX* dout, int C) {
     const int warps_per_block = blockDim.x / 32;
     const int lane = threadIdx.x % 32;
-    for (int j = blockIdx.x * warps_per_block + threadIdx.x / 32; j < num_buckets; j += gridDim.x * warps_per_block) {
-        const int token = buckets[3 * j];
-        const int first = buckets[3 * j + 1];
-        const int count = buckets[3 * j + 2];
+    for (int j = blockIdx.x * warps_per_block + threadIdx.x / 32; j < num_pieces; j += gridDim.x * warps_per_block) {
+        const int token = pieces[3 * j];
+        const int first = pieces[3 * j + 1];
+        const int count = pieces[3 * j + 2];
         for (int c = lane * x128::size; c < C; c += 32 * x128::size) {
             float sum[x128::size] = {};
             for (int p = first; p < first + count; p++) {
                 const x128 g = load128(dout + (size_t)positions[p] * C + c);
                 for (int k = 0; k < x128::size; k++) sum[k] += (float)g[k];
             }
-            floatX* target = dwte + (size_t)token * C + c;
-            const x128 previous = load128(target);
-            x128 result;
-            for (int k = 0; k < x128::size; k++) result[k] = (floatX)((float)previous[k] + sum[k]);
-            store128(target, result);
+            if (j < num_partial_pieces) {
+                float* partial = partial_rows + (size_t)j * C + c;
+                for (int k = 0; k < x128::size; k += f128::size) {
+                    f128 packed;
+                    for (int i = 0; i < f128::size; i++) packed[i] = sum[k + i];
+                    store128(partial + k, packed);
+                }
+            } else {
+                floatX* target = dwte + (size_t)token * C + c;
+                const x128 previous = load128(target);
+                x128 result;
+                for (int k = 0; k < x128::size; k++) result[k] = (floatX)((float)previous[k] + sum[k]);
+                store128(target, result);
+            }
         }
+    }
+}
+
+// dwte[token] += the partial rows of each heavy token, in piece order; a grid-stride loop over 16-byte
+// chunks of dwte. heavy[3*h .. 3*h+2] = (token, first piece, pieces): its partial rows.
+__global__ void encoder_backward_wte_combine_kernel(floatX* dwte, const float* partial_rows, const int* heavy,
+                                                    int num_heavy, int C) {
+    const int chunks_per_row = C / x128::size;
+    const GridStride items = grid_stride((size_t)num_heavy * chunks_per_row);
+    for (size_t item = items.first; item < items.end; item += items.step) {
+        const int h = (int)(item / chunks_per_row);
+        const int c = (int)(item % chunks_per_row) * x128::size;
+        const int token = heavy[3 * h];
+        const int first_piece = heavy[3 * h + 1];
+        const int num_pieces = heavy[3 * h + 2];
+        float sum[x128::size] = {};
+        for (int piece = first_piece; piece < first_piece + num_pieces; piece++) {
+            const float* partial = partial_rows + (size_t)piece * C + c;
+            for (int k = 0; k < x128::size; k += f128::size) {
+                const f128 packed = load128(partial + k);
+                for (int i = 0; i < f128::size; i++) sum[k + i] += packed[i];
+            }
+        }
+        floatX* target = dwte + (size_t)token * C + c;
+        const x128 previous = load128(target);
+        x128 result;
+        for (int k = 0; k < x128::size; k++) result[k] = (floatX)((float)previous[k] + sum[k]);
+        store128(target, result);
     }
 }
 
@@ -121,22 +173,43 @@ void encoder_forward(floatX* out, const int* tokens, const floatX* wte, const fl
     launch(encoder_forward_kernel, grid, block_size, 0, stream, out, tokens, wte, wpe, B, T, C);
 }
 
-// What encoder_backward needs besides the tensors: room for the bucket lists of up to `max_positions`
-// (= B*T) token positions, on the device and in pinned host memory. Sizes, in ints:
-//   positions: max_positions (every position appears once)
-//   buckets:   3 * max_positions (at most one bucket per position, when no token repeats)
+// What encoder_backward needs besides the tensors, for up to `max_positions` (= B*T) token positions of
+// up to `max_channels` (C) channels: the piece lists, on the device and in pinned host memory, and the
+// partial rows of heavy tokens. Sizes, with K = ENCODER_ROWS_PER_PIECE:
+//   positions: max_positions ints (every position appears once)
+//   heavy:     3 ints per heavy token; a heavy token has more than K positions: floor(max_positions / (K+1))
+//   pieces:    3 ints per piece; every piece holds a position: max_positions
+//   partial rows: a heavy token with c positions has ceil(c / K) <= c / K + 1 pieces, so all heavy tokens
+//              together at most floor(max_positions / K) + floor(max_positions / (K+1)) rows of C floats
+// (llmc/memory.h counts the same sizes)
+inline int encoder_backward_max_heavy_tokens(int max_positions) { return max_positions / (ENCODER_ROWS_PER_PIECE + 1); }
+inline int encoder_backward_max_partial_rows(int max_positions) {
+    return max_positions / ENCODER_ROWS_PER_PIECE + encoder_backward_max_heavy_tokens(max_positions);
+}
+inline size_t encoder_backward_workspace_ints(int max_positions) {
+    return (size_t)4 * max_positions + (size_t)3 * encoder_backward_max_heavy_tokens(max_positions);
+}
+
 struct EncoderBackwardWorkspace {
     int max_positions = 0;
-    int* device = nullptr;          // 4 * max_positions ints: positions, then bucket triples
+    int max_channels = 0;
+    int* device = nullptr;          // encoder_backward_workspace_ints: positions, heavy tokens, pieces
     int* host_staging = nullptr;    // the same layout, pinned, filled by the host before each upload
+    float* partial_rows = nullptr;  // encoder_backward_max_partial_rows(max_positions) rows of max_channels
     cudaEvent_t staging_uploaded = nullptr;  // recorded after each upload
     std::vector<uint64_t> sort_keys;        // (token << 32 | position), reused between calls
+    std::vector<int> buckets;               // (token, first, count) per distinct token, reused between calls
 };
 
-inline void encoder_backward_workspace_create(EncoderBackwardWorkspace* workspace, int max_positions) {
+inline void encoder_backward_workspace_create(EncoderBackwardWorkspace* workspace, int max_positions,
+                                              int max_channels) {
     workspace->max_positions = max_positions;
-    cudaCheck(cudaMalloc(&workspace->device, (size_t)4 * max_positions * sizeof(int)));
-    cudaCheck(cudaMallocHost(&workspace->host_staging, (size_t)4 * max_positions * sizeof(int)));
+    workspace->max_channels = max_channels;
+    const size_t ints = encoder_backward_workspace_ints(max_positions);
+    cudaCheck(cudaMalloc(&workspace->device, ints * sizeof(int)));
+    cudaCheck(cudaMallocHost(&workspace->host_staging, ints * sizeof(int)));
+    const size_t partial_floats = (size_t)encoder_backward_max_partial_rows(max_positions) * max_channels;
+    if (partial_floats > 0) cudaCheck(cudaMalloc(&workspace->partial_rows, partial_floats * sizeof(float)));
     // an event never recorded counts as complete, so the first call does not wait
     cudaCheck(cudaEventCreate(&workspace->staging_uploaded));
     workspace->sort_keys.resize(max_positions);
@@ -145,6 +218,7 @@ inline void encoder_backward_workspace_create(EncoderBackwardWorkspace* workspac
 inline void encoder_backward_workspace_free(EncoderBackwardWorkspace* workspace) {
     cudaCheck(cudaFree(workspace->device));
     cudaCheck(cudaFreeHost(workspace->host_staging));
+    cudaCheck(cudaFree(workspace->partial_rows));
     cudaCheck(cudaEventDestroy(workspace->staging_uploaded));
     *workspace = EncoderBackwardWorkspace{};
 }
@@ -154,9 +228,9 @@ void encoder_backward(floatX* dwte, floatX* dwpe, EncoderBackwardWorkspace* work
                       const int* tokens_host, int B, int T, int C, cudaStream_t stream) {
     encoder_check_width("encoder_backward", C);
     const int num_positions = B * T;
-    if (num_positions > workspace->max_positions) {
-        fprintf(stderr, "error: encoder_backward: B*T = %d exceeds the workspace's %d positions\n", num_positions,
-                workspace->max_positions);
+    if (num_positions > workspace->max_positions || C > workspace->max_channels) {
+        fprintf(stderr, "error: encoder_backward: B*T = %d, C = %d exceed the workspace's %d positions, %d "
+                "channels\n", num_positions, C, workspace->max_positions, workspace->max_channels);
         exit(EXIT_FAILURE);
     }
 
@@ -175,29 +249,57 @@ void encoder_backward(floatX* dwte, floatX* dwpe, EncoderBackwardWorkspace* work
         keys[p] = ((uint64_t)tokens_host[p] << 32) | (uint32_t)p;
     }
     std::sort(keys.begin(), keys.begin() + num_positions);
+    std::vector<int>& buckets = workspace->buckets;
+    buckets.clear();
+    int num_heavy = 0;
+    for (int i = 0; i < num_positions; i++) {
+        const int token = (int)(keys[i] >> 32);
+        if (i == 0 || token != (int)(keys[i - 1] >> 32)) buckets.insert(buckets.end(), {token, i, 0});
+        const int count = ++buckets.back();
+        if (count == ENCODER_ROWS_PER_PIECE + 1) num_heavy++;
+    }
 
     // the previous call's upload must have finished reading host_staging before we overwrite it
     cudaCheck(cudaEventSynchronize(workspace->staging_uploaded));
     int* positions = workspace->host_staging;
-    int* buckets = workspace->host_staging + num_positions;
-    int num_buckets = 0;
-    for (int i = 0; i < num_positions; i++) {
-        const int token = (int)(keys[i] >> 32);
-        positions[i] = (int)(keys[i] & 0xffffffffu);
-        if (i == 0 || token != (int)(keys[i - 1] >> 32)) {
-            buckets[3 * num_buckets] = token;
-            buckets[3 * num_buckets + 1] = i;
-            buckets[3 * num_buckets + 2] = 0;
-            num_buckets++;
+    int* heavy = positions + num_positions;
+    int* pieces = heavy + 3 * num_heavy;
+    for (int i = 0; i < num_positions; i++) positions[i] = (int)(keys[i] & 0xffffffffu);
+    // heavy tokens' pieces first: they are the ones with partial rows, numbered as the pieces
+    int num_pieces = 0, h = 0;
+    for (size_t b = 0; b < buckets.size(); b += 3) {
+        const int token = buckets[b], first = buckets[b + 1], count = buckets[b + 2];
+        if (count <= ENCODER_ROWS_PER_PIECE) continue;
+        heavy[3 * h] = token;
+        heavy[3 * h + 1] = num_pieces;
+        for (int start = first; start < first + count; start += ENCODER_ROWS_PER_PIECE, num_pieces++) {
+            pieces[3 * num_pieces] = token;
+            pieces[3 * num_pieces + 1] = start;
+            pieces[3 * num_pieces + 2] = std::min(ENCODER_ROWS_PER_PIECE, first + count - start);
         }
-        buckets[3 * (num_buckets - 1) + 2]++;
+        heavy[3 * h + 2] = num_pieces - heavy[3 * h + 1];
+        h++;
     }
-    const size_t upload_ints = (size_t)num_positions + 3 * (size_t)num_buckets;
+    const int num_partial_pieces = num_pieces;
+    for (size_t b = 0; b < buckets.size(); b += 3) {
+        if (buckets[b + 2] > ENCODER_ROWS_PER_PIECE) continue;
+        for (int k = 0; k < 3; k++) pieces[3 * num_pieces + k] = buckets[b + k];
+        num_pieces++;
+    }
+    const size_t upload_ints = (size_t)num_positions + 3 * (size_t)num_heavy + 3 * (size_t)num_pieces;
     cudaCheck(cudaMemcpyAsync(workspace->device, workspace->host_staging, upload_ints * sizeof(int),
                               cudaMemcpyHostToDevice, stream));
     cudaCheck(cudaEventRecord(workspace->staging_uploaded, stream));
 
+    const int* device_positions = workspace->device;
+    const int* device_heavy = device_positions + num_positions;
+    const int* device_pieces = device_heavy + 3 * num_heavy;
     const int warps_per_block = 4;
-    launch(encoder_backward_wte_kernel, grid_size_for(num_buckets, warps_per_block), warps_per_block * 32, 0, stream,
-           dwte, workspace->device + num_positions, workspace->device, num_buckets, dout, C);
+    launch(encoder_backward_wte_pieces_kernel, grid_size_for(num_pieces, warps_per_block), warps_per_block * 32, 0,
+           stream, dwte, workspace->partial_rows, device_pieces, num_pieces, num_partial_pieces, device_positions,
+           dout, C);
+    if (num_heavy > 0) {
+        launch(encoder_backward_wte_combine_kernel, grid_size_for((size_t)num_heavy * C / x128::size, block_size),
+               block_size, 0, stream, dwte, workspace->partial_rows, device_heavy, num_heavy, C);
+    }
 }

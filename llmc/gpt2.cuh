@@ -323,7 +323,7 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, i
     s.layernorm_scratch = tracked_alloc<float>(layernorm_backward_scratch_floats((int)N, (int)C), MemoryKind::Activations);
     s.norm_scratch = tracked_alloc<float>(global_norm_scratch_count(), MemoryKind::Activations);
     s.norm_result = tracked_alloc<float>(1, MemoryKind::Activations);
-    encoder_backward_workspace_create(&s.encoder_workspace, (int)N);
+    encoder_backward_workspace_create(&s.encoder_workspace, (int)N, (int)C);
 }
 
 inline void gpt2_free(GPT2& model) {

@@ -34,7 +34,7 @@ warp reductions and no block-wide synchronisation. All statistics are fp32, what
 The backward pass sums dweight/dbias over all N rows without atomics, so that it gives the same bits on
 every run: each warp adds its rows into a private fp32 slice of shared memory, the block adds its warps'
 slices in warp order and writes one partial sum per block to `scratch`, and add_column_partials() adds
-the blocks' partials in block order.
+the blocks' partials in a fixed order (llmc/cuda_common.cuh).
 
 Constraints: C % x128::size == 0 (8 in BF16, 4 in FP32), which every GPT-2 width (768, 1024, 1280,
 1600) meets. The backward kernel keeps 8 warps x 2C floats in shared memory (64*C bytes, C rounded up
@@ -298,7 +298,14 @@ void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, float* scr
                 "allows %zu\n", C, shared_bytes, (size_t)device_properties().sharedMemPerBlockOptin);
         exit(EXIT_FAILURE);
     }
-    if (shared_bytes > 48 * 1024) allow_large_shared_memory(layernorm_backward_kernel, shared_bytes);
+    // Opt in to the dynamic size whatever it is: at C=768 it is exactly the 48 KiB a kernel gets without
+    // asking, so a single __shared__ variable added to the kernel (or to a function it calls) would make
+    // the launch fail. Once per kernel, and again only for a larger C.
+    static size_t opted_in_bytes = 0;
+    if (shared_bytes > opted_in_bytes) {
+        allow_large_shared_memory(layernorm_backward_kernel, shared_bytes);
+        opted_in_bytes = shared_bytes;
+    }
     launch(layernorm_backward_kernel, blocks, LAYERNORM_BLOCK_SIZE, shared_bytes, stream, dinp, scratch, dout, inp,
            weight, mean, rstd, N, C);
     add_column_partials(dweight, scratch, blocks, C, stream);

@@ -346,8 +346,11 @@ inline float average_over_ranks(Zero& z, float value, cudaStream_t stream) {
 // One AdamW step on this rank's shard of every tensor (weight decay on matrices only), then, at stages 1-2,
 // an all-gather of every chunk so that all ranks hold all the new parameters. step: 1-based; grad_scale
 // multiplies the gradients (clipping); seed: fresh per step, for the stochastic rounding to bf16.
+// One launch per chunk: the pieces of its tensors in this rank's shard, each with the seed of its tensor's
+// place in file order and the index of its first element within the tensor.
 inline void zero_optimizer_step(Zero& z, GPT2& model, const AdamWConfig& adamw, float learning_rate, int step,
                                 float grad_scale, uint32_t seed) {
+    std::vector<std::vector<AdamWTensor>> chunk_tensors(model.layout.num_chunks());
     int tensor_index = 0;
     for_each_tensor_in_file_order(model.layout, [&](int kind, int layer, size_t offset, size_t count) {
         const uint32_t tensor_seed = seed + 0x9e3779b9u * (uint32_t)(tensor_index++);
@@ -355,14 +358,19 @@ inline void zero_optimizer_step(Zero& z, GPT2& model, const AdamWConfig& adamw, 
         const size_t first = std::max(offset, shard_start(z, chunk));
         const size_t end = std::min(offset + count, shard_start(z, chunk) + shard_size(z, chunk));
         if (first >= end) return;  // no part of this tensor is in this rank's shard
-        const size_t in_shard = shard_offset(z, chunk) + (first - shard_start(z, chunk));
-        const floatX* grads = z.stage == 0 ? model.grads + first : z.grad_shard + in_shard;
-        floatX* params = z.stage == 3 ? z.param_shard + in_shard : model.params + first;
         const float decay = tensor_kind_info(kind).is_matrix ? adamw.weight_decay : 0.0f;
-        adamw_update(params, z.master ? z.master + in_shard : nullptr, z.m + in_shard, z.v + in_shard,
-                     grads, end - first, learning_rate, adamw.beta1, adamw.beta2, adamw.eps, decay, step, grad_scale,
-                     tensor_seed, first - offset, model.stream);
+        const size_t in_chunk_shard = first - shard_start(z, chunk);
+        chunk_tensors[chunk].push_back({in_chunk_shard, end - first, first - offset, tensor_seed, decay});
     });
+    for (int c = 0; c < model.layout.num_chunks(); c++) {
+        // the shard's element k is parameter shard_start + k, and element shard_offset + k of the shard buffers
+        const size_t in_shard = shard_offset(z, c);
+        const floatX* grads = z.stage == 0 ? model.grads + shard_start(z, c) : z.grad_shard + in_shard;
+        floatX* params = z.stage == 3 ? z.param_shard + in_shard : model.params + shard_start(z, c);
+        adamw_update_tensors(params, z.master ? z.master + in_shard : nullptr, z.m + in_shard, z.v + in_shard, grads,
+                             chunk_tensors[c].data(), (int)chunk_tensors[c].size(), learning_rate, adamw.beta1,
+                             adamw.beta2, adamw.eps, step, grad_scale, model.stream);
+    }
     if (z.stage == 3) {
         for (int& chunk : z.gathered_chunk) chunk = -1;  // every gathered copy is stale now
     } else if (z.stage >= 1 && z.shard_group && z.shards > 1) {
