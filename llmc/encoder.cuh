@@ -138,7 +138,7 @@ inline void encoder_backward_workspace_create(EncoderBackwardWorkspace* workspac
     cudaCheck(cudaMalloc(&workspace->device, (size_t)4 * max_positions * sizeof(int)));
     cudaCheck(cudaMallocHost(&workspace->host_staging, (size_t)4 * max_positions * sizeof(int)));
     // an event never recorded counts as complete, so the first call does not wait
-    cudaCheck(cudaEventCreate(&workspace->staging_uploaded));
+    cudaCheck(cudaEventCreateWithFlags(&workspace->staging_uploaded, cudaEventDisableTiming));
     workspace->sort_keys.resize(max_positions);
 }
 
