@@ -208,9 +208,10 @@ struct ActivationBytes {
 //              targets 2N
 //   workspace: floatX projection NC, dresidual NC, dchannels NC, dhidden 4NC, dqkv 3NC = 10 NC s;
 //              fp32 attention_D N NH, matmul bias scratch ceil(N/64) 4C, layernorm scratch
-//              2C min(ceil(N/8), 3 SMs), norm scratch 4 SMs, norm result 1;  int encoder workspace 4N
+//              2C min(ceil(N/8), 3 SMs), norm scratch 4 SMs, the step's results 2 (loss, squared norm);
+//              int encoder workspace 4N;  the running loss sum, one double
 // (the constants 64, 8, 3 and 4 are those of llmc/matmul.cuh, layernorm.cuh and cuda_common.cuh's
-// grid_size_for; the encoder's pinned host staging is host memory and not counted)
+// grid_size_for; pinned host staging and read-back buffers are host memory and not counted)
 inline ActivationBytes gpt2_activation_bytes(const GPT2MemoryShape& shape, bool bf16) {
     const double s = bf16 ? 2 : 4, f = 4, i = 4;
     const double N = (double)shape.batch * shape.seq_len, C = shape.channels, NH = shape.num_heads;
@@ -219,8 +220,8 @@ inline ActivationBytes gpt2_activation_bytes(const GPT2MemoryShape& shape, bool 
     a.per_layer = 16 * N * C * s + (4 * N + N * NH) * f;
     a.activations = L * a.per_layer + (2 * N * C + N * Vp) * s + 3 * N * f + 2 * N * i;
     const double bias_rows = std::ceil(N / 64), layernorm_blocks = std::min(std::ceil(N / 8), 3 * SMs);
-    a.workspace = 10 * N * C * s + (N * NH + bias_rows * 4 * C + 2 * C * layernorm_blocks + 4 * SMs + 1) * f +
-                  4 * N * i;
+    a.workspace = 10 * N * C * s + (N * NH + bias_rows * 4 * C + 2 * C * layernorm_blocks + 4 * SMs + 2) * f +
+                  4 * N * i + sizeof(double);
     return a;
 }
 
