@@ -31,10 +31,12 @@ can without forcing anyone (up to a wait for a record that has not run), so the 
 race ahead of the forced one and a consumer that forgot its wait reads too early. Together the two modes
 catch a missing wait on either side of a pair of streams.
 MPI: a queued collective runs at a flush point, not where it was issued. Every rank runs the same program,
-so every rank reaches the same flush points and runs its queued collectives in the same order: the ranks
-still meet in each collective. (Code whose flushes differ between ranks, for example a host sync only
-rank 0 makes, still works as long as each communicator sees its collectives in the same order on every
-rank, which the stream order guarantees.)
+so every rank reaches the same flush points with the same queues, and both modes decide what runs from
+the queues alone (never from timing): every rank runs its queued collectives in the same order and the
+ranks still meet in each one. (Where flushes differ between ranks, for example a host sync that only
+rank 0 makes, the ranks still meet as long as each communicator sees its collectives in the same order
+on every rank: the order of each stream, and the events between streams, guarantee that - as NCCL
+requires on a GPU.)
 */
 #pragma once
 
