@@ -119,9 +119,9 @@ static ReferenceState read_reference(const std::string& path, const GPT2Config& 
 // ----------------------------------------------------------------------------
 
 template <class T>
-static std::vector<float> download_as_float(const T* device, size_t count) {
+static std::vector<float> download_as_float(const T* device, size_t count, cudaStream_t stream) {
     std::vector<T> raw(count);
-    cudaCheck(cudaMemcpy(raw.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost));
+    copy_to_host(raw.data(), device, count, stream);
     return std::vector<float>(raw.begin(), raw.end());
 }
 
@@ -158,15 +158,20 @@ int main(int argc, char** argv) {
         gpt2_forward(model, ref.inputs.data(), B, T);
         if (step == 0) {
             printf("first forward and backward pass\n");
-            const std::vector<float> logits = download_as_float(model.logits, (size_t)N * config.padded_vocab_size);
+            const std::vector<float> logits = download_as_float(model.logits, (size_t)N * config.padded_vocab_size,
+                                                                model.stream);
             report("logits", relative_error_in_norm(logits.data(), ref.logits.data(), logits.size()),
                    kLogitsTolerance, "rel err (norm)");
         }
-        const float loss = gpt2_loss(model, ref.targets.data(), B, T, 1.0f / N);
-        if (step == 0) report("loss", fabs((double)loss - ref.loss), kLossTolerance, "abs err       ");
+        gpt2_loss(model, ref.targets.data(), B, T, 1.0f / N);
         gpt2_backward(model, B, T);
+        gpt2_mean_loss(model, 1);
+        gpt2_grad_norm_squared(model);
+        const StepResults results = gpt2_read_results(model);
+        const float loss = results.loss, norm = sqrtf(results.grad_norm_squared);
         if (step == 0) {
-            const std::vector<float> grads = download_as_float(model.grads, layout.total);
+            report("loss", fabs((double)loss - ref.loss), kLossTolerance, "abs err       ");
+            const std::vector<float> grads = download_as_float(model.grads, layout.total, model.stream);
             // one line per tensor kind: the worst layer
             for (int kind = 0; kind < NUM_TENSOR_KINDS; kind++) {
                 double worst = 0.0;
@@ -187,7 +192,6 @@ int main(int argc, char** argv) {
             printf("%d AdamW steps (lr %g, betas %g %g, weight decay %g)\n", ref.steps, ref.learning_rate, ref.beta1,
                    ref.beta2, ref.weight_decay);
         }
-        const float norm = gpt2_grad_norm(model);
         if (step < ref.steps) {
             report("step " + std::to_string(step) + " loss " + std::to_string(loss),
                    fabs((double)loss - ref.losses[step]), step == 0 ? kLossTolerance : kStepLossTolerance,

@@ -66,13 +66,14 @@ static GPT2Config config_from_flags(const std::string& model, int layers, int he
 // each data-parallel rank measures its rows of the validation batches; the mean over ranks is the loss
 static float validation_loss(GPT2& model, DataLoader& val_loader, int batches, Zero& zero) {
     val_loader.reset();  // the same batches every time, so successive values are comparable
-    double sum = 0.0;
     for (int i = 0; i < batches; i++) {
         val_loader.next_batch();
         gpt2_forward(model, val_loader.inputs.data(), val_loader.B, val_loader.T);
-        sum += gpt2_loss(model, val_loader.targets.data(), val_loader.B, val_loader.T, 0.0f);
+        gpt2_loss(model, val_loader.targets.data(), val_loader.B, val_loader.T, 0.0f);
     }
-    return average_over_ranks(zero, (float)(sum / batches), model.stream);
+    gpt2_mean_loss(model, batches);
+    average_over_ranks(zero, &model.results->loss, model.stream);
+    return gpt2_read_results(model).loss;
 }
 
 // Samples `count` tokens after an end-of-text token, one full forward pass per token (simple, not fast:
@@ -85,8 +86,8 @@ static std::string sample_text(GPT2& model, const Tokenizer& tokenizer, Rng& rng
     while ((int)tokens.size() <= count && (int)tokens.size() <= model.max_seq) {
         const int T = (int)tokens.size();
         gpt2_forward(model, tokens.data(), 1, T);
-        cudaCheck(cudaMemcpy(logits_raw.data(), model.logits + (size_t)(T - 1) * c.padded_vocab_size,
-                             c.padded_vocab_size * sizeof(floatX), cudaMemcpyDeviceToHost));
+        copy_to_host(logits_raw.data(), model.logits + (size_t)(T - 1) * c.padded_vocab_size, c.padded_vocab_size,
+                     model.stream);
         double max_logit = -INFINITY, total = 0.0;
         for (int v = 0; v < c.vocab_size; v++) max_logit = std::max(max_logit, (double)(float)logits_raw[v]);
         for (int v = 0; v < c.vocab_size; v++) total += probabilities[v] = exp((float)logits_raw[v] - max_logit);
@@ -103,17 +104,6 @@ static std::string sample_text(GPT2& model, const Tokenizer& tokenizer, Rng& rng
 
 // ----------------------------------------------------------------------------
 // checkpoints: everything needed to continue bit for bit
-
-template <class T>
-static std::vector<T> download(const T* device, size_t count) {
-    std::vector<T> host(count);
-    cudaCheck(cudaMemcpy(host.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost));
-    return host;
-}
-template <class T>
-static void upload(T* device, const std::vector<T>& host) {
-    cudaCheck(cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
-}
 
 // Every rank that holds a shard of the first replica group writes it (llmc/zero.h); rank 0 then writes the
 // main file, which completes the checkpoint. Old checkpoints beyond the newest keep_last are removed.
@@ -344,18 +334,23 @@ int main(int argc, char** argv) {
         const auto start = std::chrono::steady_clock::now();
         mesh_reset_bytes(mesh);
         zero_begin_step(optimizer, model);
-        double loss = 0.0;
+        // the host issues the whole step without waiting: the losses stay on the device until the one
+        // read below, which also brings the gradient norm that clipping needs before AdamW
         for (int micro_step = 0; micro_step < accumulation_steps; micro_step++) {
             train_loader.next_batch();
             gpt2_forward(model, train_loader.inputs.data(), B, T);
-            loss += gpt2_loss(model, train_loader.targets.data(), B, T, 1.0f / (B * T * accumulation_steps));
+            gpt2_loss(model, train_loader.targets.data(), B, T, 1.0f / (B * T * accumulation_steps));
             const bool last_micro_step = micro_step == accumulation_steps - 1;
             gpt2_backward(model, B, T, zero_backward_hooks(optimizer, model, last_micro_step));
         }
         zero_wait_for_gradients(optimizer, model);
-        loss = average_over_ranks(optimizer, (float)(loss / accumulation_steps), model.stream);
+        gpt2_mean_loss(model, accumulation_steps);
+        average_over_ranks(optimizer, &model.results->loss, model.stream);
+        zero_gradient_norm(optimizer, model);
+        const StepResults results = gpt2_read_results(model);
+        const float loss = results.loss;
         if (!std::isfinite(loss)) fatal("the loss is not finite (%g) at step %d", loss, step + 1);
-        const float norm = zero_gradient_norm(optimizer, model);
+        const float norm = sqrtf(results.grad_norm_squared);
         const float clip_scale = (grad_clip > 0.0f && norm > grad_clip) ? grad_clip / norm : 1.0f;
         const float lr = schedule.at(step);
         zero_optimizer_step(optimizer, model, adamw, lr, step + 1, clip_scale, (uint32_t)mix64((uint64_t)step + 1));
@@ -365,7 +360,7 @@ int main(int argc, char** argv) {
         StepStats stats;
         stats.step = step + 1;
         stats.total_steps = steps;
-        stats.loss = (float)loss;
+        stats.loss = loss;
         stats.learning_rate = lr;
         stats.grad_norm = norm;
         stats.seconds = seconds;

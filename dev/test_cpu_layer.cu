@@ -309,6 +309,106 @@ void test_collective() {
     check_true("each lane gets its results from all 32 lanes' arguments", wrong == 0);
     check_true("the operation runs once per warp", collective_calls == 3,
                std::to_string(collective_calls.load()) + " calls for 3 warps");
+// late streams (LLMC_CPU_LATE_STREAMS=1, llmc/cpu/runtime.h): non-blocking streams run only when forced
+
+__global__ void set_kernel(int* target, int value) { *target = value; }
+
+void test_late_streams() {
+    printf("late streams\n");
+    cudacpu::set_late_streams(1);
+    cudaStream_t producer, consumer, blocking;
+    cudaCheck(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking));
+    cudaCheck(cudaStreamCreateWithFlags(&consumer, cudaStreamNonBlocking));
+    cudaCheck(cudaStreamCreate(&blocking));
+    cudaEvent_t written, start, stop, untimed;
+    cudaCheck(cudaEventCreateWithFlags(&written, cudaEventDisableTiming));
+    cudaCheck(cudaEventCreate(&start));
+    cudaCheck(cudaEventCreate(&stop));
+    cudaCheck(cudaEventCreateWithFlags(&untimed, cudaEventDisableTiming));
+    int* x = nullptr;  // raw allocations: cudaFree would run the queues
+    int* y = nullptr;
+    cudaCheck(cudaMalloc(&x, sizeof(int)));
+    cudaCheck(cudaMalloc(&y, sizeof(int)));
+    cudaCheck(cudaMemset(x, 0, sizeof(int)));
+    cudaCheck(cudaMemset(y, 0, sizeof(int)));
+
+    cudaCheck(cudaEventRecord(start, producer));
+    launch(set_kernel, 1, 1, 0, producer, x, 1);
+    int seen = -1;
+    cudaCheck(cudaMemcpy(&seen, x, sizeof(int), cudaMemcpyDeviceToHost));  // the legacy stream does not wait
+    check_true("a launch on a non-blocking stream waits in its queue (a synchronous copy sees the old value)",
+               seen == 0);
+    float ms = 0.0f;
+    check_true("cudaEventElapsedTime before the markers ran: not ready",
+               cudaEventElapsedTime(&ms, start, start) == cudaErrorNotReady);
+
+    // ordered: the consumer copies x into y after waiting for the producer's event
+    cudaCheck(cudaEventRecord(written, producer));
+    launch(set_kernel, 1, 1, 0, producer, x, 2);  // after the record: the wait must not run it
+    cudaCheck(cudaEventRecord(stop, producer));
+    cudaCheck(cudaStreamWaitEvent(consumer, written, 0));
+    cudaCheck(cudaMemcpyAsync(y, x, sizeof(int), cudaMemcpyDeviceToDevice, consumer));
+    cudaCheck(cudaStreamSynchronize(consumer));
+    check_true("a wait runs the producer up to the event's record, and no further", *y == 1 && *x == 1,
+               "x " + std::to_string(*x) + ", y " + std::to_string(*y));
+    cudaCheck(cudaEventSynchronize(stop));
+    check_true("cudaEventSynchronize runs the stream up to the record", *x == 2);
+    check_true("cudaEventElapsedTime between two markers that ran", cudaEventElapsedTime(&ms, start, stop) ==
+               cudaSuccess && ms >= 0.0f);
+    cudaCheck(cudaEventRecord(untimed, producer));
+    cudaCheck(cudaStreamSynchronize(producer));
+    check_true("cudaEventElapsedTime of an event created with cudaEventDisableTiming fails",
+               cudaEventElapsedTime(&ms, start, untimed) == cudaErrorInvalidResourceHandle);
+
+    // not ordered: without the wait the consumer reads x before the producer wrote it
+    launch(set_kernel, 1, 1, 0, producer, x, 3);
+    cudaCheck(cudaMemcpyAsync(y, x, sizeof(int), cudaMemcpyDeviceToDevice, consumer));
+    cudaCheck(cudaStreamSynchronize(consumer));
+    check_true("without a wait the consumer runs first and reads the old value", *y == 2 && *x == 2);
+    cudaCheck(cudaMemsetAsync(y, 0, sizeof(int), consumer));
+    cudaCheck(cudaDeviceSynchronize());
+    check_true("cudaDeviceSynchronize runs every queue", *x == 3 && *y == 0);
+
+    launch(set_kernel, 1, 1, 0, blocking, x, 4);
+    check_true("a stream created without cudaStreamNonBlocking runs at once", *x == 4);
+    launch(set_kernel, 1, 1, 0, producer, x, 5);
+    cudaCheck(cudaStreamDestroy(producer));
+    check_true("cudaStreamDestroy runs what is queued", *x == 5);
+
+    for (cudaEvent_t event : {written, start, stop, untimed}) cudaCheck(cudaEventDestroy(event));
+    cudaCheck(cudaStreamDestroy(consumer));
+    cudaCheck(cudaStreamDestroy(blocking));
+    cudaCheck(cudaFree(x));
+    cudaCheck(cudaFree(y));
+
+    // mode 2: when the producer is forced, a consumer that does not wait runs ahead of it
+    cudacpu::set_late_streams(2);
+    cudaCheck(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking));
+    cudaCheck(cudaStreamCreateWithFlags(&consumer, cudaStreamNonBlocking));
+    cudaCheck(cudaEventCreateWithFlags(&written, cudaEventDisableTiming));
+    cudaCheck(cudaMalloc(&x, sizeof(int)));
+    cudaCheck(cudaMalloc(&y, sizeof(int)));
+    cudaCheck(cudaMemset(x, 0, sizeof(int)));
+    cudaCheck(cudaMemset(y, 0, sizeof(int)));
+    launch(set_kernel, 1, 1, 0, producer, x, 1);
+    cudaCheck(cudaMemcpyAsync(y, x, sizeof(int), cudaMemcpyDeviceToDevice, consumer));
+    cudaCheck(cudaStreamSynchronize(producer));
+    check_true("mode 2: without a wait the consumer runs ahead of the forced producer", *y == 0 && *x == 1);
+    launch(set_kernel, 1, 1, 0, producer, x, 2);
+    cudaCheck(cudaEventRecord(written, producer));
+    cudaCheck(cudaStreamWaitEvent(consumer, written, 0));
+    cudaCheck(cudaMemcpyAsync(y, x, sizeof(int), cudaMemcpyDeviceToDevice, consumer));
+    cudaCheck(cudaStreamSynchronize(producer));
+    const int before = *y;  // the consumer may not have run yet, but it must not have run early
+    cudaCheck(cudaStreamSynchronize(consumer));
+    check_true("mode 2: a consumer that waits does not run ahead of the record", (before == 0 || before == 2) &&
+               *y == 2, "y " + std::to_string(before) + " then " + std::to_string(*y));
+    cudaCheck(cudaEventDestroy(written));
+    cudaCheck(cudaStreamDestroy(producer));
+    cudaCheck(cudaStreamDestroy(consumer));
+    cudaCheck(cudaFree(x));
+    cudaCheck(cudaFree(y));
+    cudacpu::set_late_streams(0);
 }
 
 // ----------------------------------------------------------------------------
@@ -384,6 +484,7 @@ int main() {
     test_cooperative_groups();
     test_atomics_and_shared_memory();
     test_collective();
+    test_late_streams();
     test_reported_failures();
     printf("%d passed, %d failed\n", lab.passed, lab.failed);
     return lab.failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;

@@ -3,8 +3,10 @@ Collective communication between the ranks of a training job, written once for b
 
   GPU build: NCCL on device memory. Each call is enqueued on the caller's stream and returns before the
              data has moved, exactly like a kernel launch: order it with the kernels around it.
-  CPU build: MPI on host memory (the CPU device's "device memory"). Each call blocks until done; the stream
-             argument is ignored because kernels have already finished when launch() returns.
+  CPU build: MPI on host memory (the CPU device's "device memory"). Each call runs where the CPU device
+             runs the stream's kernels: at once, or, with LLMC_CPU_LATE_STREAMS=1 on a non-blocking
+             stream, when the stream is forced (llmc/cpu/runtime.h). So each body captures its arguments
+             by value, MPI handle included, and only the byte count is updated when the call is issued.
 
 A Communicator is a group of ranks: its size, this rank's place in it, and the MPI or NCCL handle. The
 world is one; the device mesh (llmc/mesh.h) splits it into one per parallel axis.
@@ -153,16 +155,18 @@ template <typename T>
 void all_reduce(Communicator& comm, T* data, size_t count, Reduction op, cudaStream_t stream) {
     comm.bytes_sent += ring_share(count * sizeof(T), comm.size, 2);
 #ifdef LLMC_CPU
-    (void)stream;
     const float divisor = op == Reduction::Average ? (float)comm.size : 1.0f;
-    if constexpr (std::is_same_v<T, float>) {
-        mpiCheck(MPI_Allreduce(MPI_IN_PLACE, data, mpi_count(count), MPI_FLOAT, MPI_SUM, comm.mpi));
-        if (op == Reduction::Average) narrow(data, data, count, divisor);
-    } else {
-        std::vector<float> wide = widen(data, count);
-        mpiCheck(MPI_Allreduce(MPI_IN_PLACE, wide.data(), mpi_count(count), MPI_FLOAT, MPI_SUM, comm.mpi));
-        narrow(data, wide.data(), count, divisor);
-    }
+    const MPI_Comm group = comm.mpi;
+    cudacpu::on_stream(stream, [=] {
+        if constexpr (std::is_same_v<T, float>) {
+            mpiCheck(MPI_Allreduce(MPI_IN_PLACE, data, mpi_count(count), MPI_FLOAT, MPI_SUM, group));
+            if (op == Reduction::Average) narrow(data, data, count, divisor);
+        } else {
+            std::vector<float> wide = widen(data, count);
+            mpiCheck(MPI_Allreduce(MPI_IN_PLACE, wide.data(), mpi_count(count), MPI_FLOAT, MPI_SUM, group));
+            narrow(data, wide.data(), count, divisor);
+        }
+    });
 #else
     ncclCheck(ncclAllReduce(data, data, count, nccl_type<T>(), nccl_op(op), comm.nccl, stream));
 #endif
@@ -172,16 +176,19 @@ template <typename T>
 void reduce_scatter(Communicator& comm, T* out, const T* in, size_t count, Reduction op, cudaStream_t stream) {
     comm.bytes_sent += (uint64_t)(comm.size - 1) * count * sizeof(T);
 #ifdef LLMC_CPU
-    (void)stream;
-    // MPI wants separate buffers and `out` may be this rank's own block of `in`: reduce into scratch first
-    std::vector<float> sum(count);
-    if constexpr (std::is_same_v<T, float>) {
-        mpiCheck(MPI_Reduce_scatter_block(in, sum.data(), mpi_count(count), MPI_FLOAT, MPI_SUM, comm.mpi));
-    } else {
-        std::vector<float> wide = widen(in, (size_t)comm.size * count);
-        mpiCheck(MPI_Reduce_scatter_block(wide.data(), sum.data(), mpi_count(count), MPI_FLOAT, MPI_SUM, comm.mpi));
-    }
-    narrow(out, sum.data(), count, op == Reduction::Average ? (float)comm.size : 1.0f);
+    const MPI_Comm group = comm.mpi;
+    const int size = comm.size;
+    cudacpu::on_stream(stream, [=] {
+        // MPI wants separate buffers and `out` may be this rank's own block of `in`: reduce into scratch first
+        std::vector<float> sum(count);
+        if constexpr (std::is_same_v<T, float>) {
+            mpiCheck(MPI_Reduce_scatter_block(in, sum.data(), mpi_count(count), MPI_FLOAT, MPI_SUM, group));
+        } else {
+            std::vector<float> wide = widen(in, (size_t)size * count);
+            mpiCheck(MPI_Reduce_scatter_block(wide.data(), sum.data(), mpi_count(count), MPI_FLOAT, MPI_SUM, group));
+        }
+        narrow(out, sum.data(), count, op == Reduction::Average ? (float)size : 1.0f);
+    });
 #else
     ncclCheck(ncclReduceScatter(in, out, count, nccl_type<T>(), nccl_op(op), comm.nccl, stream));
 #endif
@@ -192,10 +199,12 @@ template <typename T>
 void all_gather(Communicator& comm, T* out, const T* in, size_t count, cudaStream_t stream) {
     comm.bytes_sent += (uint64_t)(comm.size - 1) * count * sizeof(T);
 #ifdef LLMC_CPU
-    (void)stream;
     const void* source = in == out + (size_t)comm.rank * count ? MPI_IN_PLACE : (const void*)in;
-    mpiCheck(MPI_Allgather(source, mpi_count(count), mpi_raw_type<T>(), out, mpi_count(count), mpi_raw_type<T>(),
-                           comm.mpi));
+    const MPI_Comm group = comm.mpi;
+    cudacpu::on_stream(stream, [=] {
+        mpiCheck(MPI_Allgather(source, mpi_count(count), mpi_raw_type<T>(), out, mpi_count(count), mpi_raw_type<T>(),
+                               group));
+    });
 #else
     ncclCheck(ncclAllGather(in, out, count, nccl_type<T>(), comm.nccl, stream));
 #endif
@@ -205,8 +214,8 @@ template <typename T>
 void broadcast(Communicator& comm, T* data, size_t count, int root, cudaStream_t stream) {
     comm.bytes_sent += ring_share(count * sizeof(T), comm.size);
 #ifdef LLMC_CPU
-    (void)stream;
-    mpiCheck(MPI_Bcast(data, mpi_count(count), mpi_raw_type<T>(), root, comm.mpi));
+    const MPI_Comm group = comm.mpi;
+    cudacpu::on_stream(stream, [=] { mpiCheck(MPI_Bcast(data, mpi_count(count), mpi_raw_type<T>(), root, group)); });
 #else
     ncclCheck(ncclBroadcast(data, data, count, nccl_type<T>(), root, comm.nccl, stream));
 #endif
@@ -217,8 +226,8 @@ template <typename T>
 void send(Communicator& comm, const T* data, size_t count, int peer, cudaStream_t stream) {
     comm.bytes_sent += count * sizeof(T);
 #ifdef LLMC_CPU
-    (void)stream;
-    mpiCheck(MPI_Send(data, mpi_count(count), mpi_raw_type<T>(), peer, 0, comm.mpi));
+    const MPI_Comm group = comm.mpi;
+    cudacpu::on_stream(stream, [=] { mpiCheck(MPI_Send(data, mpi_count(count), mpi_raw_type<T>(), peer, 0, group)); });
 #else
     ncclCheck(ncclSend(data, count, nccl_type<T>(), peer, comm.nccl, stream));
 #endif
@@ -227,8 +236,10 @@ void send(Communicator& comm, const T* data, size_t count, int peer, cudaStream_
 template <typename T>
 void recv(Communicator& comm, T* data, size_t count, int peer, cudaStream_t stream) {
 #ifdef LLMC_CPU
-    (void)stream;
-    mpiCheck(MPI_Recv(data, mpi_count(count), mpi_raw_type<T>(), peer, 0, comm.mpi, MPI_STATUS_IGNORE));
+    const MPI_Comm group = comm.mpi;
+    cudacpu::on_stream(stream, [=] {
+        mpiCheck(MPI_Recv(data, mpi_count(count), mpi_raw_type<T>(), peer, 0, group, MPI_STATUS_IGNORE));
+    });
 #else
     ncclCheck(ncclRecv(data, count, nccl_type<T>(), peer, comm.nccl, stream));
 #endif
@@ -239,9 +250,11 @@ void send_recv(Communicator& comm, const T* send_data, int send_peer, T* recv_da
                cudaStream_t stream) {
     comm.bytes_sent += count * sizeof(T);
 #ifdef LLMC_CPU
-    (void)stream;
-    mpiCheck(MPI_Sendrecv(send_data, mpi_count(count), mpi_raw_type<T>(), send_peer, 0, recv_data, mpi_count(count),
-                          mpi_raw_type<T>(), recv_peer, 0, comm.mpi, MPI_STATUS_IGNORE));
+    const MPI_Comm group = comm.mpi;
+    cudacpu::on_stream(stream, [=] {
+        mpiCheck(MPI_Sendrecv(send_data, mpi_count(count), mpi_raw_type<T>(), send_peer, 0, recv_data, mpi_count(count),
+                              mpi_raw_type<T>(), recv_peer, 0, group, MPI_STATUS_IGNORE));
+    });
 #else
     // inside one group NCCL starts both transfers together, so neither side waits for the other to receive
     ncclCheck(ncclGroupStart());
@@ -255,9 +268,10 @@ template <typename T>
 void all_to_all(Communicator& comm, T* out, const T* in, size_t count, cudaStream_t stream) {
     comm.bytes_sent += (uint64_t)(comm.size - 1) * count * sizeof(T);
 #ifdef LLMC_CPU
-    (void)stream;
-    mpiCheck(MPI_Alltoall(in, mpi_count(count), mpi_raw_type<T>(), out, mpi_count(count), mpi_raw_type<T>(),
-                          comm.mpi));
+    const MPI_Comm group = comm.mpi;
+    cudacpu::on_stream(stream, [=] {
+        mpiCheck(MPI_Alltoall(in, mpi_count(count), mpi_raw_type<T>(), out, mpi_count(count), mpi_raw_type<T>(), group));
+    });
 #else
     // one send and one receive per peer, all in one group (works on every NCCL since 2.7)
     ncclCheck(ncclGroupStart());
@@ -271,7 +285,7 @@ void all_to_all(Communicator& comm, T* out, const T* in, size_t count, cudaStrea
 
 inline void barrier(Communicator& comm, cudaStream_t stream) {
 #ifdef LLMC_CPU
-    (void)stream;
+    cudaCheck(cudaStreamSynchronize(stream));  // the stream drained (a no-op unless its work is queued)
     mpiCheck(MPI_Barrier(comm.mpi));
 #else
     // NCCL has no barrier of its own: a one-float all-reduce completes only when every rank has joined

@@ -102,6 +102,25 @@ inline const cudaDeviceProp& device_properties() {
     return props;
 }
 
+// ----------------------------------------------------------------------------
+// copies that are finished when they return, for set-up, checkpoints, samples and tests
+//
+// The training step runs on non-blocking streams, and the legacy stream that a plain cudaMemcpy or
+// cudaMemset uses does not wait for them (nor they for it). So these copies go on the stream whose work
+// wrote (or will read) the buffer, after everything already issued there, and wait for it: the host may
+// read its buffer, or reuse it, at once. The step itself uses cudaMemcpyAsync and events instead.
+
+template <class T>
+void copy_to_device(T* device, const T* host, size_t count, cudaStream_t stream) {
+    cudaCheck(cudaMemcpyAsync(device, host, count * sizeof(T), cudaMemcpyHostToDevice, stream));
+    cudaCheck(cudaStreamSynchronize(stream));
+}
+template <class T>
+void copy_to_host(T* host, const T* device, size_t count, cudaStream_t stream) {
+    cudaCheck(cudaMemcpyAsync(host, device, count * sizeof(T), cudaMemcpyDeviceToHost, stream));
+    cudaCheck(cudaStreamSynchronize(stream));
+}
+
 inline __host__ __device__ constexpr int ceil_div(long long a, long long b) { return (int)((a + b - 1) / b); }
 
 // A grid for a grid-stride loop over `work_items`: enough blocks to fill every multiprocessor a few times

@@ -211,7 +211,7 @@ inline void encoder_backward_workspace_create(EncoderBackwardWorkspace* workspac
     const size_t partial_floats = (size_t)encoder_backward_max_partial_rows(max_positions) * max_channels;
     if (partial_floats > 0) cudaCheck(cudaMalloc(&workspace->partial_rows, partial_floats * sizeof(float)));
     // an event never recorded counts as complete, so the first call does not wait
-    cudaCheck(cudaEventCreate(&workspace->staging_uploaded));
+    cudaCheck(cudaEventCreateWithFlags(&workspace->staging_uploaded, cudaEventDisableTiming));
     workspace->sort_keys.resize(max_positions);
 }
 

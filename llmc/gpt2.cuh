@@ -23,7 +23,13 @@ block l's output and turns it into the gradient of its input, accumulating block
 on the way.
 
 Gradients accumulate (+=) across micro-steps until gpt2_zero_grads. In BF16 the parameters, activations
-and gradients are bf16. The optimizer, with its fp32 master weights and moments, and the averaging of
+and gradients are bf16.
+
+Streams. Every kernel, copy and memset of the model runs on model.stream, a non-blocking stream: it
+does not wait for the legacy stream, so llmc/zero.h's communication stream can run beside it, ordered
+only by events. The host hands the device a whole step and waits for it once (gpt2_read_results: the
+loss and the gradient norm in one copy); the token ids of each micro-batch go up from pinned buffers
+through asynchronous copies (StagedUpload). The optimizer, with its fp32 master weights and moments, and the averaging of
 gradients over data-parallel ranks are in llmc/zero.h.
 */
 #pragma once
@@ -232,8 +238,23 @@ struct SharedBuffers {
     float* matmul_scratch;  // bias-gradient partial sums
     float* layernorm_scratch;
     float* norm_scratch;
-    float* norm_result;     // one float
     EncoderBackwardWorkspace encoder_workspace;
+};
+
+// What the host reads from the device once per step, in one copy (gpt2_read_results).
+struct StepResults {
+    float loss;               // the mean loss (gpt2_mean_loss), averaged over ranks by llmc/zero.h
+    float grad_norm_squared;  // the squared global gradient norm (gpt2_grad_norm_squared, zero_gradient_norm)
+};
+
+// Host data for the device through pinned memory, so the copy is asynchronous. Two slots, used in turn:
+// the host fills one while the copy out of the other may still be in flight, and before refilling a slot
+// it waits for that slot's previous copy, issued a whole micro-step earlier (long done on a busy device).
+struct StagedUpload {
+    size_t capacity = 0;
+    int* pinned[2] = {};
+    cudaEvent_t copied[2] = {};
+    int next = 0;
 };
 
 // ----------------------------------------------------------------------------
@@ -257,13 +278,41 @@ struct GPT2 {
     float* lnf_rstd = nullptr;
     floatX* logits = nullptr;         // (N, Vp): logits after forward, dlogits after the loss
     float* losses = nullptr;          // (N) per-position loss
+    double* loss_sum = nullptr;       // the micro-batches' mean losses added up, until gpt2_mean_loss
     int* inputs = nullptr;            // (N) device copies of the batch
     int* targets = nullptr;
+    StagedUpload inputs_upload, targets_upload;
     std::vector<int> inputs_host;     // the encoder's backward pass groups positions by token on the host
-    std::vector<float> losses_host;
+    StepResults* results = nullptr;   // device
+    StepResults* results_host = nullptr;  // pinned
     SharedBuffers shared{};
-    cudaStream_t stream = 0;
+    cudaStream_t stream = nullptr;    // non-blocking: created by gpt2_allocate, destroyed by gpt2_free
 };
+
+inline void staged_upload_create(StagedUpload& upload, size_t capacity) {
+    upload.capacity = capacity;
+    for (int slot = 0; slot < 2; slot++) {
+        cudaCheck(cudaMallocHost(&upload.pinned[slot], capacity * sizeof(int)));
+        cudaCheck(cudaEventCreateWithFlags(&upload.copied[slot], cudaEventDisableTiming));
+    }
+}
+inline void staged_upload_free(StagedUpload& upload) {
+    for (int slot = 0; slot < 2; slot++) {
+        cudaCheck(cudaFreeHost(upload.pinned[slot]));
+        cudaCheck(cudaEventDestroy(upload.copied[slot]));
+    }
+    upload = StagedUpload{};
+}
+// device[0, count) = host[0, count), on `stream`; the host may reuse `host` as soon as this returns
+inline void staged_upload(StagedUpload& upload, int* device, const int* host, size_t count, cudaStream_t stream) {
+    if (count > upload.capacity) fatal("an upload of %zu ids exceeds the %zu allocated", count, upload.capacity);
+    const int slot = upload.next;
+    upload.next = 1 - slot;
+    cudaCheck(cudaEventSynchronize(upload.copied[slot]));  // an event never recorded counts as complete
+    std::copy(host, host + count, upload.pinned[slot]);
+    cudaCheck(cudaMemcpyAsync(device, upload.pinned[slot], count * sizeof(int), cudaMemcpyHostToDevice, stream));
+    cudaCheck(cudaEventRecord(upload.copied[slot], stream));
+}
 
 // Allocates parameters, gradients and activations for micro-batches of up to B x T; chunks padded for
 // `shards` ZeRO shards. Without full_gradients there is no model.grads (ZeRO-2 keeps gradients elsewhere),
@@ -276,13 +325,14 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, i
     model.layout = ParameterLayout(config, shards);
     model.max_batch = B;
     model.max_seq = T;
+    cudaCheck(cudaStreamCreateWithFlags(&model.stream, cudaStreamNonBlocking));
     const size_t P = model.layout.total;
     const size_t N = (size_t)B * T, C = config.channels, NH = config.num_heads, L = config.num_layers;
 
     if (full_parameters) model.params = tracked_alloc<floatX>(P, MemoryKind::Parameters);
     if (full_gradients) {
         model.grads = tracked_alloc<floatX>(P, MemoryKind::Gradients);
-        cudaCheck(cudaMemset(model.grads, 0, P * sizeof(floatX)));
+        cudaCheck(cudaMemsetAsync(model.grads, 0, P * sizeof(floatX), model.stream));
     }
 
     model.encoded = tracked_alloc<floatX>(N * C, MemoryKind::Activations);
@@ -309,8 +359,13 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, i
     model.losses = tracked_alloc<float>(N, MemoryKind::Activations);
     model.inputs = tracked_alloc<int>(N, MemoryKind::Activations);
     model.targets = tracked_alloc<int>(N, MemoryKind::Activations);
+    model.loss_sum = tracked_alloc<double>(1, MemoryKind::Activations);
+    cudaCheck(cudaMemsetAsync(model.loss_sum, 0, sizeof(double), model.stream));
+    staged_upload_create(model.inputs_upload, N);
+    staged_upload_create(model.targets_upload, N);
     model.inputs_host.assign(N, 0);
-    model.losses_host.assign(N, 0.0f);
+    model.results = tracked_alloc<StepResults>(1, MemoryKind::Activations);
+    cudaCheck(cudaMallocHost(&model.results_host, sizeof(StepResults)));
 
     SharedBuffers& s = model.shared;
     s.projection = tracked_alloc<floatX>(N * C, MemoryKind::Activations);
@@ -322,15 +377,17 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, i
     s.matmul_scratch = tracked_alloc<float>(matmul_backward_scratch_floats((int)N, 4 * (int)C), MemoryKind::Activations);
     s.layernorm_scratch = tracked_alloc<float>(layernorm_backward_scratch_floats((int)N, (int)C), MemoryKind::Activations);
     s.norm_scratch = tracked_alloc<float>(global_norm_scratch_count(), MemoryKind::Activations);
-    s.norm_result = tracked_alloc<float>(1, MemoryKind::Activations);
     encoder_backward_workspace_create(&s.encoder_workspace, (int)N, (int)C);
 }
 
 inline void gpt2_free(GPT2& model) {
     for (void* p : {(void*)model.params, (void*)model.grads, (void*)model.encoded, (void*)model.lnf, (void*)model.lnf_mean,
-                    (void*)model.lnf_rstd, (void*)model.logits, (void*)model.losses, (void*)model.inputs,
-                    (void*)model.targets})
+                    (void*)model.lnf_rstd, (void*)model.logits, (void*)model.losses, (void*)model.loss_sum,
+                    (void*)model.inputs, (void*)model.targets, (void*)model.results})
         tracked_free(p);
+    staged_upload_free(model.inputs_upload);
+    staged_upload_free(model.targets_upload);
+    cudaCheck(cudaFreeHost(model.results_host));
     for (BlockActivations& a : model.blocks)
         for (void* p : {(void*)a.ln1, (void*)a.ln1_mean, (void*)a.ln1_rstd, (void*)a.qkv, (void*)a.atty, (void*)a.lse,
                         (void*)a.residual2, (void*)a.ln2, (void*)a.ln2_mean, (void*)a.ln2_rstd, (void*)a.fch,
@@ -338,10 +395,10 @@ inline void gpt2_free(GPT2& model) {
             tracked_free(p);
     SharedBuffers& s = model.shared;
     for (void* p : {(void*)s.projection, (void*)s.dresidual, (void*)s.dchannels, (void*)s.dhidden, (void*)s.dqkv,
-                    (void*)s.attention_D, (void*)s.matmul_scratch, (void*)s.layernorm_scratch, (void*)s.norm_scratch,
-                    (void*)s.norm_result})
+                    (void*)s.attention_D, (void*)s.matmul_scratch, (void*)s.layernorm_scratch, (void*)s.norm_scratch})
         tracked_free(p);
     encoder_backward_workspace_free(&s.encoder_workspace);
+    cudaCheck(cudaStreamDestroy(model.stream));
     model = GPT2{};
 }
 
@@ -350,14 +407,14 @@ inline void gpt2_set_parameters(GPT2& model, const std::vector<float>& values) {
     const size_t P = model.layout.total;
     std::vector<floatX> converted(P);
     for (size_t i = 0; i < P; i++) converted[i] = (floatX)values[i];
-    cudaCheck(cudaMemcpy(model.params, converted.data(), P * sizeof(floatX), cudaMemcpyHostToDevice));
+    copy_to_device(model.params, converted.data(), P, model.stream);
 }
 
 // The parameters as fp32 host values.
 inline std::vector<float> gpt2_get_parameters(const GPT2& model) {
     const size_t P = model.layout.total;
     std::vector<floatX> raw(P);
-    cudaCheck(cudaMemcpy(raw.data(), model.params, P * sizeof(floatX), cudaMemcpyDeviceToHost));
+    copy_to_host(raw.data(), model.params, P, model.stream);
     return std::vector<float>(raw.begin(), raw.end());
 }
 
@@ -528,7 +585,7 @@ inline void gpt2_forward(GPT2& model, const int* inputs, int B, int T) {
     const int N = B * T, C = c.channels, L = c.num_layers;
     check_token_ids(inputs, N, c.vocab_size, "input batch");
     std::copy(inputs, inputs + N, model.inputs_host.begin());
-    cudaCheck(cudaMemcpy(model.inputs, inputs, N * sizeof(int), cudaMemcpyHostToDevice));
+    staged_upload(model.inputs_upload, model.inputs, inputs, N, model.stream);
 
     const ParameterLayout& layout = model.layout;
     floatX* embeddings = chunk_parameters(model, 0);  // wte, then wpe
@@ -544,20 +601,23 @@ inline void gpt2_forward(GPT2& model, const int* inputs, int B, int T) {
     matmul_forward(model.logits, model.lnf, embeddings, nullptr, N, C, c.padded_vocab_size, model.stream);
 }
 
-// Cross-entropy of the logits against `targets` (host ids); returns the mean loss over the N positions.
-// Replaces the logits by dloss * dloss_i/dlogits, ready for gpt2_backward: dloss = 1 / (N * micro-steps)
-// makes the accumulated gradient that of the mean loss over the whole batch.
-inline float gpt2_loss(GPT2& model, const int* targets, int B, int T, float dloss) {
+// Cross-entropy of the logits against `targets` (host ids). Adds the mean loss over the N positions to
+// model.loss_sum on the device (gpt2_mean_loss, then gpt2_read_results, bring it to the host). Replaces
+// the logits by dloss * dloss_i/dlogits, ready for gpt2_backward: dloss = 1 / (N * micro-steps) makes the
+// accumulated gradient that of the mean loss over the whole batch.
+inline void gpt2_loss(GPT2& model, const int* targets, int B, int T, float dloss) {
     const GPT2Config& c = model.config;
     const int N = B * T;
     check_token_ids(targets, N, c.vocab_size, "target batch");
-    cudaCheck(cudaMemcpy(model.targets, targets, N * sizeof(int), cudaMemcpyHostToDevice));
+    staged_upload(model.targets_upload, model.targets, targets, N, model.stream);
     fused_classifier(model.logits, model.losses, dloss, model.targets, N, c.vocab_size, c.padded_vocab_size,
                      model.stream);
-    cudaCheck(cudaMemcpy(model.losses_host.data(), model.losses, N * sizeof(float), cudaMemcpyDeviceToHost));
-    double sum = 0.0;
-    for (int i = 0; i < N; i++) sum += model.losses_host[i];
-    return (float)(sum / N);
+    accumulate_mean_loss(model.loss_sum, model.losses, N, model.stream);
+}
+
+// model.results->loss = the mean of the `count` losses gpt2_loss added up since the last call.
+inline void gpt2_mean_loss(GPT2& model, int count) {
+    finish_mean_loss(&model.results->loss, model.loss_sum, count, model.stream);
 }
 
 // What the backward pass does with each parameter chunk's gradient (chunk 0: embeddings, 1..L: blocks,
@@ -613,11 +673,16 @@ inline void gpt2_zero_grads(GPT2& model) {
     cudaCheck(cudaMemsetAsync(model.grads, 0, model.layout.total * sizeof(floatX), model.stream));
 }
 
-// L2 norm of all gradients (deterministic).
-inline float gpt2_grad_norm(GPT2& model) {
-    SharedBuffers& s = model.shared;
-    global_norm_squared(s.norm_result, s.norm_scratch, model.grads, model.layout.total, model.stream);
-    float squared = 0.0f;
-    cudaCheck(cudaMemcpy(&squared, s.norm_result, sizeof(float), cudaMemcpyDeviceToHost));
-    return sqrtf(squared);
+// model.results->grad_norm_squared = the squared L2 norm of all gradients (deterministic).
+inline void gpt2_grad_norm_squared(GPT2& model) {
+    global_norm_squared(&model.results->grad_norm_squared, model.shared.norm_scratch, model.grads, model.layout.total,
+                        model.stream);
+}
+
+// Waits for the device and returns what the step computed: the one point per step where the host waits.
+inline StepResults gpt2_read_results(GPT2& model) {
+    cudaCheck(cudaMemcpyAsync(model.results_host, model.results, sizeof(StepResults), cudaMemcpyDeviceToHost,
+                              model.stream));
+    cudaCheck(cudaStreamSynchronize(model.stream));
+    return *model.results_host;
 }

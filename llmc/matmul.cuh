@@ -449,7 +449,12 @@ inline float* fp32_result(floatX* x, size_t count, std::vector<float>& buffer) {
 
 inline void matmul_row_major(floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
                              bool transpose_a, bool transpose_b, bool accumulate, cudaStream_t stream) {
-    (void)stream;  // the CPU device has finished all earlier work by now
+    if (cudacpu::is_late(stream)) {  // like a kernel: runs when its stream gets there (llmc/cpu/runtime.h)
+        cudacpu::on_stream(stream, [=] {
+            matmul_row_major(d, a, b, bias, m, n, k, transpose_a, transpose_b, accumulate, nullptr);
+        });
+        return;
+    }
     const auto start = std::chrono::steady_clock::now();
     matmul_find_plan(matmul_plan_key(d, a, b, bias, m, n, k, transpose_a, transpose_b, accumulate), bias);
     const float* a32 = fp32_operand(a, (size_t)m * k, matmul_context.a);

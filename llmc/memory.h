@@ -208,11 +208,12 @@ struct ActivationBytes {
 //              targets 2N
 //   workspace: floatX projection NC, dresidual NC, dchannels NC, dhidden 4NC, dqkv 3NC = 10 NC s;
 //              fp32 attention_D N NH, matmul bias scratch ceil(N/64) 4C, layernorm scratch
-//              2C min(ceil(N/8), 3 SMs), norm scratch 4 SMs, norm result 1, encoder partial rows
-//              (floor(N/64) + floor(N/65)) C;  int encoder workspace 4N + 3 floor(N/65)
+//              2C min(ceil(N/8), 3 SMs), norm scratch 4 SMs, the step's results 2 (loss, squared norm),
+//              encoder partial rows (floor(N/64) + floor(N/65)) C;  int encoder workspace 4N + 3 floor(N/65);
+//              the running loss sum, one double
 // (the constants 64, 8, 3 and 4 are those of llmc/matmul.cuh, layernorm.cuh and cuda_common.cuh's
-// grid_size_for, 64 and 65 = 64 + 1 those of llmc/encoder.cuh; the encoder's pinned host staging is host
-// memory and not counted)
+// grid_size_for, 64 and 65 = 64 + 1 those of llmc/encoder.cuh; pinned host staging and read-back buffers
+// are host memory and not counted)
 inline ActivationBytes gpt2_activation_bytes(const GPT2MemoryShape& shape, bool bf16) {
     const double s = bf16 ? 2 : 4, f = 4, i = 4;
     const double N = (double)shape.batch * shape.seq_len, C = shape.channels, NH = shape.num_heads;
@@ -224,8 +225,8 @@ inline ActivationBytes gpt2_activation_bytes(const GPT2MemoryShape& shape, bool 
     const double encoder_heavy_tokens = std::floor(N / 65);
     const double encoder_partial_rows = std::floor(N / 64) + encoder_heavy_tokens;
     a.workspace = 10 * N * C * s +
-                  (N * NH + bias_rows * 4 * C + 2 * C * layernorm_blocks + 4 * SMs + 1 + encoder_partial_rows * C) * f +
-                  (4 * N + 3 * encoder_heavy_tokens) * i;
+                  (N * NH + bias_rows * 4 * C + 2 * C * layernorm_blocks + 4 * SMs + 2 + encoder_partial_rows * C) * f +
+                  (4 * N + 3 * encoder_heavy_tokens) * i + sizeof(double);
     return a;
 }
 

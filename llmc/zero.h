@@ -15,7 +15,15 @@ kernels run:
     compute stream:  ... backward(l) [event] backward(l-1) [event] ...           [wait] norm, AdamW
     comm stream:                 wait -> reduce(l)     wait -> reduce(l-1) ...
 No kernel of the step writes a chunk's gradient after it was handed over, and the optimizer waits for
-the comm stream. The CPU build's MPI calls simply run when called.
+the comm stream. Both streams are non-blocking (neither waits for the legacy stream nor for the other),
+so events are the only order between them; the CPU build checks that they suffice by holding back each
+stream's work until a wait or a sync forces it (LLMC_CPU_LATE_STREAMS, llmc/cpu/runtime.h;
+scripts/test_streams.sh, and scripts/mutate_waits.sh deletes each wait in turn). The waits:
+    comm waits for compute   chunk_ready, before a chunk's reduction (its gradient is complete) and before a
+                             gather (the kernels that read the buffer's previous chunk have been issued)
+    compute waits for comm   reductions_done, before the gradient norm and AdamW; gather_done[w], before a
+                             block uses gathered parameters; working_free[w], before a gradient buffer
+                             is reused
 
 The stages (Rajbhandari et al., "ZeRO", 2020), for P parameters on N ranks:
   stage 0  plain data parallelism. Every rank keeps everything: parameters, gradients, fp32 master
@@ -95,10 +103,9 @@ struct Zero {
     cudaEvent_t gather_done[4] = {};          // recorded on the comm stream when a gather into the buffer ends
     int last_block_gathered = -1;             // tells the forward pass (ascending) from the backward pass
 
-    cudaStream_t comm_stream = nullptr;
+    cudaStream_t comm_stream = nullptr;      // non-blocking, beside the model's compute stream
     cudaEvent_t chunk_ready = nullptr;
     cudaEvent_t reductions_done = nullptr;
-    float* scalar = nullptr;                 // one float of device memory, for averaging logged values
 };
 
 // This rank's shard of chunk c: elements [shard_start, shard_start + shard_size) of the parameter buffer,
@@ -190,18 +197,18 @@ inline void zero_init(Zero& z, int stage, Mesh* mesh, GPT2& model, const std::ve
         for (int c = 0; c < model.layout.num_chunks(); c++)
             for (size_t i = 0; i < shard_size(z, c); i++) mine[shard_offset(z, c) + i] = (floatX)values[shard_start(z, c) + i];
         z.param_shard = tracked_alloc<floatX>(shard_total, MemoryKind::Parameters);
-        cudaCheck(cudaMemcpy(z.param_shard, mine.data(), shard_total * sizeof(floatX), cudaMemcpyHostToDevice));
+        copy_to_device(z.param_shard, mine.data(), shard_total, model.stream);
         const std::array<size_t, 4> sizes = working_buffer_sizes(model.layout);
         for (int w = 0; w < 4; w++) {
             z.gathered[w] = tracked_alloc<floatX>(sizes[w], MemoryKind::Parameters);
-            cudaCheck(cudaEventCreate(&z.gather_done[w]));
+            cudaCheck(cudaEventCreateWithFlags(&z.gather_done[w], cudaEventDisableTiming));
         }
         model.parameters_of = [&z, &model](int chunk) { return zero_gather_chunk(z, model, chunk); };
     }
     z.m = tracked_alloc<float>(shard_total, MemoryKind::OptimizerState);
     z.v = tracked_alloc<float>(shard_total, MemoryKind::OptimizerState);
-    cudaCheck(cudaMemset(z.m, 0, shard_total * sizeof(float)));
-    cudaCheck(cudaMemset(z.v, 0, shard_total * sizeof(float)));
+    cudaCheck(cudaMemsetAsync(z.m, 0, shard_total * sizeof(float), model.stream));
+    cudaCheck(cudaMemsetAsync(z.v, 0, shard_total * sizeof(float), model.stream));
     if (sizeof(floatX) != sizeof(float)) {
         z.master = tracked_alloc<float>(shard_total, MemoryKind::OptimizerState);
         for (int c = 0; c < model.layout.num_chunks(); c++) {
@@ -214,21 +221,20 @@ inline void zero_init(Zero& z, int stage, Mesh* mesh, GPT2& model, const std::ve
         const std::array<size_t, 4> sizes = working_buffer_sizes(model.layout);
         for (int w = 0; w < 4; w++) {
             z.working[w] = tracked_alloc<floatX>(sizes[w], MemoryKind::Gradients);
-            cudaCheck(cudaMemset(z.working[w], 0, sizes[w] * sizeof(floatX)));
-            cudaCheck(cudaEventCreate(&z.working_free[w]));
+            cudaCheck(cudaMemsetAsync(z.working[w], 0, sizes[w] * sizeof(floatX), model.stream));
+            cudaCheck(cudaEventCreateWithFlags(&z.working_free[w], cudaEventDisableTiming));
         }
         size_t largest_shard = 0;
         for (int c = 0; c < model.layout.num_chunks(); c++) largest_shard = std::max(largest_shard, shard_size(z, c));
         z.reduced = tracked_alloc<floatX>(largest_shard, MemoryKind::Gradients);
     }
-    cudaCheck(cudaStreamCreate(&z.comm_stream));
-    cudaCheck(cudaEventCreate(&z.chunk_ready));
-    cudaCheck(cudaEventCreate(&z.reductions_done));
-    z.scalar = tracked_alloc<float>(1, MemoryKind::Communication);
+    cudaCheck(cudaStreamCreateWithFlags(&z.comm_stream, cudaStreamNonBlocking));
+    cudaCheck(cudaEventCreateWithFlags(&z.chunk_ready, cudaEventDisableTiming));
+    cudaCheck(cudaEventCreateWithFlags(&z.reductions_done, cudaEventDisableTiming));
 }
 
 inline void zero_free(Zero& z) {
-    for (void* p : {(void*)z.master, (void*)z.m, (void*)z.v, (void*)z.grad_shard, (void*)z.scalar, (void*)z.reduced,
+    for (void* p : {(void*)z.master, (void*)z.m, (void*)z.v, (void*)z.grad_shard, (void*)z.reduced,
                     (void*)z.param_shard, (void*)z.gathered[0], (void*)z.gathered[1], (void*)z.gathered[2],
                     (void*)z.gathered[3]})
         tracked_free(p);
@@ -320,24 +326,22 @@ inline void zero_wait_for_gradients(Zero& z, GPT2& model) {
     cudaCheck(cudaStreamWaitEvent(model.stream, z.reductions_done, 0));
 }
 
-// L2 norm of the averaged gradient of the whole model (the same value on every rank).
-inline float zero_gradient_norm(Zero& z, GPT2& model) {
-    if (z.stage == 0) return gpt2_grad_norm(model);
-    SharedBuffers& s = model.shared;
-    global_norm_squared(s.norm_result, s.norm_scratch, z.grad_shard, z.layout->total / z.shards, model.stream);
-    if (z.shard_group && z.shard_group->size > 1) all_reduce(*z.shard_group, s.norm_result, 1, Reduction::Sum, model.stream);
-    float squared = 0.0f;
-    cudaCheck(cudaMemcpy(&squared, s.norm_result, sizeof(float), cudaMemcpyDeviceToHost));
-    return sqrtf(squared);
+// model.results->grad_norm_squared = the squared L2 norm of the averaged gradient of the whole model (the
+// same value on every rank), on the compute stream after zero_wait_for_gradients.
+inline void zero_gradient_norm(Zero& z, GPT2& model) {
+    if (z.stage == 0) {
+        gpt2_grad_norm_squared(model);
+        return;
+    }
+    float* squared = &model.results->grad_norm_squared;
+    global_norm_squared(squared, model.shared.norm_scratch, z.grad_shard, z.layout->total / z.shards, model.stream);
+    if (z.shard_group && z.shard_group->size > 1) all_reduce(*z.shard_group, squared, 1, Reduction::Sum, model.stream);
 }
 
-// The mean of a host value over the data-parallel ranks (each rank's loss on its rows, for the log).
-inline float average_over_ranks(Zero& z, float value, cudaStream_t stream) {
-    if (z.data_parallel == nullptr || z.data_parallel->size == 1) return value;
-    cudaCheck(cudaMemcpy(z.scalar, &value, sizeof(float), cudaMemcpyHostToDevice));
-    all_reduce(*z.data_parallel, z.scalar, 1, Reduction::Average, stream);
-    cudaCheck(cudaMemcpy(&value, z.scalar, sizeof(float), cudaMemcpyDeviceToHost));
-    return value;
+// A device value (each rank's loss on its rows, for the log) replaced by its mean over the data-parallel ranks.
+inline void average_over_ranks(Zero& z, float* value, cudaStream_t stream) {
+    if (z.data_parallel == nullptr || z.data_parallel->size == 1) return;
+    all_reduce(*z.data_parallel, value, 1, Reduction::Average, stream);
 }
 
 // ----------------------------------------------------------------------------
@@ -388,7 +392,7 @@ inline std::vector<float> zero_parameters(Zero& z, GPT2& model) {
     for (int c = 0; c < model.layout.num_chunks(); c++) {
         const floatX* gathered = zero_gather_chunk(z, model, c);
         chunk_values.resize(model.layout.chunk_size(c));
-        cudaCheck(cudaMemcpy(chunk_values.data(), gathered, chunk_values.size() * sizeof(floatX), cudaMemcpyDeviceToHost));
+        copy_to_host(chunk_values.data(), gathered, chunk_values.size(), model.stream);
         std::copy(chunk_values.begin(), chunk_values.end(), values.begin() + model.layout.chunk_start(c));
     }
     return values;
@@ -422,14 +426,13 @@ inline void zero_write_shard(Zero& z, GPT2& model, CheckpointWriter& writer) {
     std::vector<floatX> params(count);
     for (int c = 0; c < model.layout.num_chunks(); c++) {
         const floatX* from = z.stage == 3 ? z.param_shard + shard_offset(z, c) : model.params + shard_start(z, c);
-        cudaCheck(cudaMemcpy(params.data() + shard_offset(z, c), from, shard_size(z, c) * sizeof(floatX),
-                             cudaMemcpyDeviceToHost));
+        copy_to_host(params.data() + shard_offset(z, c), from, shard_size(z, c), model.stream);
     }
     writer.add("params", params.data(), count * sizeof(floatX));
     std::vector<float> state(count);
     for (auto [name, buffer] : {std::pair<const char*, float*>{"master", z.master}, {"adamw_m", z.m}, {"adamw_v", z.v}}) {
         if (!buffer) continue;
-        cudaCheck(cudaMemcpy(state.data(), buffer, count * sizeof(float), cudaMemcpyDeviceToHost));
+        copy_to_host(state.data(), buffer, count, model.stream);
         writer.add(name, state.data(), count * sizeof(float));
     }
 }
@@ -474,10 +477,10 @@ inline void zero_read_shards(Zero& z, GPT2& model, const std::string& main_path,
             }
         }
     }
-    floatX* param_target = z.stage == 3 ? z.param_shard : model.params;
-    cudaCheck(cudaMemcpy(param_target, params.data(), params.size() * sizeof(floatX), cudaMemcpyHostToDevice));
-    if (z.master) cudaCheck(cudaMemcpy(z.master, master.data(), my_count * sizeof(float), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(z.m, m.data(), my_count * sizeof(float), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(z.v, v.data(), my_count * sizeof(float), cudaMemcpyHostToDevice));
+    // on the compute stream, after the work already issued there (set-up's master weights, for one)
+    copy_to_device(z.stage == 3 ? z.param_shard : model.params, params.data(), params.size(), model.stream);
+    if (z.master) copy_to_device(z.master, master.data(), my_count, model.stream);
+    copy_to_device(z.m, m.data(), my_count, model.stream);
+    copy_to_device(z.v, v.data(), my_count, model.stream);
     for (int& chunk : z.gathered_chunk) chunk = -1;
 }

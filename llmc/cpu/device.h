@@ -41,6 +41,8 @@ and dynamic shared memory is one buffer per OS thread. Real atomics make concurr
 LLMC_CPU_REVERSE_LANES=1 runs lanes, warps and blocks in reverse order: a kernel whose result depends on
 the order in which threads happen to run (a race) gives a different answer one way or the other.
 LLMC_CPU_PROFILE=1 times every launch and prints, at exit, each kernel's total time and launch count.
+LLMC_CPU_LATE_STREAMS=1 holds back the work of non-blocking streams until something forces it, so that a
+missing stream wait gives a wrong answer (llmc/cpu/runtime.h explains it).
 
 Launch errors (too many threads, too much shared memory, empty grid) abort with a one-line message
 naming the kernel, like the GPU's launch failure reported by cudaGetLastError.
@@ -639,7 +641,8 @@ inline void profile_add(const void* function, std::chrono::steady_clock::time_po
     }
 }
 
-inline void run_grid(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes, void (*body)(void*), void* state) {
+// Refuses a launch the GPU would refuse, when it is issued (a queued launch is checked before it waits).
+inline void check_launch(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes) {
     const long long threads = (long long)block.x * block.y * block.z;
     auto fail = [&](const char* problem) {
         char message[512];
@@ -658,7 +661,10 @@ inline void run_grid(const void* kernel, dim3 grid, dim3 block, size_t shared_by
     if (shared_bytes > limit)
         fail(limit == kDefaultSharedBytes ? "more than 48 KiB of dynamic shared memory without opting in"
                                           : "more dynamic shared memory than the kernel opted in to");
+}
 
+inline void run_grid(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes, void (*body)(void*), void* state) {
+    const long long threads = (long long)block.x * block.y * block.z;
     const auto start = std::chrono::steady_clock::now();
     current_grid_dim = grid;
     const long long num_blocks = (long long)grid.x * grid.y * grid.z;
@@ -686,21 +692,29 @@ inline void run_grid(const void* kernel, dim3 grid, dim3 block, size_t shared_by
 }  // namespace cudacpu
 
 // The launch helper of llmc/cuda_common.cuh, CPU edition: converts the arguments to the kernel's parameter
-// types once, then every emulated thread calls the kernel with its own copies.
+// types once, then every emulated thread calls the kernel with its own copies. On a late stream (see
+// llmc/cpu/runtime.h) the converted arguments wait in the stream's queue until it runs.
 template <typename... KernelParams, typename... Args>
 void launch(void (*kernel)(KernelParams...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
             Args&&... args) {
-    (void)stream;  // the CPU device runs every launch to completion before returning
     using Params = std::tuple<std::decay_t<KernelParams>...>;
     struct State {
         void (*kernel)(KernelParams...);
         Params params;
-    } state{kernel, Params(static_cast<KernelParams>(args)...)};
+    };
     auto body = [](void* opaque) {
         State& s = *static_cast<State*>(opaque);
         std::apply(s.kernel, s.params);
     };
-    cudacpu::run_grid(reinterpret_cast<const void*>(kernel), grid, block, shared_bytes, body, &state);
+    const void* name = reinterpret_cast<const void*>(kernel);
+    cudacpu::check_launch(name, grid, block, shared_bytes);
+    if (!cudacpu::is_late(stream)) {
+        State state{kernel, Params(static_cast<KernelParams>(args)...)};
+        cudacpu::run_grid(name, grid, block, shared_bytes, body, &state);
+        return;
+    }
+    auto state = std::make_shared<State>(State{kernel, Params(static_cast<KernelParams>(args)...)});
+    cudacpu::on_stream(stream, [=] { cudacpu::run_grid(name, grid, block, shared_bytes, body, state.get()); });
 }
 
 // ----------------------------------------------------------------------------

@@ -3,19 +3,56 @@ The part of the CUDA runtime API the project uses, for the CPU device.
 
 "Device memory" is host memory. Every cudaMalloc is an allocation of exactly the size asked for, so that
 AddressSanitizer reports a kernel that reads or writes one element past a buffer (a GPU would silently
-read a neighbour's memory). Kernels run to completion inside launch(), so streams and events are ordered
-trivially: a stream is a name, synchronising does nothing, and an event records the wall clock so that
-benchmarks time the CPU the same way they time the GPU.
+read a neighbour's memory). By default kernels run to completion inside launch(), so streams and events
+are ordered trivially: every operation runs when it is issued, synchronising does nothing, and an event
+records the wall clock so that benchmarks time the CPU the same way they time the GPU.
+
+Late streams (LLMC_CPU_LATE_STREAMS=1 or 2). Running everything in issue order hides every missing stream
+wait: on a GPU, a stream created with cudaStreamNonBlocking runs beside the others, and a kernel that
+reads what another stream writes sees it only if an event orders the two. In this mode every operation
+issued on a non-blocking stream (kernel launch, cudaMemcpyAsync, cudaMemsetAsync, a collective of
+llmc/comm.h, cudaEventRecord, cudaStreamWaitEvent) is queued on that stream, with its arguments copied,
+and runs only when something forces it, as late as the CUDA semantics allow:
+  - cudaStreamSynchronize(s) runs s's queue; cudaEventSynchronize(e) runs e's stream up to e's record;
+  - cudaStreamWaitEvent(s, e) puts a wait in s's queue; when s reaches it, e's stream runs up to the
+    record (on a stream that runs at once, that happens at the call);
+  - cudaDeviceSynchronize, cudaFree, cudaFreeHost, cudaStreamDestroy and program exit run every queue.
+The legacy stream (0), streams created without cudaStreamNonBlocking, and the synchronous cudaMemcpy and
+cudaMemset run at once and flush nothing, exactly as on a GPU, where they do not wait for non-blocking
+streams either. So a missing wait becomes a wrong answer: the consumer runs before its producer. An
+event's record executes as a marker in its queue; cudaEventElapsedTime reports the time between the two
+markers' executions.
+Which waits it sees. A late schedule is one schedule among many: it catches a missing wait in the stream
+that gets forced (the host reads the compute stream's results, so compute runs ahead of a communication
+stream it forgot to wait for). A stream that only runs when forced, such as a communication stream
+reading what the compute stream wrote, runs after its producer anyway. LLMC_CPU_LATE_STREAMS=2 reverses
+that: whenever a forced stream is about to run an operation, every other stream first runs as far as it
+can without forcing anyone (up to a wait for a record that has not run), so the streams nobody waits for
+race ahead of the forced one and a consumer that forgot its wait reads too early. Together the two modes
+catch a missing wait on either side of a pair of streams.
+MPI: a queued collective runs at a flush point, not where it was issued. Every rank runs the same program,
+so every rank reaches the same flush points with the same queues, and both modes decide what runs from
+the queues alone (never from timing): every rank runs its queued collectives in the same order and the
+ranks still meet in each one. (Where flushes differ between ranks, for example a host sync that only
+rank 0 makes, the ranks still meet as long as each communicator sees its collectives in the same order
+on every rank: the order of each stream, and the events between streams, guarantee that - as NCCL
+requires on a GPU.)
 */
 #pragma once
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <omp.h>
 #include <unistd.h>
+#include <vector>
 
 enum cudaError_t {
     cudaSuccess = 0,
@@ -23,6 +60,8 @@ enum cudaError_t {
     cudaErrorMemoryAllocation = 2,
     cudaErrorInvalidDevicePointer = 17,
     cudaErrorInvalidDevice = 101,
+    cudaErrorInvalidResourceHandle = 400,
+    cudaErrorNotReady = 600,
 };
 
 enum cudaMemcpyKind {
@@ -35,8 +74,34 @@ enum cudaMemcpyKind {
 
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 
-struct CUstream_st {};
-struct CUevent_st { std::chrono::steady_clock::time_point time; };
+constexpr unsigned cudaStreamDefault = 0, cudaStreamNonBlocking = 1;
+constexpr unsigned cudaEventDefault = 0, cudaEventDisableTiming = 2;
+
+struct CUstream_st;
+namespace cudacpu {
+// One cudaEventRecord: where its marker sits in a queue, and whether (and when) it has run.
+struct EventRecord {
+    CUstream_st* stream = nullptr;         // the queue holding the marker (null once it has run)
+    bool done = false;
+    std::chrono::steady_clock::time_point time;
+};
+}  // namespace cudacpu
+
+namespace cudacpu {
+struct QueuedOperation {
+    std::function<void()> run;
+    std::shared_ptr<EventRecord> waits_for;  // a cudaStreamWaitEvent: the record it waits for
+};
+}  // namespace cudacpu
+struct CUstream_st {
+    bool late = false;                                 // operations wait in `queue` until forced
+    std::deque<cudacpu::QueuedOperation> queue;
+    bool running = false;                              // an operation of this stream is executing
+};
+struct CUevent_st {
+    bool timing = true;
+    std::shared_ptr<cudacpu::EventRecord> latest;      // the last record; null: never recorded
+};
 typedef CUstream_st* cudaStream_t;
 typedef CUevent_st* cudaEvent_t;
 
@@ -70,6 +135,94 @@ inline size_t physical_memory_bytes() {
     return (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
 }
 
+// ----------------------------------------------------------------------------
+// late streams (see the top of this file)
+
+// 0: off, 1: late, 2: late, and the streams not forced run ahead of the forced one
+inline int& late_streams_setting() {
+    static int mode = [] {
+        const char* value = getenv("LLMC_CPU_LATE_STREAMS");
+        return value && (value[0] == '1' || value[0] == '2') ? value[0] - '0' : 0;
+    }();
+    return mode;
+}
+inline int late_streams() { return late_streams_setting(); }
+// for tests of the layer; affects streams created afterwards
+inline void set_late_streams(int mode) { late_streams_setting() = mode; }
+
+inline void run_all_streams();
+// every stream that queues, in creation order; at exit whatever is still queued runs
+inline std::vector<cudaStream_t>& late_stream_list() {
+    static std::vector<cudaStream_t>* streams = [] {
+        atexit([] { run_all_streams(); });
+        return new std::vector<cudaStream_t>;
+    }();
+    return *streams;
+}
+
+[[noreturn]] inline void stream_fatal(const char* message) {
+    fprintf(stderr, "error: CPU device, late streams: %s\n", message);
+    fflush(stderr);
+    std::_Exit(EXIT_FAILURE);
+}
+
+// Runs the oldest queued operation of `stream`. An operation may force other streams (a wait); it can
+// never need its own stream to go further, since a wait refers to a record made before it was issued.
+inline void run_next(cudaStream_t stream) {
+    if (stream->running) stream_fatal("two streams wait for each other");
+    std::function<void()> operation = std::move(stream->queue.front().run);
+    stream->queue.pop_front();
+    stream->running = true;
+    operation();
+    stream->running = false;
+}
+// Mode 2: every stream but `forced` runs until its next operation is a wait for a record not yet run.
+inline void run_others_ahead(cudaStream_t forced) {
+    for (bool progress = true; progress;) {
+        progress = false;
+        for (cudaStream_t other : late_stream_list()) {
+            while (other != forced && !other->running && !other->queue.empty() &&
+                   (!other->queue.front().waits_for || other->queue.front().waits_for->done)) {
+                run_next(other);
+                progress = true;
+            }
+        }
+    }
+}
+// Runs the next operation of a stream the program forces (in mode 2 after letting the others run ahead).
+inline void run_forced(cudaStream_t stream) {
+    if (late_streams() == 2) run_others_ahead(stream);
+    run_next(stream);
+}
+inline void run_stream(cudaStream_t stream) {
+    while (!stream->queue.empty()) run_forced(stream);
+}
+// Runs a record's stream until the record's marker has run.
+inline void complete(const std::shared_ptr<EventRecord>& record) {
+    while (record && !record->done) {
+        if (record->stream->queue.empty()) stream_fatal("an event's marker is missing from its queue");
+        run_forced(record->stream);
+    }
+}
+inline void run_all_streams() {
+    for (bool any = true; any;) {
+        any = false;
+        for (cudaStream_t stream : late_stream_list()) {
+            any = any || !stream->queue.empty();
+            run_stream(stream);
+        }
+    }
+}
+
+inline bool is_late(cudaStream_t stream) { return stream != nullptr && stream->late; }
+
+// Runs `operation` now, or queues it on a late stream. It must hold copies of everything it uses.
+template <class Operation>
+void on_stream(cudaStream_t stream, Operation&& operation) {
+    if (is_late(stream)) stream->queue.push_back({std::forward<Operation>(operation), nullptr});
+    else operation();
+}
+
 }  // namespace cudacpu
 
 inline const char* cudaGetErrorString(cudaError_t error) {
@@ -79,6 +232,8 @@ inline const char* cudaGetErrorString(cudaError_t error) {
         case cudaErrorMemoryAllocation: return "out of memory";
         case cudaErrorInvalidDevicePointer: return "invalid device pointer";
         case cudaErrorInvalidDevice: return "invalid device ordinal";
+        case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+        case cudaErrorNotReady: return "device not ready";
     }
     return "unknown error";
 }
@@ -88,7 +243,10 @@ inline cudaError_t cudaPeekAtLastError() { return cudaSuccess; }
 inline cudaError_t cudaGetDeviceCount(int* count) { *count = 1; return cudaSuccess; }
 inline cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
 inline cudaError_t cudaGetDevice(int* device) { *device = 0; return cudaSuccess; }
-inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+inline cudaError_t cudaDeviceSynchronize() {
+    cudacpu::run_all_streams();
+    return cudaSuccess;
+}
 
 inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* props, int device) {
     if (device != 0) return cudaErrorInvalidDevice;
@@ -131,9 +289,14 @@ cudaError_t cudaMallocHost(T** pointer, size_t bytes) {
     *pointer = static_cast<T*>(malloc(bytes > 0 ? bytes : 1));
     return *pointer ? cudaSuccess : cudaErrorMemoryAllocation;
 }
-inline cudaError_t cudaFreeHost(void* pointer) { free(pointer); return cudaSuccess; }
+inline cudaError_t cudaFreeHost(void* pointer) {
+    cudacpu::run_all_streams();  // as on a GPU: queued work may still use it
+    free(pointer);
+    return cudaSuccess;
+}
 
 inline cudaError_t cudaFree(void* pointer) {
+    cudacpu::run_all_streams();
     if (!pointer) return cudaSuccess;
     cudacpu::Allocations& a = cudacpu::allocations();
     std::lock_guard<std::mutex> guard(a.lock);
@@ -150,32 +313,78 @@ inline cudaError_t cudaMemcpy(void* target, const void* source, size_t bytes, cu
     return cudaSuccess;
 }
 inline cudaError_t cudaMemcpyAsync(void* target, const void* source, size_t bytes, cudaMemcpyKind kind,
-                                   cudaStream_t = nullptr) {
-    return cudaMemcpy(target, source, bytes, kind);
+                                   cudaStream_t stream = nullptr) {
+    cudacpu::on_stream(stream, [=] { cudaMemcpy(target, source, bytes, kind); });
+    return cudaSuccess;
 }
 inline cudaError_t cudaMemset(void* target, int value, size_t bytes) {
     if (bytes) memset(target, value, bytes);
     return cudaSuccess;
 }
-inline cudaError_t cudaMemsetAsync(void* target, int value, size_t bytes, cudaStream_t = nullptr) {
-    return cudaMemset(target, value, bytes);
-}
-
-inline cudaError_t cudaStreamCreate(cudaStream_t* stream) { *stream = new CUstream_st; return cudaSuccess; }
-inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) { return cudaStreamCreate(stream); }
-inline cudaError_t cudaStreamDestroy(cudaStream_t stream) { delete stream; return cudaSuccess; }
-inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned = 0) { return cudaSuccess; }
-
-inline cudaError_t cudaEventCreate(cudaEvent_t* event) { *event = new CUevent_st; return cudaSuccess; }
-inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) { return cudaEventCreate(event); }
-inline cudaError_t cudaEventDestroy(cudaEvent_t event) { delete event; return cudaSuccess; }
-inline cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t = nullptr) {
-    event->time = std::chrono::steady_clock::now();
+inline cudaError_t cudaMemsetAsync(void* target, int value, size_t bytes, cudaStream_t stream = nullptr) {
+    cudacpu::on_stream(stream, [=] { cudaMemset(target, value, bytes); });
     return cudaSuccess;
 }
-inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+
+inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
+    *stream = new CUstream_st;
+    (*stream)->late = cudacpu::late_streams() != 0 && (flags & cudaStreamNonBlocking);
+    if ((*stream)->late) cudacpu::late_stream_list().push_back(*stream);
+    return cudaSuccess;
+}
+inline cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, cudaStreamDefault); }
+inline cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+    if (!stream) return cudaErrorInvalidResourceHandle;
+    cudacpu::run_all_streams();
+    std::vector<cudaStream_t>& list = cudacpu::late_stream_list();
+    list.erase(std::remove(list.begin(), list.end(), stream), list.end());
+    delete stream;
+    return cudaSuccess;
+}
+inline cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+    if (cudacpu::is_late(stream)) cudacpu::run_stream(stream);
+    return cudaSuccess;
+}
+
+inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags) {
+    *event = new CUevent_st;
+    (*event)->timing = !(flags & cudaEventDisableTiming);
+    return cudaSuccess;
+}
+inline cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, cudaEventDefault); }
+inline cudaError_t cudaEventDestroy(cudaEvent_t event) {
+    delete event;  // a marker still queued keeps its record alive
+    return cudaSuccess;
+}
+inline cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = nullptr) {
+    auto record = std::make_shared<cudacpu::EventRecord>();
+    event->latest = record;
+    if (cudacpu::is_late(stream)) record->stream = stream;
+    cudacpu::on_stream(stream, [record] {
+        record->time = std::chrono::steady_clock::now();
+        record->done = true;
+        record->stream = nullptr;
+    });
+    return cudaSuccess;
+}
+// Waits for the event's latest record at the time of the call (later records do not count), as CUDA does.
+inline cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned = 0) {
+    std::shared_ptr<cudacpu::EventRecord> record = event->latest;  // null: never recorded, nothing to wait for
+    if (cudacpu::is_late(stream)) stream->queue.push_back({[record] { cudacpu::complete(record); }, record});
+    else cudacpu::complete(record);
+    return cudaSuccess;
+}
+inline cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    cudacpu::complete(event->latest);
+    return cudaSuccess;
+}
+inline cudaError_t cudaEventQuery(cudaEvent_t event) {
+    return !event->latest || event->latest->done ? cudaSuccess : cudaErrorNotReady;
+}
 inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t stop) {
-    *ms = std::chrono::duration<float, std::milli>(stop->time - start->time).count();
+    if (!start->timing || !stop->timing) return cudaErrorInvalidResourceHandle;
+    if (!start->latest || !stop->latest) return cudaErrorInvalidResourceHandle;
+    if (!start->latest->done || !stop->latest->done) return cudaErrorNotReady;
+    *ms = std::chrono::duration<float, std::milli>(stop->latest->time - start->latest->time).count();
     return cudaSuccess;
 }
