@@ -309,6 +309,9 @@ void test_collective() {
     check_true("each lane gets its results from all 32 lanes' arguments", wrong == 0);
     check_true("the operation runs once per warp", collective_calls == 3,
                std::to_string(collective_calls.load()) + " calls for 3 warps");
+}
+
+// ----------------------------------------------------------------------------
 // late streams (LLMC_CPU_LATE_STREAMS=1, llmc/cpu/runtime.h): non-blocking streams run only when forced
 
 __global__ void set_kernel(int* target, int value) { *target = value; }
