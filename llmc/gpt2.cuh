@@ -142,9 +142,12 @@ inline size_t tensor_elements(const GPT2Config& c, int kind) {
 
 // Where each tensor of each layer sits in the one parameter buffer:
 //   [ embedding chunk: wte wpe ][ block 0: ln1w ... fcprojb ] ... [ block L-1 ][ final chunk: lnfw lnfb ]
-// With `shards` > 1 (ZeRO: every rank keeps 1/shards of each chunk) each chunk is padded with zeros to a
-// multiple of 8 * shards elements, so it splits into equal 16-byte aligned shards. Padding parameters are
-// 0, get gradient 0 and stay 0; they are never read by a kernel nor written to a model file.
+// Each chunk is padded with zeros to a multiple of kChunkPaddingElements (128) * shards elements (ZeRO:
+// every rank keeps 1/shards of each chunk), so it splits into equal shards, and every chunk and shard
+// starts a multiple of 256 bytes (128 bf16) from the buffer's start: the alignment cuBLASLt's fastest
+// kernels want, whatever the shard count (with a multiple of 8 * 3, the weights of 350M-1558M at 3 shards
+// were only 16-32-byte aligned). Padding parameters are 0, get gradient 0 and stay 0; they are never read
+// by a kernel nor written to a model file.
 struct ParameterLayout {
     GPT2Config config;
     int shards = 1;
@@ -156,7 +159,7 @@ struct ParameterLayout {
 
     ParameterLayout() = default;
     explicit ParameterLayout(const GPT2Config& c, int num_shards = 1) : config(c), shards(num_shards) {
-        const size_t multiple = 8 * (size_t)shards;
+        const size_t multiple = kChunkPaddingElements * (size_t)shards;
         auto padded = [&](size_t count) { return (count + multiple - 1) / multiple * multiple; };
         size_t block = 0;
         for (int kind = LN1W; kind <= FCPROJB; kind++) block += tensor_elements(c, kind);

@@ -30,8 +30,8 @@ the size of the group that splits one copy of the state:
         stage 0:  16 P;   stage 1: 4P + 4P + 8P/N;   stage 2: 4P + 12P/N;   stage 3: 16 P / N
 Stage 0 keeps everything on every rank, so shard_ranks does not matter there (llmc/zero.h shards over
 one rank at stage 0 too). P is whatever the caller passes: the model's parameter count leaves out the
-zero padding that makes every chunk a multiple of 8 * N elements; ParameterLayout(config, N).total
-includes it (every formula is linear in P, so the difference is the padding's share, under 8 N elements
+zero padding that makes every chunk a multiple of 128 N elements; ParameterLayout(config, N).total
+includes it (every formula is linear in P, so the difference is the padding's share, under 128 N elements
 per chunk).
 With a model shape the plan also counts the buffers llmc/zero.h keeps beyond the paper's formula:
   stage 1: the averaged gradient shard, s P/N, that the full gradient is reduce-scattered into;
@@ -76,6 +76,10 @@ context (a few hundred MiB that no allocation call sees).
 #include <unordered_map>
 #include "cuda_common.cuh"
 #include "utils.h"
+
+// Every parameter chunk is padded to a multiple of this many elements per ZeRO shard (llmc/gpt2.cuh's
+// ParameterLayout), so chunks and shards start 256 bytes apart in bf16.
+constexpr size_t kChunkPaddingElements = 128;
 
 // ----------------------------------------------------------------------------
 // accounting
@@ -308,7 +312,7 @@ inline MemoryPlan plan_training_memory(size_t num_parameters, int zero_stage, in
         p.gradients_formula += plan_format(" + %.0f P / %d (the averaged shard)", s, n);
     }
     if (zero_stage >= 2 && shape) {  // chunk-sized buffers, padded as ParameterLayout pads them
-        const double multiple = 8.0 * N;
+        const double multiple = (double)kChunkPaddingElements * N;
         auto padded = [&](double count) { return std::ceil(count / multiple) * multiple; };
         const double C = shape->channels;
         const double embedding = padded(((double)shape->padded_vocab + shape->max_seq_len) * C);

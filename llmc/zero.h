@@ -403,7 +403,7 @@ inline std::vector<float> zero_parameters(Zero& z, GPT2& model) {
 //
 // A checkpoint of S shards is S files: shard k holds, for every chunk, shard k of the parameters, the fp32
 // master weights and the two moments, as laid out for S shards (llmc/gpt2.cuh pads each chunk to a
-// multiple of 8 S). The ranks of the first replica group write them: rank 0 writes shard 0 into the main
+// multiple of 128 S). The ranks of the first replica group write them: rank 0 writes shard 0 into the main
 // file together with everything that is not sharded (step, data position, ...), after a barrier that
 // guarantees the other shard files are complete, so a checkpoint whose main file exists is whole.
 // Reading does not need the same layout: element o of chunk c (o below the chunk's unpadded size) is the
