@@ -22,7 +22,12 @@ Each line prints the relative error in norm, ||ours - reference|| / ||reference|
 // tiled attention, tree reductions). Each fp32 rounding is 6e-8 relative; over the ~10^3-term sums of a
 // layer and 12 layers of them the errors stay well below 1e-5 in norm; gradients go through twice as
 // many roundings and through the softmax's cancellations, so we allow 1e-4 relative in norm. The loss is
-// a mean of per-position losses of size ~10 computed in fp32: 1e-5 absolute is ~100 ulps.
+// a mean of per-position losses of size ~10 computed in fp32: 1e-5 absolute is ~100 ulps. Later steps
+// drift further, even in fp32: AdamW divides each update by sqrt(v), so a weight whose gradient is near
+// zero moves by about lr in a direction that rounding noise can decide, and after several such steps the
+// losses (on the 124M shape, 10 steps on one batch) differ by up to 1.2e-5, measured on these hosts with
+// and without this code's changes; 5e-5 leaves a factor 4, and a wrong term still moves a loss by 1e-2
+// or more.
 // BF16: every activation and gradient is stored in bf16 (8 significant bits: each rounding is up to
 // 2^-8 = 0.4% relative, ~0.1% on average over a tensor). Independent roundings add in quadrature through
 // the layers, and a gradient passes through about twice as many stored tensors as the forward pass.
@@ -38,7 +43,7 @@ Each line prints the relative error in norm, ||ours - reference|| / ||reference|
 // missing term or a wrong index does (errors of order 1).
 #ifdef ENABLE_FP32
 constexpr double kLogitsTolerance = 1e-5, kLossTolerance = 1e-5, kGradTolerance = 1e-4, kNormTolerance = 1e-4;
-constexpr double kStepLossTolerance = 1e-5, kStepNormTolerance = 1e-4;
+constexpr double kStepLossTolerance = 5e-5, kStepNormTolerance = 1e-4;
 #else
 constexpr double kLogitsTolerance = 3e-2, kLossTolerance = 2e-3, kGradTolerance = 4e-2, kNormTolerance = 1.5e-2;
 constexpr double kStepLossTolerance = 6e-2, kStepNormTolerance = 4e-2;
