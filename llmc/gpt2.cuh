@@ -29,8 +29,10 @@ Streams. Every kernel, copy and memset of the model runs on model.stream, a non-
 does not wait for the legacy stream, so llmc/zero.h's communication stream can run beside it, ordered
 only by events. The host hands the device a whole step and waits for it once (gpt2_read_results: the
 loss and the gradient norm in one copy); the token ids of each micro-batch go up from pinned buffers
-through asynchronous copies (StagedUpload). The optimizer, with its fp32 master weights and moments, and the averaging of
-gradients over data-parallel ranks are in llmc/zero.h.
+through asynchronous copies (StagedUpload).
+
+The optimizer, with its fp32 master weights and moments, and the averaging of gradients over
+data-parallel ranks are in llmc/zero.h.
 */
 #pragma once
 
