@@ -254,7 +254,7 @@ void test_atomics_and_shared_memory() {
     check_true("atomicAdd from 25600 threads in 200 blocks", t[0] == 25600.0f && c == 25600);
 
     const int n = 25000;  // 100 KB: more than the default 48 KiB, so the kernel must opt in
-    allow_large_shared_memory(dynamic_shared_kernel, n * sizeof(float));
+    opt_in_shared_memory(dynamic_shared_kernel, n * sizeof(float));
     DeviceBuffer<float> out(4);
     launch(dynamic_shared_kernel, 4, 256, n * sizeof(float), nullptr, out.ptr, n);
     std::vector<float> got = out.download();

@@ -45,8 +45,8 @@ state carried from tile to tile is (m, l, o). Memory is O(T * HS) per head, not 
 
 Shared memory per block, with R = 32 * (HS+4) a row tile, K = 33 * HS a column tile and 32 * 33 a score
 tile: forward 2R + K + 32*33 floats, dK/dV 2R + 2K + 2*32*33 + 64, dQ 2R + 2K + 32*33. That is above the
-default 48 KiB for the forward at HS = 128, dK/dV at HS >= 80 and dQ at HS >= 96; the launchers ask for it
-once per kernel.
+default 48 KiB for the forward at HS = 128, dK/dV at HS >= 80 and dQ at HS >= 96; the launchers opt in
+(opt_in_shared_memory).
 */
 #pragma once
 
@@ -466,11 +466,7 @@ size_t attention_dq_shared_bytes() {
 template <int HS>
 void launch_attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, cudaStream_t stream) {
     const size_t shared_bytes = attention_forward_shared_bytes<HS>();
-    static bool large_shared_allowed = false;  // one of these per head size
-    if (shared_bytes > 48 * 1024 && !large_shared_allowed) {
-        allow_large_shared_memory(attention_forward_kernel<HS>, shared_bytes);
-        large_shared_allowed = true;
-    }
+    opt_in_shared_memory(attention_forward_kernel<HS>, shared_bytes);
     const dim3 grid(ceil_div(T, kAttentionTile), NH, B);
     launch(attention_forward_kernel<HS>, grid, dim3(kAttentionThreads), shared_bytes, stream, out, lse, qkv, T, NH);
 }
@@ -481,12 +477,8 @@ void launch_attention_backward(floatX* dqkv, const float* D, const floatX* dout,
                                int B, int T, int NH, cudaStream_t stream) {
     const size_t dkdv_bytes = attention_dkdv_shared_bytes<HS>();
     const size_t dq_bytes = attention_dq_shared_bytes<HS>();
-    static bool large_shared_allowed = false;  // one of these per head size
-    if (!large_shared_allowed) {
-        if (dkdv_bytes > 48 * 1024) allow_large_shared_memory(attention_backward_dkdv_kernel<HS>, dkdv_bytes);
-        if (dq_bytes > 48 * 1024) allow_large_shared_memory(attention_backward_dq_kernel<HS>, dq_bytes);
-        large_shared_allowed = true;
-    }
+    opt_in_shared_memory(attention_backward_dkdv_kernel<HS>, dkdv_bytes);
+    opt_in_shared_memory(attention_backward_dq_kernel<HS>, dq_bytes);
     const dim3 grid(ceil_div(T, kAttentionTile), NH, B);
     launch(attention_backward_dkdv_kernel<HS>, grid, dim3(kAttentionThreads), dkdv_bytes, stream,
            dqkv, dout, qkv, lse, D, T, NH);

@@ -38,7 +38,7 @@ Shared memory rows are HS + 8 bf16 long: the 16 pad bytes shift consecutive rows
 ldmatrix reads at once (16 bytes each) fall on 32 different banks. Per block, in rows of HS + 8 bf16:
 forward 64 (Q) + 2 x 64 (K) + 2 x 64 (V); dK/dV 64 (K) + 64 (V) + 2 x 32 (Q) + 2 x 32 (dO) plus 2 x 32 lse and
 D floats; dQ 64 (Q) + 64 (dO) + 2 x 32 (K) + 2 x 32 (V). At HS = 128 that is 85, 69 and 68 KiB: the launchers
-opt in above 48 KiB.
+opt in (opt_in_shared_memory).
 */
 #pragma once
 
@@ -565,18 +565,10 @@ constexpr size_t attention_dq_shared_bytes() {
     return sizeof(floatX) * (2 * kMmaBlockRows + 4 * kBackwardStep) * padded_row<HS>();
 }
 
-// Kernels above 48 KiB of dynamic shared memory must say so once (cudaFuncSetAttribute).
-template <class Kernel>
-void allow_shared_bytes_once(Kernel kernel, size_t shared_bytes, bool& done) {
-    if (!done && shared_bytes > 48 * 1024) allow_large_shared_memory(kernel, shared_bytes);
-    done = true;
-}
-
 template <int HS>
 void launch_attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, cudaStream_t stream) {
     constexpr size_t shared_bytes = attention_forward_shared_bytes<HS>();
-    static bool allowed = false;  // one per head size
-    allow_shared_bytes_once(attention_forward_mma_kernel<HS>, shared_bytes, allowed);
+    opt_in_shared_memory(attention_forward_mma_kernel<HS>, shared_bytes);
     const dim3 grid(ceil_div(T, kMmaBlockRows), NH, B);
     launch(attention_forward_mma_kernel<HS>, grid, dim3(kMmaAttentionThreads), shared_bytes, stream,
            out, lse, qkv, T, NH);
@@ -588,9 +580,8 @@ void launch_attention_backward(floatX* dqkv, const float* D, const floatX* dout,
                                int B, int T, int NH, cudaStream_t stream) {
     constexpr size_t dkdv_bytes = attention_dkdv_shared_bytes<HS>();
     constexpr size_t dq_bytes = attention_dq_shared_bytes<HS>();
-    static bool dkdv_allowed = false, dq_allowed = false;
-    allow_shared_bytes_once(attention_backward_dkdv_mma_kernel<HS>, dkdv_bytes, dkdv_allowed);
-    allow_shared_bytes_once(attention_backward_dq_mma_kernel<HS>, dq_bytes, dq_allowed);
+    opt_in_shared_memory(attention_backward_dkdv_mma_kernel<HS>, dkdv_bytes);
+    opt_in_shared_memory(attention_backward_dq_mma_kernel<HS>, dq_bytes);
     const dim3 grid(ceil_div(T, kMmaBlockRows), NH, B);
     launch(attention_backward_dkdv_mma_kernel<HS>, grid, dim3(kMmaAttentionThreads), dkdv_bytes, stream,
            dqkv, dout, qkv, lse, D, T, NH);

@@ -23,6 +23,7 @@ Rules the kernels follow so that both builds compute the same thing:
 #include <cstdint>
 #include <cstring>
 #include <cmath>
+#include <map>
 
 #ifdef LLMC_CPU
 #include "cpu/cuda.h"
@@ -82,10 +83,18 @@ void launch(void (*kernel)(KernelParams...), dim3 grid, dim3 block, size_t share
 #endif
 // (the CPU build's launch() lives in llmc/cpu/device.h)
 
-// Kernels that want more than 48 KiB of dynamic shared memory must say so once (the GPU's default cap).
+// A kernel may use more than 48 KiB of dynamic shared memory (the GPU's default cap) only once it has said
+// so. Launchers call this before every launch of a kernel with dynamic shared memory: it sets the
+// attribute the first time and whenever a launch needs more than before, and is a map lookup otherwise.
+// Opting in even at or below 48 KiB keeps a launch valid when a __shared__ variable is later added to the
+// kernel (static and dynamic shared memory share the cap). Called from the one host thread that launches.
 template <typename... KernelParams>
-void allow_large_shared_memory(void (*kernel)(KernelParams...), size_t shared_bytes) {
+void opt_in_shared_memory(void (*kernel)(KernelParams...), size_t shared_bytes) {
+    static std::map<const void*, size_t> opted_in;  // per kernel: the largest size asked for so far
+    size_t& largest = opted_in[reinterpret_cast<const void*>(kernel)];
+    if (shared_bytes <= largest) return;
     cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared_bytes));
+    largest = shared_bytes;
 }
 
 // ----------------------------------------------------------------------------

@@ -298,14 +298,8 @@ void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, float* scr
                 "allows %zu\n", C, shared_bytes, (size_t)device_properties().sharedMemPerBlockOptin);
         exit(EXIT_FAILURE);
     }
-    // Opt in to the dynamic size whatever it is: at C=768 it is exactly the 48 KiB a kernel gets without
-    // asking, so a single __shared__ variable added to the kernel (or to a function it calls) would make
-    // the launch fail. Once per kernel, and again only for a larger C.
-    static size_t opted_in_bytes = 0;
-    if (shared_bytes > opted_in_bytes) {
-        allow_large_shared_memory(layernorm_backward_kernel, shared_bytes);
-        opted_in_bytes = shared_bytes;
-    }
+    // at C=768 this is exactly the 48 KiB a kernel gets without asking: opt in whatever the size
+    opt_in_shared_memory(layernorm_backward_kernel, shared_bytes);
     launch(layernorm_backward_kernel, blocks, LAYERNORM_BLOCK_SIZE, shared_bytes, stream, dinp, scratch, dout, inp,
            weight, mean, rstd, N, C);
     add_column_partials(dweight, scratch, blocks, C, stream);
