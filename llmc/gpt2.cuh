@@ -430,7 +430,9 @@ constexpr int kModelMagic = 20240326;
 constexpr int kModelVersionFP32 = 3;
 constexpr int kModelVersionBF16 = 5;
 
-// Reads the header only: the shape of the model in a file.
+// Reads the header: the shape of the model in a file. The header must agree with the file's size, checked
+// here and only here, so that a corrupt or truncated file is refused before anything is allocated for the
+// shape it claims (a header saying 1,000,000 layers would otherwise end in "out of memory").
 inline GPT2Config gpt2_read_config(const std::string& path, int* version = nullptr) {
     FILE* file = open_file(path, "rb");
     int header[256];
@@ -449,19 +451,37 @@ inline GPT2Config gpt2_read_config(const std::string& path, int* version = nullp
     c.channels = header[6];
     c.padded_vocab_size = header[7];
     gpt2_validate_config(c, path);
+
+    // The file is the header and then every parameter (ParameterLayout's num_parameters), counted here in
+    // double: a corrupt header can claim a model whose size does not fit in size_t (12 C^2 per layer with C
+    // near 2^31, times 2^31 layers), and must still be refused by name. tensor_elements itself cannot
+    // overflow for int dimensions (its largest product, 4 C^2, stays below 2^64). Exact below 2^53.
+    double parameters = 0;
+    for (int kind = 0; kind < NUM_TENSOR_KINDS; kind++)
+        parameters += (double)tensor_elements(c, kind) * (tensor_kind_info(kind).per_layer ? c.num_layers : 1);
+    const bool fp32 = header[1] == kModelVersionFP32;
+    const double implied = 256 * sizeof(int) + parameters * (fp32 ? 4 : 2);
+    const size_t actual = file_size(path);
+    if ((double)actual != implied)
+        fatal("%s: size %zu bytes (%s) does not match its header, which implies %.0f bytes (%s: %.0f %s parameters "
+              "for %d layers, %d heads, %d channels, vocab %d padded to %d, max_seq_len %d)", path.c_str(), actual,
+              format_bytes((double)actual).c_str(), implied, format_bytes(implied).c_str(), parameters,
+              fp32 ? "fp32" : "bf16", c.num_layers, c.num_heads, c.channels, c.vocab_size, c.padded_vocab_size,
+              c.max_seq_len);
     return c;
 }
 
-// Host fp32 values of every parameter, in the in-memory (layer-major) layout.
+// Host fp32 values of every parameter, in the in-memory (layer-major) layout. The layout must be for the
+// file's shape (gpt2_read_config, which also checks the file's size).
 inline std::vector<float> gpt2_read_parameters(const std::string& path, const ParameterLayout& layout) {
     int version = 0;
-    gpt2_read_config(path, &version);
-    const size_t element_bytes = version == kModelVersionFP32 ? 4 : 2;
-    const size_t expected = 256 * sizeof(int) + layout.num_parameters * element_bytes;
-    const size_t actual = file_size(path);
-    if (actual != expected)
-        fatal("%s: size %zu bytes does not match its header, which implies %zu bytes (%zu parameters)", path.c_str(),
-              actual, expected, layout.num_parameters);
+    const GPT2Config c = gpt2_read_config(path, &version);
+    const GPT2Config& l = layout.config;
+    if (c.num_layers != l.num_layers || c.num_heads != l.num_heads || c.channels != l.channels ||
+        c.vocab_size != l.vocab_size || c.padded_vocab_size != l.padded_vocab_size || c.max_seq_len != l.max_seq_len)
+        fatal("%s holds a model of another shape (layers %d, heads %d, channels %d, vocab %d) than the one it is "
+              "read into (layers %d, heads %d, channels %d, vocab %d)", path.c_str(), c.num_layers, c.num_heads,
+              c.channels, c.vocab_size, l.num_layers, l.num_heads, l.channels, l.vocab_size);
     FILE* file = open_file(path, "rb");
     fseek(file, 256 * sizeof(int), SEEK_SET);
     std::vector<float> values(layout.total);
