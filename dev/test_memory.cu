@@ -86,6 +86,33 @@ static void test_accounting() {
         tracked_free(p);
         tracked_free(p);
     }, "already freed");
+
+    // a buffer no device holds: one line with the category, the label, the size asked for and the free and
+    // total memory (2^60 bytes = 1048576 TiB, more than any device, the CPU device included)
+    expect_failure("an impossible allocation names the buffer and the sizes", [] {
+        tracked_alloc<char>(size_t(1) << 60, MemoryKind::Activations, "a test buffer");
+    }, "cannot allocate 1048576.00 TiB of device memory for activations (a test buffer): ");
+    expect_failure("an impossible allocation says how much memory is free", [] {
+        tracked_alloc<char>(size_t(1) << 60, MemoryKind::Activations);
+    }, " free of ");
+    // a count whose byte size does not fit in size_t is refused, not wrapped around to a small buffer
+    expect_failure("a byte count beyond size_t", [] {
+        tracked_alloc<float>(SIZE_MAX / 2, MemoryKind::Gradients);
+    }, "cannot allocate 33554432.00 TiB of device memory for gradients: ");
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+    check_true("cudaMemGetInfo: some memory free, no more than the total", free_bytes > 0 && free_bytes <= total_bytes,
+               format_bytes((double)free_bytes) + " free of " + format_bytes((double)total_bytes));
+#ifdef LLMC_CPU
+    // Two buffers of 60% of the CPU device's memory each: Linux grants both (it commits pages only when they
+    // are written), so without the device's own count the program would go on and be killed when it writes
+    // them. The second (or the first, on a busy machine) must be refused at the call, with the line.
+    const size_t sixty_percent = total_bytes / 10 * 6;
+    expect_failure("the CPU device refuses buffers adding up to more than its memory", [=] {
+        tracked_alloc<char>(sixty_percent, MemoryKind::Activations, "first half");
+        tracked_alloc<char>(sixty_percent, MemoryKind::Activations, "second half");
+    }, "cannot allocate " + format_bytes((double)sixty_percent) + " of device memory for activations (");
+#endif
 }
 
 // ----------------------------------------------------------------------------

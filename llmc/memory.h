@@ -10,8 +10,10 @@ ever held, plus the most ever held in all categories together (the number that h
     print_memory_totals(memory_totals());        // a table; memory_totals_line(...) gives one line
 The per-category peaks need not have happened at the same moment, so they can add up to more than the
 overall peak. tracked_free(nullptr) does nothing, as cudaFree does; freeing a pointer tracked_alloc did
-not hand out (or freeing it twice) stops the program with one error line. A mutex guards the books, so
-any thread may allocate.
+not hand out (or freeing it twice) stops the program with one error line. So does an allocation the device
+cannot hold: the line names the category (and the buffer, given a label as third argument), the size asked
+for and the device's free and total memory, so the user knows which flag to lower. A mutex guards the
+books, so any thread may allocate.
 
 The plan. plan_training_memory is arithmetic only: it allocates nothing and needs no GPU, so it can
 answer "does this model fit with this layout?" for any size, and print_memory_plan shows the answer:
@@ -70,6 +72,7 @@ context (a few hundred MiB that no allocation call sees).
 #include <algorithm>
 #include <cmath>
 #include <cstdarg>
+#include <cstdint>
 #include <cstdio>
 #include <mutex>
 #include <string>
@@ -111,13 +114,23 @@ inline MemoryBooks& memory_books() {
     return books;
 }
 
-// count elements of T in device memory, charged to `kind`. A zero count gives nullptr and charges nothing.
+// Stops with one line saying what could not be allocated, how much was asked for and how much the device
+// has: the plain "out of memory" of cudaCheck leaves a user guessing which flag to lower.
+//   error: cannot allocate 196.50 GiB of device memory for activations (logits): 23.10 GiB free of 24.00 GiB
+//          (this program holds 1.20 GiB)
+[[noreturn]] inline void memory_allocation_failed(size_t count, size_t element_size, MemoryKind kind, const char* what,
+                                                  cudaError_t error);
+
+// count elements of T in device memory, charged to `kind`; `what` (optional) names the buffer in the error
+// line when the device cannot hold it. A zero count gives nullptr and charges nothing.
 template <class T>
-T* tracked_alloc(size_t count, MemoryKind kind) {
+T* tracked_alloc(size_t count, MemoryKind kind, const char* what = nullptr) {
     if (count == 0) return nullptr;
+    if (count > SIZE_MAX / sizeof(T)) memory_allocation_failed(count, sizeof(T), kind, what, cudaErrorMemoryAllocation);
     const size_t bytes = count * sizeof(T);
     T* pointer = nullptr;
-    cudaCheck(cudaMalloc(&pointer, bytes));
+    const cudaError_t error = cudaMalloc(&pointer, bytes);
+    if (error != cudaSuccess) memory_allocation_failed(count, sizeof(T), kind, what, error);
     MemoryBooks& books = memory_books();
     std::lock_guard<std::mutex> lock(books.mutex);
     books.allocations[(void*)pointer] = MemoryBooks::Entry{bytes, kind};
@@ -160,6 +173,23 @@ inline std::string format_bytes(double bytes) {
     char text[32];
     snprintf(text, sizeof(text), unit == 0 ? "%.0f %s" : "%.2f %s", bytes, units[unit]);
     return text;
+}
+
+inline void memory_allocation_failed(size_t count, size_t element_size, MemoryKind kind, const char* what,
+                                     cudaError_t error) {
+    (void)cudaGetLastError();  // the failed cudaMalloc is the last error; clear it so the query below works
+    const std::string label = what ? std::string(" (") + what + ")" : "";
+    const std::string asked = format_bytes((double)count * (double)element_size);  // double: no overflow
+    std::string device = "the free memory is unknown";
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess)
+        device = format_bytes((double)free_bytes) + " free of " + format_bytes((double)total_bytes);
+    // out of memory is the expected failure; anything else is named as the runtime names it
+    const std::string reason =
+        error == cudaErrorMemoryAllocation ? "" : std::string(" (cudaMalloc: ") + cudaGetErrorString(error) + ")";
+    fatal("cannot allocate %s of device memory for %s%s: %s (this program holds %s)%s", asked.c_str(),
+          memory_kind_name(kind), label.c_str(), device.c_str(),
+          format_bytes((double)memory_totals().current_total).c_str(), reason.c_str());
 }
 
 // "device memory 1.52 GiB (peak 1.60 GiB): parameters 237 MiB, gradients ..." (kinds holding nothing now

@@ -263,16 +263,51 @@ inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* props, int device) {
     return cudaSuccess;
 }
 
+namespace cudacpu {
+
+// What the host could still give this program, in bytes: MemAvailable of /proc/meminfo, the kernel's
+// estimate of what can be allocated without swapping (free pages plus page cache it can drop; sysconf's
+// _SC_AVPHYS_PAGES counts free pages only, a fraction of that once files have been read).
+inline size_t host_available_bytes() {
+    size_t available = (size_t)sysconf(_SC_AVPHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
+    if (FILE* meminfo = fopen("/proc/meminfo", "r")) {
+        char line[256];
+        unsigned long long kib = 0;
+        while (fgets(line, sizeof(line), meminfo))
+            if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) { available = (size_t)kib * 1024; break; }
+        fclose(meminfo);
+    }
+    return available;
+}
+
+// The CPU device's free memory: what the host has available, but never more than its physical memory less
+// what cudaMalloc has handed out. Linux gives a page to an allocation only when it is first written, so
+// buffers not yet written do not show in MemAvailable: without the second bound a run could allocate far
+// more than the machine holds and be killed by the kernel's out-of-memory killer once it writes them.
+// (Other processes' buffers count only once written: ranks of one job on one machine that all allocate
+// before writing can still add up to more than it holds.)
+inline size_t free_device_bytes() {
+    const size_t total = physical_memory_bytes();
+    Allocations& a = allocations();
+    std::lock_guard<std::mutex> guard(a.lock);
+    return std::min(host_available_bytes(), total > a.in_use ? total - a.in_use : 0);
+}
+
+}  // namespace cudacpu
+
 inline cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
     *total_bytes = cudacpu::physical_memory_bytes();
-    *free_bytes = (size_t)sysconf(_SC_AVPHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
+    *free_bytes = cudacpu::free_device_bytes();
     return cudaSuccess;
 }
 
 // Aligned to 256 bytes, as the CUDA runtime guarantees: code that looks at alignment (the matmul plans'
-// keys, 128-bit loads) sees the same addresses modulo 256 on both devices.
+// keys, 128-bit loads) sees the same addresses modulo 256 on both devices. A request larger than
+// cudaMemGetInfo's free memory fails as on a GPU, at the call, rather than when the pages are written
+// (Linux's overcommit would grant it).
 template <class T>
 cudaError_t cudaMalloc(T** pointer, size_t bytes) {
+    if (bytes > cudacpu::free_device_bytes()) return cudaErrorMemoryAllocation;
     void* memory = nullptr;
     if (posix_memalign(&memory, 256, bytes > 0 ? bytes : 1) != 0) return cudaErrorMemoryAllocation;
     cudacpu::Allocations& a = cudacpu::allocations();
