@@ -17,6 +17,7 @@ headers. This file only decides what happens when.
     ./train_gpt --model 124M --batch-size 16 --seq-len 1024 --total-batch-size 524288      (a GPU)
 */
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -58,6 +59,17 @@ static GPT2Config config_from_flags(const std::string& model, int layers, int he
               model.c_str());
     }
     return config;
+}
+
+// B*T*ranks, the tokens of one micro-step on all ranks. It and the row counts derived from it (B*T, passed
+// to gpt2_allocate, the kernels and the data loader) are ints: a combination of flags whose product does
+// not fit is refused here, before anything is allocated, instead of wrapping around to a wrong size.
+static int micro_step_tokens(int batch_size, int seq_len, int ranks) {
+    const long long tokens = (long long)batch_size * seq_len * ranks;
+    if (tokens > INT_MAX)
+        fatal("--batch-size %d x --seq-len %d x %d rank(s) = %lld tokens per micro-step, more than the %d an int "
+              "holds: lower --batch-size or --seq-len", batch_size, seq_len, ranks, tokens, INT_MAX);
+    return (int)tokens;
 }
 
 // ----------------------------------------------------------------------------
@@ -222,7 +234,7 @@ int main(int argc, char** argv) {
         const GPT2Config config = config_from_flags(model_name, layers, heads, channels, vocab_size, max_seq_len);
         const int shard = dp_shard == 0 ? plan_ranks : dp_shard;
         if (plan_ranks % shard != 0) fatal("--dp-shard %d does not divide the %d ranks", shard, plan_ranks);
-        const int per_micro_step = batch_size * seq_len * plan_ranks;
+        const int per_micro_step = micro_step_tokens(batch_size, seq_len, plan_ranks);
         const int accumulation = total_batch_size > 0 ? std::max(1, total_batch_size / per_micro_step) : 1;
         GPT2MemoryShape shape{config.num_layers, config.channels, config.num_heads, config.padded_vocab_size,
                               config.max_seq_len, batch_size, seq_len};
@@ -251,7 +263,7 @@ int main(int argc, char** argv) {
     const GPT2Config config = config_from_flags(model_name, layers, heads, channels, vocab_size, max_seq_len);
     const int B = batch_size, T = seq_len;
     if (T > config.max_seq_len) fatal("--seq-len %d exceeds the model's %d positions", T, config.max_seq_len);
-    const int tokens_per_micro_step = B * T * dp_size;
+    const int tokens_per_micro_step = micro_step_tokens(B, T, dp_size);
     if (total_batch_size == 0) total_batch_size = tokens_per_micro_step;
     if (total_batch_size % tokens_per_micro_step != 0)
         fatal("--total-batch-size %d is not a multiple of --batch-size x --seq-len x ranks = %d", total_batch_size,
