@@ -34,7 +34,7 @@ shard(f"{work}/tiny.bin", good[:20])
 
 # model files: L=2, NH=2, C=32, V=100 (Vp=128), maxT=32, fp32
 L, NH, C, V, Vp, maxT = 2, 2, 32, 100, 128, 32
-def model(path, scale=0.02, magic=20240326, truncate=0):
+def model(path, scale=0.02, magic=20240326, truncate=0, header=None):
     sizes = [Vp * C, maxT * C, L * C, L * C, L * 3 * C * C, L * 3 * C, L * C * C, L * C, L * C, L * C,
              L * 4 * C * C, L * 4 * C, L * C * 4 * C, L * C, C, C]
     values = []
@@ -42,13 +42,18 @@ def model(path, scale=0.02, magic=20240326, truncate=0):
         if i in (2, 8, 14): values += [1.0] * n            # layernorm weights
         elif i in (3, 5, 7, 9, 11, 13, 15): values += [0.0] * n  # biases
         else: values += [random.gauss(0, 1) * scale for _ in range(n)]
-    data = struct.pack("<256i", magic, 3, maxT, V, L, NH, C, Vp, *([0] * 248)) + struct.pack("<%df" % len(values), *values)
+    shape = header or (maxT, V, L, NH, C, Vp)  # a header may claim another shape than the data holds
+    data = struct.pack("<256i", magic, 3, *shape, *([0] * 248)) + struct.pack("<%df" % len(values), *values)
     with open(path, "wb") as f:
         f.write(data[:len(data) - truncate])
 model(f"{work}/model.bin")
 model(f"{work}/model_truncated.bin", truncate=1000)
 model(f"{work}/model_wrong_magic.bin", magic=777)
 model(f"{work}/model_huge.bin", scale=3e37)   # finite weights whose products overflow: the loss is not finite
+model(f"{work}/model_million_layers.bin", header=(maxT, V, 1000000, NH, C, Vp))
+# every dimension near 2^31 (heads C/128: head size 128): the size it implies does not even fit in size_t
+C_absurd = (2**31 - 1) // 128 * 128
+model(f"{work}/model_absurd.bin", header=(2**31 - 1, C_absurd, 2**31 - 1, C_absurd // 128, C_absurd, C_absurd))
 EOF
 
 # the flags of a small healthy run; each case overrides some of them (a flag may be given only once)
@@ -65,8 +70,9 @@ run_args() {
     for key in "${!flags[@]}"; do printf -- '--%s\n%s\n' "$key" "${flags[$key]}"; done
 }
 
-# expect_error NAME SUBSTRING [NAME=VALUE...]: runs the binary with the default flags and these
-# overrides, in a fresh output directory
+# expect_error NAME PATTERN [NAME=VALUE...]: runs the binary with the default flags and these
+# overrides, in a fresh output directory; the error line must contain PATTERN (a glob: * matches anything,
+# for the parts that depend on the machine)
 expect_error() {
     local name=$1 expected=$2
     shift 2
@@ -82,7 +88,7 @@ expect_error() {
     if [[ $status -eq 0 ]]; then bad "$name: exited 0"; return; fi
     if [[ $status -ge 128 ]]; then bad "$name: crashed (status $status): $message"; return; fi
     if [[ $lines -ne 1 || $message != error:* ]]; then bad "$name: expected one 'error:' line, got $lines: $message"; return; fi
-    if [[ $message != *"$expected"* ]]; then bad "$name: message lacks '$expected': $message"; return; fi
+    if [[ $message != *$expected* ]]; then bad "$name: message lacks '$expected': $message"; return; fi
     if ls "$out"/checkpoint_* >/dev/null 2>&1; then bad "$name: left a checkpoint behind"; return; fi
     ok "$name: $message"
 }
@@ -90,6 +96,13 @@ expect_error() {
 echo "bad input ($binary)"
 expect_error "truncated model file" "size" model="$work/model_truncated.bin"
 expect_error "model file with a wrong magic number" "not a model file" model="$work/model_wrong_magic.bin"
+# refused when the header is read, before the parameters of the shape it claims are allocated
+expect_error "model file whose header claims 1,000,000 layers" \
+    "model_million_layers.bin: size 123392 bytes (120.50 KiB) does not match its header, which implies 50816021760 bytes (47.33 GiB: 12704005184 fp32 parameters for 1000000 layers" \
+    model="$work/model_million_layers.bin"
+expect_error "model file whose header's size overflows size_t" \
+    "model_absurd.bin: size 123392 bytes (120.50 KiB) does not match its header, which implies 4753689184725301521*for 2147483647 layers" \
+    model="$work/model_absurd.bin"
 expect_error "missing model file" "not a model name" model="$work/nonexistent.bin"
 expect_error "shard whose size disagrees with its header" "size_mismatch.bin" train-data="$work/size_mismatch.bin"
 expect_error "shard with a wrong magic number" "wrong_magic.bin" train-data="$work/wrong_magic.bin"
@@ -103,6 +116,15 @@ expect_error "unknown schedule" "lr-schedule" lr-schedule=linear
 expect_error "sequence longer than the model's positions" "--seq-len 64 exceeds" seq-len=64
 expect_error "heads that do not divide channels" "divisible by heads" heads=3
 expect_error "total batch not a multiple of B*T" "total-batch-size" total-batch-size=100
+# a micro-batch no device holds: the first activation, B*T*C = 2,048,000,000 x 256 values, is 1.91 TiB in
+# fp32 (976.56 GiB in bf16); the line names the category, the size and the device's memory
+if [[ $binary == *fp32* ]]; then activation_size="1.91 TiB"; else activation_size="976.56 GiB"; fi
+expect_error "micro-batch too large for the device" \
+    "cannot allocate $activation_size of device memory for activations: * free of * (this program holds *)" \
+    batch-size=1000000 seq-len=2048 max-seq-len=2048 channels=256 heads=4
+expect_error "tokens per micro-step beyond an int" \
+    "--batch-size 1048576 x --seq-len 4096 x 1 rank(s) = 4294967296 tokens per micro-step" \
+    batch-size=1048576 seq-len=4096 max-seq-len=4096
 expect_error "missing tokenizer for samples" "nonexistent_tokenizer" sample-tokens=8 tokenizer="$work/nonexistent_tokenizer.bin"
 expect_error "non-finite loss" "not finite" model="$work/model_huge.bin" checkpoint-every=1
 expect_error "resume without a checkpoint" "no checkpoint" resume=true
