@@ -135,8 +135,13 @@ static void classifier_lab_check_vocab_parallel(int N, int V, int Vp, int tp, bo
     const float dloss = 1.0f / N;
 
     // inputs as in classifier_lab_check_shape: padding holds NaN, so a slice that lets its columns past V
-    // into the statistics (or a slice with none) poisons everything
-    std::vector<float> logits = round_to_floatX(random_floats((size_t)N * Vp, -4.0f, 4.0f));
+    // into the statistics (or a slice with none) poisons everything. Even rows also get one confident
+    // logit, 6 above the rest, at a random class, as a trained model's rows have: the slices' maxima then
+    // differ by about 6, and a sum left relative to its slice's maximum is off by a factor of e^6.
+    std::vector<float> logits = random_floats((size_t)N * Vp, -4.0f, 4.0f);
+    const std::vector<int> peaks = random_ints(N, 0, V);
+    for (int n = 0; n < N; n += 2) logits[(size_t)n * Vp + peaks[n]] += 6.0f;
+    logits = round_to_floatX(logits);
     for (int n = 0; n < N; n++)
         for (int j = V; j < Vp; j++) logits[(size_t)n * Vp + j] = NAN;
     std::vector<int> targets = random_ints(N, 0, V);
