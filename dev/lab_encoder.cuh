@@ -1,5 +1,12 @@
 /*
 Kernel lab: encoder forward (token + position embedding) and its deterministic backward.
+
+Tensor parallelism over the vocabulary is checked by simulating tp ranks in one process: each slice of
+wte runs embedding_lookup_forward into its own (poisoned) buffer, the host sums the slices as the
+all-reduce would (fp32, rounded once), and position_embedding_forward adds the positions, over all rows
+and over uneven pieces of rows (sequence parallelism, first_row not a multiple of T). The result must have
+encoder_forward's bits. encoder_backward per slice must give exactly the slice's rows of the full call's
+dwte, and the full call's dwpe: the same additions in the same order, so no tolerance at all.
 */
 #pragma once
 
@@ -127,6 +134,128 @@ inline void check(int B, int T, int C, int V, TokenMix mix = TokenMix::Uniform) 
     encoder_backward_workspace_free(&workspace);
 }
 
+// The rows [first, first + rows) of a row-major (?, C) array
+inline std::vector<float> rows_of(const std::vector<float>& all, size_t first, size_t rows, int C) {
+    return std::vector<float>(all.begin() + first * C, all.begin() + (first + rows) * C);
+}
+
+// tp slices of ceil(V / tp) rows of wte each (the last ones shorter, or empty), B x T positions
+inline void check_vocab_slices(int B, int T, int C, int V, int tp, TokenMix mix = TokenMix::Uniform) {
+    const int N = B * T, max_T = T + 3;
+    const std::string shape = " B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
+                              " V=" + std::to_string(V) + " tp=" + std::to_string(tp) +
+                              (mix == TokenMix::OneToken ? " one token" : mix == TokenMix::HalfOneToken ?
+                               " half one token" : "");
+    std::vector<int> tokens = random_ints((size_t)N, 0, V);
+    if (mix == TokenMix::OneToken) std::fill(tokens.begin(), tokens.end(), 7);
+    if (mix == TokenMix::HalfOneToken) {
+        const std::vector<int> coin = random_ints(tokens.size(), 0, 2);
+        for (size_t p = 0; p < tokens.size(); p++)
+            if (coin[p] == 1) tokens[p] = 7;
+    }
+    const std::vector<float> wte = round_to_floatX(random_floats((size_t)V * C));
+    const std::vector<float> wpe = round_to_floatX(random_floats((size_t)max_T * C));
+    DeviceBuffer<int> d_tokens(tokens.size());
+    DeviceBuffer<floatX> d_wte(wte.size()), d_wpe(wpe.size()), d_full((size_t)N * C), d_slice((size_t)N * C);
+    d_tokens.upload(tokens);
+    d_wte.upload(wte);
+    d_wpe.upload(wpe);
+    d_full.poison();
+    encoder_forward(d_full.ptr, d_tokens.ptr, d_wte.ptr, d_wpe.ptr, B, T, C, 0);
+    cudaCheck(cudaDeviceSynchronize());
+    const std::vector<float> full = d_full.download();
+
+    const int slice_rows = (V + tp - 1) / tp;
+    auto slice_start = [&](int r) { return std::min(V, r * slice_rows); };
+    auto slice_size = [&](int r) { return std::min(V, (r + 1) * slice_rows) - slice_start(r); };
+
+    // forward: each slice's lookup; exactly its tokens' rows, zeros elsewhere (the poison overwritten)
+    std::vector<float> summed((size_t)N * C, 0.0f);
+    for (int r = 0; r < tp; r++) {
+        const int start = slice_start(r), rows = slice_size(r);
+        d_slice.poison();
+        embedding_lookup_forward(d_slice.ptr, d_tokens.ptr, d_wte.ptr + (size_t)start * C, start, rows, N, C, 0);
+        cudaCheck(cudaDeviceSynchronize());
+        const std::vector<float> out = d_slice.download();
+        std::vector<float> expected((size_t)N * C, 0.0f);
+        for (int n = 0; n < N; n++)
+            if (tokens[n] >= start && tokens[n] < start + rows)
+                std::copy(wte.begin() + (size_t)tokens[n] * C, wte.begin() + (size_t)(tokens[n] + 1) * C,
+                          expected.begin() + (size_t)n * C);
+        check_true("embedding_lookup_forward slice " + std::to_string(r) + shape, same_bits(out, expected),
+                   "its rows of wte, +0 elsewhere");
+        for (size_t i = 0; i < summed.size(); i++) summed[i] += out[i];  // the all-reduce: fp32, in rank order
+    }
+    // + positions over all rows: encoder_forward's bits
+    d_slice.upload(summed);  // rounded once to floatX, as the all-reduce does
+    position_embedding_forward(d_slice.ptr, d_wpe.ptr, 0, N, T, C, 0);
+    cudaCheck(cudaDeviceSynchronize());
+    check_true("lookup slices summed + positions = encoder_forward" + shape, same_bits(d_slice.download(), full),
+               "bit for bit");
+    // + positions over three uneven pieces of the rows (sequence parallelism): the first rows of the later
+    // pieces are not at position 0
+    const int cuts[4] = {0, N / 3 + 1, std::max(N / 3 + 1, 2 * N / 3 + 1), N};
+    bool pieces_same = true;
+    for (int k = 0; k < 3; k++) {
+        const int first = cuts[k], rows = cuts[k + 1] - cuts[k];
+        if (rows <= 0) continue;
+        DeviceBuffer<floatX> piece((size_t)rows * C);
+        piece.upload(rows_of(summed, first, rows, C));
+        position_embedding_forward(piece.ptr, d_wpe.ptr, first, rows, T, C, 0);
+        cudaCheck(cudaDeviceSynchronize());
+        pieces_same = pieces_same && same_bits(piece.download(), rows_of(full, first, rows, C));
+    }
+    check_true("row pieces + positions (first_row offsets) = encoder_forward" + shape, pieces_same, "bit for bit");
+
+    // backward: the full call, then each slice from the same starting gradients
+    const std::vector<float> dout = round_to_floatX(random_floats((size_t)N * C));
+    const std::vector<float> dwte_start = round_to_floatX(random_floats(wte.size()));
+    const std::vector<float> dwpe_start = round_to_floatX(random_floats(wpe.size()));
+    DeviceBuffer<floatX> d_dout(dout.size()), d_dwte(wte.size()), d_dwpe(wpe.size());
+    d_dout.upload(dout);
+    EncoderBackwardWorkspace workspace;
+    encoder_backward_workspace_create(&workspace, N, C);
+    const size_t workspace_ints = encoder_backward_workspace_ints(N);
+    const size_t partial_floats = (size_t)encoder_backward_max_partial_rows(N) * C;
+    auto poison_workspace = [&] {
+        cudaCheck(cudaMemset(workspace.device, 0xff, workspace_ints * sizeof(int)));
+        if (partial_floats > 0) cudaCheck(cudaMemset(workspace.partial_rows, 0xff, partial_floats * sizeof(float)));
+    };
+    d_dwte.upload(dwte_start);
+    d_dwpe.upload(dwpe_start);
+    poison_workspace();
+    encoder_backward(d_dwte.ptr, d_dwpe.ptr, &workspace, d_dout.ptr, tokens.data(), B, T, C, 0);
+    cudaCheck(cudaDeviceSynchronize());
+    const std::vector<float> full_dwte = d_dwte.download(), full_dwpe = d_dwpe.download();
+    for (int r = 0; r < tp; r++) {
+        const int start = slice_start(r), rows = slice_size(r);
+        DeviceBuffer<floatX> d_dwte_slice(std::max<size_t>(1, (size_t)rows * C));
+        if (rows > 0) d_dwte_slice.upload(rows_of(dwte_start, start, rows, C));
+        d_dwpe.upload(dwpe_start);
+        poison_workspace();
+        encoder_backward(d_dwte_slice.ptr, d_dwpe.ptr, &workspace, d_dout.ptr, tokens.data(), B, T, C, 0, start, rows);
+        cudaCheck(cudaDeviceSynchronize());
+        const std::string slice = " slice " + std::to_string(r) + " (" + std::to_string(rows) + " rows)" + shape;
+        if (rows > 0) {
+            std::vector<float> got = d_dwte_slice.download();
+            got.resize((size_t)rows * C);
+            check_true("encoder_backward dwte" + slice, same_bits(got, rows_of(full_dwte, start, rows, C)),
+                       "the full call's rows, bit for bit");
+        }
+        check_true("encoder_backward dwpe" + slice, same_bits(d_dwpe.download(), full_dwpe), "bit for bit");
+        // a slice that owns none of the batch's tokens sorts and uploads nothing
+        bool owns_any = false;
+        for (int token : tokens) owns_any = owns_any || (token >= start && token < start + rows);
+        if (!owns_any) {
+            std::vector<int> ints(workspace_ints);
+            cudaCheck(cudaMemcpy(ints.data(), workspace.device, workspace_ints * sizeof(int), cudaMemcpyDeviceToHost));
+            check_true("encoder_backward uploads nothing for a slice without tokens" + slice,
+                       std::all_of(ints.begin(), ints.end(), [](int v) { return v == -1; }));
+        }
+    }
+    encoder_backward_workspace_free(&workspace);
+}
+
 // skewed: token 7 at every other position, as padding would be
 inline void bench(int B, int T, int C, int V, bool skewed, const std::string& note) {
     const std::string shape = " B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
@@ -169,6 +298,12 @@ void lab_encoder() {
     // among single occurrences of GPT-2's vocabulary; and the same batch shape uniform
     encoder_lab::check(2, 1024, 768, 50304, encoder_lab::TokenMix::HalfOneToken);
     encoder_lab::check(2, 1024, 768, 50304);
+    // tensor parallelism over the vocabulary: tiny with T odd; one token (the other slices own none);
+    // every token heavy, with an empty fourth slice (V = 5 in slices of 2); skewed at GPT-2's shapes
+    for (int tp : {1, 2, 4}) encoder_lab::check_vocab_slices(2, 5, 64, 50, tp);
+    encoder_lab::check_vocab_slices(4, 32, 64, 10, 4, encoder_lab::TokenMix::OneToken);
+    for (int tp : {2, 4}) encoder_lab::check_vocab_slices(2, 200, 64, 5, tp);
+    for (int tp : {2, 4}) encoder_lab::check_vocab_slices(2, 1024, 768, 50304, tp, encoder_lab::TokenMix::HalfOneToken);
     if (lab.bench) {
 #ifdef LLMC_CPU
         encoder_lab::bench(1, 1024, 768, 50304, false, " (CPU: B=1)");

@@ -6,7 +6,9 @@ Every rank fills its buffers with values that depend on its rank and the element
 the expected result of each collective on its own from the same formulas (no communication involved),
 then compares. The values are chosen so that fp32 sums are exact (multiples of 1/64 well inside 2^24),
 which makes sums bit-exact; for bf16 the inputs are 1 + k/128 (exactly representable) and their exact
-sum needs more bits than bf16 has, so "rounded once at the end" is checked bit for bit. Byte counters
+sum needs more bits than bf16 has, so "rounded once at the end" is checked bit for bit. Maxima are exact
+in any case; their inputs are permuted among the ranks and half of them negated, so the rank that holds
+the maximum, and its sign, change from element to element. Byte counters
 are compared with the ring formulas, written out again here. Every mesh layout that fits the world is
 built and each group's members are listed (gathered through the group itself) and checked to differ
 from this rank only along the group's axes. Layouts and models that cannot work are run in a forked
@@ -63,6 +65,34 @@ float contribution(int r, size_t i) {
 template <typename T>
 float round_to(float x) { return (float)(T)x; }
 
+// what element i of rank r (of n) holds for a reduction: for Max the contributions are permuted among the
+// ranks, so that the largest sits on a different rank for each element, and negated on odd elements, so
+// that a maximum that starts from 0 (or keeps one rank's value) fails
+template <typename T>
+float reduction_input(Reduction op, int r, int n, size_t i) {
+    if (op != Reduction::Max) return contribution<T>(r, i);
+    const float value = contribution<T>((r + (int)(i % n)) % n, i);
+    return i % 2 ? -value : value;
+}
+
+// the expected result for element i: the sum in double (exact for these inputs), rounded once; the mean;
+// or the maximum, which is one of the inputs
+template <typename T>
+float reduction_result(Reduction op, int n, size_t i) {
+    double sum = 0.0;
+    float max = -INFINITY;
+    for (int r = 0; r < n; r++) {
+        sum += reduction_input<T>(op, r, n, i);
+        max = std::max(max, reduction_input<T>(op, r, n, i));
+    }
+    if (op == Reduction::Max) return max;
+    return round_to<T>(op == Reduction::Sum ? (float)sum : (float)sum / (float)n);
+}
+
+static const char* reduction_name(Reduction op) {
+    return op == Reduction::Sum ? "sum" : op == Reduction::Average ? "average" : "max";
+}
+
 static std::string first_mismatch(const std::vector<float>& got, const std::vector<float>& want) {
     if (got.size() != want.size()) return "size " + std::to_string(got.size()) + " vs " + std::to_string(want.size());
     for (size_t i = 0; i < got.size(); i++)
@@ -88,41 +118,34 @@ void test_collectives(Communicator& comm, const std::string& group_name) {
     cudaStream_t stream;
     cudaCheck(cudaStreamCreate(&stream));
 
-    // all-reduce, sum and average; an odd count and a single element
+    // all-reduce, sum, average and max; an odd count and a single element
     for (size_t count : {(size_t)1001, (size_t)1}) {
-        for (Reduction op : {Reduction::Sum, Reduction::Average}) {
+        for (Reduction op : {Reduction::Sum, Reduction::Average, Reduction::Max}) {
             std::vector<float> mine(count), want(count);
             for (size_t i = 0; i < count; i++) {
-                mine[i] = contribution<T>(me, i);
-                double sum = 0.0;
-                for (int r = 0; r < n; r++) sum += contribution<T>(r, i);
-                want[i] = round_to<T>(op == Reduction::Sum ? (float)sum : (float)sum / (float)n);
+                mine[i] = reduction_input<T>(op, me, n, i);
+                want[i] = reduction_result<T>(op, n, i);
             }
             Buffer<T> data(mine);
             comm.bytes_sent = 0;
             all_reduce(comm, data.ptr, count, op, stream);
-            const std::string what = label + "all_reduce " + (op == Reduction::Sum ? "sum" : "average") + " of " +
-                                     std::to_string(count);
+            const std::string what = label + "all_reduce " + reduction_name(op) + " of " + std::to_string(count);
             check_equal(what, data.download(), want);
             check(what + " bytes = 2(n-1)/n * buffer", comm.bytes_sent == 2 * (n - 1) * count * s / n);
         }
     }
 
-    // reduce-scatter: block b of the input of rank r holds contribution(r, b*count + i)
+    // reduce-scatter: block b of the input of rank r holds reduction_input(r, b*count + i)
     {
         const size_t count = 37;
-        for (Reduction op : {Reduction::Sum, Reduction::Average}) {
+        for (Reduction op : {Reduction::Sum, Reduction::Average, Reduction::Max}) {
             std::vector<float> mine(n * count), want(count);
-            for (size_t i = 0; i < n * count; i++) mine[i] = contribution<T>(me, i);
-            for (size_t i = 0; i < count; i++) {
-                double sum = 0.0;
-                for (int r = 0; r < n; r++) sum += contribution<T>(r, me * count + i);
-                want[i] = round_to<T>(op == Reduction::Sum ? (float)sum : (float)sum / (float)n);
-            }
+            for (size_t i = 0; i < n * count; i++) mine[i] = reduction_input<T>(op, me, n, i);
+            for (size_t i = 0; i < count; i++) want[i] = reduction_result<T>(op, n, me * count + i);
             Buffer<T> in(mine), out(count);
             comm.bytes_sent = 0;
             reduce_scatter(comm, out.ptr, in.ptr, count, op, stream);
-            const std::string what = label + "reduce_scatter " + (op == Reduction::Sum ? "sum" : "average");
+            const std::string what = label + "reduce_scatter " + reduction_name(op);
             check_equal(what, out.download(), want);
             check(what + " bytes = (n-1) * block", comm.bytes_sent == (uint64_t)(n - 1) * count * s);
             // in place: the output is this rank's own block of the input

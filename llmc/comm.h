@@ -12,8 +12,8 @@ A Communicator is a group of ranks: its size, this rank's place in it, and the M
 world is one; the device mesh (llmc/mesh.h) splits it into one per parallel axis.
 
 The operations, with `count` in elements and every buffer in device memory of T = float or floatX:
-  all_reduce(comm, data, count, op, stream)        data = sum (or mean) of everyone's data, in place
-  reduce_scatter(comm, out, in, count, op, stream) in holds size*count; out = block `rank` of the sum/mean
+  all_reduce(comm, data, count, op, stream)        data = sum (mean, max) of everyone's data, in place
+  reduce_scatter(comm, out, in, count, op, stream) in holds size*count; out = block `rank` of the sum/mean/max
   all_gather(comm, out, in, count, stream)         out holds size*count; block r is rank r's `in`
   broadcast(comm, data, count, root, stream)       everyone's data = root's data
   send(comm, data, count, peer, stream)            point to point; the peer calls recv with the same count
@@ -22,13 +22,17 @@ The operations, with `count` in elements and every buffer in device memory of T 
                                                    a send and a receive at once: a ring shift cannot deadlock
   all_to_all(comm, out, in, count, stream)         block p of in goes to rank p; block p of out came from p
   barrier(comm, stream)                            returns when every rank got there (the stream drained)
-Average means sum / size. The CPU build sums and then divides; NCCL (ncclAvg) may fold the division in
-elsewhere, so the two can differ in the last bit.
+The reductions (op): Sum; Average, which means sum / size; Max, the elementwise maximum. The CPU build
+sums and then divides; NCCL (ncclAvg) may fold the division in elsewhere, so the two can differ in the
+last bit. Max is exact in both builds and in both types (the maximum of some values is one of them), for
+all_reduce and reduce_scatter alike; it is what the vocabulary-parallel softmax needs for its row maxima.
+NaN inputs to Max are not defined (MPI and NCCL may treat them differently).
 
 bf16 reductions. MPI has no bf16 type, so the CPU build widens bf16 buffers to fp32, reduces in fp32 and
-rounds once to bf16 at the end. NCCL reduces bf16 in bf16 along its ring, rounding at every hop, so with
-many ranks the GPU result can differ from the CPU one in the last bits. Moving bf16 data without arithmetic
-(gather, broadcast, point to point, all-to-all) is bit-exact in both builds.
+rounds once to bf16 at the end (for Max the rounding changes nothing). NCCL reduces bf16 in bf16 along its
+ring, rounding at every hop, so with many ranks the GPU's sums can differ from the CPU's in the last bits.
+Moving bf16 data without arithmetic (gather, broadcast, point to point, all-to-all) is bit-exact in both
+builds.
 
 Counting bytes. Every call adds to comm.bytes_sent the bytes THIS rank puts on the wire under the standard
 ring algorithms, for n = comm.size ranks and element size s (2 for bf16 even where the CPU build reduces
@@ -105,7 +109,7 @@ struct Communicator {
     uint64_t bytes_sent = 0;       // see "Counting bytes" above; reset it by assigning 0
 };
 
-enum class Reduction { Sum, Average };
+enum class Reduction { Sum, Average, Max };
 
 // Element types that can travel: float and bf16 (floatX is one of them in either precision).
 template <typename T>
@@ -123,6 +127,8 @@ inline int mpi_count(size_t count) {
     if (count > (size_t)INT32_MAX) fatal("a message of %zu elements is too large for one MPI call", count);
     return (int)count;
 }
+// MPI's operation for a reduction (Average is a sum, divided afterwards)
+inline MPI_Op mpi_op(Reduction op) { return op == Reduction::Max ? MPI_MAX : MPI_SUM; }
 // bf16 elements widened to fp32 for a reduction, and rounded back once after it
 template <typename T>
 std::vector<float> widen(const T* data, size_t count) {
@@ -140,7 +146,14 @@ ncclDataType_t nccl_type() {
     static_assert(is_comm_element<T>, "communication supports float and bf16 buffers");
     return std::is_same_v<T, float> ? ncclFloat32 : ncclBfloat16;
 }
-inline ncclRedOp_t nccl_op(Reduction op) { return op == Reduction::Sum ? ncclSum : ncclAvg; }
+inline ncclRedOp_t nccl_op(Reduction op) {
+    switch (op) {
+        case Reduction::Sum: return ncclSum;
+        case Reduction::Average: return ncclAvg;
+        case Reduction::Max: return ncclMax;
+    }
+    fatal("unknown reduction %d", (int)op);
+}
 #endif
 
 // passes * (n-1)/n of `bytes`, rounded down once: what leaves a rank in `passes` trips around the ring
@@ -156,14 +169,15 @@ void all_reduce(Communicator& comm, T* data, size_t count, Reduction op, cudaStr
     comm.bytes_sent += ring_share(count * sizeof(T), comm.size, 2);
 #ifdef LLMC_CPU
     const float divisor = op == Reduction::Average ? (float)comm.size : 1.0f;
+    const MPI_Op reduction = mpi_op(op);
     const MPI_Comm group = comm.mpi;
     cudacpu::on_stream(stream, [=] {
         if constexpr (std::is_same_v<T, float>) {
-            mpiCheck(MPI_Allreduce(MPI_IN_PLACE, data, mpi_count(count), MPI_FLOAT, MPI_SUM, group));
+            mpiCheck(MPI_Allreduce(MPI_IN_PLACE, data, mpi_count(count), MPI_FLOAT, reduction, group));
             if (op == Reduction::Average) narrow(data, data, count, divisor);
         } else {
             std::vector<float> wide = widen(data, count);
-            mpiCheck(MPI_Allreduce(MPI_IN_PLACE, wide.data(), mpi_count(count), MPI_FLOAT, MPI_SUM, group));
+            mpiCheck(MPI_Allreduce(MPI_IN_PLACE, wide.data(), mpi_count(count), MPI_FLOAT, reduction, group));
             narrow(data, wide.data(), count, divisor);
         }
     });
@@ -176,18 +190,20 @@ template <typename T>
 void reduce_scatter(Communicator& comm, T* out, const T* in, size_t count, Reduction op, cudaStream_t stream) {
     comm.bytes_sent += (uint64_t)(comm.size - 1) * count * sizeof(T);
 #ifdef LLMC_CPU
+    const MPI_Op reduction = mpi_op(op);
     const MPI_Comm group = comm.mpi;
     const int size = comm.size;
     cudacpu::on_stream(stream, [=] {
         // MPI wants separate buffers and `out` may be this rank's own block of `in`: reduce into scratch first
-        std::vector<float> sum(count);
+        std::vector<float> reduced(count);
         if constexpr (std::is_same_v<T, float>) {
-            mpiCheck(MPI_Reduce_scatter_block(in, sum.data(), mpi_count(count), MPI_FLOAT, MPI_SUM, group));
+            mpiCheck(MPI_Reduce_scatter_block(in, reduced.data(), mpi_count(count), MPI_FLOAT, reduction, group));
         } else {
             std::vector<float> wide = widen(in, (size_t)size * count);
-            mpiCheck(MPI_Reduce_scatter_block(wide.data(), sum.data(), mpi_count(count), MPI_FLOAT, MPI_SUM, group));
+            mpiCheck(MPI_Reduce_scatter_block(wide.data(), reduced.data(), mpi_count(count), MPI_FLOAT, reduction,
+                                              group));
         }
-        narrow(out, sum.data(), count, op == Reduction::Average ? (float)size : 1.0f);
+        narrow(out, reduced.data(), count, op == Reduction::Average ? (float)size : 1.0f);
     });
 #else
     ncclCheck(ncclReduceScatter(in, out, count, nccl_type<T>(), nccl_op(op), comm.nccl, stream));

@@ -7,9 +7,25 @@ and its backward pass sends the gradient of that activation back to both tables:
     dwpe[t, :] += sum over b of dout[b, t, :]
 
 What each launcher does with its outputs:
-    encoder_forward   out: overwritten
-    encoder_backward  dwte, dwpe: ACCUMULATED (+=); rows of dwte whose token does not occur, and rows of
-                      dwpe at positions >= T, are left as they were.
+    encoder_forward             out: overwritten
+    embedding_lookup_forward    out: overwritten (rows of tokens outside the slice with zeros)
+    position_embedding_forward  out: ACCUMULATED (+= wpe)
+    encoder_backward            dwte, dwpe: ACCUMULATED (+=); rows of dwte whose token does not occur, and
+                                rows of dwpe at positions >= T, are left as they were.
+
+Under tensor parallelism each rank holds a slice of the vocabulary: the rows [vocab_start, vocab_start +
+vocab_rows) of wte. The forward pass then goes in two steps around a collective that the caller issues:
+    embedding_lookup_forward    out[n] = wte[tokens[n]] if this rank owns tokens[n], else 0
+    (caller) all-reduce (or reduce-scatter, under sequence parallelism) over the tp ranks: exactly one
+             rank owns each token, so the sum is that rank's row plus zeros, exact (x + 0 = x)
+    position_embedding_forward  out[i] += wpe[(first_row + i) % T], in fp32, rounded once
+The value reaching the fp32 addition is the wte element itself, so the result has the bits of
+encoder_forward (up to the sign of a zero: a wte element -0 comes out of the sum as +0). The backward
+takes the slice too: encoder_backward with vocab_start and vocab_rows accumulates into this rank's rows of
+dwte only, from the positions whose token it owns, and skips the others before grouping them. Its sums
+are those of the full call restricted to the slice's tokens (the same positions in the same order, cut
+into the same pieces), so each row of the slice gets the bits of the same row of the full dwte. dwpe needs
+every position and is the same on every rank.
 
 Determinism. Many positions share a token (think of "the", or the end-of-text token), so a kernel that
 lets every position add its row into dwte with atomics would add in whatever order the hardware picks,
@@ -44,6 +60,7 @@ the same stream, which orders each call's upload after the previous call's kerne
 
 #include <vector>
 #include <algorithm>
+#include <climits>
 #include "cuda_common.cuh"
 
 // ----------------------------------------------------------------------------
@@ -62,6 +79,41 @@ __global__ void encoder_forward_kernel(floatX* out, const int* tokens, const flo
         const x128 token_part = load128(wte + (size_t)tokens[bt] * C + c);
         const x128 position_part = load128(wpe + (size_t)t * C + c);
         x128 result;
+        for (int k = 0; k < x128::size; k++) result[k] = (floatX)((float)token_part[k] + (float)position_part[k]);
+        store128(out + i, result);
+    }
+}
+
+// out[n, :] = wte_slice[tokens[n] - vocab_start, :] for a token in [vocab_start, vocab_start + vocab_rows),
+// else 0; a grid-stride loop over 16-byte chunks of out
+__global__ void embedding_lookup_forward_kernel(floatX* out, const int* tokens, const floatX* wte_slice,
+                                                int vocab_start, int vocab_rows, int N, int C) {
+    const GridStride chunks = grid_stride((size_t)N * C / x128::size);
+    for (size_t chunk = chunks.first; chunk < chunks.end; chunk += chunks.step) {
+        const size_t i = chunk * x128::size;
+        const size_t n = i / C;  // a chunk never straddles two rows, since C % x128::size == 0
+        const int c = (int)(i % C);
+        const long long row = (long long)tokens[n] - vocab_start;  // no overflow for any int token
+        x128 result = x128::constant((floatX)0.0f);
+        if (row >= 0 && row < vocab_rows) result = load128(wte_slice + (size_t)row * C + c);
+        store128(out + i, result);
+    }
+}
+
+// out[i, :] += wpe[(first_row + i) % T, :] for i in [0, rows): row i of out is token row first_row + i of
+// the batch; a grid-stride loop over 16-byte chunks of out
+__global__ void position_embedding_forward_kernel(floatX* out, const floatX* wpe, int first_row, int rows, int T,
+                                                  int C) {
+    const GridStride chunks = grid_stride((size_t)rows * C / x128::size);
+    for (size_t chunk = chunks.first; chunk < chunks.end; chunk += chunks.step) {
+        const size_t i = chunk * x128::size;
+        const size_t row = i / C;
+        const int c = (int)(i % C);
+        const int t = (int)(((size_t)first_row + row) % T);
+        const x128 token_part = load128(out + i);
+        const x128 position_part = load128(wpe + (size_t)t * C + c);
+        x128 result;
+        // the same expression as encoder_forward's, so that the bits agree
         for (int k = 0; k < x128::size; k++) result[k] = (floatX)((float)token_part[k] + (float)position_part[k]);
         store128(out + i, result);
     }
@@ -92,7 +144,8 @@ constexpr int ENCODER_ROWS_PER_PIECE = 64;
 // One warp per piece: the sum of the dout rows at the piece's positions, in list order.
 // pieces[3*j .. 3*j+2] = (token, first, count): the piece's positions (b*T + t) are positions[first ..
 // first+count), in increasing order. Pieces j < num_partial_pieces belong to heavy tokens: their sums go
-// to partial_rows[j] (fp32, C each); the others' sums are added to dwte[token].
+// to partial_rows[j] (fp32, C each); the others' sums are added to dwte[token]. (Here and below `token`
+// is the token's row of dwte: the id itself, or id - vocab_start for a slice of the vocabulary.)
 __global__ void encoder_backward_wte_pieces_kernel(floatX* dwte, float* partial_rows, const int* pieces,
                                                    int num_pieces, int num_partial_pieces, const int* positions,
                                                    const floatX* dout, int C) {
@@ -173,6 +226,41 @@ void encoder_forward(floatX* out, const int* tokens, const floatX* wte, const fl
     launch(encoder_forward_kernel, grid, block_size, 0, stream, out, tokens, wte, wpe, B, T, C);
 }
 
+// Tensor parallelism, step 1 of the forward pass. tokens: N = B*T ids (device). wte_slice: this rank's
+// vocab_rows rows of wte, the first being token vocab_start. out (N, C): written, every row (zeros where the
+// token is not in the slice). The caller then sums the ranks' outputs (all-reduce or reduce-scatter).
+void embedding_lookup_forward(floatX* out, const int* tokens, const floatX* wte_slice, int vocab_start,
+                              int vocab_rows, int N, int C, cudaStream_t stream) {
+    encoder_check_width("embedding_lookup_forward", C);
+    if (vocab_start < 0 || vocab_rows < 0) {
+        fprintf(stderr, "error: embedding_lookup_forward: vocab_start = %d and vocab_rows = %d must not be negative\n",
+                vocab_start, vocab_rows);
+        exit(EXIT_FAILURE);
+    }
+    if (N <= 0) return;
+    const int block_size = 256;
+    const int grid = grid_size_for((size_t)N * C / x128::size, block_size);
+    launch(embedding_lookup_forward_kernel, grid, block_size, 0, stream, out, tokens, wte_slice, vocab_start,
+           vocab_rows, N, C);
+}
+
+// Tensor parallelism, step 2: out (rows, C) += the position rows, in place. Row i of out is row
+// first_row + i of the B*T token rows, at position (first_row + i) % T: a rank that holds a slice of the
+// rows (sequence parallelism) passes the index of its first row.
+void position_embedding_forward(floatX* out, const floatX* wpe, int first_row, int rows, int T, int C,
+                                cudaStream_t stream) {
+    encoder_check_width("position_embedding_forward", C);
+    if (first_row < 0 || T <= 0) {
+        fprintf(stderr, "error: position_embedding_forward: first_row = %d must not be negative and T = %d must "
+                "be positive\n", first_row, T);
+        exit(EXIT_FAILURE);
+    }
+    if (rows <= 0) return;
+    const int block_size = 256;
+    const int grid = grid_size_for((size_t)rows * C / x128::size, block_size);
+    launch(position_embedding_forward_kernel, grid, block_size, 0, stream, out, wpe, first_row, rows, T, C);
+}
+
 // What encoder_backward needs besides the tensors, for up to `max_positions` (= B*T) token positions of
 // up to `max_channels` (C) channels: the piece lists, on the device and in pinned host memory, and the
 // partial rows of heavy tokens. Sizes, with K = ENCODER_ROWS_PER_PIECE:
@@ -197,7 +285,7 @@ struct EncoderBackwardWorkspace {
     int* host_staging = nullptr;    // the same layout, pinned, filled by the host before each upload
     float* partial_rows = nullptr;  // encoder_backward_max_partial_rows(max_positions) rows of max_channels
     cudaEvent_t staging_uploaded = nullptr;  // recorded after each upload
-    std::vector<uint64_t> sort_keys;        // (token << 32 | position), reused between calls
+    std::vector<uint64_t> sort_keys;        // (row of dwte << 32 | position), reused between calls
     std::vector<int> buckets;               // (token, first, count) per distinct token, reused between calls
 };
 
@@ -223,10 +311,19 @@ inline void encoder_backward_workspace_free(EncoderBackwardWorkspace* workspace)
     *workspace = EncoderBackwardWorkspace{};
 }
 
-// tokens_host: the same B*T token ids the forward pass read from device memory
+// tokens_host: the same B*T token ids the forward pass read from device memory.
+// vocab_start, vocab_rows (tensor parallelism): dwte holds only the rows [vocab_start, vocab_start +
+// vocab_rows) of the table, its row 0 being token vocab_start; positions whose token lies outside are
+// left out of dwte (neither sorted nor uploaded). dwpe takes every position, as without a slice.
 void encoder_backward(floatX* dwte, floatX* dwpe, EncoderBackwardWorkspace* workspace, const floatX* dout,
-                      const int* tokens_host, int B, int T, int C, cudaStream_t stream) {
+                      const int* tokens_host, int B, int T, int C, cudaStream_t stream, int vocab_start = 0,
+                      int vocab_rows = INT_MAX) {
     encoder_check_width("encoder_backward", C);
+    if (vocab_start < 0 || vocab_rows < 0) {
+        fprintf(stderr, "error: encoder_backward: vocab_start = %d and vocab_rows = %d must not be negative\n",
+                vocab_start, vocab_rows);
+        exit(EXIT_FAILURE);
+    }
     const int num_positions = B * T;
     if (num_positions > workspace->max_positions || C > workspace->max_channels) {
         fprintf(stderr, "error: encoder_backward: B*T = %d, C = %d exceed the workspace's %d positions, %d "
@@ -239,20 +336,26 @@ void encoder_backward(floatX* dwte, floatX* dwpe, EncoderBackwardWorkspace* work
     launch(encoder_backward_wpe_kernel, grid_size_for((size_t)T * C / x128::size, block_size), block_size, 0, stream,
            dwpe, dout, B, T, C);
 
-    // group positions by token: sort (token, position) pairs, then cut at every change of token
+    // group the slice's positions by token: sort (row of dwte, position) pairs, then cut at every change of
+    // row. Subtracting vocab_start keeps the order, so the slice's positions come out exactly as in the
+    // full sort, and are cut into the same pieces.
     std::vector<uint64_t>& keys = workspace->sort_keys;
+    int num_included = 0;  // positions whose token is in the slice
     for (int p = 0; p < num_positions; p++) {
         if (tokens_host[p] < 0) {
             fprintf(stderr, "error: encoder_backward: negative token id %d at position %d\n", tokens_host[p], p);
             exit(EXIT_FAILURE);
         }
-        keys[p] = ((uint64_t)tokens_host[p] << 32) | (uint32_t)p;
+        const long long row = (long long)tokens_host[p] - vocab_start;
+        if (row < 0 || row >= vocab_rows) continue;
+        keys[num_included++] = ((uint64_t)row << 32) | (uint32_t)p;
     }
-    std::sort(keys.begin(), keys.begin() + num_positions);
+    if (num_included == 0) return;  // nothing for this slice of dwte
+    std::sort(keys.begin(), keys.begin() + num_included);
     std::vector<int>& buckets = workspace->buckets;
     buckets.clear();
     int num_heavy = 0;
-    for (int i = 0; i < num_positions; i++) {
+    for (int i = 0; i < num_included; i++) {
         const int token = (int)(keys[i] >> 32);
         if (i == 0 || token != (int)(keys[i - 1] >> 32)) buckets.insert(buckets.end(), {token, i, 0});
         const int count = ++buckets.back();
@@ -262,9 +365,9 @@ void encoder_backward(floatX* dwte, floatX* dwpe, EncoderBackwardWorkspace* work
     // the previous call's upload must have finished reading host_staging before we overwrite it
     cudaCheck(cudaEventSynchronize(workspace->staging_uploaded));
     int* positions = workspace->host_staging;
-    int* heavy = positions + num_positions;
+    int* heavy = positions + num_included;
     int* pieces = heavy + 3 * num_heavy;
-    for (int i = 0; i < num_positions; i++) positions[i] = (int)(keys[i] & 0xffffffffu);
+    for (int i = 0; i < num_included; i++) positions[i] = (int)(keys[i] & 0xffffffffu);
     // heavy tokens' pieces first: they are the ones with partial rows, numbered as the pieces
     int num_pieces = 0, h = 0;
     for (size_t b = 0; b < buckets.size(); b += 3) {
@@ -286,13 +389,13 @@ void encoder_backward(floatX* dwte, floatX* dwpe, EncoderBackwardWorkspace* work
         for (int k = 0; k < 3; k++) pieces[3 * num_pieces + k] = buckets[b + k];
         num_pieces++;
     }
-    const size_t upload_ints = (size_t)num_positions + 3 * (size_t)num_heavy + 3 * (size_t)num_pieces;
+    const size_t upload_ints = (size_t)num_included + 3 * (size_t)num_heavy + 3 * (size_t)num_pieces;
     cudaCheck(cudaMemcpyAsync(workspace->device, workspace->host_staging, upload_ints * sizeof(int),
                               cudaMemcpyHostToDevice, stream));
     cudaCheck(cudaEventRecord(workspace->staging_uploaded, stream));
 
     const int* device_positions = workspace->device;
-    const int* device_heavy = device_positions + num_positions;
+    const int* device_heavy = device_positions + num_included;
     const int* device_pieces = device_heavy + 3 * num_heavy;
     const int warps_per_block = 4;
     launch(encoder_backward_wte_pieces_kernel, grid_size_for(num_pieces, warps_per_block), warps_per_block * 32, 0,
