@@ -157,6 +157,14 @@ inline bool check_true(const std::string& name, bool condition, const std::strin
 
 // Runs `body` in a child process; returns its exit status (128 + signal number when it was killed) and
 // everything it printed on stdout and stderr.
+// A child that stops on bad input exits on purpose with the parent's allocations still held (and, once the
+// CPU device's threads exist, with threads fork did not copy): LeakSanitizer would report them as leaks and
+// add lines to the one line under test. It asks this hook at exit; only children answer "off".
+inline bool lab_in_failing_child = false;
+#ifdef __SANITIZE_ADDRESS__
+extern "C" int __lsan_is_turned_off() { return lab_in_failing_child ? 1 : 0; }
+#endif
+
 inline std::pair<int, std::string> run_in_child(const std::function<void()>& body) {
     int pipe_ends[2];
     if (pipe(pipe_ends) != 0) return {-1, "pipe failed"};
@@ -164,6 +172,7 @@ inline std::pair<int, std::string> run_in_child(const std::function<void()>& bod
     fflush(stderr);
     pid_t child = fork();
     if (child == 0) {
+        lab_in_failing_child = true;
         dup2(pipe_ends[1], 1);
         dup2(pipe_ends[1], 2);
         close(pipe_ends[0]);

@@ -16,12 +16,14 @@ never a crash or a silently wrong answer; these helpers make that the easy path.
 // Prints "error: <message>" on one line and exits with status 1.
 [[noreturn]] __attribute__((format(printf, 1, 2))) inline void fatal(const char* format, ...) {
     fflush(stdout);
+    // one write of the whole line: several ranks stopping at once must not interleave their lines
+    char line[4096];
     va_list args;
     va_start(args, format);
-    fputs("error: ", stderr);
-    vfprintf(stderr, format, args);
-    fputc('\n', stderr);
+    const int length = vsnprintf(line, sizeof(line), format, args);
     va_end(args);
+    fprintf(stderr, "error: %s%s\n", line, length >= (int)sizeof(line) ? " ..." : "");
+    fflush(stderr);
     exit(EXIT_FAILURE);
 }
 
