@@ -34,6 +34,7 @@ headers. This file only decides what happens when.
 #include "llmc/comm.h"
 #include "llmc/mesh.h"
 #include "llmc/zero.h"
+#include "llmc/tensor_parallel.h"
 #include "llmc/memory.h"
 
 // ----------------------------------------------------------------------------
@@ -97,9 +98,13 @@ static std::string sample_text(GPT2& model, const Tokenizer& tokenizer, Rng& rng
     std::vector<double> probabilities(c.vocab_size);
     while ((int)tokens.size() <= count && (int)tokens.size() <= model.max_seq) {
         const int T = (int)tokens.size();
-        gpt2_forward(model, tokens.data(), 1, T);
-        copy_to_host(logits_raw.data(), model.logits + (size_t)(T - 1) * c.padded_vocab_size, c.padded_vocab_size,
-                     model.stream);
+        // sequence parallelism splits the rows over the tp ranks: pad to a multiple of tp with end-of-text
+        // tokens after the last one, which the causal mask keeps from changing row T-1's logits
+        const int tp = model.tp.size, rows = model.tp.sequence_parallel ? (T + tp - 1) / tp * tp : T;
+        std::vector<int> padded(tokens);
+        padded.resize(rows, (int)tokenizer.end_of_text);
+        gpt2_forward(model, padded.data(), 1, rows);
+        tp_gather_logits_row(model.tp, logits_raw.data(), model.logits, T - 1, c.padded_vocab_size, model.stream);
         double max_logit = -INFINITY, total = 0.0;
         for (int v = 0; v < c.vocab_size; v++) max_logit = std::max(max_logit, (double)(float)logits_raw[v]);
         for (int v = 0; v < c.vocab_size; v++) total += probabilities[v] = exp((float)logits_raw[v] - max_logit);
@@ -126,11 +131,12 @@ static void save_checkpoint(const std::string& output_dir, int step, int keep_la
     steps.push_back(step);
     std::sort(steps.begin(), steps.end());
     steps.resize(steps.size() > (size_t)keep_last ? steps.size() - keep_last : 0);  // the ones to remove
-    if (world.rank != 0 && zero_writes_shard(optimizer) && optimizer.shard_rank > 0) {
-        CheckpointWriter writer(shard_path(path, optimizer.shard_rank));
+    const int file = zero_checkpoint_file(optimizer, model);
+    if (world.rank != 0 && zero_writes_shard(optimizer) && file > 0) {
+        CheckpointWriter writer(shard_path(path, file));
         zero_write_shard(optimizer, model, writer);
         writer.commit();
-        for (long long old : steps) remove(shard_path(checkpoint_path(output_dir, old), optimizer.shard_rank).c_str());
+        for (long long old : steps) remove(shard_path(checkpoint_path(output_dir, old), file).c_str());
     }
     barrier(world, model.stream);  // every shard file is complete before the main file appears
     if (world.rank != 0) return;
@@ -141,6 +147,7 @@ static void save_checkpoint(const std::string& output_dir, int step, int keep_la
     writer.add_value("train_data", data);
     writer.add_value("sample_rng", sample_rng);
     writer.add_value("shards", optimizer.shards);
+    writer.add_value("tensor_parallel", model.tp.size);
     zero_write_shard(optimizer, model, writer);
     writer.commit();
     remove_old_checkpoints(output_dir, keep_last);
@@ -158,7 +165,9 @@ static int load_checkpoint(const std::string& path, GPT2& model, Zero& optimizer
         fatal("%s was written by a build of another precision than this %s build", path.c_str(), PRECISION_NAME);
     const int shards = reader.read_value<int>("shards");
     if (shards < 1 || shards > 1 << 20) fatal("%s: implausible shard count %d", path.c_str(), shards);
-    zero_read_shards(optimizer, model, path, shards);
+    const int saved_tp = reader.read_value<int>("tensor_parallel");
+    if (saved_tp < 1 || saved_tp > 1 << 12) fatal("%s: implausible tensor-parallel size %d", path.c_str(), saved_tp);
+    zero_read_shards(optimizer, model, path, shards, saved_tp);
     *data = reader.read_value<DataLoaderState>("train_data");
     *sample_rng = reader.read_value<Rng>("sample_rng");
     return reader.read_value<int>("step");
@@ -221,7 +230,13 @@ int main(int argc, char** argv) {
         "ZeRO stage: 0 = plain data parallelism, 1 = optimizer state sharded, 2 = gradients too, 3 = parameters "
         "too (FSDP)", 0, 3);
     int& dp_shard = flags.add_int("dp-shard", 0,
-        "ranks that share one sharded copy of the state (HSDP: the rest replicate it); 0: all ranks", 0);
+        "data-parallel ranks that share one sharded copy of the state (HSDP: the rest replicate it); 0: all of "
+        "them", 0);
+    int& tp_size = flags.add_int("tp", 1,
+        "tensor parallelism: ranks that split every matmul (Megatron), neighbours in rank order; the world is "
+        "tp x data-parallel ranks", 1, 4096);
+    bool& sequence_parallel = flags.add_bool("sequence-parallel", false,
+        "with --tp: each tp rank keeps 1/tp of the rows of the layernorms and the residual stream");
     std::string& nccl_init_file = flags.add_string("nccl-init-file", "",
         "a path on a file system all ranks share, fresh for every run (put the job id in it): rank 0 hands the "
         "NCCL id to the others there; needed by srun / torchrun launches without MPI (GPU build)");
@@ -232,19 +247,29 @@ int main(int argc, char** argv) {
 
     if (plan_ranks > 0) {  // arithmetic only: works for any model and layout, on any machine
         const GPT2Config config = config_from_flags(model_name, layers, heads, channels, vocab_size, max_seq_len);
-        const int shard = dp_shard == 0 ? plan_ranks : dp_shard;
-        if (plan_ranks % shard != 0) fatal("--dp-shard %d does not divide the %d ranks", shard, plan_ranks);
-        const int per_micro_step = micro_step_tokens(batch_size, seq_len, plan_ranks);
+        const std::string tp_error = tp_layout_error(config, tp_size, sequence_parallel, seq_len);
+        if (!tp_error.empty()) fatal("%s", tp_error.c_str());
+        if (plan_ranks % tp_size != 0) fatal("--plan %d ranks are not a multiple of --tp %d", plan_ranks, tp_size);
+        const int dp = plan_ranks / tp_size;
+        const int shard = dp_shard == 0 ? dp : dp_shard;
+        if (dp % shard != 0) fatal("--dp-shard %d does not divide the %d data-parallel ranks", shard, dp);
+        const int per_micro_step = micro_step_tokens(batch_size, seq_len, dp);
         const int accumulation = total_batch_size > 0 ? std::max(1, total_batch_size / per_micro_step) : 1;
         GPT2MemoryShape shape{config.num_layers, config.channels, config.num_heads, config.padded_vocab_size,
                               config.max_seq_len, batch_size, seq_len};
-        printf("plan: %d layers, %d channels, %zu parameters; ZeRO stage %d on %d ranks (shard groups of %d), "
-               "%d x %d tokens per rank and micro-step, %d micro-step(s)\n", config.num_layers, config.channels,
-               ParameterLayout(config).num_parameters, zero_stage, plan_ranks, shard, batch_size, seq_len,
-               accumulation);
-        print_memory_plan(plan_training_memory(ParameterLayout(config, zero_stage == 0 ? 1 : shard).total,
-                                               zero_stage, plan_ranks, shard, sizeof(floatX) == 2, accumulation,
-                                               &shape));
+        shape.tp = tp_size;
+        shape.sequence_parallel = sequence_parallel;
+        printf("plan: %d layers, %d channels, %zu parameters (%zu per tp rank); %d ranks = dp %d x tp %d%s; ZeRO "
+               "stage %d (shard groups of %d), %d x %d tokens per data-parallel rank and micro-step, %d micro-step(s)\n",
+               config.num_layers, config.channels, ParameterLayout(config).num_parameters,
+               ParameterLayout(config, 1, tp_size).num_parameters, plan_ranks, dp, tp_size,
+               sequence_parallel ? " (sequence parallel)" : "", zero_stage, shard, batch_size, seq_len, accumulation);
+        const bool bf16 = sizeof(floatX) == 2;
+        print_memory_plan(plan_training_memory(ParameterLayout(config, zero_stage == 0 ? 1 : shard, tp_size).total,
+                                               zero_stage, dp, shard, bf16, accumulation, &shape));
+        printf("  %-16s %12s  the tp axis, sent per step (the formula in llmc/tensor_parallel.h)\n", "communication tp",
+               format_bytes(tp_bytes_per_step(config, batch_size, seq_len, tp_size, sequence_parallel, accumulation,
+                                              zero_stage, bf16)).c_str());
         return EXIT_SUCCESS;
     }
 
@@ -252,9 +277,12 @@ int main(int argc, char** argv) {
     // optimizer state (ZeRO-1, and the gradients with ZeRO-2) is sharded over groups of --dp-shard ranks,
     // replicated across the groups
     Communicator world = comm_init_world(nccl_init_file);
-    if (dp_shard == 0) dp_shard = world.size;
-    if (world.size % dp_shard != 0) fatal("--dp-shard %d does not divide the %d ranks", dp_shard, world.size);
-    Mesh mesh = mesh_create(world, mesh_layout(world.size / dp_shard, dp_shard, 1, 1, 1));
+    if (world.size % tp_size != 0) fatal("the %d ranks are not a multiple of --tp %d", world.size, tp_size);
+    const int data_parallel_ranks = world.size / tp_size;
+    if (dp_shard == 0) dp_shard = data_parallel_ranks;
+    if (data_parallel_ranks % dp_shard != 0)
+        fatal("--dp-shard %d does not divide the %d data-parallel ranks", dp_shard, data_parallel_ranks);
+    Mesh mesh = mesh_create(world, mesh_layout(data_parallel_ranks / dp_shard, dp_shard, 1, 1, tp_size));
     const bool main_rank = world.rank == 0;  // prints, logs, samples and writes files
     const int dp_rank = mesh_data_parallel_rank(mesh), dp_size = mesh_data_parallel_size(mesh);
     if (main_rank) mesh_print(mesh);
@@ -263,6 +291,13 @@ int main(int argc, char** argv) {
     const GPT2Config config = config_from_flags(model_name, layers, heads, channels, vocab_size, max_seq_len);
     const int B = batch_size, T = seq_len;
     if (T > config.max_seq_len) fatal("--seq-len %d exceeds the model's %d positions", T, config.max_seq_len);
+    const std::string tp_error = tp_layout_error(config, tp_size, sequence_parallel, T);
+    if (!tp_error.empty()) fatal("%s", tp_error.c_str());
+    TensorParallel tp;  // this rank's slice of every matmul (llmc/tensor_parallel.h)
+    tp.size = tp_size;
+    tp.rank = mesh.coords[TP];
+    tp.sequence_parallel = sequence_parallel;
+    tp.group = tp_size > 1 ? &mesh.axis[TP] : nullptr;
     const int tokens_per_micro_step = micro_step_tokens(B, T, dp_size);
     if (total_batch_size == 0) total_batch_size = tokens_per_micro_step;
     if (total_batch_size % tokens_per_micro_step != 0)
@@ -272,22 +307,27 @@ int main(int argc, char** argv) {
 
     GPT2 model;
     gpt2_allocate(model, config, B, T, zero_shard_count(zero_stage, &mesh), /*full_gradients=*/zero_stage < 2,
-                  /*full_parameters=*/zero_stage < 3);
+                  /*full_parameters=*/zero_stage < 3, tp);
+    // the whole model (from the file, or GPT-2's initialisation), then this rank's tp slices of it
+    const ParameterLayout whole_model(config);
     std::vector<float> initial_values;
     if (file_exists(model_name) && model_name != "custom") {
-        initial_values = gpt2_read_parameters(model_name, model.layout);
+        initial_values = gpt2_read_parameters(model_name, whole_model);
     } else {
         Rng init_rng = rng_from_seed((uint64_t)init_seed);
-        initial_values = gpt2_initial_parameters(model.layout, [&] { return init_rng.next_normal(); });
+        initial_values = gpt2_initial_parameters(whole_model, [&] { return init_rng.next_normal(); });
     }
+    initial_values = parameters_in_layout(whole_model, initial_values, model.layout);
     Zero optimizer;  // this rank's parameters and AdamW state, and the averaging of gradients over ranks
     zero_init(optimizer, zero_stage, &mesh, model, initial_values);
     initial_values = std::vector<float>();
     if (main_rank) {
         printf("train_gpt: %s build on %s\n", PRECISION_NAME, device_properties().name);
-        printf("model: %d layers, %d heads, %d channels, vocabulary %d (padded %d), %zu parameters\n",
+        printf("model: %d layers, %d heads, %d channels, vocabulary %d (padded %d), %zu parameters",
                config.num_layers, config.num_heads, config.channels, config.vocab_size, config.padded_vocab_size,
-               model.layout.num_parameters);
+               whole_model.num_parameters);
+        if (tp_size > 1) printf(", %zu per tp rank", model.layout.num_parameters);
+        printf("\n");
         printf("batch: %d x %d tokens on each of %d rank(s), %d micro-step(s) per step: %d tokens per step\n", B, T,
                dp_size, accumulation_steps, total_batch_size);
     }
@@ -326,7 +366,7 @@ int main(int argc, char** argv) {
     }
     Logger logger(output_dir, resume, main_rank);
     logger.config(flags);
-    const double flops_per_step = gpt2_flops_per_token((long long)model.layout.num_parameters, config.num_layers,
+    const double flops_per_step = gpt2_flops_per_token((long long)whole_model.num_parameters, config.num_layers,
                                                        config.channels, T) * total_batch_size;
     const double peak_flops = peak_flops_per_second(device_properties().name, PRECISION_NAME);
 
@@ -380,6 +420,7 @@ int main(int argc, char** argv) {
         stats.memory_bytes = device_memory_in_use_bytes();
         stats.mfu = model_flops_utilization(flops_per_step / world.size, seconds, peak_flops);  // this GPU's share
         stats.comm_bytes = (long long)mesh_bytes_sent(mesh);
+        stats.tp_comm_bytes = (long long)mesh.axis[TP].bytes_sent;
         logger.step(stats);
 
         const bool last = step + 1 == steps;
@@ -401,10 +442,12 @@ int main(int argc, char** argv) {
         tokenizer_free(&tokenizer);
     }
     if (save_model) {
-        const std::vector<float> values = zero_parameters(optimizer, model);  // a collective at ZeRO-3
+        // collectives: the ZeRO-3 gathers, and the tp ranks' slices put together into the whole model
+        const std::vector<float> values = tp_gather_parameters(tp, model.layout, zero_parameters(optimizer, model),
+                                                               model.stream);
         const std::string path = output_dir + "/model.bin";
         if (main_rank) {
-            gpt2_save(model.layout, values, path);
+            gpt2_save(whole_model, values, path);
             printf("wrote %s\n", path.c_str());
         }
     }
@@ -414,6 +457,8 @@ int main(int argc, char** argv) {
                                held.peak[(int)MemoryKind::OptimizerState];
     GPT2MemoryShape shape{config.num_layers, config.channels, config.num_heads, config.padded_vocab_size,
                           config.max_seq_len, B, T, device_properties().multiProcessorCount};
+    shape.tp = tp_size;
+    shape.sequence_parallel = sequence_parallel;
     const MemoryPlan formula = plan_training_memory(model.layout.total, zero_stage, dp_size, optimizer.shards,
                                                     sizeof(floatX) == 2, accumulation_steps);
     const MemoryPlan with_buffers = plan_training_memory(model.layout.total, zero_stage, dp_size, optimizer.shards,
@@ -424,8 +469,14 @@ int main(int argc, char** argv) {
         printf("parameters + gradients + optimizer state: %s held; ZeRO-%d formula %s, with the working buffers "
                "%s\n", format_bytes((double)model_state).c_str(), zero_stage, format_bytes(formula.model_state).c_str(),
                format_bytes(with_buffers.model_state).c_str());
+        printf("activations and their workspace: %s held at the peak; formula (llmc/memory.h, tp %d%s) %s\n",
+               format_bytes((double)held.peak[(int)MemoryKind::Activations]).c_str(), tp_size,
+               sequence_parallel ? ", sequence parallel" : "",
+               format_bytes(with_buffers.activations + with_buffers.workspace).c_str());
     }
     logger.write(JsonLine("memory").integer("model_state_bytes", (long long)model_state)
+                     .integer("activation_bytes", (long long)held.peak[(int)MemoryKind::Activations])
+                     .number("activation_formula_bytes", with_buffers.activations + with_buffers.workspace)
                      .number("formula_bytes", formula.model_state)
                      .number("formula_with_buffers_bytes", with_buffers.model_state)
                      .integer("peak_bytes", (long long)held.peak_total));

@@ -255,6 +255,27 @@ static void test_activations() {
         gpt2_free(model);
         check_equal("all freed, stage " + std::to_string(stage), in_use(), before);
     }
+    // a tensor-parallel rank's slices (llmc/tensor_parallel.h), with and without sequence parallelism:
+    // allocating needs no other rank, so rank 0 of tp 2 and 4 stands in for all of them
+    for (int tp_size : {2, 4}) {
+        for (bool sequence_parallel : {false, true}) {
+            TensorParallel tp;
+            tp.size = tp_size;
+            tp.sequence_parallel = sequence_parallel;
+            GPT2MemoryShape sliced = shape;
+            sliced.tp = tp_size;
+            sliced.sequence_parallel = sequence_parallel;
+            const ActivationBytes expected = gpt2_activation_bytes(sliced, is_bf16);
+            const double before = in_use();
+            GPT2 model;
+            gpt2_allocate(model, config, shape.batch, shape.seq_len, 1, true, true, tp);
+            const double P_rank = (double)ParameterLayout(config, 1, tp_size).total;
+            const std::string name = "gpt2_allocate bytes, tp " + std::to_string(tp_size) +
+                                     (sequence_parallel ? " with sequence parallelism" : "");
+            check_equal(name, in_use() - before, 2 * sizeof(floatX) * P_rank + expected.activations + expected.workspace);
+            gpt2_free(model);
+        }
+    }
 #endif
 }
 

@@ -62,6 +62,7 @@ the same stream, which orders each call's upload after the previous call's kerne
 #include <algorithm>
 #include <climits>
 #include "cuda_common.cuh"
+#include "memory.h"
 
 // ----------------------------------------------------------------------------
 // kernels
@@ -294,19 +295,19 @@ inline void encoder_backward_workspace_create(EncoderBackwardWorkspace* workspac
     workspace->max_positions = max_positions;
     workspace->max_channels = max_channels;
     const size_t ints = encoder_backward_workspace_ints(max_positions);
-    cudaCheck(cudaMalloc(&workspace->device, ints * sizeof(int)));
+    workspace->device = tracked_alloc<int>(ints, MemoryKind::Activations, "encoder backward lists");
     cudaCheck(cudaMallocHost(&workspace->host_staging, ints * sizeof(int)));
     const size_t partial_floats = (size_t)encoder_backward_max_partial_rows(max_positions) * max_channels;
-    if (partial_floats > 0) cudaCheck(cudaMalloc(&workspace->partial_rows, partial_floats * sizeof(float)));
+    workspace->partial_rows = tracked_alloc<float>(partial_floats, MemoryKind::Activations, "encoder partial rows");
     // an event never recorded counts as complete, so the first call does not wait
     cudaCheck(cudaEventCreateWithFlags(&workspace->staging_uploaded, cudaEventDisableTiming));
     workspace->sort_keys.resize(max_positions);
 }
 
 inline void encoder_backward_workspace_free(EncoderBackwardWorkspace* workspace) {
-    cudaCheck(cudaFree(workspace->device));
+    tracked_free(workspace->device);
     cudaCheck(cudaFreeHost(workspace->host_staging));
-    cudaCheck(cudaFree(workspace->partial_rows));
+    tracked_free(workspace->partial_rows);
     cudaCheck(cudaEventDestroy(workspace->staging_uploaded));
     *workspace = EncoderBackwardWorkspace{};
 }

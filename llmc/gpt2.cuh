@@ -10,11 +10,13 @@ to Vp rows of the embedding table):
     logits = layernormf(x) @ wte^T                                     the LM head shares wte
     loss   = mean cross-entropy of softmax(logits[:, :V]) against the next tokens
 
-Parameters are laid out layer-major: one contiguous chunk per block holding that block's twelve tensors,
-plus an embedding chunk (wte, wpe) before them and a final chunk (lnfw, lnfb) after them. A chunk is the
-unit that later gets sharded, gathered, owned by a pipeline stage or reduced as one gradient bucket, so
-"block l's parameters" is always one pointer and one length. llm.c's model files are tensor-major (each
-tensor for all layers, then the next tensor); gpt2_read_parameters and gpt2_save convert.
+Parameters are laid out layer-major (llmc/parameters.h): one contiguous chunk per block holding that
+block's twelve tensors, plus an embedding chunk (wte, wpe) before them and a final chunk (lnfw, lnfb)
+after them. A chunk is the unit that gets sharded, gathered, owned by a pipeline stage or reduced as one
+gradient bucket, so "block l's parameters" is always one pointer and one length. llm.c's model files are
+tensor-major (each tensor for all layers, then the next tensor); gpt2_read_parameters and gpt2_save
+convert. Under tensor parallelism (llmc/tensor_parallel.h) a rank's chunks hold its slices of the
+tensors, and the passes below call the tp collectives between the matmuls; with one rank they do nothing.
 
 The block is the unit of work: block_forward(l) reads block l-1's output and writes an activation record
 for layer l (everything block_backward needs: the layernorm statistics, qkv, the attention output and its
@@ -51,195 +53,42 @@ data-parallel ranks are in llmc/zero.h.
 #include "adamw.cuh"
 #include "global_norm.cuh"
 #include "memory.h"
-
-// ----------------------------------------------------------------------------
-// configuration
-
-struct GPT2Config {
-    int max_seq_len = 0;        // rows of wpe
-    int vocab_size = 0;         // V: real tokens
-    int padded_vocab_size = 0;  // Vp: rows of wte, V rounded up to a multiple of 128 (aligned matmuls)
-    int num_layers = 0;
-    int num_heads = 0;
-    int channels = 0;
-};
-
-inline int padded_vocab(int vocab_size) { return (vocab_size + 127) / 128 * 128; }
-
-// The GPT-2 family by name ("124M" etc.; "d12" style depth names too), with GPT-2's vocabulary.
-inline bool gpt2_config_by_name(const std::string& name, GPT2Config* config) {
-    struct Named { const char* name; const char* depth_name; int layers, heads, channels; };
-    static const Named family[] = {
-        {"124M", "d12", 12, 12, 768}, {"350M", "d24", 24, 16, 1024},
-        {"774M", "d36", 36, 20, 1280}, {"1558M", "d48", 48, 25, 1600},
-    };
-    for (const Named& n : family) {
-        if (name == n.name || name == n.depth_name) {
-            config->max_seq_len = 1024;
-            config->vocab_size = 50257;
-            config->padded_vocab_size = 50304;
-            config->num_layers = n.layers;
-            config->num_heads = n.heads;
-            config->channels = n.channels;
-            return true;
-        }
-    }
-    return false;
-}
-
-// Refuses shapes the kernels cannot run, naming the problem (`source` says where the config came from).
-inline void gpt2_validate_config(const GPT2Config& c, const std::string& source) {
-    auto refuse = [&](const char* problem) {
-        fatal("%s: invalid model shape (layers %d, heads %d, channels %d, vocab %d padded to %d, max_seq_len %d): "
-              "%s", source.c_str(), c.num_layers, c.num_heads, c.channels, c.vocab_size, c.padded_vocab_size,
-              c.max_seq_len, problem);
-    };
-    if (c.num_layers <= 0 || c.num_heads <= 0 || c.channels <= 0 || c.vocab_size <= 0 || c.max_seq_len <= 0)
-        refuse("every dimension must be positive");
-    if (c.padded_vocab_size < c.vocab_size || c.padded_vocab_size % 128 != 0)
-        refuse("the padded vocabulary must be >= the vocabulary and a multiple of 128");
-    if (c.channels % c.num_heads != 0) refuse("channels must be divisible by heads");
-    const int head_size = c.channels / c.num_heads;
-    if (head_size % 16 != 0 || head_size > 128) refuse("the head size (channels / heads) must be 16, 32, ..., 128");
-    if (c.channels % 8 != 0) refuse("channels must be a multiple of 8");
-}
-
-// ----------------------------------------------------------------------------
-// parameter layout
-
-// The sixteen tensors, in the order of llm.c's model file. Per-layer tensors exist once per block.
-enum TensorKind {
-    WTE, WPE, LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB, LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB, LNFW, LNFB,
-    NUM_TENSOR_KINDS
-};
-struct TensorKindInfo {
-    const char* name;
-    bool per_layer;
-    bool is_matrix;  // weight decay applies to matrices only (embeddings and matmul weights)
-};
-inline const TensorKindInfo& tensor_kind_info(int kind) {
-    static const TensorKindInfo info[NUM_TENSOR_KINDS] = {
-        {"wte", false, true},      {"wpe", false, true},       {"ln1w", true, false},  {"ln1b", true, false},
-        {"qkvw", true, true},      {"qkvb", true, false},      {"attprojw", true, true}, {"attprojb", true, false},
-        {"ln2w", true, false},     {"ln2b", true, false},      {"fcw", true, true},    {"fcb", true, false},
-        {"fcprojw", true, true},   {"fcprojb", true, false},   {"lnfw", false, false}, {"lnfb", false, false},
-    };
-    return info[kind];
-}
-
-// elements of one instance of a tensor (one layer's, for per-layer tensors)
-inline size_t tensor_elements(const GPT2Config& c, int kind) {
-    const size_t C = c.channels;
-    switch (kind) {
-        case WTE: return (size_t)c.padded_vocab_size * C;
-        case WPE: return (size_t)c.max_seq_len * C;
-        case QKVW: return 3 * C * C;
-        case QKVB: return 3 * C;
-        case ATTPROJW: return C * C;
-        case FCW: case FCPROJW: return 4 * C * C;
-        case FCB: return 4 * C;
-        default: return C;  // layernorm weights and biases, attprojb, fcprojb
-    }
-}
-
-// Where each tensor of each layer sits in the one parameter buffer:
-//   [ embedding chunk: wte wpe ][ block 0: ln1w ... fcprojb ] ... [ block L-1 ][ final chunk: lnfw lnfb ]
-// Each chunk is padded with zeros to a multiple of kChunkPaddingElements (128) * shards elements (ZeRO:
-// every rank keeps 1/shards of each chunk), so it splits into equal shards, and every chunk and shard
-// starts a multiple of 256 bytes (128 bf16) from the buffer's start: the alignment cuBLASLt's fastest
-// kernels want, whatever the shard count (with a multiple of 8 * 3, the weights of 350M-1558M at 3 shards
-// were only 16-32-byte aligned). Padding parameters are 0, get gradient 0 and stay 0; they are never read
-// by a kernel nor written to a model file.
-struct ParameterLayout {
-    GPT2Config config;
-    int shards = 1;
-    size_t embedding_chunk = 0;  // elements, padding included
-    size_t block_chunk = 0;
-    size_t final_chunk = 0;
-    size_t total = 0;            // the buffer: every chunk, padding included
-    size_t num_parameters = 0;   // the model's parameters, without padding
-
-    ParameterLayout() = default;
-    explicit ParameterLayout(const GPT2Config& c, int num_shards = 1) : config(c), shards(num_shards) {
-        const size_t multiple = kChunkPaddingElements * (size_t)shards;
-        auto padded = [&](size_t count) { return (count + multiple - 1) / multiple * multiple; };
-        size_t block = 0;
-        for (int kind = LN1W; kind <= FCPROJB; kind++) block += tensor_elements(c, kind);
-        const size_t embedding = tensor_elements(c, WTE) + tensor_elements(c, WPE);
-        const size_t final = tensor_elements(c, LNFW) + tensor_elements(c, LNFB);
-        num_parameters = embedding + (size_t)c.num_layers * block + final;
-        embedding_chunk = padded(embedding);
-        block_chunk = padded(block);
-        final_chunk = padded(final);
-        total = embedding_chunk + (size_t)c.num_layers * block_chunk + final_chunk;
-    }
-    int num_chunks() const { return config.num_layers + 2; }
-    // chunk 0 is the embeddings, chunks 1..L the blocks, chunk L+1 the final layernorm
-    size_t chunk_start(int chunk) const { return chunk == 0 ? 0 : block_start(chunk - 1); }
-    size_t chunk_size(int chunk) const {
-        return chunk == 0 ? embedding_chunk : chunk <= config.num_layers ? block_chunk : final_chunk;
-    }
-    size_t block_start(int layer) const { return embedding_chunk + (size_t)layer * block_chunk; }
-    size_t final_start() const { return block_start(config.num_layers); }
-    // offset of tensor `kind` of `layer` (layer ignored for the embedding and final tensors)
-    size_t offset(int kind, int layer = 0) const {
-        size_t start = kind < LN1W ? 0 : kind > FCPROJB ? final_start() : block_start(layer);
-        int first = kind < LN1W ? WTE : kind > FCPROJB ? LNFW : LN1W;
-        for (int k = first; k < kind; k++) start += tensor_elements(config, k);
-        return start;
-    }
-};
-
-// Calls fn(kind, layer, offset, count) for every tensor instance, in the model file's order.
-template <class Function>
-void for_each_tensor_in_file_order(const ParameterLayout& layout, Function&& fn) {
-    for (int kind = 0; kind < NUM_TENSOR_KINDS; kind++) {
-        const int layers = tensor_kind_info(kind).per_layer ? layout.config.num_layers : 1;
-        for (int layer = 0; layer < layers; layer++)
-            fn(kind, layer, layout.offset(kind, layer), tensor_elements(layout.config, kind));
-    }
-}
-
-// One block's tensors, as pointers into its chunk of parameters (or gradients).
-struct BlockParams {
-    floatX *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
-};
-// One block's tensors, given where the block's chunk starts.
-inline BlockParams block_params_in_chunk(floatX* chunk, const ParameterLayout& layout) {
-    auto at = [&](int kind) { return chunk + (layout.offset(kind, 0) - layout.block_start(0)); };
-    return BlockParams{at(LN1W), at(LN1B), at(QKVW), at(QKVB), at(ATTPROJW), at(ATTPROJB),
-                       at(LN2W), at(LN2B), at(FCW),  at(FCB),  at(FCPROJW),  at(FCPROJB)};
-}
-
+#include "parameters.h"
+#include "tensor_parallel.h"
 
 // ----------------------------------------------------------------------------
 // activations
 
-// What block_backward needs from block_forward, for one (layer, micro-batch). N = B*T rows.
+// What block_backward needs from block_forward, for one (layer, micro-batch). N = B*T rows. Under tensor
+// parallelism (llmc/tensor_parallel.h) with tp ranks, a rank holds its heads' share of the attention
+// (C/tp channels, NH/tp heads) and its 4C/tp hidden units; under sequence parallelism it also holds only
+// its R = N/tp rows of the residual stream and the layernorms (else R = N).
 struct BlockActivations {
-    floatX* ln1;        // (N, C)   layernorm1 output
-    float* ln1_mean;    // (N)
-    float* ln1_rstd;    // (N)
-    floatX* qkv;        // (N, 3C)
-    floatX* atty;       // (N, C)   attention output, before the projection
-    float* lse;         // (B, NH, T) attention log-sum-exp
-    floatX* residual2;  // (N, C)   x + attention branch
-    floatX* ln2;        // (N, C)
-    float* ln2_mean;    // (N)
-    float* ln2_rstd;    // (N)
-    floatX* fch;        // (N, 4C)  fc output, before GELU
-    floatX* fch_gelu;   // (N, 4C)
-    floatX* output;     // (N, C)   the block's output: the next block's input
+    floatX* ln1;        // (R, C)   layernorm1 output
+    float* ln1_mean;    // (R)
+    float* ln1_rstd;    // (R)
+    floatX* qkv;        // (N, 3C/tp)
+    floatX* atty;       // (N, C/tp)  attention output, before the projection
+    float* lse;         // (B, NH/tp, T) attention log-sum-exp
+    floatX* residual2;  // (R, C)   x + attention branch
+    floatX* ln2;        // (R, C)
+    float* ln2_mean;    // (R)
+    float* ln2_rstd;    // (R)
+    floatX* fch;        // (N, 4C/tp) fc output, before GELU
+    floatX* fch_gelu;   // (N, 4C/tp)
+    floatX* output;     // (R, C)   the block's output: the next block's input
 };
 
 // Buffers every layer reuses in turn.
 struct SharedBuffers {
-    floatX* projection;     // (N, C)   attproj / fcproj output, added to the residual right away
-    floatX* dresidual;      // (N, C)   gradient of the residual stream, carried from block to block
+    floatX* projection;     // (N, C)   attproj / fcproj output (each tp rank's term), added to the residual
+    floatX* dresidual;      // (R, C)   gradient of the residual stream, carried from block to block
     floatX* dchannels;      // (N, C)   gradient of a layernorm output or of the attention output
-    floatX* dhidden;        // (N, 4C)  gradient of the MLP's hidden activations
-    floatX* dqkv;           // (N, 3C)
-    float* attention_D;     // (B, NH, T) attention backward workspace
+    floatX* dhidden;        // (N, 4C/tp) gradient of the MLP's hidden activations
+    floatX* dqkv;           // (N, 3C/tp)
+    floatX* gathered;       // (N, C)   sequence parallelism: rows gathered from the tp ranks (else null)
+    float* softmax_stats;   // (4N)     tensor parallelism: the vocabulary-parallel loss's row statistics
+    float* attention_D;     // (B, NH/tp, T) attention backward workspace
     float* matmul_scratch;  // bias-gradient partial sums
     float* layernorm_scratch;
     float* norm_scratch;
@@ -267,6 +116,7 @@ struct StagedUpload {
 
 struct GPT2 {
     GPT2Config config;
+    TensorParallel tp;                // this rank's slice of every matmul (one rank: the whole model)
     ParameterLayout layout;
     int max_batch = 0, max_seq = 0;   // the B and T the activations were sized for
 
@@ -276,12 +126,12 @@ struct GPT2 {
     // gathers them from the ranks' shards on demand.
     std::function<floatX*(int chunk)> parameters_of;
 
-    floatX* encoded = nullptr;        // (N, C) the encoder's output: block 0's input
+    floatX* encoded = nullptr;        // (R, C) the encoder's output: block 0's input
     std::vector<BlockActivations> blocks;
-    floatX* lnf = nullptr;            // (N, C)
+    floatX* lnf = nullptr;            // (R, C)
     float* lnf_mean = nullptr;
     float* lnf_rstd = nullptr;
-    floatX* logits = nullptr;         // (N, Vp): logits after forward, dlogits after the loss
+    floatX* logits = nullptr;         // (N, Vp/tp): logits after forward, dlogits after the loss
     float* losses = nullptr;          // (N) per-position loss
     double* loss_sum = nullptr;       // the micro-batches' mean losses added up, until gpt2_mean_loss
     int* inputs = nullptr;            // (N) device copies of the batch
@@ -320,19 +170,24 @@ inline void staged_upload(StagedUpload& upload, int* device, const int* host, si
 }
 
 // Allocates parameters, gradients and activations for micro-batches of up to B x T; chunks padded for
-// `shards` ZeRO shards. Without full_gradients there is no model.grads (ZeRO-2 keeps gradients elsewhere),
-// without full_parameters no model.params (ZeRO-3).
+// `shards` ZeRO shards; `tp` says which tensor-parallel slice this rank holds. Without full_gradients there
+// is no model.grads (ZeRO-2 keeps gradients elsewhere), without full_parameters no model.params (ZeRO-3).
+// llmc/memory.h's gpt2_activation_bytes counts the same buffers.
 inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, int shards = 1,
-                          bool full_gradients = true, bool full_parameters = true) {
+                          bool full_gradients = true, bool full_parameters = true,
+                          const TensorParallel& tp = TensorParallel{}) {
     gpt2_validate_config(config, "model");
     if (T > config.max_seq_len) fatal("sequence length %d exceeds the model's maximum %d", T, config.max_seq_len);
     model.config = config;
-    model.layout = ParameterLayout(config, shards);
+    model.tp = tp;
+    model.layout = ParameterLayout(config, shards, tp.size, tp.rank);
     model.max_batch = B;
     model.max_seq = T;
     cudaCheck(cudaStreamCreateWithFlags(&model.stream, cudaStreamNonBlocking));
     const size_t P = model.layout.total;
-    const size_t N = (size_t)B * T, C = config.channels, NH = config.num_heads, L = config.num_layers;
+    const size_t N = (size_t)B * T, C = config.channels, L = config.num_layers;
+    const size_t R = tp_rows(tp, (int)N);                                  // rows of the residual stream
+    const size_t attention = C / tp.size, hidden = 4 * C / tp.size, heads = config.num_heads / tp.size;
 
     if (full_parameters) model.params = tracked_alloc<floatX>(P, MemoryKind::Parameters);
     if (full_gradients) {
@@ -340,27 +195,27 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, i
         cudaCheck(cudaMemsetAsync(model.grads, 0, P * sizeof(floatX), model.stream));
     }
 
-    model.encoded = tracked_alloc<floatX>(N * C, MemoryKind::Activations);
+    model.encoded = tracked_alloc<floatX>(R * C, MemoryKind::Activations);
     model.blocks.resize(L);
     for (BlockActivations& a : model.blocks) {
-        a.ln1 = tracked_alloc<floatX>(N * C, MemoryKind::Activations);
-        a.ln1_mean = tracked_alloc<float>(N, MemoryKind::Activations);
-        a.ln1_rstd = tracked_alloc<float>(N, MemoryKind::Activations);
-        a.qkv = tracked_alloc<floatX>(N * 3 * C, MemoryKind::Activations);
-        a.atty = tracked_alloc<floatX>(N * C, MemoryKind::Activations);
-        a.lse = tracked_alloc<float>(N * NH, MemoryKind::Activations);
-        a.residual2 = tracked_alloc<floatX>(N * C, MemoryKind::Activations);
-        a.ln2 = tracked_alloc<floatX>(N * C, MemoryKind::Activations);
-        a.ln2_mean = tracked_alloc<float>(N, MemoryKind::Activations);
-        a.ln2_rstd = tracked_alloc<float>(N, MemoryKind::Activations);
-        a.fch = tracked_alloc<floatX>(N * 4 * C, MemoryKind::Activations);
-        a.fch_gelu = tracked_alloc<floatX>(N * 4 * C, MemoryKind::Activations);
-        a.output = tracked_alloc<floatX>(N * C, MemoryKind::Activations);
+        a.ln1 = tracked_alloc<floatX>(R * C, MemoryKind::Activations);
+        a.ln1_mean = tracked_alloc<float>(R, MemoryKind::Activations);
+        a.ln1_rstd = tracked_alloc<float>(R, MemoryKind::Activations);
+        a.qkv = tracked_alloc<floatX>(N * 3 * attention, MemoryKind::Activations);
+        a.atty = tracked_alloc<floatX>(N * attention, MemoryKind::Activations);
+        a.lse = tracked_alloc<float>(N * heads, MemoryKind::Activations);
+        a.residual2 = tracked_alloc<floatX>(R * C, MemoryKind::Activations);
+        a.ln2 = tracked_alloc<floatX>(R * C, MemoryKind::Activations);
+        a.ln2_mean = tracked_alloc<float>(R, MemoryKind::Activations);
+        a.ln2_rstd = tracked_alloc<float>(R, MemoryKind::Activations);
+        a.fch = tracked_alloc<floatX>(N * hidden, MemoryKind::Activations);
+        a.fch_gelu = tracked_alloc<floatX>(N * hidden, MemoryKind::Activations);
+        a.output = tracked_alloc<floatX>(R * C, MemoryKind::Activations);
     }
-    model.lnf = tracked_alloc<floatX>(N * C, MemoryKind::Activations);
-    model.lnf_mean = tracked_alloc<float>(N, MemoryKind::Activations);
-    model.lnf_rstd = tracked_alloc<float>(N, MemoryKind::Activations);
-    model.logits = tracked_alloc<floatX>(N * config.padded_vocab_size, MemoryKind::Activations);
+    model.lnf = tracked_alloc<floatX>(R * C, MemoryKind::Activations);
+    model.lnf_mean = tracked_alloc<float>(R, MemoryKind::Activations);
+    model.lnf_rstd = tracked_alloc<float>(R, MemoryKind::Activations);
+    model.logits = tracked_alloc<floatX>(N * (config.padded_vocab_size / tp.size), MemoryKind::Activations);
     model.losses = tracked_alloc<float>(N, MemoryKind::Activations);
     model.inputs = tracked_alloc<int>(N, MemoryKind::Activations);
     model.targets = tracked_alloc<int>(N, MemoryKind::Activations);
@@ -374,13 +229,17 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, i
 
     SharedBuffers& s = model.shared;
     s.projection = tracked_alloc<floatX>(N * C, MemoryKind::Activations);
-    s.dresidual = tracked_alloc<floatX>(N * C, MemoryKind::Activations);
+    s.dresidual = tracked_alloc<floatX>(R * C, MemoryKind::Activations);
     s.dchannels = tracked_alloc<floatX>(N * C, MemoryKind::Activations);
-    s.dhidden = tracked_alloc<floatX>(N * 4 * C, MemoryKind::Activations);
-    s.dqkv = tracked_alloc<floatX>(N * 3 * C, MemoryKind::Activations);
-    s.attention_D = tracked_alloc<float>(N * NH, MemoryKind::Activations);
-    s.matmul_scratch = tracked_alloc<float>(matmul_backward_scratch_floats((int)N, 4 * (int)C), MemoryKind::Activations);
-    s.layernorm_scratch = tracked_alloc<float>(layernorm_backward_scratch_floats((int)N, (int)C), MemoryKind::Activations);
+    s.dhidden = tracked_alloc<floatX>(N * hidden, MemoryKind::Activations);
+    s.dqkv = tracked_alloc<floatX>(N * 3 * attention, MemoryKind::Activations);
+    s.gathered = tp.sequence_parallel ? tracked_alloc<floatX>(N * C, MemoryKind::Activations) : nullptr;
+    s.softmax_stats = tp.size > 1 ? tracked_alloc<float>(4 * N, MemoryKind::Activations) : nullptr;
+    s.attention_D = tracked_alloc<float>(N * heads, MemoryKind::Activations);
+    // the widest matmul with a bias gradient: fc (4C/tp) or a row-parallel projection (C)
+    s.matmul_scratch = tracked_alloc<float>(matmul_backward_scratch_floats((int)N, (int)std::max(C, hidden)),
+                                            MemoryKind::Activations);
+    s.layernorm_scratch = tracked_alloc<float>(layernorm_backward_scratch_floats((int)R, (int)C), MemoryKind::Activations);
     s.norm_scratch = tracked_alloc<float>(global_norm_scratch_count(), MemoryKind::Activations);
     encoder_backward_workspace_create(&s.encoder_workspace, (int)N, (int)C);
 }
@@ -400,7 +259,7 @@ inline void gpt2_free(GPT2& model) {
             tracked_free(p);
     SharedBuffers& s = model.shared;
     for (void* p : {(void*)s.projection, (void*)s.dresidual, (void*)s.dchannels, (void*)s.dhidden, (void*)s.dqkv,
-                    (void*)s.attention_D, (void*)s.matmul_scratch, (void*)s.layernorm_scratch, (void*)s.norm_scratch})
+                    (void*)s.gathered, (void*)s.softmax_stats, (void*)s.attention_D, (void*)s.matmul_scratch, (void*)s.layernorm_scratch, (void*)s.norm_scratch})
         tracked_free(p);
     encoder_backward_workspace_free(&s.encoder_workspace);
     cudaCheck(cudaStreamDestroy(model.stream));
@@ -549,42 +408,61 @@ std::vector<float> gpt2_initial_parameters(const ParameterLayout& layout, Normal
 
 // ----------------------------------------------------------------------------
 // one block, forward and backward (N = B*T rows)
+//
+// Under tensor parallelism each rank runs the block on its heads and hidden units; tp_enter (f) and
+// tp_leave (g) are where the ranks talk: all-reduces, or with sequence parallelism all-gathers and
+// reduce-scatters (llmc/tensor_parallel.h). With one rank they do nothing and R = N.
 
-inline void block_forward(const GPT2Config& c, const BlockParams& p, const BlockActivations& a, floatX* projection,
-                          const floatX* input, int B, int T, cudaStream_t stream) {
-    const int N = B * T, C = c.channels;
-    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, input, p.ln1w, p.ln1b, N, C, stream);
-    matmul_forward(a.qkv, a.ln1, p.qkvw, p.qkvb, N, C, 3 * C, stream);
-    attention_forward(a.atty, a.lse, a.qkv, B, T, C, c.num_heads, stream);
-    matmul_forward(projection, a.atty, p.attprojw, p.attprojb, N, C, C, stream);
-    fused_residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, input, projection, p.ln2w, p.ln2b,
-                                     N, C, stream);
-    matmul_forward(a.fch, a.ln2, p.fcw, p.fcb, N, C, 4 * C, stream);
-    gelu_forward(a.fch_gelu, a.fch, (size_t)N * 4 * C, stream);
-    matmul_forward(projection, a.fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C, stream);
-    residual_forward(a.output, a.residual2, projection, (size_t)N * C, stream);
+inline void block_forward(const GPT2Config& c, const TensorParallel& tp, const BlockParams& p,
+                          const BlockActivations& a, SharedBuffers& s, const floatX* input, int B, int T,
+                          cudaStream_t stream) {
+    const int N = B * T, C = c.channels, R = tp_rows(tp, N);
+    const int heads = c.num_heads / tp.size, attention = C / tp.size, hidden = 4 * C / tp.size;
+    // x + attproj(attention(qkv(layernorm1(x)))): qkv column-parallel (this rank's heads), attproj row-parallel
+    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, input, p.ln1w, p.ln1b, R, C, stream);
+    const floatX* ln1 = tp_enter(tp, a.ln1, s.gathered, N, C, stream);
+    matmul_forward(a.qkv, ln1, p.qkvw, p.qkvb, N, C, 3 * attention, stream);
+    attention_forward(a.atty, a.lse, a.qkv, B, T, attention, heads, stream);
+    matmul_forward(s.projection, a.atty, p.attprojw, tp_row_parallel_bias(tp, p.attprojb), N, attention, C, stream);
+    const floatX* attention_branch = tp_leave(tp, s.projection, N, C, stream);
+    fused_residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, input, attention_branch, p.ln2w,
+                                     p.ln2b, R, C, stream);
+    // + fcproj(gelu(fc(layernorm2(.)))): fc column-parallel (this rank's hidden units), fcproj row-parallel
+    const floatX* ln2 = tp_enter(tp, a.ln2, s.gathered, N, C, stream);
+    matmul_forward(a.fch, ln2, p.fcw, p.fcb, N, C, hidden, stream);
+    gelu_forward(a.fch_gelu, a.fch, (size_t)N * hidden, stream);
+    matmul_forward(s.projection, a.fch_gelu, p.fcprojw, tp_row_parallel_bias(tp, p.fcprojb), N, hidden, C, stream);
+    const floatX* mlp_branch = tp_leave(tp, s.projection, N, C, stream);
+    residual_forward(a.output, a.residual2, mlp_branch, (size_t)R * C, stream);
 }
 
-// dresidual: in, the gradient of the block's output; out, the gradient of its input. The block's
-// parameter gradients accumulate into g. The steps run the forward pass backwards.
-inline void block_backward(const GPT2Config& c, const BlockParams& p, const BlockParams& g, const BlockActivations& a,
-                           const floatX* input, floatX* dresidual, SharedBuffers& s, int B, int T,
-                           cudaStream_t stream) {
-    const int N = B * T, C = c.channels;
+// dresidual: in, the gradient of the block's output; out, the gradient of its input (this rank's R rows).
+// The block's parameter gradients accumulate into g. The steps run the forward pass backwards.
+inline void block_backward(const GPT2Config& c, const TensorParallel& tp, const BlockParams& p, const BlockParams& g,
+                           const BlockActivations& a, const floatX* input, floatX* dresidual, SharedBuffers& s,
+                           int B, int T, cudaStream_t stream) {
+    const int N = B * T, C = c.channels, R = tp_rows(tp, N);
+    const int heads = c.num_heads / tp.size, attention = C / tp.size, hidden = 4 * C / tp.size;
     // output = residual2 + fcproj(gelu(fc(ln2))): dresidual is the gradient of both terms
-    matmul_backward(s.dhidden, g.fcprojw, g.fcprojb, s.matmul_scratch, dresidual, a.fch_gelu, p.fcprojw, N, 4 * C, C,
+    const floatX* dmlp = tp_leave_backward(tp, dresidual, s.gathered, N, C, stream);
+    matmul_backward(s.dhidden, g.fcprojw, g.fcprojb, s.matmul_scratch, dmlp, a.fch_gelu, p.fcprojw, N, hidden, C,
                     stream);
-    gelu_backward(s.dhidden, a.fch, s.dhidden, (size_t)N * 4 * C, stream);
-    matmul_backward(s.dchannels, g.fcw, g.fcb, s.matmul_scratch, s.dhidden, a.ln2, p.fcw, N, C, 4 * C, stream);
-    layernorm_backward(dresidual, g.ln2w, g.ln2b, s.layernorm_scratch, s.dchannels, a.residual2, p.ln2w, a.ln2_mean,
-                       a.ln2_rstd, N, C, stream);
+    gelu_backward(s.dhidden, a.fch, s.dhidden, (size_t)N * hidden, stream);
+    const floatX* ln2 = tp_enter(tp, a.ln2, s.gathered, N, C, stream);  // gathered again under SP
+    matmul_backward(s.dchannels, g.fcw, g.fcb, s.matmul_scratch, s.dhidden, ln2, p.fcw, N, C, hidden, stream);
+    const floatX* dln2 = tp_enter_backward(tp, s.dchannels, N, C, stream);
+    layernorm_backward(dresidual, g.ln2w, g.ln2b, s.layernorm_scratch, dln2, a.residual2, p.ln2w, a.ln2_mean,
+                       a.ln2_rstd, R, C, stream);
     // residual2 = input + attproj(attention(qkv(ln1))): dresidual is now the gradient of residual2
-    matmul_backward(s.dchannels, g.attprojw, g.attprojb, s.matmul_scratch, dresidual, a.atty, p.attprojw, N, C, C,
-                    stream);
-    attention_backward(s.dqkv, s.attention_D, s.dchannels, a.qkv, a.atty, a.lse, B, T, C, c.num_heads, stream);
-    matmul_backward(s.dchannels, g.qkvw, g.qkvb, s.matmul_scratch, s.dqkv, a.ln1, p.qkvw, N, C, 3 * C, stream);
-    layernorm_backward(dresidual, g.ln1w, g.ln1b, s.layernorm_scratch, s.dchannels, input, p.ln1w, a.ln1_mean,
-                       a.ln1_rstd, N, C, stream);
+    const floatX* dattention = tp_leave_backward(tp, dresidual, s.gathered, N, C, stream);
+    matmul_backward(s.dchannels, g.attprojw, g.attprojb, s.matmul_scratch, dattention, a.atty, p.attprojw, N,
+                    attention, C, stream);
+    attention_backward(s.dqkv, s.attention_D, s.dchannels, a.qkv, a.atty, a.lse, B, T, attention, heads, stream);
+    const floatX* ln1 = tp_enter(tp, a.ln1, s.gathered, N, C, stream);
+    matmul_backward(s.dchannels, g.qkvw, g.qkvb, s.matmul_scratch, s.dqkv, ln1, p.qkvw, N, C, 3 * attention, stream);
+    const floatX* dln1 = tp_enter_backward(tp, s.dchannels, N, C, stream);
+    layernorm_backward(dresidual, g.ln1w, g.ln1b, s.layernorm_scratch, dln1, input, p.ln1w, a.ln1_mean, a.ln1_rstd,
+                       R, C, stream);
 }
 
 // ----------------------------------------------------------------------------
@@ -597,33 +475,46 @@ inline void check_token_ids(const int* tokens, size_t count, int vocab_size, con
             fatal("%s: token id %d at position %zu is outside the vocabulary [0, %d)", what, tokens[i], i, vocab_size);
 }
 
-// Forward pass of B sequences of T tokens (host ids) up to the logits (model.logits, N x Vp).
 // chunk c's parameters (0: embeddings, 1..L: blocks, L+1: final layernorm)
 inline floatX* chunk_parameters(GPT2& model, int chunk) {
     return model.parameters_of ? model.parameters_of(chunk) : model.params + model.layout.chunk_start(chunk);
 }
 
+// Forward pass of B sequences of T tokens (host ids) up to the logits (model.logits: N x Vp, or this
+// tensor-parallel rank's N x Vp/tp columns).
 inline void gpt2_forward(GPT2& model, const int* inputs, int B, int T) {
     const GPT2Config& c = model.config;
     if (B > model.max_batch || T > model.max_seq)
         fatal("batch %d x %d exceeds the allocated %d x %d", B, T, model.max_batch, model.max_seq);
     const int N = B * T, C = c.channels, L = c.num_layers;
+    if (model.tp.sequence_parallel && N % model.tp.size != 0)
+        fatal("sequence parallelism: %d x %d rows do not split over tp %d", B, T, model.tp.size);
     check_token_ids(inputs, N, c.vocab_size, "input batch");
     std::copy(inputs, inputs + N, model.inputs_host.begin());
     staged_upload(model.inputs_upload, model.inputs, inputs, N, model.stream);
 
     const ParameterLayout& layout = model.layout;
-    floatX* embeddings = chunk_parameters(model, 0);  // wte, then wpe
-    encoder_forward(model.encoded, model.inputs, embeddings, embeddings + layout.offset(WPE), B, T, C, model.stream);
+    const TensorParallel& tp = model.tp;
+    SharedBuffers& s = model.shared;
+    floatX* embeddings = chunk_parameters(model, 0);  // wte (this rank's rows under tp), then wpe
+    const floatX* wpe = embeddings + layout.offset(WPE);
+    if (tp.size == 1) {
+        encoder_forward(model.encoded, model.inputs, embeddings, wpe, B, T, C, model.stream);
+    } else {
+        vocab_parallel_embedding_forward(tp, model.encoded, s.projection, model.inputs, embeddings, wpe, B, T, C,
+                                         c.padded_vocab_size, model.stream);
+    }
     for (int l = 0; l < L; l++) {
         const floatX* input = l == 0 ? model.encoded : model.blocks[l - 1].output;
-        block_forward(c, block_params_in_chunk(chunk_parameters(model, l + 1), layout), model.blocks[l],
-                      model.shared.projection, input, B, T, model.stream);
+        block_forward(c, tp, block_params_in_chunk(chunk_parameters(model, l + 1), layout), model.blocks[l], s, input,
+                      B, T, model.stream);
     }
     floatX* final_layernorm = chunk_parameters(model, L + 1);  // lnfw, then lnfb
     layernorm_forward(model.lnf, model.lnf_mean, model.lnf_rstd, model.blocks[L - 1].output, final_layernorm,
-                      final_layernorm + C, N, C, model.stream);
-    matmul_forward(model.logits, model.lnf, embeddings, nullptr, N, C, c.padded_vocab_size, model.stream);
+                      final_layernorm + C, tp_rows(tp, N), C, model.stream);
+    // the LM head: column-parallel over the vocabulary (wte's rows), so f comes before it
+    const floatX* lnf = tp_enter(tp, model.lnf, s.gathered, N, C, model.stream);
+    matmul_forward(model.logits, lnf, embeddings, nullptr, N, C, c.padded_vocab_size / tp.size, model.stream);
 }
 
 // Cross-entropy of the logits against `targets` (host ids). Adds the mean loss over the N positions to
@@ -635,8 +526,13 @@ inline void gpt2_loss(GPT2& model, const int* targets, int B, int T, float dloss
     const int N = B * T;
     check_token_ids(targets, N, c.vocab_size, "target batch");
     staged_upload(model.targets_upload, model.targets, targets, N, model.stream);
-    fused_classifier(model.logits, model.losses, dloss, model.targets, N, c.vocab_size, c.padded_vocab_size,
-                     model.stream);
+    if (model.tp.size == 1) {
+        fused_classifier(model.logits, model.losses, dloss, model.targets, N, c.vocab_size, c.padded_vocab_size,
+                         model.stream);
+    } else {
+        vocab_parallel_cross_entropy(model.tp, model.logits, model.losses, model.shared.softmax_stats, dloss,
+                                     model.targets, N, c.vocab_size, c.padded_vocab_size, model.stream);
+    }
     accumulate_mean_loss(model.loss_sum, model.losses, N, model.stream);
 }
 
@@ -661,7 +557,8 @@ struct BackwardHooks {
 inline void gpt2_backward(GPT2& model, int B, int T, const BackwardHooks& hooks = {}) {
     const GPT2Config& c = model.config;
     const ParameterLayout& layout = model.layout;
-    const int N = B * T, C = c.channels, L = c.num_layers;
+    const TensorParallel& tp = model.tp;
+    const int N = B * T, C = c.channels, L = c.num_layers, R = tp_rows(tp, N);
     SharedBuffers& s = model.shared;
     auto gradients_of = [&](int chunk) {
         return hooks.gradient_buffer ? hooks.gradient_buffer(chunk) : model.grads + layout.chunk_start(chunk);
@@ -671,26 +568,35 @@ inline void gpt2_backward(GPT2& model, int B, int T, const BackwardHooks& hooks 
     };
     const int final_chunk = layout.num_chunks() - 1;
 
-    // logits = lnf @ wte^T: the LM head's share of dwte, and the gradient of lnf
+    // logits = lnf @ wte^T: the LM head's share of dwte, and the gradient of lnf (f's backward sums the
+    // tp ranks' shares of it)
     floatX* embedding_grads = gradients_of(0);  // wte, then wpe
-    matmul_backward(s.dchannels, embedding_grads, nullptr, s.matmul_scratch, model.logits, model.lnf,
-                    chunk_parameters(model, 0), N, C, c.padded_vocab_size, model.stream);
+    const floatX* lnf = tp_enter(tp, model.lnf, s.gathered, N, C, model.stream);
+    matmul_backward(s.dchannels, embedding_grads, nullptr, s.matmul_scratch, model.logits, lnf,
+                    chunk_parameters(model, 0), N, C, c.padded_vocab_size / tp.size, model.stream);
+    const floatX* dlnf = tp_enter_backward(tp, s.dchannels, N, C, model.stream);
     // lnf = layernorm(x_L): the residual stream's gradient starts here
     floatX* final_grads = gradients_of(final_chunk);  // lnfw, then lnfb
-    cudaCheck(cudaMemsetAsync(s.dresidual, 0, (size_t)N * C * sizeof(floatX), model.stream));
-    layernorm_backward(s.dresidual, final_grads, final_grads + C, s.layernorm_scratch, s.dchannels,
+    cudaCheck(cudaMemsetAsync(s.dresidual, 0, (size_t)R * C * sizeof(floatX), model.stream));
+    layernorm_backward(s.dresidual, final_grads, final_grads + C, s.layernorm_scratch, dlnf,
                        model.blocks[L - 1].output, chunk_parameters(model, final_chunk), model.lnf_mean,
-                       model.lnf_rstd, N, C, model.stream);
+                       model.lnf_rstd, R, C, model.stream);
     final(final_chunk);
     for (int l = L - 1; l >= 0; l--) {
         const floatX* input = l == 0 ? model.encoded : model.blocks[l - 1].output;
-        block_backward(c, block_params_in_chunk(chunk_parameters(model, l + 1), layout),
+        block_backward(c, tp, block_params_in_chunk(chunk_parameters(model, l + 1), layout),
                        block_params_in_chunk(gradients_of(l + 1), layout), model.blocks[l], input, s.dresidual, s, B, T,
                        model.stream);
         final(l + 1);
     }
-    encoder_backward(embedding_grads, embedding_grads + layout.offset(WPE), &s.encoder_workspace, s.dresidual,
-                     model.inputs_host.data(), B, T, C, model.stream);
+    floatX* dwpe = embedding_grads + layout.offset(WPE);
+    if (tp.size == 1) {
+        encoder_backward(embedding_grads, dwpe, &s.encoder_workspace, s.dresidual, model.inputs_host.data(), B, T, C,
+                         model.stream);
+    } else {
+        vocab_parallel_embedding_backward(tp, embedding_grads, dwpe, &s.encoder_workspace, s.dresidual, s.gathered,
+                                          model.inputs_host.data(), B, T, C, c.padded_vocab_size, model.stream);
+    }
     final(0);
 }
 

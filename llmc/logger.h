@@ -106,6 +106,7 @@ struct StepStats {
     size_t memory_bytes = 0;    // device_memory_in_use_bytes()
     double mfu = -1.0;          // fraction of peak (0.41 = 41%); negative when the GPU's peak is unknown
     long long comm_bytes = 0;   // bytes this rank sent to other ranks during the step (0: one rank)
+    long long tp_comm_bytes = 0;  // ... of them, to its tensor-parallel group
 };
 
 class Logger {
@@ -152,6 +153,7 @@ public:
         json.number("tokens_per_s", tokens_per_second).number("memory_mib", memory_mib);
         json.number("mfu", s.mfu >= 0 ? s.mfu : NAN);  // unknown peak: null
         json.integer("comm_bytes", s.comm_bytes);
+        json.integer("tp_comm_bytes", s.tp_comm_bytes);
         write(json);
     }
 

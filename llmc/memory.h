@@ -227,6 +227,8 @@ struct GPT2MemoryShape {
     int batch = 0;             // B: the micro-batch
     int seq_len = 0;           // T
     int multiprocessors = 132; // sizes two scratch buffers; 132 = H100 SXM (device_properties() at run time)
+    int tp = 1;                // tensor-parallel ranks (llmc/tensor_parallel.h)
+    bool sequence_parallel = false;
 };
 
 struct ActivationBytes {
@@ -235,31 +237,39 @@ struct ActivationBytes {
     double workspace = 0;    // the buffers every layer reuses, gradients of activations included
 };
 
-// With N = B*T rows, s = sizeof(floatX), f = 4 (fp32 statistics), i = 4 (int):
-//   per layer: floatX ln1 NC, qkv 3NC, atty NC, residual2 NC, ln2 NC, fch 4NC, fch_gelu 4NC, output NC
-//              = 16 NC s;  fp32 ln1 mean/rstd 2N, ln2 mean/rstd 2N, attention lse N*NH  = (4N + N NH) f
-//   model:     floatX encoded NC, lnf NC, logits N Vp;  fp32 lnf mean/rstd 2N, losses N;  int inputs,
+// With N = B*T rows, s = sizeof(floatX), f = 4 (fp32 statistics), i = 4 (int), and under tensor
+// parallelism over t ranks (t = 1 without): a rank's attention channels c = C/t, heads h = NH/t, hidden
+// units H = 4C/t, vocabulary columns v = Vp/t, and rows of the residual stream R = N/t under sequence
+// parallelism (else R = N):
+//   per layer: floatX ln1, residual2, ln2, output 4RC; qkv 3Nc, atty Nc; fch, fch_gelu 2NH
+//              (t = 1: 16 NC s);  fp32 ln1 and ln2 mean/rstd 4R, attention lse N h
+//   model:     floatX encoded RC, lnf RC, logits N v;  fp32 lnf mean/rstd 2R, losses N;  int inputs,
 //              targets 2N
-//   workspace: floatX projection NC, dresidual NC, dchannels NC, dhidden 4NC, dqkv 3NC = 10 NC s;
-//              fp32 attention_D N NH, matmul bias scratch ceil(N/64) 4C, layernorm scratch
-//              2C min(ceil(N/8), 3 SMs), norm scratch 4 SMs, the step's results 2 (loss, squared norm),
-//              encoder partial rows (floor(N/64) + floor(N/65)) C;  int encoder workspace 4N + 3 floor(N/65);
-//              the running loss sum, one double
+//   workspace: floatX projection NC, dresidual RC, dchannels NC, dhidden NH, dqkv 3Nc, and under sequence
+//              parallelism the gathered rows NC (t = 1: 10 NC s);
+//              fp32 attention_D N h, the vocabulary-parallel loss's statistics 4N (t > 1), matmul bias
+//              scratch ceil(N/64) max(C, H), layernorm scratch 2C min(ceil(R/8), 3 SMs), norm scratch
+//              4 SMs, the step's results 2 (loss, squared norm), encoder partial rows
+//              (floor(N/64) + floor(N/65)) C;  int encoder workspace 4N + 3 floor(N/65); the running loss
+//              sum, one double
 // (the constants 64, 8, 3 and 4 are those of llmc/matmul.cuh, layernorm.cuh and cuda_common.cuh's
 // grid_size_for, 64 and 65 = 64 + 1 those of llmc/encoder.cuh; pinned host staging and read-back buffers
 // are host memory and not counted)
 inline ActivationBytes gpt2_activation_bytes(const GPT2MemoryShape& shape, bool bf16) {
     const double s = bf16 ? 2 : 4, f = 4, i = 4;
-    const double N = (double)shape.batch * shape.seq_len, C = shape.channels, NH = shape.num_heads;
-    const double L = shape.num_layers, Vp = shape.padded_vocab, SMs = shape.multiprocessors;
+    const double t = shape.tp, N = (double)shape.batch * shape.seq_len, C = shape.channels;
+    const double c = C / t, h = shape.num_heads / t, H = 4 * C / t, R = shape.sequence_parallel ? N / t : N;
+    const double L = shape.num_layers, v = shape.padded_vocab / t, SMs = shape.multiprocessors;
     ActivationBytes a;
-    a.per_layer = 16 * N * C * s + (4 * N + N * NH) * f;
-    a.activations = L * a.per_layer + (2 * N * C + N * Vp) * s + 3 * N * f + 2 * N * i;
-    const double bias_rows = std::ceil(N / 64), layernorm_blocks = std::min(std::ceil(N / 8), 3 * SMs);
+    a.per_layer = (4 * R * C + 4 * N * c + 2 * N * H) * s + (4 * R + N * h) * f;
+    a.activations = L * a.per_layer + (2 * R * C + N * v) * s + (2 * R + N) * f + 2 * N * i;
+    const double bias_rows = std::ceil(N / 64), layernorm_blocks = std::min(std::ceil(R / 8), 3 * SMs);
     const double encoder_heavy_tokens = std::floor(N / 65);
     const double encoder_partial_rows = std::floor(N / 64) + encoder_heavy_tokens;
-    a.workspace = 10 * N * C * s +
-                  (N * NH + bias_rows * 4 * C + 2 * C * layernorm_blocks + 4 * SMs + 2 + encoder_partial_rows * C) * f +
+    const double gathered = shape.sequence_parallel ? N * C : 0, softmax_stats = t > 1 ? 4 * N : 0;
+    a.workspace = (2 * N * C + R * C + N * H + 3 * N * c + gathered) * s +
+                  (N * h + softmax_stats + bias_rows * std::max(C, H) + 2 * C * layernorm_blocks + 4 * SMs + 2 +
+                   encoder_partial_rows * C) * f +
                   (4 * N + 3 * encoder_heavy_tokens) * i + sizeof(double);
     return a;
 }
@@ -344,9 +354,10 @@ inline MemoryPlan plan_training_memory(size_t num_parameters, int zero_stage, in
     if (zero_stage >= 2 && shape) {  // chunk-sized buffers, padded as ParameterLayout pads them
         const double multiple = (double)kChunkPaddingElements * N;
         auto padded = [&](double count) { return std::ceil(count / multiple) * multiple; };
-        const double C = shape->channels;
-        const double embedding = padded(((double)shape->padded_vocab + shape->max_seq_len) * C);
-        const double block = padded(12 * C * C + 13 * C);
+        // a tp rank's chunks (llmc/parameters.h): wte's rows and the matmuls split t ways, the rest whole
+        const double C = shape->channels, t = shape->tp;
+        const double embedding = padded(((double)shape->padded_vocab / t + shape->max_seq_len) * C);
+        const double block = padded(12 * C * C / t + 6 * C + 7 * C / t);
         const double final = padded(2 * C);
         const double chunks = (embedding + 2 * block + final) * s;
         const double largest_shard = std::max({embedding, block, final}) / N * s;
@@ -364,10 +375,13 @@ inline MemoryPlan plan_training_memory(size_t num_parameters, int zero_stage, in
         const ActivationBytes a = gpt2_activation_bytes(*shape, bf16);
         p.activations = a.activations;
         p.workspace = a.workspace;
-        p.activations_formula = plan_format("L=%d x %s per layer + embeddings, logits (B=%d, T=%d, Vp=%d)",
+        p.activations_formula = plan_format("L=%d x %s per layer + embeddings, logits (B=%d, T=%d, Vp=%d, tp=%d%s)",
                                             shape->num_layers, format_bytes(a.per_layer).c_str(), shape->batch,
-                                            shape->seq_len, shape->padded_vocab);
-        p.workspace_formula = plan_format("shared buffers, 10 x B T C x %.0f bytes + fp32 scratch", s);
+                                            shape->seq_len, shape->padded_vocab, shape->tp,
+                                            shape->sequence_parallel ? ", sequence parallel" : "");
+        p.workspace_formula = shape->tp == 1 ? plan_format("shared buffers, 10 x B T C x %.0f bytes + fp32 scratch", s)
+                                             : plan_format("shared buffers of B T C/tp .. B T C elements, tp=%d%s",
+                                                           shape->tp, shape->sequence_parallel ? ", SP" : "");
     }
 
     // communication per step

@@ -273,6 +273,10 @@ inline floatX* zero_gradient_buffer(Zero& z, GPT2& model, int chunk) {
 // into this rank's shard (stages 1, 2), on the comm stream once the compute stream got there. Stages 0 and
 // 1 act on the last micro-step only; stage 2 on every micro-step (see zero_backward_hooks).
 inline void zero_gradient_chunk_final(Zero& z, GPT2& model, int chunk, bool last_micro_step) {
+    // sequence parallelism: the layernorm gradients are each tp rank's share until summed; on the compute
+    // stream, the only stream that talks to the tp group
+    floatX* chunk_grads = z.stage >= 2 ? z.working[working_buffer_of(z, chunk)] : model.grads + z.layout->chunk_start(chunk);
+    tp_sum_sequence_parallel_gradients(model.tp, chunk_grads, *z.layout, chunk, model.stream);
     const bool alone = z.data_parallel == nullptr || z.data_parallel->size == 1;
     if (z.stage == 0 && alone) return;
     cudaCheck(cudaEventRecord(z.chunk_ready, model.stream));
@@ -294,7 +298,6 @@ inline void zero_gradient_chunk_final(Zero& z, GPT2& model, int chunk, bool last
         cudaCheck(cudaEventRecord(z.working_free[w], z.comm_stream));
         return;
     }
-    floatX* chunk_grads = model.grads + z.layout->chunk_start(chunk);
     if (z.stage == 0) {
         all_reduce(*z.data_parallel, chunk_grads, z.layout->chunk_size(chunk), Reduction::Average, z.comm_stream);
         return;
@@ -327,15 +330,42 @@ inline void zero_wait_for_gradients(Zero& z, GPT2& model) {
 }
 
 // model.results->grad_norm_squared = the squared L2 norm of the averaged gradient of the whole model (the
-// same value on every rank), on the compute stream after zero_wait_for_gradients.
+// same value on every rank), on the compute stream after zero_wait_for_gradients. Each rank adds the
+// squares of the gradient it holds (all of it at stage 0, its shard from stage 1), leaving out, under
+// tensor parallelism, the replicated tensors on every tp rank but rank 0 (tp_counts_in_norm); the sum
+// over the shard group and the tp group is the model's.
 inline void zero_gradient_norm(Zero& z, GPT2& model) {
-    if (z.stage == 0) {
-        gpt2_grad_norm_squared(model);
-        return;
+    const ParameterLayout& layout = *z.layout;
+    const floatX* grads = z.stage == 0 ? model.grads : z.grad_shard;
+    // the parts of `grads` this rank counts, as [first, end) element ranges, adjacent ones merged
+    std::vector<std::pair<size_t, size_t>> counted;
+    auto count = [&](size_t first, size_t end) {
+        if (first >= end) return;
+        if (!counted.empty() && counted.back().second == first) counted.back().second = end;
+        else counted.push_back({first, end});
+    };
+    for (int c = 0; c < layout.num_chunks(); c++) {
+        // chunk c's part of the buffer: [held, held_end) in parameter-buffer coordinates, at `at` in `grads`
+        const size_t held = z.stage == 0 ? layout.chunk_start(c) : shard_start(z, c);
+        const size_t held_end = held + (z.stage == 0 ? layout.chunk_size(c) : shard_size(z, c));
+        const size_t at = z.stage == 0 ? held : shard_offset(z, c);
+        size_t next = held;  // counted up to here
+        for_each_tensor_in_file_order(layout, [&](int kind, int layer, size_t offset, size_t elements) {
+            if (chunk_of(layout, kind, layer) != c || tp_counts_in_norm(model.tp, kind)) return;
+            const size_t first = std::max(offset, held), end = std::min(offset + elements, held_end);
+            if (first >= end) return;
+            count(at + (next - held), at + (first - held));  // what lies before this left-out tensor
+            next = end;
+        });
+        count(at + (next - held), at + (held_end - held));
     }
     float* squared = &model.results->grad_norm_squared;
-    global_norm_squared(squared, model.shared.norm_scratch, z.grad_shard, z.layout->total / z.shards, model.stream);
-    if (z.shard_group && z.shard_group->size > 1) all_reduce(*z.shard_group, squared, 1, Reduction::Sum, model.stream);
+    cudaCheck(cudaMemsetAsync(squared, 0, sizeof(float), model.stream));
+    for (const auto& [first, end] : counted)
+        global_norm_squared_accumulate(squared, model.shared.norm_scratch, grads + first, end - first, model.stream);
+    if (z.stage > 0 && z.shard_group && z.shard_group->size > 1)
+        all_reduce(*z.shard_group, squared, 1, Reduction::Sum, model.stream);
+    if (model.tp.size > 1) all_reduce(*model.tp.group, squared, 1, Reduction::Sum, model.stream);
 }
 
 // A device value (each rank's loss on its rows, for the log) replaced by its mean over the data-parallel ranks.
@@ -364,7 +394,10 @@ inline void zero_optimizer_step(Zero& z, GPT2& model, const AdamWConfig& adamw, 
         if (first >= end) return;  // no part of this tensor is in this rank's shard
         const float decay = tensor_kind_info(kind).is_matrix ? adamw.weight_decay : 0.0f;
         const size_t in_chunk_shard = first - shard_start(z, chunk);
-        chunk_tensors[chunk].push_back({in_chunk_shard, end - first, first - offset, tensor_seed, decay});
+        // the rounding hashes the element's index: a tp rank's slices are numbered after the lower ranks'
+        // (so no two ranks round alike), replicated tensors alike on every rank (so their copies stay equal)
+        const size_t slice_first = tensor_is_replicated(kind) ? 0 : (size_t)model.tp.rank * count;
+        chunk_tensors[chunk].push_back({in_chunk_shard, end - first, slice_first + first - offset, tensor_seed, decay});
     });
     for (int c = 0; c < model.layout.num_chunks(); c++) {
         // the shard's element k is parameter shard_start + k, and element shard_offset + k of the shard buffers
@@ -401,21 +434,26 @@ inline std::vector<float> zero_parameters(Zero& z, GPT2& model) {
 // ----------------------------------------------------------------------------
 // checkpoints of the sharded state
 //
-// A checkpoint of S shards is S files: shard k holds, for every chunk, shard k of the parameters, the fp32
-// master weights and the two moments, as laid out for S shards (llmc/gpt2.cuh pads each chunk to a
-// multiple of 128 S). The ranks of the first replica group write them: rank 0 writes shard 0 into the main
-// file together with everything that is not sharded (step, data position, ...), after a barrier that
-// guarantees the other shard files are complete, so a checkpoint whose main file exists is whole.
-// Reading does not need the same layout: element o of chunk c (o below the chunk's unpadded size) is the
-// same parameter in every layout, so each rank copies, from every saved shard, the elements that fall in
-// the shards it holds now. A run saved on 4 ranks at ZeRO-1 can continue on 2 ranks at ZeRO-3.
+// A checkpoint of S shards at tensor-parallel size T is T*S files: file t*S + k holds, for every chunk,
+// shard k of tp rank t's parameters, fp32 master weights and two moments, as laid out for S shards and T
+// slices (llmc/parameters.h pads each chunk to a multiple of 128 S). The ranks of the first replica group
+// write them: rank 0 writes file 0, the main file, together with everything that is not sharded (step,
+// data position, ...), after a barrier that guarantees the other files are complete, so a checkpoint
+// whose main file exists is whole.
+// Reading does not need the same layout: for_each_common_run (llmc/parameters.h) says which elements of a
+// saved tp slice are which elements of this rank's slice, so each rank copies, from every saved file, the
+// elements that fall in the shards it holds now. A run saved on 4 ranks at ZeRO-1 can continue on 2 ranks
+// at ZeRO-3, and one saved at tp 2 on 1 rank or at tp 4.
 
-inline std::string shard_path(const std::string& main_path, int shard) {
-    if (shard == 0) return main_path;
-    return main_path.substr(0, main_path.size() - 4) + ".shard" + std::to_string(shard) + ".bin";  // drops ".bin"
+inline std::string shard_path(const std::string& main_path, int file) {
+    if (file == 0) return main_path;
+    return main_path.substr(0, main_path.size() - 4) + ".shard" + std::to_string(file) + ".bin";  // drops ".bin"
 }
 
-// whether this rank writes a shard file (the first replica group does; the others hold the same shards)
+// which of a checkpoint's files this rank's shard goes to
+inline int zero_checkpoint_file(const Zero& z, const GPT2& model) { return model.tp.rank * z.shards + z.shard_rank; }
+
+// whether this rank writes a file (the first replica group does; the others hold the same shards)
 inline bool zero_writes_shard(const Zero& z) {
     return z.replicate_group == nullptr || z.replicate_group->rank == 0;
 }
@@ -437,44 +475,49 @@ inline void zero_write_shard(Zero& z, GPT2& model, CheckpointWriter& writer) {
     }
 }
 
-// Reads a checkpoint's S shards (main file at main_path) into this rank's parameters and optimizer state.
-inline void zero_read_shards(Zero& z, GPT2& model, const std::string& main_path, int saved_shards) {
-    const ParameterLayout saved(model.config, saved_shards);
+// Reads a checkpoint of `saved_shards` shards at tensor-parallel size `saved_tp` (main file at main_path)
+// into this rank's parameters and optimizer state.
+inline void zero_read_shards(Zero& z, GPT2& model, const std::string& main_path, int saved_shards, int saved_tp) {
     const ParameterLayout& now = model.layout;
     // host copies of what this rank holds: all parameters (stages 0-2) or its shard (stage 3), and its state
     const size_t my_count = now.total / z.shards;
     std::vector<floatX> params(z.stage == 3 ? my_count : now.total, (floatX)0.0f);
     std::vector<float> master(z.master ? my_count : 0, 0.0f), m(my_count, 0.0f), v(my_count, 0.0f);
 
-    for (int k = 0; k < saved_shards; k++) {
-        CheckpointReader reader(shard_path(main_path, k));
+    for (int t = 0; t < saved_tp; t++) {
+        const ParameterLayout saved(model.config, saved_shards, saved_tp, t);
         const size_t saved_count = saved.total / saved_shards;
-        std::vector<floatX> saved_params(saved_count);
-        std::vector<float> saved_master(z.master ? saved_count : 0), saved_m(saved_count), saved_v(saved_count);
-        reader.read("params", saved_params.data(), saved_count * sizeof(floatX));
-        if (z.master) reader.read("master", saved_master.data(), saved_count * sizeof(float));
-        reader.read("adamw_m", saved_m.data(), saved_count * sizeof(float));
-        reader.read("adamw_v", saved_v.data(), saved_count * sizeof(float));
-        for (int c = 0; c < now.num_chunks(); c++) {
-            // offsets within chunk c: the saved shard k, this rank's shard, the chunk's real (unpadded) size
-            const size_t used = std::min(saved.chunk_size(c), now.chunk_size(c));  // the smaller padding
-            const size_t saved_size = saved.chunk_size(c) / saved_shards, saved_first = k * saved_size;
-            const size_t saved_at = saved.chunk_start(c) / saved_shards;
-            const size_t my_size = shard_size(z, c), my_first = (size_t)z.shard_rank * my_size;
-            const size_t my_at = shard_offset(z, c);
-            // parameters: the whole chunk (stages 0-2) or this rank's shard (stage 3)
-            const size_t p_first = z.stage == 3 ? my_first : 0, p_end = z.stage == 3 ? my_first + my_size : used;
-            const size_t p_at = z.stage == 3 ? my_at : now.chunk_start(c);
-            for (size_t o = std::max(saved_first, p_first); o < std::min({saved_first + saved_size, p_end, used}); o++)
-                params[p_at + (o - p_first)] = saved_params[saved_at + (o - saved_first)];
-            // optimizer state: this rank's shard
-            for (size_t o = std::max(saved_first, my_first); o < std::min({saved_first + saved_size, my_first + my_size, used});
-                 o++) {
-                const size_t to = my_at + (o - my_first), from = saved_at + (o - saved_first);
-                if (z.master) master[to] = saved_master[from];
-                m[to] = saved_m[from];
-                v[to] = saved_v[from];
-            }
+        for (int k = 0; k < saved_shards; k++) {
+            CheckpointReader reader(shard_path(main_path, t * saved_shards + k));
+            std::vector<floatX> saved_params(saved_count);
+            std::vector<float> saved_master(z.master ? saved_count : 0), saved_m(saved_count), saved_v(saved_count);
+            reader.read("params", saved_params.data(), saved_count * sizeof(floatX));
+            if (z.master) reader.read("master", saved_master.data(), saved_count * sizeof(float));
+            reader.read("adamw_m", saved_m.data(), saved_count * sizeof(float));
+            reader.read("adamw_v", saved_v.data(), saved_count * sizeof(float));
+            // the parameters both layouts hold, as runs in parameter-buffer coordinates of each
+            for_each_common_run(saved, now, [&](size_t from, size_t to, size_t count) {
+                const int c = saved.chunk_of_offset(from);  // a run lies in one tensor, so in one chunk
+                // clipped to saved shard k, which the file holds at its chunk c's offset
+                const size_t saved_size = saved.chunk_size(c) / saved_shards;
+                const size_t saved_first = saved.chunk_start(c) + k * saved_size;
+                const size_t first = std::max(from, saved_first), end = std::min(from + count, saved_first + saved_size);
+                if (first >= end) return;
+                const size_t in_file = saved.chunk_start(c) / saved_shards - saved_first;  // + element -> file index
+                const size_t target = to - from;                                           // + element -> `now`'s
+                // parameters: the whole buffer (stages 0-2) or this rank's shard (stage 3)
+                const size_t mine = shard_start(z, c), mine_end = mine + shard_size(z, c), my_at = shard_offset(z, c);
+                for (size_t e = first; e < end; e++) {
+                    const size_t here = e + target;
+                    if (z.stage < 3) params[here] = saved_params[e + in_file];
+                    if (here < mine || here >= mine_end) continue;
+                    const size_t i = my_at + (here - mine);
+                    if (z.stage == 3) params[i] = saved_params[e + in_file];
+                    if (z.master) master[i] = saved_master[e + in_file];
+                    m[i] = saved_m[e + in_file];
+                    v[i] = saved_v[e + in_file];
+                }
+            });
         }
     }
     // on the compute stream, after the work already issued there (set-up's master weights, for one)

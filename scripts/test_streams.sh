@@ -9,7 +9,7 @@
 # The runs: the data-parallel matrix's tiny model with one more layer (3 blocks, so that ZeRO-3 gathers
 # a block into a buffer that an earlier block of the same pass used) and its global batch (2 micro-steps
 # per step, validation every 2 steps, checkpoints), on one rank, at --zero 0, 1, 2 and 3 on 2 ranks, in
-# 2 x 2 hybrid sharding at --zero 3, and resumed on 2 ranks at ZeRO-3 from the 2-rank ZeRO-1 run's step-3
+# 2 x 2 hybrid sharding at --zero 3, tp 2 with sequence parallelism x dp 2 at --zero 2, and resumed on 2 ranks at ZeRO-3 from the 2-rank ZeRO-1 run's step-3
 # checkpoint. In each mode every run must be bit-identical (losses and final parameters) to the same run
 # without the flag: with every wait in place the same operations see the same data in the same order.
 # (Bit for bit, not within a tolerance: a missing wait can merely reorder additions - two micro-steps'
@@ -34,11 +34,13 @@ late_modes=${modes//0/}
 flags=(--model custom --layers 3 --heads 2 --channels 32 --vocab-size 50257 --max-seq-len 32 --seq-len 16
        --lr-schedule constant --learning-rate 1e-3 --val-every 2 --val-batches 2 --sample-tokens 0
        --train-data "data/classics_train.bin" --val-data "data/classics_val.bin" --total-batch-size 256)
-run() {  # run NAME MODE RANKS ZERO DP_SHARD [FLAGS...]: B = 8 / RANKS rows per rank and micro-step, 5 steps
-    local name=$1 mode=$2 ranks=$3 zero=$4 shard=$5
+run() {  # run NAME MODE RANKS ZERO DP_SHARD [FLAGS...]: B = 8 / data-parallel ranks (RANKS / tp) rows per rank
+         # and micro-step, 5 steps
+    local name=$1 mode=$2 ranks=$3 zero=$4 shard=$5 tp=1
     shift 5
+    [[ " $* " =~ " --tp "([0-9]+) ]] && tp=${BASH_REMATCH[1]}
     LLMC_CPU_LATE_STREAMS=$mode mpirun --oversubscribe --allow-run-as-root -x LLMC_CPU_LATE_STREAMS -x OMP_NUM_THREADS \
-        -np "$ranks" "${run_binary:-$binary}" "${flags[@]}" --steps 5 --batch-size $((8 / ranks)) --zero "$zero" \
+        -np "$ranks" "${run_binary:-$binary}" "${flags[@]}" --steps 5 --batch-size $((8 * tp / ranks)) --zero "$zero" \
         --dp-shard "$shard" --output-dir "$work/$name" "$@" >>"$work/$name.out" 2>&1 ||
         bad "$name: the run failed: $(grep -m1 error: "$work/$name.out")"
 }
@@ -51,11 +53,14 @@ same_losses() {  # same_losses A B COUNT: COUNT losses and the final parameters,
         cmp -s "$work/$1/model.bin" "$work/$2/model.bin"
 }
 
-layouts="one:1:0:1 zero0:2:0:2 zero1:2:1:2 zero2:2:2:2 zero3:2:3:2 hsdp3_2x2:4:3:2"
+# name:ranks:zero:dp-shard[:more flags, commas for spaces]. The tp layout's collectives run on the compute
+# stream, beside ZeRO-2's reductions on the communication stream
+layouts="one:1:0:1 zero0:2:0:2 zero1:2:1:2 zero2:2:2:2 zero3:2:3:2 hsdp3_2x2:4:3:2
+         tp2_sp_zero2:4:2:2:--tp,2,--sequence-parallel"
 for mode in 0 $late_modes; do
     for layout in $layouts; do
-        IFS=: read -r name ranks zero shard <<<"$layout"
-        extra=(--checkpoint-every 5)
+        IFS=: read -r name ranks zero shard layout_flags <<<"$layout"
+        extra=(--checkpoint-every 5 ${layout_flags//,/ })
         [[ $name == zero1 ]] && extra=(--checkpoint-every 3 --keep-checkpoints 5)
         run "${name}_$mode" "$mode" "$ranks" "$zero" "$shard" "${extra[@]}"
     done
@@ -74,7 +79,7 @@ def losses(name):  # (event, step) -> loss, training and validation
 def parameters(name):
     return np.fromfile(f"{work}/{name}/model.bin", dtype=np.float32, offset=1024)
 bad = 0
-for name, ranks, zero, shard in layouts:
+for name, ranks, zero, shard in (l[:4] for l in layouts):
     try:
         one, reference, mine = losses("one_0"), parameters("one_0"), losses(f"{name}_0")
         loss_error = max(abs(mine[k] - one[k]) / abs(one[k]) if k in one else float("inf") for k in mine)
@@ -95,7 +100,7 @@ failed=$((failed + compared_bad))
 for mode in $late_modes; do
     echo "LLMC_CPU_LATE_STREAMS=$mode vs the same runs without it"
     for layout in $layouts resumed:2:3:2; do
-        IFS=: read -r name ranks zero shard <<<"$layout"
+        IFS=: read -r name ranks zero shard _ <<<"$layout"
         count=9 what="$ranks rank(s), zero $zero, dp-shard $shard: 5 training and 4 validation losses"
         [[ $name == resumed ]] && count=4 what="2 ranks at zero 3, resumed from zero 1's step 3: 4 losses"
         if same_losses "${name}_$mode" "${name}_0" "$count"; then

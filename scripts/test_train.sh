@@ -129,7 +129,7 @@ expect_error "missing tokenizer for samples" "nonexistent_tokenizer" sample-toke
 expect_error "non-finite loss" "not finite" model="$work/model_huge.bin" checkpoint-every=1
 expect_error "resume without a checkpoint" "no checkpoint" resume=true
 expect_error "ZeRO stage that does not exist" "--zero must be between 0 and 3" zero=4
-expect_error "shard group that does not divide the ranks" "--dp-shard 3 does not divide the 1 ranks" dp-shard=3
+expect_error "shard group that does not divide the ranks" "--dp-shard 3 does not divide the 1 data-parallel ranks" dp-shard=3
 # a torchrun-style launch of 2 ranks without MPI: the CPU build's ranks need MPI; the GPU build needs a file
 # to pass the NCCL id through (refused before any GPU is touched)
 if [[ $binary == *_cpu ]]; then launch_hint="start them with mpirun"; else launch_hint="--nccl-init-file"; fi

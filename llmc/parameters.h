@@ -1,0 +1,258 @@
+/*
+GPT-2's shape and where its parameters live: the configuration, the sixteen kinds of tensors, and the
+layer-major parameter buffer (ParameterLayout) that every part of the program indexes, including the
+slices each tensor-parallel rank keeps (tensor_slice) and the conversion between any two layouts
+(for_each_common_run, parameters_in_layout), which model files and checkpoints go through.
+*/
+#pragma once
+
+#include <algorithm>
+#include <string>
+#include <vector>
+#include "utils.h"
+#include "memory.h"
+
+// ----------------------------------------------------------------------------
+// configuration
+
+struct GPT2Config {
+    int max_seq_len = 0;        // rows of wpe
+    int vocab_size = 0;         // V: real tokens
+    int padded_vocab_size = 0;  // Vp: rows of wte, V rounded up to a multiple of 128 (aligned matmuls)
+    int num_layers = 0;
+    int num_heads = 0;
+    int channels = 0;
+};
+
+inline int padded_vocab(int vocab_size) { return (vocab_size + 127) / 128 * 128; }
+
+// The GPT-2 family by name ("124M" etc.; "d12" style depth names too), with GPT-2's vocabulary.
+inline bool gpt2_config_by_name(const std::string& name, GPT2Config* config) {
+    struct Named { const char* name; const char* depth_name; int layers, heads, channels; };
+    static const Named family[] = {
+        {"124M", "d12", 12, 12, 768}, {"350M", "d24", 24, 16, 1024},
+        {"774M", "d36", 36, 20, 1280}, {"1558M", "d48", 48, 25, 1600},
+    };
+    for (const Named& n : family) {
+        if (name == n.name || name == n.depth_name) {
+            config->max_seq_len = 1024;
+            config->vocab_size = 50257;
+            config->padded_vocab_size = 50304;
+            config->num_layers = n.layers;
+            config->num_heads = n.heads;
+            config->channels = n.channels;
+            return true;
+        }
+    }
+    return false;
+}
+
+// Refuses shapes the kernels cannot run, naming the problem (`source` says where the config came from).
+inline void gpt2_validate_config(const GPT2Config& c, const std::string& source) {
+    auto refuse = [&](const char* problem) {
+        fatal("%s: invalid model shape (layers %d, heads %d, channels %d, vocab %d padded to %d, max_seq_len %d): "
+              "%s", source.c_str(), c.num_layers, c.num_heads, c.channels, c.vocab_size, c.padded_vocab_size,
+              c.max_seq_len, problem);
+    };
+    if (c.num_layers <= 0 || c.num_heads <= 0 || c.channels <= 0 || c.vocab_size <= 0 || c.max_seq_len <= 0)
+        refuse("every dimension must be positive");
+    if (c.padded_vocab_size < c.vocab_size || c.padded_vocab_size % 128 != 0)
+        refuse("the padded vocabulary must be >= the vocabulary and a multiple of 128");
+    if (c.channels % c.num_heads != 0) refuse("channels must be divisible by heads");
+    const int head_size = c.channels / c.num_heads;
+    if (head_size % 16 != 0 || head_size > 128) refuse("the head size (channels / heads) must be 16, 32, ..., 128");
+    if (c.channels % 8 != 0) refuse("channels must be a multiple of 8");
+}
+
+// ----------------------------------------------------------------------------
+// parameter layout
+
+// The sixteen tensors, in the order of llm.c's model file. Per-layer tensors exist once per block.
+enum TensorKind {
+    WTE, WPE, LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB, LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB, LNFW, LNFB,
+    NUM_TENSOR_KINDS
+};
+struct TensorKindInfo {
+    const char* name;
+    bool per_layer;
+    bool is_matrix;  // weight decay applies to matrices only (embeddings and matmul weights)
+};
+inline const TensorKindInfo& tensor_kind_info(int kind) {
+    static const TensorKindInfo info[NUM_TENSOR_KINDS] = {
+        {"wte", false, true},      {"wpe", false, true},       {"ln1w", true, false},  {"ln1b", true, false},
+        {"qkvw", true, true},      {"qkvb", true, false},      {"attprojw", true, true}, {"attprojb", true, false},
+        {"ln2w", true, false},     {"ln2b", true, false},      {"fcw", true, true},    {"fcb", true, false},
+        {"fcprojw", true, true},   {"fcprojb", true, false},   {"lnfw", false, false}, {"lnfb", false, false},
+    };
+    return info[kind];
+}
+
+// Tensor parallelism (llmc/tensor_parallel.h) gives each of tp ranks a slice of some tensors:
+//   column-parallel (a slice of the output features): qkvw, qkvb (this rank's heads of q, k and v), fcw, fcb
+//   row-parallel (a slice of the input features):    attprojw, fcprojw
+//   vocabulary-parallel (a slice of the rows):         wte
+// and a whole copy of the others (the "replicated" ones: wpe, the layernorms, the row-parallel biases).
+inline bool tensor_is_replicated(int kind) {
+    return !(kind == WTE || kind == QKVW || kind == QKVB || kind == ATTPROJW || kind == FCW || kind == FCB ||
+             kind == FCPROJW);
+}
+
+// elements of one instance of a tensor (one layer's, for per-layer tensors), whole or, under tp ranks,
+// one rank's slice
+inline size_t tensor_elements(const GPT2Config& c, int kind, int tp = 1) {
+    const size_t C = c.channels;
+    size_t whole = C;  // layernorm weights and biases, attprojb, fcprojb
+    switch (kind) {
+        case WTE: whole = (size_t)c.padded_vocab_size * C; break;
+        case WPE: whole = (size_t)c.max_seq_len * C; break;
+        case QKVW: whole = 3 * C * C; break;
+        case QKVB: whole = 3 * C; break;
+        case ATTPROJW: whole = C * C; break;
+        case FCW: case FCPROJW: whole = 4 * C * C; break;
+        case FCB: whole = 4 * C; break;
+    }
+    return tensor_is_replicated(kind) ? whole : whole / tp;
+}
+
+// Where tp rank `rank`'s slice of tensor `kind` lies in the whole tensor (row-major, as in the model
+// file): runs of consecutive elements, in the order the slice stores them, which is increasing order.
+// With h = C/tp channels of attention and f = 4C/tp hidden units per rank:
+//   wte       rows [rank Vp/tp, (rank+1) Vp/tp): one run
+//   qkvw      rows [rank h, rank h + h) of each of the q, k and v blocks (3C x C): three runs; qkvb alike
+//   fcw       rows [rank f, rank f + f) (4C x C): one run; fcb alike
+//   attprojw  columns [rank h, rank h + h) of each of its C rows (C x C): C runs
+//   fcprojw   columns [rank f, rank f + f) of each of its C rows (C x 4C): C runs
+//   the others, whole: one run
+struct SliceRun {
+    size_t start;  // element of the whole tensor
+    size_t count;
+};
+inline std::vector<SliceRun> tensor_slice(const GPT2Config& c, int kind, int tp, int rank) {
+    const size_t C = c.channels, local = tensor_elements(c, kind, tp);
+    std::vector<SliceRun> runs;
+    if (tensor_is_replicated(kind) || tp == 1) {
+        runs.push_back({0, local});
+    } else if (kind == QKVW || kind == QKVB) {
+        const size_t part = local / 3, whole_part = part * tp;  // one of q, k, v: this rank's, everyone's
+        for (size_t p = 0; p < 3; p++) runs.push_back({p * whole_part + rank * part, part});
+    } else if (kind == ATTPROJW || kind == FCPROJW) {
+        const size_t width = local / C, whole_width = width * tp;  // input features per row: mine, all
+        for (size_t row = 0; row < C; row++) runs.push_back({row * whole_width + rank * width, width});
+    } else {  // wte, fcw, fcb: a block of rows
+        runs.push_back({rank * local, local});
+    }
+    return runs;
+}
+
+// Where each tensor of each layer sits in the one parameter buffer:
+//   [ embedding chunk: wte wpe ][ block 0: ln1w ... fcprojb ] ... [ block L-1 ][ final chunk: lnfw lnfb ]
+// Under tensor parallelism the buffer holds tp rank `tp_rank`'s slices (tensor_slice), laid out the same
+// way. Each chunk is padded with zeros to a multiple of kChunkPaddingElements (128) * shards elements
+// (ZeRO: every rank keeps 1/shards of each chunk), so it splits into equal shards, and every chunk and
+// shard starts a multiple of 256 bytes (128 bf16) from the buffer's start: the alignment cuBLASLt's fastest
+// kernels want, whatever the shard count (with a multiple of 8 * 3, the weights of 350M-1558M at 3 shards
+// were only 16-32-byte aligned). Padding parameters are 0, get gradient 0 and stay 0; they are never read
+// by a kernel nor written to a model file.
+struct ParameterLayout {
+    GPT2Config config;
+    int shards = 1;
+    int tp = 1, tp_rank = 0;     // the tensor-parallel slice this buffer holds
+    size_t embedding_chunk = 0;  // elements, padding included
+    size_t block_chunk = 0;
+    size_t final_chunk = 0;
+    size_t total = 0;            // the buffer: every chunk, padding included
+    size_t num_parameters = 0;   // the parameters in the buffer, without padding (the model's, at tp = 1)
+
+    ParameterLayout() = default;
+    explicit ParameterLayout(const GPT2Config& c, int num_shards = 1, int tp_size = 1, int tp_index = 0)
+        : config(c), shards(num_shards), tp(tp_size), tp_rank(tp_index) {
+        const size_t multiple = kChunkPaddingElements * (size_t)shards;
+        auto padded = [&](size_t count) { return (count + multiple - 1) / multiple * multiple; };
+        size_t block = 0;
+        for (int kind = LN1W; kind <= FCPROJB; kind++) block += elements(kind);
+        const size_t embedding = elements(WTE) + elements(WPE);
+        const size_t final = elements(LNFW) + elements(LNFB);
+        num_parameters = embedding + (size_t)c.num_layers * block + final;
+        embedding_chunk = padded(embedding);
+        block_chunk = padded(block);
+        final_chunk = padded(final);
+        total = embedding_chunk + (size_t)c.num_layers * block_chunk + final_chunk;
+    }
+    // elements of one instance of tensor `kind` in this buffer
+    size_t elements(int kind) const { return tensor_elements(config, kind, tp); }
+    int num_chunks() const { return config.num_layers + 2; }
+    // chunk 0 is the embeddings, chunks 1..L the blocks, chunk L+1 the final layernorm
+    size_t chunk_start(int chunk) const { return chunk == 0 ? 0 : block_start(chunk - 1); }
+    size_t chunk_size(int chunk) const {
+        return chunk == 0 ? embedding_chunk : chunk <= config.num_layers ? block_chunk : final_chunk;
+    }
+    size_t block_start(int layer) const { return embedding_chunk + (size_t)layer * block_chunk; }
+    // the chunk that holds element `offset` of the buffer
+    int chunk_of_offset(size_t offset) const {
+        if (offset < embedding_chunk) return 0;
+        const size_t layer = (offset - embedding_chunk) / block_chunk;
+        return layer < (size_t)config.num_layers ? (int)layer + 1 : config.num_layers + 1;
+    }
+    size_t final_start() const { return block_start(config.num_layers); }
+    // offset of tensor `kind` of `layer` (layer ignored for the embedding and final tensors)
+    size_t offset(int kind, int layer = 0) const {
+        size_t start = kind < LN1W ? 0 : kind > FCPROJB ? final_start() : block_start(layer);
+        int first = kind < LN1W ? WTE : kind > FCPROJB ? LNFW : LN1W;
+        for (int k = first; k < kind; k++) start += elements(k);
+        return start;
+    }
+};
+
+// Calls fn(kind, layer, offset, count) for every tensor instance, in the model file's order.
+template <class Function>
+void for_each_tensor_in_file_order(const ParameterLayout& layout, Function&& fn) {
+    for (int kind = 0; kind < NUM_TENSOR_KINDS; kind++) {
+        const int layers = tensor_kind_info(kind).per_layer ? layout.config.num_layers : 1;
+        for (int layer = 0; layer < layers; layer++) fn(kind, layer, layout.offset(kind, layer), layout.elements(kind));
+    }
+}
+
+// Calls fn(from_offset, to_offset, count) for every run of parameters that both buffers hold: `from`'s
+// elements [from_offset, + count) are `to`'s [to_offset, + count). The two layouts may differ in tp size
+// and rank (and shards: padding is never part of a run). This one function converts between the model
+// file (tp = 1) and a rank's slices, and re-slices checkpoints saved at another tp size.
+template <class Function>
+void for_each_common_run(const ParameterLayout& from, const ParameterLayout& to, Function&& fn) {
+    for_each_tensor_in_file_order(from, [&](int kind, int layer, size_t from_tensor, size_t) {
+        const size_t to_tensor = to.offset(kind, layer);
+        const std::vector<SliceRun> a = tensor_slice(from.config, kind, from.tp, from.tp_rank);
+        const std::vector<SliceRun> b = tensor_slice(to.config, kind, to.tp, to.tp_rank);
+        size_t i = 0, j = 0, a_local = 0, b_local = 0;  // runs are in increasing order: merge them
+        while (i < a.size() && j < b.size()) {
+            const size_t first = std::max(a[i].start, b[j].start);
+            const size_t a_end = a[i].start + a[i].count, b_end = b[j].start + b[j].count;
+            const size_t end = std::min(a_end, b_end);
+            if (first < end)
+                fn(from_tensor + a_local + (first - a[i].start), to_tensor + b_local + (first - b[j].start), end - first);
+            if (a_end <= b_end) a_local += a[i++].count;
+            else b_local += b[j++].count;
+        }
+    });
+}
+
+// One block's tensors, as pointers into its chunk of parameters (or gradients).
+struct BlockParams {
+    floatX *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
+};
+// One block's tensors, given where the block's chunk starts.
+inline BlockParams block_params_in_chunk(floatX* chunk, const ParameterLayout& layout) {
+    auto at = [&](int kind) { return chunk + (layout.offset(kind, 0) - layout.block_start(0)); };
+    return BlockParams{at(LN1W), at(LN1B), at(QKVW), at(QKVB), at(ATTPROJW), at(ATTPROJB),
+                       at(LN2W), at(LN2B), at(FCW),  at(FCB),  at(FCPROJW),  at(FCPROJB)};
+}
+
+// The values of `from` (host, in its layout) rearranged into the layout `to`: the parameters `to` holds
+// that `from` holds too; the rest (padding, slices `from` lacks) 0.
+inline std::vector<float> parameters_in_layout(const ParameterLayout& from, const std::vector<float>& values,
+                                               const ParameterLayout& to) {
+    std::vector<float> converted(to.total, 0.0f);
+    for_each_common_run(from, to, [&](size_t at, size_t to_offset, size_t count) {
+        std::copy(values.begin() + at, values.begin() + at + count, converted.begin() + to_offset);
+    });
+    return converted;
+}
