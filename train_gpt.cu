@@ -237,6 +237,13 @@ int main(int argc, char** argv) {
         "tp x data-parallel ranks", 1, 4096);
     bool& sequence_parallel = flags.add_bool("sequence-parallel", false,
         "with --tp: each tp rank keeps 1/tp of the rows of the layernorms and the residual stream");
+    flags.heading("Activation recomputation");
+    std::string& recompute_policy = flags.add_choice("recompute", "none", recompute_policy_names(),
+        "what the forward pass keeps: everything (none), all but the layernorm and GELU outputs (selective), "
+        "only the input of every --recompute-every'th block (full); the backward pass computes the rest again");
+    int& recompute_every = flags.add_int("recompute-every", 1,
+        "full: keep the input of every C-th block; the backward pass reruns C blocks at a time (sqrt(layers) "
+        "needs the least memory)", 1, 1 << 20);
     std::string& nccl_init_file = flags.add_string("nccl-init-file", "",
         "a path on a file system all ranks share, fresh for every run (put the job id in it): rank 0 hands the "
         "NCCL id to the others there; needed by srun / torchrun launches without MPI (GPU build)");
@@ -245,6 +252,7 @@ int main(int argc, char** argv) {
         "allocating anything (0: train)", 0);
     flags.parse(argc, argv);
 
+    const Recompute recompute = recompute_from_flags(recompute_policy, recompute_every);
     if (plan_ranks > 0) {  // arithmetic only: works for any model and layout, on any machine
         const GPT2Config config = config_from_flags(model_name, layers, heads, channels, vocab_size, max_seq_len);
         const std::string tp_error = tp_layout_error(config, tp_size, sequence_parallel, seq_len);
@@ -259,6 +267,7 @@ int main(int argc, char** argv) {
                               config.max_seq_len, batch_size, seq_len};
         shape.tp = tp_size;
         shape.sequence_parallel = sequence_parallel;
+        shape.recompute = recompute;
         printf("plan: %d layers, %d channels, %zu parameters (%zu per tp rank); %d ranks = dp %d x tp %d%s; ZeRO "
                "stage %d (shard groups of %d), %d x %d tokens per data-parallel rank and micro-step, %d micro-step(s)\n",
                config.num_layers, config.channels, ParameterLayout(config).num_parameters,
@@ -307,7 +316,7 @@ int main(int argc, char** argv) {
 
     GPT2 model;
     gpt2_allocate(model, config, B, T, zero_shard_count(zero_stage, &mesh), /*full_gradients=*/zero_stage < 2,
-                  /*full_parameters=*/zero_stage < 3, tp);
+                  /*full_parameters=*/zero_stage < 3, tp, recompute);
     // the whole model (from the file, or GPT-2's initialisation), then this rank's tp slices of it
     const ParameterLayout whole_model(config);
     std::vector<float> initial_values;
@@ -330,6 +339,7 @@ int main(int argc, char** argv) {
         printf("\n");
         printf("batch: %d x %d tokens on each of %d rank(s), %d micro-step(s) per step: %d tokens per step\n", B, T,
                dp_size, accumulation_steps, total_batch_size);
+        printf("recompute: %s\n", recompute_describe(recompute).c_str());
     }
 
     // ---- data: each data-parallel rank reads its own rows of every global batch
@@ -366,8 +376,11 @@ int main(int argc, char** argv) {
     }
     Logger logger(output_dir, resume, main_rank);
     logger.config(flags);
+    // model FLOPs (llmc/mfu.h) and hardware FLOPs, which count the recomputed forward passes too
     const double flops_per_step = gpt2_flops_per_token((long long)whole_model.num_parameters, config.num_layers,
                                                        config.channels, T) * total_batch_size;
+    const double hardware_flops_per_step = flops_per_step + recompute_extra_flops_per_token(
+        recompute, (double)whole_model.block_elements(), config.num_layers, config.channels, T) * total_batch_size;
     const double peak_flops = peak_flops_per_second(device_properties().name, PRECISION_NAME);
 
     // ---- training
@@ -419,6 +432,9 @@ int main(int argc, char** argv) {
         stats.tokens = total_batch_size;
         stats.memory_bytes = device_memory_in_use_bytes();
         stats.mfu = model_flops_utilization(flops_per_step / world.size, seconds, peak_flops);  // this GPU's share
+        stats.hfu = model_flops_utilization(hardware_flops_per_step / world.size, seconds, peak_flops);
+        stats.model_flops = flops_per_step / world.size;
+        stats.hardware_flops = hardware_flops_per_step / world.size;
         stats.comm_bytes = (long long)mesh_bytes_sent(mesh);
         stats.tp_comm_bytes = (long long)mesh.axis[TP].bytes_sent;
         logger.step(stats);
@@ -459,6 +475,7 @@ int main(int argc, char** argv) {
                           config.max_seq_len, B, T, device_properties().multiProcessorCount};
     shape.tp = tp_size;
     shape.sequence_parallel = sequence_parallel;
+    shape.recompute = recompute;
     const MemoryPlan formula = plan_training_memory(model.layout.total, zero_stage, dp_size, optimizer.shards,
                                                     sizeof(floatX) == 2, accumulation_steps);
     const MemoryPlan with_buffers = plan_training_memory(model.layout.total, zero_stage, dp_size, optimizer.shards,
@@ -469,14 +486,19 @@ int main(int argc, char** argv) {
         printf("parameters + gradients + optimizer state: %s held; ZeRO-%d formula %s, with the working buffers "
                "%s\n", format_bytes((double)model_state).c_str(), zero_stage, format_bytes(formula.model_state).c_str(),
                format_bytes(with_buffers.model_state).c_str());
-        printf("activations and their workspace: %s held at the peak; formula (llmc/memory.h, tp %d%s) %s\n",
-               format_bytes((double)held.peak[(int)MemoryKind::Activations]).c_str(), tp_size,
-               sequence_parallel ? ", sequence parallel" : "",
-               format_bytes(with_buffers.activations + with_buffers.workspace).c_str());
+        printf("activations (kept for the backward pass): %s held at the peak; formula (llmc/memory.h: recompute %s, "
+               "tp %d%s) %s\n", format_bytes((double)held.peak[(int)MemoryKind::Activations]).c_str(),
+               recompute_describe(recompute).c_str(), tp_size, sequence_parallel ? ", sequence parallel" : "",
+               format_bytes(with_buffers.activations).c_str());
+        printf("workspace (buffers the layers share): %s held at the peak; formula %s\n",
+               format_bytes((double)held.peak[(int)MemoryKind::Workspace]).c_str(),
+               format_bytes(with_buffers.workspace).c_str());
     }
     logger.write(JsonLine("memory").integer("model_state_bytes", (long long)model_state)
                      .integer("activation_bytes", (long long)held.peak[(int)MemoryKind::Activations])
-                     .number("activation_formula_bytes", with_buffers.activations + with_buffers.workspace)
+                     .number("activation_formula_bytes", with_buffers.activations)
+                     .integer("workspace_bytes", (long long)held.peak[(int)MemoryKind::Workspace])
+                     .number("workspace_formula_bytes", with_buffers.workspace)
                      .number("formula_bytes", formula.model_state)
                      .number("formula_with_buffers_bytes", with_buffers.model_state)
                      .integer("peak_bytes", (long long)held.peak_total));

@@ -295,10 +295,10 @@ inline void encoder_backward_workspace_create(EncoderBackwardWorkspace* workspac
     workspace->max_positions = max_positions;
     workspace->max_channels = max_channels;
     const size_t ints = encoder_backward_workspace_ints(max_positions);
-    workspace->device = tracked_alloc<int>(ints, MemoryKind::Activations, "encoder backward lists");
+    workspace->device = tracked_alloc<int>(ints, MemoryKind::Workspace, "encoder backward lists");
     cudaCheck(cudaMallocHost(&workspace->host_staging, ints * sizeof(int)));
     const size_t partial_floats = (size_t)encoder_backward_max_partial_rows(max_positions) * max_channels;
-    workspace->partial_rows = tracked_alloc<float>(partial_floats, MemoryKind::Activations, "encoder partial rows");
+    workspace->partial_rows = tracked_alloc<float>(partial_floats, MemoryKind::Workspace, "encoder partial rows");
     // an event never recorded counts as complete, so the first call does not wait
     cudaCheck(cudaEventCreateWithFlags(&workspace->staging_uploaded, cudaEventDisableTiming));
     workspace->sort_keys.resize(max_positions);

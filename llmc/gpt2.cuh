@@ -55,6 +55,7 @@ data-parallel ranks are in llmc/zero.h.
 #include "memory.h"
 #include "parameters.h"
 #include "tensor_parallel.h"
+#include "recompute.h"
 
 // ----------------------------------------------------------------------------
 // activations
@@ -117,6 +118,7 @@ struct StagedUpload {
 struct GPT2 {
     GPT2Config config;
     TensorParallel tp;                // this rank's slice of every matmul (one rank: the whole model)
+    Recompute recompute;              // what the forward pass keeps, what the backward pass computes again
     ParameterLayout layout;
     int max_batch = 0, max_seq = 0;   // the B and T the activations were sized for
 
@@ -127,7 +129,10 @@ struct GPT2 {
     std::function<floatX*(int chunk)> parameters_of;
 
     floatX* encoded = nullptr;        // (R, C) the encoder's output: block 0's input
+    // one record per layer; under recomputation some pointers lead to buffers the layers share
+    // (gpt2_allocate_records), which the backward pass fills again before the layer needs them
     std::vector<BlockActivations> blocks;
+    std::vector<void*> record_buffers;  // every buffer the records point to, each once
     floatX* lnf = nullptr;            // (R, C)
     float* lnf_mean = nullptr;
     float* lnf_rstd = nullptr;
@@ -169,23 +174,85 @@ inline void staged_upload(StagedUpload& upload, int* device, const int* host, si
     cudaCheck(cudaEventRecord(upload.copied[slot], stream));
 }
 
+// The layers' activation records, as the recompute policy has them (llmc/recompute.h): every buffer of
+// every layer (none); the layernorm and GELU outputs shared by all layers (selective); or only the outputs
+// at the ends of segments kept, every other buffer in `segment` shared records (full). What the forward
+// pass keeps counts as activations, the shared buffers as workspace (llmc/memory.h counts the same).
+inline void gpt2_allocate_records(GPT2& model, int B, int T) {
+    const GPT2Config& c = model.config;
+    const TensorParallel& tp = model.tp;
+    const Recompute& r = model.recompute;
+    const size_t N = (size_t)B * T, C = c.channels, L = c.num_layers, R = tp_rows(tp, (int)N);
+    const size_t attention = C / tp.size, hidden = 4 * C / tp.size, heads = c.num_heads / tp.size;
+    auto buffer = [&](size_t count, size_t element_bytes, MemoryKind kind) {
+        void* pointer = tracked_alloc<char>(count * element_bytes, kind);
+        model.record_buffers.push_back(pointer);
+        return pointer;
+    };
+    auto values = [&](size_t count, MemoryKind kind) { return (floatX*)buffer(count, sizeof(floatX), kind); };
+    auto floats = [&](size_t count, MemoryKind kind) { return (float*)buffer(count, sizeof(float), kind); };
+    // a whole record; `kind` for every buffer but those the policy shares
+    auto record = [&](MemoryKind kind, bool with_output) {
+        BlockActivations a{};
+        const bool selective = r.policy == RecomputePolicy::Selective;
+        a.ln1 = selective ? nullptr : values(R * C, kind);
+        a.ln1_mean = floats(R, kind);
+        a.ln1_rstd = floats(R, kind);
+        a.qkv = values(N * 3 * attention, kind);
+        a.atty = values(N * attention, kind);
+        a.lse = floats(N * heads, kind);
+        a.residual2 = values(R * C, kind);
+        a.ln2 = selective ? nullptr : values(R * C, kind);
+        a.ln2_mean = floats(R, kind);
+        a.ln2_rstd = floats(R, kind);
+        a.fch = values(N * hidden, kind);
+        a.fch_gelu = selective ? nullptr : values(N * hidden, kind);
+        a.output = with_output ? values(R * C, kind) : nullptr;
+        return a;
+    };
+    model.blocks.resize(L);
+    if (r.policy == RecomputePolicy::Full) {
+        const int segment = recompute_segment(r, (int)L);
+        std::vector<BlockActivations> shared(segment);
+        for (int i = 0; i < segment; i++) shared[i] = record(MemoryKind::Workspace, /*with_output=*/i < segment - 1);
+        for (int l = 0; l < (int)L; l++) {
+            model.blocks[l] = shared[l % segment];
+            if (recompute_keeps_output(r, l, (int)L)) model.blocks[l].output = values(R * C, MemoryKind::Activations);
+        }
+        return;
+    }
+    for (int l = 0; l < (int)L; l++) model.blocks[l] = record(MemoryKind::Activations, true);
+    if (r.policy == RecomputePolicy::Selective) {
+        floatX* ln1 = values(R * C, MemoryKind::Workspace);
+        floatX* ln2 = values(R * C, MemoryKind::Workspace);
+        floatX* fch_gelu = values(N * hidden, MemoryKind::Workspace);
+        for (BlockActivations& a : model.blocks) {
+            a.ln1 = ln1;
+            a.ln2 = ln2;
+            a.fch_gelu = fch_gelu;
+        }
+    }
+}
+
 // Allocates parameters, gradients and activations for micro-batches of up to B x T; chunks padded for
-// `shards` ZeRO shards; `tp` says which tensor-parallel slice this rank holds. Without full_gradients there
-// is no model.grads (ZeRO-2 keeps gradients elsewhere), without full_parameters no model.params (ZeRO-3).
-// llmc/memory.h's gpt2_activation_bytes counts the same buffers.
+// `shards` ZeRO shards; `tp` says which tensor-parallel slice this rank holds, `recompute` what the
+// forward pass keeps. Without full_gradients there is no model.grads (ZeRO-2 keeps gradients elsewhere),
+// without full_parameters no model.params (ZeRO-3). llmc/memory.h's gpt2_activation_bytes counts the same
+// buffers.
 inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, int shards = 1,
                           bool full_gradients = true, bool full_parameters = true,
-                          const TensorParallel& tp = TensorParallel{}) {
+                          const TensorParallel& tp = TensorParallel{}, const Recompute& recompute = Recompute{}) {
     gpt2_validate_config(config, "model");
     if (T > config.max_seq_len) fatal("sequence length %d exceeds the model's maximum %d", T, config.max_seq_len);
     model.config = config;
     model.tp = tp;
+    model.recompute = recompute;
     model.layout = ParameterLayout(config, shards, tp.size, tp.rank);
     model.max_batch = B;
     model.max_seq = T;
     cudaCheck(cudaStreamCreateWithFlags(&model.stream, cudaStreamNonBlocking));
     const size_t P = model.layout.total;
-    const size_t N = (size_t)B * T, C = config.channels, L = config.num_layers;
+    const size_t N = (size_t)B * T, C = config.channels;
     const size_t R = tp_rows(tp, (int)N);                                  // rows of the residual stream
     const size_t attention = C / tp.size, hidden = 4 * C / tp.size, heads = config.num_heads / tp.size;
 
@@ -196,22 +263,7 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, i
     }
 
     model.encoded = tracked_alloc<floatX>(R * C, MemoryKind::Activations);
-    model.blocks.resize(L);
-    for (BlockActivations& a : model.blocks) {
-        a.ln1 = tracked_alloc<floatX>(R * C, MemoryKind::Activations);
-        a.ln1_mean = tracked_alloc<float>(R, MemoryKind::Activations);
-        a.ln1_rstd = tracked_alloc<float>(R, MemoryKind::Activations);
-        a.qkv = tracked_alloc<floatX>(N * 3 * attention, MemoryKind::Activations);
-        a.atty = tracked_alloc<floatX>(N * attention, MemoryKind::Activations);
-        a.lse = tracked_alloc<float>(N * heads, MemoryKind::Activations);
-        a.residual2 = tracked_alloc<floatX>(R * C, MemoryKind::Activations);
-        a.ln2 = tracked_alloc<floatX>(R * C, MemoryKind::Activations);
-        a.ln2_mean = tracked_alloc<float>(R, MemoryKind::Activations);
-        a.ln2_rstd = tracked_alloc<float>(R, MemoryKind::Activations);
-        a.fch = tracked_alloc<floatX>(N * hidden, MemoryKind::Activations);
-        a.fch_gelu = tracked_alloc<floatX>(N * hidden, MemoryKind::Activations);
-        a.output = tracked_alloc<floatX>(R * C, MemoryKind::Activations);
-    }
+    gpt2_allocate_records(model, B, T);
     model.lnf = tracked_alloc<floatX>(R * C, MemoryKind::Activations);
     model.lnf_mean = tracked_alloc<float>(R, MemoryKind::Activations);
     model.lnf_rstd = tracked_alloc<float>(R, MemoryKind::Activations);
@@ -219,28 +271,28 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, i
     model.losses = tracked_alloc<float>(N, MemoryKind::Activations);
     model.inputs = tracked_alloc<int>(N, MemoryKind::Activations);
     model.targets = tracked_alloc<int>(N, MemoryKind::Activations);
-    model.loss_sum = tracked_alloc<double>(1, MemoryKind::Activations);
+    model.loss_sum = tracked_alloc<double>(1, MemoryKind::Workspace);
     cudaCheck(cudaMemsetAsync(model.loss_sum, 0, sizeof(double), model.stream));
     staged_upload_create(model.inputs_upload, N);
     staged_upload_create(model.targets_upload, N);
     model.inputs_host.assign(N, 0);
-    model.results = tracked_alloc<StepResults>(1, MemoryKind::Activations);
+    model.results = tracked_alloc<StepResults>(1, MemoryKind::Workspace);
     cudaCheck(cudaMallocHost(&model.results_host, sizeof(StepResults)));
 
     SharedBuffers& s = model.shared;
-    s.projection = tracked_alloc<floatX>(N * C, MemoryKind::Activations);
-    s.dresidual = tracked_alloc<floatX>(R * C, MemoryKind::Activations);
-    s.dchannels = tracked_alloc<floatX>(N * C, MemoryKind::Activations);
-    s.dhidden = tracked_alloc<floatX>(N * hidden, MemoryKind::Activations);
-    s.dqkv = tracked_alloc<floatX>(N * 3 * attention, MemoryKind::Activations);
-    s.gathered = tp.sequence_parallel ? tracked_alloc<floatX>(N * C, MemoryKind::Activations) : nullptr;
-    s.softmax_stats = tp.size > 1 ? tracked_alloc<float>(4 * N, MemoryKind::Activations) : nullptr;
-    s.attention_D = tracked_alloc<float>(N * heads, MemoryKind::Activations);
+    s.projection = tracked_alloc<floatX>(N * C, MemoryKind::Workspace);
+    s.dresidual = tracked_alloc<floatX>(R * C, MemoryKind::Workspace);
+    s.dchannels = tracked_alloc<floatX>(N * C, MemoryKind::Workspace);
+    s.dhidden = tracked_alloc<floatX>(N * hidden, MemoryKind::Workspace);
+    s.dqkv = tracked_alloc<floatX>(N * 3 * attention, MemoryKind::Workspace);
+    s.gathered = tp.sequence_parallel ? tracked_alloc<floatX>(N * C, MemoryKind::Workspace) : nullptr;
+    s.softmax_stats = tp.size > 1 ? tracked_alloc<float>(4 * N, MemoryKind::Workspace) : nullptr;
+    s.attention_D = tracked_alloc<float>(N * heads, MemoryKind::Workspace);
     // the widest matmul with a bias gradient: fc (4C/tp) or a row-parallel projection (C)
     s.matmul_scratch = tracked_alloc<float>(matmul_backward_scratch_floats((int)N, (int)std::max(C, hidden)),
-                                            MemoryKind::Activations);
-    s.layernorm_scratch = tracked_alloc<float>(layernorm_backward_scratch_floats((int)R, (int)C), MemoryKind::Activations);
-    s.norm_scratch = tracked_alloc<float>(global_norm_scratch_count(), MemoryKind::Activations);
+                                            MemoryKind::Workspace);
+    s.layernorm_scratch = tracked_alloc<float>(layernorm_backward_scratch_floats((int)R, (int)C), MemoryKind::Workspace);
+    s.norm_scratch = tracked_alloc<float>(global_norm_scratch_count(), MemoryKind::Workspace);
     encoder_backward_workspace_create(&s.encoder_workspace, (int)N, (int)C);
 }
 
@@ -252,11 +304,7 @@ inline void gpt2_free(GPT2& model) {
     staged_upload_free(model.inputs_upload);
     staged_upload_free(model.targets_upload);
     cudaCheck(cudaFreeHost(model.results_host));
-    for (BlockActivations& a : model.blocks)
-        for (void* p : {(void*)a.ln1, (void*)a.ln1_mean, (void*)a.ln1_rstd, (void*)a.qkv, (void*)a.atty, (void*)a.lse,
-                        (void*)a.residual2, (void*)a.ln2, (void*)a.ln2_mean, (void*)a.ln2_rstd, (void*)a.fch,
-                        (void*)a.fch_gelu, (void*)a.output})
-            tracked_free(p);
+    for (void* p : model.record_buffers) tracked_free(p);
     SharedBuffers& s = model.shared;
     for (void* p : {(void*)s.projection, (void*)s.dresidual, (void*)s.dchannels, (void*)s.dhidden, (void*)s.dqkv,
                     (void*)s.gathered, (void*)s.softmax_stats, (void*)s.attention_D, (void*)s.matmul_scratch, (void*)s.layernorm_scratch, (void*)s.norm_scratch})
@@ -465,6 +513,18 @@ inline void block_backward(const GPT2Config& c, const TensorParallel& tp, const 
                        R, C, stream);
 }
 
+// Selective recomputation (llmc/recompute.h): the layernorm and GELU outputs block_backward needs, which
+// the layer did not keep, computed again from what it kept: the same kernels on the same inputs, so the
+// same bits (the statistics are written again with the values they had).
+inline void block_recompute_selective(const GPT2Config& c, const TensorParallel& tp, const BlockParams& p,
+                                      const BlockActivations& a, const floatX* input, int B, int T,
+                                      cudaStream_t stream) {
+    const int N = B * T, C = c.channels, R = tp_rows(tp, N), hidden = 4 * C / tp.size;
+    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, input, p.ln1w, p.ln1b, R, C, stream);
+    layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2w, p.ln2b, R, C, stream);
+    gelu_forward(a.fch_gelu, a.fch, (size_t)N * hidden, stream);
+}
+
 // ----------------------------------------------------------------------------
 // the whole model
 
@@ -582,12 +642,26 @@ inline void gpt2_backward(GPT2& model, int B, int T, const BackwardHooks& hooks 
                        model.blocks[L - 1].output, chunk_parameters(model, final_chunk), model.lnf_mean,
                        model.lnf_rstd, R, C, model.stream);
     final(final_chunk);
-    for (int l = L - 1; l >= 0; l--) {
-        const floatX* input = l == 0 ? model.encoded : model.blocks[l - 1].output;
-        block_backward(c, tp, block_params_in_chunk(chunk_parameters(model, l + 1), layout),
-                       block_params_in_chunk(gradients_of(l + 1), layout), model.blocks[l], input, s.dresidual, s, B, T,
-                       model.stream);
-        final(l + 1);
+    // the blocks, last first, in segments (llmc/recompute.h): under full recomputation a segment's forward
+    // passes run again from its checkpoint (the output kept before it) to refill the shared records; under
+    // selective each block first recomputes its layernorm and GELU outputs; otherwise a segment is a block
+    const Recompute& recompute = model.recompute;
+    const int segment = recompute_segment(recompute, L);
+    auto input_of = [&](int l) -> const floatX* { return l == 0 ? model.encoded : model.blocks[l - 1].output; };
+    for (int first = (L - 1) / segment * segment; first >= 0; first -= segment) {
+        const int end = std::min(first + segment, L);
+        if (recompute.policy == RecomputePolicy::Full)
+            for (int l = first; l < end; l++)
+                block_forward(c, tp, block_params_in_chunk(chunk_parameters(model, l + 1), layout), model.blocks[l], s,
+                              input_of(l), B, T, model.stream);
+        for (int l = end - 1; l >= first; l--) {
+            const BlockParams params = block_params_in_chunk(chunk_parameters(model, l + 1), layout);
+            if (recompute.policy == RecomputePolicy::Selective)
+                block_recompute_selective(c, tp, params, model.blocks[l], input_of(l), B, T, model.stream);
+            block_backward(c, tp, params, block_params_in_chunk(gradients_of(l + 1), layout), model.blocks[l],
+                           input_of(l), s.dresidual, s, B, T, model.stream);
+            final(l + 1);
+        }
     }
     floatX* dwpe = embedding_grads + layout.offset(WPE);
     if (tp.size == 1) {

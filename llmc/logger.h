@@ -105,6 +105,9 @@ struct StepStats {
     long long tokens = 0;       // tokens trained on in this step, all ranks together
     size_t memory_bytes = 0;    // device_memory_in_use_bytes()
     double mfu = -1.0;          // fraction of peak (0.41 = 41%); negative when the GPU's peak is unknown
+    double hfu = -1.0;          // the same for the hardware FLOPs, recomputation included (llmc/recompute.h)
+    double model_flops = 0;     // this rank's share of the model's FLOPs in this step
+    double hardware_flops = 0;  // ... and of the FLOPs it ran, recomputation included
     long long comm_bytes = 0;   // bytes this rank sent to other ranks during the step (0: one rank)
     long long tp_comm_bytes = 0;  // ... of them, to its tensor-parallel group
 };
@@ -141,8 +144,13 @@ public:
                          "step %*lld/%lld | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s | %.0f MiB",
                          width, s.step, s.total_steps, s.loss, s.learning_rate, s.grad_norm, s.seconds * 1e3,
                          tokens_per_second, memory_mib);
-        if (s.mfu >= 0 && n > 0 && n < (int)sizeof(line))
+        if (s.mfu >= 0 && n > 0 && n < (int)sizeof(line)) {
             n += snprintf(line + n, sizeof(line) - n, " | MFU %.1f%%", 100.0 * s.mfu);
+            if (s.hfu >= 0 && n < (int)sizeof(line)) n += snprintf(line + n, sizeof(line) - n, " HFU %.1f%%", 100.0 * s.hfu);
+        } else if (s.model_flops > 0 && s.seconds > 0 && n > 0 && n < (int)sizeof(line)) {  // unknown peak: rates
+            n += snprintf(line + n, sizeof(line) - n, " | %.1f GFLOP/s model, %.1f hardware",
+                          s.model_flops / s.seconds / 1e9, s.hardware_flops / s.seconds / 1e9);
+        }
         if (s.comm_bytes > 0 && n > 0 && n < (int)sizeof(line))
             snprintf(line + n, sizeof(line) - n, " | sent %.1f MiB", s.comm_bytes / (1024.0 * 1024.0));
         printf("%s\n", line);
@@ -152,6 +160,8 @@ public:
         json.number("lr", s.learning_rate).number("grad_norm", s.grad_norm).number("ms", s.seconds * 1e3);
         json.number("tokens_per_s", tokens_per_second).number("memory_mib", memory_mib);
         json.number("mfu", s.mfu >= 0 ? s.mfu : NAN);  // unknown peak: null
+        json.number("hfu", s.hfu >= 0 ? s.hfu : NAN);
+        json.number("model_flops", s.model_flops).number("hardware_flops", s.hardware_flops);
         json.integer("comm_bytes", s.comm_bytes);
         json.integer("tp_comm_bytes", s.tp_comm_bytes);
         write(json);

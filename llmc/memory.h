@@ -78,6 +78,7 @@ context (a few hundred MiB that no allocation call sees).
 #include <string>
 #include <unordered_map>
 #include "cuda_common.cuh"
+#include "recompute.h"
 #include "utils.h"
 
 // Every parameter chunk is padded to a multiple of this many elements per ZeRO shard (llmc/gpt2.cuh's
@@ -87,12 +88,15 @@ constexpr size_t kChunkPaddingElements = 128;
 // ----------------------------------------------------------------------------
 // accounting
 
-enum class MemoryKind { Parameters, Gradients, OptimizerState, Activations, Communication, Other };
-constexpr int kNumMemoryKinds = 6;
+// Activations: what the forward pass keeps for the backward pass (llmc/recompute.h decides how much), and
+// the model-level buffers (embeddings' output, logits, ...). Workspace: the buffers every layer reuses in
+// turn, the recomputation's records among them.
+enum class MemoryKind { Parameters, Gradients, OptimizerState, Activations, Workspace, Communication, Other };
+constexpr int kNumMemoryKinds = 7;
 
 inline const char* memory_kind_name(MemoryKind kind) {
     static const char* names[kNumMemoryKinds] = {"parameters", "gradients", "optimizer state",
-                                                 "activations", "communication", "other"};
+                                                 "activations", "workspace", "communication", "other"};
     return names[(int)kind];
 }
 
@@ -229,11 +233,16 @@ struct GPT2MemoryShape {
     int multiprocessors = 132; // sizes two scratch buffers; 132 = H100 SXM (device_properties() at run time)
     int tp = 1;                // tensor-parallel ranks (llmc/tensor_parallel.h)
     bool sequence_parallel = false;
+    Recompute recompute;       // what the forward pass keeps (llmc/recompute.h)
 };
 
 struct ActivationBytes {
-    double per_layer = 0;  // one block's activation record
-    double activations = 0;  // L records + encoder output, final layernorm, logits, losses, token ids
+    double record = 0;       // one block's whole activation record (what recompute none keeps per layer)
+    double per_layer = 0;    // what the forward pass keeps per layer under the recompute policy (full: per
+                             // layer on average, ceil(L/C) checkpoints / L)
+    double kept_layers = 0;  // all layers' kept activations
+    double recompute = 0;    // the records the layers share under recomputation (part of the workspace)
+    double activations = 0;  // kept_layers + encoder output, final layernorm, logits, losses, token ids
     double workspace = 0;    // the buffers every layer reuses, gradients of activations included
 };
 
@@ -243,6 +252,9 @@ struct ActivationBytes {
 // parallelism (else R = N):
 //   per layer: floatX ln1, residual2, ln2, output 4RC; qkv 3Nc, atty Nc; fch, fch_gelu 2NH
 //              (t = 1: 16 NC s);  fp32 ln1 and ln2 mean/rstd 4R, attention lse N h
+//              selective recomputation keeps all but ln1, ln2 (RC each) and fch_gelu (NH), which one
+//              shared copy serves; full recomputation with a checkpoint every C blocks keeps ceil(L/C)
+//              outputs (RC) and shares min(C, L) whole records less one output (llmc/recompute.h)
 //   model:     floatX encoded RC, lnf RC, logits N v;  fp32 lnf mean/rstd 2R, losses N;  int inputs,
 //              targets 2N
 //   workspace: floatX projection NC, dresidual RC, dchannels NC, dhidden NH, dqkv 3Nc, and under sequence
@@ -261,8 +273,25 @@ inline ActivationBytes gpt2_activation_bytes(const GPT2MemoryShape& shape, bool 
     const double c = C / t, h = shape.num_heads / t, H = 4 * C / t, R = shape.sequence_parallel ? N / t : N;
     const double L = shape.num_layers, v = shape.padded_vocab / t, SMs = shape.multiprocessors;
     ActivationBytes a;
-    a.per_layer = (4 * R * C + 4 * N * c + 2 * N * H) * s + (4 * R + N * h) * f;
-    a.activations = L * a.per_layer + (2 * R * C + N * v) * s + (2 * R + N) * f + 2 * N * i;
+    a.record = (4 * R * C + 4 * N * c + 2 * N * H) * s + (4 * R + N * h) * f;
+    const double dropped = (2 * R * C + N * H) * s;  // selective: ln1, ln2, fch_gelu
+    switch (shape.recompute.policy) {
+        case RecomputePolicy::None:
+            a.kept_layers = L * a.record;
+            break;
+        case RecomputePolicy::Selective:
+            a.kept_layers = L * (a.record - dropped);
+            a.recompute = dropped;
+            break;
+        case RecomputePolicy::Full: {
+            const double segment = std::min((double)shape.recompute.every, L);
+            a.kept_layers = std::ceil(L / segment) * R * C * s;
+            a.recompute = segment * a.record - R * C * s;
+            break;
+        }
+    }
+    a.per_layer = a.kept_layers / L;
+    a.activations = a.kept_layers + (2 * R * C + N * v) * s + (2 * R + N) * f + 2 * N * i;
     const double bias_rows = std::ceil(N / 64), layernorm_blocks = std::min(std::ceil(R / 8), 3 * SMs);
     const double encoder_heavy_tokens = std::floor(N / 65);
     const double encoder_partial_rows = std::floor(N / 64) + encoder_heavy_tokens;
@@ -270,7 +299,7 @@ inline ActivationBytes gpt2_activation_bytes(const GPT2MemoryShape& shape, bool 
     a.workspace = (2 * N * C + R * C + N * H + 3 * N * c + gathered) * s +
                   (N * h + softmax_stats + bias_rows * std::max(C, H) + 2 * C * layernorm_blocks + 4 * SMs + 2 +
                    encoder_partial_rows * C) * f +
-                  (4 * N + 3 * encoder_heavy_tokens) * i + sizeof(double);
+                  (4 * N + 3 * encoder_heavy_tokens) * i + sizeof(double) + a.recompute;
     return a;
 }
 
@@ -375,13 +404,18 @@ inline MemoryPlan plan_training_memory(size_t num_parameters, int zero_stage, in
         const ActivationBytes a = gpt2_activation_bytes(*shape, bf16);
         p.activations = a.activations;
         p.workspace = a.workspace;
-        p.activations_formula = plan_format("L=%d x %s per layer + embeddings, logits (B=%d, T=%d, Vp=%d, tp=%d%s)",
-                                            shape->num_layers, format_bytes(a.per_layer).c_str(), shape->batch,
+        p.activations_formula = plan_format("L=%d x %s per layer kept (recompute %s) + embeddings, logits (B=%d, "
+                                            "T=%d, Vp=%d, tp=%d%s)", shape->num_layers,
+                                            format_bytes(a.per_layer).c_str(),
+                                            recompute_describe(shape->recompute).c_str(), shape->batch,
                                             shape->seq_len, shape->padded_vocab, shape->tp,
                                             shape->sequence_parallel ? ", sequence parallel" : "");
         p.workspace_formula = shape->tp == 1 ? plan_format("shared buffers, 10 x B T C x %.0f bytes + fp32 scratch", s)
                                              : plan_format("shared buffers of B T C/tp .. B T C elements, tp=%d%s",
                                                            shape->tp, shape->sequence_parallel ? ", SP" : "");
+        if (a.recompute > 0)
+            p.workspace_formula += plan_format(", + %s of records shared by the recomputation",
+                                               format_bytes(a.recompute).c_str());
     }
 
     // communication per step

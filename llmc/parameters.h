@@ -168,8 +168,7 @@ struct ParameterLayout {
         : config(c), shards(num_shards), tp(tp_size), tp_rank(tp_index) {
         const size_t multiple = kChunkPaddingElements * (size_t)shards;
         auto padded = [&](size_t count) { return (count + multiple - 1) / multiple * multiple; };
-        size_t block = 0;
-        for (int kind = LN1W; kind <= FCPROJB; kind++) block += elements(kind);
+        const size_t block = block_elements();
         const size_t embedding = elements(WTE) + elements(WPE);
         const size_t final = elements(LNFW) + elements(LNFB);
         num_parameters = embedding + (size_t)c.num_layers * block + final;
@@ -180,6 +179,12 @@ struct ParameterLayout {
     }
     // elements of one instance of tensor `kind` in this buffer
     size_t elements(int kind) const { return tensor_elements(config, kind, tp); }
+    // parameters of one block in this buffer (its chunk without the padding)
+    size_t block_elements() const {
+        size_t block = 0;
+        for (int kind = LN1W; kind <= FCPROJB; kind++) block += elements(kind);
+        return block;
+    }
     int num_chunks() const { return config.num_layers + 2; }
     // chunk 0 is the embeddings, chunks 1..L the blocks, chunk L+1 the final layernorm
     size_t chunk_start(int chunk) const { return chunk == 0 ? 0 : block_start(chunk - 1); }

@@ -102,6 +102,7 @@ struct Zero {
     int gathered_chunk[4] = {-1, -1, -1, -1}; // which chunk each buffer holds (or is receiving); -1: none, stale
     cudaEvent_t gather_done[4] = {};          // recorded on the comm stream when a gather into the buffer ends
     int last_block_gathered = -1;             // tells the forward pass (ascending) from the backward pass
+    int gather_direction = 1;                 // +1 while blocks are asked for in ascending order, -1 descending
 
     cudaStream_t comm_stream = nullptr;      // non-blocking, beside the model's compute stream
     cudaEvent_t chunk_ready = nullptr;
@@ -157,15 +158,17 @@ inline void start_gather(Zero& z, GPT2& model, int chunk) {
 
 // stage 3: chunk c's full parameters, ready for kernels on the compute stream. Blocks are asked for in order
 // (1, 2, ... in the forward pass, L, L-1, ... in the backward pass), so after handing out block c the next
-// block in the same direction is gathered into the other block buffer while block c computes.
+// block in the same direction is gathered into the other block buffer while block c computes. A block asked
+// for twice in a row (recomputation reruns a block's forward pass just before its backward pass) keeps the
+// direction it had.
 inline floatX* zero_gather_chunk(Zero& z, GPT2& model, int chunk) {
     const int w = working_buffer_of(z, chunk);
     if (z.gathered_chunk[w] != chunk) start_gather(z, model, chunk);
     cudaCheck(cudaStreamWaitEvent(model.stream, z.gather_done[w], 0));
     const int L = model.config.num_layers;
     if (chunk >= 1 && chunk <= L) {
-        const int direction = z.last_block_gathered == chunk + 1 ? -1 : 1;
-        const int next = chunk + direction;
+        if (chunk != z.last_block_gathered) z.gather_direction = chunk > z.last_block_gathered ? 1 : -1;
+        const int next = chunk + z.gather_direction;
         if (next >= 1 && next <= L && z.gathered_chunk[working_buffer_of(z, next)] != next) start_gather(z, model, next);
         z.last_block_gathered = chunk;
     }
@@ -410,6 +413,7 @@ inline void zero_optimizer_step(Zero& z, GPT2& model, const AdamWConfig& adamw, 
     }
     if (z.stage == 3) {
         for (int& chunk : z.gathered_chunk) chunk = -1;  // every gathered copy is stale now
+        z.last_block_gathered = -1;
     } else if (z.stage >= 1 && z.shard_group && z.shards > 1) {
         for (int c = 0; c < model.layout.num_chunks(); c++)
             all_gather(*z.shard_group, model.params + model.layout.chunk_start(c), model.params + shard_start(z, c),

@@ -91,8 +91,9 @@ for name, ranks, batch, flags in layouts:
     sent = steps[-1]["tp_comm_bytes"]
     comm_error = abs(sent - theory) / theory
     memory = events(name, "memory")[-1]
-    activations[name] = memory["activation_bytes"]
-    memory_error = abs(memory["activation_bytes"] - memory["activation_formula_bytes"]) / memory["activation_formula_bytes"]
+    activations[name] = memory["activation_bytes"] + memory["workspace_bytes"]
+    memory_error = (abs(memory["activation_bytes"] - memory["activation_formula_bytes"]) +
+                    abs(memory["workspace_bytes"] - memory["workspace_formula_bytes"]))
     same_sample = sample(name) == sample("one") and len(sample("one")) == 1
     good = (len(losses) == len(one) == 5 and loss_error <= 1e-5 and param_error <= 1e-5 and val_error <= 1e-5 and
             comm_error <= 1e-3 and memory_error == 0 and same_sample)
@@ -101,7 +102,8 @@ for name, ranks, batch, flags in layouts:
     print(f"  {'ok  ' if good else 'FAIL'} {name:16} {ranks} ranks: losses rel err {loss_error:.1e}, final parameters "
           f"{param_error:.1e}, validation {val_error:.1e} (tol 1e-5); sample {'the same' if same_sample else 'DIFFERS'}; "
           f"tp axis sent {sent} B/step, formula {theory:.0f} ({100 * comm_error:.4f}%, tol 0.1%); activations "
-          f"{memory['activation_bytes']} B held, formula {memory['activation_formula_bytes']:.0f}")
+          f"{memory['activation_bytes']} B held, formula {memory['activation_formula_bytes']:.0f}; workspace "
+          f"{memory['workspace_bytes']} B, formula {memory['workspace_formula_bytes']:.0f}")
 
 # sequence parallelism must shrink what a rank holds: same tp, same B, with and without SP
 for plain, split in [("tp2", "tp2_sp"), ("tp4", "tp4_sp")]:
