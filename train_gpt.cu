@@ -279,6 +279,7 @@ int main(int argc, char** argv) {
         printf("  %-16s %12s  the tp axis, sent per step (the formula in llmc/tensor_parallel.h)\n", "communication tp",
                format_bytes(tp_bytes_per_step(config, batch_size, seq_len, tp_size, sequence_parallel, accumulation,
                                               zero_stage, bf16)).c_str());
+        print_korthikanti_table2(shape, bf16);  // in 2-byte activations, as the paper counts, in either build
         return EXIT_SUCCESS;
     }
 

@@ -1,7 +1,8 @@
 /*
 Tests of llmc/memory.h: the books kept by tracked_alloc / tracked_free, and the memory plan's arithmetic
 checked against numbers worked out by hand, against the ZeRO paper, and (CPU build) against what
-gpt2_allocate and zero_init really allocate. Prints `N passed, M failed`.
+gpt2_allocate and zero_init really allocate, and the per-layer activations against Table 2 of Korthikanti
+et al. (2022). Prints `N passed, M failed`.
 */
 #include <string>
 #include <thread>
@@ -280,7 +281,103 @@ static void test_activations() {
 }
 
 // ----------------------------------------------------------------------------
-// (e) the alignment of the trainer's matmul operands in the real parameter layouts
+// (e) Korthikanti et al. 2022, Table 2: the paper's per-layer bytes, corrected for our kernels (no dropout,
+// flash attention's log-sum-exp instead of the attention matrices, fp32 layernorm statistics), must equal
+// gpt2_activation_bytes' per_layer for the run each row describes, to the byte, in 2-byte activations.
+
+static GPT2MemoryShape table2_shape(int layers, int channels, int heads, int batch, int seq_len, int tp) {
+    GPT2MemoryShape shape;
+    shape.num_layers = layers;
+    shape.channels = channels;
+    shape.num_heads = heads;
+    shape.padded_vocab = 50304;
+    shape.max_seq_len = seq_len;
+    shape.batch = batch;
+    shape.seq_len = seq_len;
+    shape.tp = tp;
+    return shape;
+}
+
+// A small shape worked out by hand: s = 8, b = 2, h = 32, a = 4, t = 2, so sbh = 512, sb = 16,
+// a s^2 b = 512, a s b = 64 (h = 32 rather than 16: with h = 16 the sp + selective row's corrections
+// cancel, 2sbh/t = 4asb/t + 16sb/t, and that row could not tell a missing term).
+//   row                  Table 2                                corrections                        corrected
+//   no parallelism (t=1) 34*512 + 5*512 = 19968                 -2*512 -5*512 +4*64 +16*16 = -3072   16896
+//   tensor parallel      10*512 + 24*512/2 + 5*512/2 = 12544    -1024 -1280 +128 +256 = -1920        10624
+//   tensor + sequence    (34*512 + 5*512)/2 = 9984              -512 -1280 +128 +128 = -1536          8448
+//   tp + selective       10*512 + 24*512/2 = 11264              -1024 +128 +256 = -640               10624
+//   tp + sp + selective  34*512/2 = 8704                        -512 +128 +128 = -256                 8448
+//   full recompute       2*512 = 1024                           none                                  1024
+//   ours: selective      from 11264                             -640, then -(512+512 + 8*512/2) = -4096   6528
+//   ours: selective + sp from 8704                              -256, then -(256+256 + 2048) = -3072      5376
+// And our buffers (N = 16 rows, C = 32, NH = 4), BF16:
+//   none, tp 1:       16 N C * 2 = 16384;  fp32 (4N + N NH) * 4 = (64 + 64) * 4 = 512            = 16896
+//   none, tp 2:       (4NC 2048 + qkv, atty 4N C/2 1024 + fch, fch_gelu 2N 4C/2 2048) * 2 = 10240
+//                     + (4N + N NH/2) * 4 = (64 + 32) * 4 = 384                                    = 10624
+//   none, tp 2 + sp:  (4 N/2 C 1024 + 1024 + 2048) * 2 = 8192 + (4 N/2 + 32) * 4 = 256             =  8448
+//   full, tp 2:       the block's input N C * 2                                                    =  1024
+//   selective, tp 2:  10624 - (ln1, ln2 2NC 1024 + fch_gelu N 4C/2 1024) * 2                       =  6528
+//   selective + sp:   8448 - (2 N/2 C 512 + 1024) * 2                                              =  5376
+static void test_korthikanti_by_hand() {
+    printf("Korthikanti et al. Table 2, a small shape by hand (s=8 b=2 h=32 a=4 t=2)\n");
+    const GPT2MemoryShape shape = table2_shape(2, 32, 4, 2, 8, 2);
+    const double table[kNumTable2Rows] = {19968, 12544, 9984, 11264, 8704, 1024, 11264, 8704};
+    const double corrected[kNumTable2Rows] = {16896, 10624, 8448, 10624, 8448, 1024, 6528, 5376};
+    for (int r = 0; r < kNumTable2Rows; r++) {
+        const Table2Value v = korthikanti_table2((Table2Row)r, shape);
+        check_equal(std::string("by hand: Table 2, ") + v.name, v.table, table[r]);
+        check_equal(std::string("by hand: corrected, ") + v.name, v.corrected, corrected[r]);
+        check_equal(std::string("by hand: ours, ") + v.name, gpt2_activation_bytes(v.ours, true).per_layer,
+                    corrected[r]);
+    }
+    // the tensor-parallel row's terms, one by one
+    const Table2Value tp = korthikanti_table2(Table2Row::TensorParallel, shape);
+    check_equal("by hand: dropout masks", tp.dropout_masks, -1024);
+    check_equal("by hand: attention matrices", tp.attention_matrix, -1280);
+    check_equal("by hand: log-sum-exp", tp.log_sum_exp, 128);
+    check_equal("by hand: layernorm statistics", tp.layernorm_statistics, 256);
+    check_equal("by hand: our selective's outputs",
+                korthikanti_table2(Table2Row::OursSelective, shape).selective_outputs, -4096);
+    // each row stands for the run it says
+    const Table2Value full = korthikanti_table2(Table2Row::FullRecompute, shape);
+    check_true("by hand: full is full, every block, tp 2, no sp", full.ours.recompute.policy == RecomputePolicy::Full &&
+               full.ours.recompute.every == 1 && full.ours.tp == 2 && !full.ours.sequence_parallel);
+    const Table2Value none = korthikanti_table2(Table2Row::NoParallelism, shape);
+    check_true("by hand: no parallelism is tp 1, recompute none",
+               none.ours.tp == 1 && none.ours.recompute.policy == RecomputePolicy::None);
+}
+
+// Every row at GPT-2 shapes and odd ones: corrected Table 2 == our per-layer bytes, exactly.
+static void test_korthikanti_shapes() {
+    printf("Korthikanti et al. Table 2 against gpt2_activation_bytes\n");
+    struct Case { const char* name; GPT2MemoryShape shape; };
+    std::vector<Case> cases;
+    for (int tp : {1, 2, 4}) cases.push_back({"124M B=16 T=1024", table2_shape(12, 768, 12, 16, 1024, tp)});
+    for (int tp : {1, 2, 3, 6}) cases.push_back({"odd L=5 C=96 NH=6 B=3 T=42", table2_shape(5, 96, 6, 3, 42, tp)});
+    for (int tp : {5, 25}) cases.push_back({"1558M B=1 T=1024", table2_shape(48, 1600, 25, 1, 1024, tp)});
+    for (const Case& c : cases) {
+        int equal = 0;
+        std::string differing;
+        for (int r = 0; r < kNumTable2Rows; r++) {
+            const Table2Value v = korthikanti_table2((Table2Row)r, c.shape);
+            const double ours = gpt2_activation_bytes(v.ours, true).per_layer;
+            // the corrections are what separates the two counts: without them the rows would not agree
+            // (except full, which needs none)
+            const bool corrected_matters = r == (int)Table2Row::FullRecompute || v.table != ours;
+            if (v.corrected == ours && corrected_matters) equal++;
+            else differing += std::string(" ") + v.name + " (" + describe(ours, v.corrected) + ")";
+        }
+        check_true(std::string(c.name) + " tp " + std::to_string(c.shape.tp) + ": corrected Table 2 == ours, every row",
+                   equal == kNumTable2Rows, differing);
+    }
+    // the 124M table as --plan prints it
+    GPT2MemoryShape plan_shape = table2_shape(12, 768, 12, 16, 1024, 4);
+    plan_shape.sequence_parallel = true;
+    print_korthikanti_table2(plan_shape, true);
+}
+
+// ----------------------------------------------------------------------------
+// (f) the alignment of the trainer's matmul operands in the real parameter layouts
 
 /*
 The matmul plans (llmc/matmul.cuh, "Plans") tell cuBLASLt how aligned each operand is. Activations are
@@ -388,6 +485,8 @@ int main() {
     test_paper();
     test_formulas();
     test_activations();
+    test_korthikanti_by_hand();
+    test_korthikanti_shapes();
     test_matmul_alignment();
     printf("%d passed, %d failed\n", lab.passed, lab.failed);
     return lab.failed != 0;

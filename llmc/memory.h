@@ -65,7 +65,9 @@ of B x T (llmc/gpt2.cuh), see gpt2_activation_bytes below, split into what the f
 backward pass ("activations") and the buffers every layer reuses ("workspace"). Two small scratch
 buffers are sized by the device's multiprocessor count, which the shape carries so that the plan needs
 no device. Not counted: cuBLASLt's 32 MiB workspace (GPU build), NCCL's own buffers, and the CUDA
-context (a few hundred MiB that no allocation call sees).
+context (a few hundred MiB that no allocation call sees). korthikanti_table2 sets the per-layer count beside
+Table 2 of Korthikanti et al. (2022), corrected term by term for these kernels, and print_korthikanti_table2
+shows the two side by side (--plan prints it).
 */
 #pragma once
 
@@ -301,6 +303,185 @@ inline ActivationBytes gpt2_activation_bytes(const GPT2MemoryShape& shape, bool 
                    encoder_partial_rows * C) * f +
                   (4 * N + 3 * encoder_heavy_tokens) * i + sizeof(double) + a.recompute;
     return a;
+}
+
+// ----------------------------------------------------------------------------
+// the per-layer activations against Korthikanti et al. 2022, Table 2
+
+/*
+Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models" (2022), count the bytes
+one transformer layer keeps for the backward pass in 2-byte (fp16) numbers, with s the sequence length, b
+the micro-batch, h the hidden size, a the heads and t the tensor-parallel ranks. Their Table 2:
+    no parallelism                          sbh (34 + 5as/h)
+    tensor parallel                         sbh (10 + 24/t + 5as/(ht))
+    tensor + sequence parallel              sbh/t (34 + 5as/h)
+    tensor parallel + selective             sbh (10 + 24/t)
+    tensor + sequence parallel + selective  sbh/t 34
+    full recomputation                      2 sbh
+Their 34 sbh + 5 a s^2 b, term by term, and the buffer of BlockActivations (llmc/gpt2.cuh) that holds the
+same thing here (N = b s rows, C = h, R = N rows or N/t under sequence parallelism):
+    attention  QKV input 2sbh                         ln1 (R, C)          replicated over tp (their 10)
+               Q, K (4sbh) + V (2sbh)                 qkv (N, 3C/t)       split over tp (their 24)
+               softmax output 2as^2b, its dropout     -- flash attention keeps none of the s x s matrices,
+               mask as^2b, the dropout output 2as^2b     only the fp32 log-sum-exp lse, 4asb/t
+               output projection input 2sbh           atty (N, C/t)       split
+               dropout mask after the projection sbh  -- no dropout here (replicated in their 10)
+    MLP        fc input 2sbh                          ln2 (R, C)          replicated
+               GELU input 8sbh                        fch (N, 4C/t)       split
+               fc projection input 8sbh               fch_gelu (N, 4C/t)  split
+               dropout mask after the projection sbh  -- no dropout here (replicated)
+    layernorms their inputs 4sbh                      residual2 (ln2's input) and output (the next layer's
+                                                      ln1 input), (R, C) each; replicated
+               (statistics: not in their count)       ln1 and ln2 mean and rstd, fp32: 16sb (R rows)
+Under sequence parallelism their replicated 10 sbh become 10 sbh/t, as our R = N/t rows do. So the value
+for our kernels is theirs with three corrections (flash attention's in two parts), each a named term of
+Table2Value:
+    dropout_masks         - 2 sbh (- 2sbh/t under sequence parallelism): the two masks
+    attention_matrix      - 5 as^2b/t: the softmax output, its mask and the dropout output
+    log_sum_exp           + 4 asb/t: what flash attention keeps instead (fp32, one per row and head)
+    layernorm_statistics  + 16 sb (+ 16 sb/t under sequence parallelism): fp32 mean and rstd of both
+Their "selective" recomputes exactly the attention core (the 5 as^2b), which flash attention never stores,
+so both selective rows, corrected, are our recompute none (for them attention_matrix is zero). Our
+selective goes further and drops ln1, ln2 and fch_gelu (QKV input, fc input, fc projection input): that is
+the selective_outputs term of our own two rows, which start from their selective rows. Their full row
+keeps the layer's input, 2 sbh, as our full does with --recompute-every 1 (nothing to correct).
+*/
+enum class Table2Row {
+    NoParallelism,
+    TensorParallel,
+    TensorSequenceParallel,
+    TensorParallelSelective,
+    TensorSequenceParallelSelective,
+    FullRecompute,
+    OursSelective,                  // not in Table 2: our selective (ln1, ln2, fch_gelu dropped too)
+    OursSelectiveSequenceParallel,  // the same under sequence parallelism
+};
+constexpr int kNumTable2Rows = 8;
+
+struct Table2Value {
+    const char* name = "";               // "tensor + sequence parallel"
+    const char* formula = "";            // Table 2's formula; our rows: the row they start from
+    const char* corrected_formula = "";  // the formula after the corrections
+    bool in_table = true;                // false: one of our rows
+    double table = 0;                    // Table 2's bytes per layer (our rows: the row they start from)
+    // the corrections for this program's kernels, bytes (negative: stored there, not here)
+    double dropout_masks = 0, attention_matrix = 0, log_sum_exp = 0, layernorm_statistics = 0;
+    double selective_outputs = 0;        // our rows: - (ln1 + ln2 + fch_gelu)
+    double corrected = 0;                // table + every correction
+    GPT2MemoryShape ours;                // the run of this program the row describes (tp, sequence
+                                         // parallelism, recompute policy): gpt2_activation_bytes(ours, true)'s
+                                         // per_layer equals corrected
+};
+
+// The row's value for the shape's s = seq_len, b = batch, h = channels, a = num_heads, t = tp (t = 1 for the
+// no-parallelism row), in 2-byte activations whatever the build. Each product is formed before it is
+// divided by t, so with h and a multiples of t (and s b too under sequence parallelism), as a tp layout
+// needs, every value is a whole number and exact in a double.
+inline Table2Value korthikanti_table2(Table2Row row, const GPT2MemoryShape& shape) {
+    const double s = shape.seq_len, b = shape.batch, h = shape.channels, a = shape.num_heads;
+    const double t = row == Table2Row::NoParallelism ? 1 : shape.tp;
+    const double sbh = s * b * h, attention = 5 * a * s * s * b;
+    Table2Value v;
+    v.ours = shape;
+    v.ours.tp = (int)t;
+    v.ours.recompute = Recompute{};  // none
+    bool sequence_parallel = false, selective = false;  // theirs; selective: the attention core recomputed
+    switch (row) {
+        case Table2Row::NoParallelism:
+            v.name = "no parallelism";
+            v.formula = "sbh (34 + 5as/h)";
+            v.corrected_formula = "32sbh + 16sb + 4asb";
+            v.table = 34 * sbh + attention;
+            break;
+        case Table2Row::TensorParallel:
+            v.name = "tensor parallel";
+            v.formula = "sbh (10 + 24/t + 5as/(ht))";
+            v.corrected_formula = "sbh (8 + 24/t) + 16sb + 4asb/t";
+            v.table = 10 * sbh + 24 * sbh / t + attention / t;
+            break;
+        case Table2Row::TensorSequenceParallel:
+            v.name = "tensor + sequence parallel";
+            v.formula = "sbh/t (34 + 5as/h)";
+            v.corrected_formula = "sb/t (32h + 16 + 4a)";
+            v.table = (34 * sbh + attention) / t;
+            sequence_parallel = true;
+            break;
+        case Table2Row::TensorParallelSelective:
+            v.name = "tp + selective";
+            v.formula = "sbh (10 + 24/t)";
+            v.corrected_formula = "sbh (8 + 24/t) + 16sb + 4asb/t";
+            v.table = 10 * sbh + 24 * sbh / t;
+            selective = true;
+            break;
+        case Table2Row::TensorSequenceParallelSelective:
+            v.name = "tp + sp + selective";
+            v.formula = "sbh/t 34";
+            v.corrected_formula = "sb/t (32h + 16 + 4a)";
+            v.table = 34 * sbh / t;
+            sequence_parallel = selective = true;
+            break;
+        case Table2Row::FullRecompute:
+            v.name = "full recompute";
+            v.formula = "2 sbh";
+            v.corrected_formula = "2 sbh";
+            v.table = v.corrected = 2 * sbh;  // the layer's input only: nothing to correct
+            v.ours.sequence_parallel = false;
+            v.ours.recompute = Recompute{RecomputePolicy::Full, 1};
+            return v;
+        case Table2Row::OursSelective:
+        case Table2Row::OursSelectiveSequenceParallel:
+            sequence_parallel = row == Table2Row::OursSelectiveSequenceParallel;
+            v.name = sequence_parallel ? "ours: selective + sp" : "ours: selective";
+            v.formula = sequence_parallel ? "(from tp + sp + selective)" : "(from tp + selective)";
+            v.corrected_formula = sequence_parallel ? "sb/t (20h + 16 + 4a)" : "sbh (4 + 16/t) + 16sb + 4asb/t";
+            v.in_table = false;
+            v.table = sequence_parallel ? 34 * sbh / t : 10 * sbh + 24 * sbh / t;
+            selective = true;
+            // ln1 (QKV input) and ln2 (fc input), 2sbh each, replicated or split by sequence parallelism;
+            // fch_gelu (fc projection input) 8sbh/t
+            v.selective_outputs = -((sequence_parallel ? 4 * sbh / t : 4 * sbh) + 8 * sbh / t);
+            v.ours.recompute = Recompute{RecomputePolicy::Selective, 1};
+            break;
+    }
+    v.ours.sequence_parallel = sequence_parallel;
+    v.dropout_masks = sequence_parallel ? -2 * sbh / t : -2 * sbh;
+    v.attention_matrix = selective ? 0 : -attention / t;
+    v.log_sum_exp = 4 * a * s * b / t;
+    v.layernorm_statistics = sequence_parallel ? 16 * s * b / t : 16 * s * b;
+    v.corrected = v.table + v.dropout_masks + v.attention_matrix + v.log_sum_exp + v.layernorm_statistics +
+                  v.selective_outputs;
+    return v;
+}
+
+// The table for one shape: each row's Table 2 value, the corrected value and gpt2_activation_bytes' per_layer
+// for the run the row describes, all in 2-byte activations as the paper counts (bf16_build false adds what
+// the FP32 build's sizes are). Of our two rows, the one matching shape.sequence_parallel is printed.
+inline void print_korthikanti_table2(const GPT2MemoryShape& shape, bool bf16_build, FILE* out = stdout) {
+    fprintf(out, "per-layer activations, Korthikanti et al. Table 2: bytes per layer and rank, 2-byte activations "
+            "(s=%d b=%d h=%d a=%d t=%d)%s\n", shape.seq_len, shape.batch, shape.channels, shape.num_heads, shape.tp,
+            bf16_build ? "" : "; this FP32 build's 4-byte activations double every term but the fp32 log-sum-exp "
+                              "and layernorm statistics");
+    fprintf(out, "  %-27s %-27s %10s  %-31s %10s %13s  %s\n", "row", "Table 2", "bytes", "corrected for our kernels",
+            "bytes", "ours", "(our run)");
+    for (int r = 0; r < kNumTable2Rows; r++) {
+        const Table2Row row = (Table2Row)r;
+        if ((row == Table2Row::OursSelective && shape.sequence_parallel) ||
+            (row == Table2Row::OursSelectiveSequenceParallel && !shape.sequence_parallel))
+            continue;
+        const Table2Value v = korthikanti_table2(row, shape);
+        const double ours = gpt2_activation_bytes(v.ours, true).per_layer;
+        const RecomputePolicy policy = v.ours.recompute.policy;
+        const std::string run = std::string(policy == RecomputePolicy::None        ? "none"
+                                            : policy == RecomputePolicy::Selective ? "selective"
+                                                                                   : "full, every 1") +
+                                ", tp " + std::to_string(v.ours.tp) + (v.ours.sequence_parallel && v.ours.tp > 1 ? " + sp" : "");
+        fprintf(out, "  %-27s %-27s %10s  %-31s %10s %s %10s  (%s)\n", v.name, v.formula,
+                v.in_table ? format_bytes(v.table).c_str() : "-", v.corrected_formula,
+                format_bytes(v.corrected).c_str(), ours == v.corrected ? "==" : "!=", format_bytes(ours).c_str(),
+                run.c_str());
+    }
+    fprintf(out, "  corrected = Table 2 - dropout masks 2sbh (/t with sp) - attention matrices 5as^2b/t (not under "
+            "selective) + fp32 log-sum-exp 4asb/t + fp32 layernorm mean, rstd 16sb (/t with sp)\n");
 }
 
 // ----------------------------------------------------------------------------
