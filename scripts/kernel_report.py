@@ -41,7 +41,11 @@ KNOWN_BLOCK_SIZES = {
     "gelu_forward_kernel": 512, "gelu_backward_kernel": 512,
     "residual_forward_kernel": 256, "layernorm_forward_kernel": 256,
     "fused_residual_layernorm_forward_kernel": 256, "layernorm_backward_kernel": 256,
-    "encoder_forward_kernel": 256, "encoder_backward_wpe_kernel": 256, "encoder_backward_wte_kernel": 128,
+    "encoder_forward_kernel": 256, "encoder_backward_wpe_kernel": 256, "encoder_backward_wte_pieces_kernel": 128,
+    "encoder_backward_wte_combine_kernel": 256, "embedding_lookup_forward_kernel": 256,
+    "position_embedding_forward_kernel": 256,
+    "vocab_parallel_softmax_partials_kernel": 512, "vocab_parallel_rescale_sums_kernel": 256,
+    "vocab_parallel_loss_and_gradient_kernel": 512,
     "add_column_partials_kernel": 256, "bias_gradient_partials_kernel": 256,
 }
 
