@@ -84,6 +84,10 @@ build/test_host: dev/test_host.cu $(HEADERS) | check-cpu-tools
 build/test_data: dev/test_data.cu $(HEADERS) | check-cpu-tools
 	@mkdir -p build
 	$(CXX) $(CPU_FLAGS) -x c++ $< -o $@ $(CPU_LIBS)
+# pipeline schedules, their simulator and trace (no model); --trace writes a simulated trace to draw
+build/test_pipeline: dev/test_pipeline.cu $(HEADERS) | check-cpu-tools
+	@mkdir -p build
+	$(CXX) $(CPU_FLAGS) -x c++ $< -o $@ $(CPU_LIBS)
 # the communication layer and the device mesh: the CPU build runs under mpirun (scripts/run_tests.sh); the
 # GPU build proves that NCCL and MPI link, and runs on one GPU when there is one
 build/test_comm: dev/test_comm.cu $(HEADERS) | check-cpu-tools check-mpi-tools
@@ -129,7 +133,7 @@ train:
 # test: CPU suites in both precisions and both lane orders, the sanitizer build, the GPU compile
 # (and the GPU suites when a GPU is present). scripts/run_tests.sh adds up the suites' closing lines.
 CPU_TEST_BINARIES := build/test_bf16 build/test_cpu_layer build/test_cpu_layer_asan build/test_host \
-                     build/test_data build/test_comm build/test_memory kernel_lab_cpu kernel_lab_fp32_cpu kernel_lab_cpu_asan \
+                     build/test_pipeline build/test_data build/test_comm build/test_memory kernel_lab_cpu kernel_lab_fp32_cpu kernel_lab_cpu_asan \
                      train_gpt_cpu train_gpt_fp32_cpu test_gpt_cpu test_gpt_fp32_cpu
 GPU_TEST_BINARIES := kernel_lab kernel_lab_fp32 train_gpt train_gpt_fp32 test_gpt test_gpt_fp32 build/test_comm_gpu
 test:

