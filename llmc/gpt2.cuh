@@ -246,6 +246,7 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, i
     if (T > config.max_seq_len) fatal("sequence length %d exceeds the model's maximum %d", T, config.max_seq_len);
     model.config = config;
     model.tp = tp;
+    tp_streams_create(model.tp);
     model.recompute = recompute;
     model.layout = ParameterLayout(config, shards, tp.size, tp.rank);
     model.max_batch = B;
@@ -310,6 +311,7 @@ inline void gpt2_free(GPT2& model) {
                     (void*)s.gathered, (void*)s.softmax_stats, (void*)s.attention_D, (void*)s.matmul_scratch, (void*)s.layernorm_scratch, (void*)s.norm_scratch})
         tracked_free(p);
     encoder_backward_workspace_free(&s.encoder_workspace);
+    tp_streams_destroy(model.tp);
     cudaCheck(cudaStreamDestroy(model.stream));
     model = GPT2{};
 }
@@ -497,8 +499,10 @@ inline void block_backward(const GPT2Config& c, const TensorParallel& tp, const 
                     stream);
     gelu_backward(s.dhidden, a.fch, s.dhidden, (size_t)N * hidden, stream);
     const floatX* ln2 = tp_enter(tp, a.ln2, s.gathered, N, C, stream);  // gathered again under SP
-    matmul_backward(s.dchannels, g.fcw, g.fcb, s.matmul_scratch, s.dhidden, ln2, p.fcw, N, C, hidden, stream);
-    const floatX* dln2 = tp_enter_backward(tp, s.dchannels, N, C, stream);
+    matmul_backward_input(s.dchannels, s.dhidden, p.fcw, N, C, hidden, stream);
+    const floatX* dln2 = tp_enter_backward(tp, s.dchannels, N, C, stream);  // summed beside the next line
+    matmul_backward_weights(g.fcw, g.fcb, s.matmul_scratch, s.dhidden, ln2, N, C, hidden, stream);
+    tp_join(tp, stream);
     layernorm_backward(dresidual, g.ln2w, g.ln2b, s.layernorm_scratch, dln2, a.residual2, p.ln2w, a.ln2_mean,
                        a.ln2_rstd, R, C, stream);
     // residual2 = input + attproj(attention(qkv(ln1))): dresidual is now the gradient of residual2
@@ -507,8 +511,10 @@ inline void block_backward(const GPT2Config& c, const TensorParallel& tp, const 
                     attention, C, stream);
     attention_backward(s.dqkv, s.attention_D, s.dchannels, a.qkv, a.atty, a.lse, B, T, attention, heads, stream);
     const floatX* ln1 = tp_enter(tp, a.ln1, s.gathered, N, C, stream);
-    matmul_backward(s.dchannels, g.qkvw, g.qkvb, s.matmul_scratch, s.dqkv, ln1, p.qkvw, N, C, 3 * attention, stream);
-    const floatX* dln1 = tp_enter_backward(tp, s.dchannels, N, C, stream);
+    matmul_backward_input(s.dchannels, s.dqkv, p.qkvw, N, C, 3 * attention, stream);
+    const floatX* dln1 = tp_enter_backward(tp, s.dchannels, N, C, stream);  // summed beside the next line
+    matmul_backward_weights(g.qkvw, g.qkvb, s.matmul_scratch, s.dqkv, ln1, N, C, 3 * attention, stream);
+    tp_join(tp, stream);
     layernorm_backward(dresidual, g.ln1w, g.ln1b, s.layernorm_scratch, dln1, input, p.ln1w, a.ln1_mean, a.ln1_rstd,
                        R, C, stream);
 }
@@ -632,9 +638,12 @@ inline void gpt2_backward(GPT2& model, int B, int T, const BackwardHooks& hooks 
     // tp ranks' shares of it)
     floatX* embedding_grads = gradients_of(0);  // wte, then wpe
     const floatX* lnf = tp_enter(tp, model.lnf, s.gathered, N, C, model.stream);
-    matmul_backward(s.dchannels, embedding_grads, nullptr, s.matmul_scratch, model.logits, lnf,
-                    chunk_parameters(model, 0), N, C, c.padded_vocab_size / tp.size, model.stream);
-    const floatX* dlnf = tp_enter_backward(tp, s.dchannels, N, C, model.stream);
+    const int vocab_columns = c.padded_vocab_size / tp.size;
+    matmul_backward_input(s.dchannels, model.logits, chunk_parameters(model, 0), N, C, vocab_columns, model.stream);
+    const floatX* dlnf = tp_enter_backward(tp, s.dchannels, N, C, model.stream);  // summed beside the next line
+    matmul_backward_weights(embedding_grads, nullptr, s.matmul_scratch, model.logits, lnf, N, C, vocab_columns,
+                            model.stream);
+    tp_join(tp, model.stream);
     // lnf = layernorm(x_L): the residual stream's gradient starts here
     floatX* final_grads = gradients_of(final_chunk);  // lnfw, then lnfb
     cudaCheck(cudaMemsetAsync(s.dresidual, 0, (size_t)R * C * sizeof(floatX), model.stream));

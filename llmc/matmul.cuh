@@ -496,12 +496,24 @@ inline void matmul_forward(floatX* out, const floatX* inp, const floatX* weight,
     matmul_row_major(out, inp, weight, bias, N, OC, C, false, true, false, stream);
 }
 
-// dinp = dout @ weight (overwrites); dweight += dout^T @ inp (accumulates); dbias += column sums of dout
-// (accumulates, deterministic; skipped when dbias is null). scratch: matmul_backward_scratch_floats(N, OC)
-// floats, used only for dbias.
-inline void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, float* scratch, const floatX* dout,
-                            const floatX* inp, const floatX* weight, int N, int C, int OC, cudaStream_t stream) {
+// The backward pass in two halves, so that a caller can start sending dinp before the weight gradients
+// (llmc/tensor_parallel.h overlaps its all-reduce with them):
+// dinp = dout @ weight (overwrites)
+inline void matmul_backward_input(floatX* dinp, const floatX* dout, const floatX* weight, int N, int C, int OC,
+                                  cudaStream_t stream) {
     matmul_row_major(dinp, dout, weight, nullptr, N, C, OC, false, false, false, stream);
+}
+// dweight += dout^T @ inp (accumulates); dbias += column sums of dout (accumulates, deterministic; skipped
+// when dbias is null). scratch: matmul_backward_scratch_floats(N, OC) floats, used only for dbias.
+inline void matmul_backward_weights(floatX* dweight, floatX* dbias, float* scratch, const floatX* dout,
+                                    const floatX* inp, int N, int C, int OC, cudaStream_t stream) {
     matmul_row_major(dweight, dout, inp, nullptr, OC, C, N, true, false, true, stream);
     if (dbias != nullptr) matmul_bias_backward(dbias, scratch, dout, N, OC, stream);
+}
+
+// Both halves: dinp, then dweight and dbias.
+inline void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, float* scratch, const floatX* dout,
+                            const floatX* inp, const floatX* weight, int N, int C, int OC, cudaStream_t stream) {
+    matmul_backward_input(dinp, dout, weight, N, C, OC, stream);
+    matmul_backward_weights(dweight, dbias, scratch, dout, inp, N, C, OC, stream);
 }

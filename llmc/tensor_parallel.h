@@ -16,7 +16,9 @@ The two conjugate operators around them (Megatron's f and g) are the only places
     f = tp_enter  before a column-parallel matmul:  forward identity      backward all-reduce (sum) of dX
     g = tp_leave  after a row-parallel matmul:      forward all-reduce    backward identity
 (the backward of "every rank uses X" is "add up every rank's dX"; the backward of a sum is a copy). So a
-block sends two all-reduces of N x C forward (g twice) and two backward (f twice), N = B*T rows.
+block sends two all-reduces of N x C forward (g twice) and two backward (f twice), N = B*T rows. f's
+backward sum runs on a stream of its own while the compute stream computes the same matmul's weight
+gradients, which do not need it (Megatron's overlap); tp_join waits for it before the layernorm needs it.
 
 Sequence parallelism. Between f and g the ranks hold replicated N x C activations (the layernorms, the
 residual stream, dropout in other models), computed tp times over. SP cuts those rows into tp slices:
@@ -78,7 +80,25 @@ struct TensorParallel {
     int rank = 0;                   // this rank's slice
     bool sequence_parallel = false;
     Communicator* group = nullptr;  // the tp axis of the mesh; null with one rank
+    // f backward runs here, beside the weight gradients on the compute stream (tp_streams_create)
+    cudaStream_t stream = nullptr;
+    cudaEvent_t input_gradient_ready = nullptr, input_gradient_summed = nullptr;
 };
+
+// The stream and events of f's backward pass (tp > 1); the model creates them and destroys them.
+inline void tp_streams_create(TensorParallel& tp) {
+    if (tp.size == 1) return;
+    cudaCheck(cudaStreamCreateWithFlags(&tp.stream, cudaStreamNonBlocking));
+    cudaCheck(cudaEventCreateWithFlags(&tp.input_gradient_ready, cudaEventDisableTiming));
+    cudaCheck(cudaEventCreateWithFlags(&tp.input_gradient_summed, cudaEventDisableTiming));
+}
+inline void tp_streams_destroy(TensorParallel& tp) {
+    if (tp.stream == nullptr) return;
+    cudaCheck(cudaStreamDestroy(tp.stream));
+    cudaCheck(cudaEventDestroy(tp.input_gradient_ready));
+    cudaCheck(cudaEventDestroy(tp.input_gradient_summed));
+    tp.stream = nullptr;
+}
 
 // The one line that says why a model cannot be split over tp ranks ("" when it can). Heads divide (each
 // rank runs whole heads; then so do C and the 4C hidden units, C being heads x head size), and so does the
@@ -124,10 +144,9 @@ inline const floatX* tp_enter(const TensorParallel& tp, const floatX* mine, floa
     return gathered;
 }
 
-// f backward: `partial` (N rows) is this rank's share of dX; returns this rank's rows of the sum over ranks:
-// all of them (all-reduce, in place) or, with SP, its slice (reduce-scatter, in place: the slice's place
-// in `partial`).
-inline floatX* tp_enter_backward(const TensorParallel& tp, floatX* partial, int N, int C, cudaStream_t stream) {
+// The sum over ranks of their N-row `partial`s, on `stream`; returns this rank's rows of it: all of them
+// (all-reduce, in place) or, with SP, its slice (reduce-scatter, in place: the slice's place in `partial`).
+inline floatX* tp_sum_partials(const TensorParallel& tp, floatX* partial, int N, int C, cudaStream_t stream) {
     if (tp.size == 1) return partial;
     if (!tp.sequence_parallel) {
         all_reduce(*tp.group, partial, (size_t)N * C, Reduction::Sum, stream);
@@ -139,10 +158,29 @@ inline floatX* tp_enter_backward(const TensorParallel& tp, floatX* partial, int 
     return mine;
 }
 
+// f backward: `partial` (N rows) is this rank's share of dX, just computed on `stream` (the first half of
+// the column-parallel matmul's backward pass, matmul_backward_input); returns where this rank's rows of the
+// sum will be. The sum runs on the tp stream, so the caller computes the weight gradients meanwhile
+// (matmul_backward_weights, which do not touch `partial`) and then calls tp_join before reading the result:
+// Megatron's overlap of the input-gradient all-reduce with the weight-gradient matmul.
+inline floatX* tp_enter_backward(const TensorParallel& tp, floatX* partial, int N, int C, cudaStream_t stream) {
+    if (tp.size == 1) return partial;
+    cudaCheck(cudaEventRecord(tp.input_gradient_ready, stream));
+    cudaCheck(cudaStreamWaitEvent(tp.stream, tp.input_gradient_ready, 0));
+    floatX* mine = tp_sum_partials(tp, partial, N, C, tp.stream);
+    cudaCheck(cudaEventRecord(tp.input_gradient_summed, tp.stream));
+    return mine;
+}
+// `stream` waits for the last tp_enter_backward's sum. Until then no other tp collective may be issued:
+// the ranks' collectives on the tp group must keep one order.
+inline void tp_join(const TensorParallel& tp, cudaStream_t stream) {
+    if (tp.size > 1) cudaCheck(cudaStreamWaitEvent(stream, tp.input_gradient_summed, 0));
+}
+
 // g forward: `partial` (N rows) is this rank's term of a row-parallel matmul; returns this rank's rows of
-// the sum (the same collectives as f backward).
+// the sum (nothing to overlap with: the next kernel needs it).
 inline floatX* tp_leave(const TensorParallel& tp, floatX* partial, int N, int C, cudaStream_t stream) {
-    return tp_enter_backward(tp, partial, N, C, stream);
+    return tp_sum_partials(tp, partial, N, C, stream);
 }
 
 // g backward: every rank needs the whole N-row gradient of the sum: its own rows already, or, with SP,
