@@ -464,7 +464,8 @@ void test_logger() {
             logger.step(stats);
             logger.val_loss(3, 4.5f);
         });
-        std::string expected = "step  3/10 | loss 5.250000 | lr 3.00e-04 | norm 1.5000 | 250.0 ms | 32768 tok/s | 3 MiB | MFU 41.0%\n"
+        // ETA: 7 steps left x 250 ms (the only step so far is the mean) = 1.75 s, shown rounded as 2s
+        std::string expected = "step  3/10 | loss 5.250000 | lr 3.00e-04 | norm 1.5000 | 250.0 ms | 32768 tok/s | 3 MiB | MFU 41.0% | ETA 2s\n"
                                "val loss 4.500000 at step 3\n";
         check_true("console lines", status == 0 && console == expected, "\n" + console);
     }
@@ -505,7 +506,7 @@ void test_logger() {
     check_true("step line numbers", step["step"] == "3" && step["total_steps"] == "10" && step["loss"] == "5.25" &&
                                         step["lr"] == "0.000300000014" && step["grad_norm"] == "1.5" &&
                                         step["ms"] == "250" && step["tokens_per_s"] == "32768" &&
-                                        step["memory_mib"] == "3" && step["mfu"] == "0.41",
+                                        step["memory_mib"] == "3" && step["mfu"] == "0.41" && step["eta_s"] == "1.75",
                lines[1]);
     check_true("val loss line", objects[2]["step"] == "3" && objects[2]["loss"] == "4.5");
     check_true("NaN loss, infinite norm and unknown MFU are null",
@@ -513,6 +514,53 @@ void test_logger() {
     check_true("sample text escaped", objects[4]["text"] == "\"He said \\\"hi\\\"\\n\\tand left\\\\\"", lines[4]);
     check_true("checkpoint line names the path", objects[5]["path"] == json_quote(dir + "/checkpoint_4.bin"));
     check_true("custom event members", objects[6]["value"] == "0.5" && objects[6]["note"] == "\"ok\"");
+
+    // the ETA: formatting, and the mean step time that leaves the warm-up step out
+    check_true("format_duration: 0s, 59s, 1m01s, 4m12s, 1h00m, 1h03m, 26h00m, rounding, unknown",
+               format_duration(0) == "0s" && format_duration(59) == "59s" && format_duration(61) == "1m01s" &&
+                   format_duration(252) == "4m12s" && format_duration(3600) == "1h00m" &&
+                   format_duration(3789) == "1h03m" && format_duration(93600) == "26h00m" &&
+                   format_duration(59.6) == "1m00s" && format_duration(-1) == "?" && format_duration(NAN) == "?",
+               format_duration(61) + " " + format_duration(3789));
+    {
+        StepTimer timer;
+        check_true("no step yet: ETA 0", timer.remaining_seconds(10) == 0.0);
+        timer.add(10.0);  // a slow first step (warm-up)
+        bool alone = timer.mean_seconds() == 10.0;  // the only measurement is all there is
+        timer.add(1.0);
+        timer.add(3.0);
+        // mean of the later steps (1 + 3) / 2 = 2 s, not (10 + 1 + 3) / 3; 5 steps left: 10 s; none left: 0
+        check_true("mean step time leaves out the first step once others ran", alone && timer.mean_seconds() == 2.0 &&
+                       timer.remaining_seconds(5) == 10.0 && timer.remaining_seconds(0) == 0.0,
+                   std::to_string(timer.mean_seconds()));
+    }
+    {
+        // a 10 s warm-up step, then 1 s and 3 s steps: ETA 9 x 10 s = 1m30s, then 8 x 1 s, then 7 x (1 + 3) / 2 s
+        auto [status, console] = run_in_child([&] {
+            Logger logger(test_dir + "/eta");
+            StepStats timed = stats;
+            timed.mfu = -1;
+            for (auto [step, seconds] : std::vector<std::pair<int, double>>{{1, 10.0}, {2, 1.0}, {3, 3.0}}) {
+                timed.step = step, timed.seconds = seconds;
+                logger.step(timed);
+            }
+        });
+        std::string expected = "step  1/10 | loss 5.250000 | lr 3.00e-04 | norm 1.5000 | 10000.0 ms | 819 tok/s | 3 MiB | ETA 1m30s\n"
+                               "step  2/10 | loss 5.250000 | lr 3.00e-04 | norm 1.5000 | 1000.0 ms | 8192 tok/s | 3 MiB | ETA 8s\n"
+                               "step  3/10 | loss 5.250000 | lr 3.00e-04 | norm 1.5000 | 3000.0 ms | 2731 tok/s | 3 MiB | ETA 14s\n";
+        check_true("console ETA: 1m30s, 8s, 14s (the warm-up step leaves the mean)", status == 0 && console == expected,
+                   "\n" + console);
+    }
+    {
+        std::vector<std::string> eta_lines = read_lines(test_dir + "/eta/log.jsonl");
+        std::vector<std::string> etas;
+        for (const std::string& line : eta_lines) {
+            bool line_valid;
+            etas.push_back(parse_json_object(line, &line_valid)["eta_s"]);
+        }
+        check_true("logged eta_s: 90 (9 x 10 s), 8 (8 x 1 s), 14 (7 x 2 s)",
+                   etas == std::vector<std::string>{"90", "8", "14"}, eta_lines.empty() ? "no lines" : eta_lines.back());
+    }
 
     {
         Logger fresh(dir);  // append = false starts the file over

@@ -19,12 +19,15 @@ step 1, a validation loss measured before training is at step 0, and checkpoint_
 after that many steps, so the three agree.
 
 Console line:
-    step   12/5000 | loss 5.214573 | lr 3.00e-04 | norm 1.1234 | 312.5 ms | 104858 tok/s | 2341 MiB | MFU 41.3%
+    step   12/5000 | loss 5.214573 | lr 3.00e-04 | norm 1.1234 | 312.5 ms | 104858 tok/s | 2341 MiB | MFU 41.3% | ETA 25m59s
+The ETA is the steps still to run times the mean step time of this run (StepTimer below): the first step
+is left out of the mean once there are others, because it pays for warm-up (cuBLAS heuristics, first-touch
+allocations) that later steps do not. Validation, samples and checkpoints are not counted in it.
 JSON line (same numbers; "time_s", seconds since the logger was created, ends every line; a non-finite
 number such as a NaN loss becomes null, because JSON has no NaN and a diverged run is exactly the one whose
 log must still parse; so does an unknown MFU):
     {"event": "step", "step": 12, "total_steps": 5000, "loss": 5.2145729, "lr": 0.000300000014,
-     "grad_norm": 1.12339997, "ms": 312.5, "tokens_per_s": 104857.6, "memory_mib": 2341, "mfu": 0.413, "time_s": 12.5}
+     "grad_norm": 1.12339997, "ms": 312.5, "tokens_per_s": 104857.6, "memory_mib": 2341, "mfu": 0.413, ..., "eta_s": 1558.75, "time_s": 12.5}
 
 Each line is flushed as it is written, so a killed run keeps its log up to the last step. With append =
 true (resuming) the file is continued instead of started over. A disabled logger (ranks other than 0)
@@ -95,6 +98,41 @@ private:
     std::string text_;
 };
 
+// A duration for people: "0s", "59s", "1m01s", "4m12s", "1h03m" (whole seconds, rounded; minutes when an
+// hour or more, where the seconds no longer matter). Unknown (negative or not finite): "?".
+inline std::string format_duration(double seconds) {
+    if (!std::isfinite(seconds) || seconds < 0) return "?";
+    long long total = std::llround(seconds);
+    char text[48];
+    if (total < 60) snprintf(text, sizeof(text), "%llds", total);
+    else if (total < 3600) snprintf(text, sizeof(text), "%lldm%02llds", total / 60, total % 60);
+    else snprintf(text, sizeof(text), "%lldh%02lldm", total / 3600, (total % 3600) / 60);
+    return text;
+}
+
+// The mean step time of this run, for the ETA: the first step is excluded as soon as a second one has run,
+// since it carries one-time warm-up costs that would otherwise inflate the estimate for the whole run.
+class StepTimer {
+public:
+    void add(double seconds) {
+        if (count_ == 0) first_ = seconds;
+        else later_total_ += seconds;
+        count_++;
+    }
+    double mean_seconds() const {
+        if (count_ == 0) return 0.0;
+        return count_ == 1 ? first_ : later_total_ / (double)(count_ - 1);
+    }
+    double remaining_seconds(long long remaining_steps) const {
+        return remaining_steps > 0 ? (double)remaining_steps * mean_seconds() : 0.0;
+    }
+
+private:
+    long long count_ = 0;
+    double first_ = 0.0;
+    double later_total_ = 0.0;
+};
+
 struct StepStats {
     long long step = 0;         // optimizer steps completed, counting this one
     long long total_steps = 0;
@@ -152,7 +190,11 @@ public:
                           s.model_flops / s.seconds / 1e9, s.hardware_flops / s.seconds / 1e9);
         }
         if (s.comm_bytes > 0 && n > 0 && n < (int)sizeof(line))
-            snprintf(line + n, sizeof(line) - n, " | sent %.1f MiB", s.comm_bytes / (1024.0 * 1024.0));
+            n += snprintf(line + n, sizeof(line) - n, " | sent %.1f MiB", s.comm_bytes / (1024.0 * 1024.0));
+        step_timer_.add(s.seconds);
+        double eta_seconds = step_timer_.remaining_seconds(s.total_steps - s.step);
+        if (n > 0 && n < (int)sizeof(line))
+            snprintf(line + n, sizeof(line) - n, " | ETA %s", format_duration(eta_seconds).c_str());
         printf("%s\n", line);
         fflush(stdout);
         JsonLine json("step");
@@ -164,6 +206,7 @@ public:
         json.number("model_flops", s.model_flops).number("hardware_flops", s.hardware_flops);
         json.integer("comm_bytes", s.comm_bytes);
         json.integer("tp_comm_bytes", s.tp_comm_bytes);
+        json.number("eta_s", eta_seconds);
         write(json);
     }
 
@@ -200,6 +243,7 @@ public:
 private:
     bool enabled_;
     std::chrono::steady_clock::time_point start_;
+    StepTimer step_timer_;  // this run's steps only: a resumed run starts a new logger and a new mean
     std::string path_;
     FILE* file_ = nullptr;
 };
