@@ -73,6 +73,17 @@ static int micro_step_tokens(int batch_size, int seq_len, int ranks) {
     return (int)tokens;
 }
 
+// What llmc/memory.h's formulas need to know of this run (for --plan, and beside the measured memory).
+static GPT2MemoryShape memory_shape(const GPT2Config& config, int B, int T, int multiprocessors, int tp,
+                                    bool sequence_parallel, const Recompute& recompute) {
+    GPT2MemoryShape shape{config.num_layers, config.channels, config.num_heads, config.padded_vocab_size,
+                          config.max_seq_len, B, T, multiprocessors};
+    shape.tp = tp;
+    shape.sequence_parallel = sequence_parallel;
+    shape.recompute = recompute;
+    return shape;
+}
+
 // ----------------------------------------------------------------------------
 // validation loss and text samples
 
@@ -255,19 +266,15 @@ int main(int argc, char** argv) {
     const Recompute recompute = recompute_from_flags(recompute_policy, recompute_every);
     if (plan_ranks > 0) {  // arithmetic only: works for any model and layout, on any machine
         const GPT2Config config = config_from_flags(model_name, layers, heads, channels, vocab_size, max_seq_len);
-        const std::string tp_error = tp_layout_error(config, tp_size, sequence_parallel, seq_len);
-        if (!tp_error.empty()) fatal("%s", tp_error.c_str());
+        tp_check_layout(config, tp_size, sequence_parallel, seq_len);
         if (plan_ranks % tp_size != 0) fatal("--plan %d ranks are not a multiple of --tp %d", plan_ranks, tp_size);
         const int dp = plan_ranks / tp_size;
         const int shard = dp_shard == 0 ? dp : dp_shard;
         if (dp % shard != 0) fatal("--dp-shard %d does not divide the %d data-parallel ranks", shard, dp);
         const int per_micro_step = micro_step_tokens(batch_size, seq_len, dp);
         const int accumulation = total_batch_size > 0 ? std::max(1, total_batch_size / per_micro_step) : 1;
-        GPT2MemoryShape shape{config.num_layers, config.channels, config.num_heads, config.padded_vocab_size,
-                              config.max_seq_len, batch_size, seq_len};
-        shape.tp = tp_size;
-        shape.sequence_parallel = sequence_parallel;
-        shape.recompute = recompute;
+        const GPT2MemoryShape shape = memory_shape(config, batch_size, seq_len, GPT2MemoryShape{}.multiprocessors,
+                                                   tp_size, sequence_parallel, recompute);
         printf("plan: %d layers, %d channels, %zu parameters (%zu per tp rank); %d ranks = dp %d x tp %d%s; ZeRO "
                "stage %d (shard groups of %d), %d x %d tokens per data-parallel rank and micro-step, %d micro-step(s)\n",
                config.num_layers, config.channels, ParameterLayout(config).num_parameters,
@@ -301,8 +308,7 @@ int main(int argc, char** argv) {
     const GPT2Config config = config_from_flags(model_name, layers, heads, channels, vocab_size, max_seq_len);
     const int B = batch_size, T = seq_len;
     if (T > config.max_seq_len) fatal("--seq-len %d exceeds the model's %d positions", T, config.max_seq_len);
-    const std::string tp_error = tp_layout_error(config, tp_size, sequence_parallel, T);
-    if (!tp_error.empty()) fatal("%s", tp_error.c_str());
+    tp_check_layout(config, tp_size, sequence_parallel, T);
     TensorParallel tp;  // this rank's slice of every matmul (llmc/tensor_parallel.h)
     tp.size = tp_size;
     tp.rank = mesh.coords[TP];
@@ -472,11 +478,8 @@ int main(int argc, char** argv) {
     const MemoryTotals held = memory_totals();
     const size_t model_state = held.peak[(int)MemoryKind::Parameters] + held.peak[(int)MemoryKind::Gradients] +
                                held.peak[(int)MemoryKind::OptimizerState];
-    GPT2MemoryShape shape{config.num_layers, config.channels, config.num_heads, config.padded_vocab_size,
-                          config.max_seq_len, B, T, device_properties().multiProcessorCount};
-    shape.tp = tp_size;
-    shape.sequence_parallel = sequence_parallel;
-    shape.recompute = recompute;
+    const GPT2MemoryShape shape = memory_shape(config, B, T, device_properties().multiProcessorCount, tp_size,
+                                               sequence_parallel, recompute);
     const MemoryPlan formula = plan_training_memory(model.layout.total, zero_stage, dp_size, optimizer.shards,
                                                     sizeof(floatX) == 2, accumulation_steps);
     const MemoryPlan with_buffers = plan_training_memory(model.layout.total, zero_stage, dp_size, optimizer.shards,

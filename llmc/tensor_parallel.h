@@ -124,6 +124,12 @@ inline std::string tp_layout_error(const GPT2Config& c, int tp, bool sequence_pa
     return text;
 }
 
+// Stops with that line if the model cannot be split.
+inline void tp_check_layout(const GPT2Config& c, int tp, bool sequence_parallel, int seq_len) {
+    const std::string error = tp_layout_error(c, tp, sequence_parallel, seq_len);
+    if (!error.empty()) fatal("%s", error.c_str());
+}
+
 // rows of the residual stream this rank holds: N, or its N/tp slice under sequence parallelism
 inline int tp_rows(const TensorParallel& tp, int N) { return tp.sequence_parallel ? N / tp.size : N; }
 

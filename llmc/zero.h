@@ -347,19 +347,28 @@ inline void zero_gradient_norm(Zero& z, GPT2& model) {
         if (!counted.empty() && counted.back().second == first) counted.back().second = end;
         else counted.push_back({first, end});
     };
+    // the tensors this rank leaves out, as ascending [offset, end) ranges of the parameter buffer
+    std::vector<std::pair<size_t, size_t>> left_out;
+    for_each_tensor_in_file_order(layout, [&](int kind, int, size_t offset, size_t elements) {
+        if (!tp_counts_in_norm(model.tp, kind)) left_out.push_back({offset, offset + elements});
+    });
+    std::sort(left_out.begin(), left_out.end());
+    size_t skip = 0;  // the first left-out range not yet passed
     for (int c = 0; c < layout.num_chunks(); c++) {
         // chunk c's part of the buffer: [held, held_end) in parameter-buffer coordinates, at `at` in `grads`
         const size_t held = z.stage == 0 ? layout.chunk_start(c) : shard_start(z, c);
         const size_t held_end = held + (z.stage == 0 ? layout.chunk_size(c) : shard_size(z, c));
         const size_t at = z.stage == 0 ? held : shard_offset(z, c);
         size_t next = held;  // counted up to here
-        for_each_tensor_in_file_order(layout, [&](int kind, int layer, size_t offset, size_t elements) {
-            if (chunk_of(layout, kind, layer) != c || tp_counts_in_norm(model.tp, kind)) return;
-            const size_t first = std::max(offset, held), end = std::min(offset + elements, held_end);
-            if (first >= end) return;
-            count(at + (next - held), at + (first - held));  // what lies before this left-out tensor
-            next = end;
-        });
+        while (skip < left_out.size() && left_out[skip].first < held_end) {
+            const size_t first = std::max(left_out[skip].first, held), end = std::min(left_out[skip].second, held_end);
+            if (first < end) {
+                count(at + (next - held), at + (first - held));  // what lies before this left-out tensor
+                next = end;
+            }
+            if (left_out[skip].second > held_end) break;  // it goes on into the next chunk's part
+            skip++;
+        }
         count(at + (next - held), at + (held_end - held));
     }
     float* squared = &model.results->grad_norm_squared;

@@ -9,11 +9,7 @@
 set -u
 binary=${1:?usage: $0 TRAIN_BINARY [BF16_TRAIN_BINARY]}
 bf16_binary=${2:-}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-passed=0 failed=0
-ok() { passed=$((passed + 1)); echo "  ok   $*"; }
-bad() { failed=$((failed + 1)); echo "  FAIL $*"; }
+source "$(dirname "$0")/test_lib.sh"
 export OMP_NUM_THREADS=1
 
 flags=(--model custom --layers 2 --heads 2 --channels 32 --vocab-size 50257 --max-seq-len 32 --seq-len 16
@@ -152,8 +148,5 @@ if [[ -n "$bf16_binary" ]]; then
         fi
     done
 fi
-read -r _ compared_ok compared_bad < <(grep '^RESULT' "$work/compare.out" || echo "RESULT 0 1")
-passed=$((passed + compared_ok))
-failed=$((failed + compared_bad))
-echo "$passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+add_python_result "$work/compare.out"
+finish

@@ -10,11 +10,7 @@
 set -u
 binary=${1:?usage: $0 TRAIN_BINARY [BF16_TRAIN_BINARY]}
 bf16_binary=${2:-}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-passed=0 failed=0
-ok() { passed=$((passed + 1)); echo "  ok   $*"; }
-bad() { failed=$((failed + 1)); echo "  FAIL $*"; }
+source "$(dirname "$0")/test_lib.sh"
 export OMP_NUM_THREADS=1
 
 flags=(--model custom --layers 4 --heads 2 --channels 32 --vocab-size 50257 --max-seq-len 32 --seq-len 16
@@ -31,12 +27,8 @@ run() {  # run NAME BINARY RANKS POLICY[:EVERY] [FLAGS...]: B = 8 rows per data-
         --recompute "$policy" --recompute-every "$every" --output-dir "$work/$name" "$@" >"$work/$name.out" 2>&1 ||
         bad "$name: the run failed: $(grep -m1 error: "$work/$name.out")"
 }
-losses() {  # every training and validation loss of a run, one per line
-    grep -o '"event": "\(step\|val_loss\)", "step": [0-9]*\(, "total_steps": [0-9]*\)\?, "loss": [^,]*' \
-        "$work/$1/log.jsonl" 2>/dev/null
-}
 same_bits() {  # same_bits A B: 3 training and 2 validation losses, and model.bin, bit for bit
-    [[ $(losses "$1" | wc -l) -eq 5 && "$(losses "$1")" == "$(losses "$2")" ]] && cmp -s "$work/$1/model.bin" "$work/$2/model.bin"
+    [[ $(logged_losses "$1" | wc -l) -eq 5 && "$(logged_losses "$1")" == "$(logged_losses "$2")" ]] && cmp -s "$work/$1/model.bin" "$work/$2/model.bin"
 }
 memory() {  # memory RUN FIELD: a number from the run's memory line
     /usr/bin/python3 -c "import json,sys; print([json.loads(l) for l in open('$work/$1/log.jsonl') if '\"memory\"' in l][-1]['$2'])"
@@ -111,5 +103,4 @@ if [[ -n "$(sent none)" && $(sent full_3) -gt $(sent none) ]]; then
 else
     bad "ZeRO-3 bytes per step: none $(sent none), full every 3 $(sent full_3): the regathering is not counted"
 fi
-echo "$passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+finish

@@ -22,11 +22,7 @@
 set -u
 binary=${1:?usage: $0 TRAIN_BINARY [BF16_TRAIN_BINARY]}
 bf16_binary=${2:-}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-passed=0 failed=0
-ok() { passed=$((passed + 1)); echo "  ok   $*"; }
-bad() { failed=$((failed + 1)); echo "  FAIL $*"; }
+source "$(dirname "$0")/test_lib.sh"
 export OMP_NUM_THREADS=1
 modes=${LATE_STREAMS_MODES:-1 2}
 late_modes=${modes//0/}
@@ -44,12 +40,8 @@ run() {  # run NAME MODE RANKS ZERO DP_SHARD [FLAGS...]: B = 8 / data-parallel r
         --dp-shard "$shard" --output-dir "$work/$name" "$@" >>"$work/$name.out" 2>&1 ||
         bad "$name: the run failed: $(grep -m1 error: "$work/$name.out")"
 }
-losses() {  # the training and validation losses of a run, one line each
-    grep -o '"event": "\(step\|val_loss\)", "step": [0-9]*\(, "total_steps": [0-9]*\)\?, "loss": [^,]*' \
-        "$work/$1/log.jsonl" 2>/dev/null
-}
 same_losses() {  # same_losses A B COUNT: COUNT losses and the final parameters, bit for bit
-    [[ $(losses "$1" | wc -l) -eq $3 && "$(losses "$1")" == "$(losses "$2")" ]] &&
+    [[ $(logged_losses "$1" | wc -l) -eq $3 && "$(logged_losses "$1")" == "$(logged_losses "$2")" ]] &&
         cmp -s "$work/$1/model.bin" "$work/$2/model.bin"
 }
 
@@ -93,9 +85,7 @@ for name, ranks, zero, shard in (l[:4] for l in layouts):
 print(f"RESULT {len(layouts) - bad} {bad}")
 EOF
 grep -v '^RESULT' "$work/compare.out"
-read -r _ compared_ok compared_bad < <(grep '^RESULT' "$work/compare.out" || echo "RESULT 0 1")
-passed=$((passed + compared_ok))
-failed=$((failed + compared_bad))
+add_python_result "$work/compare.out"
 
 for mode in $late_modes; do
     echo "LLMC_CPU_LATE_STREAMS=$mode vs the same runs without it"
@@ -121,5 +111,4 @@ if [[ -n "$bf16_binary" && -n "${late_modes// /}" ]]; then
         bad "BF16, 2 ranks, zero 3: LLMC_CPU_LATE_STREAMS=$mode changes the losses or the final parameters"
     fi
 fi
-echo "$passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+finish

@@ -12,11 +12,7 @@
 set -u
 binary=${1:?usage: $0 TRAIN_BINARY [BF16_TRAIN_BINARY]}
 bf16_binary=${2:-}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-passed=0 failed=0
-ok() { passed=$((passed + 1)); echo "  ok   $*"; }
-bad() { failed=$((failed + 1)); echo "  FAIL $*"; }
+source "$(dirname "$0")/test_lib.sh"
 export OMP_NUM_THREADS=1
 
 # 4 heads of 16 channels: tp 4 leaves one head per rank; T = 16 splits 4 ways under sequence parallelism
@@ -202,8 +198,5 @@ EOF
     done
 fi
 
-read -r _ compared_ok compared_bad < <(grep '^RESULT' "$work/compare.out" || echo "RESULT 0 1")
-passed=$((passed + compared_ok))
-failed=$((failed + compared_bad))
-echo "$passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+add_python_result "$work/compare.out"
+finish

@@ -7,12 +7,7 @@
 set -u
 binary=${1:?usage: $0 TRAIN_BINARY}
 python=/usr/bin/python3
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-passed=0 failed=0
-
-ok() { passed=$((passed + 1)); echo "  ok   $*"; }
-bad() { failed=$((failed + 1)); echo "  FAIL $*"; }
+source "$(dirname "$0")/test_lib.sh"
 
 # small files: shards of random tokens in a vocabulary of 100, a model file, and broken variants of each
 "$python" - "$work" <<'EOF'
@@ -203,5 +198,4 @@ else
     bad "model.bin round trip: validation loss '$ended' at the end, '$started' after loading"
 fi
 
-echo "$passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+finish
