@@ -3,13 +3,14 @@ Trains GPT-2. Read main() as the story of a training run:
 
     flags -> mesh (which rank does what) -> model (from scratch or a model file) -> data -> [resume]
     -> for each step:
-        micro-batches: forward -> loss -> backward (gradients accumulate; on the last micro-step each
+        micro-batches: forward -> loss -> backward, in the order of the pipeline schedule (one rank: one
+                       micro-batch after the other; gradients accumulate; on the last micro-step each
                        layer's gradient is averaged over the data-parallel ranks as soon as it is final)
-        -> gradient norm -> clip -> AdamW -> log
+        -> tied embeddings summed over the first and last stage -> gradient norm -> clip -> AdamW -> log
         (every N steps: validation loss, a text sample, a checkpoint)
 
 The model and one layer's forward/backward are in llmc/gpt2.cuh, the kernels in the other llmc/
-headers. This file only decides what happens when.
+headers, the schedule's executor in llmc/pipeline.h. This file only decides what happens when.
 
     ./train_gpt_cpu --help
     mpirun -np 4 ./train_gpt_cpu --model custom --batch-size 1 ...   (data parallel: 4 ranks, 1 row each)
@@ -35,6 +36,7 @@ headers. This file only decides what happens when.
 #include "llmc/mesh.h"
 #include "llmc/zero.h"
 #include "llmc/tensor_parallel.h"
+#include "llmc/pipeline.h"
 #include "llmc/memory.h"
 
 // ----------------------------------------------------------------------------
@@ -74,35 +76,44 @@ static int micro_step_tokens(int batch_size, int seq_len, int ranks) {
 }
 
 // What llmc/memory.h's formulas need to know of this run (for --plan, and beside the measured memory).
+// `part`: the first pipeline stage's (rank 0's).
 static GPT2MemoryShape memory_shape(const GPT2Config& config, int B, int T, int multiprocessors, int tp,
-                                    bool sequence_parallel, const Recompute& recompute) {
+                                    bool sequence_parallel, const Recompute& recompute, const ModelPart& part) {
     GPT2MemoryShape shape{config.num_layers, config.channels, config.num_heads, config.padded_vocab_size,
                           config.max_seq_len, B, T, multiprocessors};
     shape.tp = tp;
     shape.sequence_parallel = sequence_parallel;
     shape.recompute = recompute;
+    shape.stage_layers = part.stage_layers;
+    shape.records = part.records;
+    shape.first_stage = part.held_chunks[1];
+    shape.last_stage = part.held_chunks[config.num_layers];
     return shape;
 }
 
 // ----------------------------------------------------------------------------
 // validation loss and text samples
 
-// each data-parallel rank measures its rows of the validation batches; the mean over ranks is the loss
-static float validation_loss(GPT2& model, DataLoader& val_loader, int batches, Zero& zero) {
+// each data-parallel rank measures its rows of the validation batches, through the pipeline's stages; the
+// mean over ranks is the loss
+static float validation_loss(Pipeline& pipe, GPT2& model, DataLoader& val_loader, int batches, Zero& zero) {
     val_loader.reset();  // the same batches every time, so successive values are comparable
     for (int i = 0; i < batches; i++) {
         val_loader.next_batch();
-        gpt2_forward(model, val_loader.inputs.data(), val_loader.B, val_loader.T);
-        gpt2_loss(model, val_loader.targets.data(), val_loader.B, val_loader.T, 0.0f);
+        pipeline_forward_only(pipe, model, val_loader.inputs.data(), val_loader.targets.data(), val_loader.B,
+                              val_loader.T);
     }
     gpt2_mean_loss(model, batches);
     average_over_ranks(zero, &model.results->loss, model.stream);
+    pipeline_share_from_last_stage(pipe, &model.results->loss, 1, model.stream);
     return gpt2_read_results(model).loss;
 }
 
 // Samples `count` tokens after an end-of-text token, one full forward pass per token (simple, not fast:
 // there is no key/value cache). Each token is drawn from softmax(logits) with a random number from rng.
-static std::string sample_text(GPT2& model, const Tokenizer& tokenizer, Rng& rng, int count) {
+// Every rank runs this together: the pipeline's stages pass the tokens through, and the last stage hands
+// the logits to the others, so every rank draws the same token (and its rng stays the same).
+static std::string sample_text(Pipeline& pipe, GPT2& model, const Tokenizer& tokenizer, Rng& rng, int count) {
     const GPT2Config& c = model.config;
     std::vector<int> tokens = {(int)tokenizer.end_of_text};
     std::vector<floatX> logits_raw(c.padded_vocab_size);
@@ -114,8 +125,10 @@ static std::string sample_text(GPT2& model, const Tokenizer& tokenizer, Rng& rng
         const int tp = model.tp.size, rows = model.tp.sequence_parallel ? (T + tp - 1) / tp * tp : T;
         std::vector<int> padded(tokens);
         padded.resize(rows, (int)tokenizer.end_of_text);
-        gpt2_forward(model, padded.data(), 1, rows);
-        tp_gather_logits_row(model.tp, logits_raw.data(), model.logits, T - 1, c.padded_vocab_size, model.stream);
+        pipeline_forward_only(pipe, model, padded.data(), nullptr, 1, rows);
+        if (model.last_stage)
+            tp_gather_logits_row(model.tp, logits_raw.data(), model.logits, T - 1, c.padded_vocab_size, model.stream);
+        pipeline_share_host_from_last_stage(pipe, logits_raw.data(), logits_raw.size(), model.stream);
         double max_logit = -INFINITY, total = 0.0;
         for (int v = 0; v < c.vocab_size; v++) max_logit = std::max(max_logit, (double)(float)logits_raw[v]);
         for (int v = 0; v < c.vocab_size; v++) total += probabilities[v] = exp((float)logits_raw[v] - max_logit);
@@ -136,7 +149,8 @@ static std::string sample_text(GPT2& model, const Tokenizer& tokenizer, Rng& rng
 // Every rank that holds a shard of the first replica group writes it (llmc/zero.h); rank 0 then writes the
 // main file, which completes the checkpoint. Old checkpoints beyond the newest keep_last are removed.
 static void save_checkpoint(const std::string& output_dir, int step, int keep_last, GPT2& model, Zero& optimizer,
-                            Communicator& world, const DataLoaderState& data, const Rng& sample_rng) {
+                            const Pipeline& pipe, Communicator& world, const DataLoaderState& data,
+                            const Rng& sample_rng) {
     const std::string path = checkpoint_path(output_dir, step);
     std::vector<long long> steps = list_checkpoint_steps(output_dir);
     steps.push_back(step);
@@ -159,6 +173,8 @@ static void save_checkpoint(const std::string& output_dir, int step, int keep_la
     writer.add_value("sample_rng", sample_rng);
     writer.add_value("shards", optimizer.shards);
     writer.add_value("tensor_parallel", model.tp.size);
+    writer.add_value("pipeline", pipe.size);
+    writer.add_value("pipeline_virtual", pipe.virtual_stages);
     zero_write_shard(optimizer, model, writer);
     writer.commit();
     remove_old_checkpoints(output_dir, keep_last);
@@ -178,7 +194,11 @@ static int load_checkpoint(const std::string& path, GPT2& model, Zero& optimizer
     if (shards < 1 || shards > 1 << 20) fatal("%s: implausible shard count %d", path.c_str(), shards);
     const int saved_tp = reader.read_value<int>("tensor_parallel");
     if (saved_tp < 1 || saved_tp > 1 << 12) fatal("%s: implausible tensor-parallel size %d", path.c_str(), saved_tp);
-    zero_read_shards(optimizer, model, path, shards, saved_tp);
+    const int saved_pp = reader.read_value<int>("pipeline"), saved_virtual = reader.read_value<int>("pipeline_virtual");
+    if (saved_pp < 1 || saved_virtual < 1 || saved.num_layers % (saved_pp * saved_virtual) != 0)
+        fatal("%s: implausible pipeline of %d ranks x %d virtual stages for %d layers", path.c_str(), saved_pp,
+              saved_virtual, saved.num_layers);
+    zero_read_shards(optimizer, model, path, shards, saved_tp, saved_pp, saved_virtual);
     *data = reader.read_value<DataLoaderState>("train_data");
     *sample_rng = reader.read_value<Rng>("sample_rng");
     return reader.read_value<int>("step");
@@ -245,9 +265,20 @@ int main(int argc, char** argv) {
         "them", 0);
     int& tp_size = flags.add_int("tp", 1,
         "tensor parallelism: ranks that split every matmul (Megatron), neighbours in rank order; the world is "
-        "tp x data-parallel ranks", 1, 4096);
+        "data-parallel x pp x tp ranks", 1, 4096);
     bool& sequence_parallel = flags.add_bool("sequence-parallel", false,
         "with --tp: each tp rank keeps 1/tp of the rows of the layernorms and the residual stream");
+    int& pp_size = flags.add_int("pp", 1,
+        "pipeline parallelism: stages of consecutive layers on different ranks; the micro-steps of a step are "
+        "the pipeline's microbatches", 1, 4096);
+    std::string& pp_schedule = flags.add_choice("pp-schedule", "1f1b", pipeline_schedule_names(),
+        "the order of each rank's forward and backward passes: all forwards then all backwards (gpipe), one "
+        "forward one backward (1f1b), or 1f1b over --pp-virtual stages per rank (interleaved)");
+    int& pp_virtual = flags.add_int("pp-virtual", 1,
+        "interleaved: stages per pipeline rank (V); layers must be a multiple of pp x V", 1, 1024);
+    std::string& trace_path = flags.add_string("trace", "",
+        "write the last step's timeline of the pipeline's forward and backward passes and waits as a Chrome trace "
+        "(chrome://tracing, ui.perfetto.dev; scripts/pipeline_timeline.py draws it)");
     flags.heading("Activation recomputation");
     std::string& recompute_policy = flags.add_choice("recompute", "none", recompute_policy_names(),
         "what the forward pass keeps: everything (none), all but the layernorm and GELU outputs (selective), "
@@ -267,25 +298,61 @@ int main(int argc, char** argv) {
     if (plan_ranks > 0) {  // arithmetic only: works for any model and layout, on any machine
         const GPT2Config config = config_from_flags(model_name, layers, heads, channels, vocab_size, max_seq_len);
         tp_check_layout(config, tp_size, sequence_parallel, seq_len);
-        if (plan_ranks % tp_size != 0) fatal("--plan %d ranks are not a multiple of --tp %d", plan_ranks, tp_size);
-        const int dp = plan_ranks / tp_size;
+        if (plan_ranks % (tp_size * pp_size) != 0)
+            fatal("--plan %d ranks are not a multiple of --pp %d x --tp %d", plan_ranks, pp_size, tp_size);
+        const int dp = plan_ranks / (tp_size * pp_size);
         const int shard = dp_shard == 0 ? dp : dp_shard;
         if (dp % shard != 0) fatal("--dp-shard %d does not divide the %d data-parallel ranks", shard, dp);
         const int per_micro_step = micro_step_tokens(batch_size, seq_len, dp);
         const int accumulation = total_batch_size > 0 ? std::max(1, total_batch_size / per_micro_step) : 1;
-        const GPT2MemoryShape shape = memory_shape(config, batch_size, seq_len, GPT2MemoryShape{}.multiprocessors,
-                                                   tp_size, sequence_parallel, recompute);
-        printf("plan: %d layers, %d channels, %zu parameters (%zu per tp rank); %d ranks = dp %d x tp %d%s; ZeRO "
-               "stage %d (shard groups of %d), %d x %d tokens per data-parallel rank and micro-step, %d micro-step(s)\n",
-               config.num_layers, config.channels, ParameterLayout(config).num_parameters,
-               ParameterLayout(config, 1, tp_size).num_parameters, plan_ranks, dp, tp_size,
-               sequence_parallel ? " (sequence parallel)" : "", zero_stage, shard, batch_size, seq_len, accumulation);
+        const PipelineSchedule schedule = pipeline_schedule_from_name(pp_schedule);
+        const std::string pipeline_error = pipeline_layout_error(schedule, pp_size, pp_virtual, accumulation,
+                                                                 config.num_layers, plan_ranks);
+        if (!pipeline_error.empty()) fatal("%s", pipeline_error.c_str());
+        auto part_of = [&](int pp_rank) {
+            return pipeline_model_part(schedule, pp_rank, pp_size, pp_virtual, accumulation, config.num_layers);
+        };
+        auto shape_of = [&](int pp_rank) {
+            return memory_shape(config, batch_size, seq_len, GPT2MemoryShape{}.multiprocessors, tp_size,
+                                sequence_parallel, recompute, part_of(pp_rank));
+        };
+        auto parameters_of = [&](int pp_rank) {
+            return ParameterLayout(config, zero_stage == 0 ? 1 : shard, tp_size, 0, part_of(pp_rank).held_chunks).total;
+        };
+        const GPT2MemoryShape shape = shape_of(0);
+        printf("plan: %d layers, %d channels, %zu parameters (%zu on pp rank 0, tp rank 0); %d ranks = dp %d x pp %d x "
+               "tp %d%s; ZeRO stage %d (shard groups of %d), %d x %d tokens per data-parallel rank and micro-step, %d "
+               "micro-step(s)\n", config.num_layers, config.channels, ParameterLayout(config).num_parameters,
+               ParameterLayout(config, 1, tp_size, 0, part_of(0).held_chunks).num_parameters, plan_ranks, dp, pp_size,
+               tp_size, sequence_parallel ? " (sequence parallel)" : "", zero_stage, shard, batch_size, seq_len,
+               accumulation);
         const bool bf16 = sizeof(floatX) == 2;
-        print_memory_plan(plan_training_memory(ParameterLayout(config, zero_stage == 0 ? 1 : shard, tp_size).total,
-                                               zero_stage, dp, shard, bf16, accumulation, &shape));
+        print_memory_plan(plan_training_memory(parameters_of(0), zero_stage, dp, shard, bf16, accumulation, &shape));
         printf("  %-16s %12s  the tp axis, sent per step (the formula in llmc/tensor_parallel.h)\n", "communication tp",
                format_bytes(tp_bytes_per_step(config, batch_size, seq_len, tp_size, sequence_parallel, accumulation,
                                               zero_stage, bf16)).c_str());
+        if (pp_size > 1) {
+            printf("pipeline %s: %d stage(s) of %d layers per pp rank, %d microbatches; bubble %.3f ((p-1)/(m+p-1) = "
+                   "%.3f)\n", pp_schedule.c_str(), pp_virtual, config.num_layers / (pp_size * pp_virtual), accumulation,
+                   pipeline_bubble_fraction(schedule, pp_size, accumulation, pp_virtual),
+                   (double)(pp_size - 1) / (accumulation + pp_size - 1));
+            for (int r = 0; r < pp_size; r++) {
+                const ModelPart part = part_of(r);
+                const GPT2MemoryShape stage_shape = shape_of(r);
+                const MemoryPlan stage = plan_training_memory(parameters_of(r), zero_stage, dp, shard, bf16,
+                                                              accumulation, &stage_shape);
+                const double activation_elements = (double)batch_size * seq_len * config.channels /
+                                                   (sequence_parallel ? tp_size : 1);
+                const double embedding = part.held_chunks[0] ? (double)ParameterLayout(config, zero_stage == 0 ? 1 :
+                    shard, tp_size, 0, part.held_chunks).embedding_chunk / (zero_stage == 0 ? 1 : shard) : 0.0;
+                printf("  pp rank %d: %d record(s) in flight; model state %s, activations %s, workspace %s, total %s; "
+                       "sends %s per step on the pp axis\n", r, part.records, format_bytes(stage.model_state).c_str(),
+                       format_bytes(stage.activations).c_str(), format_bytes(stage.workspace).c_str(),
+                       format_bytes(stage.total).c_str(),
+                       format_bytes(pipeline_bytes_per_step(r, pp_size, pp_virtual, accumulation, activation_elements,
+                                                            sizeof(floatX), embedding)).c_str());
+            }
+        }
         print_korthikanti_table2(shape, bf16);  // in 2-byte activations, as the paper counts, in either build
         return EXIT_SUCCESS;
     }
@@ -294,12 +361,13 @@ int main(int argc, char** argv) {
     // optimizer state (ZeRO-1, and the gradients with ZeRO-2) is sharded over groups of --dp-shard ranks,
     // replicated across the groups
     Communicator world = comm_init_world(nccl_init_file);
-    if (world.size % tp_size != 0) fatal("the %d ranks are not a multiple of --tp %d", world.size, tp_size);
-    const int data_parallel_ranks = world.size / tp_size;
+    if (world.size % (tp_size * pp_size) != 0)
+        fatal("the %d ranks are not a multiple of --pp %d x --tp %d", world.size, pp_size, tp_size);
+    const int data_parallel_ranks = world.size / (tp_size * pp_size);
     if (dp_shard == 0) dp_shard = data_parallel_ranks;
     if (data_parallel_ranks % dp_shard != 0)
         fatal("--dp-shard %d does not divide the %d data-parallel ranks", dp_shard, data_parallel_ranks);
-    Mesh mesh = mesh_create(world, mesh_layout(data_parallel_ranks / dp_shard, dp_shard, 1, 1, tp_size));
+    Mesh mesh = mesh_create(world, mesh_layout(data_parallel_ranks / dp_shard, dp_shard, pp_size, 1, tp_size));
     const bool main_rank = world.rank == 0;  // prints, logs, samples and writes files
     const int dp_rank = mesh_data_parallel_rank(mesh), dp_size = mesh_data_parallel_size(mesh);
     if (main_rank) mesh_print(mesh);
@@ -320,11 +388,15 @@ int main(int argc, char** argv) {
         fatal("--total-batch-size %d is not a multiple of --batch-size x --seq-len x ranks = %d", total_batch_size,
               tokens_per_micro_step);
     const int accumulation_steps = total_batch_size / tokens_per_micro_step;
+    Pipeline pipe;  // this rank's stages and schedule (llmc/pipeline.h): the micro-steps are its microbatches
+    pipeline_create(pipe, mesh, pipeline_schedule_from_name(pp_schedule), pp_virtual, accumulation_steps,
+                    config.num_layers, (size_t)tp_rows(tp, B * T) * config.channels);
 
     GPT2 model;
     gpt2_allocate(model, config, B, T, zero_shard_count(zero_stage, &mesh), /*full_gradients=*/zero_stage < 2,
-                  /*full_parameters=*/zero_stage < 3, tp, recompute);
-    // the whole model (from the file, or GPT-2's initialisation), then this rank's tp slices of it
+                  /*full_parameters=*/zero_stage < 3, tp, recompute, pipeline_model_part(pipe));
+    // the whole model (from the file, or GPT-2's initialisation), then this rank's part of it: its pipeline
+    // stages' chunks, its tp slices of them
     const ParameterLayout whole_model(config);
     std::vector<float> initial_values;
     if (file_exists(model_name) && model_name != "custom") {
@@ -342,8 +414,12 @@ int main(int argc, char** argv) {
         printf("model: %d layers, %d heads, %d channels, vocabulary %d (padded %d), %zu parameters",
                config.num_layers, config.num_heads, config.channels, config.vocab_size, config.padded_vocab_size,
                whole_model.num_parameters);
-        if (tp_size > 1) printf(", %zu per tp rank", model.layout.num_parameters);
+        if (tp_size > 1 || pp_size > 1) printf(", %zu on this rank", model.layout.num_parameters);
         printf("\n");
+        if (pp_size > 1)
+            printf("pipeline: %s over %d ranks x %d stage(s) of %d layers, %d microbatches; %d record(s) in flight on "
+                   "this rank\n", pp_schedule.c_str(), pp_size, pp_virtual, model.stage_layers, accumulation_steps,
+                   pipe.records);
         printf("batch: %d x %d tokens on each of %d rank(s), %d micro-step(s) per step: %d tokens per step\n", B, T,
                dp_size, accumulation_steps, total_batch_size);
         printf("recompute: %s\n", recompute_describe(recompute).c_str());
@@ -391,33 +467,41 @@ int main(int argc, char** argv) {
     const double peak_flops = peak_flops_per_second(device_properties().name, PRECISION_NAME);
 
     // ---- training
+    std::vector<int> step_inputs((size_t)accumulation_steps * B * T), step_targets(step_inputs.size());
     for (int step = first_step; step < steps; step++) {
         if (val_every > 0 && step % val_every == 0) {
-            const float val_loss = validation_loss(model, val_loader, val_batches, optimizer);
+            const float val_loss = validation_loss(pipe, model, val_loader, val_batches, optimizer);
             logger.val_loss(step, val_loss);
         }
         // every rank computes the sample (at ZeRO-3 the forward pass gathers parameters from all ranks);
         // only the main rank's logger prints it
         if (sample_tokens > 0 && sample_every > 0 && step > first_step && step % sample_every == 0) {
-            const std::string text = sample_text(model, tokenizer, sample_rng, sample_tokens);
+            const std::string text = sample_text(pipe, model, tokenizer, sample_rng, sample_tokens);
             logger.sample(step, text);
         }
 
         const auto start = std::chrono::steady_clock::now();
         mesh_reset_bytes(mesh);
+        pipeline_reset_bytes(pipe);
         zero_begin_step(optimizer, model);
-        // the host issues the whole step without waiting: the losses stay on the device until the one
-        // read below, which also brings the gradient norm that clipping needs before AdamW
+        // the step's micro-batches, the pipeline's microbatches
         for (int micro_step = 0; micro_step < accumulation_steps; micro_step++) {
             train_loader.next_batch();
-            gpt2_forward(model, train_loader.inputs.data(), B, T);
-            gpt2_loss(model, train_loader.targets.data(), B, T, 1.0f / (B * T * accumulation_steps));
-            const bool last_micro_step = micro_step == accumulation_steps - 1;
-            gpt2_backward(model, B, T, zero_backward_hooks(optimizer, model, last_micro_step));
+            std::copy(train_loader.inputs.begin(), train_loader.inputs.end(), step_inputs.begin() + micro_step * B * T);
+            std::copy(train_loader.targets.begin(), train_loader.targets.end(), step_targets.begin() + micro_step * B * T);
         }
+        // the last step's timeline is measured (the pipeline's bubble)
+        const bool measured = step + 1 == steps && (pp_size > 1 || !trace_path.empty());
+        if (measured) pipeline_begin_measuring(pipe, model);
+        // the host issues the whole step without waiting: the losses stay on the device until the one
+        // read below, which also brings the gradient norm that clipping needs before AdamW
+        pipeline_step(pipe, model, optimizer, step_inputs.data(), step_targets.data(), B, T,
+                      1.0f / (B * T * accumulation_steps));
         zero_wait_for_gradients(optimizer, model);
-        gpt2_mean_loss(model, accumulation_steps);
+        pipeline_sum_tied_embedding(pipe, optimizer, model);
+        gpt2_mean_loss(model, accumulation_steps);  // on the last stage; the others learn it below
         average_over_ranks(optimizer, &model.results->loss, model.stream);
+        pipeline_share_from_last_stage(pipe, &model.results->loss, 1, model.stream);
         zero_gradient_norm(optimizer, model);
         const StepResults results = gpt2_read_results(model);
         const float loss = results.loss;
@@ -442,32 +526,54 @@ int main(int argc, char** argv) {
         stats.hfu = model_flops_utilization(hardware_flops_per_step / world.size, seconds, peak_flops);
         stats.model_flops = flops_per_step / world.size;
         stats.hardware_flops = hardware_flops_per_step / world.size;
-        stats.comm_bytes = (long long)mesh_bytes_sent(mesh);
+        stats.comm_bytes = (long long)(mesh_bytes_sent(mesh) + pipeline_link_bytes(pipe));
         stats.tp_comm_bytes = (long long)mesh.axis[TP].bytes_sent;
+        stats.pp_comm_bytes = (long long)(mesh.axis[PP].bytes_sent + pipeline_link_bytes(pipe));
         logger.step(stats);
+        if (measured) {
+            const PipelineTimeline timeline = pipeline_collect_timeline(pipe, model);
+            if (main_rank) {
+                pipeline_print_timeline(timeline, pipe.schedule);
+                std::string bubbles, peaks;
+                for (int r = 0; r < pp_size; r++) {
+                    bubbles += (r ? ", " : "") + std::to_string(timeline.bubble_fraction[r]);
+                    peaks += (r ? ", " : "") + std::to_string(timeline.peak_activations[r]);
+                }
+                logger.write(JsonLine("pipeline").text("schedule", pp_schedule).integer("pp", pp_size)
+                                 .integer("microbatches", accumulation_steps).integer("virtual_stages", pp_virtual)
+                                 .number("step_ms", timeline.step_ms).raw("bubble", "[" + bubbles + "]")
+                                 .number("bubble_formula", pipeline_bubble_fraction(pipe.schedule, pp_size,
+                                                                                    accumulation_steps, pp_virtual))
+                                 .raw("peak_records", "[" + peaks + "]"));
+                if (!trace_path.empty()) {
+                    write_text_file(trace_path, pipeline_chrome_trace(timeline));
+                    printf("wrote %s\n", trace_path.c_str());
+                }
+            }
+        }
 
         const bool last = step + 1 == steps;
         if (checkpoint_every > 0 && ((step + 1) % checkpoint_every == 0 || last)) {
-            save_checkpoint(output_dir, step + 1, keep_checkpoints, model, optimizer, world, train_loader.state(),
-                            sample_rng);
+            save_checkpoint(output_dir, step + 1, keep_checkpoints, model, optimizer, pipe, world,
+                            train_loader.state(), sample_rng);
             logger.checkpoint(step + 1, checkpoint_path(output_dir, step + 1));
         }
     }
 
     // ---- the end: a last validation loss and a sample
     if (val_every > 0 && first_step < steps) {
-        const float val_loss = validation_loss(model, val_loader, val_batches, optimizer);
+        const float val_loss = validation_loss(pipe, model, val_loader, val_batches, optimizer);
         logger.val_loss(steps, val_loss);
     }
     if (sample_tokens > 0) {
-        const std::string text = sample_text(model, tokenizer, sample_rng, sample_tokens);
+        const std::string text = sample_text(pipe, model, tokenizer, sample_rng, sample_tokens);
         logger.sample(steps, text);
         tokenizer_free(&tokenizer);
     }
     if (save_model) {
-        // collectives: the ZeRO-3 gathers, and the tp ranks' slices put together into the whole model
-        const std::vector<float> values = tp_gather_parameters(tp, model.layout, zero_parameters(optimizer, model),
-                                                               model.stream);
+        // collectives: the ZeRO-3 gathers, and the stages' and tp ranks' parts put together into the whole model
+        const std::vector<float> values = gather_whole_model(mesh.model, pipe, model.layout,
+                                                             zero_parameters(optimizer, model), model.stream);
         const std::string path = output_dir + "/model.bin";
         if (main_rank) {
             gpt2_save(whole_model, values, path);
@@ -479,7 +585,7 @@ int main(int argc, char** argv) {
     const size_t model_state = held.peak[(int)MemoryKind::Parameters] + held.peak[(int)MemoryKind::Gradients] +
                                held.peak[(int)MemoryKind::OptimizerState];
     const GPT2MemoryShape shape = memory_shape(config, B, T, device_properties().multiProcessorCount, tp_size,
-                                               sequence_parallel, recompute);
+                                               sequence_parallel, recompute, pipeline_model_part(pipe));
     const MemoryPlan formula = plan_training_memory(model.layout.total, zero_stage, dp_size, optimizer.shards,
                                                     sizeof(floatX) == 2, accumulation_steps);
     const MemoryPlan with_buffers = plan_training_memory(model.layout.total, zero_stage, dp_size, optimizer.shards,
@@ -511,6 +617,7 @@ int main(int argc, char** argv) {
     gpt2_free(model);
     matmul_teardown();
     zero_free(optimizer);
+    pipeline_free(pipe);
     mesh_destroy(mesh);
     comm_destroy(world);
     comm_finalize();

@@ -321,6 +321,8 @@ static void test_layout(Communicator& world, const MeshLayout& layout) {
     check(name + ": gradient group size", mesh.gradient.size == layout.sizes[DP_REPLICATE] *
                                                                  layout.sizes[DP_SHARD] * layout.sizes[CP]);
     check_group(mesh, mesh.shard, (1u << DP_SHARD) | (1u << CP), name + ": shard group");
+    check_group(mesh, mesh.model, (1u << PP) | (1u << TP), name + ": model group");
+    check(name + ": model group rank", mesh.model.rank == coords[PP] * layout.sizes[TP] + coords[TP]);
     check(name + ": data-parallel rank", mesh_data_parallel_rank(mesh) ==
                                              coords[DP_REPLICATE] * layout.sizes[DP_SHARD] + coords[DP_SHARD] &&
                                          mesh_data_parallel_size(mesh) ==

@@ -1,5 +1,5 @@
 /*
-Tests of the pipeline schedules (llmc/pipeline.h), without a model: the action lists, the simulator that
+Tests of the pipeline schedules (llmc/pipeline_schedule.h), without a model: the action lists, the simulator that
 runs them, the bubble and memory formulas, the Chrome trace.
 
   1. small cases worked out by hand in the comments (action lists, start times, step time, bubble);
@@ -24,7 +24,7 @@ scripts/pipeline_timeline.py to draw.
 #include <tuple>
 #include <vector>
 #include "lab.h"
-#include "../llmc/pipeline.h"
+#include "../llmc/pipeline_schedule.h"
 
 // the time model of the formulas: forward 1, backward 2 (per rank's share of the layers), free sends
 constexpr double kForwardMs = 1.0, kBackwardMs = 2.0;
@@ -484,7 +484,7 @@ void test_between_schedules() {
     check_true("interleaved V = 2..4: a shorter step than 1f1b (p > 1)", smaller_bubble.empty(), smaller_bubble);
 
     // The interleaved warm-up: with free sends, (p - r - 1) + (V - 1) p forwards already give the formula's
-    // bubble; with send time, the standard doubled (p - r - 1) wins (pipeline.h's comment quotes these).
+    // bubble; with send time, the standard doubled (p - r - 1) wins (pipeline_schedule.h's comment quotes these).
     std::string shorter_is_enough;
     for (int p = 1; p <= 8; p++)
         for (int m = p; m <= 16; m += p)
@@ -637,10 +637,7 @@ int write_trace(int argc, char** argv) {
         printf("rank %d: %s\n", r, pipeline_describe(pipeline_actions(schedule, r, p, m, V)).c_str());
     const PipelineTimeline t = pipeline_simulate(schedule, p, m, V, kForwardMs, kBackwardMs);
     if (!t.problem.empty()) fatal("%s", t.problem.c_str());
-    const std::string trace = pipeline_chrome_trace(t);
-    FILE* file = open_file(path, "w");
-    write_exact(trace.data(), 1, trace.size(), file, path);
-    close_file(file, path);
+    write_text_file(path, pipeline_chrome_trace(t));
     printf("%s p=%d m=%d V=%d: step %.4g ms, bubble %.6f (formula %.6f), peak activations on rank 0: %d -> %s\n",
            argv[2], p, m, V, t.step_ms, t.bubble_fraction[0], pipeline_bubble_fraction(schedule, p, m, V),
            t.peak_activations[0], path.c_str());

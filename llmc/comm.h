@@ -20,6 +20,9 @@ The operations, with `count` in elements and every buffer in device memory of T 
   recv(comm, data, count, peer, stream)
   send_recv(comm, send_data, send_peer, recv_data, recv_peer, count, stream)
                                                    a send and a receive at once: a ring shift cannot deadlock
+  send_async(comm, data, count, peer, stream, request)
+                                                   a send that does not hold up the sender's stream; the
+  send_finish(request, stream)                     data stays untouched until send_finish
   all_to_all(comm, out, in, count, stream)         block p of in goes to rank p; block p of out came from p
   barrier(comm, stream)                            returns when every rank got there (the stream drained)
 The reductions (op): Sum; Average, which means sum / size; Max, the elementwise maximum. The CPU build
@@ -44,7 +47,7 @@ in fp32: the count describes the algorithm, so CPU runs predict GPU traffic):
   broadcast       (n-1)/n * count*s       a pipelined chain root -> ... -> last: every rank but the last
                                           forwards the whole buffer. Charged as the average over ranks, so
                                           every rank counts the same and the ranks' sum is the true (n-1)*count*s
-  send            count*s                 (recv counts nothing: the sender pays)
+  send            count*s                 (recv counts nothing: the sender pays); send_async alike
   send_recv       count*s
   all_to_all      (n-1) * count*s         one block to each other rank; its own block is a local copy
   barrier         0                       synchronisation, not data
@@ -258,6 +261,60 @@ void recv(Communicator& comm, T* data, size_t count, int peer, cudaStream_t stre
     });
 #else
     ncclCheck(ncclRecv(data, count, nccl_type<T>(), peer, comm.nccl, stream));
+#endif
+}
+
+// A send in flight (send_async), until send_finish.
+//   CPU: MPI_Isend when the stream gets there; send_finish waits for it (MPI_Wait) in stream order.
+//   GPU: ncclSend on a stream of its own (`send_stream`, which first waits for the caller's stream, where the
+//        data is made); send_finish makes the caller's stream wait for it.
+// Pipeline neighbours send to each other at the same moment (1F1B: one the activations, the other a
+// gradient): a send that held up its rank until the peer received would deadlock them.
+struct SendRequest {
+#ifdef LLMC_CPU
+    MPI_Request mpi = MPI_REQUEST_NULL;
+#else
+    cudaEvent_t done = nullptr;
+#endif
+};
+inline void send_request_create(SendRequest& request) {
+#ifndef LLMC_CPU
+    cudaCheck(cudaEventCreateWithFlags(&request.done, cudaEventDisableTiming));
+#endif
+    (void)request;
+}
+inline void send_request_destroy(SendRequest& request) {
+#ifndef LLMC_CPU
+    cudaCheck(cudaEventDestroy(request.done));
+#endif
+    request = SendRequest{};
+}
+
+template <typename T>
+void send_async(Communicator& comm, const T* data, size_t count, int peer, cudaStream_t stream,
+                cudaStream_t send_stream, SendRequest* request) {
+    comm.bytes_sent += count * sizeof(T);
+#ifdef LLMC_CPU
+    (void)send_stream;
+    const MPI_Comm group = comm.mpi;
+    cudacpu::on_stream(stream, [=] {
+        mpiCheck(MPI_Isend(data, mpi_count(count), mpi_raw_type<T>(), peer, 0, group, &request->mpi));
+    });
+#else
+    cudaCheck(cudaEventRecord(request->done, stream));  // the data is ready
+    cudaCheck(cudaStreamWaitEvent(send_stream, request->done, 0));
+    ncclCheck(ncclSend(data, count, nccl_type<T>(), peer, comm.nccl, send_stream));
+    cudaCheck(cudaEventRecord(request->done, send_stream));
+#endif
+}
+
+// Work issued on `stream` after this may change the data of the send (a finished or never-started
+// request returns at once).
+inline void send_finish(SendRequest* request, cudaStream_t stream) {
+#ifdef LLMC_CPU
+    cudacpu::on_stream(stream, [=] { mpiCheck(MPI_Wait(&request->mpi, MPI_STATUS_IGNORE)); });
+#else
+    cudaCheck(cudaStreamWaitEvent(stream, request->done, 0));
 #endif
 }
 

@@ -80,10 +80,24 @@ struct BlockActivations {
     floatX* output;     // (R, C)   the block's output: the next block's input
 };
 
+// One microbatch's pass through one pipeline stage of consecutive layers (without pipeline parallelism:
+// one stage of all L layers): everything its backward pass needs. A rank keeps a pool of these records
+// (model.records), as many as its pipeline schedule has microbatches in flight (llmc/pipeline.h).
+struct StageActivations {
+    floatX* input = nullptr;               // (R, C) the stage's input: the embeddings' output on the first
+                                           // stage, the previous stage's output (received) on the others
+    std::vector<BlockActivations> blocks;  // the stage's layers in order; the last one's output is the
+                                           // stage's output
+    floatX* doutput = nullptr;             // (R, C) the gradient of the stage's output (received, or from the
+                                           // loss on the last stage); the backward pass carries it down the
+                                           // residual stream, block by block, and leaves the gradient of
+                                           // the stage's input in it
+    std::vector<int> tokens;               // first stage: the token ids, for the embeddings' backward pass
+};
+
 // Buffers every layer reuses in turn.
 struct SharedBuffers {
     floatX* projection;     // (N, C)   attproj / fcproj output (each tp rank's term), added to the residual
-    floatX* dresidual;      // (R, C)   gradient of the residual stream, carried from block to block
     floatX* dchannels;      // (N, C)   gradient of a layernorm output or of the attention output
     floatX* dhidden;        // (N, 4C/tp) gradient of the MLP's hidden activations
     floatX* dqkv;           // (N, 3C/tp)
@@ -119,8 +133,11 @@ struct GPT2 {
     GPT2Config config;
     TensorParallel tp;                // this rank's slice of every matmul (one rank: the whole model)
     Recompute recompute;              // what the forward pass keeps, what the backward pass computes again
-    ParameterLayout layout;
+    ParameterLayout layout;           // the chunks this rank holds (pipeline parallelism: its stages')
     int max_batch = 0, max_seq = 0;   // the B and T the activations were sized for
+    int stage_layers = 0;             // layers per pipeline stage (L without pipeline parallelism)
+    bool first_stage = true;          // holds layer 0: the embeddings' lookup
+    bool last_stage = true;           // holds layer L-1: the final layernorm, the LM head and the loss
 
     floatX* params = nullptr;         // every chunk's parameters (not allocated under ZeRO-3)
     floatX* grads = nullptr;          // every chunk's gradients (not allocated under ZeRO-2 and 3)
@@ -128,21 +145,20 @@ struct GPT2 {
     // gathers them from the ranks' shards on demand.
     std::function<floatX*(int chunk)> parameters_of;
 
-    floatX* encoded = nullptr;        // (R, C) the encoder's output: block 0's input
-    // one record per layer; under recomputation some pointers lead to buffers the layers share
-    // (gpt2_allocate_records), which the backward pass fills again before the layer needs them
-    std::vector<BlockActivations> blocks;
+    // the pool of stage records; under recomputation some of their pointers lead to buffers the layers
+    // and records share (gpt2_allocate_records), which the backward pass fills again before use
+    std::vector<StageActivations> records;
     std::vector<void*> record_buffers;  // every buffer the records point to, each once
+    // the last stage's head: used at once by the loss and its backward pass, so one copy serves every record
     floatX* lnf = nullptr;            // (R, C)
     float* lnf_mean = nullptr;
     float* lnf_rstd = nullptr;
     floatX* logits = nullptr;         // (N, Vp/tp): logits after forward, dlogits after the loss
     float* losses = nullptr;          // (N) per-position loss
     double* loss_sum = nullptr;       // the micro-batches' mean losses added up, until gpt2_mean_loss
-    int* inputs = nullptr;            // (N) device copies of the batch
-    int* targets = nullptr;
+    int* inputs = nullptr;            // (N) device copies of the batch (first stage)
+    int* targets = nullptr;           // (last stage)
     StagedUpload inputs_upload, targets_upload;
-    std::vector<int> inputs_host;     // the encoder's backward pass groups positions by token on the host
     StepResults* results = nullptr;   // device
     StepResults* results_host = nullptr;  // pinned
     SharedBuffers shared{};
@@ -174,15 +190,16 @@ inline void staged_upload(StagedUpload& upload, int* device, const int* host, si
     cudaCheck(cudaEventRecord(upload.copied[slot], stream));
 }
 
-// The layers' activation records, as the recompute policy has them (llmc/recompute.h): every buffer of
-// every layer (none); the layernorm and GELU outputs shared by all layers (selective); or only the outputs
-// at the ends of segments kept, every other buffer in `segment` shared records (full). What the forward
-// pass keeps counts as activations, the shared buffers as workspace (llmc/memory.h counts the same).
-inline void gpt2_allocate_records(GPT2& model, int B, int T) {
+// The pool of `count` stage records of stage_layers layers each, as the recompute policy has them
+// (llmc/recompute.h): every buffer of every layer (none); the layernorm and GELU outputs shared by all
+// layers of all records (selective); or only the outputs at the ends of segments kept, every other buffer
+// in `segment` records that all layers of all records share (full). What the forward pass keeps counts as
+// activations, the shared buffers as workspace (llmc/memory.h counts the same).
+inline void gpt2_allocate_records(GPT2& model, int count, int B, int T) {
     const GPT2Config& c = model.config;
     const TensorParallel& tp = model.tp;
     const Recompute& r = model.recompute;
-    const size_t N = (size_t)B * T, C = c.channels, L = c.num_layers, R = tp_rows(tp, (int)N);
+    const size_t N = (size_t)B * T, C = c.channels, layers = model.stage_layers, R = tp_rows(tp, (int)N);
     const size_t attention = C / tp.size, hidden = 4 * C / tp.size, heads = c.num_heads / tp.size;
     auto buffer = [&](size_t count, size_t element_bytes, MemoryKind kind) {
         void* pointer = tracked_alloc<char>(count * element_bytes, kind);
@@ -191,7 +208,7 @@ inline void gpt2_allocate_records(GPT2& model, int B, int T) {
     };
     auto values = [&](size_t count, MemoryKind kind) { return (floatX*)buffer(count, sizeof(floatX), kind); };
     auto floats = [&](size_t count, MemoryKind kind) { return (float*)buffer(count, sizeof(float), kind); };
-    // a whole record; `kind` for every buffer but those the policy shares
+    // one layer's whole record; `kind` for every buffer but those the policy shares
     auto record = [&](MemoryKind kind, bool with_output) {
         BlockActivations a{};
         const bool selective = r.policy == RecomputePolicy::Selective;
@@ -210,47 +227,68 @@ inline void gpt2_allocate_records(GPT2& model, int B, int T) {
         a.output = with_output ? values(R * C, kind) : nullptr;
         return a;
     };
-    model.blocks.resize(L);
-    if (r.policy == RecomputePolicy::Full) {
-        const int segment = recompute_segment(r, (int)L);
-        std::vector<BlockActivations> shared(segment);
-        for (int i = 0; i < segment; i++) shared[i] = record(MemoryKind::Workspace, /*with_output=*/i < segment - 1);
-        for (int l = 0; l < (int)L; l++) {
-            model.blocks[l] = shared[l % segment];
-            if (recompute_keeps_output(r, l, (int)L)) model.blocks[l].output = values(R * C, MemoryKind::Activations);
-        }
-        return;
-    }
-    for (int l = 0; l < (int)L; l++) model.blocks[l] = record(MemoryKind::Activations, true);
+    std::vector<BlockActivations> shared;  // full: the segment's records
+    const int segment = recompute_segment(r, (int)layers);
+    if (r.policy == RecomputePolicy::Full)
+        for (int i = 0; i < segment; i++) shared.push_back(record(MemoryKind::Workspace, /*with_output=*/i < segment - 1));
+    floatX *ln1 = nullptr, *ln2 = nullptr, *fch_gelu = nullptr;  // selective: shared by every layer
     if (r.policy == RecomputePolicy::Selective) {
-        floatX* ln1 = values(R * C, MemoryKind::Workspace);
-        floatX* ln2 = values(R * C, MemoryKind::Workspace);
-        floatX* fch_gelu = values(N * hidden, MemoryKind::Workspace);
-        for (BlockActivations& a : model.blocks) {
-            a.ln1 = ln1;
-            a.ln2 = ln2;
-            a.fch_gelu = fch_gelu;
+        ln1 = values(R * C, MemoryKind::Workspace);
+        ln2 = values(R * C, MemoryKind::Workspace);
+        fch_gelu = values(N * hidden, MemoryKind::Workspace);
+    }
+    model.records.resize(count);
+    for (StageActivations& stage : model.records) {
+        stage.input = values(R * C, MemoryKind::Activations);
+        stage.doutput = values(R * C, MemoryKind::Activations);
+        stage.blocks.resize(layers);
+        for (int i = 0; i < (int)layers; i++) {
+            BlockActivations& a = stage.blocks[i];
+            if (r.policy == RecomputePolicy::Full) {
+                a = shared[i % segment];
+                if (recompute_keeps_output(r, i, (int)layers)) a.output = values(R * C, MemoryKind::Activations);
+                continue;
+            }
+            a = record(MemoryKind::Activations, true);
+            if (r.policy == RecomputePolicy::Selective) {
+                a.ln1 = ln1;
+                a.ln2 = ln2;
+                a.fch_gelu = fch_gelu;
+            }
         }
     }
 }
 
+// The part of the model a rank runs (llmc/pipeline.h fills it in under pipeline parallelism): the
+// chunks it holds (empty: all of them), the layers per stage (0: all L) and how many stage records it
+// keeps at once.
+struct ModelPart {
+    std::vector<char> held_chunks;
+    int stage_layers = 0;
+    int records = 1;
+};
+
 // Allocates parameters, gradients and activations for micro-batches of up to B x T; chunks padded for
 // `shards` ZeRO shards; `tp` says which tensor-parallel slice this rank holds, `recompute` what the
-// forward pass keeps. Without full_gradients there is no model.grads (ZeRO-2 keeps gradients elsewhere),
-// without full_parameters no model.params (ZeRO-3). llmc/memory.h's gpt2_activation_bytes counts the same
-// buffers.
+// forward pass keeps, `part` which layers it runs. Without full_gradients there is no model.grads (ZeRO-2
+// keeps gradients elsewhere), without full_parameters no model.params (ZeRO-3). llmc/memory.h's
+// gpt2_activation_bytes counts the same buffers.
 inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, int shards = 1,
                           bool full_gradients = true, bool full_parameters = true,
-                          const TensorParallel& tp = TensorParallel{}, const Recompute& recompute = Recompute{}) {
+                          const TensorParallel& tp = TensorParallel{}, const Recompute& recompute = Recompute{},
+                          const ModelPart& part = ModelPart{}) {
     gpt2_validate_config(config, "model");
     if (T > config.max_seq_len) fatal("sequence length %d exceeds the model's maximum %d", T, config.max_seq_len);
     model.config = config;
     model.tp = tp;
     tp_streams_create(model.tp);
     model.recompute = recompute;
-    model.layout = ParameterLayout(config, shards, tp.size, tp.rank);
+    model.layout = ParameterLayout(config, shards, tp.size, tp.rank, part.held_chunks);
     model.max_batch = B;
     model.max_seq = T;
+    model.stage_layers = part.stage_layers > 0 ? part.stage_layers : config.num_layers;
+    model.first_stage = model.layout.holds(1);
+    model.last_stage = model.layout.holds(config.num_layers);
     cudaCheck(cudaStreamCreateWithFlags(&model.stream, cudaStreamNonBlocking));
     const size_t P = model.layout.total;
     const size_t N = (size_t)B * T, C = config.channels;
@@ -263,42 +301,41 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, i
         cudaCheck(cudaMemsetAsync(model.grads, 0, P * sizeof(floatX), model.stream));
     }
 
-    model.encoded = tracked_alloc<floatX>(R * C, MemoryKind::Activations);
-    gpt2_allocate_records(model, B, T);
-    model.lnf = tracked_alloc<floatX>(R * C, MemoryKind::Activations);
-    model.lnf_mean = tracked_alloc<float>(R, MemoryKind::Activations);
-    model.lnf_rstd = tracked_alloc<float>(R, MemoryKind::Activations);
-    model.logits = tracked_alloc<floatX>(N * (config.padded_vocab_size / tp.size), MemoryKind::Activations);
-    model.losses = tracked_alloc<float>(N, MemoryKind::Activations);
-    model.inputs = tracked_alloc<int>(N, MemoryKind::Activations);
-    model.targets = tracked_alloc<int>(N, MemoryKind::Activations);
+    gpt2_allocate_records(model, part.records, B, T);
+    if (model.last_stage) {
+        model.lnf = tracked_alloc<floatX>(R * C, MemoryKind::Activations);
+        model.lnf_mean = tracked_alloc<float>(R, MemoryKind::Activations);
+        model.lnf_rstd = tracked_alloc<float>(R, MemoryKind::Activations);
+        model.logits = tracked_alloc<floatX>(N * (config.padded_vocab_size / tp.size), MemoryKind::Activations);
+        model.losses = tracked_alloc<float>(N, MemoryKind::Activations);
+        model.targets = tracked_alloc<int>(N, MemoryKind::Activations);
+    }
+    if (model.first_stage) model.inputs = tracked_alloc<int>(N, MemoryKind::Activations);
     model.loss_sum = tracked_alloc<double>(1, MemoryKind::Workspace);
     cudaCheck(cudaMemsetAsync(model.loss_sum, 0, sizeof(double), model.stream));
     staged_upload_create(model.inputs_upload, N);
     staged_upload_create(model.targets_upload, N);
-    model.inputs_host.assign(N, 0);
     model.results = tracked_alloc<StepResults>(1, MemoryKind::Workspace);
     cudaCheck(cudaMallocHost(&model.results_host, sizeof(StepResults)));
 
     SharedBuffers& s = model.shared;
     s.projection = tracked_alloc<floatX>(N * C, MemoryKind::Workspace);
-    s.dresidual = tracked_alloc<floatX>(R * C, MemoryKind::Workspace);
     s.dchannels = tracked_alloc<floatX>(N * C, MemoryKind::Workspace);
     s.dhidden = tracked_alloc<floatX>(N * hidden, MemoryKind::Workspace);
     s.dqkv = tracked_alloc<floatX>(N * 3 * attention, MemoryKind::Workspace);
     s.gathered = tp.sequence_parallel ? tracked_alloc<floatX>(N * C, MemoryKind::Workspace) : nullptr;
-    s.softmax_stats = tp.size > 1 ? tracked_alloc<float>(4 * N, MemoryKind::Workspace) : nullptr;
+    s.softmax_stats = tp.size > 1 && model.last_stage ? tracked_alloc<float>(4 * N, MemoryKind::Workspace) : nullptr;
     s.attention_D = tracked_alloc<float>(N * heads, MemoryKind::Workspace);
     // the widest matmul with a bias gradient: fc (4C/tp) or a row-parallel projection (C)
     s.matmul_scratch = tracked_alloc<float>(matmul_backward_scratch_floats((int)N, (int)std::max(C, hidden)),
                                             MemoryKind::Workspace);
     s.layernorm_scratch = tracked_alloc<float>(layernorm_backward_scratch_floats((int)R, (int)C), MemoryKind::Workspace);
     s.norm_scratch = tracked_alloc<float>(global_norm_scratch_count(), MemoryKind::Workspace);
-    encoder_backward_workspace_create(&s.encoder_workspace, (int)N, (int)C);
+    if (model.first_stage) encoder_backward_workspace_create(&s.encoder_workspace, (int)N, (int)C);
 }
 
 inline void gpt2_free(GPT2& model) {
-    for (void* p : {(void*)model.params, (void*)model.grads, (void*)model.encoded, (void*)model.lnf, (void*)model.lnf_mean,
+    for (void* p : {(void*)model.params, (void*)model.grads, (void*)model.lnf, (void*)model.lnf_mean,
                     (void*)model.lnf_rstd, (void*)model.logits, (void*)model.losses, (void*)model.loss_sum,
                     (void*)model.inputs, (void*)model.targets, (void*)model.results})
         tracked_free(p);
@@ -307,10 +344,10 @@ inline void gpt2_free(GPT2& model) {
     cudaCheck(cudaFreeHost(model.results_host));
     for (void* p : model.record_buffers) tracked_free(p);
     SharedBuffers& s = model.shared;
-    for (void* p : {(void*)s.projection, (void*)s.dresidual, (void*)s.dchannels, (void*)s.dhidden, (void*)s.dqkv,
+    for (void* p : {(void*)s.projection, (void*)s.dchannels, (void*)s.dhidden, (void*)s.dqkv,
                     (void*)s.gathered, (void*)s.softmax_stats, (void*)s.attention_D, (void*)s.matmul_scratch, (void*)s.layernorm_scratch, (void*)s.norm_scratch})
         tracked_free(p);
-    encoder_backward_workspace_free(&s.encoder_workspace);
+    if (model.first_stage) encoder_backward_workspace_free(&s.encoder_workspace);
     tp_streams_destroy(model.tp);
     cudaCheck(cudaStreamDestroy(model.stream));
     model = GPT2{};
@@ -546,41 +583,91 @@ inline floatX* chunk_parameters(GPT2& model, int chunk) {
     return model.parameters_of ? model.parameters_of(chunk) : model.params + model.layout.chunk_start(chunk);
 }
 
-// Forward pass of B sequences of T tokens (host ids) up to the logits (model.logits: N x Vp, or this
-// tensor-parallel rank's N x Vp/tp columns).
-inline void gpt2_forward(GPT2& model, const int* inputs, int B, int T) {
+// What the backward pass does with each parameter chunk's gradient (chunk 0: embeddings, 1..L: blocks,
+// L+1: final layernorm), for data parallelism and ZeRO (llmc/zero.h):
+//   gradient_buffer(chunk)  where the chunk's gradient accumulates; asked just before the first write to
+//                           it. Unset: its place in model.grads.
+//   chunk_final(chunk)      called as soon as the chunk's gradient (of this microbatch) is complete: the
+//                           final layernorm after the LM head's backward pass, each block after its own,
+//                           the embeddings after the last of the lookup's and the LM head's shares (on
+//                           one rank: in the order final layernorm, blocks L-1 .. 0, embeddings).
+struct BackwardHooks {
+    std::function<floatX*(int chunk)> gradient_buffer;
+    std::function<void(int chunk)> chunk_final;
+};
+
+// A step of the model, in the pieces pipeline parallelism runs on different ranks (llmc/pipeline.h), each
+// for one microbatch of B sequences of T tokens and one stage record:
+//   first stage   gpt2_embed                    token ids -> record.input
+//   every stage   gpt2_stage_forward            record.input -> the stage's blocks -> the last block's output
+//   last stage    gpt2_head_forward, gpt2_loss  -> logits -> loss, and the logits replaced by dlogits
+//                 gpt2_head_backward            -> record.doutput, the gradient of the last block's output
+//   every stage   gpt2_stage_backward           record.doutput -> the gradient of record.input, in place
+//   first stage   gpt2_embed_backward           -> the embeddings' gradients
+// The loss's backward pass through the LM head runs right after the loss, in the forward part of the step:
+// the logits are then used at once, and a record in flight keeps only doutput (R x C), not the logits
+// (N x Vp). gpt2_forward and gpt2_backward put the pieces together for one rank that holds every layer.
+
+// chunk c's gradient, where the hooks (llmc/zero.h) want it accumulated
+inline floatX* gradients_of_chunk(GPT2& model, const BackwardHooks& hooks, int chunk) {
+    return hooks.gradient_buffer ? hooks.gradient_buffer(chunk) : model.grads + model.layout.chunk_start(chunk);
+}
+inline void chunk_final(const BackwardHooks& hooks, int chunk) {
+    if (hooks.chunk_final) hooks.chunk_final(chunk);
+}
+
+// First stage: x = wte[tokens] + wpe[positions] into record.input (tokens: host ids).
+inline void gpt2_embed(GPT2& model, StageActivations& record, const int* tokens, int B, int T) {
     const GPT2Config& c = model.config;
+    const int N = B * T, C = c.channels;
     if (B > model.max_batch || T > model.max_seq)
         fatal("batch %d x %d exceeds the allocated %d x %d", B, T, model.max_batch, model.max_seq);
-    const int N = B * T, C = c.channels, L = c.num_layers;
     if (model.tp.sequence_parallel && N % model.tp.size != 0)
         fatal("sequence parallelism: %d x %d rows do not split over tp %d", B, T, model.tp.size);
-    check_token_ids(inputs, N, c.vocab_size, "input batch");
-    std::copy(inputs, inputs + N, model.inputs_host.begin());
-    staged_upload(model.inputs_upload, model.inputs, inputs, N, model.stream);
-
-    const ParameterLayout& layout = model.layout;
-    const TensorParallel& tp = model.tp;
-    SharedBuffers& s = model.shared;
+    check_token_ids(tokens, N, c.vocab_size, "input batch");
+    record.tokens.assign(tokens, tokens + N);
+    staged_upload(model.inputs_upload, model.inputs, tokens, N, model.stream);
     floatX* embeddings = chunk_parameters(model, 0);  // wte (this rank's rows under tp), then wpe
-    const floatX* wpe = embeddings + layout.offset(WPE);
-    if (tp.size == 1) {
-        encoder_forward(model.encoded, model.inputs, embeddings, wpe, B, T, C, model.stream);
+    const floatX* wpe = embeddings + model.layout.offset(WPE);
+    if (model.tp.size == 1) {
+        encoder_forward(record.input, model.inputs, embeddings, wpe, B, T, C, model.stream);
     } else {
-        vocab_parallel_embedding_forward(tp, model.encoded, s.projection, model.inputs, embeddings, wpe, B, T, C,
-                                         c.padded_vocab_size, model.stream);
+        vocab_parallel_embedding_forward(model.tp, record.input, model.shared.projection, model.inputs, embeddings,
+                                         wpe, B, T, C, c.padded_vocab_size, model.stream);
     }
-    for (int l = 0; l < L; l++) {
-        const floatX* input = l == 0 ? model.encoded : model.blocks[l - 1].output;
-        block_forward(c, tp, block_params_in_chunk(chunk_parameters(model, l + 1), layout), model.blocks[l], s, input,
-                      B, T, model.stream);
+}
+
+// The blocks first .. first + stage_layers - 1 on record.input.
+inline void gpt2_stage_forward(GPT2& model, StageActivations& record, int first, int B, int T) {
+    for (int i = 0; i < model.stage_layers; i++) {
+        const floatX* input = i == 0 ? record.input : record.blocks[i - 1].output;
+        block_forward(model.config, model.tp, block_params_in_chunk(chunk_parameters(model, first + i + 1), model.layout),
+                      record.blocks[i], model.shared, input, B, T, model.stream);
     }
+}
+
+// Last stage: the final layernorm of the stage's output, then the logits (model.logits: N x Vp, or this
+// tensor-parallel rank's N x Vp/tp columns).
+inline void gpt2_head_forward(GPT2& model, const StageActivations& record, int B, int T) {
+    const GPT2Config& c = model.config;
+    const int N = B * T, C = c.channels, L = c.num_layers;
     floatX* final_layernorm = chunk_parameters(model, L + 1);  // lnfw, then lnfb
-    layernorm_forward(model.lnf, model.lnf_mean, model.lnf_rstd, model.blocks[L - 1].output, final_layernorm,
-                      final_layernorm + C, tp_rows(tp, N), C, model.stream);
+    layernorm_forward(model.lnf, model.lnf_mean, model.lnf_rstd, record.blocks.back().output, final_layernorm,
+                      final_layernorm + C, tp_rows(model.tp, N), C, model.stream);
     // the LM head: column-parallel over the vocabulary (wte's rows), so f comes before it
-    const floatX* lnf = tp_enter(tp, model.lnf, s.gathered, N, C, model.stream);
-    matmul_forward(model.logits, lnf, embeddings, nullptr, N, C, c.padded_vocab_size / tp.size, model.stream);
+    const floatX* lnf = tp_enter(model.tp, model.lnf, model.shared.gathered, N, C, model.stream);
+    matmul_forward(model.logits, lnf, chunk_parameters(model, 0), nullptr, N, C, c.padded_vocab_size / model.tp.size,
+                   model.stream);
+}
+
+// Forward pass of B sequences of T tokens (host ids) up to the logits, on a rank that holds every layer
+// (record 0).
+inline void gpt2_forward(GPT2& model, const int* inputs, int B, int T) {
+    if (!model.first_stage || !model.last_stage) fatal("gpt2_forward needs every layer on this rank");
+    StageActivations& record = model.records[0];
+    gpt2_embed(model, record, inputs, B, T);
+    gpt2_stage_forward(model, record, 0, B, T);
+    gpt2_head_forward(model, record, B, T);
 }
 
 // Cross-entropy of the logits against `targets` (host ids). Adds the mean loss over the N positions to
@@ -607,36 +694,16 @@ inline void gpt2_mean_loss(GPT2& model, int count) {
     finish_mean_loss(&model.results->loss, model.loss_sum, count, model.stream);
 }
 
-// What the backward pass does with each parameter chunk's gradient (chunk 0: embeddings, 1..L: blocks,
-// L+1: final layernorm), for data parallelism and ZeRO (llmc/zero.h):
-//   gradient_buffer(chunk)  where the chunk's gradient accumulates; asked just before the first write to
-//                           it. Unset: its place in model.grads.
-//   chunk_final(chunk)      called as soon as the chunk's gradient is complete, in the order final
-//                           layernorm, blocks L-1 .. 0, embeddings (wte also collects the token lookup's
-//                           gradient, at the very end).
-struct BackwardHooks {
-    std::function<floatX*(int chunk)> gradient_buffer;
-    std::function<void(int chunk)> chunk_final;
-};
-
-// Backward pass after gpt2_forward + gpt2_loss on the same batch; gradients accumulate (+=).
-inline void gpt2_backward(GPT2& model, int B, int T, const BackwardHooks& hooks = {}) {
+// Last stage, after gpt2_loss: the loss's gradient through the LM head (its share of dwte) and the final
+// layernorm into record.doutput. The final layernorm's gradient is then complete for this microbatch.
+inline void gpt2_head_backward(GPT2& model, StageActivations& record, int B, int T, const BackwardHooks& hooks) {
     const GPT2Config& c = model.config;
-    const ParameterLayout& layout = model.layout;
     const TensorParallel& tp = model.tp;
-    const int N = B * T, C = c.channels, L = c.num_layers, R = tp_rows(tp, N);
+    const int N = B * T, C = c.channels, R = tp_rows(tp, N), final_chunk = model.layout.num_chunks() - 1;
     SharedBuffers& s = model.shared;
-    auto gradients_of = [&](int chunk) {
-        return hooks.gradient_buffer ? hooks.gradient_buffer(chunk) : model.grads + layout.chunk_start(chunk);
-    };
-    auto final = [&](int chunk) {
-        if (hooks.chunk_final) hooks.chunk_final(chunk);
-    };
-    const int final_chunk = layout.num_chunks() - 1;
-
     // logits = lnf @ wte^T: the LM head's share of dwte, and the gradient of lnf (f's backward sums the
     // tp ranks' shares of it)
-    floatX* embedding_grads = gradients_of(0);  // wte, then wpe
+    floatX* embedding_grads = gradients_of_chunk(model, hooks, 0);  // wte, then wpe
     const floatX* lnf = tp_enter(tp, model.lnf, s.gathered, N, C, model.stream);
     const int vocab_columns = c.padded_vocab_size / tp.size;
     matmul_backward_input(s.dchannels, model.logits, chunk_parameters(model, 0), N, C, vocab_columns, model.stream);
@@ -645,42 +712,70 @@ inline void gpt2_backward(GPT2& model, int B, int T, const BackwardHooks& hooks 
                             model.stream);
     tp_join(tp, model.stream);
     // lnf = layernorm(x_L): the residual stream's gradient starts here
-    floatX* final_grads = gradients_of(final_chunk);  // lnfw, then lnfb
-    cudaCheck(cudaMemsetAsync(s.dresidual, 0, (size_t)R * C * sizeof(floatX), model.stream));
-    layernorm_backward(s.dresidual, final_grads, final_grads + C, s.layernorm_scratch, dlnf,
-                       model.blocks[L - 1].output, chunk_parameters(model, final_chunk), model.lnf_mean,
+    floatX* final_grads = gradients_of_chunk(model, hooks, final_chunk);  // lnfw, then lnfb
+    cudaCheck(cudaMemsetAsync(record.doutput, 0, (size_t)R * C * sizeof(floatX), model.stream));
+    layernorm_backward(record.doutput, final_grads, final_grads + C, s.layernorm_scratch, dlnf,
+                       record.blocks.back().output, chunk_parameters(model, final_chunk), model.lnf_mean,
                        model.lnf_rstd, R, C, model.stream);
-    final(final_chunk);
-    // the blocks, last first, in segments (llmc/recompute.h): under full recomputation a segment's forward
-    // passes run again from its checkpoint (the output kept before it) to refill the shared records; under
-    // selective each block first recomputes its layernorm and GELU outputs; otherwise a segment is a block
+    chunk_final(hooks, final_chunk);
+}
+
+// The stage's blocks backwards: record.doutput, the gradient of the stage's output, becomes the gradient of
+// its input; each block's parameter gradients accumulate and its chunk is reported final. Last block first,
+// in segments (llmc/recompute.h): under full recomputation a segment's forward passes run again from its
+// checkpoint (the output kept before it, or the stage's input) to refill the shared records; under
+// selective each block first recomputes its layernorm and GELU outputs; otherwise a segment is a block.
+inline void gpt2_stage_backward(GPT2& model, StageActivations& record, int first, int B, int T,
+                                const BackwardHooks& hooks) {
+    const GPT2Config& c = model.config;
+    const ParameterLayout& layout = model.layout;
     const Recompute& recompute = model.recompute;
-    const int segment = recompute_segment(recompute, L);
-    auto input_of = [&](int l) -> const floatX* { return l == 0 ? model.encoded : model.blocks[l - 1].output; };
-    for (int first = (L - 1) / segment * segment; first >= 0; first -= segment) {
-        const int end = std::min(first + segment, L);
+    const int layers = model.stage_layers, segment = recompute_segment(recompute, layers);
+    auto input_of = [&](int i) -> const floatX* { return i == 0 ? record.input : record.blocks[i - 1].output; };
+    auto params_of = [&](int i) { return block_params_in_chunk(chunk_parameters(model, first + i + 1), layout); };
+    for (int start = (layers - 1) / segment * segment; start >= 0; start -= segment) {
+        const int end = std::min(start + segment, layers);
         if (recompute.policy == RecomputePolicy::Full)
-            for (int l = first; l < end; l++)
-                block_forward(c, tp, block_params_in_chunk(chunk_parameters(model, l + 1), layout), model.blocks[l], s,
-                              input_of(l), B, T, model.stream);
-        for (int l = end - 1; l >= first; l--) {
-            const BlockParams params = block_params_in_chunk(chunk_parameters(model, l + 1), layout);
+            for (int i = start; i < end; i++)
+                block_forward(c, model.tp, params_of(i), record.blocks[i], model.shared, input_of(i), B, T, model.stream);
+        for (int i = end - 1; i >= start; i--) {
+            const BlockParams params = params_of(i);
             if (recompute.policy == RecomputePolicy::Selective)
-                block_recompute_selective(c, tp, params, model.blocks[l], input_of(l), B, T, model.stream);
-            block_backward(c, tp, params, block_params_in_chunk(gradients_of(l + 1), layout), model.blocks[l],
-                           input_of(l), s.dresidual, s, B, T, model.stream);
-            final(l + 1);
+                block_recompute_selective(c, model.tp, params, record.blocks[i], input_of(i), B, T, model.stream);
+            const int chunk = first + i + 1;
+            block_backward(c, model.tp, params, block_params_in_chunk(gradients_of_chunk(model, hooks, chunk), layout),
+                           record.blocks[i], input_of(i), record.doutput, model.shared, B, T, model.stream);
+            chunk_final(hooks, chunk);
         }
     }
-    floatX* dwpe = embedding_grads + layout.offset(WPE);
-    if (tp.size == 1) {
-        encoder_backward(embedding_grads, dwpe, &s.encoder_workspace, s.dresidual, model.inputs_host.data(), B, T, C,
+}
+
+// First stage: the embeddings' gradients from record.doutput (the gradient of block 0's input). Whether
+// the embedding chunk is then final depends on the LM head's share, so the caller reports it.
+inline void gpt2_embed_backward(GPT2& model, const StageActivations& record, int B, int T,
+                                const BackwardHooks& hooks) {
+    const GPT2Config& c = model.config;
+    const int C = c.channels;
+    SharedBuffers& s = model.shared;
+    floatX* embedding_grads = gradients_of_chunk(model, hooks, 0);  // wte, then wpe
+    floatX* dwpe = embedding_grads + model.layout.offset(WPE);
+    if (model.tp.size == 1) {
+        encoder_backward(embedding_grads, dwpe, &s.encoder_workspace, record.doutput, record.tokens.data(), B, T, C,
                          model.stream);
     } else {
-        vocab_parallel_embedding_backward(tp, embedding_grads, dwpe, &s.encoder_workspace, s.dresidual, s.gathered,
-                                          model.inputs_host.data(), B, T, C, c.padded_vocab_size, model.stream);
+        vocab_parallel_embedding_backward(model.tp, embedding_grads, dwpe, &s.encoder_workspace, record.doutput,
+                                          s.gathered, record.tokens.data(), B, T, C, c.padded_vocab_size, model.stream);
     }
-    final(0);
+}
+
+// Backward pass after gpt2_forward + gpt2_loss on the same batch, on a rank that holds every layer;
+// gradients accumulate (+=).
+inline void gpt2_backward(GPT2& model, int B, int T, const BackwardHooks& hooks = {}) {
+    StageActivations& record = model.records[0];
+    gpt2_head_backward(model, record, B, T, hooks);
+    gpt2_stage_backward(model, record, 0, B, T, hooks);
+    gpt2_embed_backward(model, record, B, T, hooks);
+    chunk_final(hooks, 0);
 }
 
 inline void gpt2_zero_grads(GPT2& model) {

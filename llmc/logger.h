@@ -148,6 +148,7 @@ struct StepStats {
     double hardware_flops = 0;  // ... and of the FLOPs it ran, recomputation included
     long long comm_bytes = 0;   // bytes this rank sent to other ranks during the step (0: one rank)
     long long tp_comm_bytes = 0;  // ... of them, to its tensor-parallel group
+    long long pp_comm_bytes = 0;  // ... to the other pipeline stages (activations, gradients, tied embeddings)
 };
 
 class Logger {
@@ -206,6 +207,7 @@ public:
         json.number("model_flops", s.model_flops).number("hardware_flops", s.hardware_flops);
         json.integer("comm_bytes", s.comm_bytes);
         json.integer("tp_comm_bytes", s.tp_comm_bytes);
+        json.integer("pp_comm_bytes", s.pp_comm_bytes);
         json.number("eta_s", eta_seconds);
         write(json);
     }

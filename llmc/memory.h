@@ -236,36 +236,43 @@ struct GPT2MemoryShape {
     int tp = 1;                // tensor-parallel ranks (llmc/tensor_parallel.h)
     bool sequence_parallel = false;
     Recompute recompute;       // what the forward pass keeps (llmc/recompute.h)
+    // pipeline parallelism (llmc/pipeline.h): this rank's stages and records in flight
+    int stage_layers = 0;      // layers per stage (0: all L, one stage)
+    int records = 1;           // stage records kept at once (the schedule's microbatches in flight)
+    bool first_stage = true;   // holds the embeddings' lookup
+    bool last_stage = true;    // holds the final layernorm, the LM head and the loss
 };
 
 struct ActivationBytes {
     double record = 0;       // one block's whole activation record (what recompute none keeps per layer)
     double per_layer = 0;    // what the forward pass keeps per layer under the recompute policy (full: per
-                             // layer on average, ceil(L/C) checkpoints / L)
-    double kept_layers = 0;  // all layers' kept activations
+                             // layer on average, ceil(l/C) checkpoints / l for l layers per stage)
+    double kept_layers = 0;  // one stage record's layers' kept activations
     double recompute = 0;    // the records the layers share under recomputation (part of the workspace)
-    double activations = 0;  // kept_layers + encoder output, final layernorm, logits, losses, token ids
+    double activations = 0;  // the stage records (kept_layers, input, doutput each) + the final layernorm,
+                             // logits, losses, token ids
     double workspace = 0;    // the buffers every layer reuses, gradients of activations included
 };
 
 // With N = B*T rows, s = sizeof(floatX), f = 4 (fp32 statistics), i = 4 (int), and under tensor
 // parallelism over t ranks (t = 1 without): a rank's attention channels c = C/t, heads h = NH/t, hidden
 // units H = 4C/t, vocabulary columns v = Vp/t, and rows of the residual stream R = N/t under sequence
-// parallelism (else R = N):
+// parallelism (else R = N); l layers per stage (L without pipeline parallelism), K stage records:
 //   per layer: floatX ln1, residual2, ln2, output 4RC; qkv 3Nc, atty Nc; fch, fch_gelu 2NH
 //              (t = 1: 16 NC s);  fp32 ln1 and ln2 mean/rstd 4R, attention lse N h
 //              selective recomputation keeps all but ln1, ln2 (RC each) and fch_gelu (NH), which one
-//              shared copy serves; full recomputation with a checkpoint every C blocks keeps ceil(L/C)
-//              outputs (RC) and shares min(C, L) whole records less one output (llmc/recompute.h)
-//   model:     floatX encoded RC, lnf RC, logits N v;  fp32 lnf mean/rstd 2R, losses N;  int inputs,
-//              targets 2N
-//   workspace: floatX projection NC, dresidual RC, dchannels NC, dhidden NH, dqkv 3Nc, and under sequence
-//              parallelism the gathered rows NC (t = 1: 10 NC s);
-//              fp32 attention_D N h, the vocabulary-parallel loss's statistics 4N (t > 1), matmul bias
-//              scratch ceil(N/64) max(C, H), layernorm scratch 2C min(ceil(R/8), 3 SMs), norm scratch
-//              4 SMs, the step's results 2 (loss, squared norm), encoder partial rows
-//              (floor(N/64) + floor(N/65)) C;  int encoder workspace 4N + 3 floor(N/65); the running loss
-//              sum, one double
+//              shared copy serves; full recomputation with a checkpoint every C blocks keeps ceil(l/C)
+//              outputs (RC) and shares min(C, l) whole records less one output (llmc/recompute.h)
+//   a record:  its l layers, and floatX input, doutput 2RC
+//   model:     K records; the last stage's floatX lnf RC, logits N v, fp32 lnf mean/rstd 2R, losses N, int
+//              targets N; the first stage's int inputs N
+//   workspace: floatX projection NC, dchannels NC, dhidden NH, dqkv 3Nc, and under sequence parallelism
+//              the gathered rows NC (t = 1: 9 NC s);
+//              fp32 attention_D N h, the vocabulary-parallel loss's statistics 4N (t > 1, last stage),
+//              matmul bias scratch ceil(N/64) max(C, H), layernorm scratch 2C min(ceil(R/8), 3 SMs), norm
+//              scratch 4 SMs, the step's results 2 (loss, squared norm), the first stage's encoder partial
+//              rows (floor(N/64) + floor(N/65)) C and int encoder workspace 4N + 3 floor(N/65); the running
+//              loss sum, one double
 // (the constants 64, 8, 3 and 4 are those of llmc/matmul.cuh, layernorm.cuh and cuda_common.cuh's
 // grid_size_for, 64 and 65 = 64 + 1 those of llmc/encoder.cuh; pinned host staging and read-back buffers
 // are host memory and not counted)
@@ -273,35 +280,38 @@ inline ActivationBytes gpt2_activation_bytes(const GPT2MemoryShape& shape, bool 
     const double s = bf16 ? 2 : 4, f = 4, i = 4;
     const double t = shape.tp, N = (double)shape.batch * shape.seq_len, C = shape.channels;
     const double c = C / t, h = shape.num_heads / t, H = 4 * C / t, R = shape.sequence_parallel ? N / t : N;
-    const double L = shape.num_layers, v = shape.padded_vocab / t, SMs = shape.multiprocessors;
+    const double l = shape.stage_layers > 0 ? shape.stage_layers : shape.num_layers, K = shape.records;
+    const double v = shape.padded_vocab / t, SMs = shape.multiprocessors;
     ActivationBytes a;
     a.record = (4 * R * C + 4 * N * c + 2 * N * H) * s + (4 * R + N * h) * f;
     const double dropped = (2 * R * C + N * H) * s;  // selective: ln1, ln2, fch_gelu
     switch (shape.recompute.policy) {
         case RecomputePolicy::None:
-            a.kept_layers = L * a.record;
+            a.kept_layers = l * a.record;
             break;
         case RecomputePolicy::Selective:
-            a.kept_layers = L * (a.record - dropped);
+            a.kept_layers = l * (a.record - dropped);
             a.recompute = dropped;
             break;
         case RecomputePolicy::Full: {
-            const double segment = std::min((double)shape.recompute.every, L);
-            a.kept_layers = std::ceil(L / segment) * R * C * s;
+            const double segment = std::min((double)shape.recompute.every, l);
+            a.kept_layers = std::ceil(l / segment) * R * C * s;
             a.recompute = segment * a.record - R * C * s;
             break;
         }
     }
-    a.per_layer = a.kept_layers / L;
-    a.activations = a.kept_layers + (2 * R * C + N * v) * s + (2 * R + N) * f + 2 * N * i;
+    a.per_layer = a.kept_layers / l;
+    const double head = shape.last_stage ? (R * C + N * v) * s + (2 * R + N) * f + N * i : 0;
+    a.activations = K * (a.kept_layers + 2 * R * C * s) + head + (shape.first_stage ? N * i : 0);
     const double bias_rows = std::ceil(N / 64), layernorm_blocks = std::min(std::ceil(R / 8), 3 * SMs);
     const double encoder_heavy_tokens = std::floor(N / 65);
     const double encoder_partial_rows = std::floor(N / 64) + encoder_heavy_tokens;
-    const double gathered = shape.sequence_parallel ? N * C : 0, softmax_stats = t > 1 ? 4 * N : 0;
-    a.workspace = (2 * N * C + R * C + N * H + 3 * N * c + gathered) * s +
-                  (N * h + softmax_stats + bias_rows * std::max(C, H) + 2 * C * layernorm_blocks + 4 * SMs + 2 +
-                   encoder_partial_rows * C) * f +
-                  (4 * N + 3 * encoder_heavy_tokens) * i + sizeof(double) + a.recompute;
+    const double gathered = shape.sequence_parallel ? N * C : 0;
+    const double softmax_stats = t > 1 && shape.last_stage ? 4 * N : 0;
+    const double encoder = shape.first_stage ? encoder_partial_rows * C * f + (4 * N + 3 * encoder_heavy_tokens) * i : 0;
+    a.workspace = (2 * N * C + N * H + 3 * N * c + gathered) * s +
+                  (N * h + softmax_stats + bias_rows * std::max(C, H) + 2 * C * layernorm_blocks + 4 * SMs + 2) * f +
+                  encoder + sizeof(double) + a.recompute;
     return a;
 }
 
@@ -585,13 +595,14 @@ inline MemoryPlan plan_training_memory(size_t num_parameters, int zero_stage, in
         const ActivationBytes a = gpt2_activation_bytes(*shape, bf16);
         p.activations = a.activations;
         p.workspace = a.workspace;
-        p.activations_formula = plan_format("L=%d x %s per layer kept (recompute %s) + embeddings, logits (B=%d, "
-                                            "T=%d, Vp=%d, tp=%d%s)", shape->num_layers,
+        const int layers = shape->stage_layers > 0 ? shape->stage_layers : shape->num_layers;
+        p.activations_formula = plan_format("%d record(s) x (%d layers x %s kept (recompute %s) + 2 B T C) + logits "
+                                            "(B=%d, T=%d, Vp=%d, tp=%d%s)", shape->records, layers,
                                             format_bytes(a.per_layer).c_str(),
                                             recompute_describe(shape->recompute).c_str(), shape->batch,
                                             shape->seq_len, shape->padded_vocab, shape->tp,
                                             shape->sequence_parallel ? ", sequence parallel" : "");
-        p.workspace_formula = shape->tp == 1 ? plan_format("shared buffers, 10 x B T C x %.0f bytes + fp32 scratch", s)
+        p.workspace_formula = shape->tp == 1 ? plan_format("shared buffers, 9 x B T C x %.0f bytes + fp32 scratch", s)
                                              : plan_format("shared buffers of B T C/tp .. B T C elements, tp=%d%s",
                                                            shape->tp, shape->sequence_parallel ? ", SP" : "");
         if (a.recompute > 0)

@@ -28,6 +28,9 @@ serve the gradient:
   shard     dp_shard x cp: the ranks that split parameters and optimizer state among themselves under
             ZeRO; cp ranks hold identical parameters, so they can share the shards too. Under HSDP the
             gradient is reduce-scattered over `shard`, then all-reduced over dp_replicate.
+and one more the whole model:
+  model     pp x tp: the ranks that hold different parts of one copy of the model (their stages, their
+            slices); together they hold all of it (model.bin is put together over this group).
 In every group, ranks keep their world order, so a combined group's rank is the mixed-radix number formed
 by this rank's coordinates on the group's axes.
 */
@@ -64,6 +67,7 @@ struct Mesh {
     Communicator axis[kMeshAxes];    // the ranks that differ from this one only along that axis
     Communicator gradient;           // dp_replicate x dp_shard x cp
     Communicator shard;              // dp_shard x cp
+    Communicator model;              // pp x tp
 };
 
 // ----------------------------------------------------------------------------
@@ -182,6 +186,7 @@ inline Mesh mesh_create(const Communicator& world, const MeshLayout& layout) {
     for (int a = 0; a < kMeshAxes; a++) mesh.axis[a] = mesh_group(mesh.world, layout, mesh.coords, 1u << a);
     mesh.gradient = mesh_group(mesh.world, layout, mesh.coords, (1u << DP_REPLICATE) | (1u << DP_SHARD) | (1u << CP));
     mesh.shard = mesh_group(mesh.world, layout, mesh.coords, (1u << DP_SHARD) | (1u << CP));
+    mesh.model = mesh_group(mesh.world, layout, mesh.coords, (1u << PP) | (1u << TP));
     return mesh;
 }
 
@@ -190,18 +195,19 @@ inline void mesh_destroy(Mesh& mesh) {
     for (int a = 0; a < kMeshAxes; a++) comm_destroy(mesh.axis[a]);
     comm_destroy(mesh.gradient);
     comm_destroy(mesh.shard);
+    comm_destroy(mesh.model);
 }
 
 // ----------------------------------------------------------------------------
 // traffic, for the per-step log: bytes this rank sent over all of the mesh's groups
 
 inline uint64_t mesh_bytes_sent(const Mesh& mesh) {
-    uint64_t total = mesh.world.bytes_sent + mesh.gradient.bytes_sent + mesh.shard.bytes_sent;
+    uint64_t total = mesh.world.bytes_sent + mesh.gradient.bytes_sent + mesh.shard.bytes_sent + mesh.model.bytes_sent;
     for (int a = 0; a < kMeshAxes; a++) total += mesh.axis[a].bytes_sent;
     return total;
 }
 inline void mesh_reset_bytes(Mesh& mesh) {
-    mesh.world.bytes_sent = mesh.gradient.bytes_sent = mesh.shard.bytes_sent = 0;
+    mesh.world.bytes_sent = mesh.gradient.bytes_sent = mesh.shard.bytes_sent = mesh.model.bytes_sent = 0;
     for (int a = 0; a < kMeshAxes; a++) mesh.axis[a].bytes_sent = 0;
 }
 

@@ -147,35 +147,45 @@ inline std::vector<SliceRun> tensor_slice(const GPT2Config& c, int kind, int tp,
 // Where each tensor of each layer sits in the one parameter buffer:
 //   [ embedding chunk: wte wpe ][ block 0: ln1w ... fcprojb ] ... [ block L-1 ][ final chunk: lnfw lnfb ]
 // Under tensor parallelism the buffer holds tp rank `tp_rank`'s slices (tensor_slice), laid out the same
-// way. Each chunk is padded with zeros to a multiple of kChunkPaddingElements (128) * shards elements
-// (ZeRO: every rank keeps 1/shards of each chunk), so it splits into equal shards, and every chunk and
-// shard starts a multiple of 256 bytes (128 bf16) from the buffer's start: the alignment cuBLASLt's fastest
-// kernels want, whatever the shard count (with a multiple of 8 * 3, the weights of 350M-1558M at 3 shards
-// were only 16-32-byte aligned). Padding parameters are 0, get gradient 0 and stay 0; they are never read
-// by a kernel nor written to a model file.
+// way. Under pipeline parallelism it holds only the chunks of this rank's stages (`held`, one flag per
+// chunk, from pipeline_held_chunks in llmc/pipeline_schedule.h): their blocks, the embedding chunk on the
+// first stage and on the last (whose LM head is tied to wte) and the final chunk on the last. A chunk not
+// held takes no room: its size is 0 and its start is that of the next chunk held. Each chunk is padded with
+// zeros to a multiple of kChunkPaddingElements (128) * shards elements (ZeRO: every rank keeps 1/shards of
+// each chunk), so it splits into equal shards, and every chunk and shard starts a multiple of 256 bytes
+// (128 bf16) from the buffer's start: the alignment cuBLASLt's fastest kernels want, whatever the shard
+// count (with a multiple of 8 * 3, the weights of 350M-1558M at 3 shards were only 16-32-byte aligned).
+// Padding parameters are 0, get gradient 0 and stay 0; they are never read by a kernel nor written to a
+// model file.
 struct ParameterLayout {
     GPT2Config config;
     int shards = 1;
     int tp = 1, tp_rank = 0;     // the tensor-parallel slice this buffer holds
-    size_t embedding_chunk = 0;  // elements, padding included
+    size_t embedding_chunk = 0;  // elements of each kind of chunk, padding included
     size_t block_chunk = 0;
     size_t final_chunk = 0;
-    size_t total = 0;            // the buffer: every chunk, padding included
+    std::vector<char> held;      // per chunk: in this buffer or not
+    std::vector<size_t> starts;  // per chunk: its offset in the buffer
+    size_t total = 0;            // the buffer: every chunk held, padding included
     size_t num_parameters = 0;   // the parameters in the buffer, without padding (the model's, at tp = 1)
 
     ParameterLayout() = default;
-    explicit ParameterLayout(const GPT2Config& c, int num_shards = 1, int tp_size = 1, int tp_index = 0)
+    // held_chunks: one flag per chunk (num_chunks()); empty: the whole model
+    explicit ParameterLayout(const GPT2Config& c, int num_shards = 1, int tp_size = 1, int tp_index = 0,
+                             const std::vector<char>& held_chunks = {})
         : config(c), shards(num_shards), tp(tp_size), tp_rank(tp_index) {
         const size_t multiple = kChunkPaddingElements * (size_t)shards;
         auto padded = [&](size_t count) { return (count + multiple - 1) / multiple * multiple; };
-        const size_t block = block_elements();
-        const size_t embedding = elements(WTE) + elements(WPE);
-        const size_t final = elements(LNFW) + elements(LNFB);
-        num_parameters = embedding + (size_t)c.num_layers * block + final;
-        embedding_chunk = padded(embedding);
-        block_chunk = padded(block);
-        final_chunk = padded(final);
-        total = embedding_chunk + (size_t)c.num_layers * block_chunk + final_chunk;
+        held = held_chunks.empty() ? std::vector<char>(num_chunks(), 1) : held_chunks;
+        if ((int)held.size() != num_chunks()) fatal("a parameter layout of %d chunks given %zu flags", num_chunks(), held.size());
+        embedding_chunk = padded(elements(WTE) + elements(WPE));
+        block_chunk = padded(block_elements());
+        final_chunk = padded(elements(LNFW) + elements(LNFB));
+        for (int chunk = 0; chunk < num_chunks(); chunk++) {
+            starts.push_back(total);
+            total += chunk_size(chunk);
+        }
+        for_each_tensor_instance([&](int, int, size_t count) { num_parameters += count; });
     }
     // elements of one instance of tensor `kind` in this buffer
     size_t elements(int kind) const { return tensor_elements(config, kind, tp); }
@@ -187,43 +197,61 @@ struct ParameterLayout {
     }
     int num_chunks() const { return config.num_layers + 2; }
     // chunk 0 is the embeddings, chunks 1..L the blocks, chunk L+1 the final layernorm
-    size_t chunk_start(int chunk) const { return chunk == 0 ? 0 : block_start(chunk - 1); }
+    bool holds(int chunk) const { return held[chunk] != 0; }
+    size_t chunk_start(int chunk) const { return starts[chunk]; }
     size_t chunk_size(int chunk) const {
+        if (!holds(chunk)) return 0;
         return chunk == 0 ? embedding_chunk : chunk <= config.num_layers ? block_chunk : final_chunk;
     }
-    size_t block_start(int layer) const { return embedding_chunk + (size_t)layer * block_chunk; }
-    // the chunk that holds element `offset` of the buffer
+    size_t block_start(int layer) const { return chunk_start(layer + 1); }
+    // the chunk that holds tensor `kind` of `layer`
+    int chunk_of(int kind, int layer) const { return kind < LN1W ? 0 : kind > FCPROJB ? num_chunks() - 1 : layer + 1; }
+    // the chunk that holds element `offset` of the buffer: the last chunk starting at or before it (chunks
+    // not held start where the next chunk held does, so they come before it)
     int chunk_of_offset(size_t offset) const {
-        if (offset < embedding_chunk) return 0;
-        const size_t layer = (offset - embedding_chunk) / block_chunk;
-        return layer < (size_t)config.num_layers ? (int)layer + 1 : config.num_layers + 1;
+        return (int)(std::upper_bound(starts.begin(), starts.end(), offset) - starts.begin()) - 1;
     }
-    size_t final_start() const { return block_start(config.num_layers); }
     // offset of tensor `kind` of `layer` (layer ignored for the embedding and final tensors)
     size_t offset(int kind, int layer = 0) const {
-        size_t start = kind < LN1W ? 0 : kind > FCPROJB ? final_start() : block_start(layer);
+        size_t start = chunk_start(chunk_of(kind, layer));
         int first = kind < LN1W ? WTE : kind > FCPROJB ? LNFW : LN1W;
         for (int k = first; k < kind; k++) start += elements(k);
         return start;
     }
+    // calls fn(kind, layer, count) for every tensor instance held, in the model file's order
+    template <class Function>
+    void for_each_tensor_instance(Function&& fn) const {
+        for (int kind = 0; kind < NUM_TENSOR_KINDS; kind++) {
+            const int layers = tensor_kind_info(kind).per_layer ? config.num_layers : 1;
+            for (int layer = 0; layer < layers; layer++)
+                if (holds(chunk_of(kind, layer))) fn(kind, layer, elements(kind));
+        }
+    }
 };
 
-// Calls fn(kind, layer, offset, count) for every tensor instance, in the model file's order.
+// A tensor instance's place in the model file's order (0 .. 12 L + 3), whichever chunks a layout holds:
+// seeds per tensor (AdamW's stochastic rounding) follow it, so every layout rounds a tensor alike.
+inline int tensor_file_index(const GPT2Config& c, int kind, int layer) {
+    int index = 0;
+    for (int k = 0; k < kind; k++) index += tensor_kind_info(k).per_layer ? c.num_layers : 1;
+    return index + (tensor_kind_info(kind).per_layer ? layer : 0);
+}
+
+// Calls fn(kind, layer, offset, count) for every tensor instance the layout holds, in the model file's order.
 template <class Function>
 void for_each_tensor_in_file_order(const ParameterLayout& layout, Function&& fn) {
-    for (int kind = 0; kind < NUM_TENSOR_KINDS; kind++) {
-        const int layers = tensor_kind_info(kind).per_layer ? layout.config.num_layers : 1;
-        for (int layer = 0; layer < layers; layer++) fn(kind, layer, layout.offset(kind, layer), layout.elements(kind));
-    }
+    layout.for_each_tensor_instance([&](int kind, int layer, size_t count) { fn(kind, layer, layout.offset(kind, layer), count); });
 }
 
 // Calls fn(from_offset, to_offset, count) for every run of parameters that both buffers hold: `from`'s
 // elements [from_offset, + count) are `to`'s [to_offset, + count). The two layouts may differ in tp size
-// and rank (and shards: padding is never part of a run). This one function converts between the model
-// file (tp = 1) and a rank's slices, and re-slices checkpoints saved at another tp size.
+// and rank, in the chunks they hold (pipeline stages) and in shards (padding is never part of a run). This
+// one function converts between the model file (the whole model, tp = 1) and a rank's part of it, and
+// re-slices checkpoints saved on another layout.
 template <class Function>
 void for_each_common_run(const ParameterLayout& from, const ParameterLayout& to, Function&& fn) {
     for_each_tensor_in_file_order(from, [&](int kind, int layer, size_t from_tensor, size_t) {
+        if (!to.holds(to.chunk_of(kind, layer))) return;
         const size_t to_tensor = to.offset(kind, layer);
         const std::vector<SliceRun> a = tensor_slice(from.config, kind, from.tp, from.tp_rank);
         const std::vector<SliceRun> b = tensor_slice(to.config, kind, to.tp, to.tp_rank);

@@ -1,408 +1,451 @@
 /*
-Pipeline parallelism as data: which forward and backward passes each pipeline rank runs, in which order.
+Pipeline parallelism: the executor that runs a schedule's actions on a model's stages.
 
-The model's layers are cut into S = p * V consecutive stages; pipeline rank r of p holds the V stages
-r, r + p, r + 2p, ... ("virtual stages": virtual stage v of rank r is model stage s = v * p + r, and holds
-layers [s L / S, (s+1) L / S)). A batch is cut into m microbatches. Microbatch j's forward pass goes
-through stages 0, 1, ..., S-1 (each stage sends its output activations to the next), the loss is taken at
-the end of stage S-1, and its backward pass comes back through S-1, ..., 0 (each stage sends the gradient
-of its input to the previous one). A stage keeps the activations of a microbatch from its forward pass
-until its backward pass: one "activation record" per (microbatch, virtual stage) in flight.
+The pp ranks of the mesh (llmc/mesh.h) each hold V consecutive runs of layers, the stages of
+llmc/pipeline_schedule.h: model stage s = v p + r of S = p V holds layers [s L/S, (s+1) L/S). The first
+stage also holds the embeddings, the last one the final layernorm, and the LM head, which is tied to wte:
+the last stage keeps its own copy of the embedding chunk (llmc/parameters.h's ParameterLayout holds only a
+rank's chunks). A step's batch is cut into m microbatches, the gradient-accumulation micro-steps. The
+schedule says in which order a rank runs the forward (F) and backward (B) passes of (microbatch, virtual
+stage); pipeline_step runs any such list:
 
-A schedule is a function (schedule, rank, p, m, V) -> the ordered list of this rank's actions, each
-"forward or backward of microbatch j on virtual stage v". An executor (the training program) runs any
-such list: before a forward it receives the input (except at stage 0), after it sends the output (except at
-stage S-1); backwards the other way. Because a schedule is only data, it can be printed, simulated and
-tested without a model (dev/test_pipeline.cu), and drawn from the trace of a real or simulated run
-(scripts/pipeline_timeline.py).
+    F(j, s)   receive the input activations (B x T x C) from stage s-1 (stage 0: look up the embeddings)
+              run the stage's blocks
+              send the output to stage s+1 (stage S-1: LM head, loss, and at once the loss's backward pass
+              through the LM head and the final layernorm: the record keeps the gradient of the output,
+              not the logits)
+    B(j, s)   receive the gradient of the output from stage s+1 (stage S-1: computed in F)
+              run the stage's blocks backwards, accumulating their parameter gradients
+              send the gradient of the input to stage s-1 (stage 0: the embeddings' gradients)
 
-The three schedules, for m microbatches on p ranks:
+Everything a backward pass needs from its forward pass is one stage record (llmc/gpt2.cuh's
+StageActivations). A rank keeps a pool of them, as many as its schedule has microbatches in flight:
+m under gpipe, p - r under 1f1b (pipeline_record_assignment says which record each action uses).
 
-  gpipe (Huang et al. 2019)  all m forwards, then all m backwards, both in microbatch order 0..m-1. Simple,
-      but a rank holds all m activation records at once. Backwards in the same order as the forwards, not
-      reversed: then every schedule here accumulates each parameter's gradient over the microbatches in
-      the same order (0, 1, ..., m-1), so gpipe and 1f1b give the same bits, and the executor frees
-      records first in, first out under both. (Reversed order would not shorten the step: the last
-      stage has every microbatch's loss in hand when its backwards begin, in either order.)
-  1f1b (Narayanan et al. 2019, PipeDream-Flush)  the same work in a different order: a warm-up of
-      min(p - r - 1, m) forwards fills the pipeline, then the steady state alternates one forward and
-      one backward (the oldest microbatch's), then a cool-down runs the backwards left over. A rank
-      holds at most min(p - r, m) records instead of m; the step takes exactly as long as gpipe's.
-  interleaved (Narayanan et al. 2021)  1f1b over V > 1 virtual stages per rank. Each stage is V times
-      smaller, so filling and draining the pipeline costs V times less: the bubble shrinks by V, for V
-      times more messages. Forwards go in rounds of p microbatches: microbatches 0..p-1 on virtual stage 0,
-      the same p on virtual stage 1, ..., on V-1, then microbatches p..2p-1 from virtual stage 0 again;
-      backwards the same, from virtual stage V-1 down to 0. Hence m must be a multiple of p. Rank r's
-      warm-up runs (p - r - 1) * 2 + (V - 1) * p forwards (at most m V), then 1f1b, then the cool-down.
-      (With V = 1 this is 1f1b's order with a deeper warm-up: the same bubble, more records.)
+Sends do not wait for the receiver (send_async in llmc/comm.h): 1F1B's neighbours send to each other at the
+same moment, one the activations, the other a gradient, and blocking sends would deadlock them. The
+activations go out from the stage record, and the send has finished before a forward pass takes the record
+again; the gradients go out from staging buffers, each waited for where pipeline_gradient_sends
+(llmc/pipeline_schedule.h) proves it cannot deadlock. The activations go over one link and the gradients
+over another (two communicators over the pp axis, and on a GPU two send streams): each link then carries
+its messages in the same order on both of its ends, which is what NCCL, without tags, needs to pair sends
+with receives, and a send that waits for its receiver holds up no message of the other link.
 
-Time model and the bubble. A forward of one microbatch through one rank's share of the model (L/p layers)
-takes f, its backward b (2 f in this file's tests: the backward computes both the input's and the
-weights' gradients); an action on one virtual stage does 1/V of that work: f/V and b/V. Sending takes no
-time (the simulator can charge each message between ranks a fixed time, but the formulas below are for
-free sends), and a send never waits for its receiver (sends are asynchronous; receives wait). A step lasts T,
-from the first action's start to the last one's end on any rank; every rank works m (f + b) of it, and the
-rest is its bubble (waiting to be filled, waiting to be drained). Bubble fraction = (T - m (f + b)) / T,
-the same on every rank:
-  gpipe, 1f1b    T = (m + p - 1)(f + b):        bubble = (p - 1) / (m + p - 1)
-                 (the forward wave reaches the last rank after (p - 1) f, the backward wave comes back to
-                 rank 0 after (p - 1) b; all other time is work)
-  interleaved    T = m (f + b) + (p - 1)(f + b) / V:   bubble = (p - 1) / (V m + p - 1)
-                 (the same fill and drain, through stages V times shorter)
-pipeline_simulate runs the lists under this model and measures T and the bubble; the tests check that
-measurement against these formulas for every p <= 8, m <= 16, V <= 4.
+The tied embeddings. wte gets a gradient on the first stage (the lookup) and on the last (the LM head).
+After the step's data-parallel reductions, the two are added up over a two-rank group (pipeline_sum_tied_
+embedding); both copies then take the same AdamW step and stay equal, and the training matches one rank
+(the sum is the same, up to the order of the additions). wpe goes along (the chunk is the unit of
+sharding): its gradient on the last stage is 0. The gradient norm counts the first stage's copy only.
 
-Activations in flight (records a rank holds at its peak, each covering L / (p V) layers): gpipe m;
-1f1b min(p - r, m); interleaved w + 1 records for w warm-up forwards (the steady state's first forward
-comes before its first backward), or m V when the warm-up is everything. Rank 0 holds the most.
+Data parallelism and ZeRO work within a stage: each stage's chunks are sharded and reduced over that
+stage's gradient group, exactly as without a pipeline (llmc/zero.h is unchanged but for the chunks it
+skips). Tensor parallelism composes too: the pp links join the ranks of equal tp rank, each sending its
+R = N (N/tp under sequence parallelism) rows.
+
+Measuring. On the step being measured every rank notes, with the clock, the start and end of each action
+and of each wait for a message (on a GPU it then waits for the stream after each action: the timeline is
+honest, the overlap slightly lower). pipeline_collect_timeline gathers them to rank 0, which prints the
+bubble beside the formula and writes a Chrome trace (--trace, scripts/pipeline_timeline.py draws it).
+
+Bytes this rank sends per step on the pp axis, for a = B T C activation elements per message (B T C / tp
+under sequence parallelism), s bytes per element, and this rank's V stages (model stages v p + r):
+    activations   m a s for each of its stages but the last model stage S-1
+    gradients     m a s for each of its stages but the first, stage 0
+    tied wte      e s on the first and the last stage's ranks (p > 1), e = the embedding chunk's
+                  gradient this rank holds: the whole chunk at ZeRO-0, its shard at ZeRO >= 1 (a two-rank
+                  all-reduce sends half of it twice)
+    loss, norm    4 (p-1)/p and 8 (p-1)/p bytes (rounded down): the loss broadcast from the last stage and
+                  the all-reduce of the squared gradient norm
+(pipeline_bytes_per_step)
 */
 #pragma once
 
-#include <algorithm>
+#include <chrono>
 #include <string>
 #include <vector>
 #include "utils.h"
+#include "comm.h"
+#include "mesh.h"
+#include "gpt2.cuh"
+#include "zero.h"
+#include "pipeline_schedule.h"
 
-enum class PipelineSchedule { GPipe, OneFOneB, Interleaved };
-
-// One forward or backward pass of one microbatch through one of this rank's virtual stages.
-struct PipelineAction {
-    enum Kind { Forward, Backward } kind;
-    int microbatch;
-    int virtual_stage;
+struct Pipeline {
+    PipelineSchedule schedule = PipelineSchedule::OneFOneB;
+    int size = 1, rank = 0;                 // p, and this rank's place on the pp axis
+    int virtual_stages = 1;                 // V
+    int microbatches = 1;                   // m
+    int num_layers = 0;
+    std::vector<PipelineAction> actions;    // this rank's, in order
+    std::vector<int> record_of;             // per action: the stage record it uses
+    int records = 1;                        // the pool's size
+    Communicator* group = nullptr;          // the pp axis: the loss's broadcast, the norm's sum
+    Communicator activations, gradients;    // the links (p > 1): stage s -> s+1, and s+1 -> s
+    Communicator tied;                      // the first and the last stage's ranks (p > 1): wte's gradient
+    cudaStream_t activation_stream = nullptr, gradient_stream = nullptr;  // GPU: the sends of each link
+    std::vector<SendRequest> output_sent;   // per record: its output, sent to the next stage
+    PipelineGradientSends gradient_sends;   // which staging buffer each gradient goes out from, and when
+    std::vector<floatX*> staging;           // the gradients of stage inputs, sent to the previous stage
+    std::vector<SendRequest> staging_sent;
+    // the step being measured
+    bool measuring = false;
+    std::chrono::steady_clock::time_point origin;
+    std::vector<PipelineEvent> events;      // this rank's actions and waits
 };
 
-inline const std::vector<std::string>& pipeline_schedule_names() {
-    static const std::vector<std::string> names = {"gpipe", "1f1b", "interleaved"};
-    return names;
-}
-inline PipelineSchedule pipeline_schedule_from_name(const std::string& name) {
-    if (name == "gpipe") return PipelineSchedule::GPipe;
-    if (name == "1f1b") return PipelineSchedule::OneFOneB;
-    if (name == "interleaved") return PipelineSchedule::Interleaved;
-    fatal("pipeline schedule '%s': not a schedule (gpipe, 1f1b, interleaved)", name.c_str());
-}
-inline const char* pipeline_schedule_name(PipelineSchedule schedule) {
-    return pipeline_schedule_names()[(int)schedule].c_str();
-}
-
-// Model stage of virtual stage v on rank r, and the layers [first, end) it holds out of L.
-inline int pipeline_model_stage(int rank, int virtual_stage, int p) { return virtual_stage * p + rank; }
-inline void pipeline_stage_layers(int rank, int virtual_stage, int p, int V, int num_layers, int* first, int* end) {
-    const int s = pipeline_model_stage(rank, virtual_stage, p);
-    *first = s * num_layers / (p * V);
-    *end = (s + 1) * num_layers / (p * V);
-}
-
-// Refuses a layout no schedule can run, in one line.
-inline void pipeline_check_layout(PipelineSchedule schedule, int rank, int p, int m, int V) {
+// One line saying why this layout cannot run (empty: it can).
+inline std::string pipeline_layout_error(PipelineSchedule schedule, int p, int V, int m, int num_layers,
+                                         int world_size) {
     const char* name = pipeline_schedule_name(schedule);
-    if (p < 1 || m < 1 || V < 1) fatal("pipeline %s: p %d, m %d, V %d must all be at least 1", name, p, m, V);
-    if (rank < 0 || rank >= p) fatal("pipeline %s: rank %d is not one of the %d pipeline ranks", name, rank, p);
-    if (schedule != PipelineSchedule::Interleaved && V != 1)
-        fatal("pipeline %s: %d virtual stages per rank; only the interleaved schedule has more than 1", name, V);
-    if (schedule == PipelineSchedule::Interleaved && m % p != 0)
-        fatal("pipeline interleaved: %d microbatches are not a multiple of the %d pipeline ranks", m, p);
-}
-
-// ----------------------------------------------------------------------------
-// the schedules
-
-inline std::vector<PipelineAction> gpipe_actions(int m) {
-    std::vector<PipelineAction> actions;
-    for (int j = 0; j < m; j++) actions.push_back({PipelineAction::Forward, j, 0});
-    for (int j = 0; j < m; j++) actions.push_back({PipelineAction::Backward, j, 0});
-    return actions;
-}
-
-inline std::vector<PipelineAction> one_f_one_b_actions(int rank, int p, int m) {
-    std::vector<PipelineAction> actions;
-    const int warmup = std::min(p - rank - 1, m);
-    int forwards = 0, backwards = 0;  // microbatches whose forward / backward this rank has scheduled
-    // warm-up: fill the pipeline. Rank r's first backward can only come back after microbatch 0 has gone
-    // through the p - r - 1 ranks after it, so it runs that many forwards ahead (the last rank none).
-    for (int i = 0; i < warmup; i++) actions.push_back({PipelineAction::Forward, forwards++, 0});
-    // steady state: one forward, then the backward of the oldest microbatch in flight. Each new record is
-    // matched by one freed, so the rank never holds more than warmup + 1.
-    while (forwards < m) {
-        actions.push_back({PipelineAction::Forward, forwards++, 0});
-        actions.push_back({PipelineAction::Backward, backwards++, 0});
+    char text[256] = "";
+    if (world_size % p != 0) {
+        snprintf(text, sizeof(text), "the %d ranks are not a multiple of --pp %d", world_size, p);
+    } else if (schedule != PipelineSchedule::Interleaved && V != 1) {
+        snprintf(text, sizeof(text), "--pp-virtual %d: only the interleaved schedule has virtual stages (the schedule "
+                 "is %s)", V, name);
+    } else if (num_layers % (p * V) != 0) {
+        snprintf(text, sizeof(text), "%d layers cannot be cut into --pp %d x --pp-virtual %d = %d stages of equal "
+                 "size: layers must be a multiple of pp x V", num_layers, p, V, p * V);
+    } else if (schedule == PipelineSchedule::Interleaved && p == 1) {
+        snprintf(text, sizeof(text), "the interleaved schedule needs --pp at least 2 (with one pipeline rank there is "
+                 "nothing to interleave)");
+    } else if (schedule == PipelineSchedule::Interleaved && m % p != 0) {
+        snprintf(text, sizeof(text), "the interleaved schedule needs the microbatches (%d: --total-batch-size / (B x T "
+                 "x data-parallel ranks)) to be a multiple of --pp %d", m, p);
     }
-    // cool-down: drain the pipeline, the backwards of the warm-up's microbatches.
-    while (backwards < m) actions.push_back({PipelineAction::Backward, backwards++, 0});
-    return actions;
-}
-
-// The k-th forward (or backward) of a rank under the interleaved schedule. Rounds of p V actions: round g
-// runs microbatches g p .. g p + p - 1 through every virtual stage, p microbatches per virtual stage, in
-// order 0..V-1 for forwards and V-1..0 for backwards.
-inline PipelineAction interleaved_action(PipelineAction::Kind kind, int k, int p, int V) {
-    const int round = k / (p * V), in_round = k % (p * V);
-    const int virtual_stage = kind == PipelineAction::Forward ? in_round / p : V - 1 - in_round / p;
-    return {kind, round * p + in_round % p, virtual_stage};
-}
-
-inline int interleaved_warmup(int rank, int p, int m, int V) {
-    return std::min((p - rank - 1) * 2 + (V - 1) * p, m * V);
-}
-
-inline std::vector<PipelineAction> interleaved_actions(int rank, int p, int m, int V) {
-    std::vector<PipelineAction> actions;
-    const int total = m * V;  // forwards (and backwards) this rank runs
-    const int warmup = interleaved_warmup(rank, p, m, V);
-    int forwards = 0, backwards = 0;
-    // warm-up: rank r's first backward (microbatch 0 on its last virtual stage) exists only once microbatch 0
-    // has gone through all S stages and come back. Meanwhile the rank runs the rest of round 0, (V - 1) p
-    // forwards, plus p - r - 1 for the ranks after it, as in 1f1b; with free sends that is already enough
-    // for the smallest bubble. The standard form doubles the p - r - 1: once a send takes time, every
-    // message in the steady state would stall the rank, and these extra forwards (p - r - 1 more records)
-    // absorb the wait. With sends of 0.1 f, p = 4, m = 16, V = 2: 53.9 f per step, 57.9 f without them
-    // (dev/test_pipeline.cu checks both claims).
-    for (int i = 0; i < warmup; i++) actions.push_back(interleaved_action(PipelineAction::Forward, forwards++, p, V));
-    // steady state: one forward, one backward
-    while (forwards < total) {
-        actions.push_back(interleaved_action(PipelineAction::Forward, forwards++, p, V));
-        actions.push_back(interleaved_action(PipelineAction::Backward, backwards++, p, V));
-    }
-    // cool-down: the backwards left over
-    while (backwards < total) actions.push_back(interleaved_action(PipelineAction::Backward, backwards++, p, V));
-    return actions;
-}
-
-// The ordered actions of pipeline rank `rank` of p, for m microbatches and V virtual stages per rank (V = 1
-// for gpipe and 1f1b). Model stage s = virtual_stage * p + rank holds layers [s L/(pV), (s+1) L/(pV)).
-inline std::vector<PipelineAction> pipeline_actions(PipelineSchedule schedule, int rank, int p, int m, int V) {
-    pipeline_check_layout(schedule, rank, p, m, V);
-    switch (schedule) {
-        case PipelineSchedule::GPipe: return gpipe_actions(m);
-        case PipelineSchedule::OneFOneB: return one_f_one_b_actions(rank, p, m);
-        case PipelineSchedule::Interleaved: return interleaved_actions(rank, p, m, V);
-    }
-    fatal("unknown pipeline schedule %d", (int)schedule);
-}
-
-// "F3" (forward of microbatch 3), or "F3.1" (on virtual stage 1) when there are virtual stages
-inline std::string pipeline_action_label(const PipelineAction& a, bool virtual_stages) {
-    std::string label = (a.kind == PipelineAction::Forward ? "F" : "B") + std::to_string(a.microbatch);
-    return virtual_stages ? label + "." + std::to_string(a.virtual_stage) : label;
-}
-
-// "F0 F1 B0 F2 B1 ...", or "F0.0 F1.0 F0.1 ..." (microbatch.virtual_stage) when any action is on a
-// virtual stage other than 0.
-inline std::string pipeline_describe(const std::vector<PipelineAction>& actions) {
-    bool virtual_stages = false;
-    for (const PipelineAction& a : actions) virtual_stages |= a.virtual_stage != 0;
-    std::string text;
-    for (const PipelineAction& a : actions)
-        text += (text.empty() ? "" : " ") + pipeline_action_label(a, virtual_stages);
     return text;
 }
 
-// The bubble fraction of the time model above (the same on every rank).
-inline double pipeline_bubble_fraction(PipelineSchedule schedule, int p, int m, int V) {
-    pipeline_check_layout(schedule, 0, p, m, V);
-    if (schedule == PipelineSchedule::Interleaved) return (double)(p - 1) / ((double)V * m + p - 1);
-    return (double)(p - 1) / (double)(m + p - 1);
+// The part of the model pipeline rank `rank` runs (llmc/gpt2.cuh): its chunks, the layers per stage, and
+// as many stage records as its schedule has microbatches in flight.
+inline ModelPart pipeline_model_part(PipelineSchedule schedule, int rank, int p, int V, int m, int num_layers) {
+    ModelPart part;
+    part.held_chunks = pipeline_held_chunks(rank, p, V, num_layers);
+    part.stage_layers = num_layers / (p * V);
+    part.records = pipeline_peak_activations(schedule, rank, p, m, V);
+    return part;
+}
+inline ModelPart pipeline_model_part(const Pipeline& pipe) {
+    return pipeline_model_part(pipe.schedule, pipe.rank, pipe.size, pipe.virtual_stages, pipe.microbatches,
+                               pipe.num_layers);
 }
 
-// Activation records rank `rank` holds at its peak (one per (microbatch, virtual stage) in flight).
-inline int pipeline_peak_activations(PipelineSchedule schedule, int rank, int p, int m, int V) {
-    pipeline_check_layout(schedule, rank, p, m, V);
-    switch (schedule) {
-        case PipelineSchedule::GPipe: return m;
-        case PipelineSchedule::OneFOneB: return std::min(p - rank, m);
-        case PipelineSchedule::Interleaved: {
-            const int warmup = interleaved_warmup(rank, p, m, V);
-            return warmup == m * V ? m * V : warmup + 1;
-        }
+// Every rank calls this together (the links are made by splitting the pp axis). message_elements: the
+// activations of one microbatch on this rank (R x C).
+inline void pipeline_create(Pipeline& pipe, Mesh& mesh, PipelineSchedule schedule, int V, int m, int num_layers,
+                            size_t message_elements) {
+    pipe.schedule = schedule;
+    pipe.size = mesh.layout.sizes[PP];
+    pipe.rank = mesh.coords[PP];
+    pipe.virtual_stages = V;
+    pipe.microbatches = m;
+    pipe.num_layers = num_layers;
+    const std::string error = pipeline_layout_error(schedule, pipe.size, V, m, num_layers, mesh.world.size);
+    if (!error.empty()) fatal("%s", error.c_str());
+    pipe.actions = pipeline_actions(schedule, pipe.rank, pipe.size, m, V);
+    pipe.record_of = pipeline_record_assignment(pipe.actions, &pipe.records);
+    if (pipe.records != pipeline_peak_activations(schedule, pipe.rank, pipe.size, m, V))
+        fatal("pipeline %s: the actions need %d records, the formula says %d", pipeline_schedule_name(schedule),
+              pipe.records, pipeline_peak_activations(schedule, pipe.rank, pipe.size, m, V));
+    pipe.group = &mesh.axis[PP];
+    if (pipe.size > 1) {
+        pipe.activations = comm_split(mesh.axis[PP], 0, pipe.rank);
+        pipe.gradients = comm_split(mesh.axis[PP], 0, pipe.rank);
+        const bool holds_wte = pipe.rank == 0 || pipe.rank == pipe.size - 1;
+        pipe.tied = comm_split(mesh.axis[PP], holds_wte ? 0 : 1, pipe.rank);
     }
-    fatal("unknown pipeline schedule %d", (int)schedule);
-}
-
-// ----------------------------------------------------------------------------
-// timelines: what ran when. Filled by the simulator below, and (later) by the training program from
-// measured times; both are measured and written out the same way.
-
-struct PipelineEvent {
-    PipelineAction action;
-    double start_ms, end_ms;
-};
-
-struct PipelineTimeline {
-    std::string schedule;                           // its name, for the trace
-    int p = 1, m = 1, V = 1;
-    std::vector<std::vector<PipelineEvent>> ranks;  // per pipeline rank, in the order it ran them
-    // what pipeline_measure finds
-    double step_ms = 0;                             // first start to last end, over all ranks
-    std::vector<double> bubble_fraction;            // per rank: (step_ms - its busy time) / step_ms
-    std::vector<int> peak_activations;              // per rank: most forwards whose backward had not run yet
-    std::string problem;                            // simulator: why the lists cannot run (empty: they ran)
-};
-
-// Fills step_ms, bubble_fraction and peak_activations from the events.
-inline void pipeline_measure(PipelineTimeline& timeline) {
-    double first = 0, last = 0;
-    bool any = false;
-    for (const auto& events : timeline.ranks)
-        for (const PipelineEvent& e : events) {
-            first = any ? std::min(first, e.start_ms) : e.start_ms;
-            last = any ? std::max(last, e.end_ms) : e.end_ms;
-            any = true;
-        }
-    timeline.step_ms = last - first;
-    timeline.bubble_fraction.assign(timeline.ranks.size(), 0.0);
-    timeline.peak_activations.assign(timeline.ranks.size(), 0);
-    for (size_t r = 0; r < timeline.ranks.size(); r++) {
-        double busy = 0;
-        int in_flight = 0;
-        for (const PipelineEvent& e : timeline.ranks[r]) {
-            busy += e.end_ms - e.start_ms;
-            in_flight += e.action.kind == PipelineAction::Forward ? 1 : -1;
-            timeline.peak_activations[r] = std::max(timeline.peak_activations[r], in_flight);
-        }
-        timeline.bubble_fraction[r] = timeline.step_ms > 0 ? (timeline.step_ms - busy) / timeline.step_ms : 0.0;
+    std::vector<std::vector<PipelineAction>> lists;
+    for (int r = 0; r < pipe.size; r++) lists.push_back(pipeline_actions(schedule, r, pipe.size, m, V));
+    pipe.gradient_sends = pipeline_gradient_sends(lists, pipe.rank, m, V);
+    cudaCheck(cudaStreamCreateWithFlags(&pipe.activation_stream, cudaStreamNonBlocking));
+    cudaCheck(cudaStreamCreateWithFlags(&pipe.gradient_stream, cudaStreamNonBlocking));
+    pipe.output_sent.resize(pipe.records);
+    for (SendRequest& request : pipe.output_sent) send_request_create(request);
+    pipe.staging.resize(pipe.gradient_sends.buffers);
+    pipe.staging_sent.resize(pipe.gradient_sends.buffers);
+    for (int b = 0; b < pipe.gradient_sends.buffers; b++) {
+        pipe.staging[b] = tracked_alloc<floatX>(message_elements, MemoryKind::Communication, "pipeline gradient");
+        send_request_create(pipe.staging_sent[b]);
     }
 }
 
-// ----------------------------------------------------------------------------
-// the simulator
+inline void pipeline_free(Pipeline& pipe) {
+    if (pipe.size > 1) {
+        comm_destroy(pipe.activations);
+        comm_destroy(pipe.gradients);
+        comm_destroy(pipe.tied);
+    }
+    for (SendRequest& request : pipe.output_sent) send_request_destroy(request);
+    for (int b = 0; b < pipe.gradient_sends.buffers; b++) {
+        tracked_free(pipe.staging[b]);
+        send_request_destroy(pipe.staging_sent[b]);
+    }
+    cudaCheck(cudaStreamDestroy(pipe.activation_stream));
+    cudaCheck(cudaStreamDestroy(pipe.gradient_stream));
+    pipe = Pipeline{};
+}
 
-// Runs the given per-rank action lists under the time model above: each rank takes its actions in order,
-// each as soon as the rank is free and what it receives has arrived:
-//   forward  (j, s > 0)        after forward (j, s - 1) ended      (its input activations)
-//   backward (j, s < S - 1)    after backward (j, s + 1) ended     (the gradient of its output)
-//   backward (j, s)            after forward (j, s) ended          (its own activation record)
-// forward_ms and backward_ms are one microbatch through one rank's L/p layers; an action takes 1/V of it.
-// A message between two ranks arrives send_ms after the pass that sent it ended (none when p = 1: every
-// stage is on the one rank).
-// Start times follow from these rules alone (the longest path to each action), so the order in which the
-// loop below visits the ranks changes nothing. When no rank can take its next action, the lists deadlock:
-// `problem` names what each waiting rank waits for. Lists that run but leave a pass out, run one twice,
-// or name a microbatch or virtual stage that does not exist, are reported there too.
-inline PipelineTimeline pipeline_simulate_actions(const std::vector<std::vector<PipelineAction>>& lists,
-                                                  const std::string& schedule_name, int m, int V,
-                                                  double forward_ms, double backward_ms, double send_ms = 0) {
+// bytes sent over the pipeline's own groups (the pp axis itself counts with the mesh's groups)
+inline uint64_t pipeline_link_bytes(const Pipeline& pipe) {
+    return pipe.activations.bytes_sent + pipe.gradients.bytes_sent + pipe.tied.bytes_sent;
+}
+inline void pipeline_reset_bytes(Pipeline& pipe) {
+    pipe.activations.bytes_sent = pipe.gradients.bytes_sent = pipe.tied.bytes_sent = 0;
+}
+
+// ----------------------------------------------------------------------------
+// measuring
+
+// Milliseconds since the measured step began (on a GPU, once the stream has done what it was given); 0
+// when not measuring.
+inline double pipeline_clock(const Pipeline& pipe, GPT2& model) {
+    if (!pipe.measuring) return 0.0;
+    cudaCheck(cudaStreamSynchronize(model.stream));
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - pipe.origin).count();
+}
+inline void pipeline_note(Pipeline& pipe, const PipelineAction& action, bool wait, double start, double end) {
+    if (pipe.measuring) pipe.events.push_back({action, start, end, wait});
+}
+
+// Starts measuring the next pipeline_step: the stages agree on the moment it begins.
+inline void pipeline_begin_measuring(Pipeline& pipe, GPT2& model) {
+    barrier(*pipe.group, model.stream);
+    pipe.measuring = true;
+    pipe.events.clear();
+    pipe.origin = std::chrono::steady_clock::now();
+}
+
+// The measured step's events of every pipeline rank, on pp rank 0 (a collective over the pp axis; the other
+// ranks get an empty timeline). Events travel as 6 floats each: kind, microbatch, virtual stage, wait,
+// start, end.
+inline PipelineTimeline pipeline_collect_timeline(Pipeline& pipe, GPT2& model) {
+    pipe.measuring = false;
+    const size_t capacity = 4 * (size_t)pipe.microbatches * pipe.virtual_stages;  // actions and waits
+    if (pipe.events.size() > capacity) fatal("pipeline: %zu events measured, room for %zu", pipe.events.size(), capacity);
+    std::vector<float> mine(6 * capacity, -1.0f);
+    for (size_t i = 0; i < pipe.events.size(); i++) {
+        const PipelineEvent& e = pipe.events[i];
+        const float fields[6] = {(float)e.action.kind, (float)e.action.microbatch, (float)e.action.virtual_stage,
+                                 e.wait ? 1.0f : 0.0f, (float)e.start_ms, (float)e.end_ms};
+        std::copy(fields, fields + 6, mine.begin() + 6 * i);
+    }
+    float* device = tracked_alloc<float>(mine.size() * pipe.size, MemoryKind::Communication, "pipeline timeline");
+    copy_to_device(device + mine.size() * pipe.rank, mine.data(), mine.size(), model.stream);
+    all_gather(*pipe.group, device, device + mine.size() * pipe.rank, mine.size(), model.stream);
+    std::vector<float> everyone(mine.size() * pipe.size);
+    copy_to_host(everyone.data(), device, everyone.size(), model.stream);
+    tracked_free(device);
     PipelineTimeline timeline;
-    timeline.schedule = schedule_name;
-    timeline.p = (int)lists.size();
-    timeline.m = m;
-    timeline.V = V;
-    timeline.ranks.resize(lists.size());
-    const int p = timeline.p, S = p * V;
-    const double arrives_after = p > 1 ? send_ms : 0.0;  // a neighbouring stage is always on another rank
-    // end time of each pass (microbatch j, model stage s), or -1 while it has not run
-    std::vector<double> forward_end((size_t)m * S, -1.0), backward_end((size_t)m * S, -1.0);
-    auto at = [S](int j, int s) { return (size_t)j * S + s; };
-    auto stage_name = [p, V](const char* kind, int j, int s) {
-        return std::string(kind) + std::to_string(j) + " of stage " + std::to_string(s) + " (rank " +
-               std::to_string(s % p) + (V > 1 ? ", virtual stage " + std::to_string(s / p) : "") + ")";
-    };
-    for (int r = 0; r < p; r++)
-        for (const PipelineAction& a : lists[r])
-            if (a.microbatch < 0 || a.microbatch >= m || a.virtual_stage < 0 || a.virtual_stage >= V) {
-                timeline.problem = "rank " + std::to_string(r) + " has " + pipeline_action_label(a, true) +
-                                   ": no such microbatch or virtual stage";
-                return timeline;
-            }
-
-    std::vector<size_t> next(p, 0);     // each rank's next action
-    std::vector<double> free_at(p, 0);  // when each rank finished its previous action
-    for (bool progressed = true; progressed;) {
-        progressed = false;
-        for (int r = 0; r < p; r++) {
-            while (next[r] < lists[r].size()) {
-                const PipelineAction& a = lists[r][next[r]];
-                const int j = a.microbatch, s = pipeline_model_stage(r, a.virtual_stage, p);
-                double ready = free_at[r];
-                std::vector<double>& done = a.kind == PipelineAction::Forward ? forward_end : backward_end;
-                if (done[at(j, s)] >= 0) {
-                    timeline.problem = "rank " + std::to_string(r) + " runs " +
-                                       stage_name(a.kind == PipelineAction::Forward ? "F" : "B", j, s) + " twice";
-                    return timeline;
-                }
-                if (a.kind == PipelineAction::Forward) {
-                    if (s > 0 && forward_end[at(j, s - 1)] < 0) break;  // waits for its input
-                    if (s > 0) ready = std::max(ready, forward_end[at(j, s - 1)] + arrives_after);
-                } else {
-                    if (forward_end[at(j, s)] < 0) break;  // its forward has not run
-                    if (s < S - 1 && backward_end[at(j, s + 1)] < 0) break;  // waits for its output's gradient
-                    ready = std::max(ready, forward_end[at(j, s)]);
-                    if (s < S - 1) ready = std::max(ready, backward_end[at(j, s + 1)] + arrives_after);
-                }
-                const double duration = (a.kind == PipelineAction::Forward ? forward_ms : backward_ms) / V;
-                done[at(j, s)] = ready + duration;
-                free_at[r] = ready + duration;
-                timeline.ranks[r].push_back({a, ready, ready + duration});
-                next[r]++;
-                progressed = true;
-            }
-        }
-    }
-
-    // deadlock: every rank that has actions left waits for a pass that has not run
-    std::string waits;
-    for (int r = 0; r < p; r++) {
-        if (next[r] == lists[r].size()) continue;
-        const PipelineAction& a = lists[r][next[r]];
-        const int j = a.microbatch, s = pipeline_model_stage(r, a.virtual_stage, p);
-        std::string what;
-        if (a.kind == PipelineAction::Forward) what = stage_name("F", j, s - 1);
-        else if (forward_end[at(j, s)] < 0) what = stage_name("F", j, s);
-        else what = stage_name("B", j, s + 1);
-        waits += (waits.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " waits at " +
-                 pipeline_action_label(a, V > 1) + " for " + what;
-    }
-    if (!waits.empty()) {
-        timeline.problem = "deadlock: " + waits;
-        return timeline;
-    }
-    // every list ran to its end: was every pass there?
-    for (int j = 0; j < m; j++)
-        for (int s = 0; s < S; s++) {
-            if (forward_end[at(j, s)] < 0) timeline.problem = stage_name("F", j, s) + " never ran";
-            else if (backward_end[at(j, s)] < 0) timeline.problem = stage_name("B", j, s) + " never ran";
-            if (!timeline.problem.empty()) return timeline;
+    if (pipe.rank != 0) return timeline;
+    timeline.schedule = pipeline_schedule_name(pipe.schedule);
+    timeline.p = pipe.size;
+    timeline.m = pipe.microbatches;
+    timeline.V = pipe.virtual_stages;
+    timeline.ranks.resize(pipe.size);
+    for (int r = 0; r < pipe.size; r++)
+        for (size_t i = 0; i < capacity; i++) {
+            const float* f = everyone.data() + (r * capacity + i) * 6;
+            if (f[0] < 0) break;
+            const PipelineAction action{f[0] == 0 ? PipelineAction::Forward : PipelineAction::Backward, (int)f[1], (int)f[2]};
+            timeline.ranks[r].push_back({action, f[4], f[5], f[3] != 0});
         }
     pipeline_measure(timeline);
     return timeline;
 }
 
-inline PipelineTimeline pipeline_simulate(PipelineSchedule schedule, int p, int m, int V, double forward_ms,
-                                          double backward_ms, double send_ms = 0) {
-    pipeline_check_layout(schedule, 0, p, m, V);
-    std::vector<std::vector<PipelineAction>> lists;
-    for (int r = 0; r < p; r++) lists.push_back(pipeline_actions(schedule, r, p, m, V));
-    return pipeline_simulate_actions(lists, pipeline_schedule_name(schedule), m, V, forward_ms, backward_ms, send_ms);
+// Rank 0's report of a measured step: each stage's bubble beside the formulas, and its peak of records in
+// flight beside the schedule's.
+inline void pipeline_print_timeline(const PipelineTimeline& t, PipelineSchedule schedule) {
+    const double plain = (double)(t.p - 1) / (t.m + t.p - 1), interleaved = (double)(t.p - 1) / (t.V * t.m + t.p - 1);
+    printf("pipeline %s, p %d, m %d, V %d: the measured step took %.1f ms; bubble (p-1)/(m+p-1) = %.3f, "
+           "interleaved (p-1)/(V m+p-1) = %.3f\n", t.schedule.c_str(), t.p, t.m, t.V, t.step_ms, plain, interleaved);
+    for (int r = 0; r < t.p; r++)
+        printf("  pp rank %d: bubble %.3f measured, %.3f formula; records in flight at the peak %d (formula %d)\n", r,
+               t.bubble_fraction[r], pipeline_bubble_fraction(schedule, t.p, t.m, t.V), t.peak_activations[r],
+               pipeline_peak_activations(schedule, r, t.p, t.m, t.V));
 }
 
 // ----------------------------------------------------------------------------
-// Chrome trace event format (chrome://tracing, https://ui.perfetto.dev, scripts/pipeline_timeline.py): one
-// complete event ("ph": "X") per action, thread = pipeline rank, times in microseconds, plus a name for
-// each rank's row and the layout under "otherData".
+// running a schedule
 
-inline std::string pipeline_chrome_trace(const PipelineTimeline& timeline) {
-    std::string json = "{\"otherData\": {\"schedule\": \"" + timeline.schedule + "\", \"pipeline_ranks\": " +
-                       std::to_string(timeline.p) + ", \"microbatches\": " + std::to_string(timeline.m) +
-                       ", \"virtual_stages\": " + std::to_string(timeline.V) + "},\n\"traceEvents\": [";
-    char line[256];
-    const char* separator = "\n";
-    for (size_t r = 0; r < timeline.ranks.size(); r++) {
-        snprintf(line, sizeof(line), "%s{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %zu, "
-                 "\"args\": {\"name\": \"rank %zu\"}}", separator, r, r);
-        json += line;
-        separator = ",\n";
-    }
-    for (size_t r = 0; r < timeline.ranks.size(); r++)
-        for (const PipelineEvent& e : timeline.ranks[r]) {
-            snprintf(line, sizeof(line),
-                     "%s{\"name\": \"%c%d\", \"ph\": \"X\", \"pid\": 0, \"tid\": %zu, \"ts\": %.3f, \"dur\": %.3f, "
-                     "\"args\": {\"microbatch\": %d, \"virtual_stage\": %d}}",
-                     separator, e.action.kind == PipelineAction::Forward ? 'F' : 'B', e.action.microbatch, r,
-                     e.start_ms * 1000.0, (e.end_ms - e.start_ms) * 1000.0, e.action.microbatch,
-                     e.action.virtual_stage);
-            json += line;
-            separator = ",\n";
+inline int pipeline_model_stage(const Pipeline& pipe, const PipelineAction& a) {
+    return pipeline_model_stage(pipe.rank, a.virtual_stage, pipe.size);
+}
+inline int pipeline_previous_rank(const Pipeline& pipe) { return (pipe.rank + pipe.size - 1) % pipe.size; }
+inline int pipeline_next_rank(const Pipeline& pipe) { return (pipe.rank + 1) % pipe.size; }
+
+// One forward pass of microbatch `a` through one of this rank's stages, into `record`: the input received
+// (or the embeddings looked up), the blocks, the output sent (or, on the last stage, the loss). With
+// `targets` and `hooks` the last stage also takes the loss's backward pass through the head (training);
+// with targets only it adds the loss up (validation); without, it leaves the logits (sampling).
+inline void pipeline_forward(Pipeline& pipe, GPT2& model, const PipelineAction& a, int record_index,
+                             const int* tokens, const int* targets, float dloss, const BackwardHooks* hooks,
+                             int B, int T) {
+    StageActivations& record = model.records[record_index];
+    const int s = pipeline_model_stage(pipe, a), S = pipe.size * pipe.virtual_stages;
+    const size_t rows = tp_rows(model.tp, B * T) * (size_t)model.config.channels;
+    const double waiting = pipeline_clock(pipe, model);
+    send_finish(&pipe.output_sent[record_index], model.stream);  // the record's last output may still be on the way
+    if (s > 0) recv(pipe.activations, record.input, rows, pipeline_previous_rank(pipe), model.stream);
+    const double start = pipeline_clock(pipe, model);
+    pipeline_note(pipe, a, true, waiting, start);
+    if (s == 0) gpt2_embed(model, record, tokens, B, T);
+    gpt2_stage_forward(model, record, s * model.stage_layers, B, T);
+    if (s < S - 1) {
+        send_async(pipe.activations, record.blocks.back().output, rows, pipeline_next_rank(pipe), model.stream,
+                   pipe.activation_stream, &pipe.output_sent[record_index]);
+    } else {
+        gpt2_head_forward(model, record, B, T);
+        if (targets) gpt2_loss(model, targets, B, T, dloss);
+        if (targets && hooks) {
+            gpt2_head_backward(model, record, B, T, *hooks);
+            if (!model.first_stage) chunk_final(*hooks, 0);  // the LM head's share is all this rank adds to wte
         }
-    json += "\n]}\n";
-    return json;
+    }
+    pipeline_note(pipe, a, false, start, pipeline_clock(pipe, model));
+}
+
+// The backward pass of microbatch `a` through one of this rank's stages, from `record`; the gradient of the
+// stage's input goes out from staging buffer `staging`.
+inline void pipeline_backward(Pipeline& pipe, GPT2& model, const PipelineAction& a, int record_index, int staging,
+                              const BackwardHooks& hooks, int B, int T) {
+    StageActivations& record = model.records[record_index];
+    const int s = pipeline_model_stage(pipe, a), S = pipe.size * pipe.virtual_stages;
+    const size_t rows = tp_rows(model.tp, B * T) * (size_t)model.config.channels;
+    const double waiting = pipeline_clock(pipe, model);
+    if (s < S - 1) recv(pipe.gradients, record.doutput, rows, pipeline_next_rank(pipe), model.stream);
+    const double start = pipeline_clock(pipe, model);
+    pipeline_note(pipe, a, true, waiting, start);
+    gpt2_stage_backward(model, record, s * model.stage_layers, B, T, hooks);
+    if (s > 0) {
+        cudaCheck(cudaMemcpyAsync(pipe.staging[staging], record.doutput, rows * sizeof(floatX), cudaMemcpyDeviceToDevice,
+                                  model.stream));
+        send_async(pipe.gradients, pipe.staging[staging], rows, pipeline_previous_rank(pipe), model.stream,
+                   pipe.gradient_stream, &pipe.staging_sent[staging]);
+    } else {
+        gpt2_embed_backward(model, record, B, T, hooks);
+        chunk_final(hooks, 0);
+    }
+    pipeline_note(pipe, a, false, start, pipeline_clock(pipe, model));
+}
+
+// Waits (in stream order) for every send of the step, so no buffer is in flight between steps.
+inline void pipeline_finish_sends(Pipeline& pipe, GPT2& model) {
+    for (SendRequest& request : pipe.output_sent) send_finish(&request, model.stream);
+    for (SendRequest& request : pipe.staging_sent) send_finish(&request, model.stream);
+}
+
+// One training step's forward and backward passes: this rank's schedule over m microbatches of B x T
+// tokens (tokens and targets: m B T host ids, microbatch after microbatch; the first stage reads the
+// tokens, the last the targets). Each microbatch's loss gradient is scaled by dloss; gradients accumulate
+// and reach llmc/zero.h through its hooks (a chunk is final for the step with microbatch m-1).
+inline void pipeline_step(Pipeline& pipe, GPT2& model, Zero& optimizer, const int* tokens, const int* targets,
+                          int B, int T, float dloss) {
+    const size_t N = (size_t)B * T;
+    for (size_t i = 0; i < pipe.actions.size(); i++) {
+        const PipelineAction& a = pipe.actions[i];
+        for (int b : pipe.gradient_sends.finish_before[i]) send_finish(&pipe.staging_sent[b], model.stream);
+        const BackwardHooks hooks = zero_backward_hooks(optimizer, model, a.microbatch == pipe.microbatches - 1);
+        if (a.kind == PipelineAction::Forward) {
+            pipeline_forward(pipe, model, a, pipe.record_of[i], tokens + a.microbatch * N, targets + a.microbatch * N,
+                             dloss, &hooks, B, T);
+        } else {
+            pipeline_backward(pipe, model, a, pipe.record_of[i], pipe.gradient_sends.buffer[i], hooks, B, T);
+        }
+    }
+    pipeline_finish_sends(pipe, model);
+}
+
+// The forward pass of one microbatch through every stage, in stage order (validation, sampling): on the
+// last stage, the loss added up (targets given) or the logits left in model.logits.
+inline void pipeline_forward_only(Pipeline& pipe, GPT2& model, const int* tokens, const int* targets, int B, int T) {
+    for (int v = 0; v < pipe.virtual_stages; v++)
+        pipeline_forward(pipe, model, PipelineAction{PipelineAction::Forward, 0, v}, 0, tokens, targets, 0.0f, nullptr,
+                         B, T);
+    pipeline_finish_sends(pipe, model);
+}
+
+// After the step's gradient reductions (zero_wait_for_gradients): wte's (and wpe's) gradient on the first
+// and on the last stage becomes the sum of the two.
+inline void pipeline_sum_tied_embedding(Pipeline& pipe, Zero& optimizer, GPT2& model) {
+    if (pipe.size == 1 || !model.layout.holds(0)) return;
+    size_t count = 0;
+    floatX* gradient = zero_chunk_gradient(optimizer, model, 0, &count);
+    all_reduce(pipe.tied, gradient, count, Reduction::Sum, model.stream);
+}
+
+// The loss (or anything in a device float) from the last stage's rank to the others of the pp axis.
+inline void pipeline_share_from_last_stage(Pipeline& pipe, float* value, size_t count, cudaStream_t stream) {
+    if (pipe.size > 1) broadcast(*pipe.group, value, count, pipe.size - 1, stream);
+}
+
+// ----------------------------------------------------------------------------
+// the whole model, from its parts
+
+// The whole model's parameters (host, the model file's layout: tp = 1, every chunk) from every rank's part
+// `mine` (host, in `layout`): a collective over the mesh's model group (pp x tp ranks, numbered pp rank x tp
+// + tp rank). Stops if two ranks' copies of a parameter differ (tp-replicated tensors, the first and last
+// stage's embeddings), which would mean the copies drifted apart.
+inline std::vector<float> gather_whole_model(Communicator& model_group, const Pipeline& pipe,
+                                             const ParameterLayout& layout, const std::vector<float>& mine,
+                                             cudaStream_t stream) {
+    const ParameterLayout whole(layout.config);
+    auto layout_of = [&](int member) {
+        const std::vector<char> held = pipeline_held_chunks(member / layout.tp, pipe.size, pipe.virtual_stages,
+                                                            layout.config.num_layers);
+        return ParameterLayout(layout.config, layout.shards, layout.tp, member % layout.tp, held);
+    };
+    size_t largest = 0;  // the all-gather moves equal blocks: the largest part's size
+    for (int member = 0; member < model_group.size; member++) largest = std::max(largest, layout_of(member).total);
+    std::vector<float> everyone = mine;
+    if (model_group.size > 1) {
+        float* device = tracked_alloc<float>(largest * model_group.size, MemoryKind::Communication, "whole model");
+        copy_to_device(device + model_group.rank * largest, mine.data(), mine.size(), stream);
+        all_gather(model_group, device, device + model_group.rank * largest, largest, stream);
+        everyone.resize(largest * model_group.size);
+        copy_to_host(everyone.data(), device, everyone.size(), stream);
+        tracked_free(device);
+    }
+    std::vector<float> values(whole.total, 0.0f);
+    std::vector<char> written(whole.total, 0);
+    for (int member = 0; member < model_group.size; member++) {
+        const float* from = everyone.data() + member * largest;
+        for_each_common_run(layout_of(member), whole, [&](size_t at, size_t to, size_t count) {
+            if (written[to] && memcmp(&values[to], from + at, count * sizeof(float)) != 0)
+                fatal("rank %d of the model group (pp rank %d, tp rank %d) holds a copy of a parameter that differs "
+                      "from another rank's", member, member / layout.tp, member % layout.tp);
+            std::copy(from + at, from + at + count, values.begin() + to);
+            std::fill(written.begin() + to, written.begin() + to + count, 1);
+        });
+    }
+    return values;
+}
+
+// Host values on the last stage's rank become the same on every rank of the pp axis (a collective).
+template <typename T>
+void pipeline_share_host_from_last_stage(Pipeline& pipe, T* values, size_t count, cudaStream_t stream) {
+    if (pipe.size == 1) return;
+    T* device = tracked_alloc<T>(count, MemoryKind::Communication, "pipeline broadcast");
+    copy_to_device(device, values, count, stream);
+    broadcast(*pipe.group, device, count, pipe.size - 1, stream);
+    copy_to_host(values, device, count, stream);
+    tracked_free(device);
+}
+
+// ----------------------------------------------------------------------------
+// the bytes formula (see the top of the file)
+
+inline double pipeline_bytes_per_step(int rank, int p, int V, int m, double activation_elements,
+                                      double element_bytes, double embedding_gradient_elements) {
+    if (p == 1) return 0.0;
+    const int S = p * V;
+    double bytes = 0;
+    for (int v = 0; v < V; v++) {
+        const int s = pipeline_model_stage(rank, v, p);
+        if (s < S - 1) bytes += m * activation_elements * element_bytes;
+        if (s > 0) bytes += m * activation_elements * element_bytes;
+    }
+    if (rank == 0 || rank == p - 1) bytes += embedding_gradient_elements * element_bytes;
+    bytes += (double)ring_share(sizeof(float), p) + (double)ring_share(sizeof(float), p, 2);
+    return bytes;
 }

@@ -277,34 +277,6 @@ inline void tp_sum_sequence_parallel_gradients(const TensorParallel& tp, floatX*
 // the replicated tensors (every rank holds the same gradient for them).
 inline bool tp_counts_in_norm(const TensorParallel& tp, int kind) { return tp.rank == 0 || !tensor_is_replicated(kind); }
 
-// The whole model's parameters (host, tp = 1 layout), from every tp rank's slices `mine` (host, in
-// `layout`). A collective over the tp group. Stops if the ranks' copies of a replicated tensor differ,
-// which would mean the replicas drifted apart.
-inline std::vector<float> tp_gather_parameters(const TensorParallel& tp, const ParameterLayout& layout,
-                                               const std::vector<float>& mine, cudaStream_t stream) {
-    const ParameterLayout whole(layout.config);
-    if (tp.size == 1) return parameters_in_layout(layout, mine, whole);
-    float* device = tracked_alloc<float>(layout.total * tp.size, MemoryKind::Communication);
-    copy_to_device(device + tp.rank * layout.total, mine.data(), layout.total, stream);
-    all_gather(*tp.group, device, device + tp.rank * layout.total, layout.total, stream);
-    std::vector<float> everyone(layout.total * tp.size);
-    copy_to_host(everyone.data(), device, everyone.size(), stream);
-    tracked_free(device);
-    std::vector<float> values(whole.total, 0.0f);
-    std::vector<char> written(whole.total, 0);
-    for (int r = 0; r < tp.size; r++) {
-        const ParameterLayout theirs(layout.config, layout.shards, tp.size, r);
-        const float* from = everyone.data() + r * layout.total;
-        for_each_common_run(theirs, whole, [&](size_t at, size_t to, size_t count) {
-            if (written[to] && memcmp(&values[to], from + at, count * sizeof(float)) != 0)
-                fatal("tensor parallelism: tp rank %d's copy of a replicated parameter differs from rank 0's", r);
-            std::copy(from + at, from + at + count, values.begin() + to);
-            std::fill(written.begin() + to, written.begin() + to + count, 1);
-        });
-    }
-    return values;
-}
-
 // ----------------------------------------------------------------------------
 // the formula for the bytes counted on the tp axis (see the top of the file)
 

@@ -51,6 +51,13 @@ inline void close_file(FILE* file, const std::string& path) {
     if (fclose(file) != 0) fatal("cannot close %s: %s", path.c_str(), strerror(errno));
 }
 
+// Writes `text` to `path` (replacing it), stopping with one line if that fails.
+inline void write_text_file(const std::string& path, const std::string& text) {
+    FILE* file = open_file(path, "w");
+    write_exact(text.data(), 1, text.size(), file, path);
+    close_file(file, path);
+}
+
 inline bool file_exists(const std::string& path) {
     struct stat info;
     return stat(path.c_str(), &info) == 0;

@@ -69,6 +69,7 @@ all of it; at stages 1-2 each rank squares its shard and the squares are summed 
 #include "gpt2.cuh"
 #include "memory.h"
 #include "checkpoint.h"
+#include "pipeline_schedule.h"
 
 struct AdamWConfig {
     float beta1 = 0.9f;
@@ -85,6 +86,7 @@ struct Zero {
     Communicator* data_parallel = nullptr;   // every data-parallel rank (stage 0 averages over it); null: one process
     Communicator* shard_group = nullptr;     // stages 1, 2: the ranks that split one copy of the state
     Communicator* replicate_group = nullptr; // stages 1, 2: the ranks holding the same shard (HSDP)
+    Communicator* pipeline_group = nullptr;  // the pipeline's stages, which hold different chunks (pp > 1)
 
     float* master = nullptr;                 // this rank's shard: fp32 master weights (BF16 build only)
     float* m = nullptr;                      // ... AdamW's first moment
@@ -116,11 +118,6 @@ inline size_t shard_start(const Zero& z, int chunk) {
     return z.layout->chunk_start(chunk) + (size_t)z.shard_rank * shard_size(z, chunk);
 }
 inline size_t shard_offset(const Zero& z, int chunk) { return z.layout->chunk_start(chunk) / z.shards; }
-
-// The chunk that holds tensor `kind` of `layer`.
-inline int chunk_of(const ParameterLayout& layout, int kind, int layer) {
-    return kind < LN1W ? 0 : kind > FCPROJB ? layout.num_chunks() - 1 : layer + 1;
-}
 
 // stage 0 to 3; mesh null for a single process. The model's layout must be padded for the shard count
 // (gpt2_allocate with zero_shard_count()), allocated without full gradients from stage 2 on and without
@@ -169,7 +166,8 @@ inline floatX* zero_gather_chunk(Zero& z, GPT2& model, int chunk) {
     if (chunk >= 1 && chunk <= L) {
         if (chunk != z.last_block_gathered) z.gather_direction = chunk > z.last_block_gathered ? 1 : -1;
         const int next = chunk + z.gather_direction;
-        if (next >= 1 && next <= L && z.gathered_chunk[working_buffer_of(z, next)] != next) start_gather(z, model, next);
+        if (next >= 1 && next <= L && model.layout.holds(next) && z.gathered_chunk[working_buffer_of(z, next)] != next)
+            start_gather(z, model, next);
         z.last_block_gathered = chunk;
     }
     return z.gathered[w];
@@ -189,6 +187,7 @@ inline void zero_init(Zero& z, int stage, Mesh* mesh, GPT2& model, const std::ve
         z.data_parallel = &mesh->gradient;
         z.shard_group = &mesh->shard;
         z.replicate_group = &mesh->axis[DP_REPLICATE];
+        if (mesh->layout.sizes[PP] > 1) z.pipeline_group = &mesh->axis[PP];
     }
     const size_t shard_total = model.layout.total / z.shards;
     const floatX* params_of_shard = nullptr;  // this rank's parameters, where shard_start() points
@@ -215,6 +214,7 @@ inline void zero_init(Zero& z, int stage, Mesh* mesh, GPT2& model, const std::ve
     if (sizeof(floatX) != sizeof(float)) {
         z.master = tracked_alloc<float>(shard_total, MemoryKind::OptimizerState);
         for (int c = 0; c < model.layout.num_chunks(); c++) {
+            if (!model.layout.holds(c)) continue;
             const floatX* from = stage < 3 ? params_of_shard + shard_start(z, c) : z.param_shard + shard_offset(z, c);
             init_master_weights(z.master + shard_offset(z, c), from, shard_size(z, c), model.stream);
         }
@@ -335,8 +335,9 @@ inline void zero_wait_for_gradients(Zero& z, GPT2& model) {
 // model.results->grad_norm_squared = the squared L2 norm of the averaged gradient of the whole model (the
 // same value on every rank), on the compute stream after zero_wait_for_gradients. Each rank adds the
 // squares of the gradient it holds (all of it at stage 0, its shard from stage 1), leaving out, under
-// tensor parallelism, the replicated tensors on every tp rank but rank 0 (tp_counts_in_norm); the sum
-// over the shard group and the tp group is the model's.
+// tensor parallelism, the replicated tensors on every tp rank but rank 0 (tp_counts_in_norm), and under
+// pipeline parallelism the last stage's copy of the embeddings (the first stage's counts); the sum over the
+// shard group, the tp group and the pipeline's stages is the model's.
 inline void zero_gradient_norm(Zero& z, GPT2& model) {
     const ParameterLayout& layout = *z.layout;
     const floatX* grads = z.stage == 0 ? model.grads : z.grad_shard;
@@ -350,7 +351,8 @@ inline void zero_gradient_norm(Zero& z, GPT2& model) {
     // the tensors this rank leaves out, as ascending [offset, end) ranges of the parameter buffer
     std::vector<std::pair<size_t, size_t>> left_out;
     for_each_tensor_in_file_order(layout, [&](int kind, int, size_t offset, size_t elements) {
-        if (!tp_counts_in_norm(model.tp, kind)) left_out.push_back({offset, offset + elements});
+        const bool copy_of_embeddings = (kind == WTE || kind == WPE) && !model.first_stage;
+        if (!tp_counts_in_norm(model.tp, kind) || copy_of_embeddings) left_out.push_back({offset, offset + elements});
     });
     std::sort(left_out.begin(), left_out.end());
     size_t skip = 0;  // the first left-out range not yet passed
@@ -378,6 +380,14 @@ inline void zero_gradient_norm(Zero& z, GPT2& model) {
     if (z.stage > 0 && z.shard_group && z.shard_group->size > 1)
         all_reduce(*z.shard_group, squared, 1, Reduction::Sum, model.stream);
     if (model.tp.size > 1) all_reduce(*model.tp.group, squared, 1, Reduction::Sum, model.stream);
+    if (z.pipeline_group) all_reduce(*z.pipeline_group, squared, 1, Reduction::Sum, model.stream);
+}
+
+// Where this rank keeps the gradient of chunk c once the step's reductions are done: the whole chunk
+// (stage 0) or this rank's shard of it; *count elements.
+inline floatX* zero_chunk_gradient(Zero& z, GPT2& model, int chunk, size_t* count) {
+    *count = z.stage == 0 ? z.layout->chunk_size(chunk) : shard_size(z, chunk);
+    return z.stage == 0 ? model.grads + z.layout->chunk_start(chunk) : z.grad_shard + shard_offset(z, chunk);
 }
 
 // A device value (each rank's loss on its rows, for the log) replaced by its mean over the data-parallel ranks.
@@ -393,14 +403,13 @@ inline void average_over_ranks(Zero& z, float* value, cudaStream_t stream) {
 // an all-gather of every chunk so that all ranks hold all the new parameters. step: 1-based; grad_scale
 // multiplies the gradients (clipping); seed: fresh per step, for the stochastic rounding to bf16.
 // One launch per chunk: the pieces of its tensors in this rank's shard, each with the seed of its tensor's
-// place in file order and the index of its first element within the tensor.
+// place in the model file's order (whichever chunks this rank holds) and the index of its first element within the tensor.
 inline void zero_optimizer_step(Zero& z, GPT2& model, const AdamWConfig& adamw, float learning_rate, int step,
                                 float grad_scale, uint32_t seed) {
     std::vector<std::vector<AdamWTensor>> chunk_tensors(model.layout.num_chunks());
-    int tensor_index = 0;
     for_each_tensor_in_file_order(model.layout, [&](int kind, int layer, size_t offset, size_t count) {
-        const uint32_t tensor_seed = seed + 0x9e3779b9u * (uint32_t)(tensor_index++);
-        const int chunk = chunk_of(model.layout, kind, layer);
+        const uint32_t tensor_seed = seed + 0x9e3779b9u * (uint32_t)tensor_file_index(model.config, kind, layer);
+        const int chunk = model.layout.chunk_of(kind, layer);
         const size_t first = std::max(offset, shard_start(z, chunk));
         const size_t end = std::min(offset + count, shard_start(z, chunk) + shard_size(z, chunk));
         if (first >= end) return;  // no part of this tensor is in this rank's shard
@@ -412,6 +421,7 @@ inline void zero_optimizer_step(Zero& z, GPT2& model, const AdamWConfig& adamw, 
         chunk_tensors[chunk].push_back({in_chunk_shard, end - first, slice_first + first - offset, tensor_seed, decay});
     });
     for (int c = 0; c < model.layout.num_chunks(); c++) {
+        if (!model.layout.holds(c)) continue;
         // the shard's element k is parameter shard_start + k, and element shard_offset + k of the shard buffers
         const size_t in_shard = shard_offset(z, c);
         const floatX* grads = z.stage == 0 ? model.grads + shard_start(z, c) : z.grad_shard + in_shard;
@@ -425,8 +435,9 @@ inline void zero_optimizer_step(Zero& z, GPT2& model, const AdamWConfig& adamw, 
         z.last_block_gathered = -1;
     } else if (z.stage >= 1 && z.shard_group && z.shards > 1) {
         for (int c = 0; c < model.layout.num_chunks(); c++)
-            all_gather(*z.shard_group, model.params + model.layout.chunk_start(c), model.params + shard_start(z, c),
-                       shard_size(z, c), model.stream);
+            if (model.layout.holds(c))
+                all_gather(*z.shard_group, model.params + model.layout.chunk_start(c), model.params + shard_start(z, c),
+                           shard_size(z, c), model.stream);
     }
 }
 
@@ -436,6 +447,7 @@ inline std::vector<float> zero_parameters(Zero& z, GPT2& model) {
     std::vector<float> values(model.layout.total);
     std::vector<floatX> chunk_values;
     for (int c = 0; c < model.layout.num_chunks(); c++) {
+        if (!model.layout.holds(c)) continue;
         const floatX* gathered = zero_gather_chunk(z, model, c);
         chunk_values.resize(model.layout.chunk_size(c));
         copy_to_host(chunk_values.data(), gathered, chunk_values.size(), model.stream);
@@ -447,16 +459,18 @@ inline std::vector<float> zero_parameters(Zero& z, GPT2& model) {
 // ----------------------------------------------------------------------------
 // checkpoints of the sharded state
 //
-// A checkpoint of S shards at tensor-parallel size T is T*S files: file t*S + k holds, for every chunk,
-// shard k of tp rank t's parameters, fp32 master weights and two moments, as laid out for S shards and T
-// slices (llmc/parameters.h pads each chunk to a multiple of 128 S). The ranks of the first replica group
+// A checkpoint of S shards at tensor-parallel size T and P pipeline ranks is P*T*S files: file (p T + t) S
+// + k holds, for every chunk pipeline rank p holds, shard k of tp rank t's parameters, fp32 master weights
+// and two moments, as laid out for S shards and T slices (llmc/parameters.h pads each chunk to a multiple
+// of 128 S). The embedding chunk is in the files of the first and of the last stage: the two copies are
+// equal, and a reader takes either. The ranks of the first replica group
 // write them: rank 0 writes file 0, the main file, together with everything that is not sharded (step,
 // data position, ...), after a barrier that guarantees the other files are complete, so a checkpoint
 // whose main file exists is whole.
 // Reading does not need the same layout: for_each_common_run (llmc/parameters.h) says which elements of a
 // saved tp slice are which elements of this rank's slice, so each rank copies, from every saved file, the
 // elements that fall in the shards it holds now. A run saved on 4 ranks at ZeRO-1 can continue on 2 ranks
-// at ZeRO-3, and one saved at tp 2 on 1 rank or at tp 4.
+// at ZeRO-3, and one saved at tp 2 or pp 2 on 1 rank, or at tp 4 or pp 4.
 
 inline std::string shard_path(const std::string& main_path, int file) {
     if (file == 0) return main_path;
@@ -464,7 +478,10 @@ inline std::string shard_path(const std::string& main_path, int file) {
 }
 
 // which of a checkpoint's files this rank's shard goes to
-inline int zero_checkpoint_file(const Zero& z, const GPT2& model) { return model.tp.rank * z.shards + z.shard_rank; }
+inline int zero_checkpoint_file(const Zero& z, const GPT2& model) {
+    const int pp_rank = z.pipeline_group ? z.pipeline_group->rank : 0;
+    return (pp_rank * model.tp.size + model.tp.rank) * z.shards + z.shard_rank;
+}
 
 // whether this rank writes a file (the first replica group does; the others hold the same shards)
 inline bool zero_writes_shard(const Zero& z) {
@@ -476,6 +493,7 @@ inline void zero_write_shard(Zero& z, GPT2& model, CheckpointWriter& writer) {
     const size_t count = model.layout.total / z.shards;
     std::vector<floatX> params(count);
     for (int c = 0; c < model.layout.num_chunks(); c++) {
+        if (!model.layout.holds(c)) continue;
         const floatX* from = z.stage == 3 ? z.param_shard + shard_offset(z, c) : model.params + shard_start(z, c);
         copy_to_host(params.data() + shard_offset(z, c), from, shard_size(z, c), model.stream);
     }
@@ -488,50 +506,51 @@ inline void zero_write_shard(Zero& z, GPT2& model, CheckpointWriter& writer) {
     }
 }
 
-// Reads a checkpoint of `saved_shards` shards at tensor-parallel size `saved_tp` (main file at main_path)
-// into this rank's parameters and optimizer state.
-inline void zero_read_shards(Zero& z, GPT2& model, const std::string& main_path, int saved_shards, int saved_tp) {
+// Reads a checkpoint of `saved_shards` shards at tensor-parallel size `saved_tp` on `saved_pp` pipeline ranks
+// of `saved_virtual` stages each (main file at main_path) into this rank's parameters and optimizer state.
+inline void zero_read_shards(Zero& z, GPT2& model, const std::string& main_path, int saved_shards, int saved_tp,
+                             int saved_pp, int saved_virtual) {
     const ParameterLayout& now = model.layout;
     // host copies of what this rank holds: all parameters (stages 0-2) or its shard (stage 3), and its state
     const size_t my_count = now.total / z.shards;
     std::vector<floatX> params(z.stage == 3 ? my_count : now.total, (floatX)0.0f);
     std::vector<float> master(z.master ? my_count : 0, 0.0f), m(my_count, 0.0f), v(my_count, 0.0f);
 
-    for (int t = 0; t < saved_tp; t++) {
-        const ParameterLayout saved(model.config, saved_shards, saved_tp, t);
+    for (int file = 0; file < saved_pp * saved_tp * saved_shards; file++) {
+        const int pp_rank = file / (saved_tp * saved_shards), t = file / saved_shards % saved_tp, k = file % saved_shards;
+        const ParameterLayout saved(model.config, saved_shards, saved_tp, t,
+                                    pipeline_held_chunks(pp_rank, saved_pp, saved_virtual, model.config.num_layers));
         const size_t saved_count = saved.total / saved_shards;
-        for (int k = 0; k < saved_shards; k++) {
-            CheckpointReader reader(shard_path(main_path, t * saved_shards + k));
-            std::vector<floatX> saved_params(saved_count);
-            std::vector<float> saved_master(z.master ? saved_count : 0), saved_m(saved_count), saved_v(saved_count);
-            reader.read("params", saved_params.data(), saved_count * sizeof(floatX));
-            if (z.master) reader.read("master", saved_master.data(), saved_count * sizeof(float));
-            reader.read("adamw_m", saved_m.data(), saved_count * sizeof(float));
-            reader.read("adamw_v", saved_v.data(), saved_count * sizeof(float));
-            // the parameters both layouts hold, as runs in parameter-buffer coordinates of each
-            for_each_common_run(saved, now, [&](size_t from, size_t to, size_t count) {
-                const int c = saved.chunk_of_offset(from);  // a run lies in one tensor, so in one chunk
-                // clipped to saved shard k, which the file holds at its chunk c's offset
-                const size_t saved_size = saved.chunk_size(c) / saved_shards;
-                const size_t saved_first = saved.chunk_start(c) + k * saved_size;
-                const size_t first = std::max(from, saved_first), end = std::min(from + count, saved_first + saved_size);
-                if (first >= end) return;
-                const size_t in_file = saved.chunk_start(c) / saved_shards - saved_first;  // + element -> file index
-                const size_t target = to - from;                                           // + element -> `now`'s
-                // parameters: the whole buffer (stages 0-2) or this rank's shard (stage 3)
-                const size_t mine = shard_start(z, c), mine_end = mine + shard_size(z, c), my_at = shard_offset(z, c);
-                for (size_t e = first; e < end; e++) {
-                    const size_t here = e + target;
-                    if (z.stage < 3) params[here] = saved_params[e + in_file];
-                    if (here < mine || here >= mine_end) continue;
-                    const size_t i = my_at + (here - mine);
-                    if (z.stage == 3) params[i] = saved_params[e + in_file];
-                    if (z.master) master[i] = saved_master[e + in_file];
-                    m[i] = saved_m[e + in_file];
-                    v[i] = saved_v[e + in_file];
-                }
-            });
-        }
+        CheckpointReader reader(shard_path(main_path, file));
+        std::vector<floatX> saved_params(saved_count);
+        std::vector<float> saved_master(z.master ? saved_count : 0), saved_m(saved_count), saved_v(saved_count);
+        reader.read("params", saved_params.data(), saved_count * sizeof(floatX));
+        if (z.master) reader.read("master", saved_master.data(), saved_count * sizeof(float));
+        reader.read("adamw_m", saved_m.data(), saved_count * sizeof(float));
+        reader.read("adamw_v", saved_v.data(), saved_count * sizeof(float));
+        // the parameters both layouts hold, as runs in parameter-buffer coordinates of each
+        for_each_common_run(saved, now, [&](size_t from, size_t to, size_t count) {
+            const int c = saved.chunk_of_offset(from);  // a run lies in one tensor, so in one chunk
+            // clipped to saved shard k, which the file holds at its chunk c's offset
+            const size_t saved_size = saved.chunk_size(c) / saved_shards;
+            const size_t saved_first = saved.chunk_start(c) + k * saved_size;
+            const size_t first = std::max(from, saved_first), end = std::min(from + count, saved_first + saved_size);
+            if (first >= end) return;
+            const size_t in_file = saved.chunk_start(c) / saved_shards - saved_first;  // + element -> file index
+            const size_t target = to - from;                                           // + element -> `now`'s
+            // parameters: the whole buffer (stages 0-2) or this rank's shard (stage 3)
+            const size_t mine = shard_start(z, c), mine_end = mine + shard_size(z, c), my_at = shard_offset(z, c);
+            for (size_t e = first; e < end; e++) {
+                const size_t here = e + target;
+                if (z.stage < 3) params[here] = saved_params[e + in_file];
+                if (here < mine || here >= mine_end) continue;
+                const size_t i = my_at + (here - mine);
+                if (z.stage == 3) params[i] = saved_params[e + in_file];
+                if (z.master) master[i] = saved_master[e + in_file];
+                m[i] = saved_m[e + in_file];
+                v[i] = saved_v[e + in_file];
+            }
+        });
     }
     // on the compute stream, after the work already issued there (set-up's master weights, for one)
     copy_to_device(z.stage == 3 ? z.param_shard : model.params, params.data(), params.size(), model.stream);
