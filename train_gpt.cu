@@ -336,8 +336,12 @@ int main(int argc, char** argv) {
                    "%.3f)\n", pp_schedule.c_str(), pp_virtual, config.num_layers / (pp_size * pp_virtual), accumulation,
                    pipeline_bubble_fraction(schedule, pp_size, accumulation, pp_virtual),
                    (double)(pp_size - 1) / (accumulation + pp_size - 1));
+            std::vector<std::vector<PipelineAction>> lists;
+            for (int r = 0; r < pp_size; r++)
+                lists.push_back(pipeline_actions(schedule, r, pp_size, accumulation, pp_virtual));
             for (int r = 0; r < pp_size; r++) {
                 const ModelPart part = part_of(r);
+                const int staging = pipeline_gradient_sends(lists, r, accumulation, pp_virtual).buffers;
                 const GPT2MemoryShape stage_shape = shape_of(r);
                 const MemoryPlan stage = plan_training_memory(parameters_of(r), zero_stage, dp, shard, bf16,
                                                               accumulation, &stage_shape);
@@ -345,10 +349,11 @@ int main(int argc, char** argv) {
                                                    (sequence_parallel ? tp_size : 1);
                 const double embedding = part.held_chunks[0] ? (double)ParameterLayout(config, zero_stage == 0 ? 1 :
                     shard, tp_size, 0, part.held_chunks).embedding_chunk / (zero_stage == 0 ? 1 : shard) : 0.0;
-                printf("  pp rank %d: %d record(s) in flight; model state %s, activations %s, workspace %s, total %s; "
-                       "sends %s per step on the pp axis\n", r, part.records, format_bytes(stage.model_state).c_str(),
-                       format_bytes(stage.activations).c_str(), format_bytes(stage.workspace).c_str(),
-                       format_bytes(stage.total).c_str(),
+                printf("  pp rank %d: %d record(s) in flight; model state %s, activations %s, workspace %s, total %s, "
+                       "+ %d gradient send buffer(s) of %s; sends %s per step on the pp axis\n", r, part.records,
+                       format_bytes(stage.model_state).c_str(), format_bytes(stage.activations).c_str(),
+                       format_bytes(stage.workspace).c_str(), format_bytes(stage.total).c_str(), staging,
+                       format_bytes(activation_elements * sizeof(floatX)).c_str(),
                        format_bytes(pipeline_bytes_per_step(r, pp_size, pp_virtual, accumulation, activation_elements,
                                                             sizeof(floatX), embedding)).c_str());
             }
@@ -604,6 +609,17 @@ int main(int argc, char** argv) {
                format_bytes((double)held.peak[(int)MemoryKind::Workspace]).c_str(),
                format_bytes(with_buffers.workspace).c_str());
     }
+    // under a pipeline, each stage's activations (its records in flight) beside its formula
+    const std::vector<float> stage_activations = pipeline_gather_values(
+        pipe, (float)held.peak[(int)MemoryKind::Activations], model.stream);
+    const std::vector<float> stage_formulas = pipeline_gather_values(pipe, (float)with_buffers.activations,
+                                                                     model.stream);
+    if (main_rank && pp_size > 1)
+        for (int r = 0; r < pp_size; r++)
+            printf("  pp rank %d: activations %s held at the peak, formula %s (%d record(s) in flight)\n", r,
+                   format_bytes(stage_activations[r]).c_str(), format_bytes(stage_formulas[r]).c_str(),
+                   pipeline_model_part(pipe.schedule, r, pp_size, pp_virtual, accumulation_steps,
+                                       config.num_layers).records);
     logger.write(JsonLine("memory").integer("model_state_bytes", (long long)model_state)
                      .integer("activation_bytes", (long long)held.peak[(int)MemoryKind::Activations])
                      .number("activation_formula_bytes", with_buffers.activations)

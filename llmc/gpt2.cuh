@@ -22,7 +22,11 @@ The block is the unit of work: block_forward(l) reads block l-1's output and wri
 for layer l (everything block_backward needs: the layernorm statistics, qkv, the attention output and its
 log-sum-exp, the MLP's hidden activations, the block's output); block_backward(l) takes the gradient of
 block l's output and turns it into the gradient of its input, accumulating block l's parameter gradients
-on the way.
+on the way. A run of consecutive blocks is a stage: all L of them on one rank, or L/(p V) under pipeline
+parallelism (llmc/pipeline.h), where a rank holds only its stages' chunks (and the embeddings on the
+first and last stage, the final layernorm on the last). One microbatch's pass through a stage keeps its
+layers' records in a stage record (StageActivations); a rank keeps as many stage records as its pipeline
+schedule has microbatches in flight, one without a pipeline.
 
 Gradients accumulate (+=) across micro-steps until gpt2_zero_grads. In BF16 the parameters, activations
 and gradients are bf16.

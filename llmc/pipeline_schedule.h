@@ -433,8 +433,9 @@ sends a stage's output from the stage record and waits for that send before the 
 pass: safe, since that comes after the record's backward pass, which needed the next stage to have taken
 the activations and used them. The gradient of a stage's input is different: the previous stage takes it
 only at its backward pass, and nothing obliges that to come before the sender's next actions. Under the
-interleaved schedule, waiting for it when the record is reused deadlocks (p 2, V 2: rank 1 waits for
-rank 0 to take a gradient, rank 0 first waits for an activation from rank 1). So gradients go out from
+interleaved schedule, waiting for it when the record is reused deadlocks (p 2, V 2, m 4: before their
+forwards F3.0 and F2.0, ranks 0 and 1 each wait for the other to take a gradient, which the other takes
+only at a backward after that forward). So gradients go out from
 staging buffers, and the sender waits for each only where that cannot deadlock: before its first later
 action that depends on the receiver having taken the message (or at the end of the step). "Depends on"
 is found with vector clocks: clock(a)[q] = how many of rank q's actions must have run before action a, by

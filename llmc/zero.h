@@ -8,8 +8,9 @@ The average of the N gradients is the mean over all N * B rows: exactly the grad
 compute on the whole batch, up to the order of the additions.
 
 When. A chunk's gradient (the embeddings, one block, the final layernorm: see llmc/gpt2.cuh) is final once
-the backward pass of the LAST micro-step has gone through it; gpt2_backward reports each chunk as that
-happens (final layernorm, blocks L-1 .. 0, embeddings) and zero_gradient_chunk_final hands it over to
+the backward pass of the LAST micro-step has gone through it; the backward pass reports each chunk as that
+happens (on one rank: final layernorm, blocks L-1 .. 0, embeddings; under pipeline parallelism each rank
+its own stages' chunks, llmc/pipeline.h) and zero_gradient_chunk_final hands it over to
 the communication stream at once, so on a GPU block l's reduction runs while block l-1's backward
 kernels run:
     compute stream:  ... backward(l) [event] backward(l-1) [event] ...           [wait] norm, AdamW
