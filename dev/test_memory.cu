@@ -1,8 +1,9 @@
 /*
 Tests of llmc/memory.h: the books kept by tracked_alloc / tracked_free, and the memory plan's arithmetic
 checked against numbers worked out by hand, against the ZeRO paper, and (CPU build) against what
-gpt2_allocate and zero_init really allocate, and the per-layer activations against Table 2 of Korthikanti
-et al. (2022). Prints `N passed, M failed`.
+gpt2_allocate and zero_init really allocate (a pipeline rank's part of the model included), and the per-layer
+activations against Table 2 of Korthikanti et al. (2022); and the parameter layouts: operand alignment, and
+the layouts that hold a pipeline rank's chunks. Prints `N passed, M failed`.
 */
 #include <string>
 #include <thread>
@@ -10,6 +11,7 @@ et al. (2022). Prints `N passed, M failed`.
 #include "lab.h"
 #include "../llmc/memory.h"
 #include "../llmc/zero.h"
+#include "../llmc/pipeline.h"
 
 static std::string describe(double got, double want) {
     char text[128];
@@ -188,16 +190,17 @@ static void test_formulas() {
 //   per layer, BF16: 16 N C s = 16 * 32 * 64 * 2 = 65536; fp32 stats (4N + N NH) * 4 = (128 + 128) * 4 = 1024
 //                    = 66560                                  FP32: 131072 + 1024 = 132096
 //   activations:     2 layers                                 133120   |  264192
-//                    encoded, lnf NC and logits N Vp, floatX  (2048 + 2048 + 4096) * s = 16384  |  32768
+//                    the stage record's input and doutput 2 NC, lnf NC and logits N Vp, floatX
+//                                                   (4096 + 2048 + 4096) * s = 20480  |  40960
 //                    lnf mean, rstd, losses: 3 N fp32          384
 //                    inputs, targets: 2 N int                  256
-//                    = 150144 (BF16)                           297600 (FP32)
-//   workspace:       projection, dresidual, dchannels NC, dhidden 4NC, dqkv 3NC = 10 NC s = 40960 | 81920
+//                    = 154240 (BF16)                           305792 (FP32)
+//   workspace:       projection, dchannels NC, dhidden 4NC, dqkv 3NC = 9 NC s = 36864 | 73728
 //                    fp32: attention_D N NH = 128, bias scratch ceil(32/64) * 4C = 256,
 //                          layernorm scratch 2C * min(ceil(32/8), 3*4) = 512, norm scratch 4*4 = 16,
 //                          step results (loss, squared norm) 2: 914 floats = 3656
 //                    encoder workspace 4N int = 512;  loss sum, one double = 8
-//                    = 45136 (BF16)                            86096 (FP32)
+//                    = 41040 (BF16)                            77904 (FP32)
 
 static void test_activations() {
     printf("activations\n");
@@ -212,13 +215,13 @@ static void test_activations() {
     shape.multiprocessors = 4;
     const ActivationBytes bf16 = gpt2_activation_bytes(shape, true), fp32 = gpt2_activation_bytes(shape, false);
     check_equal("hand count bf16 per layer", bf16.per_layer, 66560);
-    check_equal("hand count bf16 activations", bf16.activations, 150144);
-    check_equal("hand count bf16 workspace", bf16.workspace, 45136);
+    check_equal("hand count bf16 activations", bf16.activations, 154240);
+    check_equal("hand count bf16 workspace", bf16.workspace, 41040);
     check_equal("hand count fp32 per layer", fp32.per_layer, 132096);
-    check_equal("hand count fp32 activations", fp32.activations, 297600);
-    check_equal("hand count fp32 workspace", fp32.workspace, 86096);
+    check_equal("hand count fp32 activations", fp32.activations, 305792);
+    check_equal("hand count fp32 workspace", fp32.workspace, 77904);
     const MemoryPlan plan = plan_training_memory(1000, 1, 1, 1, true, 1, &shape);
-    check_equal("plan total adds the activations", plan.total, plan.model_state + 150144 + 45136);
+    check_equal("plan total adds the activations", plan.total, plan.model_state + 154240 + 41040);
     print_memory_plan(plan);
 
 #ifdef LLMC_CPU
@@ -480,6 +483,235 @@ static void test_matmul_alignment() {
     }
 }
 
+// ----------------------------------------------------------------------------
+// (g) a pipeline rank's part of the model, allocated
+
+/*
+Under pipeline parallelism gpt2_allocate gets the rank's part (llmc/pipeline.h's pipeline_model_part): the
+chunks it holds, l = L / (p V) layers per stage and K stage records, the peak of its schedule's records in
+flight. For every rank of p = 2 and 4 under gpipe, 1f1b and interleaved (V = 2), m = 8 microbatches, an
+8-layer model and each recompute policy, the bytes gpt2_allocate books per kind must be
+  parameters, gradients   sizeof(floatX) x the rank's ParameterLayout total (its chunks only)
+  activations, workspace  gpt2_activation_bytes with stage_layers l, records K, first_stage on rank 0 (it
+                          holds stage 0) and last_stage on rank p - 1 (stage S - 1 = (V - 1) p + p - 1)
+and K must be the pool of records its actions use (pipeline_record_assignment).
+*/
+static void test_pipeline_parts() {
+    printf("pipeline parts: gpt2_allocate against gpt2_activation_bytes\n");
+    GPT2Config config;
+    config.max_seq_len = 24;
+    config.vocab_size = 100;
+    config.padded_vocab_size = 128;
+    config.num_layers = 8;
+    config.num_heads = 4;
+    config.channels = 64;
+    GPT2MemoryShape shape;
+    shape.num_layers = config.num_layers;
+    shape.channels = config.channels;
+    shape.num_heads = config.num_heads;
+    shape.padded_vocab = config.padded_vocab_size;
+    shape.max_seq_len = config.max_seq_len;
+    shape.batch = 2;
+    shape.seq_len = 16;
+    shape.multiprocessors = device_properties().multiProcessorCount;
+    const bool is_bf16 = sizeof(floatX) == 2;
+    const int m = 8, L = config.num_layers;
+    // full every 3 on the 4-layer stages of gpipe and 1f1b at p = 2: segments of 3 and 1, two outputs kept
+    const Recompute policies[] = {Recompute{}, Recompute{RecomputePolicy::Selective, 1},
+                                  Recompute{RecomputePolicy::Full, 1}, Recompute{RecomputePolicy::Full, 3}};
+    for (int p : {2, 4})
+        for (PipelineSchedule schedule :
+             {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB, PipelineSchedule::Interleaved}) {
+            const int V = schedule == PipelineSchedule::Interleaved ? 2 : 1;
+            for (int r = 0; r < p; r++) {
+                const ModelPart part = pipeline_model_part(schedule, r, p, V, m, L);
+                int pool = 0;
+                pipeline_record_assignment(pipeline_actions(schedule, r, p, m, V), &pool);
+                std::string wrong;
+                if (part.records != pool)
+                    wrong += " records " + std::to_string(part.records) + ", pool " + std::to_string(pool);
+                if (part.stage_layers != L / (p * V)) wrong += " stage_layers " + std::to_string(part.stage_layers);
+                const double P = (double)ParameterLayout(config, 1, 1, 0, part.held_chunks).total;
+                for (const Recompute& recompute : policies) {
+                    GPT2MemoryShape stage = shape;
+                    stage.recompute = recompute;
+                    stage.stage_layers = L / (p * V);
+                    stage.records = part.records;
+                    stage.first_stage = r == 0;
+                    stage.last_stage = r == p - 1;
+                    const ActivationBytes want = gpt2_activation_bytes(stage, is_bf16);
+                    const MemoryTotals before = memory_totals();
+                    GPT2 model;
+                    gpt2_allocate(model, config, shape.batch, shape.seq_len, 1, true, true, TensorParallel{}, recompute,
+                                  part);
+                    const MemoryTotals after = memory_totals();
+                    auto booked = [&](MemoryKind kind) {
+                        return (double)after.current[(int)kind] - (double)before.current[(int)kind];
+                    };
+                    const std::string policy = " " + recompute_describe(recompute) + ": ";
+                    auto compare = [&](const char* what, double got, double expected) {
+                        if (got != expected) wrong += policy + what + " " + describe(got, expected);
+                    };
+                    compare("parameters", booked(MemoryKind::Parameters), sizeof(floatX) * P);
+                    compare("gradients", booked(MemoryKind::Gradients), sizeof(floatX) * P);
+                    compare("activations", booked(MemoryKind::Activations), want.activations);
+                    compare("workspace", booked(MemoryKind::Workspace), want.workspace);
+                    compare("all", (double)after.current_total - (double)before.current_total,
+                            2 * sizeof(floatX) * P + want.activations + want.workspace);
+                    compare("records", (double)model.records.size(), part.records);
+                    compare("first stage", model.first_stage, stage.first_stage);
+                    compare("last stage", model.last_stage, stage.last_stage);
+                    gpt2_free(model);
+                    compare("left after gpt2_free", (double)memory_totals().current_total,
+                            (double)before.current_total);
+                }
+                char name[160];
+                snprintf(name, sizeof(name), "%s p=%d%s rank %d: l %d, K %d records, every policy",
+                         pipeline_schedule_name(schedule), p, V > 1 ? " V=2" : "", r, L / (p * V), part.records);
+                check_true(name, wrong.empty(), wrong);
+            }
+        }
+}
+
+// ----------------------------------------------------------------------------
+// (h) parameter layouts that hold a pipeline rank's chunks
+
+/*
+A rank's ParameterLayout holds only its chunks (pipeline_held_chunks), each padded as in the whole layout
+of the same shards and tp. For a 4-layer model, tp 1 and 2, shards 1 and 3, and p x V = 1, 2, 4 and 2 x 2,
+on every pp and tp rank's layout:
+  - total is the sum of the held chunks' sizes (as in the layout holding every chunk), and chunks not held
+    take 0 elements;
+  - chunk_of_offset maps every element of each held chunk to that chunk, the held chunks lying end to end;
+  - for_each_common_run from the model file's layout (tp 1, every chunk) writes each of the rank's
+    parameters exactly once and never its padding; over all ranks it reads every parameter of the model,
+    a block's once, the embeddings twice when p > 1 (first and last stage), tp-replicated tensors once per
+    tp rank, padding never;
+  - parameters_in_layout to the rank's layout and back gives the model's values where the rank holds them
+    and 0 elsewhere; the ranks' round trips together give back the whole model; and a rank's part converts
+    to the same part padded for another shard count and back unchanged.
+*/
+// One rank's layout `part` against the model file's layout `model` (values: the model's, 0 on padding).
+// Returns what is wrong, "" when nothing; adds to `reads` how many runs read each model element, and puts
+// the values that come back from the round trip into `assembled`.
+static std::string check_rank_layout(const ParameterLayout& model, const std::vector<float>& values,
+                                     const ParameterLayout& part, std::vector<int>& reads,
+                                     std::vector<float>& assembled) {
+    const int L = part.config.num_layers;
+    const ParameterLayout all(part.config, part.shards, part.tp, part.tp_rank);  // every chunk
+    // sizes and chunk_of_offset, and which elements are parameters (each chunk's first ones, then padding)
+    std::vector<char> parameter(part.total, 0);
+    size_t end = 0, parameters = 0;
+    for (int chunk = 0; chunk < L + 2; chunk++) {
+        const std::string which = "chunk " + std::to_string(chunk);
+        if (!part.holds(chunk)) {
+            if (part.chunk_size(chunk) != 0) return which + ", not held, has a size";
+            continue;
+        }
+        if (part.chunk_start(chunk) != end || part.chunk_size(chunk) != all.chunk_size(chunk))
+            return which + " does not follow the held chunks before it at its size in the whole layout";
+        const size_t used = chunk == 0       ? part.elements(WTE) + part.elements(WPE)
+                            : chunk == L + 1 ? part.elements(LNFW) + part.elements(LNFB)
+                                             : part.block_elements();
+        for (size_t o = end; o < end + part.chunk_size(chunk); o++) {
+            if (part.chunk_of_offset(o) != chunk) return "chunk_of_offset(" + std::to_string(o) + ") is not " + which;
+            parameter[o] = o < end + used;
+        }
+        parameters += used;
+        end += part.chunk_size(chunk);
+    }
+    if (part.total != end) return "total " + std::to_string(part.total) + ", the held chunks " + std::to_string(end);
+    if (part.num_parameters != parameters) return "num_parameters " + std::to_string(part.num_parameters);
+    // the runs from the model file's layout: each parameter written once, padding never
+    std::vector<int> writes(part.total, 0);
+    std::vector<char> mine(model.total, 0);  // the model elements this rank holds
+    for_each_common_run(model, part, [&](size_t from, size_t to, size_t count) {
+        for (size_t k = 0; k < count; k++) {
+            writes[to + k]++;
+            reads[from + k]++;
+            mine[from + k] = 1;
+        }
+    });
+    for (size_t o = 0; o < part.total; o++)
+        if (writes[o] != parameter[o])
+            return "element " + std::to_string(o) + " (" + (parameter[o] ? "a parameter" : "padding") + ") written " +
+                   std::to_string(writes[o]) + " times by the runs";
+    // round trips: to the rank's layout and back; to another shard count and back
+    const std::vector<float> here = parameters_in_layout(model, values, part);
+    for (size_t o = 0; o < part.total; o++)
+        if ((here[o] != 0) != (parameter[o] != 0))
+            return "element " + std::to_string(o) + ": a parameter without a value, or padding with one";
+    const std::vector<float> back = parameters_in_layout(part, here, model);
+    for (size_t i = 0; i < model.total; i++) {
+        if (back[i] != (mine[i] ? values[i] : 0.0f))
+            return "model element " + std::to_string(i) + " does not come back";
+        if (mine[i]) assembled[i] = back[i];
+    }
+    const ParameterLayout other(part.config, part.shards == 1 ? 3 : 1, part.tp, part.tp_rank, part.held);
+    if (parameters_in_layout(other, parameters_in_layout(part, here, other), part) != here)
+        return "converted to " + std::to_string(other.shards) + " shards and back, it changes";
+    return "";
+}
+
+static void test_held_layouts() {
+    printf("parameter layouts holding a pipeline rank's chunks\n");
+    GPT2Config config;
+    config.max_seq_len = 24;
+    config.vocab_size = 100;
+    config.padded_vocab_size = 128;
+    config.num_layers = 4;
+    config.num_heads = 4;
+    config.channels = 64;
+    const int L = config.num_layers;
+    const ParameterLayout model(config);  // the model file's
+    // every element of the model: its kind and chunk (-1: padding)
+    std::vector<int> kind_of(model.total, -1), chunk_of(model.total, -1);
+    for_each_tensor_in_file_order(model, [&](int kind, int layer, size_t offset, size_t count) {
+        std::fill(kind_of.begin() + offset, kind_of.begin() + offset + count, kind);
+        std::fill(chunk_of.begin() + offset, chunk_of.begin() + offset + count, model.chunk_of(kind, layer));
+    });
+    // the tensors every tp rank holds whole (llmc/tensor_parallel.h)
+    const std::vector<int> replicated = {WPE, LN1W, LN1B, ATTPROJB, LN2W, LN2B, FCPROJB, LNFW, LNFB};
+    std::vector<float> values(model.total);  // distinct and exact (the model has fewer than 2^24 elements)
+    for (size_t i = 0; i < model.total; i++) values[i] = kind_of[i] < 0 ? 0.0f : (float)(i + 1);
+
+    for (int tp : {1, 2})
+        for (int shards : {1, 3})
+            for (const auto& [p, V] : {std::pair{1, 1}, std::pair{2, 1}, std::pair{4, 1}, std::pair{2, 2}}) {
+                std::string wrong;
+                std::vector<int> reads(model.total, 0);        // over all ranks: the runs that read each element
+                std::vector<float> assembled(model.total, 0);  // over all ranks: the round trips
+                for (int pp_rank = 0; pp_rank < p && wrong.empty(); pp_rank++)
+                    for (int tp_rank = 0; tp_rank < tp && wrong.empty(); tp_rank++) {
+                        const ParameterLayout part(config, shards, tp, tp_rank, pipeline_held_chunks(pp_rank, p, V, L));
+                        wrong = check_rank_layout(model, values, part, reads, assembled);
+                        if (!wrong.empty())
+                            wrong = "pp rank " + std::to_string(pp_rank) + " tp rank " + std::to_string(tp_rank) +
+                                    ": " + wrong;
+                    }
+                // every parameter read by one pp rank (the embeddings by two when p > 1), by every tp rank when
+                // the tensor is replicated; padding never
+                for (size_t i = 0; i < model.total && wrong.empty(); i++) {
+                    const int kind = kind_of[i];
+                    const bool copied = std::find(replicated.begin(), replicated.end(), kind) != replicated.end();
+                    const int want = kind < 0 ? 0 : (chunk_of[i] == 0 && p > 1 ? 2 : 1) * (copied ? tp : 1);
+                    if (reads[i] != want)
+                        wrong = "model element " + std::to_string(i) + " (" +
+                                (kind >= 0 ? tensor_kind_info(kind).name : "padding") + ") read " +
+                                std::to_string(reads[i]) + " times, expected " + std::to_string(want);
+                    else if (assembled[i] != values[i])
+                        wrong = "model element " + std::to_string(i) + " missing from the ranks' round trips";
+                }
+                char name[128];
+                snprintf(name, sizeof(name), "tp %d, shards %d, pp %d x V %d: sizes, chunks, runs, round trips", tp,
+                         shards, p, V);
+                check_true(name, wrong.empty(), wrong);
+            }
+    expect_failure("a layout given the wrong number of chunk flags",
+                   [&] { ParameterLayout(config, 1, 1, 0, std::vector<char>(L + 1, 1)); },
+                   "a parameter layout of 6 chunks given 5 flags");
+}
+
 int main() {
     test_accounting();
     test_paper();
@@ -488,6 +720,8 @@ int main() {
     test_korthikanti_by_hand();
     test_korthikanti_shapes();
     test_matmul_alignment();
+    test_pipeline_parts();
+    test_held_layouts();
     printf("%d passed, %d failed\n", lab.passed, lab.failed);
     return lab.failed != 0;
 }
