@@ -205,6 +205,63 @@ static int load_checkpoint(const std::string& path, GPT2& model, Zero& optimizer
 }
 
 // ----------------------------------------------------------------------------
+// pipeline reports
+
+// --plan under a pipeline: per pp rank its records in flight, memory, gradient send buffers and the bytes
+// it sends on the pp axis per step (llmc/pipeline.h's formula), and the schedule's bubble.
+template <class ShapeOf, class ParametersOf>
+static void print_pipeline_plan(const GPT2Config& config, PipelineSchedule schedule, int p, int V, int m, int B, int T,
+                                int tp, bool sequence_parallel, int zero_stage, int dp, int shard, ShapeOf&& shape_of,
+                                ParametersOf&& parameters_of) {
+    printf("pipeline %s: %d stage(s) of %d layers per pp rank, %d microbatches; bubble %.3f ((p-1)/(m+p-1) = %.3f)\n",
+           pipeline_schedule_name(schedule), V, config.num_layers / (p * V), m,
+           pipeline_bubble_fraction(schedule, p, m, V), (double)(p - 1) / (m + p - 1));
+    std::vector<std::vector<PipelineAction>> lists;
+    for (int r = 0; r < p; r++) lists.push_back(pipeline_actions(schedule, r, p, m, V));
+    const bool bf16 = sizeof(floatX) == 2;
+    const int shards = zero_stage == 0 ? 1 : shard;
+    const double activation_elements = (double)B * T * config.channels / (sequence_parallel ? tp : 1);
+    for (int r = 0; r < p; r++) {
+        const ModelPart part = pipeline_model_part(schedule, r, p, V, m, config.num_layers);
+        const int staging = pipeline_gradient_sends(lists, r, m, V).buffers;
+        const GPT2MemoryShape shape = shape_of(r);
+        const MemoryPlan plan = plan_training_memory(parameters_of(r), zero_stage, dp, shard, bf16, m, &shape);
+        const double embedding = part.held_chunks[0] ?
+            (double)ParameterLayout(config, shards, tp, 0, part.held_chunks).embedding_chunk / shards : 0.0;
+        printf("  pp rank %d: %d record(s) in flight; model state %s, activations %s, workspace %s, total %s, + %d "
+               "gradient send buffer(s) of %s; sends %s per step on the pp axis\n", r, part.records,
+               format_bytes(plan.model_state).c_str(), format_bytes(plan.activations).c_str(),
+               format_bytes(plan.workspace).c_str(), format_bytes(plan.total).c_str(), staging,
+               format_bytes(activation_elements * sizeof(floatX)).c_str(),
+               format_bytes(pipeline_bytes_per_step(r, p, V, m, activation_elements, sizeof(floatX), embedding)).c_str());
+    }
+}
+
+// After the measured step: rank 0 prints each stage's bubble and records in flight beside the formulas, logs
+// them, and writes the timeline as a Chrome trace if asked (the gathering is a collective over the pp axis).
+static void report_pipeline_timeline(Pipeline& pipe, GPT2& model, Logger& logger, bool main_rank,
+                                     const std::string& trace_path) {
+    const PipelineTimeline timeline = pipeline_collect_timeline(pipe, model);
+    if (!main_rank) return;
+    pipeline_print_timeline(timeline, pipe.schedule);
+    std::string bubbles, peaks;
+    for (int r = 0; r < pipe.size; r++) {
+        bubbles += (r ? ", " : "") + std::to_string(timeline.bubble_fraction[r]);
+        peaks += (r ? ", " : "") + std::to_string(timeline.peak_activations[r]);
+    }
+    logger.write(JsonLine("pipeline").text("schedule", timeline.schedule).integer("pp", pipe.size)
+                     .integer("microbatches", pipe.microbatches).integer("virtual_stages", pipe.virtual_stages)
+                     .number("step_ms", timeline.step_ms).raw("bubble", "[" + bubbles + "]")
+                     .number("bubble_formula", pipeline_bubble_fraction(pipe.schedule, pipe.size, pipe.microbatches,
+                                                                        pipe.virtual_stages))
+                     .raw("peak_records", "[" + peaks + "]"));
+    if (!trace_path.empty()) {
+        write_text_file(trace_path, pipeline_chrome_trace(timeline));
+        printf("wrote %s\n", trace_path.c_str());
+    }
+}
+
+// ----------------------------------------------------------------------------
 
 int main(int argc, char** argv) {
     Flags flags("train_gpt", "Trains GPT-2 on token shards (llm.c's format), on one GPU or on the CPU.");
@@ -331,33 +388,9 @@ int main(int argc, char** argv) {
         printf("  %-16s %12s  the tp axis, sent per step (the formula in llmc/tensor_parallel.h)\n", "communication tp",
                format_bytes(tp_bytes_per_step(config, batch_size, seq_len, tp_size, sequence_parallel, accumulation,
                                               zero_stage, bf16)).c_str());
-        if (pp_size > 1) {
-            printf("pipeline %s: %d stage(s) of %d layers per pp rank, %d microbatches; bubble %.3f ((p-1)/(m+p-1) = "
-                   "%.3f)\n", pp_schedule.c_str(), pp_virtual, config.num_layers / (pp_size * pp_virtual), accumulation,
-                   pipeline_bubble_fraction(schedule, pp_size, accumulation, pp_virtual),
-                   (double)(pp_size - 1) / (accumulation + pp_size - 1));
-            std::vector<std::vector<PipelineAction>> lists;
-            for (int r = 0; r < pp_size; r++)
-                lists.push_back(pipeline_actions(schedule, r, pp_size, accumulation, pp_virtual));
-            for (int r = 0; r < pp_size; r++) {
-                const ModelPart part = part_of(r);
-                const int staging = pipeline_gradient_sends(lists, r, accumulation, pp_virtual).buffers;
-                const GPT2MemoryShape stage_shape = shape_of(r);
-                const MemoryPlan stage = plan_training_memory(parameters_of(r), zero_stage, dp, shard, bf16,
-                                                              accumulation, &stage_shape);
-                const double activation_elements = (double)batch_size * seq_len * config.channels /
-                                                   (sequence_parallel ? tp_size : 1);
-                const double embedding = part.held_chunks[0] ? (double)ParameterLayout(config, zero_stage == 0 ? 1 :
-                    shard, tp_size, 0, part.held_chunks).embedding_chunk / (zero_stage == 0 ? 1 : shard) : 0.0;
-                printf("  pp rank %d: %d record(s) in flight; model state %s, activations %s, workspace %s, total %s, "
-                       "+ %d gradient send buffer(s) of %s; sends %s per step on the pp axis\n", r, part.records,
-                       format_bytes(stage.model_state).c_str(), format_bytes(stage.activations).c_str(),
-                       format_bytes(stage.workspace).c_str(), format_bytes(stage.total).c_str(), staging,
-                       format_bytes(activation_elements * sizeof(floatX)).c_str(),
-                       format_bytes(pipeline_bytes_per_step(r, pp_size, pp_virtual, accumulation, activation_elements,
-                                                            sizeof(floatX), embedding)).c_str());
-            }
-        }
+        if (pp_size > 1)
+            print_pipeline_plan(config, schedule, pp_size, pp_virtual, accumulation, batch_size, seq_len, tp_size,
+                                sequence_parallel, zero_stage, dp, shard, shape_of, parameters_of);
         print_korthikanti_table2(shape, bf16);  // in 2-byte activations, as the paper counts, in either build
         return EXIT_SUCCESS;
     }
@@ -535,27 +568,7 @@ int main(int argc, char** argv) {
         stats.tp_comm_bytes = (long long)mesh.axis[TP].bytes_sent;
         stats.pp_comm_bytes = (long long)(mesh.axis[PP].bytes_sent + pipeline_link_bytes(pipe));
         logger.step(stats);
-        if (measured) {
-            const PipelineTimeline timeline = pipeline_collect_timeline(pipe, model);
-            if (main_rank) {
-                pipeline_print_timeline(timeline, pipe.schedule);
-                std::string bubbles, peaks;
-                for (int r = 0; r < pp_size; r++) {
-                    bubbles += (r ? ", " : "") + std::to_string(timeline.bubble_fraction[r]);
-                    peaks += (r ? ", " : "") + std::to_string(timeline.peak_activations[r]);
-                }
-                logger.write(JsonLine("pipeline").text("schedule", pp_schedule).integer("pp", pp_size)
-                                 .integer("microbatches", accumulation_steps).integer("virtual_stages", pp_virtual)
-                                 .number("step_ms", timeline.step_ms).raw("bubble", "[" + bubbles + "]")
-                                 .number("bubble_formula", pipeline_bubble_fraction(pipe.schedule, pp_size,
-                                                                                    accumulation_steps, pp_virtual))
-                                 .raw("peak_records", "[" + peaks + "]"));
-                if (!trace_path.empty()) {
-                    write_text_file(trace_path, pipeline_chrome_trace(timeline));
-                    printf("wrote %s\n", trace_path.c_str());
-                }
-            }
-        }
+        if (measured) report_pipeline_timeline(pipe, model, logger, main_rank, trace_path);
 
         const bool last = step + 1 == steps;
         if (checkpoint_every > 0 && ((step + 1) % checkpoint_every == 0 || last)) {
