@@ -53,29 +53,20 @@ killed_at=$(ls "$work/killed" | sed -n -E 's/^checkpoint_([0-9]+)\.bin$/\1/p' | 
 run killed 4 2 4 --steps 12 --checkpoint-every 2 --resume
 
 echo "data parallelism vs one rank ($binary)"
-/usr/bin/python3 - "$work" "${killed_at:-none}" $layouts >"$work/compare.out" <<'EOF' || true
-import json, sys
-import numpy as np
+PYTHONPATH="$(dirname "$0")" /usr/bin/python3 - "$work" "${killed_at:-none}" $layouts >"$work/compare.out" <<'EOF' || true
+import sys
+from layout_check import compare_resumed, compare_run, events, report, result
 work, killed_at, layouts = sys.argv[1], sys.argv[2], [l.split(":") for l in sys.argv[3:]]
-def steps(name):
-    lines = [json.loads(l) for l in open(f"{work}/{name}/log.jsonl")]
-    return [l for l in lines if l["event"] == "step"]
-def parameters(name):
-    return np.fromfile(f"{work}/{name}/model.bin", dtype=np.float32, offset=1024)
 # the parameter buffer as the program lays it out: chunks padded to a multiple of 8 x shards elements
 L, C, Vp, maxT = 2, 32, 50304, 32
 chunks = [Vp * C + maxT * C] + [12 * C * C + 13 * C] * L + [2 * C]
 def padded_total(shards):
     return sum((c + 8 * shards - 1) // (8 * shards) * (8 * shards) for c in chunks)
-one = steps("one")
-reference = parameters("one")
-bad = 0
+results = []
 for name, ranks, zero, shard in layouts:
     ranks, zero, shard = int(ranks), int(zero), int(shard)
-    losses = [s["loss"] for s in steps(name)]
-    loss_error = max(abs(a["loss"] - b) / abs(a["loss"]) for a, b in zip(one, losses))
-    param_error = float(np.linalg.norm(parameters(name) - reference) / np.linalg.norm(reference))
-    sent = steps(name)[-1]["comm_bytes"]
+    same_run, run_words = compare_run(work, name, "one", steps=5)
+    sent = events(work, name, "step")[-1]["comm_bytes"]
     if zero == 0:   # all-reduce of the whole gradient
         P = padded_total(1)
         theory = 2 * (ranks - 1) / ranks * P * 4
@@ -92,40 +83,24 @@ for name, ranks, zero, shard in layouts:
     comm_error = abs(sent - theory) / theory
     # memory of rank 0: parameters + gradients + optimizer state held, against the ZeRO formula plus the
     # working buffers llmc/zero.h keeps (this model's embedding chunk is 98% of it, so the buffers matter)
-    memory = [json.loads(l) for l in open(f"{work}/{name}/log.jsonl") if '"event": "memory"' in l][-1]
+    memory = events(work, name, "memory")[-1]
     held, planned = memory["model_state_bytes"], memory["formula_with_buffers_bytes"]
     memory_error = abs(held - planned) / planned
-    ok = (len(losses) == len(one) == 5 and loss_error <= 1e-5 and param_error <= 1e-5 and comm_error <= 0.01
-          and memory_error <= 0.05)
-    bad += not ok
-    print(f"  {'ok  ' if ok else 'FAIL'} {name:9} {ranks} ranks, zero {zero}, dp-shard {shard}: losses rel err "
-          f"{loss_error:.1e}, final parameters {param_error:.1e} (tol 1e-5); sent {sent} B/step, "
-          f"theory {formula} = {theory:.0f} ({100 * comm_error:.3f}%); model state held {held} B, ZeRO formula "
-          f"{memory['formula_bytes']:.0f} + working buffers = {planned:.0f} ({100 * memory_error:.2f}%, tol 5%)")
-checks = len(layouts)
+    results.append(report(same_run and comm_error <= 0.01 and memory_error <= 0.05,
+                          f"{name:9} {ranks} ranks, zero {zero}, dp-shard {shard}: {run_words}; sent {sent} B/step, "
+                          f"theory {formula} = {theory:.0f} ({100 * comm_error:.3f}%); model state held {held} B, ZeRO "
+                          f"formula {memory['formula_bytes']:.0f} + working buffers = {planned:.0f} "
+                          f"({100 * memory_error:.2f}%, tol 5%)"))
 
 # resumed runs: the steps after the checkpoint, and the final parameters
-def compare_resumed(name, reference, first_step, what):
-    global bad, checks
-    checks += 1
-    ref = {s["step"]: s["loss"] for s in steps(reference)}
-    mine = {s["step"]: s["loss"] for s in steps(name)}
-    resumed = [s for s in mine if s > first_step]
-    loss_error = max([abs(mine[s] - ref[s]) / abs(ref[s]) for s in resumed] or [float("inf")])
-    param_error = float(np.linalg.norm(parameters(name) - parameters(reference)) / np.linalg.norm(parameters(reference)))
-    ok = len(resumed) == len(ref) - first_step and loss_error <= 1e-5 and param_error <= 1e-5
-    bad += not ok
-    print(f"  {'ok  ' if ok else 'FAIL'} {what}: steps {first_step + 1}..{len(ref)} losses rel err {loss_error:.1e}, "
-          f"final parameters {param_error:.1e} (tol 1e-5)")
-compare_resumed("resumed_zero3", "one", 3, "saved by 4 ranks at ZeRO-1, resumed by 2 ranks at ZeRO-3")
-compare_resumed("resumed_one", "one", 3, "saved by 4 ranks at ZeRO-1, resumed by 1 rank")
+results.append(compare_resumed(work, "resumed_zero3", "one", 3, "saved by 4 ranks at ZeRO-1, resumed by 2 ranks at ZeRO-3"))
+results.append(compare_resumed(work, "resumed_one", "one", 3, "saved by 4 ranks at ZeRO-1, resumed by 1 rank"))
 if killed_at.isdigit() and 0 < int(killed_at) < 12:
-    compare_resumed("killed", "one_long", int(killed_at), f"4 ranks at ZeRO-2 killed (SIGKILL), resumed from step {killed_at}")
+    results.append(compare_resumed(work, "killed", "one_long", int(killed_at),
+                                   f"4 ranks at ZeRO-2 killed (SIGKILL), resumed from step {killed_at}"))
 else:
-    checks += 1
-    bad += 1
-    print(f"  FAIL the 4-rank run was not killed mid-training (newest checkpoint: {killed_at})")
-print(f"RESULT {checks - bad} {bad}")
+    results.append(report(False, f"the 4-rank run was not killed mid-training (newest checkpoint: {killed_at})"))
+result(results)
 EOF
 grep -v '^RESULT' "$work/compare.out"
 

@@ -1,5 +1,5 @@
 # Shared by the training program's test scripts (source it after `set -u`): a scratch directory removed at
-# exit, the tally of checks with ok/bad, the closing line, and the losses of a run.
+# exit, the tally of checks with ok/bad, the closing line, the losses of a run, and impossible layouts refused.
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 passed=0 failed=0
@@ -25,4 +25,24 @@ finish() {
 logged_losses() {
     grep -o '"event": "\(step\|val_loss\)", "step": [0-9]*\(, "total_steps": [0-9]*\)\?, "loss": [^,]*' \
         "$work/$1/log.jsonl" 2>/dev/null
+}
+
+# expect_refused NAME SUBSTRING RANKS FLAGS...: an impossible layout must be refused. Runs $binary on RANKS
+# MPI ranks with the script's array refused_flags (the model and data every such run shares), then FLAGS, in
+# a fresh output directory; passes on a non-zero exit with one "error:" line that contains SUBSTRING
+# (every rank that reports prints the same line, so the distinct lines are counted)
+expect_refused() {
+    local name=$1 expected=$2 ranks=$3
+    shift 3
+    local out="$work/refused_$RANDOM"
+    mpirun --oversubscribe --allow-run-as-root -np "$ranks" "$binary" "${refused_flags[@]}" --output-dir "$out" "$@" \
+        >"$out.stdout" 2>"$out.stderr"
+    local status=$? message
+    message=$(grep '^error:' "$out.stderr" | sort -u)
+    if [[ $status -eq 0 ]]; then bad "$name: exited 0"; return; fi
+    if [[ $(echo "$message" | grep -c '^error:') -ne 1 || $message != *"$expected"* ]]; then
+        bad "$name: expected one 'error:' line with '$expected', got: $(cat "$out.stderr")"
+        return
+    fi
+    ok "$name: $message"
 }

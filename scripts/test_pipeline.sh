@@ -71,16 +71,10 @@ run from_file_one 1 8 --model "$work/one/model.bin" --steps 2
 run from_file_pp4 4 2 --model "$work/one/model.bin" --steps 2 --pp 4
 
 echo "pipeline parallelism vs one rank ($binary)"
-/usr/bin/python3 - "$work" $layouts >"$work/compare.out" <<'EOF' || true
+PYTHONPATH="$(dirname "$0")" /usr/bin/python3 - "$work" $layouts >"$work/compare.out" <<'EOF' || true
 import json, sys
-import numpy as np
+from layout_check import compare_continued, compare_resumed, compare_run, events, memory_against_formula, report, result
 work, layouts = sys.argv[1], [l.split(":") for l in sys.argv[2:]]
-def events(name, kind):
-    return [e for e in (json.loads(l) for l in open(f"{work}/{name}/log.jsonl")) if e["event"] == kind]
-def parameters(name):
-    return np.fromfile(f"{work}/{name}/model.bin", dtype=np.float32, offset=1024)
-def sample(name):
-    return [e["text"] for e in events(name, "sample")]
 def flag(flags, name, default):
     return flags[flags.index(name) + 1] if name in flags else default
 
@@ -111,10 +105,7 @@ def peak_records(schedule, r, p, m, V):
     warmup = min((p - r - 1) * 2 + (V - 1) * p, m * V)
     return m * V if warmup == m * V else warmup + 1
 
-one, reference = events("one", "step"), parameters("one")
-one_val = events("one", "val_loss")
-bad = checks = 0
-activations = {}
+results, activations = [], {}
 for name, ranks, batch, flags in layouts:
     flags = flags.split(",")
     ranks, B = int(ranks), int(batch)
@@ -123,45 +114,27 @@ for name, ranks, batch, flags in layouts:
     sp = "--sequence-parallel" in flags
     dp = ranks // (p * tp)
     m = 8 // (B * dp)
-    steps = events(name, "step")
-    losses = [e["loss"] for e in steps]
-    loss_error = max([abs(a["loss"] - b) / abs(a["loss"]) for a, b in zip(one, losses)] or [float("inf")])
-    param_error = float(np.linalg.norm(parameters(name) - reference) / np.linalg.norm(reference))
-    val = [e["loss"] for e in events(name, "val_loss")]
-    val_error = max(abs(a["loss"] - b) / abs(a["loss"]) for a, b in zip(one_val, val)) if len(val) == len(one_val) == 2 else float("inf")
-    sent, theory = steps[-1]["pp_comm_bytes"], pp_bytes(p, V, m, B, tp, sp, dp, zero)
-    memory = events(name, "memory")[-1]
+    same_run, run_words = compare_run(work, name, "one", steps=5, validations=2, sample=True)
+    sent, theory = events(work, name, "step")[-1]["pp_comm_bytes"], pp_bytes(p, V, m, B, tp, sp, dp, zero)
+    same_memory, memory_words, memory = memory_against_formula(work, name)
     activations[name] = memory["activation_bytes"]
-    memory_error = (abs(memory["activation_bytes"] - memory["activation_formula_bytes"]) +
-                    abs(memory["workspace_bytes"] - memory["workspace_formula_bytes"]))
-    pipeline = (events(name, "pipeline") or [{}])[-1]
+    pipeline = (events(work, name, "pipeline") or [{}])[-1]
     peaks = pipeline.get("peak_records")
     expected_peaks = [peak_records(schedule, r, p, m, V) for r in range(p)]
     same_layout = (pipeline.get("schedule"), pipeline.get("pp"), pipeline.get("microbatches"),
                    pipeline.get("virtual_stages")) == (schedule, p, m, V)
-    same_sample = sample(name) == sample("one") and len(sample("one")) == 1
-    good = (len(losses) == len(one) == 5 and loss_error <= 1e-5 and param_error <= 1e-5 and val_error <= 1e-5 and
-            same_sample and sent == theory and memory_error == 0 and peaks == expected_peaks and same_layout)
-    bad += not good
-    checks += 1
-    print(f"  {'ok  ' if good else 'FAIL'} {name:14} {ranks} ranks, m {m}: losses rel err {loss_error:.1e}, final "
-          f"parameters {param_error:.1e}, validation {val_error:.1e} (tol 1e-5); sample "
-          f"{'the same' if same_sample else 'DIFFERS'}; pp axis sent {sent} B/step, formula {theory}; activations "
-          f"{memory['activation_bytes']} B held, formula {memory['activation_formula_bytes']:.0f}; workspace "
-          f"{memory['workspace_bytes']} B, formula {memory['workspace_formula_bytes']:.0f}; peak records {peaks}, "
-          f"formula {expected_peaks}" + ("" if same_layout else f"; the pipeline event says {pipeline}"))
+    good = same_run and sent == theory and same_memory and peaks == expected_peaks and same_layout
+    results.append(report(good, f"{name:14} {ranks} ranks, m {m}: {run_words}; pp axis sent {sent} B/step, formula "
+                                f"{theory}; {memory_words}; peak records {peaks}, formula {expected_peaks}" +
+                                ("" if same_layout else f"; the pipeline event says {pipeline}")))
 
 # 1f1b's point: at m = 2p rank 0 holds min(p, m) = p records, gpipe's m = 2p
 for p, m in [(2, 4), (4, 8)]:
-    checks += 1
     gpipe, one_f = activations[f"pp{p}_gpipe_m{m}"], activations[f"pp{p}_1f1b_m{m}"]
-    good = one_f < gpipe
-    bad += not good
-    print(f"  {'ok  ' if good else 'FAIL'} rank 0's activations at pp {p}, m {m}: 1f1b {one_f} B < gpipe {gpipe} B "
-          f"({one_f / gpipe:.3f})")
+    results.append(report(one_f < gpipe, f"rank 0's activations at pp {p}, m {m}: 1f1b {one_f} B < gpipe {gpipe} B "
+                                         f"({one_f / gpipe:.3f})"))
 
 # the interleaved step's trace: every pp rank's m V forwards and m V backwards, as work
-checks += 1
 try:
     trace = json.load(open(f"{work}/trace.json"))
     work_events = [[e for e in trace["traceEvents"] if e.get("cat") == "work" and e["tid"] == r] for r in range(2)]
@@ -169,62 +142,27 @@ try:
     good = counts == [2 * 4 * 2] * 2 and trace["otherData"]["microbatches"] == 4
 except (OSError, ValueError, KeyError) as error:
     counts, good = str(error), False
-bad += not good
-print(f"  {'ok  ' if good else 'FAIL'} --trace of pp 2 x V 2, m 4: work events per pp rank {counts} (expected 16 each)")
+results.append(report(good, f"--trace of pp 2 x V 2, m 4: work events per pp rank {counts} (expected 16 each)"))
 
-def compare_resumed(name, first_step, what):
-    global bad, checks
-    checks += 1
-    ref = {e["step"]: e["loss"] for e in one}
-    mine = {e["step"]: e["loss"] for e in events(name, "step")}
-    resumed = [s for s in mine if s > first_step]
-    loss_error = max([abs(mine[s] - ref[s]) / abs(ref[s]) for s in resumed] or [float("inf")])
-    param_error = float(np.linalg.norm(parameters(name) - reference) / np.linalg.norm(reference))
-    good = len(resumed) == len(ref) - first_step and loss_error <= 1e-5 and param_error <= 1e-5
-    bad += not good
-    print(f"  {'ok  ' if good else 'FAIL'} {what}: steps {first_step + 1}..{len(ref)} losses rel err {loss_error:.1e}, "
-          f"final parameters {param_error:.1e} (tol 1e-5)")
-compare_resumed("resumed_pp1", 3, "saved at pp 2 x dp 2 (ZeRO-1), resumed on one rank")
-compare_resumed("resumed_pp4", 3, "saved at pp 2 x dp 2 (ZeRO-1), resumed at pp 4")
-checks += 1
-one_more, pp4_more = events("from_file_one", "step"), events("from_file_pp4", "step")
-loss_error = max([abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(one_more, pp4_more)] or [float("inf")])
-param_error = float(np.linalg.norm(parameters("from_file_pp4") - parameters("from_file_one")) /
-                    np.linalg.norm(parameters("from_file_one")))
-good = len(one_more) == len(pp4_more) == 2 and loss_error <= 1e-5 and param_error <= 1e-5
-bad += not good
-print(f"  {'ok  ' if good else 'FAIL'} a model file loaded at pp 4 (m 4): 2 losses rel err {loss_error:.1e}, final "
-      f"parameters {param_error:.1e} against one rank (tol 1e-5)")
-print(f"RESULT {checks - bad} {bad}")
+results.append(compare_resumed(work, "resumed_pp1", "one", 3, "saved at pp 2 x dp 2 (ZeRO-1), resumed on one rank"))
+results.append(compare_resumed(work, "resumed_pp4", "one", 3, "saved at pp 2 x dp 2 (ZeRO-1), resumed at pp 4"))
+results.append(compare_continued(work, "from_file_pp4", "from_file_one", 2, "a model file loaded at pp 4 (m 4)"))
+result(results)
 EOF
 grep -v '^RESULT' "$work/compare.out"
 
-# impossible layouts: one "error:" line naming the problem, a non-zero exit
-expect_error() {  # expect_error NAME SUBSTRING RANKS FLAGS...: the default 4 heads of 256 channels, 16 tokens;
-                 # every rank that reports prints the same line
-    local name=$1 expected=$2 ranks=$3
-    shift 3
-    local out="$work/error_$RANDOM"
-    mpirun --oversubscribe --allow-run-as-root -np "$ranks" "$binary" --model custom --max-seq-len 64 --seq-len 16 \
-        --train-data data/classics_train.bin --val-every 0 --sample-tokens 0 --output-dir "$out" \
-        "$@" >"$out.stdout" 2>"$out.stderr"
-    local status=$? message
-    message=$(grep '^error:' "$out.stderr" | sort -u)
-    if [[ $status -eq 0 ]]; then bad "$name: exited 0"; return; fi
-    if [[ $(echo "$message" | grep -c '^error:') -ne 1 || $message != *"$expected"* ]]; then
-        bad "$name: expected one 'error:' line with '$expected', got: $(cat "$out.stderr")"
-        return
-    fi
-    ok "$name: $message"
-}
-expect_error "layers not divisible by pp" "3 layers cannot be cut into --pp 2 x --pp-virtual 1 = 2 stages" 2 \
+# impossible layouts: one "error:" line naming the problem, a non-zero exit (expect_refused in test_lib.sh);
+# every run has the default 4 heads of 256 channels and 16 tokens unless the flags say otherwise
+refused_flags=(--model custom --max-seq-len 64 --seq-len 16 --train-data data/classics_train.bin --val-every 0
+               --sample-tokens 0)
+expect_refused "layers not divisible by pp" "3 layers cannot be cut into --pp 2 x --pp-virtual 1 = 2 stages" 2 \
     --layers 3 --pp 2
-expect_error "world size not a multiple of pp" "the 3 ranks are not a multiple of --pp 2" 3 --layers 2 --pp 2
-expect_error "interleaved, microbatches not a multiple of pp" "needs the microbatches (3" 2 --layers 4 --pp 2 \
+expect_refused "world size not a multiple of pp" "the 3 ranks are not a multiple of --pp 2" 3 --layers 2 --pp 2
+expect_refused "interleaved, microbatches not a multiple of pp" "needs the microbatches (3" 2 --layers 4 --pp 2 \
     --pp-schedule interleaved --pp-virtual 2 --batch-size 1 --total-batch-size 48
-expect_error "virtual stages without the interleaved schedule" "only the interleaved schedule has virtual stages" 2 \
+expect_refused "virtual stages without the interleaved schedule" "only the interleaved schedule has virtual stages" 2 \
     --layers 4 --pp 2 --pp-schedule 1f1b --pp-virtual 2
-expect_error "interleaved on one pipeline rank" "the interleaved schedule needs --pp at least 2" 1 --layers 2 \
+expect_refused "interleaved on one pipeline rank" "the interleaved schedule needs --pp at least 2" 1 --layers 2 \
     --pp-schedule interleaved
 
 add_python_result "$work/compare.out"

@@ -31,7 +31,7 @@ same_bits() {  # same_bits A B: 3 training and 2 validation losses, and model.bi
     [[ $(logged_losses "$1" | wc -l) -eq 5 && "$(logged_losses "$1")" == "$(logged_losses "$2")" ]] && cmp -s "$work/$1/model.bin" "$work/$2/model.bin"
 }
 memory() {  # memory RUN FIELD: a number from the run's memory line
-    /usr/bin/python3 -c "import json,sys; print([json.loads(l) for l in open('$work/$1/log.jsonl') if '\"memory\"' in l][-1]['$2'])"
+    PYTHONPATH="$(dirname "$0")" /usr/bin/python3 -c "from layout_check import events; print(events('$work', '$1', 'memory')[-1]['$2'])"
 }
 
 layouts=("one:1" "zero3:2:--zero,3" "tp2_sp:2:--tp,2,--sequence-parallel")
@@ -78,16 +78,15 @@ else
 fi
 # hardware FLOPs: full adds one forward pass of the blocks, 2 x 12 C^2 + 13 C parameters ... per token plus the
 # attention's 4 C T; none and selective add none (llmc/recompute.h)
-flops_check=$(/usr/bin/python3 - "$work" <<'EOF'
-import json, sys
+flops_check=$(PYTHONPATH="$(dirname "$0")" /usr/bin/python3 - "$work" <<'EOF'
+import sys
+from layout_check import events
 work = sys.argv[1]
-def step(name):
-    return [json.loads(l) for l in open(f"{work}/{name}/log.jsonl") if '"event": "step"' in l][-1]
 L, C, T, tokens = 4, 32, 16, 256
 extra = L * (2 * (12 * C * C + 13 * C) + 4 * C * T) * tokens
 good = True
 for name, expected in [("none", 0), ("selective", 0), ("full_1", extra), ("full_3", extra)]:
-    s = step(f"fp32_one_{name}")
+    s = events(work, f"fp32_one_{name}", "step")[-1]
     got = s["hardware_flops"] - s["model_flops"]
     good &= abs(got - expected) <= 1e-6 * s["model_flops"]  # the log keeps 9 significant digits
     print(f"{name}: hardware - model FLOPs {got:.0f}, expected {expected:.0f} (HFU/MFU {s['hardware_flops'] / s['model_flops']:.3f});", end=" ")

@@ -63,28 +63,18 @@ for mode in 0 $late_modes; do
 done
 
 echo "without the flag vs one rank ($binary)"
-/usr/bin/python3 - "$work" $layouts >"$work/compare.out" <<'EOF' || true
-import json, sys
-import numpy as np
+PYTHONPATH="$(dirname "$0")" /usr/bin/python3 - "$work" $layouts >"$work/compare.out" <<'EOF' || true
+import sys
+from layout_check import compare_run, report, result
 work, layouts = sys.argv[1], [l.split(":") for l in sys.argv[2:] if not l.startswith("one:")]
-def losses(name):  # (event, step) -> loss, training and validation
-    lines = [json.loads(l) for l in open(f"{work}/{name}/log.jsonl")]
-    return {(l["event"], l["step"]): l["loss"] for l in lines if l["event"] in ("step", "val_loss")}
-def parameters(name):
-    return np.fromfile(f"{work}/{name}/model.bin", dtype=np.float32, offset=1024)
-bad = 0
+results = []
 for name, ranks, zero, shard in (l[:4] for l in layouts):
-    try:
-        one, reference, mine = losses("one_0"), parameters("one_0"), losses(f"{name}_0")
-        loss_error = max(abs(mine[k] - one[k]) / abs(one[k]) if k in one else float("inf") for k in mine)
-        param_error = float(np.linalg.norm(parameters(f"{name}_0") - reference) / np.linalg.norm(reference))
-        ok = len(mine) == len(one) == 9 and loss_error <= 1e-5 and param_error <= 1e-5
-        detail = f"{len(mine)} losses rel err {loss_error:.1e}, final parameters {param_error:.1e} (tol 1e-5)"
+    try:  # 5 training and 4 validation losses
+        good, words = compare_run(work, f"{name}_0", "one_0", steps=5, validations=4)
     except Exception as error:  # a run that failed left no log or no model
-        ok, detail = False, f"no result ({error})"
-    bad += not ok
-    print(f"  {'ok  ' if ok else 'FAIL'} {name:9} {ranks} ranks, zero {zero}, dp-shard {shard}: {detail}")
-print(f"RESULT {len(layouts) - bad} {bad}")
+        good, words = False, f"no result ({error})"
+    results.append(report(good, f"{name:9} {ranks} ranks, zero {zero}, dp-shard {shard}: {words}"))
+result(results)
 EOF
 grep -v '^RESULT' "$work/compare.out"
 add_python_result "$work/compare.out"

@@ -50,22 +50,13 @@ run from_file_one 1 8 --model "$work/one/model.bin" --steps 2
 run from_file_tp4_sp 4 8 --model "$work/one/model.bin" --steps 2 --tp 4 --sequence-parallel
 
 echo "tensor parallelism vs one rank ($binary)"
-/usr/bin/python3 - "$work" $layouts >"$work/compare.out" <<'EOF' || true
-import json, sys
-import numpy as np
+PYTHONPATH="$(dirname "$0")" /usr/bin/python3 - "$work" $layouts >"$work/compare.out" <<'EOF' || true
+import sys
+from layout_check import compare_continued, compare_resumed, compare_run, events, memory_against_formula, report, result
 work, layouts = sys.argv[1], [l.split(":") for l in sys.argv[2:]]
-def events(name, kind):
-    return [e for e in (json.loads(l) for l in open(f"{work}/{name}/log.jsonl")) if e["event"] == kind]
-def parameters(name):
-    return np.fromfile(f"{work}/{name}/model.bin", dtype=np.float32, offset=1024)
-def sample(name):
-    return [e["text"] for e in events(name, "sample")]
-one, reference = events("one", "step"), parameters("one")
-one_val = events("one", "val_loss")
 # the bytes on the tp axis (llmc/tensor_parallel.h): N = B T rows per micro-step, A = 2 micro-steps, s = 4
 L, C, B_T, s, A = 2, 64, 16 * 16, 4, 2
-bad = checks = 0
-activations = {}
+results, activations = [], {}
 for name, ranks, batch, flags in layouts:
     flags = flags.split(",")
     tp = int(flags[flags.index("--tp") + 1])
@@ -78,90 +69,40 @@ for name, ranks, batch, flags in layouts:
         theory = A * ((10 * L + 5) * share * N * C * s + loss_stats) + 2 * share * (4 * C * L + 2 * C) * s * (A if zero >= 2 else 1)
     else:
         theory = A * ((8 * L + 4) * share * N * C * s + loss_stats)
-    steps = events(name, "step")
-    losses = [e["loss"] for e in steps]
-    loss_error = max(abs(a["loss"] - b) / abs(a["loss"]) for a, b in zip(one, losses))
-    param_error = float(np.linalg.norm(parameters(name) - reference) / np.linalg.norm(reference))
-    val = [e["loss"] for e in events(name, "val_loss")]
-    val_error = max(abs(a["loss"] - b) / abs(a["loss"]) for a, b in zip(one_val, val)) if val else float("inf")
-    sent = steps[-1]["tp_comm_bytes"]
+    same_run, run_words = compare_run(work, name, "one", steps=5, validations=2, sample=True)
+    sent = events(work, name, "step")[-1]["tp_comm_bytes"]
     comm_error = abs(sent - theory) / theory
-    memory = events(name, "memory")[-1]
+    same_memory, memory_words, memory = memory_against_formula(work, name)
     activations[name] = memory["activation_bytes"] + memory["workspace_bytes"]
-    memory_error = (abs(memory["activation_bytes"] - memory["activation_formula_bytes"]) +
-                    abs(memory["workspace_bytes"] - memory["workspace_formula_bytes"]))
-    same_sample = sample(name) == sample("one") and len(sample("one")) == 1
-    good = (len(losses) == len(one) == 5 and loss_error <= 1e-5 and param_error <= 1e-5 and val_error <= 1e-5 and
-            comm_error <= 1e-3 and memory_error == 0 and same_sample)
-    bad += not good
-    checks += 1
-    print(f"  {'ok  ' if good else 'FAIL'} {name:16} {ranks} ranks: losses rel err {loss_error:.1e}, final parameters "
-          f"{param_error:.1e}, validation {val_error:.1e} (tol 1e-5); sample {'the same' if same_sample else 'DIFFERS'}; "
-          f"tp axis sent {sent} B/step, formula {theory:.0f} ({100 * comm_error:.4f}%, tol 0.1%); activations "
-          f"{memory['activation_bytes']} B held, formula {memory['activation_formula_bytes']:.0f}; workspace "
-          f"{memory['workspace_bytes']} B, formula {memory['workspace_formula_bytes']:.0f}")
+    results.append(report(same_run and comm_error <= 1e-3 and same_memory,
+                          f"{name:16} {ranks} ranks: {run_words}; tp axis sent {sent} B/step, formula {theory:.0f} "
+                          f"({100 * comm_error:.4f}%, tol 0.1%); {memory_words}"))
 
 # sequence parallelism must shrink what a rank holds: same tp, same B, with and without SP
 for plain, split in [("tp2", "tp2_sp"), ("tp4", "tp4_sp")]:
-    checks += 1
     ratio = activations[split] / activations[plain]
-    good = ratio < 1
-    bad += not good
-    print(f"  {'ok  ' if good else 'FAIL'} activation memory per rank, {split} / {plain}: {activations[split]} / "
-          f"{activations[plain]} B = {ratio:.3f}")
+    results.append(report(ratio < 1, f"activation memory per rank, {split} / {plain}: {activations[split]} / "
+                                     f"{activations[plain]} B = {ratio:.3f}"))
 
-def compare_resumed(name, first_step, what):
-    global bad, checks
-    checks += 1
-    ref = {e["step"]: e["loss"] for e in one}
-    mine = {e["step"]: e["loss"] for e in events(name, "step")}
-    resumed = [s for s in mine if s > first_step]
-    loss_error = max([abs(mine[s] - ref[s]) / abs(ref[s]) for s in resumed] or [float("inf")])
-    param_error = float(np.linalg.norm(parameters(name) - reference) / np.linalg.norm(reference))
-    good = len(resumed) == len(ref) - first_step and loss_error <= 1e-5 and param_error <= 1e-5
-    bad += not good
-    print(f"  {'ok  ' if good else 'FAIL'} {what}: steps {first_step + 1}..{len(ref)} losses rel err {loss_error:.1e}, "
-          f"final parameters {param_error:.1e} (tol 1e-5)")
-compare_resumed("resumed_tp1", 3, "saved at tp 2 x dp 2 (ZeRO-1), resumed on one rank")
-compare_resumed("resumed_tp4", 3, "saved at tp 2 x dp 2 (ZeRO-1), resumed at tp 4")
-checks += 1
-one_more, tp4_more = events("from_file_one", "step"), events("from_file_tp4_sp", "step")
-loss_error = max([abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(one_more, tp4_more)] or [float("inf")])
-param_error = float(np.linalg.norm(parameters("from_file_tp4_sp") - parameters("from_file_one")) /
-                    np.linalg.norm(parameters("from_file_one")))
-good = len(one_more) == len(tp4_more) == 2 and loss_error <= 1e-5 and param_error <= 1e-5
-bad += not good
-print(f"  {'ok  ' if good else 'FAIL'} a model file loaded at tp 4 with sequence parallelism: 2 losses rel err "
-      f"{loss_error:.1e}, final parameters {param_error:.1e} against one rank (tol 1e-5)")
-print(f"RESULT {checks - bad} {bad}")
+results.append(compare_resumed(work, "resumed_tp1", "one", 3, "saved at tp 2 x dp 2 (ZeRO-1), resumed on one rank"))
+results.append(compare_resumed(work, "resumed_tp4", "one", 3, "saved at tp 2 x dp 2 (ZeRO-1), resumed at tp 4"))
+results.append(compare_continued(work, "from_file_tp4_sp", "from_file_one", 2,
+                                 "a model file loaded at tp 4 with sequence parallelism"))
+result(results)
 EOF
 grep -v '^RESULT' "$work/compare.out"
 
-# impossible layouts: one "error:" line naming the problem, a non-zero exit
-expect_error() {  # expect_error NAME SUBSTRING RANKS FLAGS...: the default 4 heads of 256 channels unless the flags say
-                 # otherwise; every rank that reports prints the same line
-    local name=$1 expected=$2 ranks=$3
-    shift 3
-    local out="$work/error_$RANDOM"
-    mpirun --oversubscribe --allow-run-as-root -np "$ranks" "$binary" --model custom --layers 2 \
-        --max-seq-len 64 --train-data data/classics_train.bin --val-every 0 --sample-tokens 0 --output-dir "$out" \
-        "$@" >"$out.stdout" 2>"$out.stderr"
-    local status=$? message
-    message=$(grep '^error:' "$out.stderr" | sort -u)
-    if [[ $status -eq 0 ]]; then bad "$name: exited 0"; return; fi
-    if [[ $(echo "$message" | grep -c '^error:') -ne 1 || $message != *"$expected"* ]]; then
-        bad "$name: expected one 'error:' line with '$expected', got: $(cat "$out.stderr")"
-        return
-    fi
-    ok "$name: $message"
-}
-expect_error "heads not divisible by tp" "heads must be a multiple of tp" 1 --plan 3 --tp 3
-expect_error "padded vocabulary not divisible by tp" "padded vocabulary of 128 rows" 1 --plan 3 --tp 3 --heads 3 \
+# impossible layouts: one "error:" line naming the problem, a non-zero exit (expect_refused in test_lib.sh);
+# every run has 2 layers of the default 4 heads of 256 channels unless the flags say otherwise
+refused_flags=(--model custom --layers 2 --max-seq-len 64 --train-data data/classics_train.bin --val-every 0
+               --sample-tokens 0)
+expect_refused "heads not divisible by tp" "heads must be a multiple of tp" 1 --plan 3 --tp 3
+expect_refused "padded vocabulary not divisible by tp" "padded vocabulary of 128 rows" 1 --plan 3 --tp 3 --heads 3 \
     --channels 48 --vocab-size 100
-expect_error "sequence not divisible by tp under SP" "sequence length 15 cannot be split over tp 2" 1 --plan 2 --tp 2 \
-    --sequence-parallel --seq-len 15
-expect_error "sequence parallelism without tp" "--sequence-parallel needs --tp 2" 1 --sequence-parallel
-expect_error "world size not a multiple of tp" "the 3 ranks are not a multiple of --pp 1 x --tp 2" 3 --tp 2
+expect_refused "sequence not divisible by tp under SP" "sequence length 15 cannot be split over tp 2" 1 --plan 2 \
+    --tp 2 --sequence-parallel --seq-len 15
+expect_refused "sequence parallelism without tp" "--sequence-parallel needs --tp 2" 1 --sequence-parallel
+expect_refused "world size not a multiple of tp" "the 3 ranks are not a multiple of --pp 1 x --tp 2" 3 --tp 2
 
 # the planner takes --tp and --sequence-parallel and prints the tp axis's bytes
 plan=$("$binary" --model custom "${flags[@]}" --batch-size 8 --plan 4 --tp 2 --sequence-parallel --zero 1 2>&1)
@@ -181,13 +122,12 @@ if [[ -n "$bf16_binary" ]]; then
     run_binary=$bf16_binary run bf16_tp2 2 8 --tp 2
     run_binary=$bf16_binary run bf16_tp2_sp 2 8 --tp 2 --sequence-parallel
     for name in bf16_tp2 bf16_tp2_sp; do
-        error=$(/usr/bin/python3 - "$work" "$name" <<'EOF'
-import json, sys
+        error=$(PYTHONPATH="$(dirname "$0")" /usr/bin/python3 - "$work" "$name" <<'EOF'
+import sys
+from layout_check import loss_error, losses
 work, name = sys.argv[1:]
-def losses(n):
-    return [json.loads(l)["loss"] for l in open(f"{work}/{n}/log.jsonl") if '"event": "step"' in l]
-one, mine = losses("bf16_one"), losses(name)
-print(max(abs(a - b) / abs(a) for a, b in zip(one, mine)) if len(one) == len(mine) == 5 else "inf")
+one, mine = losses(work, "bf16_one"), losses(work, name)
+print(loss_error(one, mine) if len(one) == len(mine) == 5 else "inf")
 EOF
 )
         if /usr/bin/python3 -c "import sys; sys.exit(0 if float('$error') <= 1e-3 else 1)"; then
