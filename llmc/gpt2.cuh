@@ -676,7 +676,7 @@ inline void gpt2_forward(GPT2& model, const int* inputs, int B, int T) {
 
 // Cross-entropy of the logits against `targets` (host ids). Adds the mean loss over the N positions to
 // model.loss_sum on the device (gpt2_mean_loss, then gpt2_read_results, bring it to the host). Replaces
-// the logits by dloss * dloss_i/dlogits, ready for gpt2_backward: dloss = 1 / (N * micro-steps) makes the
+// the logits by dloss * dloss_i/dlogits, ready for gpt2_head_backward: dloss = 1 / (N * micro-steps) makes the
 // accumulated gradient that of the mean loss over the whole batch.
 inline void gpt2_loss(GPT2& model, const int* targets, int B, int T, float dloss) {
     const GPT2Config& c = model.config;
