@@ -26,10 +26,12 @@ Sends do not wait for the receiver (send_async in llmc/comm.h): 1F1B's neighbour
 same moment, one the activations, the other a gradient, and blocking sends would deadlock them. The
 activations go out from the stage record, and the send has finished before a forward pass takes the record
 again; the gradients go out from staging buffers, each waited for where pipeline_gradient_sends
-(llmc/pipeline_schedule.h) proves it cannot deadlock. The activations go over one link and the gradients
-over another (two communicators over the pp axis, and on a GPU two send streams): each link then carries
-its messages in the same order on both of its ends, which is what NCCL, without tags, needs to pair sends
-with receives, and a send that waits for its receiver holds up no message of the other link.
+(llmc/pipeline_schedule.h) proves it cannot deadlock. Every directed pair of neighbours has a link of its
+own, a two-rank communicator: rank r sends activations to r+1 on one, receives them from r-1 on another,
+and the same for gradients the other way. A link then carries its messages in the same order at both
+ends (what NCCL, without tags, needs to pair a send with its receive), and on each rank one stream only
+ever uses it (the sends go out on a send stream per direction, receives wait on the compute stream), so
+no two streams' operations on one communicator can hold each other up.
 
 The tied embeddings. wte gets a gradient on the first stage (the lookup) and on the last (the LM head).
 After the step's data-parallel reductions, the two are added up over a two-rank group (pipeline_sum_tied_
@@ -80,7 +82,9 @@ struct Pipeline {
     std::vector<int> record_of;             // per action: the stage record it uses
     int records = 1;                        // the pool's size
     Communicator* group = nullptr;          // the pp axis: the loss's broadcast, the norm's sum
-    Communicator activations, gradients;    // the links (p > 1): stage s -> s+1, and s+1 -> s
+    // the links (p > 1), two-rank groups in which the sender is rank 0 and the receiver rank 1
+    Communicator activations_out, activations_in;  // to rank r+1, from rank r-1
+    Communicator gradients_out, gradients_in;      // to rank r-1, from rank r+1
     Communicator tied;                      // the first and the last stage's ranks (p > 1): wte's gradient
     cudaStream_t activation_stream = nullptr, gradient_stream = nullptr;  // GPU: the sends of each link
     std::vector<SendRequest> output_sent;   // per record: its output, sent to the next stage
@@ -149,8 +153,20 @@ inline void pipeline_create(Pipeline& pipe, Mesh& mesh, PipelineSchedule schedul
               pipe.records, pipeline_peak_activations(schedule, pipe.rank, pipe.size, m, V));
     pipe.group = &mesh.axis[PP];
     if (pipe.size > 1) {
-        pipe.activations = comm_split(mesh.axis[PP], 0, pipe.rank);
-        pipe.gradients = comm_split(mesh.axis[PP], 0, pipe.rank);
+        // one split of the pp axis per directed pair (sender, receiver); a rank keeps the two of each direction
+        // it belongs to
+        const int p = pipe.size, r = pipe.rank;
+        for (int direction : {+1, -1})
+            for (int sender = 0; sender < p; sender++) {
+                const int receiver = (sender + direction + p) % p;
+                const bool member = r == sender || r == receiver;
+                Communicator link = comm_split(mesh.axis[PP], member ? 0 : 1, r == sender ? 0 : 1);
+                Communicator* keep = !member ? nullptr
+                                     : direction > 0 ? (r == sender ? &pipe.activations_out : &pipe.activations_in)
+                                                     : (r == sender ? &pipe.gradients_out : &pipe.gradients_in);
+                if (keep) *keep = link;
+                else comm_destroy(link);
+            }
         const bool holds_wte = pipe.rank == 0 || pipe.rank == pipe.size - 1;
         pipe.tied = comm_split(mesh.axis[PP], holds_wte ? 0 : 1, pipe.rank);
     }
@@ -171,8 +187,8 @@ inline void pipeline_create(Pipeline& pipe, Mesh& mesh, PipelineSchedule schedul
 
 inline void pipeline_free(Pipeline& pipe) {
     if (pipe.size > 1) {
-        comm_destroy(pipe.activations);
-        comm_destroy(pipe.gradients);
+        for (Communicator* link : {&pipe.activations_out, &pipe.activations_in, &pipe.gradients_out, &pipe.gradients_in})
+            comm_destroy(*link);
         comm_destroy(pipe.tied);
     }
     for (SendRequest& request : pipe.output_sent) send_request_destroy(request);
@@ -187,10 +203,10 @@ inline void pipeline_free(Pipeline& pipe) {
 
 // bytes sent over the pipeline's own groups (the pp axis itself counts with the mesh's groups)
 inline uint64_t pipeline_link_bytes(const Pipeline& pipe) {
-    return pipe.activations.bytes_sent + pipe.gradients.bytes_sent + pipe.tied.bytes_sent;
+    return pipe.activations_out.bytes_sent + pipe.gradients_out.bytes_sent + pipe.tied.bytes_sent;
 }
 inline void pipeline_reset_bytes(Pipeline& pipe) {
-    pipe.activations.bytes_sent = pipe.gradients.bytes_sent = pipe.tied.bytes_sent = 0;
+    pipe.activations_out.bytes_sent = pipe.gradients_out.bytes_sent = pipe.tied.bytes_sent = 0;
 }
 
 // ----------------------------------------------------------------------------
@@ -271,8 +287,6 @@ inline void pipeline_print_timeline(const PipelineTimeline& t, PipelineSchedule 
 inline int pipeline_model_stage(const Pipeline& pipe, const PipelineAction& a) {
     return pipeline_model_stage(pipe.rank, a.virtual_stage, pipe.size);
 }
-inline int pipeline_previous_rank(const Pipeline& pipe) { return (pipe.rank + pipe.size - 1) % pipe.size; }
-inline int pipeline_next_rank(const Pipeline& pipe) { return (pipe.rank + 1) % pipe.size; }
 
 // One forward pass of microbatch `a` through one of this rank's stages, into `record`: the input received
 // (or the embeddings looked up), the blocks, the output sent (or, on the last stage, the loss). With
@@ -286,13 +300,13 @@ inline void pipeline_forward(Pipeline& pipe, GPT2& model, const PipelineAction& 
     const size_t rows = tp_rows(model.tp, B * T) * (size_t)model.config.channels;
     const double waiting = pipeline_clock(pipe, model);
     send_finish(&pipe.output_sent[record_index], model.stream);  // the record's last output may still be on the way
-    if (s > 0) recv(pipe.activations, record.input, rows, pipeline_previous_rank(pipe), model.stream);
+    if (s > 0) recv(pipe.activations_in, record.input, rows, /*peer: the sender*/ 0, model.stream);
     const double start = pipeline_clock(pipe, model);
     pipeline_note(pipe, a, true, waiting, start);
     if (s == 0) gpt2_embed(model, record, tokens, B, T);
     gpt2_stage_forward(model, record, s * model.stage_layers, B, T);
     if (s < S - 1) {
-        send_async(pipe.activations, record.blocks.back().output, rows, pipeline_next_rank(pipe), model.stream,
+        send_async(pipe.activations_out, record.blocks.back().output, rows, /*peer: the receiver*/ 1, model.stream,
                    pipe.activation_stream, &pipe.output_sent[record_index]);
     } else {
         gpt2_head_forward(model, record, B, T);
@@ -313,14 +327,14 @@ inline void pipeline_backward(Pipeline& pipe, GPT2& model, const PipelineAction&
     const int s = pipeline_model_stage(pipe, a), S = pipe.size * pipe.virtual_stages;
     const size_t rows = tp_rows(model.tp, B * T) * (size_t)model.config.channels;
     const double waiting = pipeline_clock(pipe, model);
-    if (s < S - 1) recv(pipe.gradients, record.doutput, rows, pipeline_next_rank(pipe), model.stream);
+    if (s < S - 1) recv(pipe.gradients_in, record.doutput, rows, /*peer: the sender*/ 0, model.stream);
     const double start = pipeline_clock(pipe, model);
     pipeline_note(pipe, a, true, waiting, start);
     gpt2_stage_backward(model, record, s * model.stage_layers, B, T, hooks);
     if (s > 0) {
         cudaCheck(cudaMemcpyAsync(pipe.staging[staging], record.doutput, rows * sizeof(floatX), cudaMemcpyDeviceToDevice,
                                   model.stream));
-        send_async(pipe.gradients, pipe.staging[staging], rows, pipeline_previous_rank(pipe), model.stream,
+        send_async(pipe.gradients_out, pipe.staging[staging], rows, /*peer: the receiver*/ 1, model.stream,
                    pipe.gradient_stream, &pipe.staging_sent[staging]);
     } else {
         gpt2_embed_backward(model, record, B, T, hooks);
