@@ -5,9 +5,17 @@ The reference forms each head's full T x T probability matrix in double precisio
 these sizes) and follows the textbook formulas, so it shares nothing with the kernels' tiling or online
 softmax. The backward pass is checked on its own: it gets the reference forward's out and lse as inputs
 (out rounded to floatX, as the kernel would store it), so a forward error cannot hide or cause a backward one.
+
+Ring attention's kernels (pairs of blocks, the merge, the accumulating pair backward) are checked against
+the whole-sequence kernels above, which the reference vouches for: a sequence is cut into query blocks and
+key/value blocks, every query block visits every key block (partial forward, merge), and the merged out
+and lse must match attention_forward on the whole sequence; then the pair backward, accumulated over all
+pairs with D from the merged out, must match attention_backward on the whole sequence given the same
+merged out and lse (again so that a forward difference cannot show up as a backward one).
 */
 #pragma once
 
+#include <memory>
 #include "lab.h"
 #include "../llmc/attention.cuh"
 
@@ -219,6 +227,237 @@ inline void lab_attention_shape(int B, int T, int NH, int HS, bool check_determi
     }
 }
 
+// ----------------------------------------------------------------------------
+// ring attention: pairs of blocks
+
+// How a sequence is cut for ring attention: query blocks and key/value blocks (first position, length), and
+// for each query block the order in which it meets the key blocks (the order of the ring's steps).
+struct RingSplit {
+    std::string name;
+    std::vector<std::pair<int, int>> query_blocks, key_blocks;
+    std::vector<std::vector<int>> visits;  // per query block: indices into key_blocks
+};
+
+// 2 cp chunks of `chunk` rows, rank r holds chunks r and 2cp-1-r (zigzag: every rank gets the same share of
+// the causal work) or, contiguous, cp chunks with rank r holding chunk r. A query chunk of rank r meets at
+// step s the chunks of rank (r - s) mod cp, its own first.
+inline RingSplit ring_split(int cp, int chunk, bool zigzag) {
+    RingSplit split;
+    split.name = std::string(zigzag ? "zigzag" : "contiguous") + " cp=" + std::to_string(cp);
+    const int chunks = zigzag ? 2 * cp : cp;
+    for (int c = 0; c < chunks; c++) {
+        split.query_blocks.push_back({c * chunk, chunk});
+        split.key_blocks.push_back({c * chunk, chunk});
+    }
+    auto held = [&](int rank) {
+        return zigzag ? std::vector<int>{rank, 2 * cp - 1 - rank} : std::vector<int>{rank};
+    };
+    split.visits.resize(chunks);
+    for (int rank = 0; rank < cp; rank++)
+        for (int query_chunk : held(rank))
+            for (int step = 0; step < cp; step++)
+                for (int key_chunk : held((rank - step + cp) % cp)) split.visits[query_chunk].push_back(key_chunk);
+    return split;
+}
+
+// Query and key blocks cut at different places (lengths query_rows and key_rows, the last ones shorter):
+// pairs with any offset, partly masked tiles off the diagonal, rows that see nothing of a pair.
+inline RingSplit uneven_split(int T, int query_rows, int key_rows) {
+    RingSplit split;
+    split.name = "uneven q" + std::to_string(query_rows) + " k" + std::to_string(key_rows);
+    for (int start = 0; start < T; start += query_rows) split.query_blocks.push_back({start, std::min(query_rows, T - start)});
+    for (int start = 0; start < T; start += key_rows) split.key_blocks.push_back({start, std::min(key_rows, T - start)});
+    std::vector<int> all_keys;  // last block first, so merges also meet a running row that has seen nothing
+    for (int k = (int)split.key_blocks.size() - 1; k >= 0; k--) all_keys.push_back(k);
+    split.visits.assign(split.query_blocks.size(), all_keys);
+    return split;
+}
+
+// rows first .. first+rows-1 of each batch of a (B, T, width) matrix, and back
+inline std::vector<float> sequence_rows(const std::vector<float>& whole, int B, int T, int width, int first, int rows) {
+    std::vector<float> part((size_t)B * rows * width);
+    for (int b = 0; b < B; b++)
+        std::copy_n(&whole[((size_t)b * T + first) * width], (size_t)rows * width, &part[(size_t)b * rows * width]);
+    return part;
+}
+inline void place_sequence_rows(std::vector<float>& whole, const std::vector<float>& part, int B, int T, int width,
+                                int first, int rows) {
+    for (int b = 0; b < B; b++)
+        std::copy_n(&part[(size_t)b * rows * width], (size_t)rows * width, &whole[((size_t)b * T + first) * width]);
+}
+// the same for an lse-shaped (B, NH, T) array: rows are its last axis
+inline void place_lse_rows(std::vector<float>& whole, const std::vector<float>& part, int B, int NH, int T, int first,
+                           int rows) {
+    for (int bh = 0; bh < B * NH; bh++)
+        std::copy_n(&part[(size_t)bh * rows], rows, &whole[(size_t)bh * T + first]);
+}
+// copies the columns of `parts` (0 = q, 1 = k, 2 = v) of a block's qkv-layout rows into the whole sequence's
+inline void place_qkv_parts(std::vector<float>& whole, const std::vector<float>& block, int B, int T, int C, int first,
+                            int rows, std::initializer_list<int> parts) {
+    for (int b = 0; b < B; b++)
+        for (int r = 0; r < rows; r++)
+            for (int part : parts)
+                std::copy_n(&block[((size_t)b * rows + r) * 3 * C + (size_t)part * C], C,
+                            &whole[((size_t)b * T + first + r) * 3 * C + (size_t)part * C]);
+}
+// qkv-layout rows with the columns of the parts not in `kept` (0 = q, 1 = k, 2 = v) replaced by `fill`
+inline std::vector<float> with_parts_filled(std::vector<float> rows, int C, std::initializer_list<int> kept, float fill) {
+    for (size_t r = 0; r < rows.size() / (3 * (size_t)C); r++)
+        for (int part = 0; part < 3; part++)
+            if (std::find(kept.begin(), kept.end(), part) == kept.end())
+                std::fill_n(&rows[r * 3 * C + (size_t)part * C], C, fill);
+    return rows;
+}
+
+inline void lab_attention_ring(const RingSplit& split, int B, int T, int NH, int HS) {
+    const int C = NH * HS;
+    char shape[128];
+    snprintf(shape, sizeof(shape), "%s (B=%d T=%d NH=%d HS=%d)", split.name.c_str(), B, T, NH, HS);
+    const std::vector<float> qkv = attention_random_qkv(B, T, C);
+    const std::vector<float> dout = round_to_floatX(random_floats((size_t)B * T * C));
+    const float nan = NAN;
+    const size_t nq = split.query_blocks.size(), nk = split.key_blocks.size();
+
+    // The blocks on the device. Queries carry NaN in their k and v columns and keys in their q columns, so
+    // a kernel that read the wrong columns would show it; the gradient targets hold zeros where the pair
+    // backward adds and NaN where it must not write.
+    std::vector<std::unique_ptr<DeviceBuffer<floatX>>> q_qkv, out, partial_out, block_dout, dq, kv_qkv, dkv;
+    std::vector<std::unique_ptr<DeviceBuffer<float>>> lse, partial_lse, D;
+    for (const auto& [first, rows] : split.query_blocks) {
+        q_qkv.emplace_back(new DeviceBuffer<floatX>((size_t)B * rows * 3 * C));
+        q_qkv.back()->upload(with_parts_filled(sequence_rows(qkv, B, T, 3 * C, first, rows), C, {0}, nan));
+        out.emplace_back(new DeviceBuffer<floatX>((size_t)B * rows * C));
+        out.back()->poison();
+        partial_out.emplace_back(new DeviceBuffer<floatX>((size_t)B * rows * C));
+        lse.emplace_back(new DeviceBuffer<float>((size_t)B * NH * rows));
+        lse.back()->upload(std::vector<float>((size_t)B * NH * rows, -INFINITY));  // nothing seen yet
+        partial_lse.emplace_back(new DeviceBuffer<float>((size_t)B * NH * rows));
+        block_dout.emplace_back(new DeviceBuffer<floatX>((size_t)B * rows * C));
+        block_dout.back()->upload(sequence_rows(dout, B, T, C, first, rows));
+        D.emplace_back(new DeviceBuffer<float>((size_t)B * NH * rows));
+        D.back()->poison();
+        dq.emplace_back(new DeviceBuffer<floatX>((size_t)B * rows * 3 * C));
+        dq.back()->upload(with_parts_filled(std::vector<float>((size_t)B * rows * 3 * C, 0.0f), C, {0}, nan));
+    }
+    for (const auto& [first, rows] : split.key_blocks) {
+        kv_qkv.emplace_back(new DeviceBuffer<floatX>((size_t)B * rows * 3 * C));
+        kv_qkv.back()->upload(with_parts_filled(sequence_rows(qkv, B, T, 3 * C, first, rows), C, {1, 2}, nan));
+        dkv.emplace_back(new DeviceBuffer<floatX>((size_t)B * rows * 3 * C));
+        dkv.back()->upload(with_parts_filled(std::vector<float>((size_t)B * rows * 3 * C, 0.0f), C, {1, 2}, nan));
+    }
+    auto query_block = [&](size_t i) {
+        return AttentionBlock{q_qkv[i]->ptr, split.query_blocks[i].second, split.query_blocks[i].first};
+    };
+    auto key_block = [&](size_t j) {
+        return AttentionBlock{kv_qkv[j]->ptr, split.key_blocks[j].second, split.key_blocks[j].first};
+    };
+
+    // forward: each query block meets every key block and merges; a pair that sees nothing must say so
+    bool empty_rows_ok = true;
+    int empty_pairs = 0;
+    for (size_t i = 0; i < nq; i++)
+        for (int j : split.visits[i]) {
+            partial_out[i]->poison();
+            partial_lse[i]->poison();
+            attention_forward_pair(partial_out[i]->ptr, partial_lse[i]->ptr, query_block(i), key_block(j), B, C, NH, 0);
+            if (split.key_blocks[j].first > split.query_blocks[i].first + split.query_blocks[i].second - 1) {
+                cudaCheck(cudaDeviceSynchronize());
+                empty_pairs++;
+                for (float v : partial_out[i]->download()) empty_rows_ok = empty_rows_ok && v == 0.0f;
+                for (float v : partial_lse[i]->download()) empty_rows_ok = empty_rows_ok && v == -INFINITY;
+            }
+            attention_merge(out[i]->ptr, lse[i]->ptr, partial_out[i]->ptr, partial_lse[i]->ptr, B,
+                            split.query_blocks[i].second, C, NH, 0);
+        }
+    cudaCheck(cudaDeviceSynchronize());
+    if (empty_pairs > 0)
+        check_true(std::string("attention_forward_pair masked pairs ") + shape, empty_rows_ok,
+                   std::to_string(empty_pairs) + " pairs: out 0, lse -inf");
+    std::vector<float> ring_out((size_t)B * T * C), ring_lse((size_t)B * NH * T);
+    for (size_t i = 0; i < nq; i++) {
+        const auto [first, rows] = split.query_blocks[i];
+        place_sequence_rows(ring_out, out[i]->download(), B, T, C, first, rows);
+        place_lse_rows(ring_lse, lse[i]->download(), B, NH, T, first, rows);
+    }
+
+    // the whole sequence
+    DeviceBuffer<floatX> qkv_d((size_t)B * T * 3 * C), out_d((size_t)B * T * C), dout_d((size_t)B * T * C);
+    DeviceBuffer<floatX> dqkv_d((size_t)B * T * 3 * C);
+    DeviceBuffer<float> lse_d((size_t)B * NH * T), workspace_d((size_t)B * NH * T);
+    qkv_d.upload(qkv);
+    dout_d.upload(dout);
+    out_d.poison();
+    lse_d.poison();
+    attention_forward(out_d.ptr, lse_d.ptr, qkv_d.ptr, B, T, C, NH, 0);
+    cudaCheck(cudaDeviceSynchronize());
+    const std::vector<float> whole_out = out_d.download(), whole_lse = lse_d.download();
+
+    // backward: D from each merged block, every pair adds its dQ, dK, dV; the whole sequence's backward
+    // gets the same merged out and lse
+    for (size_t i = 0; i < nq; i++) {
+        attention_backward_preprocess(D[i]->ptr, block_dout[i]->ptr, out[i]->ptr, B, split.query_blocks[i].second, C,
+                                      NH, 0);
+        for (int j : split.visits[i])
+            attention_backward_pair(dq[i]->ptr, dkv[j]->ptr, D[i]->ptr, block_dout[i]->ptr, lse[i]->ptr,
+                                    query_block(i), key_block(j), B, C, NH, 0);
+    }
+    out_d.upload(ring_out);
+    lse_d.upload(ring_lse);
+    dqkv_d.poison();
+    workspace_d.poison();
+    attention_backward(dqkv_d.ptr, workspace_d.ptr, dout_d.ptr, qkv_d.ptr, out_d.ptr, lse_d.ptr, B, T, C, NH, 0);
+    cudaCheck(cudaDeviceSynchronize());
+    std::vector<float> ring_dqkv((size_t)B * T * 3 * C);
+    bool other_columns_untouched = true;
+    auto untouched = [&](const std::vector<float>& rows, std::initializer_list<int> parts) {
+        for (int part : parts)
+            for (float v : attention_qkv_part(rows, C, part)) other_columns_untouched = other_columns_untouched && std::isnan(v);
+    };
+    for (size_t i = 0; i < nq; i++) {
+        const auto [first, rows] = split.query_blocks[i];
+        const std::vector<float> got = dq[i]->download();
+        untouched(got, {1, 2});
+        place_qkv_parts(ring_dqkv, got, B, T, C, first, rows, {0});
+    }
+    for (size_t j = 0; j < nk; j++) {
+        const auto [first, rows] = split.key_blocks[j];
+        const std::vector<float> got = dkv[j]->download();
+        untouched(got, {0});
+        place_qkv_parts(ring_dqkv, got, B, T, C, first, rows, {1, 2});
+    }
+    check_true(std::string("attention_backward_pair writes only its columns ") + shape, other_columns_untouched,
+               "dq: q columns, dkv: k and v columns");
+
+    // Tolerances: ring and whole-sequence results are both checked against truth, so |ring - whole| is at most
+    // the sum of their errors. FP32: as in lab_attention_shape (2e-5 + 1e-4 relative); the merges and the
+    // accumulation of the pairs add a few fp32 roundings. BF16: each rounding to bf16 moves a value by up to
+    // 2^-9 of its size, and every value rounded on the way is bounded by the sum of absolute terms behind
+    // the final result (the reference's magnitude M): the whole-sequence result carries 2 such roundings
+    // (P or dS before its product, the stored result); the ring result the same 2 for each pair (P or dS,
+    // the stored partial) plus one per merge or per accumulation into a bf16 target, at most one per block
+    // met. So |ring - whole| <= 2^-9 (4 + blocks) M; we allow 2^-8 (4 + blocks) M. lse is fp32 in both
+    // builds: 2e-5 + 1e-5 relative.
+    const double atol = 2e-5, rtol = by_precision(1e-4, 0.0);
+    std::vector<double> out_allowed(ring_out.size(), 0.0), dqkv_allowed(ring_dqkv.size(), 0.0);
+    if (kBF16) {
+        const double blocks = (double)std::max(nq, nk);
+        const double per_magnitude = (4.0 + blocks) / 256.0;
+        std::vector<double> out_ref, lse_ref, dqkv_ref, out_magnitude, dqkv_magnitude;
+        attention_forward_reference(qkv, B, T, NH, HS, out_ref, lse_ref, out_magnitude);
+        attention_backward_reference(qkv, dout, ring_out, B, T, NH, HS, dqkv_ref, dqkv_magnitude);
+        for (size_t i = 0; i < out_allowed.size(); i++) out_allowed[i] = per_magnitude * out_magnitude[i];
+        for (size_t i = 0; i < dqkv_allowed.size(); i++) dqkv_allowed[i] = per_magnitude * dqkv_magnitude[i];
+    }
+    check_close(std::string("ring attention out ") + shape, ring_out, to_double(whole_out), atol, rtol, out_allowed);
+    check_close(std::string("ring attention lse ") + shape, ring_lse, to_double(whole_lse), 2e-5, 1e-5);
+    const std::vector<float> whole_dqkv = dqkv_d.download();
+    const char* part_names[3] = {"dq", "dk", "dv"};
+    for (int part = 0; part < 3; part++)
+        check_close(std::string("ring attention ") + part_names[part] + " " + shape, attention_qkv_part(ring_dqkv, C, part),
+                    to_double(attention_qkv_part(whole_dqkv, C, part)), atol, rtol,
+                    attention_qkv_part(dqkv_allowed, C, part));
+}
+
 inline void lab_attention_bench(int B, int T, int NH, int HS, const char* label) {
     const int C = NH * HS;
     DeviceBuffer<floatX> qkv_d((size_t)B * T * 3 * C), out_d((size_t)B * T * C), dout_d((size_t)B * T * C);
@@ -261,6 +500,16 @@ void lab_attention() {
     lab_attention_shape(1, 130, 1, 128, false);
     lab_attention_shape(2, 128, 2, 64, false);
     lab_attention_shape(2, 256, 4, 64, true);
+    // ring attention: zigzag and contiguous splits over 2 and 4 ranks, chunks of 24 and 40 rows (not
+    // multiples of either tile size), head sizes 32 and 64; and query and key blocks cut at different places
+    lab_attention_ring(ring_split(2, 24, true), 2, 2 * 2 * 24, 2, 32);
+    lab_attention_ring(ring_split(2, 40, true), 1, 2 * 2 * 40, 3, 64);
+    lab_attention_ring(ring_split(4, 24, true), 2, 2 * 4 * 24, 2, 64);
+    lab_attention_ring(ring_split(4, 40, true), 1, 2 * 4 * 40, 2, 32);
+    lab_attention_ring(ring_split(2, 48, false), 2, 2 * 48, 2, 64);
+    lab_attention_ring(ring_split(4, 80, false), 1, 4 * 80, 2, 32);
+    lab_attention_ring(uneven_split(150, 37, 29), 2, 150, 2, 64);
+    lab_attention_ring(uneven_split(150, 70, 23), 1, 150, 3, 32);
 
     if (lab.bench) {
 #ifdef LLMC_CPU

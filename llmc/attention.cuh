@@ -8,8 +8,9 @@ Layouts (the matmuls around attention produce and consume these directly, so the
   lse   (B, NH, T)   fp32 log-sum-exp of each row of scaled, masked scores (natural log); the backward pass
                      needs it, and so does ring attention, which merges partial results from several key blocks
   dout  (B, T, C)    gradient of the loss with respect to out
-  dqkv  (B, T, 3C)   gradient with respect to qkv, same layout; OVERWRITTEN (not accumulated): qkv is an
-                     activation, not a parameter, so there is nothing to accumulate into
+  dqkv  (B, T, 3C)   gradient with respect to qkv, same layout; OVERWRITTEN by attention_backward (qkv is an
+                     activation, not a parameter, so there is nothing to accumulate into); the pair backward
+                     of ring attention ACCUMULATES instead (below)
 
 Forward. For one (b, h), with Q, K, V the T x HS slices of that head and scale = 1/sqrt(HS):
     S[i][j] = scale * Q[i] . K[j]            for j <= i (causal); masked entries are -infinity
@@ -52,11 +53,56 @@ state carried from tile to tile is (m, l, o): memory is O(T * HS) per head, not 
 Workspace: the backward pass needs B * NH * T floats (the D values), passed as workspace_D.
 Supported head sizes: multiples of 16 from 16 to 128 (the kernels are templates on HS; the launchers
 dispatch at run time and refuse anything else). Any T >= 1.
+
+Pairs of blocks (ring attention, context parallelism). A rank holds some positions of the sequence and sees
+the keys and values of the others one block at a time. So the kernels are written for a pair: queries i
+from one packed buffer (B, Tq, 3C) at absolute positions q_position + i, keys and values j from another
+(B, Tk, 3C) at k_position + j (only its k and v columns are read), with query i seeing key j iff
+    k_position + j <= q_position + i,   i.e.   j <= i + offset,   offset = q_position - k_position.
+Self-attention above is the pair (qkv, qkv) with offset 0. Since the visible keys of a row are always a
+prefix 0 .. i + offset, a query tile needs only the key tiles up to its last row's last visible key and a
+key tile only the query tiles from its first key's first viewer on: entirely masked tiles are never visited.
+With offset >= Tk (a key block wholly before the query block) nothing is masked; with offset <= -Tq nothing
+is visible and the pair costs nothing. A row that sees no key of the pair gets O = 0 and lse = -infinity.
+
+Merging. Attention over the union of two disjoint key sets, from the results on each:
+    lse' = log(exp(lse_a) + exp(lse_b)) = M + log(exp(lse_a - M) + exp(lse_b - M)),   M = max(lse_a, lse_b)
+    O'   = exp(lse_a - lse') O_a + exp(lse_b - lse') O_b
+(each O is sum_j exp(S[i][j] - lse) V[j] over its keys, so rescaling by exp(lse - lse') puts both on the
+common normaliser). A side with lse = -infinity has no keys: the other side is taken as it is, bit for bit.
+A ring's forward: out, lse <- the first pair's result, then merge each further pair's into them.
+
+The pair backward. With the MERGED lse (so P is the full row's softmax restricted to this pair's keys) and
+D from the merged output (attention_backward_preprocess), the formulas above hold pair by pair: dQ of a
+row is a sum over key blocks and dK, dV of a key row a sum over query blocks, so the pair backward ADDS
+its dQ into the query rows of one dqkv-layout buffer (q columns) and dK, dV into the key rows of another
+(k and v columns). Summed over the pairs of a ring in a fixed order the result is deterministic.
+attention_backward is the pair (qkv, qkv) that overwrites instead (same kernels, a flag at the store).
 */
 #pragma once
 
 #include <type_traits>
 #include "cuda_common.cuh"
+
+// What the kernels get for one pair: the two buffers, their lengths, and offset = q_position - k_position.
+struct AttentionPair {
+    const floatX* q_source;   // (B, Tq, 3C): q columns read
+    const floatX* kv_source;  // (B, Tk, 3C): k and v columns read
+    int Tq;
+    int Tk;
+    int offset;
+    // query i sees key j (and both are inside their blocks)
+    __host__ __device__ bool sees(int query, int key) const { return key <= query + offset && key < Tk && query < Tq; }
+    // the keys visible to any of the queries first_query .. first_query + rows - 1 are 0 .. this - 1
+    __host__ __device__ int keys_seen_by(int first_query, int rows) const {
+        const int last_query = (first_query + rows < Tq ? first_query + rows : Tq) - 1;
+        const int end = last_query + offset + 1;
+        return end < 0 ? 0 : (end < Tk ? end : Tk);
+    }
+    // the first query that sees `key` (Tq or more: none does)
+    __host__ __device__ int first_query_seeing(int key) const { return key - offset > 0 ? key - offset : 0; }
+};
+
 #ifdef ENABLE_FP32
 #include "attention_cuda_cores.cuh"
 #else
@@ -88,6 +134,43 @@ __global__ void attention_backward_preprocess_kernel(float* D, const floatX* dou
 }
 
 // ----------------------------------------------------------------------------
+// merging a partial result into a running one (the formulas in the header comment). One thread per
+// (b, h, t) row: it reads both lse values, rescales the row's HS outputs and writes the new lse, so no other
+// thread reads an lse it changes.
+
+__global__ void attention_merge_kernel(floatX* out, float* lse, const floatX* out_partial, const float* lse_partial,
+                                       int B, int T, int NH, int HS) {
+    const int C = NH * HS;
+    const long long rows = (long long)B * NH * T;
+    const GridStride share = grid_stride(rows);
+    for (size_t index = share.first; index < share.end; index += share.step) {
+        const int t = (int)(index % T);
+        const int h = (int)((index / T) % NH);
+        const int b = (int)(index / ((long long)T * NH));
+        const size_t offset = ((size_t)b * T + t) * C + (size_t)h * HS;
+        const float lse_a = lse[index], lse_b = lse_partial[index];
+        if (lse_b == -INFINITY) continue;  // the partial saw no key: nothing changes
+        if (lse_a == -INFINITY) {          // the running row saw none yet: take the partial as it is
+            for (int column = 0; column < HS; column += x128::size)
+                store128(out + offset + column, load128(out_partial + offset + column));
+            lse[index] = lse_b;
+            continue;
+        }
+        const float larger = fmaxf(lse_a, lse_b);
+        const float merged = larger + log1pf(expf(-fabsf(lse_a - lse_b)));
+        const float weight_a = expf(lse_a - merged), weight_b = expf(lse_b - merged);
+        for (int column = 0; column < HS; column += x128::size) {
+            const x128 a = load128(out + offset + column);
+            const x128 partial = load128(out_partial + offset + column);
+            x128 result;
+            for (int k = 0; k < x128::size; k++) result[k] = (floatX)(weight_a * (float)a[k] + weight_b * (float)partial[k]);
+            store128(out + offset + column, result);
+        }
+        lse[index] = merged;
+    }
+}
+
+// ----------------------------------------------------------------------------
 // host launchers
 
 // Calls fn(std::integral_constant<int, HS>{}) for the supported head sizes, refuses the others.
@@ -114,14 +197,73 @@ inline int attention_head_size(int C, int NH) {
         fprintf(stderr, "error: attention needs C (%d) divisible by the number of heads (%d)\n", C, NH);
         exit(EXIT_FAILURE);
     }
+    dispatch_attention_head_size(C / NH, [](auto) {});  // refuses what the kernels do not support
     return C / NH;
+}
+
+// One block of a sequence in a packed qkv buffer (B, T, 3C): its rows 0 .. T-1 sit at absolute positions
+// position .. position + T - 1.
+struct AttentionBlock {
+    const floatX* qkv;
+    int T;
+    int position;
+};
+
+inline AttentionPair attention_pair(const AttentionBlock& queries, const AttentionBlock& keys) {
+    if (queries.T < 1 || keys.T < 1) {
+        fprintf(stderr, "error: attention blocks need at least one row (got Tq = %d, Tk = %d)\n", queries.T, keys.T);
+        exit(EXIT_FAILURE);
+    }
+    return AttentionPair{queries.qkv, keys.qkv, queries.T, keys.T, queries.position - keys.position};
+}
+
+// Ring attention's forward on one pair: out (B, Tq, C) and lse (B, NH, Tq) are overwritten with the
+// normalised result over this pair's visible keys (rows that see none: out 0, lse -infinity).
+void attention_forward_pair(floatX* out, float* lse, AttentionBlock queries, AttentionBlock keys, int B, int C,
+                            int NH, cudaStream_t stream) {
+    const AttentionPair pair = attention_pair(queries, keys);
+    dispatch_attention_head_size(attention_head_size(C, NH), [&](auto head_size) {
+        launch_attention_forward<decltype(head_size)::value>(out, lse, pair, B, NH, stream);
+    });
+}
+
+// (out, lse) <- their merge with (out_partial, lse_partial); all (B, T, C) and (B, NH, T). Deterministic.
+void attention_merge(floatX* out, float* lse, const floatX* out_partial, const float* lse_partial, int B, int T,
+                     int C, int NH, cudaStream_t stream) {
+    const int head_size = attention_head_size(C, NH);
+    const int block_size = 256;
+    launch(attention_merge_kernel, grid_size_for((long long)B * NH * T, block_size), block_size, 0, stream,
+           out, lse, out_partial, lse_partial, B, T, NH, head_size);
+}
+
+// D (B, NH, T) = rowsum(dout * out) per head: the pair backward's input, from the merged out.
+void attention_backward_preprocess(float* D, const floatX* dout, const floatX* out, int B, int T, int C, int NH,
+                                   cudaStream_t stream) {
+    const int head_size = attention_head_size(C, NH);
+    const int block_size = 256;
+    launch(attention_backward_preprocess_kernel, grid_size_for((long long)B * NH * T, block_size), block_size, 0,
+           stream, D, dout, out, B, T, NH, head_size);
+}
+
+// Ring attention's backward on one pair, given D and lse (B, NH, Tq) of the merged forward and dout
+// (B, Tq, C): ADDS dQ into the q columns of dq_target (B, Tq, 3C) and dK, dV into the k and v columns of
+// dkv_target (B, Tk, 3C). Deterministic.
+void attention_backward_pair(floatX* dq_target, floatX* dkv_target, const float* D, const floatX* dout,
+                             const float* lse, AttentionBlock queries, AttentionBlock keys, int B, int C, int NH,
+                             cudaStream_t stream) {
+    const AttentionPair pair = attention_pair(queries, keys);
+    dispatch_attention_head_size(attention_head_size(C, NH), [&](auto head_size) {
+        launch_attention_backward<decltype(head_size)::value>(dq_target, dkv_target, true, D, dout, pair, lse, B, NH,
+                                                              stream);
+    });
 }
 
 // out (B, T, C) and lse (B, NH, T) are overwritten.
 void attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH,
                        cudaStream_t stream) {
     dispatch_attention_head_size(attention_head_size(C, NH), [&](auto head_size) {
-        launch_attention_forward<decltype(head_size)::value>(out, lse, qkv, B, T, NH, stream);
+        launch_attention_forward<decltype(head_size)::value>(out, lse, AttentionPair{qkv, qkv, T, T, 0}, B, NH,
+                                                             stream);
     });
 }
 
@@ -129,11 +271,9 @@ void attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T,
 // Two runs with the same inputs give the same bits.
 void attention_backward(floatX* dqkv, float* workspace_D, const floatX* dout, const floatX* qkv, const floatX* out,
                         const float* lse, int B, int T, int C, int NH, cudaStream_t stream) {
+    attention_backward_preprocess(workspace_D, dout, out, B, T, C, NH, stream);
     dispatch_attention_head_size(attention_head_size(C, NH), [&](auto head_size) {
-        constexpr int hs = decltype(head_size)::value;
-        const int block_size = 256;
-        launch(attention_backward_preprocess_kernel, grid_size_for((long long)B * NH * T, block_size), block_size, 0,
-               stream, workspace_D, dout, out, B, T, NH, hs);
-        launch_attention_backward<hs>(dqkv, workspace_D, dout, qkv, lse, B, T, NH, stream);
+        launch_attention_backward<decltype(head_size)::value>(dqkv, dqkv, false, workspace_D, dout,
+                                                              AttentionPair{qkv, qkv, T, T, 0}, lse, B, NH, stream);
     });
 }

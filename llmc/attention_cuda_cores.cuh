@@ -110,10 +110,11 @@ __device__ void load_tile_to_shared(float* tile, const floatX* source, size_t ro
     }
 }
 
-// The reverse for a row tile: writes its rows that are below T back to global memory as floatX.
+// The reverse for a row tile: writes its rows that are below T back to global memory as floatX, or adds
+// them to what is there (`accumulate`: the pair backward of ring attention).
 template <int HS>
 __device__ void store_row_tile_from_shared(floatX* target, size_t row_stride, const float* tile, int first_row,
-                                           int T) {
+                                           int T, bool accumulate = false) {
     constexpr int chunks_per_row = HS / x128::size;
     const GridStride share = block_stride(kAttentionTile * chunks_per_row);
     for (size_t chunk = share.first; chunk < share.end; chunk += share.step) {
@@ -125,7 +126,12 @@ __device__ void store_row_tile_from_shared(floatX* target, size_t row_stride, co
             const float* source = tile + row_tile_index<HS>(row, column + group);
             for (int k = 0; k < 4; k++) packed[group + k] = (floatX)source[k];
         }
-        store128(target + (size_t)(first_row + row) * row_stride + column, packed);
+        floatX* destination = target + (size_t)(first_row + row) * row_stride + column;
+        if (accumulate) {
+            const x128 previous = load128(destination);
+            for (int k = 0; k < x128::size; k++) packed[k] = (floatX)((float)previous[k] + (float)packed[k]);
+        }
+        store128(destination, packed);
     }
 }
 
@@ -200,13 +206,14 @@ __device__ __forceinline__ float row_group_max(float value) {
 }
 
 // ----------------------------------------------------------------------------
-// forward: block (query tile, h, b); online softmax over the key tiles 0 .. query tile.
+// forward: block (query tile, h, b); online softmax over the key tiles that hold a key visible to a row of
+// the tile (0 .. the diagonal for self-attention; llmc/attention.cuh's AttentionPair in general).
 // Blocks are numbered so that the longest ones (last query tiles, most key tiles) start first.
 // Thread (row, quarter): query row `row`, keys 8*quarter .. 8*quarter+7 of each key tile, output dims of
 // its quarter.
 
 template <int HS>
-__global__ void attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int NH) {
+__global__ void attention_forward_kernel(floatX* out, float* lse, AttentionPair pair, int NH) {
     constexpr int dims_per_thread = HS / kThreadsPerRow;
     DYNAMIC_SHARED(float, shared);
     float* q_tile = shared;                              // row tile: this block's queries; reused for the output
@@ -219,27 +226,29 @@ __global__ void attention_forward_kernel(floatX* out, float* lse, const floatX* 
     const int b = blockIdx.z;
     const int C = NH * HS;
     const size_t qkv_row_stride = 3 * (size_t)C;
-    const floatX* q_head = qkv + (size_t)b * T * qkv_row_stride + h * HS;
-    const floatX* k_head = q_head + C;
-    const floatX* v_head = q_head + 2 * C;
+    const floatX* q_head = pair.q_source + (size_t)b * pair.Tq * qkv_row_stride + h * HS;
+    const floatX* k_head = pair.kv_source + (size_t)b * pair.Tk * qkv_row_stride + C + h * HS;
+    const floatX* v_head = k_head + C;
     const int row = threadIdx.x / kThreadsPerRow;        // this thread's query row within the tile
     const int quarter = threadIdx.x % kThreadsPerRow;    // which of the row's 4 threads
     const int first_column = quarter * kScoresPerThread; // its 8 keys within each key tile
     const int first_query = query_tile * kAttentionTile;
     const int query = first_query + row;
     const float scale = 1.0f / sqrtf((float)HS);
+    const int key_tiles = ceil_div(pair.keys_seen_by(first_query, kAttentionTile), kAttentionTile);
 
-    load_tile_to_shared<HS, TileLayout::Rows>(q_tile, q_head, qkv_row_stride, first_query, T);
+    // (a tile that sees no key skips the load: its output rows are staged in q_tile without a barrier)
+    if (key_tiles > 0) load_tile_to_shared<HS, TileLayout::Rows>(q_tile, q_head, qkv_row_stride, first_query, pair.Tq);
 
     float o[dims_per_thread];                            // this thread's dims of the row's accumulator
     for (int j = 0; j < dims_per_thread; j++) o[j] = 0.0f;
     float running_max = -INFINITY;                       // m, the same in all 4 threads of the row
     float partial_sum = 0.0f;                            // this thread's share of l (summed over the 4 at the end)
 
-    for (int key_tile = 0; key_tile <= query_tile; key_tile++) {
+    for (int key_tile = 0; key_tile < key_tiles; key_tile++) {
         const int first_key = key_tile * kAttentionTile;
-        load_tile_to_shared<HS, TileLayout::Columns>(k_tile, k_head, qkv_row_stride, first_key, T);
-        load_tile_to_shared<HS, TileLayout::Rows>(v_tile, v_head, qkv_row_stride, first_key, T);
+        load_tile_to_shared<HS, TileLayout::Columns>(k_tile, k_head, qkv_row_stride, first_key, pair.Tk);
+        load_tile_to_shared<HS, TileLayout::Rows>(v_tile, v_head, qkv_row_stride, first_key, pair.Tk);
         __syncthreads();  // the K and V tiles (and, the first time, Q) are complete
 
         float s[kScoresPerThread];
@@ -248,16 +257,19 @@ __global__ void attention_forward_kernel(floatX* out, float* lse, const floatX* 
         float tile_max = -INFINITY;
         for (int i = 0; i < kScoresPerThread; i++) {
             const int key = first_key + first_column + i;
-            s[i] = (key <= query && key < T) ? s[i] * scale : -INFINITY;
+            s[i] = pair.sees(query, key) ? s[i] * scale : -INFINITY;
             tile_max = fmaxf(tile_max, s[i]);
         }
-        // key first_key <= query is never masked, so new_max is finite from the first tile on
+        // A row's visible keys are a prefix starting at key 0, so new_max is finite from the first tile on,
+        // except in a row that sees no key at all: it stays -inf, and exponents are taken against 0 instead
+        // (every exp is then exp(-inf) = 0, where -inf - -inf would give NaN).
         const float new_max = fmaxf(running_max, row_group_max(tile_max));
-        const float correction = expf(running_max - new_max);   // exp(-inf) = 0 on the first tile
+        const float shift = new_max == -INFINITY ? 0.0f : new_max;
+        const float correction = expf(running_max - shift);   // exp(-inf) = 0 on the first tile
         partial_sum *= correction;
         for (int j = 0; j < dims_per_thread; j++) o[j] *= correction;
         for (int i = 0; i < kScoresPerThread; i++) {
-            const float p = expf(s[i] - new_max);
+            const float p = expf(s[i] - shift);
             partial_sum += p;
             p_tile[row * kColumnStride + first_column + i] = p;
         }
@@ -269,26 +281,29 @@ __global__ void attention_forward_kernel(floatX* out, float* lse, const floatX* 
     }
 
     const float row_sum = row_group_sum(partial_sum);
-    const float inverse_sum = 1.0f / row_sum;
+    const bool seen_any = row_sum > 0.0f;                // false: no visible key, out 0 and lse -inf
+    const float inverse_sum = seen_any ? 1.0f / row_sum : 0.0f;
     // the Q row was only ever read by this row's threads: stage the output there for coalesced stores
     float* out_row = q_tile + row * row_tile_stride<HS>() + row_tile_quarter_offset<HS>(quarter);
     for (int j = 0; j < dims_per_thread; j++) out_row[j] = o[j] * inverse_sum;
-    if (quarter == 0 && query < T) lse[((size_t)b * NH + h) * T + query] = running_max + logf(row_sum);
+    if (quarter == 0 && query < pair.Tq)
+        lse[((size_t)b * NH + h) * pair.Tq + query] = seen_any ? running_max + logf(row_sum) : -INFINITY;
     __syncthreads();  // the whole output tile is staged
-    store_row_tile_from_shared<HS>(out + (size_t)b * T * C + h * HS, C, q_tile, first_query, T);
+    store_row_tile_from_shared<HS>(out + (size_t)b * pair.Tq * C + h * HS, C, q_tile, first_query, pair.Tq);
 }
 
 // ----------------------------------------------------------------------------
 // backward: dK and dV (D comes from llmc/attention.cuh's preprocessing kernel). Block (key tile, h, b).
-// Query tiles from the diagonal to the end: for each,
+// Query tiles from the first query that sees the tile's first key (the diagonal for self-attention) to the
+// end: for each,
 // recompute P and dP for the 32 x 32 tile, then dV += P^T dO and dK += dS^T Q (scaled once at the end).
 // Scores step, thread (row, quarter): query row `row` of the query tile against keys 8*quarter ..
 // 8*quarter+7 of this block (the block's own K and V are the column tiles). Accumulation step: key row
 // `row`, dims of its quarter.
 
 template <int HS>
-__global__ void attention_backward_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv,
-                                               const float* lse, const float* D, int T, int NH) {
+__global__ void attention_backward_dkdv_kernel(floatX* dkv_target, bool accumulate, const floatX* dout,
+                                               AttentionPair pair, const float* lse, const float* D, int NH) {
     constexpr int dims_per_thread = HS / kThreadsPerRow;
     DYNAMIC_SHARED(float, shared);
     float* k_tile = shared;                                  // column tile: this block's keys
@@ -305,33 +320,34 @@ __global__ void attention_backward_dkdv_kernel(floatX* dqkv, const floatX* dout,
     const int b = blockIdx.z;
     const int C = NH * HS;
     const size_t qkv_row_stride = 3 * (size_t)C;
-    const floatX* q_head = qkv + (size_t)b * T * qkv_row_stride + h * HS;
-    const floatX* k_head = q_head + C;
-    const floatX* v_head = q_head + 2 * C;
-    const floatX* dout_head = dout + (size_t)b * T * C + h * HS;
-    const float* lse_head = lse + ((size_t)b * NH + h) * T;
-    const float* d_head = D + ((size_t)b * NH + h) * T;
+    const int Tq = pair.Tq, Tk = pair.Tk;
+    const floatX* q_head = pair.q_source + (size_t)b * Tq * qkv_row_stride + h * HS;
+    const floatX* k_head = pair.kv_source + (size_t)b * Tk * qkv_row_stride + C + h * HS;
+    const floatX* v_head = k_head + C;
+    const floatX* dout_head = dout + (size_t)b * Tq * C + h * HS;
+    const float* lse_head = lse + ((size_t)b * NH + h) * Tq;
+    const float* d_head = D + ((size_t)b * NH + h) * Tq;
     const int row = threadIdx.x / kThreadsPerRow;        // scores: query row; accumulation: key row
     const int quarter = threadIdx.x % kThreadsPerRow;
     const int first_column = quarter * kScoresPerThread; // scores: this thread's 8 keys within the tile
     const int first_key = key_tile * kAttentionTile;
-    const int num_tiles = ceil_div(T, kAttentionTile);
+    const int query_start = pair.first_query_seeing(first_key);
+    if (accumulate && query_start >= Tq) return;         // no query sees these keys: nothing to add
     const float scale = 1.0f / sqrtf((float)HS);
 
-    load_tile_to_shared<HS, TileLayout::Columns>(k_tile, k_head, qkv_row_stride, first_key, T);
-    load_tile_to_shared<HS, TileLayout::Columns>(v_tile, v_head, qkv_row_stride, first_key, T);
+    load_tile_to_shared<HS, TileLayout::Columns>(k_tile, k_head, qkv_row_stride, first_key, Tk);
+    load_tile_to_shared<HS, TileLayout::Columns>(v_tile, v_head, qkv_row_stride, first_key, Tk);
 
     float dk[dims_per_thread], dv[dims_per_thread];     // key row `row`, this thread's dims
     for (int j = 0; j < dims_per_thread; j++) { dk[j] = 0.0f; dv[j] = 0.0f; }
 
-    for (int query_tile = key_tile; query_tile < num_tiles; query_tile++) {
-        const int first_query = query_tile * kAttentionTile;
-        load_tile_to_shared<HS, TileLayout::Rows>(q_tile, q_head, qkv_row_stride, first_query, T);
-        load_tile_to_shared<HS, TileLayout::Rows>(dout_tile, dout_head, C, first_query, T);
+    for (int first_query = query_start; first_query < Tq; first_query += kAttentionTile) {
+        load_tile_to_shared<HS, TileLayout::Rows>(q_tile, q_head, qkv_row_stride, first_query, Tq);
+        load_tile_to_shared<HS, TileLayout::Rows>(dout_tile, dout_head, C, first_query, Tq);
         if (threadIdx.x < kAttentionTile) {
             const int query = first_query + threadIdx.x;
-            lse_tile[threadIdx.x] = query < T ? lse_head[query] : 0.0f;
-            d_tile[threadIdx.x] = query < T ? d_head[query] : 0.0f;
+            lse_tile[threadIdx.x] = query < Tq ? lse_head[query] : 0.0f;
+            d_tile[threadIdx.x] = query < Tq ? d_head[query] : 0.0f;
         }
         __syncthreads();  // Q, dO, lse, D of this query tile (and, the first time, K and V) are complete
 
@@ -342,8 +358,7 @@ __global__ void attention_backward_dkdv_kernel(floatX* dqkv, const floatX* dout,
         const int query = first_query + row;
         for (int i = 0; i < kScoresPerThread; i++) {
             const int local_key = first_column + i;
-            const bool visible = first_key + local_key <= query && query < T;
-            const float p = visible ? expf(s[i] * scale - lse_tile[row]) : 0.0f;
+            const float p = pair.sees(query, first_key + local_key) ? expf(s[i] * scale - lse_tile[row]) : 0.0f;
             p_tile[local_key * kColumnStride + row] = p;
             ds_tile[local_key * kColumnStride + row] = p * (dp[i] - d_tile[row]);
         }
@@ -362,21 +377,22 @@ __global__ void attention_backward_dkdv_kernel(floatX* dqkv, const floatX* dout,
         dv_row[j] = dv[j];
     }
     __syncthreads();  // the dK and dV tiles are staged
-    floatX* dqkv_head = dqkv + (size_t)b * T * qkv_row_stride + h * HS;
-    store_row_tile_from_shared<HS>(dqkv_head + C, qkv_row_stride, q_tile, first_key, T);
-    store_row_tile_from_shared<HS>(dqkv_head + 2 * C, qkv_row_stride, dout_tile, first_key, T);
+    floatX* dk_head = dkv_target + (size_t)b * Tk * qkv_row_stride + C + h * HS;
+    store_row_tile_from_shared<HS>(dk_head, qkv_row_stride, q_tile, first_key, Tk, accumulate);
+    store_row_tile_from_shared<HS>(dk_head + C, qkv_row_stride, dout_tile, first_key, Tk, accumulate);
 }
 
 // ----------------------------------------------------------------------------
-// backward: dQ. Block (query tile, h, b). Key tiles from the start to the diagonal: recompute P and
+// backward: dQ. Block (query tile, h, b). Key tiles from the start to the last one a row of the tile sees
+// (the diagonal for self-attention): recompute P and
 // dP, then dQ += dS K (scaled once at the end).
 // Scores step, thread (row, quarter): key row `row` of the key tile against queries 8*quarter ..
 // 8*quarter+7 of this block (the block's own Q and dO are the column tiles). Accumulation step: query row
 // `row`, dims of its quarter.
 
 template <int HS>
-__global__ void attention_backward_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv,
-                                             const float* lse, const float* D, int T, int NH) {
+__global__ void attention_backward_dq_kernel(floatX* dq_target, bool accumulate, const floatX* dout,
+                                             AttentionPair pair, const float* lse, const float* D, int NH) {
     constexpr int dims_per_thread = HS / kThreadsPerRow;
     DYNAMIC_SHARED(float, shared);
     float* q_tile = shared;                                  // column tile: this block's queries
@@ -390,34 +406,37 @@ __global__ void attention_backward_dq_kernel(floatX* dqkv, const floatX* dout, c
     const int b = blockIdx.z;
     const int C = NH * HS;
     const size_t qkv_row_stride = 3 * (size_t)C;
-    const floatX* q_head = qkv + (size_t)b * T * qkv_row_stride + h * HS;
-    const floatX* k_head = q_head + C;
-    const floatX* v_head = q_head + 2 * C;
-    const floatX* dout_head = dout + (size_t)b * T * C + h * HS;
+    const int Tq = pair.Tq, Tk = pair.Tk;
+    const floatX* q_head = pair.q_source + (size_t)b * Tq * qkv_row_stride + h * HS;
+    const floatX* k_head = pair.kv_source + (size_t)b * Tk * qkv_row_stride + C + h * HS;
+    const floatX* v_head = k_head + C;
+    const floatX* dout_head = dout + (size_t)b * Tq * C + h * HS;
     const int row = threadIdx.x / kThreadsPerRow;        // scores: key row; accumulation: query row
     const int quarter = threadIdx.x % kThreadsPerRow;
     const int first_column = quarter * kScoresPerThread; // scores: this thread's 8 queries within the tile
     const int first_query = query_tile * kAttentionTile;
+    const int key_tiles = ceil_div(pair.keys_seen_by(first_query, kAttentionTile), kAttentionTile);
+    if (accumulate && key_tiles == 0) return;            // no row of the tile sees a key: nothing to add
     const float scale = 1.0f / sqrtf((float)HS);
 
     // lse and D of this thread's 8 queries, fixed for the whole block
     float query_lse[kScoresPerThread], query_d[kScoresPerThread];
     for (int i = 0; i < kScoresPerThread; i++) {
         const int query = first_query + first_column + i;
-        query_lse[i] = query < T ? lse[((size_t)b * NH + h) * T + query] : 0.0f;
-        query_d[i] = query < T ? D[((size_t)b * NH + h) * T + query] : 0.0f;
+        query_lse[i] = query < Tq ? lse[((size_t)b * NH + h) * Tq + query] : 0.0f;
+        query_d[i] = query < Tq ? D[((size_t)b * NH + h) * Tq + query] : 0.0f;
     }
 
-    load_tile_to_shared<HS, TileLayout::Columns>(q_tile, q_head, qkv_row_stride, first_query, T);
-    load_tile_to_shared<HS, TileLayout::Columns>(dout_tile, dout_head, C, first_query, T);
+    load_tile_to_shared<HS, TileLayout::Columns>(q_tile, q_head, qkv_row_stride, first_query, Tq);
+    load_tile_to_shared<HS, TileLayout::Columns>(dout_tile, dout_head, C, first_query, Tq);
 
     float dq[dims_per_thread];                           // query row `row`, this thread's dims
     for (int j = 0; j < dims_per_thread; j++) dq[j] = 0.0f;
 
-    for (int key_tile = 0; key_tile <= query_tile; key_tile++) {
+    for (int key_tile = 0; key_tile < key_tiles; key_tile++) {
         const int first_key = key_tile * kAttentionTile;
-        load_tile_to_shared<HS, TileLayout::Rows>(k_tile, k_head, qkv_row_stride, first_key, T);
-        load_tile_to_shared<HS, TileLayout::Rows>(v_tile, v_head, qkv_row_stride, first_key, T);
+        load_tile_to_shared<HS, TileLayout::Rows>(k_tile, k_head, qkv_row_stride, first_key, Tk);
+        load_tile_to_shared<HS, TileLayout::Rows>(v_tile, v_head, qkv_row_stride, first_key, Tk);
         __syncthreads();  // K and V of this key tile (and, the first time, Q and dO) are complete
 
         // S and dP of queries first_column .. first_column+7 against key `row`
@@ -428,8 +447,7 @@ __global__ void attention_backward_dq_kernel(floatX* dqkv, const floatX* dout, c
         for (int i = 0; i < kScoresPerThread; i++) {
             const int local_query = first_column + i;
             const int query = first_query + local_query;
-            const bool visible = key <= query && query < T;
-            const float p = visible ? expf(s[i] * scale - query_lse[i]) : 0.0f;
+            const float p = pair.sees(query, key) ? expf(s[i] * scale - query_lse[i]) : 0.0f;
             ds_tile[local_query * kColumnStride + row] = p * (dp[i] - query_d[i]);
         }
         __syncthreads();  // dS is complete (a query row's entries come from all 32 key rows)
@@ -442,8 +460,8 @@ __global__ void attention_backward_dq_kernel(floatX* dqkv, const floatX* dout, c
     float* dq_row = k_tile + row * row_tile_stride<HS>() + row_tile_quarter_offset<HS>(quarter);
     for (int j = 0; j < dims_per_thread; j++) dq_row[j] = dq[j] * scale;
     __syncthreads();  // the dQ tile is staged
-    store_row_tile_from_shared<HS>(dqkv + (size_t)b * T * qkv_row_stride + h * HS, qkv_row_stride, k_tile,
-                                   first_query, T);
+    store_row_tile_from_shared<HS>(dq_target + (size_t)b * Tq * qkv_row_stride + h * HS, qkv_row_stride, k_tile,
+                                   first_query, Tq, accumulate);
 }
 
 // ----------------------------------------------------------------------------
@@ -464,24 +482,25 @@ size_t attention_dq_shared_bytes() {
 }
 
 template <int HS>
-void launch_attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, cudaStream_t stream) {
+void launch_attention_forward(floatX* out, float* lse, const AttentionPair& pair, int B, int NH, cudaStream_t stream) {
     const size_t shared_bytes = attention_forward_shared_bytes<HS>();
     opt_in_shared_memory(attention_forward_kernel<HS>, shared_bytes);
-    const dim3 grid(ceil_div(T, kAttentionTile), NH, B);
-    launch(attention_forward_kernel<HS>, grid, dim3(kAttentionThreads), shared_bytes, stream, out, lse, qkv, T, NH);
+    const dim3 grid(ceil_div(pair.Tq, kAttentionTile), NH, B);
+    launch(attention_forward_kernel<HS>, grid, dim3(kAttentionThreads), shared_bytes, stream, out, lse, pair, NH);
 }
 
-// the dK/dV and dQ kernels, once D is in place
+// the dK/dV and dQ kernels, once D is in place: dK, dV into the k, v columns of dkv_target (B, Tk, 3C),
+// dQ into the q columns of dq_target (B, Tq, 3C), written or (accumulate) added
 template <int HS>
-void launch_attention_backward(floatX* dqkv, const float* D, const floatX* dout, const floatX* qkv, const float* lse,
-                               int B, int T, int NH, cudaStream_t stream) {
+void launch_attention_backward(floatX* dq_target, floatX* dkv_target, bool accumulate, const float* D,
+                               const floatX* dout, const AttentionPair& pair, const float* lse, int B, int NH,
+                               cudaStream_t stream) {
     const size_t dkdv_bytes = attention_dkdv_shared_bytes<HS>();
     const size_t dq_bytes = attention_dq_shared_bytes<HS>();
     opt_in_shared_memory(attention_backward_dkdv_kernel<HS>, dkdv_bytes);
     opt_in_shared_memory(attention_backward_dq_kernel<HS>, dq_bytes);
-    const dim3 grid(ceil_div(T, kAttentionTile), NH, B);
-    launch(attention_backward_dkdv_kernel<HS>, grid, dim3(kAttentionThreads), dkdv_bytes, stream,
-           dqkv, dout, qkv, lse, D, T, NH);
-    launch(attention_backward_dq_kernel<HS>, grid, dim3(kAttentionThreads), dq_bytes, stream,
-           dqkv, dout, qkv, lse, D, T, NH);
+    launch(attention_backward_dkdv_kernel<HS>, dim3(ceil_div(pair.Tk, kAttentionTile), NH, B),
+           dim3(kAttentionThreads), dkdv_bytes, stream, dkv_target, accumulate, dout, pair, lse, D, NH);
+    launch(attention_backward_dq_kernel<HS>, dim3(ceil_div(pair.Tq, kAttentionTile), NH, B),
+           dim3(kAttentionThreads), dq_bytes, stream, dq_target, accumulate, dout, pair, lse, D, NH);
 }
