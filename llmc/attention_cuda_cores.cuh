@@ -7,7 +7,9 @@ It is the exact reference path: no operand is ever rounded below fp32.
 Tiling. A block has 128 threads and owns a tile of 32 rows (query rows in the forward and dQ kernels, key
 rows in dK/dV). Query and key tiles are the same size, so causality is simple: query tile i needs key tiles
 0..i, and only the diagonal tile has masked entries. Rows and keys at or beyond T (the last tile when T is
-not a multiple of 32) load as zeros, are masked out of the softmax and are never stored.
+not a multiple of 32) load as zeros, are masked out of the softmax and are never stored. For a pair of
+blocks (ring attention; AttentionPair in llmc/attention.cuh) the same holds with Tq, Tk and the position
+offset: the tile ranges come from the pair, and the mask, applied in every tile, from AttentionPair::sees.
 
 Each step of a kernel is two small matrix products between 32-row tiles staged in shared memory (fp32):
   scores:       a 32 x 32 tile of S (and dP), each entry a dot product of length HS;

@@ -31,6 +31,12 @@ Precision: the operands of every mma are bf16 (Q, K, V, dO as stored; P and dS r
 product), all sums fp32. P's normaliser l and the statistics m, lse, D stay fp32. Rounding P costs up to 2^-9
 relative per term, the same order as storing the output in bf16.
 
+Pairs of blocks (ring attention): every kernel takes an AttentionPair (llmc/attention.cuh), so queries and
+keys may come from different buffers at a position offset; the step ranges come from the pair (entirely
+masked steps are never visited) and the mask, applied in every step, from AttentionPair::sees. The dK/dV
+and dQ kernels can add to their target instead of overwriting it: the target's rows are loaded into the
+staging tile first, and each element is the fp32 sum rounded once.
+
 Scores are kept in log2 units: s * log2(e) / sqrt(HS), so each exponential is one exp2 (a single instruction
 on the GPU); lse is converted back to the natural log on the way out and in.
 
@@ -134,13 +140,24 @@ __device__ __forceinline__ void load_b_pair_k_major(MmaB& first, MmaB& second, c
 }
 
 // Writes a warp's 16 x HS accumulator rows (times a per-row factor) into rows first_row .. +15 of a shared
-// tile as bf16: lane 4g + t holds rows g and g+8, columns 8n + 2t and 8n + 2t + 1.
+// tile as bf16: lane 4g + t holds rows g and g+8, columns 8n + 2t and 8n + 2t + 1. With `accumulate` the
+// tile already holds rows to add to (the pair backward's target): the sum is taken in fp32, rounded once.
 template <int HS>
 __device__ void stage_accumulators(floatX* tile, int first_row, const MmaAccumulator (&rows)[HS / 8],
-                                   float factor_g, float factor_g8) {
+                                   float factor_g, float factor_g8, bool accumulate = false) {
     const int lane = threadIdx.x % 32;
     floatX* row_g = tile + (first_row + lane / 4) * padded_row<HS>() + 2 * (lane % 4);
     floatX* row_g8 = row_g + 8 * padded_row<HS>();
+    if (accumulate) {
+        #pragma unroll
+        for (int n = 0; n < HS / 8; n++) {
+            row_g[8 * n] = (floatX)((float)row_g[8 * n] + rows[n].x[0] * factor_g);
+            row_g[8 * n + 1] = (floatX)((float)row_g[8 * n + 1] + rows[n].x[1] * factor_g);
+            row_g8[8 * n] = (floatX)((float)row_g8[8 * n] + rows[n].x[2] * factor_g8);
+            row_g8[8 * n + 1] = (floatX)((float)row_g8[8 * n + 1] + rows[n].x[3] * factor_g8);
+        }
+        return;
+    }
     #pragma unroll
     for (int n = 0; n < HS / 8; n++) {
         row_g[8 * n] = (floatX)(rows[n].x[0] * factor_g);
@@ -165,12 +182,13 @@ __device__ __forceinline__ int fragment_row(int e) { return (threadIdx.x % 32) /
 __device__ __forceinline__ int fragment_column(int n, int e) { return 8 * n + 2 * (threadIdx.x % 4) + e % 2; }
 
 // ----------------------------------------------------------------------------
-// forward: block (query tile of 64, h, b), the longest blocks (last query tiles) first. Key steps 0 .. the
-// diagonal, 64 keys each. Warp w: query rows 16 w .. 16 w + 15 of the tile.
+// forward: block (query tile of 64, h, b), the longest blocks (last query tiles) first. Key steps of 64 from
+// key 0 to the last key a row of the tile sees (the diagonal for self-attention; llmc/attention.cuh's
+// AttentionPair in general). Warp w: query rows 16 w .. 16 w + 15 of the tile.
 
 template <int HS>
 __global__ void __launch_bounds__(kMmaAttentionThreads)
-attention_forward_mma_kernel(floatX* out, float* lse, const floatX* qkv, int T, int NH) {
+attention_forward_mma_kernel(floatX* out, float* lse, AttentionPair pair, int NH) {
     constexpr int tile_elements = kMmaBlockRows * padded_row<HS>();
     DYNAMIC_SHARED(floatX, shared);
     floatX* q_tile = shared;                                               // this block's queries; then output
@@ -182,31 +200,34 @@ attention_forward_mma_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
     const int b = blockIdx.z;
     const int C = NH * HS;
     const size_t qkv_row_stride = 3 * (size_t)C;
-    const floatX* q_head = qkv + (size_t)b * T * qkv_row_stride + h * HS;
-    const floatX* k_head = q_head + C;
-    const floatX* v_head = q_head + 2 * C;
+    const int Tq = pair.Tq, Tk = pair.Tk;
+    const floatX* q_head = pair.q_source + (size_t)b * Tq * qkv_row_stride + h * HS;
+    const floatX* k_head = pair.kv_source + (size_t)b * Tk * qkv_row_stride + C + h * HS;
+    const floatX* v_head = k_head + C;
     const int warp_row = 16 * (threadIdx.x / 32);  // the warp's first row within the tile
     const int first_query = query_tile * kMmaBlockRows;
     const float scale_log2 = kLog2e / sqrtf((float)HS);
+    const int steps = ceil_div(pair.keys_seen_by(first_query, kMmaBlockRows), kForwardKeyStep);
 
-    load_rows_async<HS, kMmaBlockRows>(q_tile, q_head, qkv_row_stride, first_query, T);
-    load_rows_async<HS, kForwardKeyStep>(k_tiles, k_head, qkv_row_stride, 0, T);
-    load_rows_async<HS, kForwardKeyStep>(v_tiles, v_head, qkv_row_stride, 0, T);
-    cp_async_commit();
+    if (steps > 0) {  // (a tile that sees no key loads nothing: its zero output is staged in q_tile directly)
+        load_rows_async<HS, kMmaBlockRows>(q_tile, q_head, qkv_row_stride, first_query, Tq);
+        load_rows_async<HS, kForwardKeyStep>(k_tiles, k_head, qkv_row_stride, 0, Tk);
+        load_rows_async<HS, kForwardKeyStep>(v_tiles, v_head, qkv_row_stride, 0, Tk);
+        cp_async_commit();
+    }
 
     MmaA q[HS / 16];                            // the warp's queries, 16 x HS, loaded once
     MmaAccumulator o[HS / 8] = {};              // unnormalised output rows (rows g, g+8 of the warp)
     float running_max[2] = {-INFINITY, -INFINITY};  // m of rows g and g+8, in log2 units
     float partial_sum[2] = {0.0f, 0.0f};        // this lane's share of l (the 4 lanes of a row add up at the end)
 
-    const int last_step = query_tile;           // the step holding the diagonal (64-key steps = 64-row tiles)
-    for (int step = 0; step <= last_step; step++) {
+    for (int step = 0; step < steps; step++) {
         const int buffer = step % 2;
-        if (step < last_step) {  // the next keys and values fly in while this step is multiplied
+        if (step + 1 < steps) {  // the next keys and values fly in while this step is multiplied
             const int next_key = (step + 1) * kForwardKeyStep;
             const int next = (1 - buffer) * tile_elements;
-            load_rows_async<HS, kForwardKeyStep>(k_tiles + next, k_head, qkv_row_stride, next_key, T);
-            load_rows_async<HS, kForwardKeyStep>(v_tiles + next, v_head, qkv_row_stride, next_key, T);
+            load_rows_async<HS, kForwardKeyStep>(k_tiles + next, k_head, qkv_row_stride, next_key, Tk);
+            load_rows_async<HS, kForwardKeyStep>(v_tiles + next, v_head, qkv_row_stride, next_key, Tk);
             cp_async_commit();
             cp_async_wait<1>();  // all but the newest group: this step's tiles (and Q) have landed
         } else {
@@ -231,7 +252,7 @@ attention_forward_mma_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
                 mma_bf16_16816(s[n + 1], q[k], keys_b);
             }
 
-        // causal mask (and keys past T), scale to log2 units, new running maxima
+        // mask (keys a row does not see, keys past Tk), scale to log2 units, new running maxima
         const int first_key = step * kForwardKeyStep;
         float step_max[2] = {-INFINITY, -INFINITY};
         #pragma unroll
@@ -240,15 +261,18 @@ attention_forward_mma_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
             for (int e = 0; e < 4; e++) {
                 const int query = first_query + warp_row + fragment_row(e);
                 const int key = first_key + fragment_column(n, e);
-                s[n].x[e] = key <= query && key < T ? s[n].x[e] * scale_log2 : -INFINITY;
+                s[n].x[e] = pair.sees(query, key) ? s[n].x[e] * scale_log2 : -INFINITY;
                 step_max[e / 2] = fmaxf(step_max[e / 2], s[n].x[e]);
             }
-        float correction[2];
+        float correction[2], shift[2];
         #pragma unroll
         for (int r = 0; r < 2; r++) {
-            // key 0 is visible to every query, so the maximum is finite from the first step on
+            // A row's visible keys are a prefix starting at key 0, so the maximum is finite from the first
+            // step on, except in a row that sees no key at all: it stays -inf and exponents are taken against
+            // 0 instead (every exp2 is then exp2(-inf) = 0, where -inf - -inf would give NaN).
             const float new_max = fmaxf(running_max[r], quad_max(step_max[r]));
-            correction[r] = exp2f(running_max[r] - new_max);  // exp2(-inf) = 0 on the first step
+            shift[r] = new_max == -INFINITY ? 0.0f : new_max;
+            correction[r] = exp2f(running_max[r] - shift[r]);  // exp2(-inf) = 0 on the first step
             running_max[r] = new_max;
             partial_sum[r] *= correction[r];
         }
@@ -260,7 +284,7 @@ attention_forward_mma_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
         for (int n = 0; n < kForwardKeyStep / 8; n++)
             #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const float p = exp2f(s[n].x[e] - running_max[e / 2]);  // masked: exp2(-inf) = 0
+                const float p = exp2f(s[n].x[e] - shift[e / 2]);  // masked: exp2(-inf) = 0
                 s[n].x[e] = p;
                 partial_sum[e / 2] += p;
             }
@@ -282,31 +306,37 @@ attention_forward_mma_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
 
     // O = o / l and lse = m + log l, staged in the warp's own Q rows (no other warp reads them) for
     // coalesced stores
-    float row_sum[2];
+    // (a row that saw no key has l = 0: out 0, lse -inf)
+    float row_sum[2], inverse_sum[2];
     #pragma unroll
-    for (int r = 0; r < 2; r++) row_sum[r] = quad_sum(partial_sum[r]);
-    stage_accumulators<HS>(q_tile, warp_row, o, 1.0f / row_sum[0], 1.0f / row_sum[1]);
+    for (int r = 0; r < 2; r++) {
+        row_sum[r] = quad_sum(partial_sum[r]);
+        inverse_sum[r] = row_sum[r] > 0.0f ? 1.0f / row_sum[r] : 0.0f;
+    }
+    stage_accumulators<HS>(q_tile, warp_row, o, inverse_sum[0], inverse_sum[1]);
     if (threadIdx.x % 4 == 0) {
         #pragma unroll
         for (int r = 0; r < 2; r++) {
             const int query = first_query + warp_row + fragment_row(2 * r);
-            if (query < T)
-                lse[((size_t)b * NH + h) * T + query] = (running_max[r] + log2f(row_sum[r])) / kLog2e;
+            if (query < Tq)
+                lse[((size_t)b * NH + h) * Tq + query] =
+                    row_sum[r] > 0.0f ? (running_max[r] + log2f(row_sum[r])) / kLog2e : -INFINITY;
         }
     }
     __syncthreads();  // the whole output tile is staged
-    store_rows<HS, kMmaBlockRows>(out + (size_t)b * T * C + h * HS, C, q_tile, first_query, T);
+    store_rows<HS, kMmaBlockRows>(out + (size_t)b * Tq * C + h * HS, C, q_tile, first_query, Tq);
 }
 
 // ----------------------------------------------------------------------------
 // backward, dK and dV: block (key tile of 64, h, b), the longest blocks (first key tiles) first. Query
-// steps of 32 from the tile's first key to the end. Warp w: key rows 16 w .. 16 w + 15. Everything is
+// steps of 32 from the first query that sees the tile's first key (the tile's first key itself for
+// self-attention) to the end. Warp w: key rows 16 w .. 16 w + 15. Everything is
 // computed transposed (keys as rows), so that the block's own keys are the rows of every accumulator.
 
 template <int HS>
 __global__ void __launch_bounds__(kMmaAttentionThreads)
-attention_backward_dkdv_mma_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse,
-                                   const float* D, int T, int NH) {
+attention_backward_dkdv_mma_kernel(floatX* dkv_target, bool accumulate, const floatX* dout, AttentionPair pair,
+                                   const float* lse, const float* D, int NH) {
     constexpr int tile_elements = kMmaBlockRows * padded_row<HS>();
     constexpr int step_elements = kBackwardStep * padded_row<HS>();
     DYNAMIC_SHARED(floatX, shared);
@@ -322,37 +352,42 @@ attention_backward_dkdv_mma_kernel(floatX* dqkv, const floatX* dout, const float
     const int b = blockIdx.z;
     const int C = NH * HS;
     const size_t qkv_row_stride = 3 * (size_t)C;
-    const floatX* q_head = qkv + (size_t)b * T * qkv_row_stride + h * HS;
-    const floatX* k_head = q_head + C;
-    const floatX* v_head = q_head + 2 * C;
-    const floatX* dout_head = dout + (size_t)b * T * C + h * HS;
-    const float* lse_head = lse + ((size_t)b * NH + h) * T;
-    const float* d_head = D + ((size_t)b * NH + h) * T;
+    const int Tq = pair.Tq, Tk = pair.Tk;
+    const floatX* q_head = pair.q_source + (size_t)b * Tq * qkv_row_stride + h * HS;
+    const floatX* k_head = pair.kv_source + (size_t)b * Tk * qkv_row_stride + C + h * HS;
+    const floatX* v_head = k_head + C;
+    const floatX* dout_head = dout + (size_t)b * Tq * C + h * HS;
+    const float* lse_head = lse + ((size_t)b * NH + h) * Tq;
+    const float* d_head = D + ((size_t)b * NH + h) * Tq;
     const int warp_row = 16 * (threadIdx.x / 32);
     const int first_key = key_tile * kMmaBlockRows;
+    const int query_start = pair.first_query_seeing(first_key);
+    const int steps = query_start < Tq ? ceil_div(Tq - query_start, kBackwardStep) : 0;
+    if (accumulate && steps == 0) return;  // no query sees these keys: nothing to add
     const float scale = 1.0f / sqrtf((float)HS);
     const float scale_log2 = scale * kLog2e;
 
     // queries, output gradients, lse and D of step `step` into buffer step % 2 (lse and D by plain stores:
     // they are read after the same barrier as the asynchronous copies)
     auto load_query_step = [&](int step) {
-        const int first_query = first_key + step * kBackwardStep;
+        const int first_query = query_start + step * kBackwardStep;
         const int buffer = step % 2;
-        load_rows_async<HS, kBackwardStep>(q_steps + buffer * step_elements, q_head, qkv_row_stride, first_query, T);
-        load_rows_async<HS, kBackwardStep>(dout_steps + buffer * step_elements, dout_head, C, first_query, T);
+        load_rows_async<HS, kBackwardStep>(q_steps + buffer * step_elements, q_head, qkv_row_stride, first_query, Tq);
+        load_rows_async<HS, kBackwardStep>(dout_steps + buffer * step_elements, dout_head, C, first_query, Tq);
         if (threadIdx.x < kBackwardStep) {
             const int query = first_query + threadIdx.x;
-            lse_steps[buffer * kBackwardStep + threadIdx.x] = query < T ? lse_head[query] * kLog2e : 0.0f;
-            d_steps[buffer * kBackwardStep + threadIdx.x] = query < T ? d_head[query] : 0.0f;
+            lse_steps[buffer * kBackwardStep + threadIdx.x] = query < Tq ? lse_head[query] * kLog2e : 0.0f;
+            d_steps[buffer * kBackwardStep + threadIdx.x] = query < Tq ? d_head[query] : 0.0f;
         }
     };
-    load_rows_async<HS, kMmaBlockRows>(k_tile, k_head, qkv_row_stride, first_key, T);
-    load_rows_async<HS, kMmaBlockRows>(v_tile, v_head, qkv_row_stride, first_key, T);
-    load_query_step(0);
-    cp_async_commit();
+    if (steps > 0) {  // (no step: K, V stay unloaded and the zero dK, dV are staged without a barrier)
+        load_rows_async<HS, kMmaBlockRows>(k_tile, k_head, qkv_row_stride, first_key, Tk);
+        load_rows_async<HS, kMmaBlockRows>(v_tile, v_head, qkv_row_stride, first_key, Tk);
+        load_query_step(0);
+        cp_async_commit();
+    }
 
     MmaAccumulator dk[HS / 8] = {}, dv[HS / 8] = {};  // rows: the warp's 16 keys
-    const int steps = ceil_div(T - first_key, kBackwardStep);
     for (int step = 0; step < steps; step++) {
         const int buffer = step % 2;
         if (step + 1 < steps) {
@@ -387,7 +422,7 @@ attention_backward_dkdv_mma_kernel(floatX* dqkv, const floatX* dout, const float
         }
 
         // P^T = exp(S^T scale - lse) where visible, dS^T = P^T (dP^T - D)
-        const int first_query = first_key + step * kBackwardStep;
+        const int first_query = query_start + step * kBackwardStep;
         #pragma unroll
         for (int n = 0; n < kBackwardStep / 8; n++)
             #pragma unroll
@@ -395,8 +430,7 @@ attention_backward_dkdv_mma_kernel(floatX* dqkv, const floatX* dout, const float
                 const int key = first_key + warp_row + fragment_row(e);
                 const int local_query = fragment_column(n, e);
                 const int query = first_query + local_query;
-                const bool visible = key <= query && query < T;
-                const float p = visible ? exp2f(st[n].x[e] * scale_log2 - lse_step[local_query]) : 0.0f;
+                const float p = pair.sees(query, key) ? exp2f(st[n].x[e] * scale_log2 - lse_step[local_query]) : 0.0f;
                 st[n].x[e] = p;
                 dpt[n].x[e] = p * (dpt[n].x[e] - d_step[local_query]);
             }
@@ -420,23 +454,32 @@ attention_backward_dkdv_mma_kernel(floatX* dqkv, const floatX* dout, const float
         __syncthreads();  // every warp is done with this buffer before the next step's prefetch refills it
     }
 
-    // dK (scaled once here) and dV staged in the warp's own K and V rows, then stored coalesced
-    stage_accumulators<HS>(k_tile, warp_row, dk, scale, scale);
-    stage_accumulators<HS>(v_tile, warp_row, dv, 1.0f, 1.0f);
+    // dK (scaled once here) and dV staged in the warp's own K and V rows (holding the target's rows first
+    // when adding to them), then stored coalesced
+    floatX* dk_head = dkv_target + (size_t)b * Tk * qkv_row_stride + C + h * HS;
+    if (accumulate) {  // the loop's last barrier freed K and V
+        load_rows_async<HS, kMmaBlockRows>(k_tile, dk_head, qkv_row_stride, first_key, Tk);
+        load_rows_async<HS, kMmaBlockRows>(v_tile, dk_head + C, qkv_row_stride, first_key, Tk);
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+    }
+    stage_accumulators<HS>(k_tile, warp_row, dk, scale, scale, accumulate);
+    stage_accumulators<HS>(v_tile, warp_row, dv, 1.0f, 1.0f, accumulate);
     __syncthreads();
-    floatX* dqkv_head = dqkv + (size_t)b * T * qkv_row_stride + h * HS;
-    store_rows<HS, kMmaBlockRows>(dqkv_head + C, qkv_row_stride, k_tile, first_key, T);
-    store_rows<HS, kMmaBlockRows>(dqkv_head + 2 * C, qkv_row_stride, v_tile, first_key, T);
+    store_rows<HS, kMmaBlockRows>(dk_head, qkv_row_stride, k_tile, first_key, Tk);
+    store_rows<HS, kMmaBlockRows>(dk_head + C, qkv_row_stride, v_tile, first_key, Tk);
 }
 
 // ----------------------------------------------------------------------------
 // backward, dQ: block (query tile of 64, h, b), the longest blocks (last query tiles) first. Key steps of
-// 32 from 0 to the diagonal. Warp w: query rows 16 w .. 16 w + 15.
+// 32 from 0 to the last key a row of the tile sees (the diagonal for self-attention). Warp w: query rows
+// 16 w .. 16 w + 15.
 
 template <int HS>
 __global__ void __launch_bounds__(kMmaAttentionThreads)
-attention_backward_dq_mma_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse,
-                                 const float* D, int T, int NH) {
+attention_backward_dq_mma_kernel(floatX* dq_target, bool accumulate, const floatX* dout, AttentionPair pair,
+                                 const float* lse, const float* D, int NH) {
     constexpr int tile_elements = kMmaBlockRows * padded_row<HS>();
     constexpr int step_elements = kBackwardStep * padded_row<HS>();
     DYNAMIC_SHARED(floatX, shared);
@@ -450,12 +493,15 @@ attention_backward_dq_mma_kernel(floatX* dqkv, const floatX* dout, const floatX*
     const int b = blockIdx.z;
     const int C = NH * HS;
     const size_t qkv_row_stride = 3 * (size_t)C;
-    const floatX* q_head = qkv + (size_t)b * T * qkv_row_stride + h * HS;
-    const floatX* k_head = q_head + C;
-    const floatX* v_head = q_head + 2 * C;
-    const floatX* dout_head = dout + (size_t)b * T * C + h * HS;
+    const int Tq = pair.Tq, Tk = pair.Tk;
+    const floatX* q_head = pair.q_source + (size_t)b * Tq * qkv_row_stride + h * HS;
+    const floatX* k_head = pair.kv_source + (size_t)b * Tk * qkv_row_stride + C + h * HS;
+    const floatX* v_head = k_head + C;
+    const floatX* dout_head = dout + (size_t)b * Tq * C + h * HS;
     const int warp_row = 16 * (threadIdx.x / 32);
     const int first_query = query_tile * kMmaBlockRows;
+    const int steps = ceil_div(pair.keys_seen_by(first_query, kMmaBlockRows), kBackwardStep);
+    if (accumulate && steps == 0) return;  // no row of the tile sees a key: nothing to add
     const float scale = 1.0f / sqrtf((float)HS);
     const float scale_log2 = scale * kLog2e;
 
@@ -464,26 +510,27 @@ attention_backward_dq_mma_kernel(floatX* dqkv, const floatX* dout, const floatX*
     #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int query = first_query + warp_row + fragment_row(2 * r);
-        row_lse[r] = query < T ? lse[((size_t)b * NH + h) * T + query] * kLog2e : 0.0f;
-        row_d[r] = query < T ? D[((size_t)b * NH + h) * T + query] : 0.0f;
+        row_lse[r] = query < Tq ? lse[((size_t)b * NH + h) * Tq + query] * kLog2e : 0.0f;
+        row_d[r] = query < Tq ? D[((size_t)b * NH + h) * Tq + query] : 0.0f;
     }
 
-    load_rows_async<HS, kMmaBlockRows>(q_tile, q_head, qkv_row_stride, first_query, T);
-    load_rows_async<HS, kMmaBlockRows>(dout_tile, dout_head, C, first_query, T);
-    load_rows_async<HS, kBackwardStep>(k_steps, k_head, qkv_row_stride, 0, T);
-    load_rows_async<HS, kBackwardStep>(v_steps, v_head, qkv_row_stride, 0, T);
-    cp_async_commit();
+    if (steps > 0) {  // (no step: nothing is loaded and the zero dQ is staged without a barrier)
+        load_rows_async<HS, kMmaBlockRows>(q_tile, q_head, qkv_row_stride, first_query, Tq);
+        load_rows_async<HS, kMmaBlockRows>(dout_tile, dout_head, C, first_query, Tq);
+        load_rows_async<HS, kBackwardStep>(k_steps, k_head, qkv_row_stride, 0, Tk);
+        load_rows_async<HS, kBackwardStep>(v_steps, v_head, qkv_row_stride, 0, Tk);
+        cp_async_commit();
+    }
 
     MmaA q[HS / 16], dout_rows[HS / 16];  // the warp's queries and output gradients, loaded once
     MmaAccumulator dq[HS / 8] = {};
-    const int steps = ceil_div(min(first_query + kMmaBlockRows, T), kBackwardStep);  // up to the diagonal
     for (int step = 0; step < steps; step++) {
         const int buffer = step % 2;
         if (step + 1 < steps) {
             const int next_key = (step + 1) * kBackwardStep;
             const int next = (1 - buffer) * step_elements;
-            load_rows_async<HS, kBackwardStep>(k_steps + next, k_head, qkv_row_stride, next_key, T);
-            load_rows_async<HS, kBackwardStep>(v_steps + next, v_head, qkv_row_stride, next_key, T);
+            load_rows_async<HS, kBackwardStep>(k_steps + next, k_head, qkv_row_stride, next_key, Tk);
+            load_rows_async<HS, kBackwardStep>(v_steps + next, v_head, qkv_row_stride, next_key, Tk);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -514,7 +561,7 @@ attention_backward_dq_mma_kernel(floatX* dqkv, const floatX* dout, const floatX*
                 mma_bf16_16816(dp[n + 1], dout_rows[k], second);
             }
 
-        // dS = P (dP - D), P = exp(S scale - lse) where visible (key <= query < T implies key < T)
+        // dS = P (dP - D), P = exp(S scale - lse) where visible
         const int first_key = step * kBackwardStep;
         #pragma unroll
         for (int n = 0; n < kBackwardStep / 8; n++)
@@ -522,8 +569,7 @@ attention_backward_dq_mma_kernel(floatX* dqkv, const floatX* dout, const floatX*
             for (int e = 0; e < 4; e++) {
                 const int query = first_query + warp_row + fragment_row(e);
                 const int key = first_key + fragment_column(n, e);
-                const bool visible = key <= query && query < T;
-                const float p = visible ? exp2f(s[n].x[e] * scale_log2 - row_lse[e / 2]) : 0.0f;
+                const float p = pair.sees(query, key) ? exp2f(s[n].x[e] * scale_log2 - row_lse[e / 2]) : 0.0f;
                 dp[n].x[e] = p * (dp[n].x[e] - row_d[e / 2]);
             }
 
@@ -542,10 +588,17 @@ attention_backward_dq_mma_kernel(floatX* dqkv, const floatX* dout, const floatX*
         __syncthreads();  // every warp is done with this buffer before the next step's prefetch refills it
     }
 
-    stage_accumulators<HS>(q_tile, warp_row, dq, scale, scale);  // the warp's own Q rows
+    // dQ staged in the warp's own Q rows (holding the target's rows first when adding to them)
+    floatX* dq_head = dq_target + (size_t)b * Tq * qkv_row_stride + h * HS;
+    if (accumulate) {  // the loop's last barrier freed Q
+        load_rows_async<HS, kMmaBlockRows>(q_tile, dq_head, qkv_row_stride, first_query, Tq);
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+    }
+    stage_accumulators<HS>(q_tile, warp_row, dq, scale, scale, accumulate);
     __syncthreads();
-    store_rows<HS, kMmaBlockRows>(dqkv + (size_t)b * T * qkv_row_stride + h * HS, qkv_row_stride, q_tile,
-                                  first_query, T);
+    store_rows<HS, kMmaBlockRows>(dq_head, qkv_row_stride, q_tile, first_query, Tq);
 }
 
 // ----------------------------------------------------------------------------
@@ -566,25 +619,26 @@ constexpr size_t attention_dq_shared_bytes() {
 }
 
 template <int HS>
-void launch_attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, cudaStream_t stream) {
+void launch_attention_forward(floatX* out, float* lse, const AttentionPair& pair, int B, int NH, cudaStream_t stream) {
     constexpr size_t shared_bytes = attention_forward_shared_bytes<HS>();
     opt_in_shared_memory(attention_forward_mma_kernel<HS>, shared_bytes);
-    const dim3 grid(ceil_div(T, kMmaBlockRows), NH, B);
+    const dim3 grid(ceil_div(pair.Tq, kMmaBlockRows), NH, B);
     launch(attention_forward_mma_kernel<HS>, grid, dim3(kMmaAttentionThreads), shared_bytes, stream,
-           out, lse, qkv, T, NH);
+           out, lse, pair, NH);
 }
 
-// the dK/dV and dQ kernels, once D is in place
+// the dK/dV and dQ kernels, once D is in place: dK, dV into the k, v columns of dkv_target (B, Tk, 3C),
+// dQ into the q columns of dq_target (B, Tq, 3C), written or (accumulate) added
 template <int HS>
-void launch_attention_backward(floatX* dqkv, const float* D, const floatX* dout, const floatX* qkv, const float* lse,
-                               int B, int T, int NH, cudaStream_t stream) {
+void launch_attention_backward(floatX* dq_target, floatX* dkv_target, bool accumulate, const float* D,
+                               const floatX* dout, const AttentionPair& pair, const float* lse, int B, int NH,
+                               cudaStream_t stream) {
     constexpr size_t dkdv_bytes = attention_dkdv_shared_bytes<HS>();
     constexpr size_t dq_bytes = attention_dq_shared_bytes<HS>();
     opt_in_shared_memory(attention_backward_dkdv_mma_kernel<HS>, dkdv_bytes);
     opt_in_shared_memory(attention_backward_dq_mma_kernel<HS>, dq_bytes);
-    const dim3 grid(ceil_div(T, kMmaBlockRows), NH, B);
-    launch(attention_backward_dkdv_mma_kernel<HS>, grid, dim3(kMmaAttentionThreads), dkdv_bytes, stream,
-           dqkv, dout, qkv, lse, D, T, NH);
-    launch(attention_backward_dq_mma_kernel<HS>, grid, dim3(kMmaAttentionThreads), dq_bytes, stream,
-           dqkv, dout, qkv, lse, D, T, NH);
+    launch(attention_backward_dkdv_mma_kernel<HS>, dim3(ceil_div(pair.Tk, kMmaBlockRows), NH, B),
+           dim3(kMmaAttentionThreads), dkdv_bytes, stream, dkv_target, accumulate, dout, pair, lse, D, NH);
+    launch(attention_backward_dq_mma_kernel<HS>, dim3(ceil_div(pair.Tq, kMmaBlockRows), NH, B),
+           dim3(kMmaAttentionThreads), dq_bytes, stream, dq_target, accumulate, dout, pair, lse, D, NH);
 }
