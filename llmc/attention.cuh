@@ -99,6 +99,13 @@ struct AttentionPair {
         const int end = last_query + offset + 1;
         return end < 0 ? 0 : (end < Tk ? end : Tk);
     }
+    // where head h of batch b starts: its q columns in q_source, its k columns in kv_source (v: C further)
+    __host__ __device__ const floatX* q_head(int b, int h, int NH, int HS) const {
+        return q_source + (size_t)b * Tq * 3 * NH * HS + (size_t)h * HS;
+    }
+    __host__ __device__ const floatX* k_head(int b, int h, int NH, int HS) const {
+        return kv_source + (size_t)b * Tk * 3 * NH * HS + (size_t)(NH + h) * HS;
+    }
     // the first query that sees `key` (Tq or more: none does)
     __host__ __device__ int first_query_seeing(int key) const { return key - offset > 0 ? key - offset : 0; }
 };
@@ -110,19 +117,23 @@ struct AttentionPair {
 #endif
 
 // ----------------------------------------------------------------------------
+// Row `index` of an lse-shaped (B, NH, T) array is head h of position t of batch b; where that head's HS
+// columns start in the matching (B, T, C) array.
+__device__ __forceinline__ size_t attention_row_start(size_t index, int T, int NH, int HS) {
+    const size_t t = index % T;
+    const size_t h = (index / T) % NH;
+    const size_t b = index / ((size_t)T * NH);
+    return (b * T + t) * NH * HS + h * HS;
+}
+
 // backward, first step: D[b][h][t] = dout[b][t][head h] . out[b][t][head h]. One thread per (b, h, t) row,
 // grid-stride loop.
 
 __global__ void attention_backward_preprocess_kernel(float* D, const floatX* dout, const floatX* out,
                                                      int B, int T, int NH, int HS) {
-    const int C = NH * HS;
-    const long long rows = (long long)B * NH * T;
-    const GridStride share = grid_stride(rows);
+    const GridStride share = grid_stride((long long)B * NH * T);
     for (size_t index = share.first; index < share.end; index += share.step) {
-        const int t = (int)(index % T);
-        const int h = (int)((index / T) % NH);
-        const int b = (int)(index / ((long long)T * NH));
-        const size_t offset = ((size_t)b * T + t) * C + (size_t)h * HS;
+        const size_t offset = attention_row_start(index, T, NH, HS);
         float sum = 0.0f;
         for (int column = 0; column < HS; column += x128::size) {
             x128 dout_packed = load128(dout + offset + column);
@@ -140,14 +151,9 @@ __global__ void attention_backward_preprocess_kernel(float* D, const floatX* dou
 
 __global__ void attention_merge_kernel(floatX* out, float* lse, const floatX* out_partial, const float* lse_partial,
                                        int B, int T, int NH, int HS) {
-    const int C = NH * HS;
-    const long long rows = (long long)B * NH * T;
-    const GridStride share = grid_stride(rows);
+    const GridStride share = grid_stride((long long)B * NH * T);
     for (size_t index = share.first; index < share.end; index += share.step) {
-        const int t = (int)(index % T);
-        const int h = (int)((index / T) % NH);
-        const int b = (int)(index / ((long long)T * NH));
-        const size_t offset = ((size_t)b * T + t) * C + (size_t)h * HS;
+        const size_t offset = attention_row_start(index, T, NH, HS);
         const float lse_a = lse[index], lse_b = lse_partial[index];
         if (lse_b == -INFINITY) continue;  // the partial saw no key: nothing changes
         if (lse_a == -INFINITY) {          // the running row saw none yet: take the partial as it is

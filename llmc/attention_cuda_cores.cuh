@@ -228,8 +228,8 @@ __global__ void attention_forward_kernel(floatX* out, float* lse, AttentionPair 
     const int b = blockIdx.z;
     const int C = NH * HS;
     const size_t qkv_row_stride = 3 * (size_t)C;
-    const floatX* q_head = pair.q_source + (size_t)b * pair.Tq * qkv_row_stride + h * HS;
-    const floatX* k_head = pair.kv_source + (size_t)b * pair.Tk * qkv_row_stride + C + h * HS;
+    const floatX* q_head = pair.q_head(b, h, NH, HS);
+    const floatX* k_head = pair.k_head(b, h, NH, HS);
     const floatX* v_head = k_head + C;
     const int row = threadIdx.x / kThreadsPerRow;        // this thread's query row within the tile
     const int quarter = threadIdx.x % kThreadsPerRow;    // which of the row's 4 threads
@@ -323,8 +323,8 @@ __global__ void attention_backward_dkdv_kernel(floatX* dkv_target, bool accumula
     const int C = NH * HS;
     const size_t qkv_row_stride = 3 * (size_t)C;
     const int Tq = pair.Tq, Tk = pair.Tk;
-    const floatX* q_head = pair.q_source + (size_t)b * Tq * qkv_row_stride + h * HS;
-    const floatX* k_head = pair.kv_source + (size_t)b * Tk * qkv_row_stride + C + h * HS;
+    const floatX* q_head = pair.q_head(b, h, NH, HS);
+    const floatX* k_head = pair.k_head(b, h, NH, HS);
     const floatX* v_head = k_head + C;
     const floatX* dout_head = dout + (size_t)b * Tq * C + h * HS;
     const float* lse_head = lse + ((size_t)b * NH + h) * Tq;
@@ -409,8 +409,8 @@ __global__ void attention_backward_dq_kernel(floatX* dq_target, bool accumulate,
     const int C = NH * HS;
     const size_t qkv_row_stride = 3 * (size_t)C;
     const int Tq = pair.Tq, Tk = pair.Tk;
-    const floatX* q_head = pair.q_source + (size_t)b * Tq * qkv_row_stride + h * HS;
-    const floatX* k_head = pair.kv_source + (size_t)b * Tk * qkv_row_stride + C + h * HS;
+    const floatX* q_head = pair.q_head(b, h, NH, HS);
+    const floatX* k_head = pair.k_head(b, h, NH, HS);
     const floatX* v_head = k_head + C;
     const floatX* dout_head = dout + (size_t)b * Tq * C + h * HS;
     const int row = threadIdx.x / kThreadsPerRow;        // scores: key row; accumulation: query row

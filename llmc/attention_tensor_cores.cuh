@@ -201,8 +201,8 @@ attention_forward_mma_kernel(floatX* out, float* lse, AttentionPair pair, int NH
     const int C = NH * HS;
     const size_t qkv_row_stride = 3 * (size_t)C;
     const int Tq = pair.Tq, Tk = pair.Tk;
-    const floatX* q_head = pair.q_source + (size_t)b * Tq * qkv_row_stride + h * HS;
-    const floatX* k_head = pair.kv_source + (size_t)b * Tk * qkv_row_stride + C + h * HS;
+    const floatX* q_head = pair.q_head(b, h, NH, HS);
+    const floatX* k_head = pair.k_head(b, h, NH, HS);
     const floatX* v_head = k_head + C;
     const int warp_row = 16 * (threadIdx.x / 32);  // the warp's first row within the tile
     const int first_query = query_tile * kMmaBlockRows;
@@ -353,8 +353,8 @@ attention_backward_dkdv_mma_kernel(floatX* dkv_target, bool accumulate, const fl
     const int C = NH * HS;
     const size_t qkv_row_stride = 3 * (size_t)C;
     const int Tq = pair.Tq, Tk = pair.Tk;
-    const floatX* q_head = pair.q_source + (size_t)b * Tq * qkv_row_stride + h * HS;
-    const floatX* k_head = pair.kv_source + (size_t)b * Tk * qkv_row_stride + C + h * HS;
+    const floatX* q_head = pair.q_head(b, h, NH, HS);
+    const floatX* k_head = pair.k_head(b, h, NH, HS);
     const floatX* v_head = k_head + C;
     const floatX* dout_head = dout + (size_t)b * Tq * C + h * HS;
     const float* lse_head = lse + ((size_t)b * NH + h) * Tq;
@@ -494,8 +494,8 @@ attention_backward_dq_mma_kernel(floatX* dq_target, bool accumulate, const float
     const int C = NH * HS;
     const size_t qkv_row_stride = 3 * (size_t)C;
     const int Tq = pair.Tq, Tk = pair.Tk;
-    const floatX* q_head = pair.q_source + (size_t)b * Tq * qkv_row_stride + h * HS;
-    const floatX* k_head = pair.kv_source + (size_t)b * Tk * qkv_row_stride + C + h * HS;
+    const floatX* q_head = pair.q_head(b, h, NH, HS);
+    const floatX* k_head = pair.k_head(b, h, NH, HS);
     const floatX* v_head = k_head + C;
     const floatX* dout_head = dout + (size_t)b * Tq * C + h * HS;
     const int warp_row = 16 * (threadIdx.x / 32);
