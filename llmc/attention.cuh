@@ -70,7 +70,10 @@ Merging. Attention over the union of two disjoint key sets, from the results on 
     O'   = exp(lse_a - lse') O_a + exp(lse_b - lse') O_b
 (each O is sum_j exp(S[i][j] - lse) V[j] over its keys, so rescaling by exp(lse - lse') puts both on the
 common normaliser). A side with lse = -infinity has no keys: the other side is taken as it is, bit for bit.
-A ring's forward: out, lse <- the first pair's result, then merge each further pair's into them.
+A ring's forward: out, lse <- the first pair's result (or lse = -infinity and out anything: the first merge
+then takes the pair's result as it is), then merge each further pair's into them. Under the zigzag split
+(2 cp chunks, rank i holding chunks i and 2cp-1-i, so that every rank gets the same causal work) a pair of
+chunks is the diagonal (offset 0), wholly visible, or wholly masked (the caller skips it; here it is free).
 
 The pair backward. With the MERGED lse (so P is the full row's softmax restricted to this pair's keys) and
 D from the merged output (attention_backward_preprocess), the formulas above hold pair by pair: dQ of a
