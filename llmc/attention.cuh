@@ -80,7 +80,9 @@ D from the merged output (attention_backward_preprocess), the formulas above hol
 row is a sum over key blocks and dK, dV of a key row a sum over query blocks, so the pair backward ADDS
 its dQ into the query rows of one dqkv-layout buffer (q columns) and dK, dV into the key rows of another
 (k and v columns). Summed over the pairs of a ring in a fixed order the result is deterministic.
-attention_backward is the pair (qkv, qkv) that overwrites instead (same kernels, a flag at the store).
+attention_backward is the pair (qkv, qkv) that overwrites instead: the same kernel templates, with a
+template flag (ACCUMULATE) that only changes the final store, so the overwriting instances compile to the
+same code and registers as before pairs existed.
 */
 #pragma once
 
@@ -262,8 +264,8 @@ void attention_backward_pair(floatX* dq_target, floatX* dkv_target, const float*
                              cudaStream_t stream) {
     const AttentionPair pair = attention_pair(queries, keys);
     dispatch_attention_head_size(attention_head_size(C, NH), [&](auto head_size) {
-        launch_attention_backward<decltype(head_size)::value>(dq_target, dkv_target, true, D, dout, pair, lse, B, NH,
-                                                              stream);
+        launch_attention_backward<decltype(head_size)::value, true>(dq_target, dkv_target, D, dout, pair, lse, B, NH,
+                                                                    stream);
     });
 }
 
@@ -282,7 +284,8 @@ void attention_backward(floatX* dqkv, float* workspace_D, const floatX* dout, co
                         const float* lse, int B, int T, int C, int NH, cudaStream_t stream) {
     attention_backward_preprocess(workspace_D, dout, out, B, T, C, NH, stream);
     dispatch_attention_head_size(attention_head_size(C, NH), [&](auto head_size) {
-        launch_attention_backward<decltype(head_size)::value>(dqkv, dqkv, false, workspace_D, dout,
-                                                              AttentionPair{qkv, qkv, T, T, 0}, lse, B, NH, stream);
+        launch_attention_backward<decltype(head_size)::value, false>(dqkv, dqkv, workspace_D, dout,
+                                                                     AttentionPair{qkv, qkv, T, T, 0}, lse, B, NH,
+                                                                     stream);
     });
 }

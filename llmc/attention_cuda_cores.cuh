@@ -303,8 +303,8 @@ __global__ void attention_forward_kernel(floatX* out, float* lse, AttentionPair 
 // 8*quarter+7 of this block (the block's own K and V are the column tiles). Accumulation step: key row
 // `row`, dims of its quarter.
 
-template <int HS>
-__global__ void attention_backward_dkdv_kernel(floatX* dkv_target, bool accumulate, const floatX* dout,
+template <int HS, bool ACCUMULATE>
+__global__ void attention_backward_dkdv_kernel(floatX* dkv_target, const floatX* dout,
                                                AttentionPair pair, const float* lse, const float* D, int NH) {
     constexpr int dims_per_thread = HS / kThreadsPerRow;
     DYNAMIC_SHARED(float, shared);
@@ -334,7 +334,7 @@ __global__ void attention_backward_dkdv_kernel(floatX* dkv_target, bool accumula
     const int first_column = quarter * kScoresPerThread; // scores: this thread's 8 keys within the tile
     const int first_key = key_tile * kAttentionTile;
     const int query_start = pair.first_query_seeing(first_key);
-    if (accumulate && query_start >= Tq) return;         // no query sees these keys: nothing to add
+    if (ACCUMULATE && query_start >= Tq) return;         // no query sees these keys: nothing to add
     const float scale = 1.0f / sqrtf((float)HS);
 
     load_tile_to_shared<HS, TileLayout::Columns>(k_tile, k_head, qkv_row_stride, first_key, Tk);
@@ -380,8 +380,8 @@ __global__ void attention_backward_dkdv_kernel(floatX* dkv_target, bool accumula
     }
     __syncthreads();  // the dK and dV tiles are staged
     floatX* dk_head = dkv_target + (size_t)b * Tk * qkv_row_stride + C + h * HS;
-    store_row_tile_from_shared<HS>(dk_head, qkv_row_stride, q_tile, first_key, Tk, accumulate);
-    store_row_tile_from_shared<HS>(dk_head + C, qkv_row_stride, dout_tile, first_key, Tk, accumulate);
+    store_row_tile_from_shared<HS>(dk_head, qkv_row_stride, q_tile, first_key, Tk, ACCUMULATE);
+    store_row_tile_from_shared<HS>(dk_head + C, qkv_row_stride, dout_tile, first_key, Tk, ACCUMULATE);
 }
 
 // ----------------------------------------------------------------------------
@@ -392,8 +392,8 @@ __global__ void attention_backward_dkdv_kernel(floatX* dkv_target, bool accumula
 // 8*quarter+7 of this block (the block's own Q and dO are the column tiles). Accumulation step: query row
 // `row`, dims of its quarter.
 
-template <int HS>
-__global__ void attention_backward_dq_kernel(floatX* dq_target, bool accumulate, const floatX* dout,
+template <int HS, bool ACCUMULATE>
+__global__ void attention_backward_dq_kernel(floatX* dq_target, const floatX* dout,
                                              AttentionPair pair, const float* lse, const float* D, int NH) {
     constexpr int dims_per_thread = HS / kThreadsPerRow;
     DYNAMIC_SHARED(float, shared);
@@ -418,7 +418,7 @@ __global__ void attention_backward_dq_kernel(floatX* dq_target, bool accumulate,
     const int first_column = quarter * kScoresPerThread; // scores: this thread's 8 queries within the tile
     const int first_query = query_tile * kAttentionTile;
     const int key_tiles = ceil_div(pair.keys_seen_by(first_query, kAttentionTile), kAttentionTile);
-    if (accumulate && key_tiles == 0) return;            // no row of the tile sees a key: nothing to add
+    if (ACCUMULATE && key_tiles == 0) return;            // no row of the tile sees a key: nothing to add
     const float scale = 1.0f / sqrtf((float)HS);
 
     // lse and D of this thread's 8 queries, fixed for the whole block
@@ -463,7 +463,7 @@ __global__ void attention_backward_dq_kernel(floatX* dq_target, bool accumulate,
     for (int j = 0; j < dims_per_thread; j++) dq_row[j] = dq[j] * scale;
     __syncthreads();  // the dQ tile is staged
     store_row_tile_from_shared<HS>(dq_target + (size_t)b * Tq * qkv_row_stride + h * HS, qkv_row_stride, k_tile,
-                                   first_query, Tq, accumulate);
+                                   first_query, Tq, ACCUMULATE);
 }
 
 // ----------------------------------------------------------------------------
@@ -492,17 +492,16 @@ void launch_attention_forward(floatX* out, float* lse, const AttentionPair& pair
 }
 
 // the dK/dV and dQ kernels, once D is in place: dK, dV into the k, v columns of dkv_target (B, Tk, 3C),
-// dQ into the q columns of dq_target (B, Tq, 3C), written or (accumulate) added
-template <int HS>
-void launch_attention_backward(floatX* dq_target, floatX* dkv_target, bool accumulate, const float* D,
-                               const floatX* dout, const AttentionPair& pair, const float* lse, int B, int NH,
-                               cudaStream_t stream) {
+// dQ into the q columns of dq_target (B, Tq, 3C), written or (ACCUMULATE) added
+template <int HS, bool ACCUMULATE>
+void launch_attention_backward(floatX* dq_target, floatX* dkv_target, const float* D, const floatX* dout,
+                               const AttentionPair& pair, const float* lse, int B, int NH, cudaStream_t stream) {
     const size_t dkdv_bytes = attention_dkdv_shared_bytes<HS>();
     const size_t dq_bytes = attention_dq_shared_bytes<HS>();
-    opt_in_shared_memory(attention_backward_dkdv_kernel<HS>, dkdv_bytes);
-    opt_in_shared_memory(attention_backward_dq_kernel<HS>, dq_bytes);
-    launch(attention_backward_dkdv_kernel<HS>, dim3(ceil_div(pair.Tk, kAttentionTile), NH, B),
-           dim3(kAttentionThreads), dkdv_bytes, stream, dkv_target, accumulate, dout, pair, lse, D, NH);
-    launch(attention_backward_dq_kernel<HS>, dim3(ceil_div(pair.Tq, kAttentionTile), NH, B),
-           dim3(kAttentionThreads), dq_bytes, stream, dq_target, accumulate, dout, pair, lse, D, NH);
+    opt_in_shared_memory(attention_backward_dkdv_kernel<HS, ACCUMULATE>, dkdv_bytes);
+    opt_in_shared_memory(attention_backward_dq_kernel<HS, ACCUMULATE>, dq_bytes);
+    launch(attention_backward_dkdv_kernel<HS, ACCUMULATE>, dim3(ceil_div(pair.Tk, kAttentionTile), NH, B),
+           dim3(kAttentionThreads), dkdv_bytes, stream, dkv_target, dout, pair, lse, D, NH);
+    launch(attention_backward_dq_kernel<HS, ACCUMULATE>, dim3(ceil_div(pair.Tq, kAttentionTile), NH, B),
+           dim3(kAttentionThreads), dq_bytes, stream, dq_target, dout, pair, lse, D, NH);
 }

@@ -34,8 +34,9 @@ relative per term, the same order as storing the output in bf16.
 Pairs of blocks (ring attention): every kernel takes an AttentionPair (llmc/attention.cuh), so queries and
 keys may come from different buffers at a position offset; the step ranges come from the pair (entirely
 masked steps are never visited) and the mask, applied in every step, from AttentionPair::sees. The dK/dV
-and dQ kernels can add to their target instead of overwriting it: the target's rows are loaded into the
-staging tile first, and each element is the fp32 sum rounded once.
+and dQ kernels can add to their target instead of overwriting it: the staged bf16 result and the target's
+value are summed in fp32 at the store (two roundings per accumulation, the price of keeping the
+accumulators' register budget, hence occupancy, exactly as in the overwriting case).
 
 Scores are kept in log2 units: s * log2(e) / sqrt(HS), so each exponential is one exp2 (a single instruction
 on the GPU); lse is converted back to the natural log on the way out and in.
@@ -87,16 +88,25 @@ __device__ void load_rows_async(floatX* tile, const floatX* source, size_t row_s
     }
 }
 
-// Writes rows of a shared tile that are below T to global memory, 16 bytes per thread and step.
+// Writes rows of a shared tile that are below T to global memory, 16 bytes per thread and step, or adds them
+// to what is there (`accumulate`: the pair backward of ring attention; the sum is taken in fp32). Adding
+// here rather than while staging keeps the accumulators' registers free of the extra work: they are dead by
+// the time the target is read.
 template <int HS, int ROWS>
-__device__ void store_rows(floatX* target, size_t row_stride, const floatX* tile, int first_row, int T) {
+__device__ void store_rows(floatX* target, size_t row_stride, const floatX* tile, int first_row, int T,
+                           bool accumulate = false) {
     constexpr int chunks_per_row = HS / 8;
     for (int chunk = threadIdx.x; chunk < ROWS * chunks_per_row; chunk += blockDim.x) {
         const int row = chunk / chunks_per_row;
         const int column = (chunk % chunks_per_row) * 8;
-        if (first_row + row < T)
-            store128(target + (size_t)(first_row + row) * row_stride + column,
-                     load128(tile + row * padded_row<HS>() + column));
+        if (first_row + row >= T) continue;
+        floatX* destination = target + (size_t)(first_row + row) * row_stride + column;
+        x128 packed = load128(tile + row * padded_row<HS>() + column);
+        if (accumulate) {
+            const x128 previous = load128(destination);
+            for (int k = 0; k < x128::size; k++) packed[k] = (floatX)((float)previous[k] + (float)packed[k]);
+        }
+        store128(destination, packed);
     }
 }
 
@@ -140,24 +150,13 @@ __device__ __forceinline__ void load_b_pair_k_major(MmaB& first, MmaB& second, c
 }
 
 // Writes a warp's 16 x HS accumulator rows (times a per-row factor) into rows first_row .. +15 of a shared
-// tile as bf16: lane 4g + t holds rows g and g+8, columns 8n + 2t and 8n + 2t + 1. With `accumulate` the
-// tile already holds rows to add to (the pair backward's target): the sum is taken in fp32, rounded once.
+// tile as bf16: lane 4g + t holds rows g and g+8, columns 8n + 2t and 8n + 2t + 1.
 template <int HS>
 __device__ void stage_accumulators(floatX* tile, int first_row, const MmaAccumulator (&rows)[HS / 8],
-                                   float factor_g, float factor_g8, bool accumulate = false) {
+                                   float factor_g, float factor_g8) {
     const int lane = threadIdx.x % 32;
     floatX* row_g = tile + (first_row + lane / 4) * padded_row<HS>() + 2 * (lane % 4);
     floatX* row_g8 = row_g + 8 * padded_row<HS>();
-    if (accumulate) {
-        #pragma unroll
-        for (int n = 0; n < HS / 8; n++) {
-            row_g[8 * n] = (floatX)((float)row_g[8 * n] + rows[n].x[0] * factor_g);
-            row_g[8 * n + 1] = (floatX)((float)row_g[8 * n + 1] + rows[n].x[1] * factor_g);
-            row_g8[8 * n] = (floatX)((float)row_g8[8 * n] + rows[n].x[2] * factor_g8);
-            row_g8[8 * n + 1] = (floatX)((float)row_g8[8 * n + 1] + rows[n].x[3] * factor_g8);
-        }
-        return;
-    }
     #pragma unroll
     for (int n = 0; n < HS / 8; n++) {
         row_g[8 * n] = (floatX)(rows[n].x[0] * factor_g);
@@ -333,9 +332,9 @@ attention_forward_mma_kernel(floatX* out, float* lse, AttentionPair pair, int NH
 // self-attention) to the end. Warp w: key rows 16 w .. 16 w + 15. Everything is
 // computed transposed (keys as rows), so that the block's own keys are the rows of every accumulator.
 
-template <int HS>
+template <int HS, bool ACCUMULATE>
 __global__ void __launch_bounds__(kMmaAttentionThreads)
-attention_backward_dkdv_mma_kernel(floatX* dkv_target, bool accumulate, const floatX* dout, AttentionPair pair,
+attention_backward_dkdv_mma_kernel(floatX* dkv_target, const floatX* dout, AttentionPair pair,
                                    const float* lse, const float* D, int NH) {
     constexpr int tile_elements = kMmaBlockRows * padded_row<HS>();
     constexpr int step_elements = kBackwardStep * padded_row<HS>();
@@ -363,7 +362,7 @@ attention_backward_dkdv_mma_kernel(floatX* dkv_target, bool accumulate, const fl
     const int first_key = key_tile * kMmaBlockRows;
     const int query_start = pair.first_query_seeing(first_key);
     const int steps = query_start < Tq ? ceil_div(Tq - query_start, kBackwardStep) : 0;
-    if (accumulate && steps == 0) return;  // no query sees these keys: nothing to add
+    if (ACCUMULATE && steps == 0) return;  // no query sees these keys: nothing to add
     const float scale = 1.0f / sqrtf((float)HS);
     const float scale_log2 = scale * kLog2e;
 
@@ -454,21 +453,13 @@ attention_backward_dkdv_mma_kernel(floatX* dkv_target, bool accumulate, const fl
         __syncthreads();  // every warp is done with this buffer before the next step's prefetch refills it
     }
 
-    // dK (scaled once here) and dV staged in the warp's own K and V rows (holding the target's rows first
-    // when adding to them), then stored coalesced
-    floatX* dk_head = dkv_target + (size_t)b * Tk * qkv_row_stride + C + h * HS;
-    if (accumulate) {  // the loop's last barrier freed K and V
-        load_rows_async<HS, kMmaBlockRows>(k_tile, dk_head, qkv_row_stride, first_key, Tk);
-        load_rows_async<HS, kMmaBlockRows>(v_tile, dk_head + C, qkv_row_stride, first_key, Tk);
-        cp_async_commit();
-        cp_async_wait<0>();
-        __syncthreads();
-    }
-    stage_accumulators<HS>(k_tile, warp_row, dk, scale, scale, accumulate);
-    stage_accumulators<HS>(v_tile, warp_row, dv, 1.0f, 1.0f, accumulate);
+    // dK (scaled once here) and dV staged in the warp's own K and V rows, then stored (or added) coalesced
+    stage_accumulators<HS>(k_tile, warp_row, dk, scale, scale);
+    stage_accumulators<HS>(v_tile, warp_row, dv, 1.0f, 1.0f);
     __syncthreads();
-    store_rows<HS, kMmaBlockRows>(dk_head, qkv_row_stride, k_tile, first_key, Tk);
-    store_rows<HS, kMmaBlockRows>(dk_head + C, qkv_row_stride, v_tile, first_key, Tk);
+    floatX* dk_head = dkv_target + (size_t)b * Tk * qkv_row_stride + C + h * HS;
+    store_rows<HS, kMmaBlockRows>(dk_head, qkv_row_stride, k_tile, first_key, Tk, ACCUMULATE);
+    store_rows<HS, kMmaBlockRows>(dk_head + C, qkv_row_stride, v_tile, first_key, Tk, ACCUMULATE);
 }
 
 // ----------------------------------------------------------------------------
@@ -476,9 +467,9 @@ attention_backward_dkdv_mma_kernel(floatX* dkv_target, bool accumulate, const fl
 // 32 from 0 to the last key a row of the tile sees (the diagonal for self-attention). Warp w: query rows
 // 16 w .. 16 w + 15.
 
-template <int HS>
+template <int HS, bool ACCUMULATE>
 __global__ void __launch_bounds__(kMmaAttentionThreads)
-attention_backward_dq_mma_kernel(floatX* dq_target, bool accumulate, const floatX* dout, AttentionPair pair,
+attention_backward_dq_mma_kernel(floatX* dq_target, const floatX* dout, AttentionPair pair,
                                  const float* lse, const float* D, int NH) {
     constexpr int tile_elements = kMmaBlockRows * padded_row<HS>();
     constexpr int step_elements = kBackwardStep * padded_row<HS>();
@@ -501,7 +492,7 @@ attention_backward_dq_mma_kernel(floatX* dq_target, bool accumulate, const float
     const int warp_row = 16 * (threadIdx.x / 32);
     const int first_query = query_tile * kMmaBlockRows;
     const int steps = ceil_div(pair.keys_seen_by(first_query, kMmaBlockRows), kBackwardStep);
-    if (accumulate && steps == 0) return;  // no row of the tile sees a key: nothing to add
+    if (ACCUMULATE && steps == 0) return;  // no row of the tile sees a key: nothing to add
     const float scale = 1.0f / sqrtf((float)HS);
     const float scale_log2 = scale * kLog2e;
 
@@ -588,17 +579,10 @@ attention_backward_dq_mma_kernel(floatX* dq_target, bool accumulate, const float
         __syncthreads();  // every warp is done with this buffer before the next step's prefetch refills it
     }
 
-    // dQ staged in the warp's own Q rows (holding the target's rows first when adding to them)
-    floatX* dq_head = dq_target + (size_t)b * Tq * qkv_row_stride + h * HS;
-    if (accumulate) {  // the loop's last barrier freed Q
-        load_rows_async<HS, kMmaBlockRows>(q_tile, dq_head, qkv_row_stride, first_query, Tq);
-        cp_async_commit();
-        cp_async_wait<0>();
-        __syncthreads();
-    }
-    stage_accumulators<HS>(q_tile, warp_row, dq, scale, scale, accumulate);
+    stage_accumulators<HS>(q_tile, warp_row, dq, scale, scale);  // the warp's own Q rows
     __syncthreads();
-    store_rows<HS, kMmaBlockRows>(dq_head, qkv_row_stride, q_tile, first_query, Tq);
+    store_rows<HS, kMmaBlockRows>(dq_target + (size_t)b * Tq * qkv_row_stride + h * HS, qkv_row_stride, q_tile,
+                                  first_query, Tq, ACCUMULATE);
 }
 
 // ----------------------------------------------------------------------------
@@ -628,17 +612,16 @@ void launch_attention_forward(floatX* out, float* lse, const AttentionPair& pair
 }
 
 // the dK/dV and dQ kernels, once D is in place: dK, dV into the k, v columns of dkv_target (B, Tk, 3C),
-// dQ into the q columns of dq_target (B, Tq, 3C), written or (accumulate) added
-template <int HS>
-void launch_attention_backward(floatX* dq_target, floatX* dkv_target, bool accumulate, const float* D,
-                               const floatX* dout, const AttentionPair& pair, const float* lse, int B, int NH,
-                               cudaStream_t stream) {
+// dQ into the q columns of dq_target (B, Tq, 3C), written or (ACCUMULATE) added
+template <int HS, bool ACCUMULATE>
+void launch_attention_backward(floatX* dq_target, floatX* dkv_target, const float* D, const floatX* dout,
+                               const AttentionPair& pair, const float* lse, int B, int NH, cudaStream_t stream) {
     constexpr size_t dkdv_bytes = attention_dkdv_shared_bytes<HS>();
     constexpr size_t dq_bytes = attention_dq_shared_bytes<HS>();
-    opt_in_shared_memory(attention_backward_dkdv_mma_kernel<HS>, dkdv_bytes);
-    opt_in_shared_memory(attention_backward_dq_mma_kernel<HS>, dq_bytes);
-    launch(attention_backward_dkdv_mma_kernel<HS>, dim3(ceil_div(pair.Tk, kMmaBlockRows), NH, B),
-           dim3(kMmaAttentionThreads), dkdv_bytes, stream, dkv_target, accumulate, dout, pair, lse, D, NH);
-    launch(attention_backward_dq_mma_kernel<HS>, dim3(ceil_div(pair.Tq, kMmaBlockRows), NH, B),
-           dim3(kMmaAttentionThreads), dq_bytes, stream, dq_target, accumulate, dout, pair, lse, D, NH);
+    opt_in_shared_memory(attention_backward_dkdv_mma_kernel<HS, ACCUMULATE>, dkdv_bytes);
+    opt_in_shared_memory(attention_backward_dq_mma_kernel<HS, ACCUMULATE>, dq_bytes);
+    launch(attention_backward_dkdv_mma_kernel<HS, ACCUMULATE>, dim3(ceil_div(pair.Tk, kMmaBlockRows), NH, B),
+           dim3(kMmaAttentionThreads), dkdv_bytes, stream, dkv_target, dout, pair, lse, D, NH);
+    launch(attention_backward_dq_mma_kernel<HS, ACCUMULATE>, dim3(ceil_div(pair.Tq, kMmaBlockRows), NH, B),
+           dim3(kMmaAttentionThreads), dq_bytes, stream, dq_target, dout, pair, lse, D, NH);
 }

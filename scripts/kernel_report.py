@@ -162,7 +162,7 @@ def dynamic_shared_bytes():
 
 
 def role_of(name):
-    template = re.search(r"<(\d+)>", name)
+    template = re.search(r"<(\d+)[,>]", name)  # <HS> or <HS, ACCUMULATE>
     hs = int(template.group(1)) if template else 0
     if "preprocess" in name: return None
     if re.match(r"attention_forward", name): return ("attention_forward", hs)
