@@ -364,7 +364,7 @@ int main(int argc, char** argv) {
         const int accumulation = total_batch_size > 0 ? std::max(1, total_batch_size / per_micro_step) : 1;
         const PipelineSchedule schedule = pipeline_schedule_from_name(pp_schedule);
         const std::string pipeline_error = pipeline_layout_error(schedule, pp_size, pp_virtual, accumulation,
-                                                                 config.num_layers, plan_ranks);
+                                                                 config.num_layers);
         if (!pipeline_error.empty()) fatal("%s", pipeline_error.c_str());
         auto part_of = [&](int pp_rank) {
             return pipeline_model_part(schedule, pp_rank, pp_size, pp_virtual, accumulation, config.num_layers);

@@ -97,14 +97,12 @@ struct Pipeline {
     std::vector<PipelineEvent> events;      // this rank's actions and waits
 };
 
-// One line saying why this layout cannot run (empty: it can).
-inline std::string pipeline_layout_error(PipelineSchedule schedule, int p, int V, int m, int num_layers,
-                                         int world_size) {
+// One line saying why this layout cannot run (empty: it can). Whether the world splits into pp ranks is the
+// mesh's to check.
+inline std::string pipeline_layout_error(PipelineSchedule schedule, int p, int V, int m, int num_layers) {
     const char* name = pipeline_schedule_name(schedule);
     char text[256] = "";
-    if (world_size % p != 0) {
-        snprintf(text, sizeof(text), "the %d ranks are not a multiple of --pp %d", world_size, p);
-    } else if (schedule != PipelineSchedule::Interleaved && V != 1) {
+    if (schedule != PipelineSchedule::Interleaved && V != 1) {
         snprintf(text, sizeof(text), "--pp-virtual %d: only the interleaved schedule has virtual stages (the schedule "
                  "is %s)", V, name);
     } else if (num_layers % (p * V) != 0) {
@@ -144,9 +142,12 @@ inline void pipeline_create(Pipeline& pipe, Mesh& mesh, PipelineSchedule schedul
     pipe.virtual_stages = V;
     pipe.microbatches = m;
     pipe.num_layers = num_layers;
-    const std::string error = pipeline_layout_error(schedule, pipe.size, V, m, num_layers, mesh.world.size);
+    const std::string error = pipeline_layout_error(schedule, pipe.size, V, m, num_layers);
     if (!error.empty()) fatal("%s", error.c_str());
-    pipe.actions = pipeline_actions(schedule, pipe.rank, pipe.size, m, V);
+    std::vector<std::vector<PipelineAction>> lists;  // every rank's: the gradient sends' plan looks at all
+    for (int r = 0; r < pipe.size; r++) lists.push_back(pipeline_actions(schedule, r, pipe.size, m, V));
+    pipe.actions = lists[pipe.rank];
+    pipe.gradient_sends = pipeline_gradient_sends(lists, pipe.rank, m, V);
     pipe.record_of = pipeline_record_assignment(pipe.actions, &pipe.records);
     if (pipe.records != pipeline_peak_activations(schedule, pipe.rank, pipe.size, m, V))
         fatal("pipeline %s: the actions need %d records, the formula says %d", pipeline_schedule_name(schedule),
@@ -170,9 +171,6 @@ inline void pipeline_create(Pipeline& pipe, Mesh& mesh, PipelineSchedule schedul
         const bool holds_wte = pipe.rank == 0 || pipe.rank == pipe.size - 1;
         pipe.tied = comm_split(mesh.axis[PP], holds_wte ? 0 : 1, pipe.rank);
     }
-    std::vector<std::vector<PipelineAction>> lists;
-    for (int r = 0; r < pipe.size; r++) lists.push_back(pipeline_actions(schedule, r, pipe.size, m, V));
-    pipe.gradient_sends = pipeline_gradient_sends(lists, pipe.rank, m, V);
     cudaCheck(cudaStreamCreateWithFlags(&pipe.activation_stream, cudaStreamNonBlocking));
     cudaCheck(cudaStreamCreateWithFlags(&pipe.gradient_stream, cudaStreamNonBlocking));
     pipe.output_sent.resize(pipe.records);
@@ -404,13 +402,14 @@ inline std::vector<float> gather_whole_model(Communicator& model_group, const Pi
                                              const ParameterLayout& layout, const std::vector<float>& mine,
                                              cudaStream_t stream) {
     const ParameterLayout whole(layout.config);
-    auto layout_of = [&](int member) {
+    std::vector<ParameterLayout> parts;  // each member's
+    size_t largest = 0;                  // the all-gather moves equal blocks: the largest part's size
+    for (int member = 0; member < model_group.size; member++) {
         const std::vector<char> held = pipeline_held_chunks(member / layout.tp, pipe.size, pipe.virtual_stages,
                                                             layout.config.num_layers);
-        return ParameterLayout(layout.config, layout.shards, layout.tp, member % layout.tp, held);
-    };
-    size_t largest = 0;  // the all-gather moves equal blocks: the largest part's size
-    for (int member = 0; member < model_group.size; member++) largest = std::max(largest, layout_of(member).total);
+        parts.emplace_back(layout.config, layout.shards, layout.tp, member % layout.tp, held);
+        largest = std::max(largest, parts.back().total);
+    }
     std::vector<float> everyone = mine;
     if (model_group.size > 1) {
         float* device = tracked_alloc<float>(largest * model_group.size, MemoryKind::Communication, "whole model");
@@ -424,7 +423,7 @@ inline std::vector<float> gather_whole_model(Communicator& model_group, const Pi
     std::vector<char> written(whole.total, 0);
     for (int member = 0; member < model_group.size; member++) {
         const float* from = everyone.data() + member * largest;
-        for_each_common_run(layout_of(member), whole, [&](size_t at, size_t to, size_t count) {
+        for_each_common_run(parts[member], whole, [&](size_t at, size_t to, size_t count) {
             if (written[to] && memcmp(&values[to], from + at, count * sizeof(float)) != 0)
                 fatal("rank %d of the model group (pp rank %d, tp rank %d) holds a copy of a parameter that differs "
                       "from another rank's", member, member / layout.tp, member % layout.tp);
