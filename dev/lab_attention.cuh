@@ -11,7 +11,10 @@ the whole-sequence kernels above, which the reference vouches for: a sequence is
 key/value blocks, every query block visits every key block (partial forward, merge), and the merged out
 and lse must match attention_forward on the whole sequence; then the pair backward, accumulated over all
 pairs with D from the merged out, must match attention_backward on the whole sequence given the same
-merged out and lse (again so that a forward difference cannot show up as a backward one).
+merged out and lse (again so that a forward difference cannot show up as a backward one). Each ring runs
+twice: with its key blocks as qkv buffers (key_values_of) and as packed (B, Tk, 2C) copies of their k and v
+columns with a packed dK/dV accumulator (packed_key_values, what context parallelism sends round the ring);
+both must match the whole sequence, and each other bit for bit.
 */
 #pragma once
 
@@ -309,19 +312,44 @@ inline std::vector<float> with_parts_filled(std::vector<float> rows, int C, std:
     return rows;
 }
 
-inline void lab_attention_ring(const RingSplit& split, int B, int T, int NH, int HS) {
+// columns [C, 3C) of qkv-layout rows: the packed (rows, 2C) keys and values that a ring sends
+inline std::vector<float> packed_key_value_rows(const std::vector<float>& qkv_rows, int C) {
+    const size_t rows = qkv_rows.size() / (3 * (size_t)C);
+    std::vector<float> packed(rows * 2 * C);
+    for (size_t r = 0; r < rows; r++) std::copy_n(&qkv_rows[r * 3 * C + C], 2 * C, &packed[r * 2 * C]);
+    return packed;
+}
+// the reverse: packed (rows, 2C) rows as qkv-layout rows, with `fill` in their q columns
+inline std::vector<float> qkv_rows_of_packed(const std::vector<float>& packed, int C, float fill) {
+    const size_t rows = packed.size() / (2 * (size_t)C);
+    std::vector<float> qkv_rows(rows * 3 * C, fill);
+    for (size_t r = 0; r < rows; r++) std::copy_n(&packed[r * 2 * C], 2 * C, &qkv_rows[r * 3 * C + C]);
+    return qkv_rows;
+}
+
+// What a ring computed, placed into whole-sequence arrays: the merged out (B, T, C) and lse (B, NH, T), and
+// dqkv (B, T, 3C) as the pair backward accumulated it.
+struct RingResult {
+    std::vector<float> out, lse, dqkv;
+};
+
+// Runs the split's ring on qkv and dout: every query block meets every key block (partial forward, merge),
+// then D from each merged block and the pair backward of every pair. With packed_keys the key blocks are
+// (B, Tk, 2C) copies of their k and v columns and their dK, dV accumulate in that layout (what context
+// parallelism sends round the ring); otherwise the key blocks are qkv buffers and dK, dV go to the k and v
+// columns of a dqkv buffer. Checks on the way that pairs which see nothing say so and that the pair backward
+// writes only where it should.
+inline RingResult run_ring(const RingSplit& split, const std::vector<float>& qkv, const std::vector<float>& dout,
+                           int B, int T, int NH, int HS, bool packed_keys, const std::string& shape) {
     const int C = NH * HS;
-    char shape[128];
-    snprintf(shape, sizeof(shape), "%s (B=%d T=%d NH=%d HS=%d)", split.name.c_str(), B, T, NH, HS);
-    const std::vector<float> qkv = attention_random_qkv(B, T, C);
-    const std::vector<float> dout = round_to_floatX(random_floats((size_t)B * T * C));
     const float nan = NAN;
     const size_t nq = split.query_blocks.size(), nk = split.key_blocks.size();
+    const int key_width = packed_keys ? 2 * C : 3 * C;  // a key row's columns in either layout
 
-    // The blocks on the device. Queries carry NaN in their k and v columns and keys in their q columns, so
-    // a kernel that read the wrong columns would show it; the gradient targets hold zeros where the pair
-    // backward adds and NaN where it must not write.
-    std::vector<std::unique_ptr<DeviceBuffer<floatX>>> q_qkv, out, partial_out, block_dout, dq, kv_qkv, dkv;
+    // The blocks on the device. Queries carry NaN in their k and v columns and keys (qkv layout) in their q
+    // columns, so a kernel that read the wrong columns would show it; the gradient targets hold zeros where
+    // the pair backward adds and NaN where it must not write.
+    std::vector<std::unique_ptr<DeviceBuffer<floatX>>> q_qkv, out, partial_out, block_dout, dq, keys, dkv;
     std::vector<std::unique_ptr<DeviceBuffer<float>>> lse, partial_lse, D;
     for (const auto& [first, rows] : split.query_blocks) {
         q_qkv.emplace_back(new DeviceBuffer<floatX>((size_t)B * rows * 3 * C));
@@ -340,17 +368,24 @@ inline void lab_attention_ring(const RingSplit& split, int B, int T, int NH, int
         dq.back()->upload(with_parts_filled(std::vector<float>((size_t)B * rows * 3 * C, 0.0f), C, {0}, nan));
     }
     for (const auto& [first, rows] : split.key_blocks) {
-        kv_qkv.emplace_back(new DeviceBuffer<floatX>((size_t)B * rows * 3 * C));
-        kv_qkv.back()->upload(with_parts_filled(sequence_rows(qkv, B, T, 3 * C, first, rows), C, {1, 2}, nan));
-        dkv.emplace_back(new DeviceBuffer<floatX>((size_t)B * rows * 3 * C));
-        dkv.back()->upload(with_parts_filled(std::vector<float>((size_t)B * rows * 3 * C, 0.0f), C, {1, 2}, nan));
+        const std::vector<float> key_rows =
+            with_parts_filled(sequence_rows(qkv, B, T, 3 * C, first, rows), C, {1, 2}, nan);
+        keys.emplace_back(new DeviceBuffer<floatX>((size_t)B * rows * key_width));
+        keys.back()->upload(packed_keys ? packed_key_value_rows(key_rows, C) : key_rows);
+        dkv.emplace_back(new DeviceBuffer<floatX>((size_t)B * rows * key_width));
+        if (packed_keys) dkv.back()->zero();
+        else dkv.back()->upload(with_parts_filled(std::vector<float>((size_t)B * rows * 3 * C, 0.0f), C, {1, 2}, nan));
     }
     auto query_block = [&](size_t i) {
         return AttentionBlock{q_qkv[i]->ptr, split.query_blocks[i].second, split.query_blocks[i].first};
     };
     auto key_block = [&](size_t j) {
-        return AttentionBlock{kv_qkv[j]->ptr, split.key_blocks[j].second, split.key_blocks[j].first};
+        const auto [first, rows] = split.key_blocks[j];
+        return packed_keys ? packed_key_values(keys[j]->ptr, rows, first, C)
+                           : key_values_of(AttentionBlock{keys[j]->ptr, rows, first}, C);
     };
+    // dK, dV of key block j go where its keys are: the packed buffer as it is, or the k columns of dqkv
+    auto dkv_target = [&](size_t j) { return packed_keys ? dkv[j]->ptr : dkv[j]->ptr + C; };
 
     // forward: each query block meets every key block and merges; a pair that sees nothing must say so
     bool empty_rows_ok = true;
@@ -373,12 +408,59 @@ inline void lab_attention_ring(const RingSplit& split, int B, int T, int NH, int
     if (empty_pairs > 0)
         check_true(std::string("attention_forward_pair masked pairs ") + shape, empty_rows_ok,
                    std::to_string(empty_pairs) + " pairs: out 0, lse -inf");
-    std::vector<float> ring_out((size_t)B * T * C), ring_lse((size_t)B * NH * T);
+    RingResult result{std::vector<float>((size_t)B * T * C), std::vector<float>((size_t)B * NH * T),
+                      std::vector<float>((size_t)B * T * 3 * C)};
     for (size_t i = 0; i < nq; i++) {
         const auto [first, rows] = split.query_blocks[i];
-        place_sequence_rows(ring_out, out[i]->download(), B, T, C, first, rows);
-        place_lse_rows(ring_lse, lse[i]->download(), B, NH, T, first, rows);
+        place_sequence_rows(result.out, out[i]->download(), B, T, C, first, rows);
+        place_lse_rows(result.lse, lse[i]->download(), B, NH, T, first, rows);
     }
+
+    // backward: D from each merged block, every pair adds its dQ, dK, dV
+    for (size_t i = 0; i < nq; i++) {
+        attention_backward_preprocess(D[i]->ptr, block_dout[i]->ptr, out[i]->ptr, B, split.query_blocks[i].second, C,
+                                      NH, 0);
+        for (int j : split.visits[i])
+            attention_backward_pair(dq[i]->ptr, dkv_target(j), D[i]->ptr, block_dout[i]->ptr, lse[i]->ptr,
+                                    query_block(i), key_block(j), B, C, NH, 0);
+    }
+    cudaCheck(cudaDeviceSynchronize());
+    bool other_columns_untouched = true;
+    auto untouched = [&](const std::vector<float>& rows, std::initializer_list<int> parts) {
+        for (int part : parts)
+            for (float v : attention_qkv_part(rows, C, part)) other_columns_untouched = other_columns_untouched && std::isnan(v);
+    };
+    for (size_t i = 0; i < nq; i++) {
+        const auto [first, rows] = split.query_blocks[i];
+        const std::vector<float> got = dq[i]->download();
+        untouched(got, {1, 2});
+        place_qkv_parts(result.dqkv, got, B, T, C, first, rows, {0});
+    }
+    for (size_t j = 0; j < nk; j++) {
+        const auto [first, rows] = split.key_blocks[j];
+        const std::vector<float> got = packed_keys ? qkv_rows_of_packed(dkv[j]->download(), C, nan) : dkv[j]->download();
+        if (!packed_keys) untouched(got, {0});  // (a packed buffer has no other columns)
+        place_qkv_parts(result.dqkv, got, B, T, C, first, rows, {1, 2});
+    }
+    check_true(std::string("attention_backward_pair writes only its columns ") + shape, other_columns_untouched,
+               packed_keys ? "dq: q columns" : "dq: q columns, dkv: k and v columns");
+    return result;
+}
+
+// The ring with key blocks as qkv buffers and again with packed key blocks, each against the whole sequence's
+// forward and backward; and the two rings against each other: they compute the same products in the same
+// order, so they must agree bit for bit.
+inline void lab_attention_ring(const RingSplit& split, int B, int T, int NH, int HS) {
+    const int C = NH * HS;
+    char dims[96];
+    snprintf(dims, sizeof(dims), "(B=%d T=%d NH=%d HS=%d)", B, T, NH, HS);
+    const std::string shape = split.name + " " + dims, packed_shape = split.name + " packed kv " + dims;
+    const std::vector<float> qkv = attention_random_qkv(B, T, C);
+    const std::vector<float> dout = round_to_floatX(random_floats((size_t)B * T * C));
+    const size_t blocks = std::max(split.query_blocks.size(), split.key_blocks.size());
+
+    const RingResult ring = run_ring(split, qkv, dout, B, T, NH, HS, false, shape);
+    const RingResult packed = run_ring(split, qkv, dout, B, T, NH, HS, true, packed_shape);
 
     // the whole sequence
     DeviceBuffer<floatX> qkv_d((size_t)B * T * 3 * C), out_d((size_t)B * T * C), dout_d((size_t)B * T * C);
@@ -392,42 +474,6 @@ inline void lab_attention_ring(const RingSplit& split, int B, int T, int NH, int
     cudaCheck(cudaDeviceSynchronize());
     const std::vector<float> whole_out = out_d.download(), whole_lse = lse_d.download();
 
-    // backward: D from each merged block, every pair adds its dQ, dK, dV; the whole sequence's backward
-    // gets the same merged out and lse
-    for (size_t i = 0; i < nq; i++) {
-        attention_backward_preprocess(D[i]->ptr, block_dout[i]->ptr, out[i]->ptr, B, split.query_blocks[i].second, C,
-                                      NH, 0);
-        for (int j : split.visits[i])
-            attention_backward_pair(dq[i]->ptr, dkv[j]->ptr, D[i]->ptr, block_dout[i]->ptr, lse[i]->ptr,
-                                    query_block(i), key_block(j), B, C, NH, 0);
-    }
-    out_d.upload(ring_out);
-    lse_d.upload(ring_lse);
-    dqkv_d.poison();
-    workspace_d.poison();
-    attention_backward(dqkv_d.ptr, workspace_d.ptr, dout_d.ptr, qkv_d.ptr, out_d.ptr, lse_d.ptr, B, T, C, NH, 0);
-    cudaCheck(cudaDeviceSynchronize());
-    std::vector<float> ring_dqkv((size_t)B * T * 3 * C);
-    bool other_columns_untouched = true;
-    auto untouched = [&](const std::vector<float>& rows, std::initializer_list<int> parts) {
-        for (int part : parts)
-            for (float v : attention_qkv_part(rows, C, part)) other_columns_untouched = other_columns_untouched && std::isnan(v);
-    };
-    for (size_t i = 0; i < nq; i++) {
-        const auto [first, rows] = split.query_blocks[i];
-        const std::vector<float> got = dq[i]->download();
-        untouched(got, {1, 2});
-        place_qkv_parts(ring_dqkv, got, B, T, C, first, rows, {0});
-    }
-    for (size_t j = 0; j < nk; j++) {
-        const auto [first, rows] = split.key_blocks[j];
-        const std::vector<float> got = dkv[j]->download();
-        untouched(got, {0});
-        place_qkv_parts(ring_dqkv, got, B, T, C, first, rows, {1, 2});
-    }
-    check_true(std::string("attention_backward_pair writes only its columns ") + shape, other_columns_untouched,
-               "dq: q columns, dkv: k and v columns");
-
     // Tolerances: ring and whole-sequence results are both checked against truth, so |ring - whole| is at most
     // the sum of their errors. FP32: as in lab_attention_shape (2e-5 + 1e-4 relative); the merges and the
     // accumulation of the pairs add a few fp32 roundings. BF16: each rounding to bf16 moves a value by up to
@@ -438,24 +484,42 @@ inline void lab_attention_ring(const RingSplit& split, int B, int T, int NH, int
     // met. So |ring - whole| <= 2^-9 (4 + blocks) M; we allow 2^-8 (4 + blocks) M. lse is fp32 in both
     // builds: 2e-5 + 1e-5 relative.
     const double atol = 2e-5, rtol = by_precision(1e-4, 0.0);
-    std::vector<double> out_allowed(ring_out.size(), 0.0), dqkv_allowed(ring_dqkv.size(), 0.0);
-    if (kBF16) {
-        const double blocks = (double)std::max(nq, nk);
-        const double per_magnitude = (4.0 + blocks) / 256.0;
-        std::vector<double> out_ref, lse_ref, dqkv_ref, out_magnitude, dqkv_magnitude;
-        attention_forward_reference(qkv, B, T, NH, HS, out_ref, lse_ref, out_magnitude);
-        attention_backward_reference(qkv, dout, ring_out, B, T, NH, HS, dqkv_ref, dqkv_magnitude);
-        for (size_t i = 0; i < out_allowed.size(); i++) out_allowed[i] = per_magnitude * out_magnitude[i];
-        for (size_t i = 0; i < dqkv_allowed.size(); i++) dqkv_allowed[i] = per_magnitude * dqkv_magnitude[i];
-    }
-    check_close(std::string("ring attention out ") + shape, ring_out, to_double(whole_out), atol, rtol, out_allowed);
-    check_close(std::string("ring attention lse ") + shape, ring_lse, to_double(whole_lse), 2e-5, 1e-5);
-    const std::vector<float> whole_dqkv = dqkv_d.download();
-    const char* part_names[3] = {"dq", "dk", "dv"};
-    for (int part = 0; part < 3; part++)
-        check_close(std::string("ring attention ") + part_names[part] + " " + shape, attention_qkv_part(ring_dqkv, C, part),
-                    to_double(attention_qkv_part(whole_dqkv, C, part)), atol, rtol,
-                    attention_qkv_part(dqkv_allowed, C, part));
+    // the ring's result against the whole sequence's: forward as it is, backward given the ring's merged
+    // out and lse (so that a forward difference cannot show up as a backward one)
+    auto compare_with_whole = [&](const RingResult& result, const std::string& label) {
+        std::vector<double> out_allowed(result.out.size(), 0.0), dqkv_allowed(result.dqkv.size(), 0.0);
+        if (kBF16) {
+            const double per_magnitude = (4.0 + (double)blocks) / 256.0;
+            std::vector<double> out_ref, lse_ref, dqkv_ref, out_magnitude, dqkv_magnitude;
+            attention_forward_reference(qkv, B, T, NH, HS, out_ref, lse_ref, out_magnitude);
+            attention_backward_reference(qkv, dout, result.out, B, T, NH, HS, dqkv_ref, dqkv_magnitude);
+            for (size_t i = 0; i < out_allowed.size(); i++) out_allowed[i] = per_magnitude * out_magnitude[i];
+            for (size_t i = 0; i < dqkv_allowed.size(); i++) dqkv_allowed[i] = per_magnitude * dqkv_magnitude[i];
+        }
+        out_d.upload(result.out);
+        lse_d.upload(result.lse);
+        dqkv_d.poison();
+        workspace_d.poison();
+        attention_backward(dqkv_d.ptr, workspace_d.ptr, dout_d.ptr, qkv_d.ptr, out_d.ptr, lse_d.ptr, B, T, C, NH, 0);
+        cudaCheck(cudaDeviceSynchronize());
+        const std::vector<float> whole_dqkv = dqkv_d.download();
+        check_close("ring attention out " + label, result.out, to_double(whole_out), atol, rtol, out_allowed);
+        check_close("ring attention lse " + label, result.lse, to_double(whole_lse), 2e-5, 1e-5);
+        const char* part_names[3] = {"dq", "dk", "dv"};
+        for (int part = 0; part < 3; part++)
+            check_close(std::string("ring attention ") + part_names[part] + " " + label,
+                        attention_qkv_part(result.dqkv, C, part), to_double(attention_qkv_part(whole_dqkv, C, part)),
+                        atol, rtol, attention_qkv_part(dqkv_allowed, C, part));
+    };
+    compare_with_whole(ring, shape);
+    compare_with_whole(packed, packed_shape);
+
+    auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+        return a.size() == b.size() && memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+    };
+    check_true("ring attention packed kv = qkv-layout kv " + shape,
+               same_bits(packed.out, ring.out) && same_bits(packed.lse, ring.lse) && same_bits(packed.dqkv, ring.dqkv),
+               "out, lse, dq, dk, dv: same bits");
 }
 
 inline void lab_attention_bench(int B, int T, int NH, int HS, const char* label) {

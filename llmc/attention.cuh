@@ -11,6 +11,9 @@ Layouts (the matmuls around attention produce and consume these directly, so the
   dqkv  (B, T, 3C)   gradient with respect to qkv, same layout; OVERWRITTEN by attention_backward (qkv is an
                      activation, not a parameter, so there is nothing to accumulate into); the pair backward
                      of ring attention ACCUMULATES instead (below)
+  kv    (B, T, 2C)   keys and values PACKED, k in columns [0, C), v in [C, 2C): how ring attention carries a
+                     key block (and its dK/dV) around the ring (below); the kernels also read keys and values
+                     straight from the k and v columns of a qkv buffer
 
 Forward. For one (b, h), with Q, K, V the T x HS slices of that head and scale = 1/sqrt(HS):
     S[i][j] = scale * Q[i] . K[j]            for j <= i (causal); masked entries are -infinity
@@ -56,14 +59,21 @@ dispatch at run time and refuse anything else). Any T >= 1.
 
 Pairs of blocks (ring attention, context parallelism). A rank holds some positions of the sequence and sees
 the keys and values of the others one block at a time. So the kernels are written for a pair: queries i
-from one packed buffer (B, Tq, 3C) at absolute positions q_position + i, keys and values j from another
-(B, Tk, 3C) at k_position + j (only its k and v columns are read), with query i seeing key j iff
+from one packed buffer (B, Tq, 3C) at absolute positions q_position + i (an AttentionBlock), keys and values
+j at k_position + j (a KeyValueBlock), with query i seeing key j iff
     k_position + j <= q_position + i,   i.e.   j <= i + offset,   offset = q_position - k_position.
-Self-attention above is the pair (qkv, qkv) with offset 0. Since the visible keys of a row are always a
-prefix 0 .. i + offset, a query tile needs only the key tiles up to its last row's last visible key and a
-key tile only the query tiles from its first key's first viewer on: entirely masked tiles are never visited.
+Self-attention above is the pair (qkv, key_values_of(qkv)) with offset 0. Since the visible keys of a row
+are always a prefix 0 .. i + offset, a query tile needs only the key tiles up to its last row's last visible
+key and a key tile only the query tiles from its first key's first viewer on: entirely masked tiles are
+never visited.
 With offset >= Tk (a key block wholly before the query block) nothing is masked; with offset <= -Tq nothing
 is visible and the pair costs nothing. A row that sees no key of the pair gets O = 0 and lse = -infinity.
+A key block is read through its row stride: its rows are the k and v columns of a qkv buffer (B, Tk, 3C),
+as in self-attention (key_values_of), or packed (B, Tk, 2C) rows of k and v alone (packed_key_values). The
+ring sends the packed form: a rank needs only the keys and values of the others' blocks, and whole qkv rows
+would spend a third of every step's bytes on q columns nobody reads. The kernels read every k and v row with
+the block's stride (q, dout and dQ rows with their own, 3C, C and 3C), so both layouts give the same
+products in the same order: the same bits.
 
 Merging. Attention over the union of two disjoint key sets, from the results on each:
     lse' = log(exp(lse_a) + exp(lse_b)) = M + log(exp(lse_a - M) + exp(lse_b - M)),   M = max(lse_a, lse_b)
@@ -78,24 +88,30 @@ chunks is the diagonal (offset 0), wholly visible, or wholly masked (the caller 
 The pair backward. With the MERGED lse (so P is the full row's softmax restricted to this pair's keys) and
 D from the merged output (attention_backward_preprocess), the formulas above hold pair by pair: dQ of a
 row is a sum over key blocks and dK, dV of a key row a sum over query blocks, so the pair backward ADDS
-its dQ into the query rows of one dqkv-layout buffer (q columns) and dK, dV into the key rows of another
-(k and v columns). Summed over the pairs of a ring in a fixed order the result is deterministic.
-attention_backward is the pair (qkv, qkv) that overwrites instead: the same kernel templates, with a
-template flag (ACCUMULATE) that only changes the final store, so the overwriting instances compile to the
-same code and registers as before pairs existed.
+its dQ into the query rows of one dqkv-layout buffer (q columns) and dK, dV into the key rows of a target
+in the keys' layout: dK of key row j, head h at dkv_target + (b*Tk + j) * row_stride + h*HS, dV C further
+on. A ring whose key blocks travel packed accumulates their gradients packed too (a (B, Tk, 2C) buffer,
+passed as it is), and that accumulator travels with the block, again without q columns; a key block read
+from a qkv buffer has its gradient in a dqkv buffer (B, Tk, 3C), passed as dqkv + C. Summed over the pairs
+of a ring in a fixed order the result is deterministic.
+attention_backward is the pair (qkv, key_values_of(qkv)) that overwrites instead (dK, dV to dqkv + C): the
+same kernel templates, with a template flag (ACCUMULATE) that only changes the final store, so the
+overwriting instances pay nothing for the accumulation (no loads of the target, no registers for it).
 */
 #pragma once
 
 #include <type_traits>
 #include "cuda_common.cuh"
 
-// What the kernels get for one pair: the two buffers, their lengths, and offset = q_position - k_position.
+// What the kernels get for one pair: where the queries and the keys start, the blocks' lengths, offset =
+// q_position - k_position, and the keys' row stride (3C: the k, v columns of a qkv buffer; 2C: packed).
 struct AttentionPair {
     const floatX* q_source;   // (B, Tq, 3C): q columns read
-    const floatX* kv_source;  // (B, Tk, 3C): k and v columns read
+    const floatX* kv_source;  // the k columns of key row 0 of batch 0; v columns C further on
     int Tq;
     int Tk;
     int offset;
+    int kv_row_stride;        // elements from one key row to the next
     // query i sees key j (and both are inside their blocks)
     __host__ __device__ bool sees(int query, int key) const { return key <= query + offset && key < Tk && query < Tq; }
     // the keys visible to any of the queries first_query .. first_query + rows - 1 are 0 .. this - 1
@@ -108,8 +124,8 @@ struct AttentionPair {
     __host__ __device__ const floatX* q_head(int b, int h, int NH, int HS) const {
         return q_source + (size_t)b * Tq * 3 * NH * HS + (size_t)h * HS;
     }
-    __host__ __device__ const floatX* k_head(int b, int h, int NH, int HS) const {
-        return kv_source + (size_t)b * Tk * 3 * NH * HS + (size_t)(NH + h) * HS;
+    __host__ __device__ const floatX* k_head(int b, int h, int HS) const {
+        return kv_source + (size_t)b * Tk * kv_row_stride + (size_t)h * HS;
     }
     // the first query that sees `key` (Tq or more: none does)
     __host__ __device__ int first_query_seeing(int key) const { return key - offset > 0 ? key - offset : 0; }
@@ -220,19 +236,43 @@ struct AttentionBlock {
     int position;
 };
 
-inline AttentionPair attention_pair(const AttentionBlock& queries, const AttentionBlock& keys) {
+// The keys and values of one block: key row j of batch b has its k columns (head h at + h*HS) at
+// k + (b*T + j) * row_stride and its v columns C further on; its rows sit at positions position .. + T - 1.
+struct KeyValueBlock {
+    const floatX* k;
+    int row_stride;
+    int T;
+    int position;
+};
+
+// the k and v columns of a qkv buffer (B, T, 3C)
+inline KeyValueBlock key_values_of(AttentionBlock block, int C) {
+    return KeyValueBlock{block.qkv + C, 3 * C, block.T, block.position};
+}
+// packed keys and values (B, T, 2C): k in columns [0, C), v in [C, 2C)
+inline KeyValueBlock packed_key_values(const floatX* kv, int T, int position, int C) {
+    return KeyValueBlock{kv, 2 * C, T, position};
+}
+
+inline AttentionPair attention_pair(const AttentionBlock& queries, const KeyValueBlock& keys, int C) {
     if (queries.T < 1 || keys.T < 1) {
         fprintf(stderr, "error: attention blocks need at least one row (got Tq = %d, Tk = %d)\n", queries.T, keys.T);
         exit(EXIT_FAILURE);
     }
-    return AttentionPair{queries.qkv, keys.qkv, queries.T, keys.T, queries.position - keys.position};
+    // a key row holds C k and C v columns; the kernels move 16 bytes at a time, so rows start 16-byte aligned
+    if (keys.row_stride < 2 * C || keys.row_stride % (16 / (int)sizeof(floatX)) != 0) {
+        fprintf(stderr, "error: a key block's rows need 2C = %d columns and 16-byte alignment (row stride %d)\n",
+                2 * C, keys.row_stride);
+        exit(EXIT_FAILURE);
+    }
+    return AttentionPair{queries.qkv, keys.k, queries.T, keys.T, queries.position - keys.position, keys.row_stride};
 }
 
 // Ring attention's forward on one pair: out (B, Tq, C) and lse (B, NH, Tq) are overwritten with the
 // normalised result over this pair's visible keys (rows that see none: out 0, lse -infinity).
-void attention_forward_pair(floatX* out, float* lse, AttentionBlock queries, AttentionBlock keys, int B, int C,
+void attention_forward_pair(floatX* out, float* lse, AttentionBlock queries, KeyValueBlock keys, int B, int C,
                             int NH, cudaStream_t stream) {
-    const AttentionPair pair = attention_pair(queries, keys);
+    const AttentionPair pair = attention_pair(queries, keys, C);
     dispatch_attention_head_size(attention_head_size(C, NH), [&](auto head_size) {
         launch_attention_forward<decltype(head_size)::value>(out, lse, pair, B, NH, stream);
     });
@@ -257,12 +297,13 @@ void attention_backward_preprocess(float* D, const floatX* dout, const floatX* o
 }
 
 // Ring attention's backward on one pair, given D and lse (B, NH, Tq) of the merged forward and dout
-// (B, Tq, C): ADDS dQ into the q columns of dq_target (B, Tq, 3C) and dK, dV into the k and v columns of
-// dkv_target (B, Tk, 3C). Deterministic.
+// (B, Tq, C): ADDS dQ into the q columns of dq_target (B, Tq, 3C) and dK, dV into dkv_target, laid out like
+// the keys (row stride keys.row_stride, dV C after dK): dqkv + C for a (B, Tk, 3C) dqkv buffer, a packed
+// (B, Tk, 2C) buffer as it is. Deterministic.
 void attention_backward_pair(floatX* dq_target, floatX* dkv_target, const float* D, const floatX* dout,
-                             const float* lse, AttentionBlock queries, AttentionBlock keys, int B, int C, int NH,
+                             const float* lse, AttentionBlock queries, KeyValueBlock keys, int B, int C, int NH,
                              cudaStream_t stream) {
-    const AttentionPair pair = attention_pair(queries, keys);
+    const AttentionPair pair = attention_pair(queries, keys, C);
     dispatch_attention_head_size(attention_head_size(C, NH), [&](auto head_size) {
         launch_attention_backward<decltype(head_size)::value, true>(dq_target, dkv_target, D, dout, pair, lse, B, NH,
                                                                     stream);
@@ -273,8 +314,8 @@ void attention_backward_pair(floatX* dq_target, floatX* dkv_target, const float*
 void attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH,
                        cudaStream_t stream) {
     dispatch_attention_head_size(attention_head_size(C, NH), [&](auto head_size) {
-        launch_attention_forward<decltype(head_size)::value>(out, lse, AttentionPair{qkv, qkv, T, T, 0}, B, NH,
-                                                             stream);
+        launch_attention_forward<decltype(head_size)::value>(out, lse, AttentionPair{qkv, qkv + C, T, T, 0, 3 * C},
+                                                             B, NH, stream);
     });
 }
 
@@ -284,8 +325,8 @@ void attention_backward(floatX* dqkv, float* workspace_D, const floatX* dout, co
                         const float* lse, int B, int T, int C, int NH, cudaStream_t stream) {
     attention_backward_preprocess(workspace_D, dout, out, B, T, C, NH, stream);
     dispatch_attention_head_size(attention_head_size(C, NH), [&](auto head_size) {
-        launch_attention_backward<decltype(head_size)::value, false>(dqkv, dqkv, workspace_D, dout,
-                                                                     AttentionPair{qkv, qkv, T, T, 0}, lse, B, NH,
-                                                                     stream);
+        launch_attention_backward<decltype(head_size)::value, false>(dqkv, dqkv + C, workspace_D, dout,
+                                                                     AttentionPair{qkv, qkv + C, T, T, 0, 3 * C},
+                                                                     lse, B, NH, stream);
     });
 }

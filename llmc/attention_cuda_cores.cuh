@@ -9,7 +9,8 @@ rows in dK/dV). Query and key tiles are the same size, so causality is simple: q
 0..i, and only the diagonal tile has masked entries. Rows and keys at or beyond T (the last tile when T is
 not a multiple of 32) load as zeros, are masked out of the softmax and are never stored. For a pair of
 blocks (ring attention; AttentionPair in llmc/attention.cuh) the same holds with Tq, Tk and the position
-offset: the tile ranges come from the pair, and the mask, applied in every tile, from AttentionPair::sees.
+offset: the tile ranges come from the pair, and the mask, applied in every tile, from AttentionPair::sees;
+key and value rows (and their dK, dV) are pair.kv_row_stride apart (a qkv buffer's k, v columns or packed).
 
 Each step of a kernel is two small matrix products between 32-row tiles staged in shared memory (fp32):
   scores:       a 32 x 32 tile of S (and dP), each entry a dot product of length HS;
@@ -227,9 +228,10 @@ __global__ void attention_forward_kernel(floatX* out, float* lse, AttentionPair 
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int C = NH * HS;
-    const size_t qkv_row_stride = 3 * (size_t)C;
+    const size_t qkv_row_stride = 3 * (size_t)C;      // query rows
+    const size_t kv_row_stride = pair.kv_row_stride;  // key and value rows
     const floatX* q_head = pair.q_head(b, h, NH, HS);
-    const floatX* k_head = pair.k_head(b, h, NH, HS);
+    const floatX* k_head = pair.k_head(b, h, HS);
     const floatX* v_head = k_head + C;
     const int row = threadIdx.x / kThreadsPerRow;        // this thread's query row within the tile
     const int quarter = threadIdx.x % kThreadsPerRow;    // which of the row's 4 threads
@@ -249,8 +251,8 @@ __global__ void attention_forward_kernel(floatX* out, float* lse, AttentionPair 
 
     for (int key_tile = 0; key_tile < key_tiles; key_tile++) {
         const int first_key = key_tile * kAttentionTile;
-        load_tile_to_shared<HS, TileLayout::Columns>(k_tile, k_head, qkv_row_stride, first_key, pair.Tk);
-        load_tile_to_shared<HS, TileLayout::Rows>(v_tile, v_head, qkv_row_stride, first_key, pair.Tk);
+        load_tile_to_shared<HS, TileLayout::Columns>(k_tile, k_head, kv_row_stride, first_key, pair.Tk);
+        load_tile_to_shared<HS, TileLayout::Rows>(v_tile, v_head, kv_row_stride, first_key, pair.Tk);
         __syncthreads();  // the K and V tiles (and, the first time, Q) are complete
 
         float s[kScoresPerThread];
@@ -321,10 +323,11 @@ __global__ void attention_backward_dkdv_kernel(floatX* dkv_target, const floatX*
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int C = NH * HS;
-    const size_t qkv_row_stride = 3 * (size_t)C;
+    const size_t qkv_row_stride = 3 * (size_t)C;      // query rows
+    const size_t kv_row_stride = pair.kv_row_stride;  // key and value rows, and their dK, dV
     const int Tq = pair.Tq, Tk = pair.Tk;
     const floatX* q_head = pair.q_head(b, h, NH, HS);
-    const floatX* k_head = pair.k_head(b, h, NH, HS);
+    const floatX* k_head = pair.k_head(b, h, HS);
     const floatX* v_head = k_head + C;
     const floatX* dout_head = dout + (size_t)b * Tq * C + h * HS;
     const float* lse_head = lse + ((size_t)b * NH + h) * Tq;
@@ -337,8 +340,8 @@ __global__ void attention_backward_dkdv_kernel(floatX* dkv_target, const floatX*
     if (ACCUMULATE && query_start >= Tq) return;         // no query sees these keys: nothing to add
     const float scale = 1.0f / sqrtf((float)HS);
 
-    load_tile_to_shared<HS, TileLayout::Columns>(k_tile, k_head, qkv_row_stride, first_key, Tk);
-    load_tile_to_shared<HS, TileLayout::Columns>(v_tile, v_head, qkv_row_stride, first_key, Tk);
+    load_tile_to_shared<HS, TileLayout::Columns>(k_tile, k_head, kv_row_stride, first_key, Tk);
+    load_tile_to_shared<HS, TileLayout::Columns>(v_tile, v_head, kv_row_stride, first_key, Tk);
 
     float dk[dims_per_thread], dv[dims_per_thread];     // key row `row`, this thread's dims
     for (int j = 0; j < dims_per_thread; j++) { dk[j] = 0.0f; dv[j] = 0.0f; }
@@ -379,9 +382,9 @@ __global__ void attention_backward_dkdv_kernel(floatX* dkv_target, const floatX*
         dv_row[j] = dv[j];
     }
     __syncthreads();  // the dK and dV tiles are staged
-    floatX* dk_head = dkv_target + (size_t)b * Tk * qkv_row_stride + C + h * HS;
-    store_row_tile_from_shared<HS>(dk_head, qkv_row_stride, q_tile, first_key, Tk, ACCUMULATE);
-    store_row_tile_from_shared<HS>(dk_head + C, qkv_row_stride, dout_tile, first_key, Tk, ACCUMULATE);
+    floatX* dk_head = dkv_target + (size_t)b * Tk * kv_row_stride + h * HS;
+    store_row_tile_from_shared<HS>(dk_head, kv_row_stride, q_tile, first_key, Tk, ACCUMULATE);
+    store_row_tile_from_shared<HS>(dk_head + C, kv_row_stride, dout_tile, first_key, Tk, ACCUMULATE);
 }
 
 // ----------------------------------------------------------------------------
@@ -407,10 +410,11 @@ __global__ void attention_backward_dq_kernel(floatX* dq_target, const floatX* do
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int C = NH * HS;
-    const size_t qkv_row_stride = 3 * (size_t)C;
+    const size_t qkv_row_stride = 3 * (size_t)C;      // query rows, and their dQ
+    const size_t kv_row_stride = pair.kv_row_stride;  // key and value rows
     const int Tq = pair.Tq, Tk = pair.Tk;
     const floatX* q_head = pair.q_head(b, h, NH, HS);
-    const floatX* k_head = pair.k_head(b, h, NH, HS);
+    const floatX* k_head = pair.k_head(b, h, HS);
     const floatX* v_head = k_head + C;
     const floatX* dout_head = dout + (size_t)b * Tq * C + h * HS;
     const int row = threadIdx.x / kThreadsPerRow;        // scores: key row; accumulation: query row
@@ -437,8 +441,8 @@ __global__ void attention_backward_dq_kernel(floatX* dq_target, const floatX* do
 
     for (int key_tile = 0; key_tile < key_tiles; key_tile++) {
         const int first_key = key_tile * kAttentionTile;
-        load_tile_to_shared<HS, TileLayout::Rows>(k_tile, k_head, qkv_row_stride, first_key, Tk);
-        load_tile_to_shared<HS, TileLayout::Rows>(v_tile, v_head, qkv_row_stride, first_key, Tk);
+        load_tile_to_shared<HS, TileLayout::Rows>(k_tile, k_head, kv_row_stride, first_key, Tk);
+        load_tile_to_shared<HS, TileLayout::Rows>(v_tile, v_head, kv_row_stride, first_key, Tk);
         __syncthreads();  // K and V of this key tile (and, the first time, Q and dO) are complete
 
         // S and dP of queries first_column .. first_column+7 against key `row`
@@ -491,8 +495,8 @@ void launch_attention_forward(floatX* out, float* lse, const AttentionPair& pair
     launch(attention_forward_kernel<HS>, grid, dim3(kAttentionThreads), shared_bytes, stream, out, lse, pair, NH);
 }
 
-// the dK/dV and dQ kernels, once D is in place: dK, dV into the k, v columns of dkv_target (B, Tk, 3C),
-// dQ into the q columns of dq_target (B, Tq, 3C), written or (ACCUMULATE) added
+// the dK/dV and dQ kernels, once D is in place: dK, dV into dkv_target in the keys' layout (pair.kv_row_stride
+// per row, dV C after dK), dQ into the q columns of dq_target (B, Tq, 3C), written or (ACCUMULATE) added
 template <int HS, bool ACCUMULATE>
 void launch_attention_backward(floatX* dq_target, floatX* dkv_target, const float* D, const floatX* dout,
                                const AttentionPair& pair, const float* lse, int B, int NH, cudaStream_t stream) {

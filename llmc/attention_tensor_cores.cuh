@@ -32,11 +32,13 @@ product), all sums fp32. P's normaliser l and the statistics m, lse, D stay fp32
 relative per term, the same order as storing the output in bf16.
 
 Pairs of blocks (ring attention): every kernel takes an AttentionPair (llmc/attention.cuh), so queries and
-keys may come from different buffers at a position offset; the step ranges come from the pair (entirely
-masked steps are never visited) and the mask, applied in every step, from AttentionPair::sees. The dK/dV
-and dQ kernels can add to their target instead of overwriting it: the staged bf16 result and the target's
-value are summed in fp32 at the store (two roundings per accumulation, the price of keeping the
-accumulators' register budget, hence occupancy, exactly as in the overwriting case).
+keys may come from different buffers at a position offset, with key and value rows (and their dK, dV)
+pair.kv_row_stride apart (a qkv buffer's k, v columns or packed k, v rows); the step ranges come from the
+pair (entirely masked steps are never visited) and the mask, applied in every step, from
+AttentionPair::sees. The dK/dV and dQ kernels can add to their target instead of overwriting it: the
+staged bf16 result and the target's value are summed in fp32 at the store (two roundings per
+accumulation, the price of keeping the accumulators' register budget, hence occupancy, exactly as in the
+overwriting case).
 
 Scores are kept in log2 units: s * log2(e) / sqrt(HS), so each exponential is one exp2 (a single instruction
 on the GPU); lse is converted back to the natural log on the way out and in.
@@ -198,10 +200,11 @@ attention_forward_mma_kernel(floatX* out, float* lse, AttentionPair pair, int NH
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int C = NH * HS;
-    const size_t qkv_row_stride = 3 * (size_t)C;
+    const size_t qkv_row_stride = 3 * (size_t)C;      // query rows
+    const size_t kv_row_stride = pair.kv_row_stride;  // key and value rows
     const int Tq = pair.Tq, Tk = pair.Tk;
     const floatX* q_head = pair.q_head(b, h, NH, HS);
-    const floatX* k_head = pair.k_head(b, h, NH, HS);
+    const floatX* k_head = pair.k_head(b, h, HS);
     const floatX* v_head = k_head + C;
     const int warp_row = 16 * (threadIdx.x / 32);  // the warp's first row within the tile
     const int first_query = query_tile * kMmaBlockRows;
@@ -210,8 +213,8 @@ attention_forward_mma_kernel(floatX* out, float* lse, AttentionPair pair, int NH
 
     if (steps > 0) {  // (a tile that sees no key loads nothing: its zero output is staged in q_tile directly)
         load_rows_async<HS, kMmaBlockRows>(q_tile, q_head, qkv_row_stride, first_query, Tq);
-        load_rows_async<HS, kForwardKeyStep>(k_tiles, k_head, qkv_row_stride, 0, Tk);
-        load_rows_async<HS, kForwardKeyStep>(v_tiles, v_head, qkv_row_stride, 0, Tk);
+        load_rows_async<HS, kForwardKeyStep>(k_tiles, k_head, kv_row_stride, 0, Tk);
+        load_rows_async<HS, kForwardKeyStep>(v_tiles, v_head, kv_row_stride, 0, Tk);
         cp_async_commit();
     }
 
@@ -225,8 +228,8 @@ attention_forward_mma_kernel(floatX* out, float* lse, AttentionPair pair, int NH
         if (step + 1 < steps) {  // the next keys and values fly in while this step is multiplied
             const int next_key = (step + 1) * kForwardKeyStep;
             const int next = (1 - buffer) * tile_elements;
-            load_rows_async<HS, kForwardKeyStep>(k_tiles + next, k_head, qkv_row_stride, next_key, Tk);
-            load_rows_async<HS, kForwardKeyStep>(v_tiles + next, v_head, qkv_row_stride, next_key, Tk);
+            load_rows_async<HS, kForwardKeyStep>(k_tiles + next, k_head, kv_row_stride, next_key, Tk);
+            load_rows_async<HS, kForwardKeyStep>(v_tiles + next, v_head, kv_row_stride, next_key, Tk);
             cp_async_commit();
             cp_async_wait<1>();  // all but the newest group: this step's tiles (and Q) have landed
         } else {
@@ -350,10 +353,11 @@ attention_backward_dkdv_mma_kernel(floatX* dkv_target, const floatX* dout, Atten
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int C = NH * HS;
-    const size_t qkv_row_stride = 3 * (size_t)C;
+    const size_t qkv_row_stride = 3 * (size_t)C;      // query rows
+    const size_t kv_row_stride = pair.kv_row_stride;  // key and value rows, and their dK, dV
     const int Tq = pair.Tq, Tk = pair.Tk;
     const floatX* q_head = pair.q_head(b, h, NH, HS);
-    const floatX* k_head = pair.k_head(b, h, NH, HS);
+    const floatX* k_head = pair.k_head(b, h, HS);
     const floatX* v_head = k_head + C;
     const floatX* dout_head = dout + (size_t)b * Tq * C + h * HS;
     const float* lse_head = lse + ((size_t)b * NH + h) * Tq;
@@ -380,8 +384,8 @@ attention_backward_dkdv_mma_kernel(floatX* dkv_target, const floatX* dout, Atten
         }
     };
     if (steps > 0) {  // (no step: K, V stay unloaded and the zero dK, dV are staged without a barrier)
-        load_rows_async<HS, kMmaBlockRows>(k_tile, k_head, qkv_row_stride, first_key, Tk);
-        load_rows_async<HS, kMmaBlockRows>(v_tile, v_head, qkv_row_stride, first_key, Tk);
+        load_rows_async<HS, kMmaBlockRows>(k_tile, k_head, kv_row_stride, first_key, Tk);
+        load_rows_async<HS, kMmaBlockRows>(v_tile, v_head, kv_row_stride, first_key, Tk);
         load_query_step(0);
         cp_async_commit();
     }
@@ -457,9 +461,9 @@ attention_backward_dkdv_mma_kernel(floatX* dkv_target, const floatX* dout, Atten
     stage_accumulators<HS>(k_tile, warp_row, dk, scale, scale);
     stage_accumulators<HS>(v_tile, warp_row, dv, 1.0f, 1.0f);
     __syncthreads();
-    floatX* dk_head = dkv_target + (size_t)b * Tk * qkv_row_stride + C + h * HS;
-    store_rows<HS, kMmaBlockRows>(dk_head, qkv_row_stride, k_tile, first_key, Tk, ACCUMULATE);
-    store_rows<HS, kMmaBlockRows>(dk_head + C, qkv_row_stride, v_tile, first_key, Tk, ACCUMULATE);
+    floatX* dk_head = dkv_target + (size_t)b * Tk * kv_row_stride + h * HS;
+    store_rows<HS, kMmaBlockRows>(dk_head, kv_row_stride, k_tile, first_key, Tk, ACCUMULATE);
+    store_rows<HS, kMmaBlockRows>(dk_head + C, kv_row_stride, v_tile, first_key, Tk, ACCUMULATE);
 }
 
 // ----------------------------------------------------------------------------
@@ -483,10 +487,11 @@ attention_backward_dq_mma_kernel(floatX* dq_target, const floatX* dout, Attentio
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int C = NH * HS;
-    const size_t qkv_row_stride = 3 * (size_t)C;
+    const size_t qkv_row_stride = 3 * (size_t)C;      // query rows, and their dQ
+    const size_t kv_row_stride = pair.kv_row_stride;  // key and value rows
     const int Tq = pair.Tq, Tk = pair.Tk;
     const floatX* q_head = pair.q_head(b, h, NH, HS);
-    const floatX* k_head = pair.k_head(b, h, NH, HS);
+    const floatX* k_head = pair.k_head(b, h, HS);
     const floatX* v_head = k_head + C;
     const floatX* dout_head = dout + (size_t)b * Tq * C + h * HS;
     const int warp_row = 16 * (threadIdx.x / 32);
@@ -508,8 +513,8 @@ attention_backward_dq_mma_kernel(floatX* dq_target, const floatX* dout, Attentio
     if (steps > 0) {  // (no step: nothing is loaded and the zero dQ is staged without a barrier)
         load_rows_async<HS, kMmaBlockRows>(q_tile, q_head, qkv_row_stride, first_query, Tq);
         load_rows_async<HS, kMmaBlockRows>(dout_tile, dout_head, C, first_query, Tq);
-        load_rows_async<HS, kBackwardStep>(k_steps, k_head, qkv_row_stride, 0, Tk);
-        load_rows_async<HS, kBackwardStep>(v_steps, v_head, qkv_row_stride, 0, Tk);
+        load_rows_async<HS, kBackwardStep>(k_steps, k_head, kv_row_stride, 0, Tk);
+        load_rows_async<HS, kBackwardStep>(v_steps, v_head, kv_row_stride, 0, Tk);
         cp_async_commit();
     }
 
@@ -520,8 +525,8 @@ attention_backward_dq_mma_kernel(floatX* dq_target, const floatX* dout, Attentio
         if (step + 1 < steps) {
             const int next_key = (step + 1) * kBackwardStep;
             const int next = (1 - buffer) * step_elements;
-            load_rows_async<HS, kBackwardStep>(k_steps + next, k_head, qkv_row_stride, next_key, Tk);
-            load_rows_async<HS, kBackwardStep>(v_steps + next, v_head, qkv_row_stride, next_key, Tk);
+            load_rows_async<HS, kBackwardStep>(k_steps + next, k_head, kv_row_stride, next_key, Tk);
+            load_rows_async<HS, kBackwardStep>(v_steps + next, v_head, kv_row_stride, next_key, Tk);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -611,8 +616,8 @@ void launch_attention_forward(floatX* out, float* lse, const AttentionPair& pair
            out, lse, pair, NH);
 }
 
-// the dK/dV and dQ kernels, once D is in place: dK, dV into the k, v columns of dkv_target (B, Tk, 3C),
-// dQ into the q columns of dq_target (B, Tq, 3C), written or (ACCUMULATE) added
+// the dK/dV and dQ kernels, once D is in place: dK, dV into dkv_target in the keys' layout (pair.kv_row_stride
+// per row, dV C after dK), dQ into the q columns of dq_target (B, Tq, 3C), written or (ACCUMULATE) added
 template <int HS, bool ACCUMULATE>
 void launch_attention_backward(floatX* dq_target, floatX* dkv_target, const float* D, const floatX* dout,
                                const AttentionPair& pair, const float* lse, int B, int NH, cudaStream_t stream) {
