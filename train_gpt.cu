@@ -37,6 +37,7 @@ headers, the schedule's executor in llmc/pipeline.h. This file only decides what
 #include "llmc/zero.h"
 #include "llmc/tensor_parallel.h"
 #include "llmc/pipeline.h"
+#include "llmc/context_parallel.h"
 #include "llmc/memory.h"
 
 // ----------------------------------------------------------------------------
@@ -76,9 +77,10 @@ static int micro_step_tokens(int batch_size, int seq_len, int ranks) {
 }
 
 // What llmc/memory.h's formulas need to know of this run (for --plan, and beside the measured memory).
-// `part`: the first pipeline stage's (rank 0's).
+// `part`: the first pipeline stage's (rank 0's). T: the positions of a sequence one rank holds (T/cp).
 static GPT2MemoryShape memory_shape(const GPT2Config& config, int B, int T, int multiprocessors, int tp,
-                                    bool sequence_parallel, const Recompute& recompute, const ModelPart& part) {
+                                    bool sequence_parallel, const Recompute& recompute, const ModelPart& part,
+                                    const ContextParallel& cp) {
     GPT2MemoryShape shape{config.num_layers, config.channels, config.num_heads, config.padded_vocab_size,
                           config.max_seq_len, B, T, multiprocessors};
     shape.tp = tp;
@@ -88,6 +90,9 @@ static GPT2MemoryShape memory_shape(const GPT2Config& config, int B, int T, int 
     shape.records = part.records;
     shape.first_stage = part.held_chunks[1];
     shape.last_stage = part.held_chunks[config.num_layers];
+    shape.cp = cp.size;
+    shape.cp_ring = cp.mode == ContextParallelMode::Ring;
+    shape.cp_chunks = cp_chunks_per_rank(cp.split);
     return shape;
 }
 
@@ -98,10 +103,13 @@ static GPT2MemoryShape memory_shape(const GPT2Config& config, int B, int T, int 
 // mean over ranks is the loss
 static float validation_loss(Pipeline& pipe, GPT2& model, DataLoader& val_loader, int batches, Zero& zero) {
     val_loader.reset();  // the same batches every time, so successive values are comparable
+    const int B = val_loader.B, T = val_loader.T;
     for (int i = 0; i < batches; i++) {
         val_loader.next_batch();
-        pipeline_forward_only(pipe, model, val_loader.inputs.data(), val_loader.targets.data(), val_loader.B,
-                              val_loader.T);
+        // each cp rank its positions of the rows (all of them without context parallelism)
+        const std::vector<int> inputs = cp_local_tokens(model.cp, val_loader.inputs.data(), B, T);
+        const std::vector<int> targets = cp_local_tokens(model.cp, val_loader.targets.data(), B, T);
+        pipeline_forward_only(pipe, model, inputs.data(), targets.data(), B, T / model.cp.size);
     }
     gpt2_mean_loss(model, batches);
     average_over_ranks(zero, &model.results->loss, model.stream);
@@ -118,16 +126,24 @@ static std::string sample_text(Pipeline& pipe, GPT2& model, const Tokenizer& tok
     std::vector<int> tokens = {(int)tokenizer.end_of_text};
     std::vector<floatX> logits_raw(c.padded_vocab_size);
     std::vector<double> probabilities(c.vocab_size);
-    while ((int)tokens.size() <= count && (int)tokens.size() <= model.max_seq) {
+    const ContextParallel& cp = model.cp;
+    while ((int)tokens.size() <= count && (int)tokens.size() <= model.max_seq * cp.size) {
         const int T = (int)tokens.size();
-        // sequence parallelism splits the rows over the tp ranks: pad to a multiple of tp with end-of-text
-        // tokens after the last one, which the causal mask keeps from changing row T-1's logits
-        const int tp = model.tp.size, rows = model.tp.sequence_parallel ? (T + tp - 1) / tp * tp : T;
+        // sequence parallelism splits the rows over the tp ranks, context parallelism the positions over the
+        // cp ranks: pad to what they split with end-of-text tokens after the last one, which the causal mask
+        // keeps from changing row T-1's logits
+        const int split = model.tp.sequence_parallel ? model.tp.size
+                        : cp.size > 1 ? cp.size * cp_chunks_per_rank(cp.split) : 1;
+        const int rows = (T + split - 1) / split * split;
         std::vector<int> padded(tokens);
         padded.resize(rows, (int)tokenizer.end_of_text);
-        pipeline_forward_only(pipe, model, padded.data(), nullptr, 1, rows);
-        if (model.last_stage)
-            tp_gather_logits_row(model.tp, logits_raw.data(), model.logits, T - 1, c.padded_vocab_size, model.stream);
+        const std::vector<int> mine = cp_local_tokens(cp, padded.data(), 1, rows);
+        pipeline_forward_only(pipe, model, mine.data(), nullptr, 1, rows / cp.size);
+        int row = 0;
+        const int holder = cp_owner_of_position(cp, T - 1, rows, &row);  // the cp rank with position T-1
+        if (model.last_stage && cp.rank == holder)
+            tp_gather_logits_row(model.tp, logits_raw.data(), model.logits, row, c.padded_vocab_size, model.stream);
+        if (cp.size > 1) broadcast_host(*cp.group, logits_raw.data(), logits_raw.size(), holder, model.stream);
         pipeline_share_host_from_last_stage(pipe, logits_raw.data(), logits_raw.size(), model.stream);
         double max_logit = -INFINITY, total = 0.0;
         for (int v = 0; v < c.vocab_size; v++) max_logit = std::max(max_logit, (double)(float)logits_raw[v]);
@@ -261,6 +277,28 @@ static void report_pipeline_timeline(Pipeline& pipe, GPT2& model, Logger& logger
     }
 }
 
+// After the last step under context parallelism: each cp rank's time in its attention kernels (the ring's
+// waits left out), gathered over the cp axis and printed by rank 0 with max/min, the split's load balance.
+static void report_attention_balance(GPT2& model, Mesh& mesh, Logger& logger, bool main_rank) {
+    ContextParallel& cp = model.cp;
+    const float mine = cp_attention_milliseconds(cp);
+    std::vector<float> times(cp.size, mine);
+    float* device = tracked_alloc<float>(cp.size, MemoryKind::Communication, "attention times");
+    copy_to_device(device + cp.rank, &mine, 1, model.stream);
+    all_gather(*cp.group, device, device + cp.rank, 1, model.stream);
+    copy_to_host(times.data(), device, cp.size, model.stream);
+    tracked_free(device);
+    if (!main_rank) return;
+    const float slowest = *std::max_element(times.begin(), times.end());
+    const float fastest = *std::min_element(times.begin(), times.end());
+    std::string list;
+    for (int r = 0; r < cp.size; r++) list += (r ? ", " : "") + std::to_string(times[r]);
+    printf("attention time per cp rank (%s split, %s), last step: %s ms; max/min %.3f\n", cp_split_name(cp.split),
+           cp_mode_name(cp.mode), list.c_str(), fastest > 0 ? slowest / fastest : 0.0f);
+    logger.write(JsonLine("attention_balance").text("split", cp_split_name(cp.split)).text("mode", cp_mode_name(cp.mode))
+                     .raw("milliseconds", "[" + list + "]").number("max_over_min", fastest > 0 ? slowest / fastest : 0));
+}
+
 // ----------------------------------------------------------------------------
 
 int main(int argc, char** argv) {
@@ -336,6 +374,15 @@ int main(int argc, char** argv) {
     std::string& trace_path = flags.add_string("trace", "",
         "write the last step's timeline of the pipeline's forward and backward passes and waits as a Chrome trace "
         "(chrome://tracing, ui.perfetto.dev; scripts/pipeline_timeline.py draws it)");
+    int& cp_size = flags.add_int("cp", 1,
+        "context parallelism: ranks that split every sequence (each holds T/cp positions); the world is "
+        "data-parallel x pp x cp x tp ranks", 1, 4096);
+    std::string& cp_mode_flag = flags.add_choice("cp-mode", "ring", cp_mode_names(),
+        "how attention sees the other ranks' positions: key/value blocks passed around a ring (ring), or "
+        "all-to-alls from a split of the sequence to a split of the heads (ulysses: heads / tp must divide by cp)");
+    std::string& cp_split_flag = flags.add_choice("cp-split", "zigzag", cp_split_names(),
+        "which positions a cp rank holds: chunks i and 2cp-1-i of 2cp (zigzag: every rank the same causal "
+        "attention work), or chunk i of cp (contiguous)");
     flags.heading("Activation recomputation");
     std::string& recompute_policy = flags.add_choice("recompute", "none", recompute_policy_names(),
         "what the forward pass keeps: everything (none), all but the layernorm and GELU outputs (selective), "
@@ -355,9 +402,19 @@ int main(int argc, char** argv) {
     if (plan_ranks > 0) {  // arithmetic only: works for any model and layout, on any machine
         const GPT2Config config = config_from_flags(model_name, layers, heads, channels, vocab_size, max_seq_len);
         tp_check_layout(config, tp_size, sequence_parallel, seq_len);
-        if (plan_ranks % (tp_size * pp_size) != 0)
-            fatal("--plan %d ranks are not a multiple of --pp %d x --tp %d", plan_ranks, pp_size, tp_size);
-        const int dp = plan_ranks / (tp_size * pp_size);
+        if (plan_ranks % (tp_size * pp_size * cp_size) != 0)
+            fatal("--plan %d ranks are not a multiple of --pp %d x --cp %d x --tp %d", plan_ranks, pp_size, cp_size,
+                  tp_size);
+        const int dp = plan_ranks / (tp_size * pp_size * cp_size);
+        ContextParallel cp;  // the layout's cp axis, for the formulas
+        cp.size = cp_size;
+        cp.mode = cp_mode_from_name(cp_mode_flag);
+        cp.split = cp_split_from_name(cp_split_flag);
+        const std::string model_error = mesh_model_error(mesh_layout(1, dp, pp_size, cp_size, tp_size),
+                                                         config.num_layers, config.num_heads, seq_len, cp.mode, cp.split);
+        if (!model_error.empty()) fatal("%s", model_error.c_str());
+        if (cp_size > 1 && sequence_parallel)
+            fatal("--sequence-parallel with --cp is not supported: both split the sequence's rows");
         const int shard = dp_shard == 0 ? dp : dp_shard;
         if (dp % shard != 0) fatal("--dp-shard %d does not divide the %d data-parallel ranks", shard, dp);
         const int per_micro_step = micro_step_tokens(batch_size, seq_len, dp);
@@ -370,27 +427,39 @@ int main(int argc, char** argv) {
             return pipeline_model_part(schedule, pp_rank, pp_size, pp_virtual, accumulation, config.num_layers);
         };
         auto shape_of = [&](int pp_rank) {
-            return memory_shape(config, batch_size, seq_len, GPT2MemoryShape{}.multiprocessors, tp_size,
-                                sequence_parallel, recompute, part_of(pp_rank));
+            return memory_shape(config, batch_size, seq_len / cp_size, GPT2MemoryShape{}.multiprocessors, tp_size,
+                                sequence_parallel, recompute, part_of(pp_rank), cp);
         };
         auto parameters_of = [&](int pp_rank) {
-            return ParameterLayout(config, zero_stage == 0 ? 1 : shard, tp_size, 0, part_of(pp_rank).held_chunks).total;
+            return ParameterLayout(config, zero_stage == 0 ? 1 : shard * cp_size, tp_size, 0,
+                                   part_of(pp_rank).held_chunks).total;
         };
         const GPT2MemoryShape shape = shape_of(0);
         printf("plan: %d layers, %d channels, %zu parameters (%zu on pp rank 0, tp rank 0); %d ranks = dp %d x pp %d x "
-               "tp %d%s; ZeRO stage %d (shard groups of %d), %d x %d tokens per data-parallel rank and micro-step, %d "
-               "micro-step(s)\n", config.num_layers, config.channels, ParameterLayout(config).num_parameters,
+               "cp %d x tp %d%s; ZeRO stage %d (shard groups of %d), %d x %d tokens per data-parallel rank and "
+               "micro-step, %d micro-step(s)\n", config.num_layers, config.channels, ParameterLayout(config).num_parameters,
                ParameterLayout(config, 1, tp_size, 0, part_of(0).held_chunks).num_parameters, plan_ranks, dp, pp_size,
-               tp_size, sequence_parallel ? " (sequence parallel)" : "", zero_stage, shard, batch_size, seq_len,
-               accumulation);
+               cp_size, tp_size, sequence_parallel ? " (sequence parallel)" : "", zero_stage, shard * cp_size,
+               batch_size, seq_len, accumulation);
+        if (cp_size > 1)
+            printf("context parallel: %s attention, %s split; each cp rank holds %d of the %d positions\n",
+                   cp_mode_name(cp.mode), cp_split_name(cp.split), seq_len / cp_size, seq_len);
         const bool bf16 = sizeof(floatX) == 2;
-        print_memory_plan(plan_training_memory(parameters_of(0), zero_stage, dp, shard, bf16, accumulation, &shape));
+        // the cp ranks of a replica average gradients and share ZeRO shards with the data-parallel ones
+        print_memory_plan(plan_training_memory(parameters_of(0), zero_stage, dp * cp_size, shard * cp_size, bf16,
+                                               accumulation, &shape));
         printf("  %-16s %12s  the tp axis, sent per step (the formula in llmc/tensor_parallel.h)\n", "communication tp",
-               format_bytes(tp_bytes_per_step(config, batch_size, seq_len, tp_size, sequence_parallel, accumulation,
+               format_bytes(tp_bytes_per_step(config, batch_size, seq_len / cp_size, tp_size, sequence_parallel, accumulation,
                                               zero_stage, bf16)).c_str());
+        if (cp_size > 1)
+            printf("  %-16s %12s  the cp axis, sent per step (the formula in llmc/context_parallel.h)\n",
+                   "communication cp", format_bytes(cp_bytes_per_step(
+                       cp.mode, cp_size, batch_size, seq_len, config.channels / tp_size, config.num_layers / pp_size,
+                       recompute.policy == RecomputePolicy::Full ? 2 : 1, accumulation, sizeof(floatX))).c_str());
         if (pp_size > 1)
-            print_pipeline_plan(config, schedule, pp_size, pp_virtual, accumulation, batch_size, seq_len, tp_size,
-                                sequence_parallel, zero_stage, dp, shard, shape_of, parameters_of);
+            print_pipeline_plan(config, schedule, pp_size, pp_virtual, accumulation, batch_size, seq_len / cp_size,
+                                tp_size, sequence_parallel, zero_stage, dp * cp_size, shard * cp_size, shape_of,
+                                parameters_of);
         print_korthikanti_table2(shape, bf16);  // in 2-byte activations, as the paper counts, in either build
         return EXIT_SUCCESS;
     }
@@ -399,13 +468,13 @@ int main(int argc, char** argv) {
     // optimizer state (ZeRO-1, and the gradients with ZeRO-2) is sharded over groups of --dp-shard ranks,
     // replicated across the groups
     Communicator world = comm_init_world(nccl_init_file);
-    if (world.size % (tp_size * pp_size) != 0)
-        fatal("the %d ranks are not a multiple of --pp %d x --tp %d", world.size, pp_size, tp_size);
-    const int data_parallel_ranks = world.size / (tp_size * pp_size);
+    if (world.size % (tp_size * pp_size * cp_size) != 0)
+        fatal("the %d ranks are not a multiple of --pp %d x --cp %d x --tp %d", world.size, pp_size, cp_size, tp_size);
+    const int data_parallel_ranks = world.size / (tp_size * pp_size * cp_size);
     if (dp_shard == 0) dp_shard = data_parallel_ranks;
     if (data_parallel_ranks % dp_shard != 0)
         fatal("--dp-shard %d does not divide the %d data-parallel ranks", dp_shard, data_parallel_ranks);
-    Mesh mesh = mesh_create(world, mesh_layout(data_parallel_ranks / dp_shard, dp_shard, pp_size, 1, tp_size));
+    Mesh mesh = mesh_create(world, mesh_layout(data_parallel_ranks / dp_shard, dp_shard, pp_size, cp_size, tp_size));
     const bool main_rank = world.rank == 0;  // prints, logs, samples and writes files
     const int dp_rank = mesh_data_parallel_rank(mesh), dp_size = mesh_data_parallel_size(mesh);
     if (main_rank) mesh_print(mesh);
@@ -415,6 +484,18 @@ int main(int argc, char** argv) {
     const int B = batch_size, T = seq_len;
     if (T > config.max_seq_len) fatal("--seq-len %d exceeds the model's %d positions", T, config.max_seq_len);
     tp_check_layout(config, tp_size, sequence_parallel, T);
+    const ContextParallelMode cp_mode = cp_mode_from_name(cp_mode_flag);
+    const SequenceSplit cp_split = cp_split_from_name(cp_split_flag);
+    mesh_check_model(mesh, config.num_layers, config.num_heads, T, cp_mode, cp_split);
+    if (cp_size > 1 && sequence_parallel)
+        fatal("--sequence-parallel with --cp is not supported: both split the sequence's rows");
+    ContextParallel cp;  // this rank's positions of every sequence (llmc/context_parallel.h)
+    cp.size = cp_size;
+    cp.rank = mesh.coords[CP];
+    cp.mode = cp_mode;
+    cp.split = cp_split;
+    cp.group = cp_size > 1 ? &mesh.axis[CP] : nullptr;
+    const int T_local = T / cp_size;  // the positions of each sequence this rank holds
     TensorParallel tp;  // this rank's slice of every matmul (llmc/tensor_parallel.h)
     tp.size = tp_size;
     tp.rank = mesh.coords[TP];
@@ -428,11 +509,11 @@ int main(int argc, char** argv) {
     const int accumulation_steps = total_batch_size / tokens_per_micro_step;
     Pipeline pipe;  // this rank's stages and schedule (llmc/pipeline.h): the micro-steps are its microbatches
     pipeline_create(pipe, mesh, pipeline_schedule_from_name(pp_schedule), pp_virtual, accumulation_steps,
-                    config.num_layers, (size_t)tp_rows(tp, B * T) * config.channels);
+                    config.num_layers, (size_t)tp_rows(tp, B * T_local) * config.channels);
 
     GPT2 model;
-    gpt2_allocate(model, config, B, T, zero_shard_count(zero_stage, &mesh), /*full_gradients=*/zero_stage < 2,
-                  /*full_parameters=*/zero_stage < 3, tp, recompute, pipeline_model_part(pipe));
+    gpt2_allocate(model, config, B, T_local, zero_shard_count(zero_stage, &mesh), /*full_gradients=*/zero_stage < 2,
+                  /*full_parameters=*/zero_stage < 3, tp, recompute, pipeline_model_part(pipe), cp);
     // the whole model (from the file, or GPT-2's initialisation), then this rank's part of it: its pipeline
     // stages' chunks, its tp slices of them
     const ParameterLayout whole_model(config);
@@ -505,7 +586,7 @@ int main(int argc, char** argv) {
     const double peak_flops = peak_flops_per_second(device_properties().name, PRECISION_NAME);
 
     // ---- training
-    std::vector<int> step_inputs((size_t)accumulation_steps * B * T), step_targets(step_inputs.size());
+    std::vector<int> step_inputs((size_t)accumulation_steps * B * T_local), step_targets(step_inputs.size());
     for (int step = first_step; step < steps; step++) {
         if (val_every > 0 && step % val_every == 0) {
             const float val_loss = validation_loss(pipe, model, val_loader, val_batches, optimizer);
@@ -525,16 +606,20 @@ int main(int argc, char** argv) {
         // the step's micro-batches, the pipeline's microbatches
         for (int micro_step = 0; micro_step < accumulation_steps; micro_step++) {
             train_loader.next_batch();
-            std::copy(train_loader.inputs.begin(), train_loader.inputs.end(), step_inputs.begin() + micro_step * B * T);
-            std::copy(train_loader.targets.begin(), train_loader.targets.end(), step_targets.begin() + micro_step * B * T);
+            // this cp rank's positions of the batch (all of them without context parallelism)
+            const std::vector<int> inputs = cp_local_tokens(model.cp, train_loader.inputs.data(), B, T);
+            const std::vector<int> targets = cp_local_tokens(model.cp, train_loader.targets.data(), B, T);
+            std::copy(inputs.begin(), inputs.end(), step_inputs.begin() + (size_t)micro_step * B * T_local);
+            std::copy(targets.begin(), targets.end(), step_targets.begin() + (size_t)micro_step * B * T_local);
         }
         // the last step's timeline is measured (the pipeline's bubble)
         const bool measured = step + 1 == steps && (pp_size > 1 || !trace_path.empty());
         if (measured) pipeline_begin_measuring(pipe, model);
+        if (step + 1 == steps && cp_size > 1) cp_begin_measuring(model.cp);  // each rank's attention time
         // the host issues the whole step without waiting: the losses stay on the device until the one
         // read below, which also brings the gradient norm that clipping needs before AdamW
-        pipeline_step(pipe, model, optimizer, step_inputs.data(), step_targets.data(), B, T,
-                      1.0f / (B * T * accumulation_steps));
+        pipeline_step(pipe, model, optimizer, step_inputs.data(), step_targets.data(), B, T_local,
+                      1.0f / (B * T_local * accumulation_steps));
         zero_wait_for_gradients(optimizer, model);
         pipeline_sum_tied_embedding(pipe, optimizer, model);
         gpt2_mean_loss(model, accumulation_steps);  // on the last stage; the others learn it below
@@ -567,7 +652,9 @@ int main(int argc, char** argv) {
         stats.comm_bytes = (long long)(mesh_bytes_sent(mesh) + pipeline_link_bytes(pipe));
         stats.tp_comm_bytes = (long long)mesh.axis[TP].bytes_sent;
         stats.pp_comm_bytes = (long long)(mesh.axis[PP].bytes_sent + pipeline_link_bytes(pipe));
+        stats.cp_comm_bytes = (long long)mesh.axis[CP].bytes_sent;
         logger.step(stats);
+        if (step + 1 == steps && cp_size > 1) report_attention_balance(model, mesh, logger, main_rank);
         if (measured) report_pipeline_timeline(pipe, model, logger, main_rank, trace_path);
 
         const bool last = step + 1 == steps;
@@ -602,11 +689,11 @@ int main(int argc, char** argv) {
     const MemoryTotals held = memory_totals();
     const size_t model_state = held.peak[(int)MemoryKind::Parameters] + held.peak[(int)MemoryKind::Gradients] +
                                held.peak[(int)MemoryKind::OptimizerState];
-    const GPT2MemoryShape shape = memory_shape(config, B, T, device_properties().multiProcessorCount, tp_size,
-                                               sequence_parallel, recompute, pipeline_model_part(pipe));
-    const MemoryPlan formula = plan_training_memory(model.layout.total, zero_stage, dp_size, optimizer.shards,
+    const GPT2MemoryShape shape = memory_shape(config, B, T_local, device_properties().multiProcessorCount, tp_size,
+                                               sequence_parallel, recompute, pipeline_model_part(pipe), model.cp);
+    const MemoryPlan formula = plan_training_memory(model.layout.total, zero_stage, mesh.gradient.size, optimizer.shards,
                                                     sizeof(floatX) == 2, accumulation_steps);
-    const MemoryPlan with_buffers = plan_training_memory(model.layout.total, zero_stage, dp_size, optimizer.shards,
+    const MemoryPlan with_buffers = plan_training_memory(model.layout.total, zero_stage, mesh.gradient.size, optimizer.shards,
                                                          sizeof(floatX) == 2, accumulation_steps, &shape);
     if (main_rank) {
         printf("device memory of rank 0, by category (now and at its peak):\n");

@@ -470,16 +470,20 @@ static Mesh model_mesh(const MeshLayout& layout) {  // a mesh value for the mode
     return mesh;
 }
 static void heads_not_divisible_by_tp() {
-    mesh_check_model(model_mesh(mesh_layout(1, 1, 1, 1, 5)), 12, 12, 1024, ContextParallelKind::Ring);
+    mesh_check_model(model_mesh(mesh_layout(1, 1, 1, 1, 5)), 12, 12, 1024, ContextParallelMode::Ring, SequenceSplit::Zigzag);
 }
 static void layers_not_divisible_by_pp() {
-    mesh_check_model(model_mesh(mesh_layout(1, 1, 5, 1, 1)), 12, 12, 1024, ContextParallelKind::Ring);
+    mesh_check_model(model_mesh(mesh_layout(1, 1, 5, 1, 1)), 12, 12, 1024, ContextParallelMode::Ring, SequenceSplit::Zigzag);
 }
 static void sequence_not_divisible_for_zigzag() {
-    mesh_check_model(model_mesh(mesh_layout(1, 1, 1, 4, 1)), 12, 12, 1020, ContextParallelKind::Ring);
+    mesh_check_model(model_mesh(mesh_layout(1, 1, 1, 4, 1)), 12, 12, 1020, ContextParallelMode::Ring, SequenceSplit::Zigzag);
+}
+static void sequence_not_divisible_for_contiguous() {
+    mesh_check_model(model_mesh(mesh_layout(1, 1, 1, 8, 1)), 12, 16, 1020, ContextParallelMode::Ulysses,
+                     SequenceSplit::Contiguous);
 }
 static void heads_not_divisible_for_ulysses() {
-    mesh_check_model(model_mesh(mesh_layout(1, 1, 1, 4, 2)), 12, 12, 1024, ContextParallelKind::Ulysses);
+    mesh_check_model(model_mesh(mesh_layout(1, 1, 1, 4, 2)), 12, 12, 1024, ContextParallelMode::Ulysses, SequenceSplit::Zigzag);
 }
 static void wait_for_missing_id() {
     char id[128];
@@ -498,11 +502,15 @@ static void test_failures(Communicator& world) {
     expect_failure("12 heads over tp 5 are refused", heads_not_divisible_by_tp, "multiple of tp");
     expect_failure("12 layers over pp 5 are refused", layers_not_divisible_by_pp, "multiple of pp");
     expect_failure("T=1020 over zigzag cp 4 is refused", sequence_not_divisible_for_zigzag, "multiple of 2*cp = 8");
+    expect_failure("T=1020 over contiguous cp 8 is refused", sequence_not_divisible_for_contiguous,
+                   "multiple of cp = 8");
     expect_failure("6 heads per tp rank over Ulysses cp 4 are refused", heads_not_divisible_for_ulysses,
                    "multiple of cp");
     check("a model that fits passes the checks",
-          mesh_model_error(mesh_layout(2, 2, 4, 2, 2), 12, 12, 1024, ContextParallelKind::Ring).empty() &&
-          mesh_model_error(mesh_layout(1, 1, 2, 3, 2), 12, 12, 1023, ContextParallelKind::Ulysses).empty());
+          mesh_model_error(mesh_layout(2, 2, 4, 2, 2), 12, 12, 1024, ContextParallelMode::Ring,
+                           SequenceSplit::Zigzag).empty() &&
+          mesh_model_error(mesh_layout(1, 1, 2, 3, 2), 12, 12, 1023, ContextParallelMode::Ulysses,
+                           SequenceSplit::Contiguous).empty());
     expect_failure("a bootstrap file that never comes times out", wait_for_missing_id, "waited 0 s for");
     leftover_path = "/tmp/llmc_test_comm_leftover_" + std::to_string(getpid());
     FILE* file = open_file(leftover_path, "wb");

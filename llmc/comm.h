@@ -68,6 +68,7 @@ Every MPI and NCCL call is checked; a failure stops the program with one line na
 #include <thread>
 #include <unistd.h>
 #include "cuda_common.cuh"
+#include "memory.h"
 #include "utils.h"
 
 #define OMPI_SKIP_MPICXX 1  // the C API is all we use; OpenMPI's deprecated C++ bindings stay out
@@ -354,6 +355,18 @@ void all_to_all(Communicator& comm, T* out, const T* in, size_t count, cudaStrea
     }
     ncclCheck(ncclGroupEnd());
 #endif
+}
+
+// Host values on `root` become the same on every rank of the group (through device memory, which is what
+// the collectives move).
+template <typename T>
+void broadcast_host(Communicator& comm, T* values, size_t count, int root, cudaStream_t stream) {
+    if (comm.size == 1) return;
+    T* device = tracked_alloc<T>(count, MemoryKind::Communication, "host broadcast");
+    copy_to_device(device, values, count, stream);
+    broadcast(comm, device, count, root, stream);
+    copy_to_host(values, device, count, stream);
+    tracked_free(device);
 }
 
 inline void barrier(Communicator& comm, cudaStream_t stream) {

@@ -59,6 +59,7 @@ data-parallel ranks are in llmc/zero.h.
 #include "memory.h"
 #include "parameters.h"
 #include "tensor_parallel.h"
+#include "context_parallel.h"
 #include "recompute.h"
 
 // ----------------------------------------------------------------------------
@@ -136,6 +137,7 @@ struct StagedUpload {
 struct GPT2 {
     GPT2Config config;
     TensorParallel tp;                // this rank's slice of every matmul (one rank: the whole model)
+    ContextParallel cp;               // this rank's positions of every sequence (one rank: all of them)
     Recompute recompute;              // what the forward pass keeps, what the backward pass computes again
     ParameterLayout layout;           // the chunks this rank holds (pipeline parallelism: its stages')
     int max_batch = 0, max_seq = 0;   // the B and T the activations were sized for
@@ -280,13 +282,14 @@ struct ModelPart {
 inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, int shards = 1,
                           bool full_gradients = true, bool full_parameters = true,
                           const TensorParallel& tp = TensorParallel{}, const Recompute& recompute = Recompute{},
-                          const ModelPart& part = ModelPart{}) {
+                          const ModelPart& part = ModelPart{}, const ContextParallel& cp = ContextParallel{}) {
     gpt2_validate_config(config, "model");
     if (T > config.max_seq_len) fatal("sequence length %d exceeds the model's maximum %d", T, config.max_seq_len);
     model.config = config;
     model.tp = tp;
     tp_streams_create(model.tp);
     model.recompute = recompute;
+    model.cp = cp;
     model.layout = ParameterLayout(config, shards, tp.size, tp.rank, part.held_chunks);
     model.max_batch = B;
     model.max_seq = T;
@@ -336,6 +339,7 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, i
     s.layernorm_scratch = tracked_alloc<float>(layernorm_backward_scratch_floats((int)R, (int)C), MemoryKind::Workspace);
     s.norm_scratch = tracked_alloc<float>(global_norm_scratch_count(), MemoryKind::Workspace);
     if (model.first_stage) encoder_backward_workspace_create(&s.encoder_workspace, (int)N, (int)C);
+    cp_create(model.cp, B, T, (int)attention, (int)heads);
 }
 
 inline void gpt2_free(GPT2& model) {
@@ -353,6 +357,7 @@ inline void gpt2_free(GPT2& model) {
         tracked_free(p);
     if (model.first_stage) encoder_backward_workspace_free(&s.encoder_workspace);
     tp_streams_destroy(model.tp);
+    cp_destroy(model.cp);
     cudaCheck(cudaStreamDestroy(model.stream));
     model = GPT2{};
 }
@@ -504,16 +509,16 @@ std::vector<float> gpt2_initial_parameters(const ParameterLayout& layout, Normal
 // tp_leave (g) are where the ranks talk: all-reduces, or with sequence parallelism all-gathers and
 // reduce-scatters (llmc/tensor_parallel.h). With one rank they do nothing and R = N.
 
-inline void block_forward(const GPT2Config& c, const TensorParallel& tp, const BlockParams& p,
-                          const BlockActivations& a, SharedBuffers& s, const floatX* input, int B, int T,
-                          cudaStream_t stream) {
+inline void block_forward(const GPT2Config& c, const TensorParallel& tp, const ContextParallel& cp,
+                          const BlockParams& p, const BlockActivations& a, SharedBuffers& s, const floatX* input,
+                          int B, int T, cudaStream_t stream) {
     const int N = B * T, C = c.channels, R = tp_rows(tp, N);
     const int heads = c.num_heads / tp.size, attention = C / tp.size, hidden = 4 * C / tp.size;
     // x + attproj(attention(qkv(layernorm1(x)))): qkv column-parallel (this rank's heads), attproj row-parallel
     layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, input, p.ln1w, p.ln1b, R, C, stream);
     const floatX* ln1 = tp_enter(tp, a.ln1, s.gathered, N, C, stream);
     matmul_forward(a.qkv, ln1, p.qkvw, p.qkvb, N, C, 3 * attention, stream);
-    attention_forward(a.atty, a.lse, a.qkv, B, T, attention, heads, stream);
+    cp_attention_forward(cp, a.atty, a.lse, a.qkv, B, T, attention, heads, stream);  // [cp ring or Ulysses]
     matmul_forward(s.projection, a.atty, p.attprojw, tp_row_parallel_bias(tp, p.attprojb), N, attention, C, stream);
     const floatX* attention_branch = tp_leave(tp, s.projection, N, C, stream);
     fused_residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, input, attention_branch, p.ln2w,
@@ -529,9 +534,9 @@ inline void block_forward(const GPT2Config& c, const TensorParallel& tp, const B
 
 // dresidual: in, the gradient of the block's output; out, the gradient of its input (this rank's R rows).
 // The block's parameter gradients accumulate into g. The steps run the forward pass backwards.
-inline void block_backward(const GPT2Config& c, const TensorParallel& tp, const BlockParams& p, const BlockParams& g,
-                           const BlockActivations& a, const floatX* input, floatX* dresidual, SharedBuffers& s,
-                           int B, int T, cudaStream_t stream) {
+inline void block_backward(const GPT2Config& c, const TensorParallel& tp, const ContextParallel& cp,
+                           const BlockParams& p, const BlockParams& g, const BlockActivations& a, const floatX* input,
+                           floatX* dresidual, SharedBuffers& s, int B, int T, cudaStream_t stream) {
     const int N = B * T, C = c.channels, R = tp_rows(tp, N);
     const int heads = c.num_heads / tp.size, attention = C / tp.size, hidden = 4 * C / tp.size;
     // output = residual2 + fcproj(gelu(fc(ln2))): dresidual is the gradient of both terms
@@ -550,7 +555,8 @@ inline void block_backward(const GPT2Config& c, const TensorParallel& tp, const 
     const floatX* dattention = tp_leave_backward(tp, dresidual, s.gathered, N, C, stream);
     matmul_backward(s.dchannels, g.attprojw, g.attprojb, s.matmul_scratch, dattention, a.atty, p.attprojw, N,
                     attention, C, stream);
-    attention_backward(s.dqkv, s.attention_D, s.dchannels, a.qkv, a.atty, a.lse, B, T, attention, heads, stream);
+    cp_attention_backward(cp, s.dqkv, s.attention_D, s.dchannels, a.qkv, a.atty, a.lse, B, T, attention, heads,
+                          stream);  // [cp ring or Ulysses]
     const floatX* ln1 = tp_enter(tp, a.ln1, s.gathered, N, C, stream);
     matmul_backward_input(s.dchannels, s.dqkv, p.qkvw, N, C, 3 * attention, stream);
     const floatX* dln1 = tp_enter_backward(tp, s.dchannels, N, C, stream);  // summed beside the next line
@@ -633,11 +639,17 @@ inline void gpt2_embed(GPT2& model, StageActivations& record, const int* tokens,
     staged_upload(model.inputs_upload, model.inputs, tokens, N, model.stream);
     floatX* embeddings = chunk_parameters(model, 0);  // wte (this rank's rows under tp), then wpe
     const floatX* wpe = embeddings + model.layout.offset(WPE);
-    if (model.tp.size == 1) {
-        encoder_forward(record.input, model.inputs, embeddings, wpe, B, T, C, model.stream);
-    } else {
-        vocab_parallel_embedding_forward(model.tp, record.input, model.shared.projection, model.inputs, embeddings,
-                                         wpe, B, T, C, c.padded_vocab_size, model.stream);
+    // chunk by chunk of positions: one chunk of all T without context parallelism (llmc/context_parallel.h)
+    for (const SequenceChunk& chunk : cp_sequence_chunks(model.cp, B, T)) {
+        floatX* out = record.input + (size_t)chunk.first_row * C;
+        const int* ids = model.inputs + chunk.first_row;
+        const floatX* positions = wpe + (size_t)chunk.position * C;
+        if (model.tp.size == 1) {
+            encoder_forward(out, ids, embeddings, positions, B, chunk.T, C, model.stream);
+        } else {
+            vocab_parallel_embedding_forward(model.tp, out, model.shared.projection, ids, embeddings, positions, B,
+                                             chunk.T, C, c.padded_vocab_size, model.stream);
+        }
     }
 }
 
@@ -645,8 +657,9 @@ inline void gpt2_embed(GPT2& model, StageActivations& record, const int* tokens,
 inline void gpt2_stage_forward(GPT2& model, StageActivations& record, int first, int B, int T) {
     for (int i = 0; i < model.stage_layers; i++) {
         const floatX* input = i == 0 ? record.input : record.blocks[i - 1].output;
-        block_forward(model.config, model.tp, block_params_in_chunk(chunk_parameters(model, first + i + 1), model.layout),
-                      record.blocks[i], model.shared, input, B, T, model.stream);
+        block_forward(model.config, model.tp, model.cp,
+                      block_params_in_chunk(chunk_parameters(model, first + i + 1), model.layout), record.blocks[i],
+                      model.shared, input, B, T, model.stream);
     }
 }
 
@@ -741,14 +754,16 @@ inline void gpt2_stage_backward(GPT2& model, StageActivations& record, int first
         const int end = std::min(start + segment, layers);
         if (recompute.policy == RecomputePolicy::Full)
             for (int i = start; i < end; i++)
-                block_forward(c, model.tp, params_of(i), record.blocks[i], model.shared, input_of(i), B, T, model.stream);
+                block_forward(c, model.tp, model.cp, params_of(i), record.blocks[i], model.shared, input_of(i), B, T,
+                              model.stream);
         for (int i = end - 1; i >= start; i--) {
             const BlockParams params = params_of(i);
             if (recompute.policy == RecomputePolicy::Selective)
                 block_recompute_selective(c, model.tp, params, record.blocks[i], input_of(i), B, T, model.stream);
             const int chunk = first + i + 1;
-            block_backward(c, model.tp, params, block_params_in_chunk(gradients_of_chunk(model, hooks, chunk), layout),
-                           record.blocks[i], input_of(i), record.doutput, model.shared, B, T, model.stream);
+            block_backward(c, model.tp, model.cp, params,
+                           block_params_in_chunk(gradients_of_chunk(model, hooks, chunk), layout), record.blocks[i],
+                           input_of(i), record.doutput, model.shared, B, T, model.stream);
             chunk_final(hooks, chunk);
         }
     }
@@ -763,12 +778,16 @@ inline void gpt2_embed_backward(GPT2& model, const StageActivations& record, int
     SharedBuffers& s = model.shared;
     floatX* embedding_grads = gradients_of_chunk(model, hooks, 0);  // wte, then wpe
     floatX* dwpe = embedding_grads + model.layout.offset(WPE);
-    if (model.tp.size == 1) {
-        encoder_backward(embedding_grads, dwpe, &s.encoder_workspace, record.doutput, record.tokens.data(), B, T, C,
-                         model.stream);
-    } else {
-        vocab_parallel_embedding_backward(model.tp, embedding_grads, dwpe, &s.encoder_workspace, record.doutput,
-                                          s.gathered, record.tokens.data(), B, T, C, c.padded_vocab_size, model.stream);
+    for (const SequenceChunk& chunk : cp_sequence_chunks(model.cp, B, T)) {
+        const floatX* dout = record.doutput + (size_t)chunk.first_row * C;
+        const int* ids = record.tokens.data() + chunk.first_row;
+        floatX* dpositions = dwpe + (size_t)chunk.position * C;
+        if (model.tp.size == 1) {
+            encoder_backward(embedding_grads, dpositions, &s.encoder_workspace, dout, ids, B, chunk.T, C, model.stream);
+        } else {
+            vocab_parallel_embedding_backward(model.tp, embedding_grads, dpositions, &s.encoder_workspace, dout,
+                                              s.gathered, ids, B, chunk.T, C, c.padded_vocab_size, model.stream);
+        }
     }
 }
 

@@ -149,6 +149,7 @@ struct StepStats {
     long long comm_bytes = 0;   // bytes this rank sent to other ranks during the step (0: one rank)
     long long tp_comm_bytes = 0;  // ... of them, to its tensor-parallel group
     long long pp_comm_bytes = 0;  // ... to the other pipeline stages (activations, gradients, tied embeddings)
+    long long cp_comm_bytes = 0;  // ... to its context-parallel group (key/value blocks, all-to-alls)
 };
 
 class Logger {
@@ -208,6 +209,7 @@ public:
         json.integer("comm_bytes", s.comm_bytes);
         json.integer("tp_comm_bytes", s.tp_comm_bytes);
         json.integer("pp_comm_bytes", s.pp_comm_bytes);
+        json.integer("cp_comm_bytes", s.cp_comm_bytes);
         json.number("eta_s", eta_seconds);
         write(json);
     }

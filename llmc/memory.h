@@ -241,6 +241,10 @@ struct GPT2MemoryShape {
     int records = 1;           // stage records kept at once (the schedule's microbatches in flight)
     bool first_stage = true;   // holds the embeddings' lookup
     bool last_stage = true;    // holds the final layernorm, the LM head and the loss
+    // context parallelism (llmc/context_parallel.h): seq_len is then the T/cp positions a rank holds
+    int cp = 1;                // ranks that split every sequence
+    bool cp_ring = true;       // ring attention (else Ulysses)
+    int cp_chunks = 2;         // chunks of the sequence per cp rank: 2 zigzag, 1 contiguous
 };
 
 struct ActivationBytes {
@@ -272,7 +276,10 @@ struct ActivationBytes {
 //              matmul bias scratch ceil(N/64) max(C, H), layernorm scratch 2C min(ceil(R/8), 3 SMs), norm
 //              scratch 4 SMs, the step's results 2 (loss, squared norm), the first stage's encoder partial
 //              rows (floor(N/64) + floor(N/65)) C and int encoder workspace 4N + 3 floor(N/65); the running
-//              loss sum, one double
+//              loss sum, one double;
+//              under context parallelism (cp > 1): ring attention's K/V blocks and their gradients, two of
+//              each, 8 N c, and one chunk's partial output (N/k) c and lse (N/k) h, k the chunks per rank;
+//              or Ulysses' two messages 6 N c and the head-sharded output and its gradient 2 N c
 // (the constants 64, 8, 3 and 4 are those of llmc/matmul.cuh, layernorm.cuh and cuda_common.cuh's
 // grid_size_for, 64 and 65 = 64 + 1 those of llmc/encoder.cuh; pinned host staging and read-back buffers
 // are host memory and not counted)
@@ -309,9 +316,11 @@ inline ActivationBytes gpt2_activation_bytes(const GPT2MemoryShape& shape, bool 
     const double gathered = shape.sequence_parallel ? N * C : 0;
     const double softmax_stats = t > 1 && shape.last_stage ? 4 * N : 0;
     const double encoder = shape.first_stage ? encoder_partial_rows * C * f + (4 * N + 3 * encoder_heavy_tokens) * i : 0;
+    const double k = shape.cp_chunks;
+    const double context = shape.cp == 1 ? 0 : shape.cp_ring ? 8 * N * c * s + N / k * (c * s + h * f) : 8 * N * c * s;
     a.workspace = (2 * N * C + N * H + 3 * N * c + gathered) * s +
                   (N * h + softmax_stats + bias_rows * std::max(C, H) + 2 * C * layernorm_blocks + 4 * SMs + 2) * f +
-                  encoder + sizeof(double) + a.recompute;
+                  encoder + sizeof(double) + a.recompute + context;
     return a;
 }
 

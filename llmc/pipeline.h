@@ -437,12 +437,7 @@ inline std::vector<float> gather_whole_model(Communicator& model_group, const Pi
 // Host values on the last stage's rank become the same on every rank of the pp axis (a collective).
 template <typename T>
 void pipeline_share_host_from_last_stage(Pipeline& pipe, T* values, size_t count, cudaStream_t stream) {
-    if (pipe.size == 1) return;
-    T* device = tracked_alloc<T>(count, MemoryKind::Communication, "pipeline broadcast");
-    copy_to_device(device, values, count, stream);
-    broadcast(*pipe.group, device, count, pipe.size - 1, stream);
-    copy_to_host(values, device, count, stream);
-    tracked_free(device);
+    if (pipe.size > 1) broadcast_host(*pipe.group, values, count, pipe.size - 1, stream);
 }
 
 // One number from every rank of the pp axis, on all of them (a collective): for reports per stage.

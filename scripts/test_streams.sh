@@ -10,7 +10,7 @@
 # a block into a buffer that an earlier block of the same pass used) and its global batch (2 micro-steps
 # per step, validation every 2 steps, checkpoints), on one rank, at --zero 0, 1, 2 and 3 on 2 ranks, in
 # 2 x 2 hybrid sharding at --zero 3, tp 2 with sequence parallelism x dp 2 at --zero 2, a 3-stage 1f1b
-# pipeline at --zero 2, and resumed on 2 ranks at ZeRO-3 from the 2-rank ZeRO-1 run's step-3 checkpoint. In each mode every run must be bit-identical (losses and final parameters) to the same run
+# pipeline at --zero 2, ring attention at cp 2 x dp 2 at --zero 2, and resumed on 2 ranks at ZeRO-3 from the 2-rank ZeRO-1 run's step-3 checkpoint. In each mode every run must be bit-identical (losses and final parameters) to the same run
 # without the flag: with every wait in place the same operations see the same data in the same order.
 # (Bit for bit, not within a tolerance: a missing wait can merely reorder additions - two micro-steps'
 # gradients summed in a working buffer before its reduction instead of after it.) The runs without the
@@ -30,14 +30,15 @@ late_modes=${modes//0/}
 flags=(--model custom --layers 3 --heads 2 --channels 32 --vocab-size 50257 --max-seq-len 32 --seq-len 16
        --lr-schedule constant --learning-rate 1e-3 --val-every 2 --val-batches 2 --sample-tokens 0
        --train-data "data/classics_train.bin" --val-data "data/classics_val.bin" --total-batch-size 256)
-run() {  # run NAME MODE RANKS ZERO DP_SHARD [FLAGS...]: B = 8 / data-parallel ranks (RANKS / (tp pp)) rows per
+run() {  # run NAME MODE RANKS ZERO DP_SHARD [FLAGS...]: B = 8 / data-parallel ranks (RANKS / (tp pp cp)) rows per
          # rank and micro-step, 5 steps
-    local name=$1 mode=$2 ranks=$3 zero=$4 shard=$5 tp=1 pp=1
+    local name=$1 mode=$2 ranks=$3 zero=$4 shard=$5 tp=1 pp=1 cp=1
     shift 5
     [[ " $* " =~ " --tp "([0-9]+) ]] && tp=${BASH_REMATCH[1]}
     [[ " $* " =~ " --pp "([0-9]+) ]] && pp=${BASH_REMATCH[1]}
+    [[ " $* " =~ " --cp "([0-9]+) ]] && cp=${BASH_REMATCH[1]}
     LLMC_CPU_LATE_STREAMS=$mode mpirun --oversubscribe --allow-run-as-root -x LLMC_CPU_LATE_STREAMS -x OMP_NUM_THREADS \
-        -np "$ranks" "${run_binary:-$binary}" "${flags[@]}" --steps 5 --batch-size $((8 * tp * pp / ranks)) --zero "$zero" \
+        -np "$ranks" "${run_binary:-$binary}" "${flags[@]}" --steps 5 --batch-size $((8 * tp * pp * cp / ranks)) --zero "$zero" \
         --dp-shard "$shard" --output-dir "$work/$name" "$@" >>"$work/$name.out" 2>&1 ||
         bad "$name: the run failed: $(grep -m1 error: "$work/$name.out")"
 }
@@ -48,9 +49,10 @@ same_losses() {  # same_losses A B COUNT: COUNT losses and the final parameters,
 
 # name:ranks:zero:dp-shard[:more flags, commas for spaces]. The tp layout's collectives run on the compute
 # stream, beside ZeRO-2's reductions on the communication stream; so do the pipeline's sends and receives
-# (3 stages of one layer, 1f1b over 2 microbatches)
+# (3 stages of one layer, 1f1b over 2 microbatches), and ring attention's key/value blocks on a stream of
+# their own (cp 2 x dp 2, ZeRO-2)
 layouts="one:1:0:1 zero0:2:0:2 zero1:2:1:2 zero2:2:2:2 zero3:2:3:2 hsdp3_2x2:4:3:2
-         tp2_sp_zero2:4:2:2:--tp,2,--sequence-parallel pp3_zero2:3:2:1:--pp,3"
+         tp2_sp_zero2:4:2:2:--tp,2,--sequence-parallel pp3_zero2:3:2:1:--pp,3 cp2_ring_zero2:4:2:2:--cp,2"
 for mode in 0 $late_modes; do
     for layout in $layouts; do
         IFS=: read -r name ranks zero shard layout_flags <<<"$layout"

@@ -352,6 +352,16 @@ inline cudaError_t cudaMemcpyAsync(void* target, const void* source, size_t byte
     cudacpu::on_stream(stream, [=] { cudaMemcpy(target, source, bytes, kind); });
     return cudaSuccess;
 }
+// `height` rows of `width` bytes, rows `target_pitch` and `source_pitch` bytes apart (a block of columns)
+inline cudaError_t cudaMemcpy2DAsync(void* target, size_t target_pitch, const void* source, size_t source_pitch,
+                                     size_t width, size_t height, cudaMemcpyKind kind, cudaStream_t stream = nullptr) {
+    if (width > target_pitch || width > source_pitch) return cudaErrorInvalidValue;
+    cudacpu::on_stream(stream, [=] {
+        for (size_t row = 0; row < height; row++)
+            cudaMemcpy((char*)target + row * target_pitch, (const char*)source + row * source_pitch, width, kind);
+    });
+    return cudaSuccess;
+}
 inline cudaError_t cudaMemset(void* target, int value, size_t bytes) {
     if (bytes) memset(target, value, bytes);
     return cudaSuccess;
