@@ -410,11 +410,6 @@ int main(int argc, char** argv) {
         cp.size = cp_size;
         cp.mode = cp_mode_from_name(cp_mode_flag);
         cp.split = cp_split_from_name(cp_split_flag);
-        const std::string model_error = mesh_model_error(mesh_layout(1, dp, pp_size, cp_size, tp_size),
-                                                         config.num_layers, config.num_heads, seq_len, cp.mode, cp.split);
-        if (!model_error.empty()) fatal("%s", model_error.c_str());
-        if (cp_size > 1 && sequence_parallel)
-            fatal("--sequence-parallel with --cp is not supported: both split the sequence's rows");
         const int shard = dp_shard == 0 ? dp : dp_shard;
         if (dp % shard != 0) fatal("--dp-shard %d does not divide the %d data-parallel ranks", shard, dp);
         const int per_micro_step = micro_step_tokens(batch_size, seq_len, dp);
@@ -423,6 +418,11 @@ int main(int argc, char** argv) {
         const std::string pipeline_error = pipeline_layout_error(schedule, pp_size, pp_virtual, accumulation,
                                                                  config.num_layers);
         if (!pipeline_error.empty()) fatal("%s", pipeline_error.c_str());
+        const std::string model_error = mesh_model_error(mesh_layout(1, dp, pp_size, cp_size, tp_size),
+                                                         config.num_layers, config.num_heads, seq_len, cp.mode, cp.split);
+        if (!model_error.empty()) fatal("%s", model_error.c_str());
+        if (cp_size > 1 && sequence_parallel)
+            fatal("--sequence-parallel with --cp is not supported: both split the sequence's rows");
         auto part_of = [&](int pp_rank) {
             return pipeline_model_part(schedule, pp_rank, pp_size, pp_virtual, accumulation, config.num_layers);
         };
@@ -486,9 +486,6 @@ int main(int argc, char** argv) {
     tp_check_layout(config, tp_size, sequence_parallel, T);
     const ContextParallelMode cp_mode = cp_mode_from_name(cp_mode_flag);
     const SequenceSplit cp_split = cp_split_from_name(cp_split_flag);
-    mesh_check_model(mesh, config.num_layers, config.num_heads, T, cp_mode, cp_split);
-    if (cp_size > 1 && sequence_parallel)
-        fatal("--sequence-parallel with --cp is not supported: both split the sequence's rows");
     ContextParallel cp;  // this rank's positions of every sequence (llmc/context_parallel.h)
     cp.size = cp_size;
     cp.rank = mesh.coords[CP];
@@ -510,6 +507,10 @@ int main(int argc, char** argv) {
     Pipeline pipe;  // this rank's stages and schedule (llmc/pipeline.h): the micro-steps are its microbatches
     pipeline_create(pipe, mesh, pipeline_schedule_from_name(pp_schedule), pp_virtual, accumulation_steps,
                     config.num_layers, (size_t)tp_rows(tp, B * T_local) * config.channels);
+    // (after the tp and pipeline checks, which name their flags; this one adds the cp axis's)
+    mesh_check_model(mesh, config.num_layers, config.num_heads, T, cp_mode, cp_split);
+    if (cp_size > 1 && sequence_parallel)
+        fatal("--sequence-parallel with --cp is not supported: both split the sequence's rows");
 
     GPT2 model;
     gpt2_allocate(model, config, B, T_local, zero_shard_count(zero_stage, &mesh), /*full_gradients=*/zero_stage < 2,

@@ -132,21 +132,14 @@ inline std::vector<int> cp_local_tokens(const ContextParallel& cp, const int* to
     return local;
 }
 
-// The cp rank that holds `position` of sequence 0 (of length T), and the row there.
+// The cp rank that holds `position` of one sequence of length T, and the row there.
 inline int cp_owner_of_position(const ContextParallel& cp, int position, int T, int* row) {
-    if (cp.size == 1) {
-        *row = position;
-        return 0;
-    }
-    const int chunks = cp_chunks_per_rank(cp.split), Tc = T / (cp.size * chunks);
-    for (int r = 0; r < cp.size; r++)
-        for (int k = 0; k < chunks; k++) {
-            const int start = cp_chunk_index(cp.split, cp.size, r, k) * Tc;
-            if (position >= start && position < start + Tc) {
-                *row = k * Tc + position - start;  // B = 1: chunk k starts at row k Tc
-                return r;
+    for (int rank = 0; rank < cp.size; rank++)
+        for (const SequenceChunk& chunk : cp_chunks_of_rank(cp, rank, 1, T / cp.size))
+            if (position >= chunk.position && position < chunk.position + chunk.T) {
+                *row = chunk.first_row + position - chunk.position;
+                return rank;
             }
-        }
     fatal("position %d is outside a sequence of %d", position, T);
 }
 

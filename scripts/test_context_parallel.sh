@@ -7,10 +7,12 @@
 # Also: the bytes each rank sent on the cp axis per step against the formula in llmc/context_parallel.h
 # (within 0.1%), the memory held against llmc/memory.h's formula, a checkpoint saved at cp 2 and resumed
 # on one rank, impossible layouts refused with one error line, and each rank's attention time under the
-# zigzag and the contiguous split (printed, for the load balance).
-#   usage: scripts/test_context_parallel.sh ./train_gpt_fp32_cpu
+# zigzag and the contiguous split (printed, for the load balance), and (given a BF16 build) BF16 ring and
+# Ulysses at cp 2 against one BF16 rank.
+#   usage: scripts/test_context_parallel.sh ./train_gpt_fp32_cpu [./train_gpt_cpu]
 set -u
-binary=${1:?usage: $0 TRAIN_BINARY}
+binary=${1:?usage: $0 TRAIN_BINARY [BF16_TRAIN_BINARY]}
+bf16_binary=${2:-}
 source "$(dirname "$0")/test_lib.sh"
 export OMP_NUM_THREADS=1
 
@@ -23,7 +25,7 @@ run() {  # run NAME RANKS B [FLAGS...]: 5 steps unless given
     shift 3
     local extra=("$@")
     [[ " ${extra[*]} " == *" --steps "* ]] || extra+=(--steps 5)
-    mpirun --oversubscribe --allow-run-as-root -np "$ranks" "$binary" --model custom "${flags[@]}" --batch-size "$batch" \
+    mpirun --oversubscribe --allow-run-as-root -np "$ranks" "${run_binary:-$binary}" --model custom "${flags[@]}" --batch-size "$batch" \
         --output-dir "$work/$name" "${extra[@]}" >>"$work/$name.out" 2>&1 ||
         bad "$name: the run failed: $(grep -m1 error: "$work/$name.out")"
 }
@@ -114,5 +116,31 @@ if [[ $plan_cp == *"pp 1 x cp 4 x tp 1"* && $plan_cp == *"communication cp"* && 
     ok "--plan 4 --cp 4 --cp-mode ulysses prints the layout and the cp axis's bytes; activations per rank $(activations "$plan_cp")iB = $ratio of one rank's $(activations "$plan_one")iB (1/cp within 1%)"
 else
     bad "--plan with --cp (activations ratio $ratio, expected 1/4): $plan_cp"
+fi
+
+# BF16 at cp 2 against one BF16 rank, within 1e-3 relative on the losses. The ring rounds the running
+# attention output to bf16 after every merge, where one rank rounds it once; Ulysses and the ring both give
+# the matmuls fewer rows, which can change their summation blocking. Single values then differ by a bf16
+# rounding (up to 2^-9 = 2e-3 relative), but the loss is a mean over 128 rows of such differences in both
+# directions and moves far less; a real error (a wrong position, a lost block) moves it by 1e-2 or more.
+if [[ -n "$bf16_binary" ]]; then
+    run_binary=$bf16_binary run bf16_one 1 8
+    run_binary=$bf16_binary run bf16_cp2_ring 2 8 --cp 2
+    run_binary=$bf16_binary run bf16_cp2_ulysses 2 8 --cp 2 --cp-mode ulysses
+    for name in bf16_cp2_ring bf16_cp2_ulysses; do
+        error=$(PYTHONPATH="$(dirname "$0")" /usr/bin/python3 - "$work" "$name" <<'EOF'
+import sys
+from layout_check import loss_error, losses
+work, name = sys.argv[1:]
+one, mine = losses(work, "bf16_one"), losses(work, name)
+print(loss_error(one, mine) if len(one) == len(mine) == 5 else "inf")
+EOF
+)
+        if /usr/bin/python3 -c "import sys; sys.exit(0 if float('$error') <= 1e-3 else 1)"; then
+            ok "BF16 $name: 5 losses within $error relative of one BF16 rank (tol 1e-3)"
+        else
+            bad "BF16 $name: losses differ from one BF16 rank by $error relative (tol 1e-3)"
+        fi
+    done
 fi
 finish

@@ -102,11 +102,11 @@ expect_refused "padded vocabulary not divisible by tp" "padded vocabulary of 128
 expect_refused "sequence not divisible by tp under SP" "sequence length 15 cannot be split over tp 2" 1 --plan 2 \
     --tp 2 --sequence-parallel --seq-len 15
 expect_refused "sequence parallelism without tp" "--sequence-parallel needs --tp 2" 1 --sequence-parallel
-expect_refused "world size not a multiple of tp" "the 3 ranks are not a multiple of --pp 1 x --tp 2" 3 --tp 2
+expect_refused "world size not a multiple of tp" "the 3 ranks are not a multiple of --pp 1 x --cp 1 x --tp 2" 3 --tp 2
 
 # the planner takes --tp and --sequence-parallel and prints the tp axis's bytes
 plan=$("$binary" --model custom "${flags[@]}" --batch-size 8 --plan 4 --tp 2 --sequence-parallel --zero 1 2>&1)
-if [[ $plan == *"dp 2 x pp 1 x tp 2 (sequence parallel)"* && $plan == *"communication tp"* && $plan == *"tp=2, sequence parallel"* ]]; then
+if [[ $plan == *"dp 2 x pp 1 x cp 1 x tp 2 (sequence parallel)"* && $plan == *"communication tp"* && $plan == *"tp=2, sequence parallel"* ]]; then
     ok "--plan 4 --tp 2 --sequence-parallel --zero 1 prints the layout, the activations and the tp axis's bytes"
 else
     bad "--plan with --tp: $plan"
