@@ -46,3 +46,23 @@ expect_refused() {
     fi
     ok "$name: $message"
 }
+
+# losses_within NAME REFERENCE COUNT TOLERANCE: the COUNT training losses of run NAME within TOLERANCE
+# relative of REFERENCE's (both in $work), pair by pair; one ok/bad line (BF16 layouts against one BF16
+# rank: each script says next to its call why its tolerance holds)
+losses_within() {
+    local name=$1 reference=$2 count=$3 tolerance=$4 error
+    error=$(PYTHONPATH="$(dirname "${BASH_SOURCE[0]}")" /usr/bin/python3 - "$work" "$name" "$reference" "$count" <<'EOF'
+import sys
+from layout_check import loss_error, losses
+work, name, reference, count = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+one, mine = losses(work, reference), losses(work, name)
+print(loss_error(one, mine) if len(one) == len(mine) == count else "inf")
+EOF
+)
+    if /usr/bin/python3 -c "import sys; sys.exit(0 if float('$error') <= $tolerance else 1)"; then
+        ok "$name: $count losses within $error relative of $reference (tol $tolerance)"
+    else
+        bad "$name: losses differ from $reference by $error relative (tol $tolerance)"
+    fi
+}

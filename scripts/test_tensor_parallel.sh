@@ -121,21 +121,7 @@ if [[ -n "$bf16_binary" ]]; then
     run_binary=$bf16_binary run bf16_one 1 8
     run_binary=$bf16_binary run bf16_tp2 2 8 --tp 2
     run_binary=$bf16_binary run bf16_tp2_sp 2 8 --tp 2 --sequence-parallel
-    for name in bf16_tp2 bf16_tp2_sp; do
-        error=$(PYTHONPATH="$(dirname "$0")" /usr/bin/python3 - "$work" "$name" <<'EOF'
-import sys
-from layout_check import loss_error, losses
-work, name = sys.argv[1:]
-one, mine = losses(work, "bf16_one"), losses(work, name)
-print(loss_error(one, mine) if len(one) == len(mine) == 5 else "inf")
-EOF
-)
-        if /usr/bin/python3 -c "import sys; sys.exit(0 if float('$error') <= 1e-3 else 1)"; then
-            ok "BF16 $name: 5 losses within $error relative of one BF16 rank (tol 1e-3)"
-        else
-            bad "BF16 $name: losses differ from one BF16 rank by $error relative (tol 1e-3)"
-        fi
-    done
+    for name in bf16_tp2 bf16_tp2_sp; do losses_within "$name" bf16_one 5 1e-3; done
 fi
 
 add_python_result "$work/compare.out"
