@@ -40,6 +40,7 @@ headers, the schedule's executor in llmc/pipeline.h. This file only decides what
 #include "llmc/pipeline.h"
 #include "llmc/context_parallel.h"
 #include "llmc/memory.h"
+#include "llmc/planner.h"
 
 // ----------------------------------------------------------------------------
 // the model's shape, from --model
@@ -75,26 +76,6 @@ static int micro_step_tokens(int batch_size, int seq_len, int ranks) {
         fatal("--batch-size %d x --seq-len %d x %d rank(s) = %lld tokens per micro-step, more than the %d an int "
               "holds: lower --batch-size or --seq-len", batch_size, seq_len, ranks, tokens, INT_MAX);
     return (int)tokens;
-}
-
-// What llmc/memory.h's formulas need to know of this run (for --plan, and beside the measured memory).
-// `part`: the first pipeline stage's (rank 0's). T: the positions of a sequence one rank holds (T/cp).
-static GPT2MemoryShape memory_shape(const GPT2Config& config, int B, int T, int multiprocessors, int tp,
-                                    bool sequence_parallel, const Recompute& recompute, const ModelPart& part,
-                                    const ContextParallel& cp) {
-    GPT2MemoryShape shape{config.num_layers, config.channels, config.num_heads, config.padded_vocab_size,
-                          config.max_seq_len, B, T, multiprocessors};
-    shape.tp = tp;
-    shape.sequence_parallel = sequence_parallel;
-    shape.recompute = recompute;
-    shape.stage_layers = part.stage_layers;
-    shape.records = part.records;
-    shape.first_stage = part.held_chunks[1];
-    shape.last_stage = part.held_chunks[config.num_layers];
-    shape.cp = cp.size;
-    shape.cp_ring = cp.mode == ContextParallelMode::Ring;
-    shape.cp_chunks = cp_chunks_per_rank(cp.split);
-    return shape;
 }
 
 // ----------------------------------------------------------------------------
@@ -223,36 +204,6 @@ static int load_checkpoint(const std::string& path, GPT2& model, Zero& optimizer
 
 // ----------------------------------------------------------------------------
 // pipeline reports
-
-// --plan under a pipeline: per pp rank its records in flight, memory, gradient send buffers and the bytes
-// it sends on the pp axis per step (llmc/pipeline.h's formula), and the schedule's bubble.
-template <class ShapeOf, class ParametersOf>
-static void print_pipeline_plan(const GPT2Config& config, PipelineSchedule schedule, int p, int V, int m, int B, int T,
-                                int tp, bool sequence_parallel, int zero_stage, int dp, int shard, ShapeOf&& shape_of,
-                                ParametersOf&& parameters_of) {
-    printf("pipeline %s: %d stage(s) of %d layers per pp rank, %d microbatches; bubble %.3f ((p-1)/(m+p-1) = %.3f)\n",
-           pipeline_schedule_name(schedule), V, config.num_layers / (p * V), m,
-           pipeline_bubble_fraction(schedule, p, m, V), (double)(p - 1) / (m + p - 1));
-    std::vector<std::vector<PipelineAction>> lists;
-    for (int r = 0; r < p; r++) lists.push_back(pipeline_actions(schedule, r, p, m, V));
-    const bool bf16 = sizeof(floatX) == 2;
-    const int shards = zero_stage == 0 ? 1 : shard;
-    const double activation_elements = (double)B * T * config.channels / (sequence_parallel ? tp : 1);
-    for (int r = 0; r < p; r++) {
-        const ModelPart part = pipeline_model_part(schedule, r, p, V, m, config.num_layers);
-        const int staging = pipeline_gradient_sends(lists, r, m, V).buffers;
-        const GPT2MemoryShape shape = shape_of(r);
-        const MemoryPlan plan = plan_training_memory(parameters_of(r), zero_stage, dp, shard, bf16, m, &shape);
-        const double embedding = part.held_chunks[0] ?
-            (double)ParameterLayout(config, shards, tp, 0, part.held_chunks).embedding_chunk / shards : 0.0;
-        printf("  pp rank %d: %d record(s) in flight; model state %s, activations %s, workspace %s, total %s, + %d "
-               "gradient send buffer(s) of %s; sends %s per step on the pp axis\n", r, part.records,
-               format_bytes(plan.model_state).c_str(), format_bytes(plan.activations).c_str(),
-               format_bytes(plan.workspace).c_str(), format_bytes(plan.total).c_str(), staging,
-               format_bytes(activation_elements * sizeof(floatX)).c_str(),
-               format_bytes(pipeline_bytes_per_step(r, p, V, m, activation_elements, sizeof(floatX), embedding)).c_str());
-    }
-}
 
 // After the measured step: rank 0 prints each stage's bubble and records in flight beside the formulas, logs
 // them, and writes the timeline as a Chrome trace if asked (the gathering is a collective over the pp axis).
@@ -394,74 +345,48 @@ int main(int argc, char** argv) {
     std::string& nccl_init_file = flags.add_string("nccl-init-file", "",
         "a path on a file system all ranks share, fresh for every run (put the job id in it): rank 0 hands the "
         "NCCL id to the others there; needed by srun / torchrun launches without MPI (GPU build)");
+    flags.heading("Planning (arithmetic only, llmc/planner.h: no GPU, no MPI, nothing allocated)");
     int& plan_ranks = flags.add_int("plan", 0,
-        "print the memory per rank and the communication per step of this run on N ranks, and exit without "
-        "allocating anything (0: train)", 0);
+        "print the memory per rank, the bytes per step on each axis, the pipeline bubble and the estimated step "
+        "time of this run on N ranks, and exit (0: train)", 0);
+    int& search_ranks = flags.add_int("plan-search", 0,
+        "list the layouts of N ranks (tp, pp, cp, ZeRO stage, recompute policy) that fit in --gpu-memory, fastest "
+        "first by the estimated step time, and exit (0: train)", 0);
+    float& gpu_memory_gib = flags.add_float("gpu-memory", 80.0f, "planning: memory per GPU, GiB", 0.0f);
+    int& gpus_per_node = flags.add_int("gpus-per-node", 8,
+        "planning: GPUs joined by NVLink; groups spanning more use InfiniBand", 1, 1 << 20);
+    float& nvlink_gbps = flags.add_float("nvlink-bandwidth", 450.0f,
+        "planning: GB/s per direction per GPU within a node (H100 SXM, NVLink 4: 450)", 1e-3f);
+    float& infiniband_gbps = flags.add_float("infiniband-bandwidth", 50.0f,
+        "planning: GB/s per GPU across nodes (NDR InfiniBand, 400 Gb/s: 50)", 1e-3f);
+    float& peak_tflops = flags.add_float("peak-tflops", 989.4f,
+        "planning: peak TFLOP/s per GPU (H100 SXM dense BF16: 989)", 1e-3f);
+    float& efficiency = flags.add_float("efficiency", 0.5f, "planning: fraction of the peak the matmuls reach",
+                                        1e-3f, 1.0f);
+    int& plan_top = flags.add_int("plan-top", 10, "--plan-search: layouts listed", 1);
     flags.parse(argc, argv);
 
     const Recompute recompute = recompute_from_flags(recompute_policy, recompute_every);
-    if (plan_ranks > 0) {  // arithmetic only: works for any model and layout, on any machine
+    if (plan_ranks > 0 || search_ranks > 0) {  // arithmetic only (llmc/planner.h): any model, any machine
+        PlanLayout layout;
+        layout.ranks = plan_ranks > 0 ? plan_ranks : search_ranks;
+        layout.tp = tp_size, layout.pp = pp_size, layout.cp = cp_size, layout.sequence_parallel = sequence_parallel;
+        layout.cp_mode = cp_mode_from_name(cp_mode_flag), layout.cp_split = cp_split_from_name(cp_split_flag);
+        layout.schedule = pipeline_schedule_from_name(pp_schedule), layout.pp_virtual = pp_virtual;
+        layout.zero_stage = zero_stage, layout.dp_shard = dp_shard, layout.recompute = recompute;
+        layout.batch_size = batch_size, layout.seq_len = seq_len, layout.total_batch_size = total_batch_size;
+        PlanHardware hardware;
+        hardware.gpu_memory_bytes = gpu_memory_gib * (double)(1 << 30), hardware.gpus_per_node = gpus_per_node;
+        hardware.nvlink_bytes_per_second = nvlink_gbps * 1e9, hardware.infiniband_bytes_per_second = infiniband_gbps * 1e9;
+        hardware.peak_flops = peak_tflops * 1e12, hardware.efficiency = efficiency;
         const GPT2Config config = config_from_flags(model_name, layers, heads, channels, vocab_size, max_seq_len);
-        tp_check_layout(config, tp_size, sequence_parallel, seq_len);
-        if (plan_ranks % (tp_size * pp_size * cp_size) != 0)
-            fatal("--plan %d ranks are not a multiple of --pp %d x --cp %d x --tp %d", plan_ranks, pp_size, cp_size,
-                  tp_size);
-        const int dp = plan_ranks / (tp_size * pp_size * cp_size);
-        ContextParallel cp;  // the layout's cp axis, for the formulas
-        cp.size = cp_size;
-        cp.mode = cp_mode_from_name(cp_mode_flag);
-        cp.split = cp_split_from_name(cp_split_flag);
-        const int shard = dp_shard == 0 ? dp : dp_shard;
-        if (dp % shard != 0) fatal("--dp-shard %d does not divide the %d data-parallel ranks", shard, dp);
-        const int per_micro_step = micro_step_tokens(batch_size, seq_len, dp);
-        const int accumulation = total_batch_size > 0 ? std::max(1, total_batch_size / per_micro_step) : 1;
-        const PipelineSchedule schedule = pipeline_schedule_from_name(pp_schedule);
-        const std::string pipeline_error = pipeline_layout_error(schedule, pp_size, pp_virtual, accumulation,
-                                                                 config.num_layers);
-        if (!pipeline_error.empty()) fatal("%s", pipeline_error.c_str());
-        const std::string model_error = mesh_model_error(mesh_layout(1, dp, pp_size, cp_size, tp_size),
-                                                         config.num_layers, config.num_heads, seq_len, cp.mode, cp.split);
-        if (!model_error.empty()) fatal("%s", model_error.c_str());
-        if (cp_size > 1 && sequence_parallel)
-            fatal("--sequence-parallel with --cp is not supported: both split the sequence's rows");
-        auto part_of = [&](int pp_rank) {
-            return pipeline_model_part(schedule, pp_rank, pp_size, pp_virtual, accumulation, config.num_layers);
-        };
-        auto shape_of = [&](int pp_rank) {
-            return memory_shape(config, batch_size, seq_len / cp_size, GPT2MemoryShape{}.multiprocessors, tp_size,
-                                sequence_parallel, recompute, part_of(pp_rank), cp);
-        };
-        auto parameters_of = [&](int pp_rank) {
-            return ParameterLayout(config, zero_stage == 0 ? 1 : shard * cp_size, tp_size, 0,
-                                   part_of(pp_rank).held_chunks).total;
-        };
-        const GPT2MemoryShape shape = shape_of(0);
-        printf("plan: %d layers, %d channels, %zu parameters (%zu on pp rank 0, tp rank 0); %d ranks = dp %d x pp %d x "
-               "cp %d x tp %d%s; ZeRO stage %d (shard groups of %d), %d x %d tokens per data-parallel rank and "
-               "micro-step, %d micro-step(s)\n", config.num_layers, config.channels, ParameterLayout(config).num_parameters,
-               ParameterLayout(config, 1, tp_size, 0, part_of(0).held_chunks).num_parameters, plan_ranks, dp, pp_size,
-               cp_size, tp_size, sequence_parallel ? " (sequence parallel)" : "", zero_stage, shard * cp_size,
-               batch_size, seq_len, accumulation);
-        if (cp_size > 1)
-            printf("context parallel: %s attention, %s split; each cp rank holds %d of the %d positions\n",
-                   cp_mode_name(cp.mode), cp_split_name(cp.split), seq_len / cp_size, seq_len);
-        const bool bf16 = sizeof(floatX) == 2;
-        // the cp ranks of a replica average gradients and share ZeRO shards with the data-parallel ones
-        print_memory_plan(plan_training_memory(parameters_of(0), zero_stage, dp * cp_size, shard * cp_size, bf16,
-                                               accumulation, &shape));
-        printf("  %-16s %12s  the tp axis, sent per step (the formula in llmc/tensor_parallel.h)\n", "communication tp",
-               format_bytes(tp_bytes_per_step(config, batch_size, seq_len / cp_size, tp_size, sequence_parallel, accumulation,
-                                              zero_stage, bf16)).c_str());
-        if (cp_size > 1)
-            printf("  %-16s %12s  the cp axis, sent per step (the formula in llmc/context_parallel.h)\n",
-                   "communication cp", format_bytes(cp_bytes_per_step(
-                       cp.mode, cp_size, batch_size, seq_len, config.channels / tp_size, config.num_layers / pp_size,
-                       recompute.policy == RecomputePolicy::Full ? 2 : 1, accumulation, sizeof(floatX))).c_str());
-        if (pp_size > 1)
-            print_pipeline_plan(config, schedule, pp_size, pp_virtual, accumulation, batch_size, seq_len / cp_size,
-                                tp_size, sequence_parallel, zero_stage, dp * cp_size, shard * cp_size, shape_of,
-                                parameters_of);
-        print_korthikanti_table2(shape, bf16);  // in 2-byte activations, as the paper counts, in either build
+        if (search_ranks > 0) {
+            print_plan_search(config, plan_search(config, layout, hardware), layout, hardware, plan_top);
+            return EXIT_SUCCESS;
+        }
+        const LayoutPlan plan = plan_layout(config, layout, hardware);
+        if (!plan.error.empty()) fatal("%s", plan.error.c_str());
+        print_layout_plan(config, plan, hardware);
         return EXIT_SUCCESS;
     }
 
@@ -691,8 +616,9 @@ int main(int argc, char** argv) {
     const MemoryTotals held = memory_totals();
     const size_t model_state = held.peak[(int)MemoryKind::Parameters] + held.peak[(int)MemoryKind::Gradients] +
                                held.peak[(int)MemoryKind::OptimizerState];
-    const GPT2MemoryShape shape = memory_shape(config, B, T_local, device_properties().multiProcessorCount, tp_size,
-                                               sequence_parallel, recompute, pipeline_model_part(pipe), model.cp);
+    const GPT2MemoryShape shape = gpt2_memory_shape(config, B, T_local, device_properties().multiProcessorCount, tp_size,
+                                                    sequence_parallel, recompute, pipeline_model_part(pipe), model.cp.size,
+                                                    model.cp.mode, model.cp.split);
     const MemoryPlan formula = plan_training_memory(model.layout.total, zero_stage, mesh.gradient.size, optimizer.shards,
                                                     sizeof(floatX) == 2, accumulation_steps);
     const MemoryPlan with_buffers = plan_training_memory(model.layout.total, zero_stage, mesh.gradient.size, optimizer.shards,

@@ -53,6 +53,7 @@ run_suite "flags, checkpoints, schedules, logger, MFU" build/test_host
 run_suite "pipeline schedules: every layout simulated, bubbles and memory vs formulas" build/test_pipeline
 run_suite "data loader and tokenizer file" build/test_data
 run_suite "memory accounting and the ZeRO memory plan" build/test_memory
+run_suite "planner: Llama 3 405B's layouts fit, the cost model by hand, --plan-search" build/test_planner
 # one process per rank, more ranks than cores; mpirun refuses root unless told
 mpi_run=(env OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS)
 for ranks in 1 2 4 8; do

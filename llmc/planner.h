@@ -1,0 +1,460 @@
+/*
+The planner: what a layout of N ranks will need and cost, by arithmetic only (no GPU, no MPI, nothing
+allocated), for any model shape. train_gpt's --plan prints one layout, --plan-search lists the layouts of
+N ranks that fit in a GPU's memory, fastest first:
+
+    PlanLayout layout;  layout.ranks = 16384; layout.tp = 8; layout.pp = 16; ...   (the flags)
+    const LayoutPlan plan = plan_layout(config, layout, hardware);   // plan.error: why it cannot run
+    print_layout_plan(config, layout, hardware, plan);
+    print_plan_search(config, plan_search(config, base, hardware), hardware, top);
+
+A layout is world = dp x pp x cp x tp ranks (llmc/mesh.h's order: tp varies fastest, then cp, pp, dp), a
+ZeRO stage (llmc/zero.h), a recompute policy (llmc/recompute.h), a pipeline schedule (llmc/pipeline.h),
+a micro-batch B x T per data-parallel rank and a total batch per optimizer step (the rest is the pipeline's
+microbatches, m = total / (B T dp)). Each number comes from the formula of the file that does the work:
+    memory per rank     llmc/memory.h plan_training_memory, per pp rank (the stages hold different layers,
+                        records in flight and the embedding / LM head); "fits" takes the largest
+    bytes per step      dp: the ZeRO stage's collectives (memory.h's communication row), tp: tensor_parallel.h
+    on each axis        tp_bytes_per_step, pp: pipeline.h pipeline_bytes_per_step (the busiest pp rank),
+                        cp: context_parallel.h cp_bytes_per_step
+    pipeline bubble     pipeline_schedule.h pipeline_bubble_fraction
+Two corrections to those formulas, which each count a plain step of a whole model: under pp a rank runs
+L/pp layers, so the tp bytes are counted for its layers (with the embedding and LM head terms on every
+pp rank: an upper bound by 4 (t-1)/t N C s per micro-step); under --recompute full the backward pass runs
+every block forward again, tp collectives included: + 4 l (t-1)/t N C s per micro-step (cp's formula
+already has its forward-pass count F).
+
+The cost model of the estimated step time (one step, seconds; each term printed beside the result):
+    compute   = hardware FLOPs per rank / (peak FLOP/s x efficiency)
+                hardware FLOPs = model FLOPs (llmc/mfu.h: 6 P + 12 L C T per token, P every parameter) +
+                the recomputation's (recompute.h: full reruns every block forward, 2 P_block + 4 C T per
+                layer and token), times the tokens of the step, divided evenly over the ranks (the
+                embedding and LM head sit on the first and last pp rank; a contiguous cp split gives
+                the last cp rank more causal attention: neither is modelled)
+    per axis  = bytes this rank sends per step on the axis / the bandwidth of the axis's link: NVLink when
+                the axis's group lies in one node of --gpus-per-node GPUs (tp: tp <= gpus per node; cp:
+                tp cp <= it; pp: tp cp pp <= it; dp: all ranks <= it), InfiniBand otherwise (a ring over
+                nodes runs at one GPU's network bandwidth). Defaults: H100 SXM: NVLink 4, 450 GB/s per
+                direction per GPU; InfiniBand NDR 400 Gb/s = 50 GB/s per GPU; peak 989 TFLOP/s (dense BF16)
+    step      = (compute + tp + cp + pp) / (1 - bubble)  +  max(0, dp - compute)
+Overlap: dp (the gradient all-reduce or reduce-scatter, the ZeRO all-gathers) runs on its own stream
+while the blocks compute (llmc/zero.h reduces each chunk as soon as its gradient is final, ZeRO-3 gathers
+ahead), so only the part longer than the compute shows. tp, cp and pp are counted in full: a tp all-reduce
+sits between two matmuls that need it (only f's backward overlaps, with the weight gradient), a pp send is
+the next stage's input, and ring attention hides its K/V passes only when a block's attention outlasts its
+transfer; counting them whole makes the estimate an upper bound for those axes. The pipeline's idle
+time stretches all of a microbatch's work, communication on the critical path included: / (1 - bubble).
+Not modelled: the efficiency lost by small matmuls at large tp or small B T, kernel launch overheads,
+the optimizer step, contention of several axes for one link. The ranking is for comparing layouts, not
+a promise of seconds; --efficiency sets the fraction of peak a well-fed matmul reaches.
+
+Memory: "fits" means the plan's total on the fullest pp rank plus kPlanReserveBytes (the CUDA context,
+cuBLASLt's workspace and NCCL's buffers, which no formula here counts) is at most --gpu-memory.
+*/
+#pragma once
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <string>
+#include <vector>
+#include "utils.h"
+#include "memory.h"
+#include "mfu.h"
+#include "recompute.h"
+#include "mesh.h"
+#include "parameters.h"
+#include "tensor_parallel.h"
+#include "context_parallel.h"
+#include "pipeline.h"
+#include "pipeline_schedule.h"
+
+// what the plan does not count but a GPU needs: the CUDA context (~0.5 GiB), cuBLASLt's 32 MiB workspace,
+// NCCL's buffers (a few hundred MiB with several communicators)
+constexpr double kPlanReserveBytes = 2.0 * (1 << 30);
+
+// ----------------------------------------------------------------------------
+// the inputs
+
+// One layout of a run: what the flags say.
+struct PlanLayout {
+    int ranks = 1;
+    int tp = 1, pp = 1, cp = 1;           // dp = ranks / (tp pp cp)
+    bool sequence_parallel = false;
+    ContextParallelMode cp_mode = ContextParallelMode::Ring;
+    SequenceSplit cp_split = SequenceSplit::Zigzag;
+    PipelineSchedule schedule = PipelineSchedule::OneFOneB;
+    int pp_virtual = 1;
+    int zero_stage = 0;
+    int dp_shard = 0;                     // data-parallel ranks per shard group (0: all of them)
+    Recompute recompute;
+    int batch_size = 1, seq_len = 1024;   // B x T per data-parallel rank and micro-step
+    int total_batch_size = 0;             // tokens per step (0: one micro-step, B T dp)
+    bool bf16 = sizeof(floatX) == 2;
+    int multiprocessors = GPT2MemoryShape{}.multiprocessors;
+};
+
+// The machine the estimate assumes.
+struct PlanHardware {
+    double gpu_memory_bytes = 80.0 * (1 << 30);
+    int gpus_per_node = 8;
+    double nvlink_bytes_per_second = 450e9;      // per direction per GPU (H100 SXM, NVLink 4)
+    double infiniband_bytes_per_second = 50e9;   // per GPU (NDR, 400 Gb/s)
+    double peak_flops = 989.4e12;                // dense BF16 (H100 SXM, llmc/mfu.h)
+    double efficiency = 0.5;                     // fraction of peak the matmuls reach
+};
+
+// The axes whose bytes the plan counts, in the order they are printed.
+enum PlanAxis { PLAN_DP = 0, PLAN_TP, PLAN_PP, PLAN_CP };
+constexpr int kPlanAxes = 4;
+inline const char* plan_axis_name(int axis) {
+    static const char* names[kPlanAxes] = {"dp", "tp", "pp", "cp"};
+    return names[axis];
+}
+
+// ----------------------------------------------------------------------------
+// the results
+
+struct LayoutPlan {
+    std::string error;                // not empty: the layout cannot run, and nothing below is set
+    int dp = 1, shard = 1, accumulation = 1;
+    std::vector<GPT2MemoryShape> shapes;  // per pp rank
+    std::vector<MemoryPlan> stages;       // per pp rank: bytes by category
+    std::vector<double> pp_bytes;         // per pp rank: bytes sent on the pp axis per step
+    int fullest_stage = 0;                // the pp rank with the most memory
+    double peak_bytes = 0;                // its total
+    bool fits = false;                    // peak_bytes + kPlanReserveBytes <= the GPU's memory
+    double bytes[kPlanAxes] = {};         // per step, sent by one rank (pp: the busiest pp rank)
+    bool crosses_nodes[kPlanAxes] = {};   // the axis's group spans nodes: InfiniBand (else NVLink)
+    double bubble = 0;
+    // the estimate (seconds per step)
+    double tokens = 0, model_flops = 0, hardware_flops = 0;  // per step, all ranks
+    double compute_seconds = 0, axis_seconds[kPlanAxes] = {}, exposed_dp_seconds = 0, step_seconds = 0;
+    double mfu = 0;
+    PlanLayout layout;
+};
+
+// What llmc/memory.h's formulas need to know of a run (for the plan, and beside the measured memory).
+// `part`: a pipeline rank's part of the model; T: the positions of a sequence one rank holds (T/cp).
+inline GPT2MemoryShape gpt2_memory_shape(const GPT2Config& config, int B, int T, int multiprocessors, int tp,
+                                         bool sequence_parallel, const Recompute& recompute, const ModelPart& part,
+                                         int cp, ContextParallelMode cp_mode, SequenceSplit cp_split) {
+    GPT2MemoryShape shape{config.num_layers, config.channels, config.num_heads, config.padded_vocab_size,
+                          config.max_seq_len, B, T, multiprocessors};
+    shape.tp = tp;
+    shape.sequence_parallel = sequence_parallel;
+    shape.recompute = recompute;
+    shape.stage_layers = part.stage_layers;
+    shape.records = part.records;
+    shape.first_stage = part.held_chunks[1];
+    shape.last_stage = part.held_chunks[config.num_layers];
+    shape.cp = cp;
+    shape.cp_ring = cp_mode == ContextParallelMode::Ring;
+    shape.cp_chunks = cp_chunks_per_rank(cp_split);
+    return shape;
+}
+
+// One line saying why the layout cannot run (empty: it can), the checks the trainer makes, in its order.
+inline std::string plan_layout_error(const GPT2Config& config, const PlanLayout& l) {
+    std::string error = tp_layout_error(config, l.tp, l.sequence_parallel, l.seq_len);
+    if (!error.empty()) return error;
+    if (l.ranks % (l.tp * l.pp * l.cp) != 0)
+        return plan_format("--plan %d ranks are not a multiple of --pp %d x --cp %d x --tp %d", l.ranks, l.pp, l.cp,
+                           l.tp);
+    const int dp = l.ranks / (l.tp * l.pp * l.cp);
+    const int shard = l.dp_shard == 0 ? dp : l.dp_shard;
+    if (dp % shard != 0) return plan_format("--dp-shard %d does not divide the %d data-parallel ranks", shard, dp);
+    const long long per_micro_step = (long long)l.batch_size * l.seq_len * dp;
+    if (per_micro_step > INT_MAX)
+        return plan_format("--batch-size %d x --seq-len %d x %d data-parallel rank(s) = %lld tokens per micro-step, "
+                           "more than the %d an int holds", l.batch_size, l.seq_len, dp, per_micro_step, INT_MAX);
+    if (l.total_batch_size % per_micro_step != 0)
+        return plan_format("--total-batch-size %d is not a multiple of --batch-size x --seq-len x data-parallel "
+                           "ranks = %lld", l.total_batch_size, per_micro_step);
+    const int accumulation = l.total_batch_size > 0 ? (int)(l.total_batch_size / per_micro_step) : 1;
+    error = pipeline_layout_error(l.schedule, l.pp, l.pp_virtual, accumulation, config.num_layers);
+    if (!error.empty()) return error;
+    error = mesh_model_error(mesh_layout(1, dp, l.pp, l.cp, l.tp), config.num_layers, config.num_heads, l.seq_len,
+                             l.cp_mode, l.cp_split);
+    if (!error.empty()) return error;
+    if (l.cp > 1 && l.sequence_parallel)
+        return "--sequence-parallel with --cp is not supported: both split the sequence's rows";
+    return "";
+}
+
+// ----------------------------------------------------------------------------
+// one layout
+
+// Bytes one rank sends on the tp axis per step, for the layers it runs (see the top of the file).
+inline double plan_tp_bytes(const GPT2Config& config, const PlanLayout& l, int accumulation) {
+    if (l.tp == 1) return 0.0;
+    GPT2Config stage = config;
+    stage.num_layers = config.num_layers / l.pp;
+    const int T = l.seq_len / l.cp;
+    double bytes = tp_bytes_per_step(stage, l.batch_size, T, l.tp, l.sequence_parallel, accumulation, l.zero_stage,
+                                     l.bf16);
+    if (l.recompute.policy == RecomputePolicy::Full)  // the blocks' forward collectives, once more
+        bytes += 4.0 * stage.num_layers * (l.tp - 1.0) / l.tp * (double)l.batch_size * T * config.channels *
+                 (l.bf16 ? 2 : 4) * accumulation;
+    return bytes;
+}
+
+inline LayoutPlan plan_layout(const GPT2Config& config, const PlanLayout& l, const PlanHardware& hw) {
+    LayoutPlan plan;
+    plan.layout = l;
+    plan.error = plan_layout_error(config, l);
+    if (!plan.error.empty()) return plan;
+    const int L = config.num_layers, p = l.pp, V = l.pp_virtual, T_local = l.seq_len / l.cp;
+    plan.dp = l.ranks / (l.tp * l.pp * l.cp);
+    plan.shard = l.dp_shard == 0 ? plan.dp : l.dp_shard;
+    const int per_micro_step = l.batch_size * l.seq_len * plan.dp;
+    const int m = plan.accumulation = l.total_batch_size > 0 ? l.total_batch_size / per_micro_step : 1;
+    // the cp ranks of a replica average gradients and share ZeRO shards with the data-parallel ones
+    const int gradient_ranks = plan.dp * l.cp, shard_ranks = plan.shard * l.cp;
+    const int shards = l.zero_stage == 0 ? 1 : shard_ranks;
+    const double s = l.bf16 ? 2 : 4;
+    const double activation_elements = (double)l.batch_size * T_local * config.channels /
+                                       (l.sequence_parallel ? l.tp : 1);
+
+    // memory and pp bytes, per pp rank
+    for (int r = 0; r < p; r++) {
+        const ModelPart part = pipeline_model_part(l.schedule, r, p, V, m, L);
+        const GPT2MemoryShape shape = gpt2_memory_shape(config, l.batch_size, T_local, l.multiprocessors, l.tp,
+                                                        l.sequence_parallel, l.recompute, part, l.cp, l.cp_mode,
+                                                        l.cp_split);
+        const ParameterLayout layout(config, shards, l.tp, 0, part.held_chunks);
+        plan.shapes.push_back(shape);
+        plan.stages.push_back(plan_training_memory(layout.total, l.zero_stage, gradient_ranks, shard_ranks, l.bf16, m,
+                                                   &shape));
+        const double embedding = part.held_chunks[0] ? (double)layout.embedding_chunk / shards : 0.0;
+        plan.pp_bytes.push_back(pipeline_bytes_per_step(r, p, V, m, activation_elements, s, embedding));
+        if (plan.stages[r].total > plan.stages[plan.fullest_stage].total) plan.fullest_stage = r;
+    }
+    plan.peak_bytes = plan.stages[plan.fullest_stage].total;
+    plan.fits = plan.peak_bytes + kPlanReserveBytes <= hw.gpu_memory_bytes;
+
+    // bytes per step on each axis; which link carries them
+    plan.bytes[PLAN_DP] = plan.stages[0].communication;
+    plan.bytes[PLAN_TP] = plan_tp_bytes(config, l, m);
+    plan.bytes[PLAN_PP] = *std::max_element(plan.pp_bytes.begin(), plan.pp_bytes.end());
+    plan.bytes[PLAN_CP] = cp_bytes_per_step(l.cp_mode, l.cp, l.batch_size, l.seq_len, config.channels / l.tp, L / p,
+                                            l.recompute.policy == RecomputePolicy::Full ? 2 : 1, m, (size_t)s);
+    const int spans[kPlanAxes] = {l.ranks, l.tp, l.tp * l.cp * l.pp, l.tp * l.cp};
+    plan.bubble = pipeline_bubble_fraction(l.schedule, p, m, V);
+
+    // the estimate (the cost model at the top of the file)
+    const ParameterLayout whole(config);
+    plan.tokens = (double)per_micro_step * m;
+    plan.model_flops = gpt2_flops_per_token((long long)whole.num_parameters, L, config.channels, l.seq_len) *
+                       plan.tokens;
+    plan.hardware_flops = plan.model_flops + recompute_extra_flops_per_token(l.recompute, (double)whole.block_elements(),
+                                                                             L, config.channels, l.seq_len) * plan.tokens;
+    plan.compute_seconds = plan.hardware_flops / l.ranks / (hw.peak_flops * hw.efficiency);
+    for (int a = 0; a < kPlanAxes; a++) {
+        plan.crosses_nodes[a] = spans[a] > hw.gpus_per_node;
+        plan.axis_seconds[a] = plan.bytes[a] / (plan.crosses_nodes[a] ? hw.infiniband_bytes_per_second
+                                                                      : hw.nvlink_bytes_per_second);
+    }
+    plan.exposed_dp_seconds = std::max(0.0, plan.axis_seconds[PLAN_DP] - plan.compute_seconds);
+    plan.step_seconds = (plan.compute_seconds + plan.axis_seconds[PLAN_TP] + plan.axis_seconds[PLAN_CP] +
+                         plan.axis_seconds[PLAN_PP]) / (1.0 - plan.bubble) + plan.exposed_dp_seconds;
+    plan.mfu = plan.model_flops / l.ranks / plan.step_seconds / hw.peak_flops;
+    return plan;
+}
+
+// ----------------------------------------------------------------------------
+// printing one layout (--plan)
+
+// "dp 128 x pp 16 x cp 1 x tp 8 (sequence parallel)"
+inline std::string plan_layout_name(const LayoutPlan& plan) {
+    const PlanLayout& l = plan.layout;
+    return plan_format("dp %d x pp %d x cp %d x tp %d%s", plan.dp, l.pp, l.cp, l.tp,
+                       l.sequence_parallel ? " (sequence parallel)" : "");
+}
+
+// Per pp rank: its records in flight, memory, gradient send buffers and the bytes it sends on the pp axis
+// per step (llmc/pipeline.h's formula), and the schedule's bubble.
+inline void print_pipeline_plan(const GPT2Config& config, const LayoutPlan& plan, FILE* out = stdout) {
+    const PlanLayout& l = plan.layout;
+    const int p = l.pp, V = l.pp_virtual, m = plan.accumulation;
+    fprintf(out, "pipeline %s: %d stage(s) of %d layers per pp rank, %d microbatches; bubble %.3f ((p-1)/(m+p-1) = "
+            "%.3f)\n", pipeline_schedule_name(l.schedule), V, config.num_layers / (p * V), m, plan.bubble,
+            (double)(p - 1) / (m + p - 1));
+    std::vector<std::vector<PipelineAction>> lists;
+    for (int r = 0; r < p; r++) lists.push_back(pipeline_actions(l.schedule, r, p, m, V));
+    const double activation_elements = (double)l.batch_size * (l.seq_len / l.cp) * config.channels /
+                                       (l.sequence_parallel ? l.tp : 1);
+    for (int r = 0; r < p; r++) {
+        const MemoryPlan& stage = plan.stages[r];
+        fprintf(out, "  pp rank %d: %d record(s) in flight; model state %s, activations %s, workspace %s, total %s, "
+                "+ %d gradient send buffer(s) of %s; sends %s per step on the pp axis\n", r, plan.shapes[r].records,
+                format_bytes(stage.model_state).c_str(), format_bytes(stage.activations).c_str(),
+                format_bytes(stage.workspace).c_str(), format_bytes(stage.total).c_str(),
+                pipeline_gradient_sends(lists, r, m, V).buffers,
+                format_bytes(activation_elements * (l.bf16 ? 2 : 4)).c_str(), format_bytes(plan.pp_bytes[r]).c_str());
+    }
+}
+
+// The communication block: bytes per step on each axis, and the link the estimate puts them on.
+inline void print_plan_communication(const LayoutPlan& plan, const PlanHardware& hw, FILE* out = stdout) {
+    const PlanLayout& l = plan.layout;
+    const char* where[kPlanAxes] = {
+        "the ZeRO stage's gradient and parameter collectives (the memory plan's communication row)",
+        "the tp axis (llmc/tensor_parallel.h), for this rank's layers",
+        "the pp axis (llmc/pipeline.h), the busiest pp rank",
+        "the cp axis (llmc/context_parallel.h)"};
+    const int sizes[kPlanAxes] = {plan.dp * l.cp, l.tp, l.pp, l.cp};
+    fprintf(out, "communication per step, bytes one rank sends on each axis, and the link the estimate assumes:\n");
+    for (int a = 0; a < kPlanAxes; a++) {
+        std::string link = "-";
+        if (sizes[a] > 1)
+            link = plan_format("%s %.0f GB/s: %.3f s", plan.crosses_nodes[a] ? "InfiniBand" : "NVLink",
+                               (plan.crosses_nodes[a] ? hw.infiniband_bytes_per_second : hw.nvlink_bytes_per_second) / 1e9,
+                               plan.axis_seconds[a]);
+        fprintf(out, "  communication %s %12s  %-29s %s\n", plan_axis_name(a), format_bytes(plan.bytes[a]).c_str(),
+                link.c_str(), where[a]);
+    }
+    fprintf(out, "pipeline bubble %.3f (%s, pp %d, %d microbatch(es)%s)\n", plan.bubble,
+            pipeline_schedule_name(l.schedule), l.pp, plan.accumulation,
+            l.pp_virtual > 1 ? plan_format(", %d virtual stages", l.pp_virtual).c_str() : "");
+}
+
+// The estimate, term by term.
+inline void print_plan_estimate(const LayoutPlan& plan, const PlanHardware& hw, FILE* out = stdout) {
+    fprintf(out, "estimated step %.3f s = (compute %.3f + tp %.3f + cp %.3f + pp %.3f) / (1 - bubble %.3f) + dp not "
+            "hidden by compute %.3f; MFU %.1f%% (%.3g tokens per step, %.3g model FLOPs, %.3g with recomputation; "
+            "peak %.0f TFLOP/s x efficiency %.2f; llmc/planner.h's cost model)\n", plan.step_seconds,
+            plan.compute_seconds, plan.axis_seconds[PLAN_TP], plan.axis_seconds[PLAN_CP], plan.axis_seconds[PLAN_PP],
+            plan.bubble, plan.exposed_dp_seconds, 100 * plan.mfu, plan.tokens, plan.model_flops, plan.hardware_flops,
+            hw.peak_flops / 1e12, hw.efficiency);
+    fprintf(out, "fits in %s per GPU: %s (the fullest pp rank, %d: %s + %s reserved for the CUDA context, cuBLASLt "
+            "and NCCL)\n", format_bytes(hw.gpu_memory_bytes).c_str(), plan.fits ? "yes" : "NO", plan.fullest_stage,
+            format_bytes(plan.peak_bytes).c_str(), format_bytes(kPlanReserveBytes).c_str());
+}
+
+// Everything --plan prints for one layout (which must have no error).
+inline void print_layout_plan(const GPT2Config& config, const LayoutPlan& plan, const PlanHardware& hw,
+                              FILE* out = stdout) {
+    const PlanLayout& l = plan.layout;
+    fprintf(out, "plan: %d layers, %d channels, %d heads, %zu parameters (%zu on pp rank 0, tp rank 0); %d ranks = "
+            "%s; ZeRO stage %d (shard groups of %d), %d x %d tokens per data-parallel rank and micro-step, %d "
+            "micro-step(s); recompute %s; %s (GPT-2 architecture)\n", config.num_layers, config.channels,
+            config.num_heads, ParameterLayout(config).num_parameters,
+            ParameterLayout(config, 1, l.tp, 0, pipeline_held_chunks(0, l.pp, l.pp_virtual, config.num_layers))
+                .num_parameters, l.ranks, plan_layout_name(plan).c_str(), l.zero_stage, plan.shard * l.cp,
+            l.batch_size, l.seq_len, plan.accumulation, recompute_describe(l.recompute).c_str(),
+            l.bf16 ? "BF16" : "FP32");
+    if (l.cp > 1)
+        fprintf(out, "context parallel: %s attention, %s split; each cp rank holds %d of the %d positions\n",
+                cp_mode_name(l.cp_mode), cp_split_name(l.cp_split), l.seq_len / l.cp, l.seq_len);
+    print_memory_plan(plan.stages[0], out);  // pp rank 0's (the per-rank table below has every pp rank)
+    print_plan_communication(plan, hw, out);
+    if (l.pp > 1) print_pipeline_plan(config, plan, out);
+    print_plan_estimate(plan, hw, out);
+    print_korthikanti_table2(plan.shapes[0], l.bf16, out);  // in 2-byte activations, as the paper counts
+}
+
+// ----------------------------------------------------------------------------
+// the search (--plan-search)
+
+struct PlanSearch {
+    std::vector<LayoutPlan> fitting;  // fastest first
+    int considered = 0, refused = 0, too_big = 0;
+};
+
+// Every layout of base.ranks ranks (base gives B, T, the total batch and the precision; its total batch 0
+// means B T ranks, so every layout does the same work per step):
+//   tp    divisors of the heads up to --gpus-per-node (tp_layout_error refuses the rest), with and without
+//         sequence parallelism (tp > 1, cp = 1)
+//   pp    divisors of the layers; 1f1b, and interleaved with 2 virtual stages where the layers and
+//         microbatches allow
+//   cp    divisors of the sequence that mesh_model_error accepts (zigzag split), ring and Ulysses
+//   ZeRO  0-3 (shards over all dp ranks); recompute none, selective, full (a checkpoint every block)
+//   dp    what is left: ranks / (tp pp cp)
+// A layout any check refuses (plan_layout_error) is counted and skipped, as is one that does not fit.
+inline PlanSearch plan_search(const GPT2Config& config, PlanLayout base, const PlanHardware& hw) {
+    PlanSearch search;
+    if (base.total_batch_size == 0) {
+        const long long tokens = (long long)base.batch_size * base.seq_len * base.ranks;
+        if (tokens > INT_MAX) fatal("--plan-search: B x T x ranks = %lld tokens do not fit an int", tokens);
+        base.total_batch_size = (int)tokens;
+    }
+    const Recompute policies[3] = {Recompute{RecomputePolicy::None, 1}, Recompute{RecomputePolicy::Selective, 1},
+                                   Recompute{RecomputePolicy::Full, 1}};
+    for (int tp = 1; tp <= std::min(hw.gpus_per_node, config.num_heads); tp++) {
+        if (config.num_heads % tp != 0 || base.ranks % tp != 0) continue;
+        for (int pp = 1; pp <= config.num_layers; pp++) {
+            if (config.num_layers % pp != 0 || base.ranks % (tp * pp) != 0) continue;
+            for (int cp = 1; cp <= base.seq_len; cp++) {
+                if (base.seq_len % cp != 0 || base.ranks % (tp * pp * cp) != 0) continue;
+                for (int mode = 0; mode < (cp > 1 ? 2 : 1); mode++)
+                    for (int sp = 0; sp < (tp > 1 && cp == 1 ? 2 : 1); sp++)
+                        for (int schedule = 0; schedule < (pp > 1 ? 2 : 1); schedule++)
+                            for (int zero = 0; zero <= 3; zero++)
+                                for (const Recompute& recompute : policies) {
+                                    PlanLayout l = base;
+                                    l.tp = tp, l.pp = pp, l.cp = cp, l.sequence_parallel = sp == 1;
+                                    l.cp_mode = mode == 0 ? ContextParallelMode::Ring : ContextParallelMode::Ulysses;
+                                    l.cp_split = SequenceSplit::Zigzag;
+                                    l.schedule = schedule == 0 ? PipelineSchedule::OneFOneB
+                                                               : PipelineSchedule::Interleaved;
+                                    l.pp_virtual = schedule == 0 ? 1 : 2;
+                                    l.zero_stage = zero, l.dp_shard = 0, l.recompute = recompute;
+                                    search.considered++;
+                                    LayoutPlan plan = plan_layout(config, l, hw);
+                                    if (!plan.error.empty()) search.refused++;
+                                    else if (!plan.fits) search.too_big++;
+                                    else search.fitting.push_back(std::move(plan));
+                                }
+            }
+        }
+    }
+    // fastest first; of equally fast ones the one with the least memory
+    std::stable_sort(search.fitting.begin(), search.fitting.end(), [](const LayoutPlan& a, const LayoutPlan& b) {
+        return a.step_seconds != b.step_seconds ? a.step_seconds < b.step_seconds : a.peak_bytes < b.peak_bytes;
+    });
+    return search;
+}
+
+// A short name of the layout's choices: "ZeRO 1, recompute full, 1f1b, ring"
+inline std::string plan_choices(const LayoutPlan& plan) {
+    const PlanLayout& l = plan.layout;
+    std::string text = plan_format("ZeRO %d, recompute %s", l.zero_stage,
+                                   l.recompute.policy == RecomputePolicy::None        ? "none"
+                                   : l.recompute.policy == RecomputePolicy::Selective ? "selective"
+                                                                                      : "full");
+    if (l.pp > 1) text += plan_format(", %s%s", pipeline_schedule_name(l.schedule),
+                                      l.pp_virtual > 1 ? plan_format(" V %d", l.pp_virtual).c_str() : "");
+    if (l.cp > 1) text += plan_format(", %s", cp_mode_name(l.cp_mode));
+    return text;
+}
+
+inline void print_plan_search(const GPT2Config& config, const PlanSearch& search, const PlanLayout& base,
+                              const PlanHardware& hw, int top, FILE* out = stdout) {
+    const LayoutPlan* any = search.fitting.empty() ? nullptr : &search.fitting[0];
+    fprintf(out, "plan search: %d layers, %d channels, %d heads, %zu parameters (GPT-2 architecture, %s) on %d ranks "
+            "of %s, %d per node; B %d x T %d per data-parallel rank, %.0f tokens per step\n", config.num_layers,
+            config.channels, config.num_heads, ParameterLayout(config).num_parameters, base.bf16 ? "BF16" : "FP32",
+            base.ranks, format_bytes(hw.gpu_memory_bytes).c_str(), hw.gpus_per_node, base.batch_size, base.seq_len,
+            any ? any->tokens : (double)base.total_batch_size);
+    fprintf(out, "%d layouts considered: %d refused by the layout checks, %d too big, %zu fit; the %d fastest by "
+            "the estimated step time (memory: the fullest pp rank; bytes: per step and rank; llmc/planner.h: compute at %.0f TFLOP/s x %.2f, NVLink %.0f GB/s within a node, "
+            "InfiniBand %.0f GB/s across; dp hidden behind compute, tp/cp/pp not; stretched by the bubble):\n",
+            search.considered, search.refused, search.too_big, search.fitting.size(),
+            std::min(top, (int)search.fitting.size()), hw.peak_flops / 1e12, hw.efficiency,
+            hw.nvlink_bytes_per_second / 1e9, hw.infiniband_bytes_per_second / 1e9);
+    fprintf(out, "  %3s  %-38s %-46s %10s  %10s %10s %10s %10s  %6s  %8s %6s\n", "#", "layout", "choices", "memory",
+            "dp bytes", "tp bytes", "pp bytes", "cp bytes", "bubble", "step s", "MFU");
+    for (int i = 0; i < std::min(top, (int)search.fitting.size()); i++) {
+        const LayoutPlan& p = search.fitting[i];
+        fprintf(out, "  %3d  %-38s %-46s %10s  %10s %10s %10s %10s  %6.3f  %8.4f %5.1f%%\n", i + 1,
+                plan_layout_name(p).c_str(), plan_choices(p).c_str(), format_bytes(p.peak_bytes).c_str(),
+                format_bytes(p.bytes[PLAN_DP]).c_str(), format_bytes(p.bytes[PLAN_TP]).c_str(),
+                format_bytes(p.bytes[PLAN_PP]).c_str(), format_bytes(p.bytes[PLAN_CP]).c_str(), p.bubble,
+                p.step_seconds, 100 * p.mfu);
+    }
+    if (any) {
+        fprintf(out, "the fastest, term by term:\n");
+        print_plan_estimate(*any, hw, out);
+    }
+}
