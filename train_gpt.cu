@@ -17,6 +17,7 @@ headers, the schedule's executor in llmc/pipeline.h. This file only decides what
     mpirun -np 4 ./train_gpt_cpu ... --cp 2 --zero 1   (2 ranks split each sequence, 2 replicas share ZeRO-1)
     ./train_gpt_cpu --model custom --layers 4 --heads 4 --channels 256 --seq-len 64 --steps 300
     ./train_gpt --model 124M --batch-size 16 --seq-len 1024 --total-batch-size 524288      (a GPU)
+    ./train_gpt_cpu --model 1558M --seq-len 1024 --plan-search 64 --gpu-memory 80   (llmc/planner.h: no GPU, no MPI)
 */
 #include <chrono>
 #include <climits>

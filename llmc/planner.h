@@ -443,11 +443,11 @@ inline void print_plan_search(const GPT2Config& config, const PlanSearch& search
             search.considered, search.refused, search.too_big, search.fitting.size(),
             std::min(top, (int)search.fitting.size()), hw.peak_flops / 1e12, hw.efficiency,
             hw.nvlink_bytes_per_second / 1e9, hw.infiniband_bytes_per_second / 1e9);
-    fprintf(out, "  %3s  %-38s %-46s %10s  %10s %10s %10s %10s  %6s  %8s %6s\n", "#", "layout", "choices", "memory",
+    fprintf(out, "  %3s  %-38s %-50s %10s  %10s %10s %10s %10s  %6s  %8s %6s\n", "#", "layout", "choices", "memory",
             "dp bytes", "tp bytes", "pp bytes", "cp bytes", "bubble", "step s", "MFU");
     for (int i = 0; i < std::min(top, (int)search.fitting.size()); i++) {
         const LayoutPlan& p = search.fitting[i];
-        fprintf(out, "  %3d  %-38s %-46s %10s  %10s %10s %10s %10s  %6.3f  %8.4f %5.1f%%\n", i + 1,
+        fprintf(out, "  %3d  %-38s %-50s %10s  %10s %10s %10s %10s  %6.3f  %8.4f %5.1f%%\n", i + 1,
                 plan_layout_name(p).c_str(), plan_choices(p).c_str(), format_bytes(p.peak_bytes).c_str(),
                 format_bytes(p.bytes[PLAN_DP]).c_str(), format_bytes(p.bytes[PLAN_TP]).c_str(),
                 format_bytes(p.bytes[PLAN_PP]).c_str(), format_bytes(p.bytes[PLAN_CP]).c_str(), p.bubble,
