@@ -22,6 +22,7 @@ headers, the schedule's executor in llmc/pipeline.h. This file only decides what
 #include <chrono>
 #include <climits>
 #include <cmath>
+#include <numeric>
 #include <string>
 #include <vector>
 #include "llmc/utils.h"
@@ -112,11 +113,13 @@ static std::string sample_text(Pipeline& pipe, GPT2& model, const Tokenizer& tok
     const ContextParallel& cp = model.cp;
     while ((int)tokens.size() <= count && (int)tokens.size() <= model.max_seq * cp.size) {
         const int T = (int)tokens.size();
-        // sequence parallelism splits the rows over the tp ranks, context parallelism the positions over the
-        // cp ranks: pad to what they split with end-of-text tokens after the last one, which the causal mask
-        // keeps from changing row T-1's logits
-        const int split = model.tp.sequence_parallel ? model.tp.size
-                        : cp.size > 1 ? cp.size * cp_chunks_per_rank(cp.split) : 1;
+        // context parallelism splits the positions into cp x chunks-per-rank chunks, and sequence parallelism
+        // each cp rank's rows over the tp ranks: pad to what they split with end-of-text tokens after the last
+        // one, which the causal mask keeps from changing row T-1's logits. A cp rank's rows must divide into
+        // its chunks and into tp slices: a multiple of cp x lcm(chunks, tp). The allocated max_seq (T/cp) is a
+        // multiple of both, so the padding never passes max_seq x cp.
+        const int chunks = cp.size > 1 ? cp_chunks_per_rank(cp.split) : 1;
+        const int split = cp.size * std::lcm(chunks, model.tp.sequence_parallel ? model.tp.size : 1);
         const int rows = (T + split - 1) / split * split;
         std::vector<int> padded(tokens);
         padded.resize(rows, (int)tokenizer.end_of_text);
@@ -436,8 +439,7 @@ int main(int argc, char** argv) {
                     config.num_layers, (size_t)tp_rows(tp, B * T_local) * config.channels);
     // (after the tp and pipeline checks, which name their flags; this one adds the cp axis's)
     mesh_check_model(mesh, config.num_layers, config.num_heads, T, cp_mode, cp_split);
-    if (cp_size > 1 && sequence_parallel)
-        fatal("--sequence-parallel with --cp is not supported: both split the sequence's rows");
+    tp_check_context_parallel_rows(tp_size, sequence_parallel, T, cp_size);
 
     GPT2 model;
     gpt2_allocate(model, config, B, T_local, zero_shard_count(zero_stage, &mesh), /*full_gradients=*/zero_stage < 2,

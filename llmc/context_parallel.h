@@ -21,7 +21,10 @@ one, so every rank does the same work. cp = 2, T = 8:
 A rank's rows are kept chunk-major: first its first chunk for all B sequences, then its second, so each
 chunk is an ordinary (B, Tc) batch whose row t sits at position chunk_position + t. The embeddings look
 up wpe chunk by chunk (cp_sequence_chunks), and the attention kernels take blocks of rows at any position
-(llmc/attention.cuh's pairs).
+(llmc/attention.cuh's pairs). Sequence parallelism (--tp with --sequence-parallel) then cuts the rank's
+B T/cp rows, chunk-major as they are, into tp contiguous slices: the blocks work row by row and gather the
+slices back before attention, so only the embedding minds where a slice's rows sit in the chunks
+(llmc/tensor_parallel.h's vocab_parallel_embedding_forward). T/cp must divide by tp.
 
 Ring attention (--cp-mode ring; Liu et al. 2023). The keys and values of one rank's rows are a block; the
 blocks travel around the ring of cp ranks, each rank passing the block it holds to rank + 1 while it
@@ -65,6 +68,7 @@ cp_bytes_per_step is this formula; the layout test compares it with the bytes co
 #include "memory.h"
 #include "mesh.h"
 #include "attention.cuh"
+#include "encoder.cuh"
 
 // ----------------------------------------------------------------------------
 // which positions a rank holds
@@ -100,13 +104,8 @@ __host__ __device__ inline int cp_chunk_index(SequenceSplit split, int cp, int r
     return split == SequenceSplit::Zigzag ? (k == 0 ? rank : 2 * cp - 1 - rank) : rank;
 }
 
-// One of a rank's chunks of B sequences: its rows start at first_row (of the rank's B * T_local) and row
-// first_row + b T + t is position `position + t` of sequence b.
-struct SequenceChunk {
-    int first_row;
-    int position;
-    int T;
-};
+// A rank's chunks of B sequences are SequenceChunks (llmc/encoder.cuh): rows from first_row (of the rank's
+// B * T_local) on, row first_row + b T + t at position `position + t` of sequence b.
 // The chunks of cp rank `rank` (one chunk of all T_local positions without context parallelism).
 inline std::vector<SequenceChunk> cp_chunks_of_rank(const ContextParallel& cp, int rank, int B, int T_local) {
     if (cp.size == 1) return {SequenceChunk{0, 0, T_local}};

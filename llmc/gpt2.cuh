@@ -639,18 +639,16 @@ inline void gpt2_embed(GPT2& model, StageActivations& record, const int* tokens,
     staged_upload(model.inputs_upload, model.inputs, tokens, N, model.stream);
     floatX* embeddings = chunk_parameters(model, 0);  // wte (this rank's rows under tp), then wpe
     const floatX* wpe = embeddings + model.layout.offset(WPE);
-    // chunk by chunk of positions: one chunk of all T without context parallelism (llmc/context_parallel.h)
-    for (const SequenceChunk& chunk : cp_sequence_chunks(model.cp, B, T)) {
-        floatX* out = record.input + (size_t)chunk.first_row * C;
-        const int* ids = model.inputs + chunk.first_row;
-        const floatX* positions = wpe + (size_t)chunk.position * C;
-        if (model.tp.size == 1) {
-            encoder_forward(out, ids, embeddings, positions, B, chunk.T, C, model.stream);
-        } else {
-            vocab_parallel_embedding_forward(model.tp, out, model.shared.projection, ids, embeddings, positions, B,
-                                             chunk.T, C, c.padded_vocab_size, model.stream);
-        }
+    // the positions of the rows: one chunk of all T without context parallelism (llmc/context_parallel.h)
+    const std::vector<SequenceChunk> chunks = cp_sequence_chunks(model.cp, B, T);
+    if (model.tp.size > 1) {  // all rows at once: under SP a tp slice of the rows may cut across the chunks
+        vocab_parallel_embedding_forward(model.tp, record.input, model.shared.projection, model.inputs, embeddings,
+                                         wpe, chunks, B, T, C, c.padded_vocab_size, model.stream);
+        return;
     }
+    for (const SequenceChunk& chunk : chunks)
+        encoder_forward(record.input + (size_t)chunk.first_row * C, model.inputs + chunk.first_row, embeddings,
+                        wpe + (size_t)chunk.position * C, B, chunk.T, C, model.stream);
 }
 
 // The blocks first .. first + stage_layers - 1 on record.input.
@@ -778,17 +776,17 @@ inline void gpt2_embed_backward(GPT2& model, const StageActivations& record, int
     SharedBuffers& s = model.shared;
     floatX* embedding_grads = gradients_of_chunk(model, hooks, 0);  // wte, then wpe
     floatX* dwpe = embedding_grads + model.layout.offset(WPE);
-    for (const SequenceChunk& chunk : cp_sequence_chunks(model.cp, B, T)) {
-        const floatX* dout = record.doutput + (size_t)chunk.first_row * C;
-        const int* ids = record.tokens.data() + chunk.first_row;
-        floatX* dpositions = dwpe + (size_t)chunk.position * C;
-        if (model.tp.size == 1) {
-            encoder_backward(embedding_grads, dpositions, &s.encoder_workspace, dout, ids, B, chunk.T, C, model.stream);
-        } else {
-            vocab_parallel_embedding_backward(model.tp, embedding_grads, dpositions, &s.encoder_workspace, dout,
-                                              s.gathered, ids, B, chunk.T, C, c.padded_vocab_size, model.stream);
-        }
+    const std::vector<SequenceChunk> chunks = cp_sequence_chunks(model.cp, B, T);
+    if (model.tp.size > 1) {  // every row's gradient first (gathered under SP), then chunk by chunk
+        vocab_parallel_embedding_backward(model.tp, embedding_grads, dwpe, &s.encoder_workspace, record.doutput,
+                                          s.gathered, record.tokens.data(), chunks, B, T, C, c.padded_vocab_size,
+                                          model.stream);
+        return;
     }
+    for (const SequenceChunk& chunk : chunks)
+        encoder_backward(embedding_grads, dwpe + (size_t)chunk.position * C, &s.encoder_workspace,
+                         record.doutput + (size_t)chunk.first_row * C, record.tokens.data() + chunk.first_row, B,
+                         chunk.T, C, model.stream);
 }
 
 // Backward pass after gpt2_forward + gpt2_loss on the same batch, on a rank that holds every layer;

@@ -177,9 +177,7 @@ inline std::string plan_layout_error(const GPT2Config& config, const PlanLayout&
     error = mesh_model_error(mesh_layout(1, dp, l.pp, l.cp, l.tp), config.num_layers, config.num_heads, l.seq_len,
                              l.cp_mode, l.cp_split);
     if (!error.empty()) return error;
-    if (l.cp > 1 && l.sequence_parallel)
-        return "--sequence-parallel with --cp is not supported: both split the sequence's rows";
-    return "";
+    return tp_context_parallel_rows_error(l.tp, l.sequence_parallel, l.seq_len, l.cp);
 }
 
 // ----------------------------------------------------------------------------

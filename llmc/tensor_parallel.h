@@ -31,7 +31,9 @@ An all-reduce IS a reduce-scatter then an all-gather, so SP sends the same bytes
 gathers a layernorm's output again for the weight gradient instead of keeping the gathered copy: two
 more all-gathers per block. The layernorm parameters (and lnf's) then see only their rank's rows: their
 gradients are partial sums, added over the tp group before the data-parallel reduction
-(tp_sum_sequence_parallel_gradients).
+(tp_sum_sequence_parallel_gradients). Under context parallelism the N rows are the cp rank's B T/cp (T/cp
+divisible by tp), kept in chunks of positions (llmc/context_parallel.h): a slice may start inside a chunk
+or straddle two, which only the embedding's position rows notice.
 
 Vocabulary parallelism. wte is split by rows: rank r owns tokens [r Vp/tp, (r+1) Vp/tp).
     embedding  each rank looks up the tokens it owns and writes 0 for the others; the sum over ranks (an
@@ -62,6 +64,7 @@ tp_bytes_per_step below is this formula; the layout test compares it with the by
 */
 #pragma once
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -127,6 +130,21 @@ inline std::string tp_layout_error(const GPT2Config& c, int tp, bool sequence_pa
 // Stops with that line if the model cannot be split.
 inline void tp_check_layout(const GPT2Config& c, int tp, bool sequence_parallel, int seq_len) {
     const std::string error = tp_layout_error(c, tp, sequence_parallel, seq_len);
+    if (!error.empty()) fatal("%s", error.c_str());
+}
+
+// Under context parallelism a rank holds T/cp positions of each sequence, and sequence parallelism splits
+// those rows: T/cp must divide by tp as T does without cp (checked after the cp split, so T divides by cp).
+inline std::string tp_context_parallel_rows_error(int tp, bool sequence_parallel, int seq_len, int cp) {
+    char text[256] = "";
+    if (sequence_parallel && cp > 1 && (seq_len / cp) % tp != 0)
+        snprintf(text, sizeof(text), "--sequence-parallel with --cp %d: the %d positions of a sequence each cp rank "
+                 "holds (--seq-len %d / cp) cannot be split over --tp %d: seq-len / cp must be a multiple of tp", cp,
+                 seq_len / cp, seq_len, tp);
+    return text;
+}
+inline void tp_check_context_parallel_rows(int tp, bool sequence_parallel, int seq_len, int cp) {
+    const std::string error = tp_context_parallel_rows_error(tp, sequence_parallel, seq_len, cp);
     if (!error.empty()) fatal("%s", error.c_str());
 }
 
@@ -199,29 +217,46 @@ inline const floatX* tp_leave_backward(const TensorParallel& tp, const floatX* m
 // ----------------------------------------------------------------------------
 // vocabulary-parallel embedding and loss
 
-// encoded (this rank's rows) = wte[tokens] + wpe[positions]. `scratch`: N x C, used under SP.
+// encoded (this rank's rows) = wte[tokens] + wpe[positions]. tokens: the N = B T ids of the batch's rows
+// (device), whose positions `chunks` give (llmc/encoder.cuh's SequenceChunk: one chunk {0, 0, T} of whole
+// sequences, or a context-parallel rank's one or two). `scratch`: N x C, used under SP.
+// The lookup and the sum over ranks see all N rows at once, so under SP the reduce-scatter hands this rank
+// its slice of the N rows, the same slice the blocks work on; the slice may start or end inside a chunk,
+// or straddle two, so the positions are added chunk by chunk on the part of the slice each chunk holds.
 inline void vocab_parallel_embedding_forward(const TensorParallel& tp, floatX* encoded, floatX* scratch,
-                                             const int* tokens, const floatX* wte_slice, const floatX* wpe, int B,
-                                             int T, int C, int Vp, cudaStream_t stream) {
+                                             const int* tokens, const floatX* wte_slice, const floatX* wpe,
+                                             const std::vector<SequenceChunk>& chunks, int B, int T, int C, int Vp,
+                                             cudaStream_t stream) {
     const int N = B * T, rows = tp_rows(tp, N), vocab_rows = Vp / tp.size;
     floatX* lookups = tp.sequence_parallel ? scratch : encoded;
     embedding_lookup_forward(lookups, tokens, wte_slice, tp.rank * vocab_rows, vocab_rows, N, C, stream);
     floatX* mine = tp_leave(tp, lookups, N, C, stream);  // the sum over ranks: each token's row comes from one
     if (mine != encoded)
         cudaCheck(cudaMemcpyAsync(encoded, mine, (size_t)rows * C * sizeof(floatX), cudaMemcpyDeviceToDevice, stream));
-    const int first_row = tp.sequence_parallel ? tp.rank * rows : 0;
-    position_embedding_forward(encoded, wpe, first_row, rows, T, C, stream);
+    const int first_row = tp.sequence_parallel ? tp.rank * rows : 0;  // encoded holds [first_row, first_row + rows)
+    for (const SequenceChunk& chunk : chunks) {
+        const int begin = std::max(first_row, chunk.first_row);
+        const int end = std::min(first_row + rows, chunk.first_row + B * chunk.T);
+        if (begin >= end) continue;
+        // row begin is row begin - chunk.first_row of the chunk, an ordinary (B, chunk.T) batch at chunk.position
+        position_embedding_forward(encoded + (size_t)(begin - first_row) * C, wpe + (size_t)chunk.position * C,
+                                   begin - chunk.first_row, end - begin, chunk.T, C, stream);
+    }
 }
 
-// dwte (this rank's slice) and dwpe += the gradient of the encoder output (this rank's rows: `dencoded`).
+// dwte (this rank's slice) and dwpe += the gradient of the encoder output (this rank's rows: `dencoded`),
+// tokens_host and chunks as the forward pass had them. Every rank needs every row's gradient (gathered under
+// SP), then each chunk's rows go to their own positions of dwpe.
 inline void vocab_parallel_embedding_backward(const TensorParallel& tp, floatX* dwte_slice, floatX* dwpe,
                                               EncoderBackwardWorkspace* workspace, const floatX* dencoded,
-                                              floatX* gathered, const int* tokens_host, int B, int T, int C, int Vp,
+                                              floatX* gathered, const int* tokens_host,
+                                              const std::vector<SequenceChunk>& chunks, int B, int T, int C, int Vp,
                                               cudaStream_t stream) {
     const floatX* dout = tp_leave_backward(tp, dencoded, gathered, B * T, C, stream);  // every row
     const int vocab_rows = Vp / tp.size;
-    encoder_backward(dwte_slice, dwpe, workspace, dout, tokens_host, B, T, C, stream, tp.rank * vocab_rows,
-                     vocab_rows);
+    for (const SequenceChunk& chunk : chunks)
+        encoder_backward(dwte_slice, dwpe + (size_t)chunk.position * C, workspace, dout + (size_t)chunk.first_row * C,
+                         tokens_host + chunk.first_row, B, chunk.T, C, stream, tp.rank * vocab_rows, vocab_rows);
 }
 
 // The loss of N rows whose logits are split by columns over the tp ranks (`logits`: N x Vp/tp, replaced

@@ -4,6 +4,8 @@
 # Every layout's losses must agree with the single rank's within 1e-5 relative and its final model.bin
 # within 1e-5 relative in norm: cp changes only the order of additions (a softmax merged from partial
 # results, a parameter's gradient summed over the cp ranks' rows).
+# The layouts include tp with sequence parallelism, whose tp slices of a cp rank's rows are aligned with its
+# zigzag chunks at tp 2, and cut across them at tp 3 (on a model of its own, against its own one rank).
 # Also: the bytes each rank sent on the cp axis per step against the formula in llmc/context_parallel.h
 # (within 0.1%), the memory held against llmc/memory.h's formula, a checkpoint saved at cp 2 and resumed
 # on one rank, impossible layouts refused with one error line, and each rank's attention time under the
@@ -34,11 +36,24 @@ run one 1 8
 layouts="cp2_ring:2:8:--cp,2 cp4_ring:4:8:--cp,4 cp2_ring_contiguous:2:8:--cp,2,--cp-split,contiguous
          cp2_ulysses:2:8:--cp,2,--cp-mode,ulysses cp4_ulysses_contiguous:4:8:--cp,4,--cp-mode,ulysses,--cp-split,contiguous
          cp2_dp2_zero2:4:4:--cp,2,--zero,2 cp2_tp2:4:8:--cp,2,--tp,2 cp2_pp2:4:8:--cp,2,--pp,2
-         cp2_ulysses_tp2:4:8:--cp,2,--cp-mode,ulysses,--tp,2 cp2_full_recompute:2:8:--cp,2,--recompute,full"
+         cp2_ulysses_tp2:4:8:--cp,2,--cp-mode,ulysses,--tp,2 cp2_full_recompute:2:8:--cp,2,--recompute,full
+         cp2_tp2_sp:4:8:--cp,2,--tp,2,--sequence-parallel cp2_pp2_tp2_sp:8:8:--cp,2,--pp,2,--tp,2,--sequence-parallel"
 for layout in $layouts; do
     IFS=: read -r name ranks batch layout_flags <<<"$layout"
     run "$name" "$ranks" "$batch" ${layout_flags//,/ }
 done
+
+# Sequence parallelism cuts a cp rank's rows into tp slices, which cut across its two zigzag chunks only
+# when tp does not divide 2 chunks evenly (tp 2 and 4 give every slice whole or half chunks): tp 3, on 6
+# heads of 16 channels and T = 24, so a cp rank holds chunks of 6 B rows and tp rank 1's slice, rows
+# [4 B, 8 B), starts in its first chunk and ends in its second
+main_flags=("${flags[@]}")
+flags=(--layers 2 --heads 6 --channels 96 --vocab-size 50257 --max-seq-len 32 --seq-len 24
+       --lr-schedule constant --learning-rate 1e-3 --val-every 5 --val-batches 2 --sample-tokens 8
+       --train-data "data/classics_train.bin" --val-data "data/classics_val.bin" --total-batch-size 384)
+run one_six_heads 1 8
+run cp2_tp3_sp 6 8 --cp 2 --tp 3 --sequence-parallel
+flags=("${main_flags[@]}")
 
 # a checkpoint saved at step 3 by cp 2 x dp 2 at ZeRO-1 (the shards are split over dp x cp), resumed by one
 # rank: the last 2 steps must match the uninterrupted single rank
@@ -72,6 +87,10 @@ for name, ranks, batch, flags in layouts:
     results.append(report(same_run and comm_error <= 1e-3 and same_memory,
                           f"{name:22} {ranks} ranks: {run_words}; cp axis sent {sent} B/step, formula {theory:.0f} "
                           f"({100 * comm_error:.4f}%, tol 0.1%); {memory_words}"))
+same_run, run_words = compare_run(work, "cp2_tp3_sp", "one_six_heads", steps=5, validations=2, sample=True)
+same_memory, memory_words, memory = memory_against_formula(work, "cp2_tp3_sp")
+results.append(report(same_run and same_memory, f"cp2_tp3_sp (tp slices across the zigzag chunks) 6 ranks: "
+                                                f"{run_words}; {memory_words}"))
 results.append(compare_resumed(work, "resumed", "one", 3, "saved at cp 2 x dp 2 (ZeRO-1), resumed on one rank"))
 result(results)
 EOF
@@ -98,8 +117,8 @@ expect_refused "sequence not divisible by cp (contiguous)" "must be a multiple o
 expect_refused "heads not divisible by cp (ulysses)" "heads / tp must be a multiple of cp" 1 --plan 3 --cp 3 \
     --cp-mode ulysses --seq-len 48
 expect_refused "world size not a multiple of cp" "the 3 ranks are not a multiple of --pp 1 x --cp 2 x --tp 1" 3 --cp 2
-expect_refused "cp with sequence parallelism" "--sequence-parallel with --cp is not supported" 1 --plan 4 --cp 2 \
-    --tp 2 --sequence-parallel
+expect_refused "cp rank's positions not divisible by tp (sequence parallel)" "seq-len / cp must be a multiple of tp" 1 \
+    --plan 4 --cp 2 --cp-split contiguous --tp 2 --sequence-parallel --seq-len 6
 
 # the planner takes --cp and --cp-mode: the activations per rank 1/cp of one rank's (every activation
 # buffer holds the rows of the positions a rank holds; the printed sizes have 3 digits, so within 1%), and
