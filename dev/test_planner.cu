@@ -171,9 +171,9 @@ static void test_by_hand() {
     plan = plan_layout(llama_class_config(8192), l, hw);
     check_true("sequence parallel with cp 2 at 8K: 4096 positions per cp rank split over tp 8", plan.error.empty(),
                plan.error);
-    l.seq_len = 8196, l.total_batch_size = 0;  // 4098 positions per cp rank do not split over tp 8
-    plan = plan_layout(llama_class_config(8196), l, hw);
-    check_true("sequence parallel with cp 2 at T 8196: refused", plan.error.find("--sequence-parallel with --cp 2") == 0,
+    l.seq_len = 8200, l.total_batch_size = 0;  // 4100 positions per cp rank do not split over tp 8
+    plan = plan_layout(llama_class_config(8200), l, hw);
+    check_true("sequence parallel with cp 2 at T 8200: refused", plan.error.find("--sequence-parallel with --cp 2") == 0,
                plan.error);
     l = llama_layout(8192, 1, RecomputePolicy::Full, true);
     l.total_batch_size = 3 * 8192 * 128;

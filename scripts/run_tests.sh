@@ -75,6 +75,9 @@ run_suite "tensor and sequence parallelism vs one rank, CPU, FP32 (and BF16)" ba
 run_suite "pipeline parallelism vs one rank, CPU, FP32" bash scripts/test_pipeline.sh ./train_gpt_fp32_cpu
 run_suite "context parallelism (ring, Ulysses) vs one rank, CPU, FP32 (and BF16)" bash scripts/test_context_parallel.sh \
     ./train_gpt_fp32_cpu ./train_gpt_cpu
+run_suite "N-D layouts (dp, pp, cp, tp, ZeRO, recompute) vs one rank, CPU, FP32" bash scripts/test_nd_layouts.sh \
+    ./train_gpt_fp32_cpu
+run_suite "the README's guided tour: every command" bash scripts/test_tour.sh
 run_suite "activation recomputation vs none, bit for bit, CPU, FP32 and BF16" bash scripts/test_recompute.sh \
     ./train_gpt_fp32_cpu ./train_gpt_cpu
 run_suite "stream waits: late streams vs one rank, CPU, FP32 (and BF16)" bash scripts/test_streams.sh \
