@@ -235,15 +235,9 @@ static void report_pipeline_timeline(Pipeline& pipe, GPT2& model, Logger& logger
 
 // After the last step under context parallelism: each cp rank's time in its attention kernels (the ring's
 // waits left out), gathered over the cp axis and printed by rank 0 with max/min, the split's load balance.
-static void report_attention_balance(GPT2& model, Mesh& mesh, Logger& logger, bool main_rank) {
+static void report_attention_balance(GPT2& model, Logger& logger, bool main_rank) {
     ContextParallel& cp = model.cp;
-    const float mine = cp_attention_milliseconds(cp);
-    std::vector<float> times(cp.size, mine);
-    float* device = tracked_alloc<float>(cp.size, MemoryKind::Communication, "attention times");
-    copy_to_device(device + cp.rank, &mine, 1, model.stream);
-    all_gather(*cp.group, device, device + cp.rank, 1, model.stream);
-    copy_to_host(times.data(), device, cp.size, model.stream);
-    tracked_free(device);
+    const std::vector<float> times = gather_values(*cp.group, cp_attention_milliseconds(cp), model.stream);
     if (!main_rank) return;
     const float slowest = *std::max_element(times.begin(), times.end());
     const float fastest = *std::min_element(times.begin(), times.end());
@@ -316,7 +310,7 @@ int main(int argc, char** argv) {
         "them", 0);
     int& tp_size = flags.add_int("tp", 1,
         "tensor parallelism: ranks that split every matmul (Megatron), neighbours in rank order; the world is "
-        "data-parallel x pp x tp ranks", 1, 4096);
+        "data-parallel x pp x cp x tp ranks", 1, 4096);
     bool& sequence_parallel = flags.add_bool("sequence-parallel", false,
         "with --tp: each tp rank keeps 1/tp of the rows of the layernorms and the residual stream");
     int& pp_size = flags.add_int("pp", 1,
@@ -584,7 +578,7 @@ int main(int argc, char** argv) {
         stats.pp_comm_bytes = (long long)(mesh.axis[PP].bytes_sent + pipeline_link_bytes(pipe));
         stats.cp_comm_bytes = (long long)mesh.axis[CP].bytes_sent;
         logger.step(stats);
-        if (step + 1 == steps && cp_size > 1) report_attention_balance(model, mesh, logger, main_rank);
+        if (step + 1 == steps && cp_size > 1) report_attention_balance(model, logger, main_rank);
         if (measured) report_pipeline_timeline(pipe, model, logger, main_rank, trace_path);
 
         const bool last = step + 1 == steps;

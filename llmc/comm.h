@@ -369,6 +369,18 @@ void broadcast_host(Communicator& comm, T* values, size_t count, int root, cudaS
     tracked_free(device);
 }
 
+// One number from every rank of the group, on all of them, in group order (a collective): for reports.
+inline std::vector<float> gather_values(Communicator& comm, float value, cudaStream_t stream) {
+    std::vector<float> values(comm.size, value);
+    if (comm.size == 1) return values;
+    float* device = tracked_alloc<float>(comm.size, MemoryKind::Communication, "gathered values");
+    copy_to_device(device + comm.rank, &value, 1, stream);
+    all_gather(comm, device, device + comm.rank, 1, stream);
+    copy_to_host(values.data(), device, comm.size, stream);
+    tracked_free(device);
+    return values;
+}
+
 inline void barrier(Communicator& comm, cudaStream_t stream) {
 #ifdef LLMC_CPU
     cudaCheck(cudaStreamSynchronize(stream));  // the stream drained (a no-op unless its work is queued)

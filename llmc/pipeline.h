@@ -442,14 +442,7 @@ void pipeline_share_host_from_last_stage(Pipeline& pipe, T* values, size_t count
 
 // One number from every rank of the pp axis, on all of them (a collective): for reports per stage.
 inline std::vector<float> pipeline_gather_values(Pipeline& pipe, float value, cudaStream_t stream) {
-    std::vector<float> values(pipe.size, value);
-    if (pipe.size == 1) return values;
-    float* device = tracked_alloc<float>(pipe.size, MemoryKind::Communication, "pipeline report");
-    copy_to_device(device + pipe.rank, &value, 1, stream);
-    all_gather(*pipe.group, device, device + pipe.rank, 1, stream);
-    copy_to_host(values.data(), device, pipe.size, stream);
-    tracked_free(device);
-    return values;
+    return pipe.size == 1 ? std::vector<float>{value} : gather_values(*pipe.group, value, stream);
 }
 
 // ----------------------------------------------------------------------------

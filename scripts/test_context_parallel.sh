@@ -22,16 +22,7 @@ export OMP_NUM_THREADS=1
 flags=(--layers 2 --heads 4 --channels 64 --vocab-size 50257 --max-seq-len 32 --seq-len 16
        --lr-schedule constant --learning-rate 1e-3 --val-every 5 --val-batches 2 --sample-tokens 8
        --train-data "data/classics_train.bin" --val-data "data/classics_val.bin" --total-batch-size 256)
-run() {  # run NAME RANKS B [FLAGS...]: 5 steps unless given
-    local name=$1 ranks=$2 batch=$3
-    shift 3
-    local extra=("$@")
-    [[ " ${extra[*]} " == *" --steps "* ]] || extra+=(--steps 5)
-    mpirun --oversubscribe --allow-run-as-root -np "$ranks" "${run_binary:-$binary}" --model custom "${flags[@]}" --batch-size "$batch" \
-        --output-dir "$work/$name" "${extra[@]}" >>"$work/$name.out" 2>&1 ||
-        bad "$name: the run failed: $(grep -m1 error: "$work/$name.out")"
-}
-run one 1 8
+run_layout one 1 8
 # name:ranks:B:flags (commas for spaces)
 layouts="cp2_ring:2:8:--cp,2 cp4_ring:4:8:--cp,4 cp2_ring_contiguous:2:8:--cp,2,--cp-split,contiguous
          cp2_ulysses:2:8:--cp,2,--cp-mode,ulysses cp4_ulysses_contiguous:4:8:--cp,4,--cp-mode,ulysses,--cp-split,contiguous
@@ -40,7 +31,7 @@ layouts="cp2_ring:2:8:--cp,2 cp4_ring:4:8:--cp,4 cp2_ring_contiguous:2:8:--cp,2,
          cp2_tp2_sp:4:8:--cp,2,--tp,2,--sequence-parallel cp2_pp2_tp2_sp:8:8:--cp,2,--pp,2,--tp,2,--sequence-parallel"
 for layout in $layouts; do
     IFS=: read -r name ranks batch layout_flags <<<"$layout"
-    run "$name" "$ranks" "$batch" ${layout_flags//,/ }
+    run_layout "$name" "$ranks" "$batch" ${layout_flags//,/ }
 done
 
 # Sequence parallelism cuts a cp rank's rows into tp slices, which cut across its two zigzag chunks only
@@ -51,15 +42,15 @@ main_flags=("${flags[@]}")
 flags=(--layers 2 --heads 6 --channels 96 --vocab-size 50257 --max-seq-len 32 --seq-len 24
        --lr-schedule constant --learning-rate 1e-3 --val-every 5 --val-batches 2 --sample-tokens 8
        --train-data "data/classics_train.bin" --val-data "data/classics_val.bin" --total-batch-size 384)
-run one_six_heads 1 8
-run cp2_tp3_sp 6 8 --cp 2 --tp 3 --sequence-parallel
+run_layout one_six_heads 1 8
+run_layout cp2_tp3_sp 6 8 --cp 2 --tp 3 --sequence-parallel
 flags=("${main_flags[@]}")
 
 # a checkpoint saved at step 3 by cp 2 x dp 2 at ZeRO-1 (the shards are split over dp x cp), resumed by one
 # rank: the last 2 steps must match the uninterrupted single rank
-run saved 4 4 --cp 2 --zero 1 --checkpoint-every 3 --keep-checkpoints 5
+run_layout saved 4 4 --cp 2 --zero 1 --checkpoint-every 3 --keep-checkpoints 5
 mkdir -p "$work/resumed" && cp "$work"/saved/checkpoint_3* "$work/resumed/"
-run resumed 1 8 --resume
+run_layout resumed 1 8 --resume
 
 echo "context parallelism vs one rank ($binary)"
 PYTHONPATH="$(dirname "$0")" /usr/bin/python3 - "$work" $layouts >"$work/compare.out" <<'EOF' || true
@@ -144,9 +135,9 @@ fi
 # directions and moves far less (measured: 2e-5 ring, 7e-6 Ulysses); a real error (a wrong position, a
 # lost block) moves it by 1e-2 or more.
 if [[ -n "$bf16_binary" ]]; then
-    run_binary=$bf16_binary run bf16_one 1 8
-    run_binary=$bf16_binary run bf16_cp2_ring 2 8 --cp 2
-    run_binary=$bf16_binary run bf16_cp2_ulysses 2 8 --cp 2 --cp-mode ulysses
+    run_binary=$bf16_binary run_layout bf16_one 1 8
+    run_binary=$bf16_binary run_layout bf16_cp2_ring 2 8 --cp 2
+    run_binary=$bf16_binary run_layout bf16_cp2_ulysses 2 8 --cp 2 --cp-mode ulysses
     for name in bf16_cp2_ring bf16_cp2_ulysses; do losses_within "$name" bf16_one 5 1e-3; done
 fi
 finish

@@ -66,3 +66,17 @@ EOF
         bad "$name: losses differ from $reference by $error relative (tol $tolerance)"
     fi
 }
+
+# run_layout NAME RANKS B [FLAGS...]: the script's $binary (or $run_binary, when set) on RANKS MPI ranks with
+# the script's array `flags`, B rows per data-parallel rank and micro-step, then FLAGS, into $work/NAME
+# (output in $work/NAME.out); 5 steps and --model custom unless FLAGS give them. A failed run is one bad line.
+run_layout() {
+    local name=$1 ranks=$2 batch=$3
+    shift 3
+    local extra=("$@")
+    [[ " ${extra[*]} " == *" --steps "* ]] || extra+=(--steps 5)
+    [[ " ${extra[*]} " == *" --model "* ]] || extra+=(--model custom)
+    mpirun --oversubscribe --allow-run-as-root -np "$ranks" "${run_binary:-$binary}" "${flags[@]}" --batch-size "$batch" \
+        --output-dir "$work/$name" "${extra[@]}" >>"$work/$name.out" 2>&1 ||
+        bad "$name: the run failed: $(grep -m1 error: "$work/$name.out")"
+}

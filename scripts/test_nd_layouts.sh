@@ -14,17 +14,10 @@ export OMP_NUM_THREADS=1
 
 # 2 layers (pp 2: one each), 4 heads of 16 channels (tp 2 x Ulysses cp 2 would need 4), T = 16 (cp 2
 # zigzag: 4 chunks of 4; with tp 2 sequence parallelism: 8 local rows split 2 ways)
-flags=(--model custom --layers 2 --heads 4 --channels 64 --vocab-size 50257 --max-seq-len 32 --seq-len 16
+flags=(--layers 2 --heads 4 --channels 64 --vocab-size 50257 --max-seq-len 32 --seq-len 16
        --lr-schedule constant --learning-rate 1e-3 --val-every 5 --val-batches 2 --sample-tokens 8
        --train-data "data/classics_train.bin" --val-data "data/classics_val.bin" --total-batch-size 256)
-run() {  # run NAME RANKS B [FLAGS...]: B rows per data-parallel rank and micro-step, 5 steps
-    local name=$1 ranks=$2 batch=$3
-    shift 3
-    mpirun --oversubscribe --allow-run-as-root -np "$ranks" "$binary" "${flags[@]}" --steps 5 --batch-size "$batch" \
-        --output-dir "$work/$name" "$@" >>"$work/$name.out" 2>&1 ||
-        bad "$name: the run failed: $(grep -m1 error: "$work/$name.out")"
-}
-run one 1 8
+run_layout one 1 8
 # name:ranks:B:flags (commas for spaces); B = 8 / data-parallel ranks
 layouts="dp2_pp2_tp2_zero1_1f1b:8:4:--pp,2,--tp,2,--zero,1,--pp-schedule,1f1b
          pp2_cp2_tp2_sp_ring_zigzag:8:8:--pp,2,--cp,2,--tp,2,--sequence-parallel,--cp-mode,ring,--cp-split,zigzag
@@ -33,14 +26,14 @@ layouts="dp2_pp2_tp2_zero1_1f1b:8:4:--pp,2,--tp,2,--zero,1,--pp-schedule,1f1b
          dp2_pp2_cp2_tp2_zero2_sp:16:4:--pp,2,--cp,2,--tp,2,--zero,2,--sequence-parallel,--recompute,selective"
 for layout in $layouts; do
     IFS=: read -r name ranks batch layout_flags <<<"$layout"
-    run "$name" "$ranks" "$batch" ${layout_flags//,/ }
+    run_layout "$name" "$ranks" "$batch" ${layout_flags//,/ }
 done
 
 # a checkpoint saved at step 3 by dp 2 x pp 2 x tp 2 at ZeRO-1, resumed by cp 2 x pp 2 x tp 2 x dp 2 at
 # ZeRO-3 under 1f1b: its last 2 steps must match the uninterrupted single rank
-run saved 8 4 --pp 2 --tp 2 --zero 1 --checkpoint-every 3 --keep-checkpoints 5
+run_layout saved 8 4 --pp 2 --tp 2 --zero 1 --checkpoint-every 3 --keep-checkpoints 5
 mkdir -p "$work/resumed" && cp "$work"/saved/checkpoint_3* "$work/resumed/"
-run resumed 16 4 --pp 2 --cp 2 --tp 2 --zero 3 --resume
+run_layout resumed 16 4 --pp 2 --cp 2 --tp 2 --zero 3 --resume
 
 echo "N-D layouts vs one rank ($binary)"
 PYTHONPATH="$(dirname "$0")" /usr/bin/python3 - "$work" $layouts >"$work/compare.out" <<'EOF' || true

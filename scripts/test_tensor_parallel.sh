@@ -19,35 +19,25 @@ export OMP_NUM_THREADS=1
 flags=(--layers 2 --heads 4 --channels 64 --vocab-size 50257 --max-seq-len 32 --seq-len 16
        --lr-schedule constant --learning-rate 1e-3 --val-every 5 --val-batches 2 --sample-tokens 8
        --train-data "data/classics_train.bin" --val-data "data/classics_val.bin" --total-batch-size 256)
-run() {  # run NAME RANKS B [FLAGS...]: 5 steps unless given
-    local name=$1 ranks=$2 batch=$3
-    shift 3
-    local extra=("$@")
-    [[ " ${extra[*]} " == *" --steps "* ]] || extra+=(--steps 5)
-    [[ " ${extra[*]} " == *" --model "* ]] || extra+=(--model custom)
-    mpirun --oversubscribe --allow-run-as-root -np "$ranks" "${run_binary:-$binary}" "${flags[@]}" --batch-size "$batch" \
-        --output-dir "$work/$name" "${extra[@]}" >>"$work/$name.out" 2>&1 ||
-        bad "$name: the run failed: $(grep -m1 error: "$work/$name.out")"
-}
-run one 1 8
+run_layout one 1 8
 # name:ranks:B:flags (commas for spaces)
 layouts="tp2:2:8:--tp,2 tp4:4:8:--tp,4 tp2_sp:2:8:--tp,2,--sequence-parallel tp4_sp:4:8:--tp,4,--sequence-parallel
          tp2_dp2_zero1:4:4:--tp,2,--zero,1 tp2_dp2_zero3_sp:4:4:--tp,2,--zero,3,--sequence-parallel"
 for layout in $layouts; do
     IFS=: read -r name ranks batch layout_flags <<<"$layout"
-    run "$name" "$ranks" "$batch" ${layout_flags//,/ }
+    run_layout "$name" "$ranks" "$batch" ${layout_flags//,/ }
 done
 
 # checkpoints across tp sizes: saved at step 3 by tp 2 x dp 2 at ZeRO-1 (4 files), resumed by one rank and
 # by tp 4; the last 2 steps must match the uninterrupted single rank
-run saved 4 4 --tp 2 --zero 1 --checkpoint-every 3 --keep-checkpoints 5
+run_layout saved 4 4 --tp 2 --zero 1 --checkpoint-every 3 --keep-checkpoints 5
 for name in resumed_tp1 resumed_tp4; do mkdir -p "$work/$name" && cp "$work"/saved/checkpoint_3* "$work/$name/"; done
-run resumed_tp1 1 8 --resume
-run resumed_tp4 4 8 --tp 4 --resume
+run_layout resumed_tp1 1 8 --resume
+run_layout resumed_tp4 4 8 --tp 4 --resume
 # a model file (the whole model, llm.c's format) loads into any tp size: one rank's model.bin trained on for
 # 2 more steps by one rank and at tp 4 with sequence parallelism
-run from_file_one 1 8 --model "$work/one/model.bin" --steps 2
-run from_file_tp4_sp 4 8 --model "$work/one/model.bin" --steps 2 --tp 4 --sequence-parallel
+run_layout from_file_one 1 8 --model "$work/one/model.bin" --steps 2
+run_layout from_file_tp4_sp 4 8 --model "$work/one/model.bin" --steps 2 --tp 4 --sequence-parallel
 
 echo "tensor parallelism vs one rank ($binary)"
 PYTHONPATH="$(dirname "$0")" /usr/bin/python3 - "$work" $layouts >"$work/compare.out" <<'EOF' || true
@@ -118,9 +108,9 @@ fi
 # relative, but the loss is a mean over 128 rows of such differences in both directions, so it moves far
 # less (measured: about 2e-5). A real error (a wrong slice, a missing reduction) moves it by 1e-2 or more.
 if [[ -n "$bf16_binary" ]]; then
-    run_binary=$bf16_binary run bf16_one 1 8
-    run_binary=$bf16_binary run bf16_tp2 2 8 --tp 2
-    run_binary=$bf16_binary run bf16_tp2_sp 2 8 --tp 2 --sequence-parallel
+    run_binary=$bf16_binary run_layout bf16_one 1 8
+    run_binary=$bf16_binary run_layout bf16_tp2 2 8 --tp 2
+    run_binary=$bf16_binary run_layout bf16_tp2_sp 2 8 --tp 2 --sequence-parallel
     for name in bf16_tp2 bf16_tp2_sp; do losses_within "$name" bf16_one 5 1e-3; done
 fi
 
