@@ -51,6 +51,32 @@ def parameter_error(mine, reference):
     return float(np.linalg.norm(mine - reference) / np.linalg.norm(reference))
 
 
+def cp_bytes(flags, batch, layers, channels, seq_len, micro_steps, value_bytes=4):
+    """The bytes rank 0 sends on the cp axis per step, llmc/context_parallel.h's formula, for a layout given
+    as its list of flags (--cp, --tp, --pp, --cp-mode ulysses, --recompute full) and B rows per data-parallel
+    rank: N = B T / cp rows per rank and micro-step, C' = C/tp, l = L/pp layers, F forward passes per layer
+    (2 under full recomputation);
+        ring     ((cp-1) F + 2cp - 1) l 2 N C' s       ulysses  (4 F + 5) l (cp-1)/cp N C' s
+    per micro-step."""
+    value = lambda flag, default: int(flags[flags.index(flag) + 1]) if flag in flags else default
+    cp, tp, pp = value("--cp", 1), value("--tp", 1), value("--pp", 1)
+    F = 2 if "full" in flags else 1
+    N, c, l = batch * seq_len / cp, channels / tp, layers / pp
+    if "ulysses" in flags:
+        per_layer = (4 * F + 5) * (cp - 1) / cp * N * c
+    else:
+        per_layer = ((cp - 1) * F + 2 * cp - 1) * 2 * N * c
+    return micro_steps * l * per_layer * value_bytes
+
+
+def cp_bytes_against_formula(work, name, theory):
+    """The cp axis's bytes of the run's last step against the formula, within 0.1%.
+    Returns whether they agree and the words for the ok/FAIL line."""
+    sent = events(work, name, "step")[-1]["cp_comm_bytes"]
+    error = abs(sent - theory) / theory if theory else abs(sent)
+    return error <= 1e-3, f"cp axis sent {sent} B/step, formula {theory:.0f} ({100 * error:.4f}%, tol 0.1%)"
+
+
 def report(good, what):
     """Prints the check's ok/FAIL line; returns good."""
     print(f"  {'ok  ' if good else 'FAIL'} {what}")

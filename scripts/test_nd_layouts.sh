@@ -5,7 +5,8 @@
 # a text sample at the end (mpirun, CPU build, FP32). Each layout's losses must agree with the single
 # rank's within 1e-5 relative and its final model.bin within 1e-5 relative in norm (the axes change only
 # the order of additions; see scripts/layout_check.py), and the memory it held must equal llmc/memory.h's
-# formula to the byte. One more run resumes, in a 4-D layout, from a checkpoint another 3-D layout saved.
+# formula to the byte, and where there is a cp axis, the bytes rank 0 sent on it must equal
+# llmc/context_parallel.h's formula (within 0.1%; scripts/layout_check.py's cp_bytes). One more run resumes, in a 4-D layout, from a checkpoint another 3-D layout saved.
 #   usage: scripts/test_nd_layouts.sh ./train_gpt_fp32_cpu
 set -u
 binary=${1:?usage: $0 TRAIN_BINARY}
@@ -38,7 +39,8 @@ run_layout resumed 16 4 --pp 2 --cp 2 --tp 2 --zero 3 --resume
 echo "N-D layouts vs one rank ($binary)"
 PYTHONPATH="$(dirname "$0")" /usr/bin/python3 - "$work" $layouts >"$work/compare.out" <<'EOF' || true
 import sys
-from layout_check import compare_resumed, compare_run, memory_against_formula, report, result
+from layout_check import (compare_resumed, compare_run, cp_bytes, cp_bytes_against_formula, memory_against_formula,
+                          report, result)
 work, layouts = sys.argv[1], [l.split(":") for l in sys.argv[2:]]
 results = []
 for name, ranks, batch, flags in layouts:
@@ -46,6 +48,10 @@ for name, ranks, batch, flags in layouts:
         same_run, run_words = compare_run(work, name, "one", steps=5, validations=2, sample=True)
         same_memory, memory_words, _ = memory_against_formula(work, name)
         good, words = same_run and same_memory, f"{run_words}; {memory_words}"
+        if "--cp" in flags.split(","):  # the model above: 2 layers, 64 channels, T = 16, 2 micro-steps
+            theory = cp_bytes(flags.split(","), int(batch), layers=2, channels=64, seq_len=16, micro_steps=2)
+            same_bytes, bytes_words = cp_bytes_against_formula(work, name, theory)
+            good, words = good and same_bytes, f"{words}; {bytes_words}"
     except Exception as error:  # a run that failed left no log or no model
         good, words = False, f"no result ({error})"
     results.append(report(good, f"{name:28} {ranks:>2} ranks: {words}"))
