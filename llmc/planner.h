@@ -363,7 +363,7 @@ struct PlanSearch {
 // Every layout of base.ranks ranks (base gives B, T, the total batch and the precision; its total batch 0
 // means B T ranks, so every layout does the same work per step):
 //   tp    divisors of the heads up to --gpus-per-node (tp_layout_error refuses the rest), with and without
-//         sequence parallelism (tp > 1, cp = 1)
+//         sequence parallelism (tp > 1)
 //   pp    divisors of the layers; 1f1b, and interleaved with 2 virtual stages where the layers and
 //         microbatches allow
 //   cp    divisors of the sequence that mesh_model_error accepts (zigzag split), ring and Ulysses
@@ -386,7 +386,7 @@ inline PlanSearch plan_search(const GPT2Config& config, PlanLayout base, const P
             for (int cp = 1; cp <= base.seq_len; cp++) {
                 if (base.seq_len % cp != 0 || base.ranks % (tp * pp * cp) != 0) continue;
                 for (int mode = 0; mode < (cp > 1 ? 2 : 1); mode++)
-                    for (int sp = 0; sp < (tp > 1 && cp == 1 ? 2 : 1); sp++)
+                    for (int sp = 0; sp < (tp > 1 ? 2 : 1); sp++)
                         for (int schedule = 0; schedule < (pp > 1 ? 2 : 1); schedule++)
                             for (int zero = 0; zero <= 3; zero++)
                                 for (const Recompute& recompute : policies) {
