@@ -23,14 +23,14 @@ else
 endif
 
 PROGRAMS := train_gpt test_gpt kernel_lab
-HEADERS := $(wildcard llmc/*.cuh llmc/*.h llmc/cpu/*.h dev/*.h dev/*.cuh)
+HEADERS := $(wildcard llmc/*.cuh llmc/*.h llmc/*/*.cuh llmc/*/*.h dev/*.h dev/*.cuh)
 
 # --- GPU build -------------------------------------------------------------------------------------
 GPU_GENCODE := $(foreach arch,$(GPU_ARCH),-gencode arch=compute_$(arch),code=sm_$(arch))
 NVCC_FLAGS := -std=c++17 -O3 -lineinfo $(GPU_GENCODE) -Xcompiler -Wall
 NVCC_LIBS := -lcublasLt -lcublas
 
-# --- MPI: programs that talk to other ranks through llmc/comm.h -------------------------------------
+# --- MPI: programs that talk to other ranks through llmc/parallel/comm.h -------------------------------------
 # mpicxx knows where this system's MPI headers and libraries live; both builds take its flags. nvcc takes
 # -I/-L/-l/-D as they are, linker options (-Wl,...) through -Xlinker and anything else through -Xcompiler.
 comma := ,

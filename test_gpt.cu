@@ -12,8 +12,8 @@ Each line prints the relative error in norm, ||ours - reference|| / ||reference|
 #include <algorithm>
 #include <string>
 #include <vector>
-#include "llmc/gpt2.cuh"
-#include "llmc/zero.h"
+#include "llmc/model/gpt2.cuh"
+#include "llmc/parallel/zero.h"
 
 // ----------------------------------------------------------------------------
 // tolerances, by precision

@@ -9,15 +9,15 @@ Trains GPT-2. Read main() as the story of a training run:
         -> tied embeddings summed over the first and last stage -> gradient norm -> clip -> AdamW -> log
         (every N steps: validation loss, a text sample, a checkpoint)
 
-The model and one layer's forward/backward are in llmc/gpt2.cuh, the kernels in the other llmc/
-headers, the schedule's executor in llmc/pipeline.h. This file only decides what happens when.
+The model and one layer's forward/backward are in llmc/model/gpt2.cuh, the kernels in the other llmc/
+headers, the schedule's executor in llmc/parallel/pipeline.h. This file only decides what happens when.
 
     ./train_gpt_cpu --help
     mpirun -np 4 ./train_gpt_cpu --model custom --batch-size 1 ...   (data parallel: 4 ranks, 1 row each)
     mpirun -np 4 ./train_gpt_cpu ... --cp 2 --zero 1   (2 ranks split each sequence, 2 replicas share ZeRO-1)
     ./train_gpt_cpu --model custom --layers 4 --heads 4 --channels 256 --seq-len 64 --steps 300
     ./train_gpt --model 124M --batch-size 16 --seq-len 1024 --total-batch-size 524288      (a GPU)
-    ./train_gpt_cpu --model 1558M --seq-len 1024 --plan-search 64 --gpu-memory 80   (llmc/planner.h: no GPU, no MPI)
+    ./train_gpt_cpu --model 1558M --seq-len 1024 --plan-search 64 --gpu-memory 80   (llmc/planning/planner.h: no GPU, no MPI)
 */
 #include <chrono>
 #include <climits>
@@ -26,23 +26,23 @@ headers, the schedule's executor in llmc/pipeline.h. This file only decides what
 #include <string>
 #include <vector>
 #include "llmc/utils.h"
-#include "llmc/flags.h"
+#include "llmc/io/flags.h"
 #include "llmc/rand.h"
-#include "llmc/gpt2.cuh"
-#include "llmc/dataloader.h"
-#include "llmc/tokenizer.h"
+#include "llmc/model/gpt2.cuh"
+#include "llmc/io/dataloader.h"
+#include "llmc/io/tokenizer.h"
 #include "llmc/schedulers.h"
-#include "llmc/checkpoint.h"
-#include "llmc/logger.h"
-#include "llmc/mfu.h"
-#include "llmc/comm.h"
-#include "llmc/mesh.h"
-#include "llmc/zero.h"
-#include "llmc/tensor_parallel.h"
-#include "llmc/pipeline.h"
-#include "llmc/context_parallel.h"
-#include "llmc/memory.h"
-#include "llmc/planner.h"
+#include "llmc/io/checkpoint.h"
+#include "llmc/io/logger.h"
+#include "llmc/planning/mfu.h"
+#include "llmc/parallel/comm.h"
+#include "llmc/parallel/mesh.h"
+#include "llmc/parallel/zero.h"
+#include "llmc/parallel/tensor_parallel.h"
+#include "llmc/parallel/pipeline.h"
+#include "llmc/parallel/context_parallel.h"
+#include "llmc/planning/memory.h"
+#include "llmc/planning/planner.h"
 
 // ----------------------------------------------------------------------------
 // the model's shape, from --model
@@ -148,7 +148,7 @@ static std::string sample_text(Pipeline& pipe, GPT2& model, const Tokenizer& tok
 // ----------------------------------------------------------------------------
 // checkpoints: everything needed to continue bit for bit
 
-// Every rank that holds a shard of the first replica group writes it (llmc/zero.h); rank 0 then writes the
+// Every rank that holds a shard of the first replica group writes it (llmc/parallel/zero.h); rank 0 then writes the
 // main file, which completes the checkpoint. Old checkpoints beyond the newest keep_last are removed.
 static void save_checkpoint(const std::string& output_dir, int step, int keep_last, GPT2& model, Zero& optimizer,
                             const Pipeline& pipe, Communicator& world, const DataLoaderState& data,
@@ -343,7 +343,7 @@ int main(int argc, char** argv) {
     std::string& nccl_init_file = flags.add_string("nccl-init-file", "",
         "a path on a file system all ranks share, fresh for every run (put the job id in it): rank 0 hands the "
         "NCCL id to the others there; needed by srun / torchrun launches without MPI (GPU build)");
-    flags.heading("Planning (arithmetic only, llmc/planner.h: no GPU, no MPI, nothing allocated)");
+    flags.heading("Planning (arithmetic only, llmc/planning/planner.h: no GPU, no MPI, nothing allocated)");
     int& plan_ranks = flags.add_int("plan", 0,
         "print the memory per rank, the bytes per step on each axis, the pipeline bubble and the estimated step "
         "time of this run on N ranks, and exit (0: train)", 0);
@@ -365,7 +365,7 @@ int main(int argc, char** argv) {
     flags.parse(argc, argv);
 
     const Recompute recompute = recompute_from_flags(recompute_policy, recompute_every);
-    if (plan_ranks > 0 || search_ranks > 0) {  // arithmetic only (llmc/planner.h): any model, any machine
+    if (plan_ranks > 0 || search_ranks > 0) {  // arithmetic only (llmc/planning/planner.h): any model, any machine
         PlanLayout layout;
         layout.ranks = plan_ranks > 0 ? plan_ranks : search_ranks;
         layout.tp = tp_size, layout.pp = pp_size, layout.cp = cp_size, layout.sequence_parallel = sequence_parallel;
@@ -410,14 +410,14 @@ int main(int argc, char** argv) {
     tp_check_layout(config, tp_size, sequence_parallel, T);
     const ContextParallelMode cp_mode = cp_mode_from_name(cp_mode_flag);
     const SequenceSplit cp_split = cp_split_from_name(cp_split_flag);
-    ContextParallel cp;  // this rank's positions of every sequence (llmc/context_parallel.h)
+    ContextParallel cp;  // this rank's positions of every sequence (llmc/parallel/context_parallel.h)
     cp.size = cp_size;
     cp.rank = mesh.coords[CP];
     cp.mode = cp_mode;
     cp.split = cp_split;
     cp.group = cp_size > 1 ? &mesh.axis[CP] : nullptr;
     const int T_local = T / cp_size;  // the positions of each sequence this rank holds
-    TensorParallel tp;  // this rank's slice of every matmul (llmc/tensor_parallel.h)
+    TensorParallel tp;  // this rank's slice of every matmul (llmc/parallel/tensor_parallel.h)
     tp.size = tp_size;
     tp.rank = mesh.coords[TP];
     tp.sequence_parallel = sequence_parallel;
@@ -428,7 +428,7 @@ int main(int argc, char** argv) {
         fatal("--total-batch-size %d is not a multiple of --batch-size x --seq-len x ranks = %d", total_batch_size,
               tokens_per_micro_step);
     const int accumulation_steps = total_batch_size / tokens_per_micro_step;
-    Pipeline pipe;  // this rank's stages and schedule (llmc/pipeline.h): the micro-steps are its microbatches
+    Pipeline pipe;  // this rank's stages and schedule (llmc/parallel/pipeline.h): the micro-steps are its microbatches
     pipeline_create(pipe, mesh, pipeline_schedule_from_name(pp_schedule), pp_virtual, accumulation_steps,
                     config.num_layers, (size_t)tp_rows(tp, B * T_local) * config.channels);
     // (after the tp and pipeline checks, which name their flags; this one adds the cp axis's)
@@ -502,7 +502,7 @@ int main(int argc, char** argv) {
     }
     Logger logger(output_dir, resume, main_rank);
     logger.config(flags);
-    // model FLOPs (llmc/mfu.h) and hardware FLOPs, which count the recomputed forward passes too
+    // model FLOPs (llmc/planning/mfu.h) and hardware FLOPs, which count the recomputed forward passes too
     const double flops_per_step = gpt2_flops_per_token((long long)whole_model.num_parameters, config.num_layers,
                                                        config.channels, T) * total_batch_size;
     const double hardware_flops_per_step = flops_per_step + recompute_extra_flops_per_token(
@@ -609,7 +609,7 @@ int main(int argc, char** argv) {
             printf("wrote %s\n", path.c_str());
         }
     }
-    // ---- memory: what rank 0 held, beside what the ZeRO formulas say it should (llmc/memory.h)
+    // ---- memory: what rank 0 held, beside what the ZeRO formulas say it should (llmc/planning/memory.h)
     const MemoryTotals held = memory_totals();
     const size_t model_state = held.peak[(int)MemoryKind::Parameters] + held.peak[(int)MemoryKind::Gradients] +
                                held.peak[(int)MemoryKind::OptimizerState];
@@ -626,7 +626,7 @@ int main(int argc, char** argv) {
         printf("parameters + gradients + optimizer state: %s held; ZeRO-%d formula %s, with the working buffers "
                "%s\n", format_bytes((double)model_state).c_str(), zero_stage, format_bytes(formula.model_state).c_str(),
                format_bytes(with_buffers.model_state).c_str());
-        printf("activations (kept for the backward pass): %s held at the peak; formula (llmc/memory.h: recompute %s, "
+        printf("activations (kept for the backward pass): %s held at the peak; formula (llmc/planning/memory.h: recompute %s, "
                "tp %d%s) %s\n", format_bytes((double)held.peak[(int)MemoryKind::Activations]).c_str(),
                recompute_describe(recompute).c_str(), tp_size, sequence_parallel ? ", sequence parallel" : "",
                format_bytes(with_buffers.activations).c_str());

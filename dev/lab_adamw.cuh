@@ -15,7 +15,7 @@ mean error is zero and that a quarter of the values round up.
 #pragma once
 
 #include "lab.h"
-#include "../llmc/adamw.cuh"
+#include "../llmc/kernels/adamw.cuh"
 
 struct AdamWLabHyperparameters {
     float learning_rate, beta1, beta2, eps, weight_decay, grad_scale;

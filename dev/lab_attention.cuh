@@ -1,5 +1,5 @@
 /*
-Kernel lab: fused causal attention (llmc/attention.cuh), forward and backward.
+Kernel lab: fused causal attention (llmc/kernels/attention.cuh), forward and backward.
 
 The reference forms each head's full T x T probability matrix in double precision (fine on the host at
 these sizes) and follows the textbook formulas, so it shares nothing with the kernels' tiling or online
@@ -20,7 +20,7 @@ both must match the whole sequence, and each other bit for bit.
 
 #include <memory>
 #include "lab.h"
-#include "../llmc/attention.cuh"
+#include "../llmc/kernels/attention.cuh"
 
 // ----------------------------------------------------------------------------
 // reference
@@ -171,10 +171,10 @@ inline void lab_attention_shape(int B, int T, int NH, int HS, bool check_determi
     qkv_d.upload(qkv);
     dout_d.upload(dout);
 
-    // Tolerances. FP32 (llmc/attention_cuda_cores.cuh): everything is fp32; scores, exp and sums over at most
+    // Tolerances. FP32 (llmc/kernels/attention_cuda_cores.cuh): everything is fp32; scores, exp and sums over at most
     // T = 256 terms of size ~1 lose a few units of 2^-24 each, i.e. ~1e-6 absolute on outputs and gradients of
     // size ~1 (the exp of a score near 10 amplifies its relative error by 10): 2e-5 absolute + 1e-4 relative.
-    // BF16 (llmc/attention_tensor_cores.cuh): the reference sees the same rounded inputs, and two roundings
+    // BF16 (llmc/kernels/attention_tensor_cores.cuh): the reference sees the same rounded inputs, and two roundings
     // remain. The result is stored in bf16 (8 mantissa bits: up to 2^-9 = 2e-3 relative; 4e-3 leaves a factor
     // 2). And P (or dS) is rounded to bf16 before its tensor-core product, which moves each term of the sum
     // by up to 2^-9 of its size: the output can be off by 2^-9 times the sum of the absolute terms (the

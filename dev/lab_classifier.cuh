@@ -18,7 +18,7 @@ fused_classifier; at tp = 1 the three kernels must give fused_classifier's bits 
 
 #include <memory>
 #include "lab.h"
-#include "../llmc/fused_classifier.cuh"
+#include "../llmc/kernels/fused_classifier.cuh"
 
 // ----------------------------------------------------------------------------
 // reference: loss = log sum_j exp(z_j - m) + m - z_t;  dlogits_j = (softmax_j - [j == t]) * dloss, 0 in padding

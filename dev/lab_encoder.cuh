@@ -11,7 +11,7 @@ dwte, and the full call's dwpe: the same additions in the same order, so no tole
 #pragma once
 
 #include "lab.h"
-#include "../llmc/encoder.cuh"
+#include "../llmc/kernels/encoder.cuh"
 
 namespace encoder_lab {
 

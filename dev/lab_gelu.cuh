@@ -4,7 +4,7 @@ Kernel lab: GELU (tanh approximation) forward and backward, the backward also in
 #pragma once
 
 #include "lab.h"
-#include "../llmc/gelu.cuh"
+#include "../llmc/kernels/gelu.cuh"
 
 namespace gelu_lab {
 

@@ -8,7 +8,7 @@ as the model's gradient chunks are.
 #pragma once
 
 #include "lab.h"
-#include "../llmc/global_norm.cuh"
+#include "../llmc/kernels/global_norm.cuh"
 
 static double global_norm_lab_reference(const std::vector<float>& values, size_t begin = 0) {
     double sum = 0.0;

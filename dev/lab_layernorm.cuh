@@ -4,7 +4,7 @@ Kernel lab: layernorm forward, fused residual + layernorm forward, layernorm bac
 #pragma once
 
 #include "lab.h"
-#include "../llmc/layernorm.cuh"
+#include "../llmc/kernels/layernorm.cuh"
 
 namespace layernorm_lab {
 

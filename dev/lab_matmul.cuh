@@ -7,13 +7,13 @@ loads, other widths (OC = 50 below) element by element; both paths are checked.
 
 Operands need not be 256-byte aligned (weights sit at offsets inside the parameter buffer): the products
 are checked again with every operand 2 (4 in FP32), 16, 32, 128 and 256 bytes past a 256-byte boundary,
-and the plan cache (llmc/matmul.cuh, "Plans") must hit on a repeated shape and alignment, build a new plan
+and the plan cache (llmc/kernels/matmul.cuh, "Plans") must hit on a repeated shape and alignment, build a new plan
 when only an alignment differs, and hand cuBLASLt the alignments of the right operands.
 */
 #pragma once
 
 #include "lab.h"
-#include "../llmc/matmul.cuh"
+#include "../llmc/kernels/matmul.cuh"
 
 // ----------------------------------------------------------------------------
 // references, accumulating in double; loops ordered so the innermost one runs along contiguous memory

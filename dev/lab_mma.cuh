@@ -1,5 +1,5 @@
 /*
-Kernel lab: the tensor-core wrappers of llmc/mma.cuh (mma.sync, ldmatrix, cp.async).
+Kernel lab: the tensor-core wrappers of llmc/kernels/mma.cuh (mma.sync, ldmatrix, cp.async).
 
 The test kernels build fragments straight from the PTX ISA's per-lane formulas (row g or g+8, columns 2t
 and 2t+1, ...), written out here a second time, and check:
@@ -18,7 +18,7 @@ These are bf16 instructions whatever floatX is, so the FP32 build runs the same 
 
 #include <cfloat>
 #include "lab.h"
-#include "../llmc/mma.cuh"
+#include "../llmc/kernels/mma.cuh"
 
 namespace mma_lab {
 

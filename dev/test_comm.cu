@@ -1,5 +1,5 @@
 /*
-Tests of the communication layer (llmc/comm.h) and the device mesh (llmc/mesh.h), run under
+Tests of the communication layer (llmc/parallel/comm.h) and the device mesh (llmc/parallel/mesh.h), run under
 mpirun -np 1, 2, 4 ... on the CPU build (MPI), and on one GPU with the GPU build (NCCL).
 
 Every rank fills its buffers with values that depend on its rank and the element index, and computes
@@ -21,7 +21,7 @@ Each rank checks; rank 0 prints the sum over ranks as `N passed, M failed`.
 #include <vector>
 #include <sys/wait.h>
 #include "lab.h"
-#include "../llmc/mesh.h"
+#include "../llmc/parallel/mesh.h"
 
 static int world_rank = 0;
 

@@ -263,7 +263,7 @@ void test_atomics_and_shared_memory() {
 }
 
 // ----------------------------------------------------------------------------
-// a warp-collective operation (the mechanism behind llmc/mma.cuh): each lane deposits its value; one call
+// a warp-collective operation (the mechanism behind llmc/kernels/mma.cuh): each lane deposits its value; one call
 // per warp gives lane i the value of lane 31 - i and the warp's sum
 
 struct ReverseLane {

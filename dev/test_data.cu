@@ -1,6 +1,6 @@
 /*
-Tests of the host-side data path: the token-shard data loader (llmc/dataloader.h), the tokenizer
-(llmc/tokenizer.h) and the random number generator (llmc/rand.h). Host code only; builds either way:
+Tests of the host-side data path: the token-shard data loader (llmc/io/dataloader.h), the tokenizer
+(llmc/io/tokenizer.h) and the random number generator (llmc/rand.h). Host code only; builds either way:
     g++ -std=c++17 -O2 -DLLMC_CPU -x c++ dev/test_data.cu -o test_data
     ./test_data [path/to/gpt2_tokenizer.bin]
 The real GPT-2 tokenizer file (default data/gpt2_tokenizer.bin, made by data/prepare.py) is checked
@@ -21,9 +21,9 @@ children, which must exit non-zero with one line on stderr naming the problem.
 #include <vector>
 
 #include "lab.h"
-#include "../llmc/dataloader.h"
+#include "../llmc/io/dataloader.h"
 #include "../llmc/rand.h"
-#include "../llmc/tokenizer.h"
+#include "../llmc/io/tokenizer.h"
 
 static int skipped = 0;
 

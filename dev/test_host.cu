@@ -10,11 +10,11 @@ Prints `N passed, M failed` and exits non-zero on any failure.
 #include <string>
 #include <vector>
 #include "lab.h"
-#include "../llmc/flags.h"
-#include "../llmc/checkpoint.h"
+#include "../llmc/io/flags.h"
+#include "../llmc/io/checkpoint.h"
 #include "../llmc/schedulers.h"
-#include "../llmc/logger.h"
-#include "../llmc/mfu.h"
+#include "../llmc/io/logger.h"
+#include "../llmc/planning/mfu.h"
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 

@@ -1,5 +1,5 @@
 /*
-Tests of llmc/memory.h: the books kept by tracked_alloc / tracked_free, and the memory plan's arithmetic
+Tests of llmc/planning/memory.h: the books kept by tracked_alloc / tracked_free, and the memory plan's arithmetic
 checked against numbers worked out by hand, against the ZeRO paper, and (CPU build) against what
 gpt2_allocate and zero_init really allocate (a pipeline rank's part of the model included), and the per-layer
 activations against Table 2 of Korthikanti et al. (2022); and the parameter layouts: operand alignment, and
@@ -9,9 +9,9 @@ the layouts that hold a pipeline rank's chunks. Prints `N passed, M failed`.
 #include <thread>
 #include <vector>
 #include "lab.h"
-#include "../llmc/memory.h"
-#include "../llmc/zero.h"
-#include "../llmc/pipeline.h"
+#include "../llmc/planning/memory.h"
+#include "../llmc/parallel/zero.h"
+#include "../llmc/parallel/pipeline.h"
 
 static std::string describe(double got, double want) {
     char text[128];
@@ -259,7 +259,7 @@ static void test_activations() {
         gpt2_free(model);
         check_equal("all freed, stage " + std::to_string(stage), in_use(), before);
     }
-    // a tensor-parallel rank's slices (llmc/tensor_parallel.h), with and without sequence parallelism:
+    // a tensor-parallel rank's slices (llmc/parallel/tensor_parallel.h), with and without sequence parallelism:
     // allocating needs no other rank, so rank 0 of tp 2 and 4 stands in for all of them
     for (int tp_size : {2, 4}) {
         for (bool sequence_parallel : {false, true}) {
@@ -383,7 +383,7 @@ static void test_korthikanti_shapes() {
 // (f) the alignment of the trainer's matmul operands in the real parameter layouts
 
 /*
-The matmul plans (llmc/matmul.cuh, "Plans") tell cuBLASLt how aligned each operand is. Activations are
+The matmul plans (llmc/kernels/matmul.cuh, "Plans") tell cuBLASLt how aligned each operand is. Activations are
 cudaMallocs of their own (256 bytes); the weights and their gradients sit at offsets in the parameter
 buffer, counted from the buffer's start when it holds every chunk (parameters at ZeRO stages 0-2,
 gradients at 0-1) or from the chunk's start when each chunk gets a buffer of its own (parameters gathered
@@ -487,7 +487,7 @@ static void test_matmul_alignment() {
 // (g) a pipeline rank's part of the model, allocated
 
 /*
-Under pipeline parallelism gpt2_allocate gets the rank's part (llmc/pipeline.h's pipeline_model_part): the
+Under pipeline parallelism gpt2_allocate gets the rank's part (llmc/parallel/pipeline.h's pipeline_model_part): the
 chunks it holds, l = L / (p V) layers per stage and K stage records, the peak of its schedule's records in
 flight. For every rank of p = 2 and 4 under gpipe, 1f1b and interleaved (V = 2), m = 8 microbatches, an
 8-layer model and each recompute policy, the bytes gpt2_allocate books per kind must be
@@ -670,7 +670,7 @@ static void test_held_layouts() {
         std::fill(kind_of.begin() + offset, kind_of.begin() + offset + count, kind);
         std::fill(chunk_of.begin() + offset, chunk_of.begin() + offset + count, model.chunk_of(kind, layer));
     });
-    // the tensors every tp rank holds whole (llmc/tensor_parallel.h)
+    // the tensors every tp rank holds whole (llmc/parallel/tensor_parallel.h)
     const std::vector<int> replicated = {WPE, LN1W, LN1B, ATTPROJB, LN2W, LN2B, FCPROJB, LNFW, LNFB};
     std::vector<float> values(model.total);  // distinct and exact (the model has fewer than 2^24 elements)
     for (size_t i = 0; i < model.total; i++) values[i] = kind_of[i] < 0 ? 0.0f : (float)(i + 1);

@@ -1,5 +1,5 @@
 /*
-Tests of the pipeline schedules (llmc/pipeline_schedule.h), without a model: the action lists, the simulator that
+Tests of the pipeline schedules (llmc/parallel/pipeline_schedule.h), without a model: the action lists, the simulator that
 runs them, the bubble and memory formulas, the Chrome trace.
 
   1. small cases worked out by hand in the comments (action lists, start times, step time, bubble);
@@ -11,7 +11,7 @@ runs them, the bubble and memory formulas, the Chrome trace.
      smaller bubble), and the claims about the interleaved warm-up with and without send time;
   4. broken lists must be caught: an action swapped, dropped or repeated, a timeline moved, bad JSON.
      A checker that accepts everything would fail here.
-  5. what the executor (llmc/pipeline.h) takes from the lists: records, gradient staging buffers, links,
+  5. what the executor (llmc/parallel/pipeline.h) takes from the lists: records, gradient staging buffers, links,
      held chunks (dev/test_pipeline_executor.cuh says what and why).
 Prints `N passed, M failed` and exits non-zero on any failure.
 
@@ -26,7 +26,7 @@ scripts/pipeline_timeline.py to draw.
 #include <tuple>
 #include <vector>
 #include "lab.h"
-#include "../llmc/pipeline_schedule.h"
+#include "../llmc/parallel/pipeline_schedule.h"
 
 // the time model of the formulas: forward 1, backward 2 (per rank's share of the layers), free sends
 constexpr double kForwardMs = 1.0, kBackwardMs = 2.0;

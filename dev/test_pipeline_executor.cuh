@@ -1,6 +1,6 @@
 /*
 Part 5 of dev/test_pipeline.cu (included there, after the layouts and checkers it uses): what the executor
-(llmc/pipeline.h) takes from the action lists. On the same grid as part 2: the activation records (each
+(llmc/parallel/pipeline.h) takes from the action lists. On the same grid as part 2: the activation records (each
 backward on its forward's record, none shared, a pool of pipeline_peak_activations); the gradients'
 staging buffers (none reused while its send is in flight, and no deadlock when a send finishes only once
 its receiver has taken the message, where the naive rule of waiting when the record is reused deadlocks
@@ -69,7 +69,7 @@ std::vector<PipelineGradientSends> staging_plans(const ActionLists& lists, int m
     return plans;
 }
 
-// What each rank waits for in llmc/pipeline.h's pipeline_step: before action i, the gradients in the staging
+// What each rank waits for in llmc/parallel/pipeline.h's pipeline_step: before action i, the gradients in the staging
 // buffers of finish_before[i]; before a forward, the output last sent from the record it takes; at the end,
 // every send (pipeline_finish_sends). Without `staging`, the naive rule instead: a gradient is waited for
 // before the next forward that takes the record of the backward that sent it (or at the end).

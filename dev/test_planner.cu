@@ -1,5 +1,5 @@
 /*
-Tests of llmc/planner.h, the arithmetic behind --plan and --plan-search, against published layouts and
+Tests of llmc/planning/planner.h, the arithmetic behind --plan and --plan-search, against published layouts and
 hand-worked numbers (no GPU, no MPI ranks: the planner allocates nothing):
   (a) Llama 3 405B's parallel layout (Dubey et al. 2024, "The Llama 3 Herd of Models", Table 4: 16,384
       GPUs, TP 8, PP 16, CP 1 at 8K positions and CP 16 at 128K, DP filling the rest, micro-batch 1, 16M
@@ -18,7 +18,7 @@ rows are checked once more at the 405B shape. Prints `N passed, M failed`.
 #include <string>
 #include <vector>
 #include "lab.h"
-#include "../llmc/planner.h"
+#include "../llmc/planning/planner.h"
 
 static std::string describe(double got, double want) {
     char text[128];

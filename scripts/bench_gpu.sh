@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU benchmark: GPT-2 124M training steps at B=16, T=1024 (BF16): tokens/s, MFU (the FLOP formula and
-# the peak table are in llmc/mfu.h) and the time per step of each kernel class (attention, matmuls, the
+# the peak table are in llmc/planning/mfu.h) and the time per step of each kernel class (attention, matmuls, the
 # rest). The first 3 steps are warm-up and not counted. Works on a fresh machine: without the corpus
 # (make data) it trains on a shard of random tokens made here, and it writes no model file.
 #   usage: scripts/bench_gpu.sh [STEPS]      (default 20)
@@ -31,7 +31,7 @@ train_data="data/classics_train*.bin"
 if compgen -G "$train_data" >/dev/null; then
     data_note="the default corpus"
 else
-    # llm.c's shard format (llmc/dataloader.h): 256 int32 header (magic, version, token count), uint16 tokens;
+    # llm.c's shard format (llmc/io/dataloader.h): 256 int32 header (magic, version, token count), uint16 tokens;
     # 4 batches of uniformly random ids below GPT-2's vocabulary size (the data does not change the speed)
     "$python" - "$work/random.bin" $((4 * B * T + 1)) <<'EOF'
 import array, random, sys

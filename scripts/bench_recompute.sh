@@ -3,7 +3,7 @@
 # build: its matmuls are what the CPU does fastest, and the memory figures are the same shape as BF16's
 # times two) for every policy, one after the other on the same machine. Prints per policy: ms/step (mean
 # of the steps after the first), the overhead against none, hardware FLOPs / model FLOPs (HFU / MFU), and
-# the activations and workspace held at the peak beside llmc/memory.h's formula.
+# the activations and workspace held at the peak beside llmc/planning/memory.h's formula.
 #   usage: scripts/bench_recompute.sh [STEPS] [BINARY]     (default 4 steps, ./train_gpt_fp32_cpu)
 set -euo pipefail
 cd "$(dirname "$0")/.."

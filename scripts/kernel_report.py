@@ -335,7 +335,7 @@ b = X * (BT * C * 2 + T * C) + X * (BT * C * 3 + T * C * 2)
 classes.append(("encoder", "memory", f, b, timed(f, b, PEAK_FP32)))
 
 step = sum(c[4] for c in classes)
-model_flops = (6.0 * N + 12.0 * L * C * T) * BT  # llmc/mfu.h's count (PaLM), for comparison with training logs
+model_flops = (6.0 * N + 12.0 * L * C * T) * BT  # llmc/planning/mfu.h's count (PaLM), for comparison with training logs
 print(f"\nroofline: GPT-2 124M ({N:,} parameters), B={B}, T={T}, one {precision} training step on an H100 SXM")
 print(f"  model: BF16 tensor cores {PEAK_TENSOR / 1e12:.0f} TFLOP/s dense, FP32 cores {PEAK_FP32 / 1e12:.0f} "
       f"TFLOP/s, HBM {BANDWIDTH / 1e12:.2f} TB/s; time = max(FLOPs / peak of the unit, bytes / bandwidth) per kernel;")
@@ -345,7 +345,7 @@ print(f"  {'class':<28} {'unit':<37} {'GFLOP':>8} {'GB':>7} {'ms':>7} {'share':>
 for name, unit, f, b, s in classes:
     print(f"  {name:<28} {unit:<37} {f / 1e9:>8.0f} {b / 1e9:>7.2f} {s * 1e3:>7.2f} {100 * s / step:>5.1f}%")
 print(f"  step: {step * 1e3:.1f} ms at best -> {BT / step:,.0f} tokens/s, MFU {100 * model_flops / step / MATMUL_PEAK:.0f}% "
-      f"(model FLOPs 6N + 12LCT per token, as llmc/mfu.h)")
+      f"(model FLOPs 6N + 12LCT per token, as llmc/planning/mfu.h)")
 
 # ----------------------------------------------------------------------------------------------------
 # verdict: one check per kernel and architecture for spills, one per attention kernel for HMMA

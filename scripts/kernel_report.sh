@@ -25,8 +25,8 @@ trap 'rm -rf "$work"' EXIT
 # functions, built for the CPU (a second). If they change name the report says "static only".
 cat >"$work/shared_bytes.cpp" <<'EOF'
 #include <cstdio>
-#include "llmc/attention.cuh"
-#include "llmc/layernorm.cuh"
+#include "llmc/kernels/attention.cuh"
+#include "llmc/kernels/layernorm.cuh"
 template <int HS>
 void print_attention() {
     printf("attention_forward %d %zu\n", HS, (size_t)attention_forward_shared_bytes<HS>());

@@ -52,7 +52,7 @@ def parameter_error(mine, reference):
 
 
 def cp_bytes(flags, batch, layers, channels, seq_len, micro_steps, value_bytes=4):
-    """The bytes rank 0 sends on the cp axis per step, llmc/context_parallel.h's formula, for a layout given
+    """The bytes rank 0 sends on the cp axis per step, llmc/parallel/context_parallel.h's formula, for a layout given
     as its list of flags (--cp, --tp, --pp, --cp-mode ulysses, --recompute full) and B rows per data-parallel
     rank: N = B T / cp rows per rank and micro-step, C' = C/tp, l = L/pp layers, F forward passes per layer
     (2 under full recomputation);
@@ -113,7 +113,7 @@ def compare_run(work, name, reference, steps, validations=0, sample=False):
 
 
 def memory_against_formula(work, name):
-    """The activations and the workspace the run held (its last "memory" event) against llmc/memory.h's
+    """The activations and the workspace the run held (its last "memory" event) against llmc/planning/memory.h's
     formulas, which count the same buffers and must match to the byte.
     Returns whether both match, the words for the ok/FAIL line, and the event."""
     memory = events(work, name, "memory")[-1]

@@ -5,7 +5,7 @@ the validation loss as markers joined by a line, against the step, one colour pe
     /usr/bin/python3 scripts/loss_curves.py out/a/log.jsonl [out/b/log.jsonl ...] -o curves.png
         [--labels a b ...] [--log-y] [--title TEXT]
 
-The logs are the log.jsonl files llmc/logger.h writes: one JSON object per line, with "event": "step"
+The logs are the log.jsonl files llmc/io/logger.h writes: one JSON object per line, with "event": "step"
 (members step, loss, ...) and "event": "val_loss" (step, loss). A resumed run appends to its log, so a log
 may hold several "config" events and the same step more than once (the steps between the checkpoint and
 the point where the first run stopped): the last value logged for a step wins, as it belongs to the run

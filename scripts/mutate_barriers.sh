@@ -2,7 +2,7 @@
 # Proves the kernel lab can fail: deletes one barrier at a time from a kernel header, rebuilds the CPU
 # lab in a scratch copy of the tree, and runs that family in both lane orders. Every deletion should be
 # caught (the lab exits non-zero); the script prints one line per barrier and a closing count.
-#   usage: scripts/mutate_barriers.sh llmc/attention.cuh attention
+#   usage: scripts/mutate_barriers.sh llmc/kernels/attention.cuh attention
 set -u
 header=$1 family=$2
 root=$(cd "$(dirname "$0")/.." && pwd)

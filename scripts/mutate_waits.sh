@@ -13,7 +13,7 @@ trap 'rm -rf "$scratch"' EXIT
 mkdir -p "$scratch/base"  # a snapshot, so that edits made meanwhile do not leak into the runs
 cp -r "$root/llmc" "$root/scripts" "$root/Makefile" "$root/train_gpt.cu" "$scratch/base/"
 caught=0 missed=0
-mapfile -t sites < <(cd "$scratch/base" && grep -n -E 'cudaCheck\(cudaStreamWaitEvent\(' llmc/*.h llmc/*.cuh | cut -d: -f1,2)
+mapfile -t sites < <(cd "$scratch/base" && grep -n -E 'cudaCheck\(cudaStreamWaitEvent\(' llmc/*/*.h llmc/*/*.cuh | cut -d: -f1,2)
 for site in "${sites[@]}"; do
     file=${site%%:*} line=${site##*:}
     rm -rf "$scratch/tree" && cp -r "$scratch/base" "$scratch/tree" && ln -s "$root/data" "$scratch/tree/data"

@@ -6,8 +6,8 @@
 # results, a parameter's gradient summed over the cp ranks' rows).
 # The layouts include tp with sequence parallelism, whose tp slices of a cp rank's rows are aligned with its
 # zigzag chunks at tp 2, and cut across them at tp 3 (on a model of its own, against its own one rank).
-# Also: the bytes each rank sent on the cp axis per step against the formula in llmc/context_parallel.h
-# (within 0.1%), the memory held against llmc/memory.h's formula, a checkpoint saved at cp 2 and resumed
+# Also: the bytes each rank sent on the cp axis per step against the formula in llmc/parallel/context_parallel.h
+# (within 0.1%), the memory held against llmc/planning/memory.h's formula, a checkpoint saved at cp 2 and resumed
 # on one rank, impossible layouts refused with one error line, and each rank's attention time under the
 # zigzag and the contiguous split (printed, for the load balance), and (given a BF16 build) BF16 ring and
 # Ulysses at cp 2 against one BF16 rank.

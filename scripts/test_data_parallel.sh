@@ -3,7 +3,7 @@
 # as 2 micro-steps of 8 rows), the same steps, on 2 and 4 ranks with --zero 0, 1, 2 and 3, and hybrid
 # sharding 2 x 2 with stages 1, 2 and 3 (mpirun, CPU build, FP32). The losses of every step and the final parameters must agree with the
 # single rank's within 1e-5 relative: only the order of the additions in the gradient average differs.
-# Also compares the bytes each rank sent per step with the ring algorithms' theory (llmc/zero.h).
+# Also compares the bytes each rank sent per step with the ring algorithms' theory (llmc/parallel/zero.h).
 # Given a BF16 build too, checks that ZeRO stages 0-3 give bit-identical BF16 runs (see the end).
 #   usage: scripts/test_data_parallel.sh ./train_gpt_fp32_cpu [./train_gpt_cpu]
 set -u
@@ -82,7 +82,7 @@ for name, ranks, zero, shard in layouts:
         formula = f"(({A}+1)(K-1)/K + 2(M-1)/(MK)) x {P} x 4"
     comm_error = abs(sent - theory) / theory
     # memory of rank 0: parameters + gradients + optimizer state held, against the ZeRO formula plus the
-    # working buffers llmc/zero.h keeps (this model's embedding chunk is 98% of it, so the buffers matter)
+    # working buffers llmc/parallel/zero.h keeps (this model's embedding chunk is 98% of it, so the buffers matter)
     memory = events(work, name, "memory")[-1]
     held, planned = memory["model_state_bytes"], memory["formula_with_buffers_bytes"]
     memory_error = abs(held - planned) / planned

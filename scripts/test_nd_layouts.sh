@@ -4,9 +4,9 @@
 # so every layout accumulates gradients; the pipelines' microbatches), 5 steps, with a validation loss and
 # a text sample at the end (mpirun, CPU build, FP32). Each layout's losses must agree with the single
 # rank's within 1e-5 relative and its final model.bin within 1e-5 relative in norm (the axes change only
-# the order of additions; see scripts/layout_check.py), and the memory it held must equal llmc/memory.h's
+# the order of additions; see scripts/layout_check.py), and the memory it held must equal llmc/planning/memory.h's
 # formula to the byte, and where there is a cp axis, the bytes rank 0 sent on it must equal
-# llmc/context_parallel.h's formula (within 0.1%; scripts/layout_check.py's cp_bytes). One more run resumes, in a 4-D layout, from a checkpoint another 3-D layout saved.
+# llmc/parallel/context_parallel.h's formula (within 0.1%; scripts/layout_check.py's cp_bytes). One more run resumes, in a 4-D layout, from a checkpoint another 3-D layout saved.
 #   usage: scripts/test_nd_layouts.sh ./train_gpt_fp32_cpu
 set -u
 binary=${1:?usage: $0 TRAIN_BINARY}

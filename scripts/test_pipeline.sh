@@ -9,9 +9,9 @@
 # The matrix: pp 2 and pp 4 under gpipe and 1f1b at m = 1, p and 2p; interleaved at pp 2 x V 2 (m = p and
 # 2p: the warm-up covers everything at m = p, not at 2p); pp 2 x dp 2 at ZeRO-1 and ZeRO-3; pp 2 x tp 2
 # with sequence parallelism. For each: the bytes rank 0 sent on the pp axis in the last step against
-# pipeline_bytes_per_step (llmc/pipeline.h), exactly; the activation and workspace memory rank 0 held
-# against llmc/memory.h's formula, exactly; the records in flight at each pp rank's peak against the
-# schedule's formula (llmc/pipeline_schedule.h); and 1f1b holding fewer activations than gpipe at m = 2p.
+# pipeline_bytes_per_step (llmc/parallel/pipeline.h), exactly; the activation and workspace memory rank 0 held
+# against llmc/planning/memory.h's formula, exactly; the records in flight at each pp rank's peak against the
+# schedule's formula (llmc/parallel/pipeline_schedule.h); and 1f1b holding fewer activations than gpipe at m = 2p.
 # Also: checkpoints saved at pp 2 x dp 2 and resumed at pp 1 and pp 4, one rank's model.bin loaded at pp 4,
 # the trace of an interleaved step, and impossible layouts refused with one error line.
 #   usage: scripts/test_pipeline.sh ./train_gpt_fp32_cpu
@@ -78,7 +78,7 @@ work, layouts = sys.argv[1], [l.split(":") for l in sys.argv[2:]]
 def flag(flags, name, default):
     return flags[flags.index(name) + 1] if name in flags else default
 
-# the bytes pp rank 0 sends per step (pipeline_bytes_per_step in llmc/pipeline.h): m a s for each of its
+# the bytes pp rank 0 sends per step (pipeline_bytes_per_step in llmc/parallel/pipeline.h): m a s for each of its
 # stages (model stages v p, v < V) but the last model stage, m a s for each but stage 0, the tied embedding
 # chunk's gradient e s (its shard at ZeRO >= 1), and the loss's broadcast and the norm's all-reduce (4 and 8
 # bytes, times (p-1)/p rounded down). a = B T C (/ tp under sequence parallelism), s = 4 bytes (FP32).
@@ -91,12 +91,12 @@ def pp_bytes(p, V, m, B, tp, sp, shards, zero):
     for v in range(V):
         stage = v * p
         sent += m * a * s * (stage < S - 1) + m * a * s * (stage > 0)
-    multiple = 128 * shards  # llmc/parameters.h pads each chunk to this; tp slices wte's rows
+    multiple = 128 * shards  # llmc/model/parameters.h pads each chunk to this; tp slices wte's rows
     e = -(-(Vp * C // tp + max_T * C) // multiple) * multiple
     sent += e // (shards if zero >= 1 else 1) * s
     return sent + 4 * (p - 1) // p + 8 * (p - 1) // p
 
-# records in flight at the peak of pp rank r (pipeline_peak_activations in llmc/pipeline_schedule.h)
+# records in flight at the peak of pp rank r (pipeline_peak_activations in llmc/parallel/pipeline_schedule.h)
 def peak_records(schedule, r, p, m, V):
     if schedule == "gpipe":
         return m

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Activation recomputation gives the same bits as none (llmc/recompute.h): for every policy (selective,
+# Activation recomputation gives the same bits as none (llmc/parallel/recompute.h): for every policy (selective,
 # full with a checkpoint every 1, 2 and 3 blocks of a 4-block model: segments of 1, 2, and 3 + 1 blocks),
 # the training and validation losses and the final model.bin must be bit-identical to --recompute none,
 # on one rank and on 2 ranks at ZeRO-3 (where the rerun gathers the parameters again), in FP32 and BF16,
 # and at tp 2 with sequence parallelism (the rerun's collectives add the same numbers in the same order).
-# Also: the activations and workspace held equal llmc/memory.h's formula for each policy, less is kept
+# Also: the activations and workspace held equal llmc/planning/memory.h's formula for each policy, less is kept
 # the more is recomputed, and the hardware FLOPs exceed the model FLOPs by the rerun forward pass (full).
 #   usage: scripts/test_recompute.sh ./train_gpt_fp32_cpu [./train_gpt_cpu]
 set -u
@@ -77,7 +77,7 @@ else
     bad "activations kept do not shrink with recomputation: none $(kept none), selective $(kept selective), full $(kept full_1), every 2 $(kept full_2)"
 fi
 # hardware FLOPs: full adds one forward pass of the blocks, 2 x 12 C^2 + 13 C parameters ... per token plus the
-# attention's 4 C T; none and selective add none (llmc/recompute.h)
+# attention's 4 C T; none and selective add none (llmc/parallel/recompute.h)
 flops_check=$(PYTHONPATH="$(dirname "$0")" /usr/bin/python3 - "$work" <<'EOF'
 import sys
 from layout_check import events

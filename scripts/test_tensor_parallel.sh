@@ -4,8 +4,8 @@
 # build, FP32). Every layout's losses must agree with the single rank's within 1e-5 relative and its final
 # model.bin within 1e-5 relative in norm: tp changes only the order of additions (a matmul's sum over its
 # inputs is split into tp partial sums, added by the all-reduce).
-# Also: the bytes each rank sent on the tp axis per step against the formula in llmc/tensor_parallel.h
-# (within 0.1%), the activation memory held against llmc/memory.h's formula (with and without sequence
+# Also: the bytes each rank sent on the tp axis per step against the formula in llmc/parallel/tensor_parallel.h
+# (within 0.1%), the activation memory held against llmc/planning/memory.h's formula (with and without sequence
 # parallelism), checkpoints saved at tp 2 and resumed at tp 1 and tp 4, impossible layouts refused with one
 # error line, and (given a BF16 build) BF16 at tp 2 against one BF16 rank.
 #   usage: scripts/test_tensor_parallel.sh ./train_gpt_fp32_cpu [./train_gpt_cpu]
@@ -44,7 +44,7 @@ PYTHONPATH="$(dirname "$0")" /usr/bin/python3 - "$work" $layouts >"$work/compare
 import sys
 from layout_check import compare_continued, compare_resumed, compare_run, events, memory_against_formula, report, result
 work, layouts = sys.argv[1], [l.split(":") for l in sys.argv[2:]]
-# the bytes on the tp axis (llmc/tensor_parallel.h): N = B T rows per micro-step, A = 2 micro-steps, s = 4
+# the bytes on the tp axis (llmc/parallel/tensor_parallel.h): N = B T rows per micro-step, A = 2 micro-steps, s = 4
 L, C, B_T, s, A = 2, 64, 16 * 16, 4, 2
 results, activations = [], {}
 for name, ranks, batch, flags in layouts:

@@ -20,7 +20,7 @@ Scheduling, for one block:
     behaviour or a hang. Here it aborts with both source lines.
   - When every warp is at the block barrier or finished, the barrier is released. Finished threads count
     as arrived (as on Volta and later GPUs).
-Warp-collective operations (the tensor-core instructions of llmc/mma.cuh: mma.sync, ldmatrix) use the
+Warp-collective operations (the tensor-core instructions of llmc/kernels/mma.cuh: mma.sync, ldmatrix) use the
 same machinery with a full mask: each lane deposits a pointer to its own arguments (its stack stays alive
 while it is suspended), and when all 32 lanes have arrived at the same operation and source line, one
 function computes every lane's result from all 32 argument blocks. A lane missing from the call is a

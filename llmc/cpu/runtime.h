@@ -11,7 +11,7 @@ Late streams (LLMC_CPU_LATE_STREAMS=1 or 2). Running everything in issue order h
 wait: on a GPU, a stream created with cudaStreamNonBlocking runs beside the others, and a kernel that
 reads what another stream writes sees it only if an event orders the two. In this mode every operation
 issued on a non-blocking stream (kernel launch, cudaMemcpyAsync, cudaMemsetAsync, a collective of
-llmc/comm.h, cudaEventRecord, cudaStreamWaitEvent) is queued on that stream, with its arguments copied,
+llmc/parallel/comm.h, cudaEventRecord, cudaStreamWaitEvent) is queued on that stream, with its arguments copied,
 and runs only when something forces it, as late as the CUDA semantics allow:
   - cudaStreamSynchronize(s) runs s's queue; cudaEventSynchronize(e) runs e's stream up to e's record;
   - cudaStreamWaitEvent(s, e) puts a wait in s's queue; when s reaches it, e's stream runs up to the

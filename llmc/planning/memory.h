@@ -30,12 +30,12 @@ the size of the group that splits one copy of the state:
         stage 3:  (2P + 2P + 12P)/N      = 16 P / N
     FP32: fp32 parameters (4), gradients (4), m + v (8); the parameters are their own master copy
         stage 0:  16 P;   stage 1: 4P + 4P + 8P/N;   stage 2: 4P + 12P/N;   stage 3: 16 P / N
-Stage 0 keeps everything on every rank, so shard_ranks does not matter there (llmc/zero.h shards over
+Stage 0 keeps everything on every rank, so shard_ranks does not matter there (llmc/parallel/zero.h shards over
 one rank at stage 0 too). P is whatever the caller passes: the model's parameter count leaves out the
 zero padding that makes every chunk a multiple of 128 N elements; ParameterLayout(config, N).total
 includes it (every formula is linear in P, so the difference is the padding's share, under 128 N elements
 per chunk).
-With a model shape the plan also counts the buffers llmc/zero.h keeps beyond the paper's formula:
+With a model shape the plan also counts the buffers llmc/parallel/zero.h keeps beyond the paper's formula:
   stage 1: the averaged gradient shard, s P/N, that the full gradient is reduce-scattered into;
   stages 2, 3: the working buffers chunk gradients are computed in before they are reduce-scattered (the
            embedding chunk, two block chunks and the final chunk, padded as ParameterLayout pads them)
@@ -43,7 +43,7 @@ With a model shape the plan also counts the buffers llmc/zero.h keeps beyond the
   stage 3: as many again for the gathered parameters of the chunks being worked on.
 
 Communication, bytes this rank sends per optimizer step under the ring algorithms whose counts
-llmc/comm.h keeps (s = bytes per element of the communicated data: gradients and parameters travel as
+llmc/parallel/comm.h keeps (s = bytes per element of the communicated data: gradients and parameters travel as
 floatX, so 2 in BF16 and 4 in FP32; D = data_parallel_ranks; M = D / N replica groups; A = micro-steps
 per step, i.e. gradient accumulation):
     stage 0:  2 (D-1)/D * P s                  all-reduce of the gradients once, after the last micro-step
@@ -53,7 +53,7 @@ per step, i.e. gradient accumulation):
                                                gradient buffer to accumulate in), then the all-gather
     stage 3:  3 A (N-1)/N * P s                per micro-step: all-gather the parameters for the forward
                                                pass, again for the backward pass, and reduce-scatter the
-                                               gradients (an upper bound: llmc/zero.h skips the gather of
+                                               gradients (an upper bound: llmc/parallel/zero.h skips the gather of
                                                a chunk still held from the forward pass, a few chunks)
   plus, at stages 1-3 with M > 1 groups (HSDP), the all-reduce of this rank's gradient shard between the
   M ranks holding the same shard, once per step:  2 (M-1)/M * (P/N) s.
@@ -61,7 +61,7 @@ With A = 1, stages 0-2 send the same 2 (N-1)/N P s and stage 3 half as much agai
 comm.h rounds each call down to whole bytes; the plan does not (a few bytes per call).
 
 Activations (optional, GPT-2 only): the exact sizes of the buffers gpt2_allocate makes for micro-batches
-of B x T (llmc/gpt2.cuh), see gpt2_activation_bytes below, split into what the forward pass keeps for the
+of B x T (llmc/model/gpt2.cuh), see gpt2_activation_bytes below, split into what the forward pass keeps for the
 backward pass ("activations") and the buffers every layer reuses ("workspace"). Two small scratch
 buffers are sized by the device's multiprocessor count, which the shape carries so that the plan needs
 no device. Not counted: cuBLASLt's 32 MiB workspace (GPU build), NCCL's own buffers, and the CUDA
@@ -79,18 +79,18 @@ shows the two side by side (--plan prints it).
 #include <mutex>
 #include <string>
 #include <unordered_map>
-#include "cuda_common.cuh"
-#include "recompute.h"
-#include "utils.h"
+#include "../cuda_common.cuh"
+#include "../parallel/recompute.h"
+#include "../utils.h"
 
-// Every parameter chunk is padded to a multiple of this many elements per ZeRO shard (llmc/gpt2.cuh's
+// Every parameter chunk is padded to a multiple of this many elements per ZeRO shard (llmc/model/gpt2.cuh's
 // ParameterLayout), so chunks and shards start 256 bytes apart in bf16.
 constexpr size_t kChunkPaddingElements = 128;
 
 // ----------------------------------------------------------------------------
 // accounting
 
-// Activations: what the forward pass keeps for the backward pass (llmc/recompute.h decides how much), and
+// Activations: what the forward pass keeps for the backward pass (llmc/parallel/recompute.h decides how much), and
 // the model-level buffers (embeddings' output, logits, ...). Workspace: the buffers every layer reuses in
 // turn, the recomputation's records among them.
 enum class MemoryKind { Parameters, Gradients, OptimizerState, Activations, Workspace, Communication, Other };
@@ -233,15 +233,15 @@ struct GPT2MemoryShape {
     int batch = 0;             // B: the micro-batch
     int seq_len = 0;           // T
     int multiprocessors = 132; // sizes two scratch buffers; 132 = H100 SXM (device_properties() at run time)
-    int tp = 1;                // tensor-parallel ranks (llmc/tensor_parallel.h)
+    int tp = 1;                // tensor-parallel ranks (llmc/parallel/tensor_parallel.h)
     bool sequence_parallel = false;
-    Recompute recompute;       // what the forward pass keeps (llmc/recompute.h)
-    // pipeline parallelism (llmc/pipeline.h): this rank's stages and records in flight
+    Recompute recompute;       // what the forward pass keeps (llmc/parallel/recompute.h)
+    // pipeline parallelism (llmc/parallel/pipeline.h): this rank's stages and records in flight
     int stage_layers = 0;      // layers per stage (0: all L, one stage)
     int records = 1;           // stage records kept at once (the schedule's microbatches in flight)
     bool first_stage = true;   // holds the embeddings' lookup
     bool last_stage = true;    // holds the final layernorm, the LM head and the loss
-    // context parallelism (llmc/context_parallel.h): seq_len is then the T/cp positions a rank holds
+    // context parallelism (llmc/parallel/context_parallel.h): seq_len is then the T/cp positions a rank holds
     int cp = 1;                // ranks that split every sequence
     bool cp_ring = true;       // ring attention (else Ulysses)
     int cp_chunks = 2;         // chunks of the sequence per cp rank: 2 zigzag, 1 contiguous
@@ -266,7 +266,7 @@ struct ActivationBytes {
 //              (t = 1: 16 NC s);  fp32 ln1 and ln2 mean/rstd 4R, attention lse N h
 //              selective recomputation keeps all but ln1, ln2 (RC each) and fch_gelu (NH), which one
 //              shared copy serves; full recomputation with a checkpoint every C blocks keeps ceil(l/C)
-//              outputs (RC) and shares min(C, l) whole records less one output (llmc/recompute.h)
+//              outputs (RC) and shares min(C, l) whole records less one output (llmc/parallel/recompute.h)
 //   a record:  its l layers, and floatX input, doutput 2RC
 //   model:     K records; the last stage's floatX lnf RC, logits N v, fp32 lnf mean/rstd 2R, losses N, int
 //              targets N; the first stage's int inputs N
@@ -280,8 +280,8 @@ struct ActivationBytes {
 //              under context parallelism (cp > 1): ring attention's K/V blocks and their gradients, two of
 //              each, 8 N c, and one chunk's partial output (N/k) c and lse (N/k) h, k the chunks per rank;
 //              or Ulysses' two messages 6 N c and the head-sharded output and its gradient 2 N c
-// (the constants 64, 8, 3 and 4 are those of llmc/matmul.cuh, layernorm.cuh and cuda_common.cuh's
-// grid_size_for, 64 and 65 = 64 + 1 those of llmc/encoder.cuh; pinned host staging and read-back buffers
+// (the constants 64, 8, 3 and 4 are those of llmc/kernels/matmul.cuh, layernorm.cuh and cuda_common.cuh's
+// grid_size_for, 64 and 65 = 64 + 1 those of llmc/kernels/encoder.cuh; pinned host staging and read-back buffers
 // are host memory and not counted)
 inline ActivationBytes gpt2_activation_bytes(const GPT2MemoryShape& shape, bool bf16) {
     const double s = bf16 ? 2 : 4, f = 4, i = 4;
@@ -337,7 +337,7 @@ the micro-batch, h the hidden size, a the heads and t the tensor-parallel ranks.
     tensor parallel + selective             sbh (10 + 24/t)
     tensor + sequence parallel + selective  sbh/t 34
     full recomputation                      2 sbh
-Their 34 sbh + 5 a s^2 b, term by term, and the buffer of BlockActivations (llmc/gpt2.cuh) that holds the
+Their 34 sbh + 5 a s^2 b, term by term, and the buffer of BlockActivations (llmc/model/gpt2.cuh) that holds the
 same thing here (N = b s rows, C = h, R = N rows or N/t under sequence parallelism):
     attention  QKV input 2sbh                         ln1 (R, C)          replicated over tp (their 10)
                Q, K (4sbh) + V (2sbh)                 qkv (N, 3C/t)       split over tp (their 24)
@@ -533,7 +533,7 @@ __attribute__((format(printf, 1, 2))) inline std::string plan_format(const char*
 }
 
 // zero_stage 0-3; data_parallel_ranks D = M groups * shard_ranks N; bf16: the mixed-precision build (false:
-// FP32); accumulation_steps A >= 1; shape: a GPT-2 shape for the activations (and llmc/zero.h's extra
+// FP32); accumulation_steps A >= 1; shape: a GPT-2 shape for the activations (and llmc/parallel/zero.h's extra
 // buffers), or null. Impossible layouts stop with one error line.
 inline MemoryPlan plan_training_memory(size_t num_parameters, int zero_stage, int data_parallel_ranks,
                                        int shard_ranks, bool bf16, int accumulation_steps = 1,
@@ -576,14 +576,14 @@ inline MemoryPlan plan_training_memory(size_t num_parameters, int zero_stage, in
     p.optimizer_formula = (zero_stage >= 1 ? plan_format("%.0f P / %d", optimizer, n) : plan_format("%.0f P", optimizer)) +
                           "  (" + optimizer_parts + ")";
 
-    if (zero_stage == 1 && shape) {  // llmc/zero.h's grad_shard, next to the full gradient
+    if (zero_stage == 1 && shape) {  // llmc/parallel/zero.h's grad_shard, next to the full gradient
         p.gradients += s * P / N;
         p.gradients_formula += plan_format(" + %.0f P / %d (the averaged shard)", s, n);
     }
     if (zero_stage >= 2 && shape) {  // chunk-sized buffers, padded as ParameterLayout pads them
         const double multiple = (double)kChunkPaddingElements * N;
         auto padded = [&](double count) { return std::ceil(count / multiple) * multiple; };
-        // a tp rank's chunks (llmc/parameters.h): wte's rows and the matmuls split t ways, the rest whole
+        // a tp rank's chunks (llmc/model/parameters.h): wte's rows and the matmuls split t ways, the rest whole
         const double C = shape->channels, t = shape->tp;
         const double embedding = padded(((double)shape->padded_vocab / t + shape->max_seq_len) * C);
         const double block = padded(12 * C * C / t + 6 * C + 7 * C / t);

@@ -38,7 +38,7 @@ that the caller combines with two small all-reduces.
 
 #include <algorithm>
 #include <cfloat>
-#include "cuda_common.cuh"
+#include "../cuda_common.cuh"
 
 // ----------------------------------------------------------------------------
 // kernel (and the two passes every classifier kernel here shares)

@@ -32,7 +32,7 @@ gathers a layernorm's output again for the weight gradient instead of keeping th
 more all-gathers per block. The layernorm parameters (and lnf's) then see only their rank's rows: their
 gradients are partial sums, added over the tp group before the data-parallel reduction
 (tp_sum_sequence_parallel_gradients). Under context parallelism the N rows are the cp rank's B T/cp (T/cp
-divisible by tp), kept in chunks of positions (llmc/context_parallel.h): a slice may start inside a chunk
+divisible by tp), kept in chunks of positions (llmc/parallel/context_parallel.h): a slice may start inside a chunk
 or straddle two, which only the embedding's position rows notice.
 
 Vocabulary parallelism. wte is split by rows: rank r owns tokens [r Vp/tp, (r+1) Vp/tp).
@@ -40,14 +40,14 @@ Vocabulary parallelism. wte is split by rows: rank r owns tokens [r Vp/tp, (r+1)
                all-reduce, or a reduce-scatter into slices under SP) is the embedding; then + wpe
     LM head    logits_r = lnf wte_r^T: a column-parallel matmul (f before it); each rank holds the logits
                of its vocabulary slice, N x Vp/tp, and the full N x Vp logits never exist anywhere
-    loss       softmax over a row split across ranks (llmc/fused_classifier.cuh's vocabulary-parallel
+    loss       softmax over a row split across ranks (llmc/kernels/fused_classifier.cuh's vocabulary-parallel
                kernels): local max and sum of exp -> all-reduce MAX of the maxima -> rescale the local sums
                -> all-reduce SUM of the sums and of the target logit (owned by one rank, 0 elsewhere) ->
                every rank has the loss of every row and writes dlogits for its own columns
 Every rank computes the same loss for the same rows.
 
 Bytes per rank and micro-step on the tp axis (s = sizeof(floatX), t = tp, L layers, ring collectives as
-llmc/comm.h counts them: an all-reduce of n elements sends 2(t-1)/t n s, a reduce-scatter or all-gather
+llmc/parallel/comm.h counts them: an all-reduce of n elements sends 2(t-1)/t n s, a reduce-scatter or all-gather
 of an n-element whole (t-1)/t n s):
   without SP   blocks   4 all-reduces of N C per block                   8 L (t-1)/t N C s
                embedding all-reduce of N C; LM head backward's dX      + 4 (t-1)/t N C s
@@ -68,12 +68,12 @@ tp_bytes_per_step below is this formula; the layout test compares it with the by
 #include <cstring>
 #include <string>
 #include <vector>
-#include "cuda_common.cuh"
+#include "../cuda_common.cuh"
 #include "comm.h"
-#include "memory.h"
-#include "parameters.h"
-#include "encoder.cuh"
-#include "fused_classifier.cuh"
+#include "../planning/memory.h"
+#include "../model/parameters.h"
+#include "../kernels/encoder.cuh"
+#include "../kernels/fused_classifier.cuh"
 
 // ----------------------------------------------------------------------------
 // the group
@@ -218,7 +218,7 @@ inline const floatX* tp_leave_backward(const TensorParallel& tp, const floatX* m
 // vocabulary-parallel embedding and loss
 
 // encoded (this rank's rows) = wte[tokens] + wpe[positions]. tokens: the N = B T ids of the batch's rows
-// (device), whose positions `chunks` give (llmc/encoder.cuh's SequenceChunk: one chunk {0, 0, T} of whole
+// (device), whose positions `chunks` give (llmc/kernels/encoder.cuh's SequenceChunk: one chunk {0, 0, T} of whole
 // sequences, or a context-parallel rank's one or two). `scratch`: N x C, used under SP.
 // The lookup and the sum over ranks see all N rows at once, so under SP the reduce-scatter hands this rank
 // its slice of the N rows, the same slice the blocks work on; the slice may start or end inside a chunk,

@@ -41,8 +41,8 @@ the token's index.
 #include <string>
 #include <vector>
 
-#include "rand.h"
-#include "utils.h"
+#include "../rand.h"
+#include "../utils.h"
 
 constexpr int SHARD_MAGIC = 20240520;
 constexpr int SHARD_VERSION = 1;

@@ -9,7 +9,7 @@ Collective communication between the ranks of a training job, written once for b
              by value, MPI handle included, and only the byte count is updated when the call is issued.
 
 A Communicator is a group of ranks: its size, this rank's place in it, and the MPI or NCCL handle. The
-world is one; the device mesh (llmc/mesh.h) splits it into one per parallel axis.
+world is one; the device mesh (llmc/parallel/mesh.h) splits it into one per parallel axis.
 
 The operations, with `count` in elements and every buffer in device memory of T = float or floatX:
   all_reduce(comm, data, count, op, stream)        data = sum (mean, max) of everyone's data, in place
@@ -67,9 +67,9 @@ Every MPI and NCCL call is checked; a failure stops the program with one line na
 #include <chrono>
 #include <thread>
 #include <unistd.h>
-#include "cuda_common.cuh"
-#include "memory.h"
-#include "utils.h"
+#include "../cuda_common.cuh"
+#include "../planning/memory.h"
+#include "../utils.h"
 
 #define OMPI_SKIP_MPICXX 1  // the C API is all we use; OpenMPI's deprecated C++ bindings stay out
 #include <mpi.h>

@@ -10,12 +10,12 @@ to Vp rows of the embedding table):
     logits = layernormf(x) @ wte^T                                     the LM head shares wte
     loss   = mean cross-entropy of softmax(logits[:, :V]) against the next tokens
 
-Parameters are laid out layer-major (llmc/parameters.h): one contiguous chunk per block holding that
+Parameters are laid out layer-major (llmc/model/parameters.h): one contiguous chunk per block holding that
 block's twelve tensors, plus an embedding chunk (wte, wpe) before them and a final chunk (lnfw, lnfb)
 after them. A chunk is the unit that gets sharded, gathered, owned by a pipeline stage or reduced as one
 gradient bucket, so "block l's parameters" is always one pointer and one length. llm.c's model files are
 tensor-major (each tensor for all layers, then the next tensor); gpt2_read_parameters and gpt2_save
-convert. Under tensor parallelism (llmc/tensor_parallel.h) a rank's chunks hold its slices of the
+convert. Under tensor parallelism (llmc/parallel/tensor_parallel.h) a rank's chunks hold its slices of the
 tensors, and the passes below call the tp collectives between the matmuls; with one rank they do nothing.
 
 The block is the unit of work: block_forward(l) reads block l-1's output and writes an activation record
@@ -23,7 +23,7 @@ for layer l (everything block_backward needs: the layernorm statistics, qkv, the
 log-sum-exp, the MLP's hidden activations, the block's output); block_backward(l) takes the gradient of
 block l's output and turns it into the gradient of its input, accumulating block l's parameter gradients
 on the way. A run of consecutive blocks is a stage: all L of them on one rank, or L/(p V) under pipeline
-parallelism (llmc/pipeline.h), where a rank holds only its stages' chunks (and the embeddings on the
+parallelism (llmc/parallel/pipeline.h), where a rank holds only its stages' chunks (and the embeddings on the
 first and last stage, the final layernorm on the last). One microbatch's pass through a stage keeps its
 layers' records in a stage record (StageActivations); a rank keeps as many stage records as its pipeline
 schedule has microbatches in flight, one without a pipeline.
@@ -32,13 +32,13 @@ Gradients accumulate (+=) across micro-steps until gpt2_zero_grads. In BF16 the 
 and gradients are bf16.
 
 Streams. Every kernel, copy and memset of the model runs on model.stream, a non-blocking stream: it
-does not wait for the legacy stream, so llmc/zero.h's communication stream can run beside it, ordered
+does not wait for the legacy stream, so llmc/parallel/zero.h's communication stream can run beside it, ordered
 only by events. The host hands the device a whole step and waits for it once (gpt2_read_results: the
 loss and the gradient norm in one copy); the token ids of each micro-batch go up from pinned buffers
 through asynchronous copies (StagedUpload).
 
 The optimizer, with its fp32 master weights and moments, and the averaging of gradients over
-data-parallel ranks are in llmc/zero.h.
+data-parallel ranks are in llmc/parallel/zero.h.
 */
 #pragma once
 
@@ -46,27 +46,27 @@ data-parallel ranks are in llmc/zero.h.
 #include <functional>
 #include <string>
 #include <vector>
-#include "utils.h"
-#include "cuda_common.cuh"
-#include "encoder.cuh"
-#include "layernorm.cuh"
-#include "matmul.cuh"
-#include "attention.cuh"
-#include "gelu.cuh"
-#include "fused_classifier.cuh"
-#include "adamw.cuh"
-#include "global_norm.cuh"
-#include "memory.h"
+#include "../utils.h"
+#include "../cuda_common.cuh"
+#include "../kernels/encoder.cuh"
+#include "../kernels/layernorm.cuh"
+#include "../kernels/matmul.cuh"
+#include "../kernels/attention.cuh"
+#include "../kernels/gelu.cuh"
+#include "../kernels/fused_classifier.cuh"
+#include "../kernels/adamw.cuh"
+#include "../kernels/global_norm.cuh"
+#include "../planning/memory.h"
 #include "parameters.h"
-#include "tensor_parallel.h"
-#include "context_parallel.h"
-#include "recompute.h"
+#include "../parallel/tensor_parallel.h"
+#include "../parallel/context_parallel.h"
+#include "../parallel/recompute.h"
 
 // ----------------------------------------------------------------------------
 // activations
 
 // What block_backward needs from block_forward, for one (layer, micro-batch). N = B*T rows. Under tensor
-// parallelism (llmc/tensor_parallel.h) with tp ranks, a rank holds its heads' share of the attention
+// parallelism (llmc/parallel/tensor_parallel.h) with tp ranks, a rank holds its heads' share of the attention
 // (C/tp channels, NH/tp heads) and its 4C/tp hidden units; under sequence parallelism it also holds only
 // its R = N/tp rows of the residual stream and the layernorms (else R = N).
 struct BlockActivations {
@@ -87,7 +87,7 @@ struct BlockActivations {
 
 // One microbatch's pass through one pipeline stage of consecutive layers (without pipeline parallelism:
 // one stage of all L layers): everything its backward pass needs. A rank keeps a pool of these records
-// (model.records), as many as its pipeline schedule has microbatches in flight (llmc/pipeline.h).
+// (model.records), as many as its pipeline schedule has microbatches in flight (llmc/parallel/pipeline.h).
 struct StageActivations {
     floatX* input = nullptr;               // (R, C) the stage's input: the embeddings' output on the first
                                            // stage, the previous stage's output (received) on the others
@@ -117,7 +117,7 @@ struct SharedBuffers {
 
 // What the host reads from the device once per step, in one copy (gpt2_read_results).
 struct StepResults {
-    float loss;               // the mean loss (gpt2_mean_loss), averaged over ranks by llmc/zero.h
+    float loss;               // the mean loss (gpt2_mean_loss), averaged over ranks by llmc/parallel/zero.h
     float grad_norm_squared;  // the squared global gradient norm (gpt2_grad_norm_squared, zero_gradient_norm)
 };
 
@@ -147,7 +147,7 @@ struct GPT2 {
 
     floatX* params = nullptr;         // every chunk's parameters (not allocated under ZeRO-3)
     floatX* grads = nullptr;          // every chunk's gradients (not allocated under ZeRO-2 and 3)
-    // Where chunk c's parameters are when a kernel needs them: unset, in `params`; ZeRO-3 (llmc/zero.h)
+    // Where chunk c's parameters are when a kernel needs them: unset, in `params`; ZeRO-3 (llmc/parallel/zero.h)
     // gathers them from the ranks' shards on demand.
     std::function<floatX*(int chunk)> parameters_of;
 
@@ -197,10 +197,10 @@ inline void staged_upload(StagedUpload& upload, int* device, const int* host, si
 }
 
 // The pool of `count` stage records of stage_layers layers each, as the recompute policy has them
-// (llmc/recompute.h): every buffer of every layer (none); the layernorm and GELU outputs shared by all
+// (llmc/parallel/recompute.h): every buffer of every layer (none); the layernorm and GELU outputs shared by all
 // layers of all records (selective); or only the outputs at the ends of segments kept, every other buffer
 // in `segment` records that all layers of all records share (full). What the forward pass keeps counts as
-// activations, the shared buffers as workspace (llmc/memory.h counts the same).
+// activations, the shared buffers as workspace (llmc/planning/memory.h counts the same).
 inline void gpt2_allocate_records(GPT2& model, int count, int B, int T) {
     const GPT2Config& c = model.config;
     const TensorParallel& tp = model.tp;
@@ -265,7 +265,7 @@ inline void gpt2_allocate_records(GPT2& model, int count, int B, int T) {
     }
 }
 
-// The part of the model a rank runs (llmc/pipeline.h fills it in under pipeline parallelism): the
+// The part of the model a rank runs (llmc/parallel/pipeline.h fills it in under pipeline parallelism): the
 // chunks it holds (empty: all of them), the layers per stage (0: all L) and how many stage records it
 // keeps at once.
 struct ModelPart {
@@ -277,7 +277,7 @@ struct ModelPart {
 // Allocates parameters, gradients and activations for micro-batches of up to B x T; chunks padded for
 // `shards` ZeRO shards; `tp` says which tensor-parallel slice this rank holds, `recompute` what the
 // forward pass keeps, `part` which layers it runs. Without full_gradients there is no model.grads (ZeRO-2
-// keeps gradients elsewhere), without full_parameters no model.params (ZeRO-3). llmc/memory.h's
+// keeps gradients elsewhere), without full_parameters no model.params (ZeRO-3). llmc/planning/memory.h's
 // gpt2_activation_bytes counts the same buffers.
 inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, int shards = 1,
                           bool full_gradients = true, bool full_parameters = true,
@@ -507,7 +507,7 @@ std::vector<float> gpt2_initial_parameters(const ParameterLayout& layout, Normal
 //
 // Under tensor parallelism each rank runs the block on its heads and hidden units; tp_enter (f) and
 // tp_leave (g) are where the ranks talk: all-reduces, or with sequence parallelism all-gathers and
-// reduce-scatters (llmc/tensor_parallel.h). With one rank they do nothing and R = N.
+// reduce-scatters (llmc/parallel/tensor_parallel.h). With one rank they do nothing and R = N.
 
 inline void block_forward(const GPT2Config& c, const TensorParallel& tp, const ContextParallel& cp,
                           const BlockParams& p, const BlockActivations& a, SharedBuffers& s, const floatX* input,
@@ -566,7 +566,7 @@ inline void block_backward(const GPT2Config& c, const TensorParallel& tp, const 
                        R, C, stream);
 }
 
-// Selective recomputation (llmc/recompute.h): the layernorm and GELU outputs block_backward needs, which
+// Selective recomputation (llmc/parallel/recompute.h): the layernorm and GELU outputs block_backward needs, which
 // the layer did not keep, computed again from what it kept: the same kernels on the same inputs, so the
 // same bits (the statistics are written again with the values they had).
 inline void block_recompute_selective(const GPT2Config& c, const TensorParallel& tp, const BlockParams& p,
@@ -594,7 +594,7 @@ inline floatX* chunk_parameters(GPT2& model, int chunk) {
 }
 
 // What the backward pass does with each parameter chunk's gradient (chunk 0: embeddings, 1..L: blocks,
-// L+1: final layernorm), for data parallelism and ZeRO (llmc/zero.h):
+// L+1: final layernorm), for data parallelism and ZeRO (llmc/parallel/zero.h):
 //   gradient_buffer(chunk)  where the chunk's gradient accumulates; asked just before the first write to
 //                           it. Unset: its place in model.grads.
 //   chunk_final(chunk)      called as soon as the chunk's gradient (of this microbatch) is complete: the
@@ -606,7 +606,7 @@ struct BackwardHooks {
     std::function<void(int chunk)> chunk_final;
 };
 
-// A step of the model, in the pieces pipeline parallelism runs on different ranks (llmc/pipeline.h), each
+// A step of the model, in the pieces pipeline parallelism runs on different ranks (llmc/parallel/pipeline.h), each
 // for one microbatch of B sequences of T tokens and one stage record:
 //   first stage   gpt2_embed                    token ids -> record.input
 //   every stage   gpt2_stage_forward            record.input -> the stage's blocks -> the last block's output
@@ -618,7 +618,7 @@ struct BackwardHooks {
 // the logits are then used at once, and a record in flight keeps only doutput (R x C), not the logits
 // (N x Vp). gpt2_forward and gpt2_backward put the pieces together for one rank that holds every layer.
 
-// chunk c's gradient, where the hooks (llmc/zero.h) want it accumulated
+// chunk c's gradient, where the hooks (llmc/parallel/zero.h) want it accumulated
 inline floatX* gradients_of_chunk(GPT2& model, const BackwardHooks& hooks, int chunk) {
     return hooks.gradient_buffer ? hooks.gradient_buffer(chunk) : model.grads + model.layout.chunk_start(chunk);
 }
@@ -639,7 +639,7 @@ inline void gpt2_embed(GPT2& model, StageActivations& record, const int* tokens,
     staged_upload(model.inputs_upload, model.inputs, tokens, N, model.stream);
     floatX* embeddings = chunk_parameters(model, 0);  // wte (this rank's rows under tp), then wpe
     const floatX* wpe = embeddings + model.layout.offset(WPE);
-    // the positions of the rows: one chunk of all T without context parallelism (llmc/context_parallel.h)
+    // the positions of the rows: one chunk of all T without context parallelism (llmc/parallel/context_parallel.h)
     const std::vector<SequenceChunk> chunks = cp_sequence_chunks(model.cp, B, T);
     if (model.tp.size > 1) {  // all rows at once: under SP a tp slice of the rows may cut across the chunks
         vocab_parallel_embedding_forward(model.tp, record.input, model.shared.projection, model.inputs, embeddings,
@@ -737,7 +737,7 @@ inline void gpt2_head_backward(GPT2& model, StageActivations& record, int B, int
 
 // The stage's blocks backwards: record.doutput, the gradient of the stage's output, becomes the gradient of
 // its input; each block's parameter gradients accumulate and its chunk is reported final. Last block first,
-// in segments (llmc/recompute.h): under full recomputation a segment's forward passes run again from its
+// in segments (llmc/parallel/recompute.h): under full recomputation a segment's forward passes run again from its
 // checkpoint (the output kept before it, or the stage's input) to refill the shared records; under
 // selective each block first recomputes its layernorm and GELU outputs; otherwise a segment is a block.
 inline void gpt2_stage_backward(GPT2& model, StageActivations& record, int first, int B, int T,

@@ -123,7 +123,7 @@ inline std::string mesh_layout_error(const MeshLayout& layout, int world_size) {
     return "";
 }
 
-// How attention is split over the cp axis (llmc/context_parallel.h), and which positions each cp rank
+// How attention is split over the cp axis (llmc/parallel/context_parallel.h), and which positions each cp rank
 // holds: these decide what the sequence and the heads must divide by.
 enum class ContextParallelMode {
     Ring,     // ring attention: key/value blocks travel around the cp ranks

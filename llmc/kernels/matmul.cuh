@@ -55,7 +55,7 @@ for all matmuls, created by matmul_setup() (or on first use) and released by mat
 #include <tuple>
 #include <utility>
 #include <vector>
-#include "cuda_common.cuh"
+#include "../cuda_common.cuh"
 
 #ifdef LLMC_CPU
 #include <cblas.h>
@@ -163,7 +163,7 @@ Alignment is part of the key. cuBLASLt's heuristic assumes every operand starts 
 unless the preference CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_{A,B,C,D}_BYTES says less (its default is 256),
 and the algorithm it then picks may refuse a less aligned pointer (CUBLAS_STATUS_NOT_SUPPORTED) at run
 time. cudaMalloc returns 256-byte aligned memory, but the weights sit at offsets inside the layer-major
-parameter buffer (llmc/gpt2.cuh): in GPT-2 1558M every other block, and every attention projection, is
+parameter buffer (llmc/model/gpt2.cuh): in GPT-2 1558M every other block, and every attention projection, is
 only 128-byte aligned, and with chunks padded for 3 ZeRO shards the weights of 350M and 1558M can be only
 16 (dev/test_memory.cu prints the table). So each operand's alignment is the largest power of two <= 256
 that divides its address, and the preference is told exactly that. Leading dimensions need nothing here:
@@ -497,7 +497,7 @@ inline void matmul_forward(floatX* out, const floatX* inp, const floatX* weight,
 }
 
 // The backward pass in two halves, so that a caller can start sending dinp before the weight gradients
-// (llmc/tensor_parallel.h overlaps its all-reduce with them):
+// (llmc/parallel/tensor_parallel.h overlaps its all-reduce with them):
 // dinp = dout @ weight (overwrites)
 inline void matmul_backward_input(floatX* dinp, const floatX* dout, const floatX* weight, int N, int C, int OC,
                                   cudaStream_t stream) {

@@ -1,10 +1,10 @@
 /*
 Pipeline parallelism: the executor that runs a schedule's actions on a model's stages.
 
-The pp ranks of the mesh (llmc/mesh.h) each hold V consecutive runs of layers, the stages of
-llmc/pipeline_schedule.h: model stage s = v p + r of S = p V holds layers [s L/S, (s+1) L/S). The first
+The pp ranks of the mesh (llmc/parallel/mesh.h) each hold V consecutive runs of layers, the stages of
+llmc/parallel/pipeline_schedule.h: model stage s = v p + r of S = p V holds layers [s L/S, (s+1) L/S). The first
 stage also holds the embeddings, the last one the final layernorm, and the LM head, which is tied to wte:
-the last stage keeps its own copy of the embedding chunk (llmc/parameters.h's ParameterLayout holds only a
+the last stage keeps its own copy of the embedding chunk (llmc/model/parameters.h's ParameterLayout holds only a
 rank's chunks). A step's batch is cut into m microbatches, the gradient-accumulation micro-steps. The
 schedule says in which order a rank runs the forward (F) and backward (B) passes of (microbatch, virtual
 stage); pipeline_step runs any such list:
@@ -18,15 +18,15 @@ stage); pipeline_step runs any such list:
               run the stage's blocks backwards, accumulating their parameter gradients
               send the gradient of the input to stage s-1 (stage 0: the embeddings' gradients)
 
-Everything a backward pass needs from its forward pass is one stage record (llmc/gpt2.cuh's
+Everything a backward pass needs from its forward pass is one stage record (llmc/model/gpt2.cuh's
 StageActivations). A rank keeps a pool of them, as many as its schedule has microbatches in flight:
 m under gpipe, p - r under 1f1b (pipeline_record_assignment says which record each action uses).
 
-Sends do not wait for the receiver (send_async in llmc/comm.h): 1F1B's neighbours send to each other at the
+Sends do not wait for the receiver (send_async in llmc/parallel/comm.h): 1F1B's neighbours send to each other at the
 same moment, one the activations, the other a gradient, and blocking sends would deadlock them. The
 activations go out from the stage record, and the send has finished before a forward pass takes the record
 again; the gradients go out from staging buffers, each waited for where pipeline_gradient_sends
-(llmc/pipeline_schedule.h) proves it cannot deadlock. Every directed pair of neighbours has a link of its
+(llmc/parallel/pipeline_schedule.h) proves it cannot deadlock. Every directed pair of neighbours has a link of its
 own, a two-rank communicator: rank r sends activations to r+1 on one, receives them from r-1 on another,
 and the same for gradients the other way. A link then carries its messages in the same order at both
 ends (what NCCL, without tags, needs to pair a send with its receive), and on each rank one stream only
@@ -40,7 +40,7 @@ embedding); both copies then take the same AdamW step and stay equal, and the tr
 sharding): its gradient on the last stage is 0. The gradient norm counts the first stage's copy only.
 
 Data parallelism and ZeRO work within a stage: each stage's chunks are sharded and reduced over that
-stage's gradient group, exactly as without a pipeline (llmc/zero.h is unchanged but for the chunks it
+stage's gradient group, exactly as without a pipeline (llmc/parallel/zero.h is unchanged but for the chunks it
 skips). Tensor parallelism composes too: the pp links join the ranks of equal tp rank, each sending its
 R = N (N/tp under sequence parallelism) rows.
 
@@ -65,10 +65,10 @@ under sequence parallelism), s bytes per element, and this rank's V stages (mode
 #include <chrono>
 #include <string>
 #include <vector>
-#include "utils.h"
+#include "../utils.h"
 #include "comm.h"
 #include "mesh.h"
-#include "gpt2.cuh"
+#include "../model/gpt2.cuh"
 #include "zero.h"
 #include "pipeline_schedule.h"
 
@@ -118,7 +118,7 @@ inline std::string pipeline_layout_error(PipelineSchedule schedule, int p, int V
     return text;
 }
 
-// The part of the model pipeline rank `rank` runs (llmc/gpt2.cuh): its chunks, the layers per stage, and
+// The part of the model pipeline rank `rank` runs (llmc/model/gpt2.cuh): its chunks, the layers per stage, and
 // as many stage records as its schedule has microbatches in flight.
 inline ModelPart pipeline_model_part(PipelineSchedule schedule, int rank, int p, int V, int m, int num_layers) {
     ModelPart part;
@@ -350,7 +350,7 @@ inline void pipeline_finish_sends(Pipeline& pipe, GPT2& model) {
 // One training step's forward and backward passes: this rank's schedule over m microbatches of B x T
 // tokens (tokens and targets: m B T host ids, microbatch after microbatch; the first stage reads the
 // tokens, the last the targets). Each microbatch's loss gradient is scaled by dloss; gradients accumulate
-// and reach llmc/zero.h through its hooks (a chunk is final for the step with microbatch m-1).
+// and reach llmc/parallel/zero.h through its hooks (a chunk is final for the step with microbatch m-1).
 inline void pipeline_step(Pipeline& pipe, GPT2& model, Zero& optimizer, const int* tokens, const int* targets,
                           int B, int T, float dloss) {
     const size_t N = (size_t)B * T;

@@ -61,7 +61,7 @@ comes before its first backward), or m V when the warm-up is everything. Rank 0 
 #include <algorithm>
 #include <string>
 #include <vector>
-#include "utils.h"
+#include "../utils.h"
 
 enum class PipelineSchedule { GPipe, OneFOneB, Interleaved };
 
@@ -94,7 +94,7 @@ inline void pipeline_stage_layers(int rank, int virtual_stage, int p, int V, int
     *end = (s + 1) * num_layers / (p * V);
 }
 
-// Which of the L + 2 parameter chunks (llmc/parameters.h: embeddings, blocks 0..L-1, final layernorm) rank
+// Which of the L + 2 parameter chunks (llmc/model/parameters.h: embeddings, blocks 0..L-1, final layernorm) rank
 // `rank` holds: the blocks of its stages, the embedding chunk on the ranks of the first stage (the lookup)
 // and of the last (the LM head, tied to wte), the final layernorm on the last.
 inline std::vector<char> pipeline_held_chunks(int rank, int p, int V, int num_layers) {
@@ -266,7 +266,7 @@ inline std::vector<int> pipeline_record_assignment(const std::vector<PipelineAct
 
 // ----------------------------------------------------------------------------
 // timelines: what ran when. Filled by the simulator below, and by the training program from measured
-// times (llmc/pipeline.h); both are measured and written out the same way.
+// times (llmc/parallel/pipeline.h); both are measured and written out the same way.
 
 struct PipelineEvent {
     PipelineAction action;
@@ -428,7 +428,7 @@ inline PipelineTimeline pipeline_simulate(PipelineSchedule schedule, int p, int 
 
 /*
 A send completes once its receiver takes the message (NCCL's always; MPI's large ones), so a rank that waits
-for one of its sends waits for the receiver to get to the matching receive. The executor (llmc/pipeline.h)
+for one of its sends waits for the receiver to get to the matching receive. The executor (llmc/parallel/pipeline.h)
 sends a stage's output from the stage record and waits for that send before the record's next forward
 pass: safe, since that comes after the record's backward pass, which needed the next stage to have taken
 the activations and used them. The gradient of a stage's input is different: the previous stage takes it

@@ -44,10 +44,10 @@ That computes S, P and dP twice (once per kernel): per score entry 7 products of
 summed by one thread in a fixed order, so two runs give the same bits.
 
 Two implementations of these formulas, one per precision, behind the same two launchers below:
-  llmc/attention_tensor_cores.cuh   BF16 build: every product of tiles is a tensor-core mma (bf16 operands,
+  llmc/kernels/attention_tensor_cores.cuh   BF16 build: every product of tiles is a tensor-core mma (bf16 operands,
                                     fp32 accumulation), the online softmax works on the accumulator fragments
                                     in registers, tiles stream in through cp.async double buffering.
-  llmc/attention_cuda_cores.cuh     FP32 build: plain fp32 multiply-adds over tiles in shared memory; the
+  llmc/kernels/attention_cuda_cores.cuh     FP32 build: plain fp32 multiply-adds over tiles in shared memory; the
                                     exact reference path.
 Both run the same schedule: one block per tile of 64 (tensor cores) or 32 (CUDA cores) rows, the longest
 blocks first, nothing T x T ever stored (each block holds one tile of scores at a time, and the only per-row
@@ -101,7 +101,7 @@ overwriting instances pay nothing for the accumulation (no loads of the target, 
 #pragma once
 
 #include <type_traits>
-#include "cuda_common.cuh"
+#include "../cuda_common.cuh"
 
 // What the kernels get for one pair: where the queries and the keys start, the blocks' lengths, offset =
 // q_position - k_position, and the keys' row stride (3C: the k, v columns of a qkv buffer; 2C: packed).

@@ -8,11 +8,11 @@ N ranks that fit in a GPU's memory, fastest first:
     print_layout_plan(config, layout, hardware, plan);
     print_plan_search(config, plan_search(config, base, hardware), hardware, top);
 
-A layout is world = dp x pp x cp x tp ranks (llmc/mesh.h's order: tp varies fastest, then cp, pp, dp), a
-ZeRO stage (llmc/zero.h), a recompute policy (llmc/recompute.h), a pipeline schedule (llmc/pipeline.h),
+A layout is world = dp x pp x cp x tp ranks (llmc/parallel/mesh.h's order: tp varies fastest, then cp, pp, dp), a
+ZeRO stage (llmc/parallel/zero.h), a recompute policy (llmc/parallel/recompute.h), a pipeline schedule (llmc/parallel/pipeline.h),
 a micro-batch B x T per data-parallel rank and a total batch per optimizer step (the rest is the pipeline's
 microbatches, m = total / (B T dp)). Each number comes from the formula of the file that does the work:
-    memory per rank     llmc/memory.h plan_training_memory, per pp rank (the stages hold different layers,
+    memory per rank     llmc/planning/memory.h plan_training_memory, per pp rank (the stages hold different layers,
                         records in flight and the embedding / LM head); "fits" takes the largest
     bytes per step      dp: the ZeRO stage's collectives (memory.h's communication row), tp: tensor_parallel.h
     on each axis        tp_bytes_per_step, pp: pipeline.h pipeline_bytes_per_step (the busiest pp rank),
@@ -26,7 +26,7 @@ already has its forward-pass count F).
 
 The cost model of the estimated step time (one step, seconds; each term printed beside the result):
     compute   = hardware FLOPs per rank / (peak FLOP/s x efficiency)
-                hardware FLOPs = model FLOPs (llmc/mfu.h: 6 P + 12 L C T per token, P every parameter) +
+                hardware FLOPs = model FLOPs (llmc/planning/mfu.h: 6 P + 12 L C T per token, P every parameter) +
                 the recomputation's (recompute.h: full reruns every block forward, 2 P_block + 4 C T per
                 layer and token), times the tokens of the step, divided evenly over the ranks (the
                 embedding and LM head sit on the first and last pp rank; a contiguous cp split gives
@@ -38,7 +38,7 @@ The cost model of the estimated step time (one step, seconds; each term printed 
                 direction per GPU; InfiniBand NDR 400 Gb/s = 50 GB/s per GPU; peak 989 TFLOP/s (dense BF16)
     step      = (compute + tp + cp + pp) / (1 - bubble)  +  max(0, dp - compute)
 Overlap: dp (the gradient all-reduce or reduce-scatter, the ZeRO all-gathers) runs on its own stream
-while the blocks compute (llmc/zero.h reduces each chunk as soon as its gradient is final, ZeRO-3 gathers
+while the blocks compute (llmc/parallel/zero.h reduces each chunk as soon as its gradient is final, ZeRO-3 gathers
 ahead), so only the part longer than the compute shows. tp, cp and pp are counted in full: a tp all-reduce
 sits between two matmuls that need it (only f's backward overlaps, with the weight gradient), a pp send is
 the next stage's input, and ring attention hides its K/V passes only when a block's attention outlasts its
@@ -58,16 +58,16 @@ cuBLASLt's workspace and NCCL's buffers, which no formula here counts) is at mos
 #include <cstdio>
 #include <string>
 #include <vector>
-#include "utils.h"
+#include "../utils.h"
 #include "memory.h"
 #include "mfu.h"
-#include "recompute.h"
-#include "mesh.h"
-#include "parameters.h"
-#include "tensor_parallel.h"
-#include "context_parallel.h"
-#include "pipeline.h"
-#include "pipeline_schedule.h"
+#include "../parallel/recompute.h"
+#include "../parallel/mesh.h"
+#include "../model/parameters.h"
+#include "../parallel/tensor_parallel.h"
+#include "../parallel/context_parallel.h"
+#include "../parallel/pipeline.h"
+#include "../parallel/pipeline_schedule.h"
 
 // what the plan does not count but a GPU needs: the CUDA context (~0.5 GiB), cuBLASLt's 32 MiB workspace,
 // NCCL's buffers (a few hundred MiB with several communicators)
@@ -100,7 +100,7 @@ struct PlanHardware {
     int gpus_per_node = 8;
     double nvlink_bytes_per_second = 450e9;      // per direction per GPU (H100 SXM, NVLink 4)
     double infiniband_bytes_per_second = 50e9;   // per GPU (NDR, 400 Gb/s)
-    double peak_flops = 989.4e12;                // dense BF16 (H100 SXM, llmc/mfu.h)
+    double peak_flops = 989.4e12;                // dense BF16 (H100 SXM, llmc/planning/mfu.h)
     double efficiency = 0.5;                     // fraction of peak the matmuls reach
 };
 
@@ -134,7 +134,7 @@ struct LayoutPlan {
     PlanLayout layout;
 };
 
-// What llmc/memory.h's formulas need to know of a run (for the plan, and beside the measured memory).
+// What llmc/planning/memory.h's formulas need to know of a run (for the plan, and beside the measured memory).
 // `part`: a pipeline rank's part of the model; T: the positions of a sequence one rank holds (T/cp).
 inline GPT2MemoryShape gpt2_memory_shape(const GPT2Config& config, int B, int T, int multiprocessors, int tp,
                                          bool sequence_parallel, const Recompute& recompute, const ModelPart& part,
@@ -271,7 +271,7 @@ inline std::string plan_layout_name(const LayoutPlan& plan) {
 }
 
 // Per pp rank: its records in flight, memory, gradient send buffers and the bytes it sends on the pp axis
-// per step (llmc/pipeline.h's formula), and the schedule's bubble.
+// per step (llmc/parallel/pipeline.h's formula), and the schedule's bubble.
 inline void print_pipeline_plan(const GPT2Config& config, const LayoutPlan& plan, FILE* out = stdout) {
     const PlanLayout& l = plan.layout;
     const int p = l.pp, V = l.pp_virtual, m = plan.accumulation;
@@ -298,9 +298,9 @@ inline void print_plan_communication(const LayoutPlan& plan, const PlanHardware&
     const PlanLayout& l = plan.layout;
     const char* where[kPlanAxes] = {
         "the ZeRO stage's gradient and parameter collectives (the memory plan's communication row)",
-        "the tp axis (llmc/tensor_parallel.h), for this rank's layers",
-        "the pp axis (llmc/pipeline.h), the busiest pp rank",
-        "the cp axis (llmc/context_parallel.h)"};
+        "the tp axis (llmc/parallel/tensor_parallel.h), for this rank's layers",
+        "the pp axis (llmc/parallel/pipeline.h), the busiest pp rank",
+        "the cp axis (llmc/parallel/context_parallel.h)"};
     const int sizes[kPlanAxes] = {plan.dp * l.cp, l.tp, l.pp, l.cp};
     fprintf(out, "communication per step, bytes one rank sends on each axis, and the link the estimate assumes:\n");
     for (int a = 0; a < kPlanAxes; a++) {
@@ -321,7 +321,7 @@ inline void print_plan_communication(const LayoutPlan& plan, const PlanHardware&
 inline void print_plan_estimate(const LayoutPlan& plan, const PlanHardware& hw, FILE* out = stdout) {
     fprintf(out, "estimated step %.3f s = (compute %.3f + tp %.3f + cp %.3f + pp %.3f) / (1 - bubble %.3f) + dp not "
             "hidden by compute %.3f; MFU %.1f%% (%.3g tokens per step, %.3g model FLOPs, %.3g with recomputation; "
-            "peak %.0f TFLOP/s x efficiency %.2f; llmc/planner.h's cost model)\n", plan.step_seconds,
+            "peak %.0f TFLOP/s x efficiency %.2f; llmc/planning/planner.h's cost model)\n", plan.step_seconds,
             plan.compute_seconds, plan.axis_seconds[PLAN_TP], plan.axis_seconds[PLAN_CP], plan.axis_seconds[PLAN_PP],
             plan.bubble, plan.exposed_dp_seconds, 100 * plan.mfu, plan.tokens, plan.model_flops, plan.hardware_flops,
             hw.peak_flops / 1e12, hw.efficiency);
@@ -436,7 +436,7 @@ inline void print_plan_search(const GPT2Config& config, const PlanSearch& search
             base.ranks, format_bytes(hw.gpu_memory_bytes).c_str(), hw.gpus_per_node, base.batch_size, base.seq_len,
             any ? any->tokens : (double)base.total_batch_size);
     fprintf(out, "%d layouts considered: %d refused by the layout checks, %d too big, %zu fit; the %d fastest by "
-            "the estimated step time (memory: the fullest pp rank; bytes: per step and rank; llmc/planner.h: compute at %.0f TFLOP/s x %.2f, NVLink %.0f GB/s within a node, "
+            "the estimated step time (memory: the fullest pp rank; bytes: per step and rank; llmc/planning/planner.h: compute at %.0f TFLOP/s x %.2f, NVLink %.0f GB/s within a node, "
             "InfiniBand %.0f GB/s across; dp hidden behind compute, tp/cp/pp not; stretched by the bubble):\n",
             search.considered, search.refused, search.too_big, search.fitting.size(),
             std::min(top, (int)search.fitting.size()), hw.peak_flops / 1e12, hw.efficiency,

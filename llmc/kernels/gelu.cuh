@@ -21,7 +21,7 @@ Both are elementwise: a grid-stride loop over 16-byte chunks (x128). N % x128::s
 */
 #pragma once
 
-#include "cuda_common.cuh"
+#include "../cuda_common.cuh"
 
 constexpr float GELU_SQRT_2_OVER_PI = 0.7978845608028654f;
 constexpr float GELU_CUBIC_COEFFICIENT = 0.044715f;

@@ -1,7 +1,7 @@
 /*
-Causal attention on tensor cores: the BF16 build's kernels for the math in llmc/attention.cuh (which also
+Causal attention on tensor cores: the BF16 build's kernels for the math in llmc/kernels/attention.cuh (which also
 holds the layouts and the launchers' interface). FlashAttention-2's scheme, written for mma.sync m16n8k16
-(llmc/mma.cuh draws its fragments): every product of two tiles is a grid of 16 x 8 x 16 tensor-core
+(llmc/kernels/mma.cuh draws its fragments): every product of two tiles is a grid of 16 x 8 x 16 tensor-core
 multiplies with bf16 operands and fp32 accumulation, and everything between the products (masking, the
 online softmax, dS = P * (dP - D)) happens on the fp32 accumulator fragments in registers.
 
@@ -31,7 +31,7 @@ Precision: the operands of every mma are bf16 (Q, K, V, dO as stored; P and dS r
 product), all sums fp32. P's normaliser l and the statistics m, lse, D stay fp32. Rounding P costs up to 2^-9
 relative per term, the same order as storing the output in bf16.
 
-Pairs of blocks (ring attention): every kernel takes an AttentionPair (llmc/attention.cuh), so queries and
+Pairs of blocks (ring attention): every kernel takes an AttentionPair (llmc/kernels/attention.cuh), so queries and
 keys may come from different buffers at a position offset, with key and value rows (and their dK, dV)
 pair.kv_row_stride apart (a qkv buffer's k, v columns or packed k, v rows); the step ranges come from the
 pair (entirely masked steps are never visited) and the mask, applied in every step, from
@@ -51,11 +51,11 @@ opt in (opt_in_shared_memory).
 */
 #pragma once
 
-#include "cuda_common.cuh"
+#include "../cuda_common.cuh"
 #include "mma.cuh"
 
 static_assert(sizeof(floatX) == 2, "the tensor-core attention takes bf16 operands (the FP32 build uses "
-                                   "llmc/attention_cuda_cores.cuh)");
+                                   "llmc/kernels/attention_cuda_cores.cuh)");
 
 // ----------------------------------------------------------------------------
 // geometry
@@ -184,7 +184,7 @@ __device__ __forceinline__ int fragment_column(int n, int e) { return 8 * n + 2 
 
 // ----------------------------------------------------------------------------
 // forward: block (query tile of 64, h, b), the longest blocks (last query tiles) first. Key steps of 64 from
-// key 0 to the last key a row of the tile sees (the diagonal for self-attention; llmc/attention.cuh's
+// key 0 to the last key a row of the tile sees (the diagonal for self-attention; llmc/kernels/attention.cuh's
 // AttentionPair in general). Warp w: query rows 16 w .. 16 w + 15 of the tile.
 
 template <int HS>
@@ -591,7 +591,7 @@ attention_backward_dq_mma_kernel(floatX* dq_target, const floatX* dout, Attentio
 }
 
 // ----------------------------------------------------------------------------
-// launchers for one head size (llmc/attention.cuh checks the shapes and dispatches)
+// launchers for one head size (llmc/kernels/attention.cuh checks the shapes and dispatches)
 
 template <int HS>
 constexpr size_t attention_forward_shared_bytes() {

@@ -6,7 +6,7 @@ Everything else in a block works row by row (layernorms, matmuls, GELU, the resi
 it runs unchanged on the rows a rank holds. The embeddings need the right position rows of wpe, and
 attention needs every earlier position's keys and values. The parameters are the same on every cp rank;
 each computes its rows' share of their gradient, and the data-parallel reduction sums the shares
-(llmc/mesh.h's gradient group is dp x cp).
+(llmc/parallel/mesh.h's gradient group is dp x cp).
 
 The split (--cp-split). Under a causal mask position t attends to t + 1 keys, so the last positions are
 the most work. Cutting the sequence into cp contiguous pieces gives the last rank the most attention
@@ -21,10 +21,10 @@ one, so every rank does the same work. cp = 2, T = 8:
 A rank's rows are kept chunk-major: first its first chunk for all B sequences, then its second, so each
 chunk is an ordinary (B, Tc) batch whose row t sits at position chunk_position + t. The embeddings look
 up wpe chunk by chunk (cp_sequence_chunks), and the attention kernels take blocks of rows at any position
-(llmc/attention.cuh's pairs). Sequence parallelism (--tp with --sequence-parallel) then cuts the rank's
+(llmc/kernels/attention.cuh's pairs). Sequence parallelism (--tp with --sequence-parallel) then cuts the rank's
 B T/cp rows, chunk-major as they are, into tp contiguous slices: the blocks work row by row and gather the
 slices back before attention, so only the embedding minds where a slice's rows sit in the chunks
-(llmc/tensor_parallel.h's vocab_parallel_embedding_forward). T/cp must divide by tp.
+(llmc/parallel/tensor_parallel.h's vocab_parallel_embedding_forward). T/cp must divide by tp.
 
 Ring attention (--cp-mode ring; Liu et al. 2023). The keys and values of one rank's rows are a block; the
 blocks travel around the ring of cp ranks, each rank passing the block it holds to rank + 1 while it
@@ -63,12 +63,12 @@ cp_bytes_per_step is this formula; the layout test compares it with the bytes co
 
 #include <string>
 #include <vector>
-#include "cuda_common.cuh"
+#include "../cuda_common.cuh"
 #include "comm.h"
-#include "memory.h"
+#include "../planning/memory.h"
 #include "mesh.h"
-#include "attention.cuh"
-#include "encoder.cuh"
+#include "../kernels/attention.cuh"
+#include "../kernels/encoder.cuh"
 
 // ----------------------------------------------------------------------------
 // which positions a rank holds
@@ -104,7 +104,7 @@ __host__ __device__ inline int cp_chunk_index(SequenceSplit split, int cp, int r
     return split == SequenceSplit::Zigzag ? (k == 0 ? rank : 2 * cp - 1 - rank) : rank;
 }
 
-// A rank's chunks of B sequences are SequenceChunks (llmc/encoder.cuh): rows from first_row (of the rank's
+// A rank's chunks of B sequences are SequenceChunks (llmc/kernels/encoder.cuh): rows from first_row (of the rank's
 // B * T_local) on, row first_row + b T + t at position `position + t` of sequence b.
 // The chunks of cp rank `rank` (one chunk of all T_local positions without context parallelism).
 inline std::vector<SequenceChunk> cp_chunks_of_rank(const ContextParallel& cp, int rank, int B, int T_local) {

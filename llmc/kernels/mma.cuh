@@ -73,7 +73,7 @@ about divergent warps and misaligned addresses; call them as if they were not th
 */
 #pragma once
 
-#include "cuda_common.cuh"
+#include "../cuda_common.cuh"
 
 struct MmaA { uint32_t x[4]; };         // 16x16 bf16 A fragment
 struct MmaB { uint32_t x[2]; };         // 16x8 bf16 B fragment

@@ -24,7 +24,7 @@ the first and global_norm_squared_accumulate for the others, in a fixed order, t
 #pragma once
 
 #include <climits>
-#include "cuda_common.cuh"
+#include "../cuda_common.cuh"
 
 constexpr int global_norm_block_size = 512;
 

@@ -26,7 +26,7 @@ in the list (with the list), a flag given twice, and a stray argument that is no
 The reference returned by add_*() stays valid for the lifetime of the Flags object (each row is heap
 allocated, so later add_*() calls never move it).
 
-json_quote() is also used by llmc/logger.h, which writes the flags into the run's log file.
+json_quote() is also used by llmc/io/logger.h, which writes the flags into the run's log file.
 */
 #pragma once
 
@@ -40,7 +40,7 @@ json_quote() is also used by llmc/logger.h, which writes the flags into the run'
 #include <memory>
 #include <string>
 #include <vector>
-#include "utils.h"
+#include "../utils.h"
 
 // A string as a JSON string literal: quotes, backslashes and control characters escaped.
 inline std::string json_quote(const std::string& text) {

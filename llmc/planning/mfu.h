@@ -36,7 +36,7 @@ and MFU is then not reported. Variants with different clocks or unlisted numbers
 #include <cctype>
 #include <string>
 #include <vector>
-#include "utils.h"
+#include "../utils.h"
 
 inline double gpt2_flops_per_token(long long num_parameters, int num_layers, int channels, int seq_len) {
     return 6.0 * (double)num_parameters + 12.0 * (double)num_layers * (double)channels * (double)seq_len;

@@ -46,9 +46,9 @@ the bytes the program holds through cudaMalloc.
 #include <mutex>
 #include <string>
 #include <sys/stat.h>
-#include "cuda_common.cuh"
+#include "../cuda_common.cuh"
 #include "flags.h"
-#include "utils.h"
+#include "../utils.h"
 
 inline size_t device_memory_in_use_bytes() {
 #ifdef LLMC_CPU
@@ -143,7 +143,7 @@ struct StepStats {
     long long tokens = 0;       // tokens trained on in this step, all ranks together
     size_t memory_bytes = 0;    // device_memory_in_use_bytes()
     double mfu = -1.0;          // fraction of peak (0.41 = 41%); negative when the GPU's peak is unknown
-    double hfu = -1.0;          // the same for the hardware FLOPs, recomputation included (llmc/recompute.h)
+    double hfu = -1.0;          // the same for the hardware FLOPs, recomputation included (llmc/parallel/recompute.h)
     double model_flops = 0;     // this rank's share of the model's FLOPs in this step
     double hardware_flops = 0;  // ... and of the FLOPs it ran, recomputation included
     long long comm_bytes = 0;   // bytes this rank sent to other ranks during the step (0: one rank)

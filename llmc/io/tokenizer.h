@@ -22,7 +22,7 @@ tab) as \xNN escapes, so the terminal never receives broken or control sequences
 #include <string>
 #include <vector>
 
-#include "utils.h"
+#include "../utils.h"
 
 constexpr int TOKENIZER_MAGIC = 20240328;
 constexpr int TOKENIZER_VERSION = 2;

@@ -1,7 +1,7 @@
 /*
 Activation recomputation: store less in the forward pass, compute it again in the backward pass.
 
-The backward pass of a block needs what its forward pass computed (llmc/gpt2.cuh's BlockActivations).
+The backward pass of a block needs what its forward pass computed (llmc/model/gpt2.cuh's BlockActivations).
 Keeping all of it for every layer is the simplest choice and the most memory; the alternative is to keep
 some of it and run the missing part of the forward pass again, just before the block's backward pass.
 Three policies (--recompute):
@@ -25,7 +25,7 @@ Every policy gives the same bits as none: the forward kernels are deterministic,
 activation equals the stored one exactly (at ZeRO-3 the rerun gathers the same parameters again, under
 tensor parallelism the rerun's collectives add the same numbers in the same order).
 
-Hardware FLOPs. Model FLOPs utilisation counts the model's work once (llmc/mfu.h); hardware FLOPs
+Hardware FLOPs. Model FLOPs utilisation counts the model's work once (llmc/planning/mfu.h); hardware FLOPs
 utilisation (HFU) also counts the recomputation. Only matmul and attention FLOPs are counted, as MFU
 does, so selective (layernorms and GELU: elementwise) adds none; full reruns every block's forward pass:
 2 FLOPs per block parameter and token, and the attention's forward 4 C T per layer and token
@@ -36,7 +36,7 @@ does, so selective (layernorms and GELU: elementwise) adds none; full reruns eve
 #include <algorithm>
 #include <string>
 #include <vector>
-#include "utils.h"
+#include "../utils.h"
 
 enum class RecomputePolicy { None, Selective, Full };
 

@@ -9,8 +9,8 @@ slices each tensor-parallel rank keeps (tensor_slice) and the conversion between
 #include <algorithm>
 #include <string>
 #include <vector>
-#include "utils.h"
-#include "memory.h"
+#include "../utils.h"
+#include "../planning/memory.h"
 
 // ----------------------------------------------------------------------------
 // configuration
@@ -87,7 +87,7 @@ inline const TensorKindInfo& tensor_kind_info(int kind) {
     return info[kind];
 }
 
-// Tensor parallelism (llmc/tensor_parallel.h) gives each of tp ranks a slice of some tensors:
+// Tensor parallelism (llmc/parallel/tensor_parallel.h) gives each of tp ranks a slice of some tensors:
 //   column-parallel (a slice of the output features): qkvw, qkvb (this rank's heads of q, k and v), fcw, fcb
 //   row-parallel (a slice of the input features):    attprojw, fcprojw
 //   vocabulary-parallel (a slice of the rows):         wte
@@ -148,7 +148,7 @@ inline std::vector<SliceRun> tensor_slice(const GPT2Config& c, int kind, int tp,
 //   [ embedding chunk: wte wpe ][ block 0: ln1w ... fcprojb ] ... [ block L-1 ][ final chunk: lnfw lnfb ]
 // Under tensor parallelism the buffer holds tp rank `tp_rank`'s slices (tensor_slice), laid out the same
 // way. Under pipeline parallelism it holds only the chunks of this rank's stages (`held`, one flag per
-// chunk, from pipeline_held_chunks in llmc/pipeline_schedule.h): their blocks, the embedding chunk on the
+// chunk, from pipeline_held_chunks in llmc/parallel/pipeline_schedule.h): their blocks, the embedding chunk on the
 // first stage and on the last (whose LM head is tied to wte) and the final chunk on the last. A chunk not
 // held takes no room: its size is 0 and its start is that of the next chunk held. Each chunk is padded with
 // zeros to a multiple of kChunkPaddingElements (128) * shards elements (ZeRO: every rank keeps 1/shards of

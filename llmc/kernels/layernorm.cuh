@@ -45,7 +45,7 @@ of blocks depends on the device's multiprocessor count).
 */
 #pragma once
 
-#include "cuda_common.cuh"
+#include "../cuda_common.cuh"
 
 constexpr float LAYERNORM_EPSILON = 1e-5f;
 constexpr int LAYERNORM_WARPS_PER_BLOCK = 8;

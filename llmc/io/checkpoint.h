@@ -50,7 +50,7 @@ opening a large checkpoint costs nothing until its sections are used; verify_all
 #include <dirent.h>
 #include <fcntl.h>
 #include <unistd.h>
-#include "utils.h"
+#include "../utils.h"
 
 constexpr char kCheckpointMagic[8] = {'L', 'L', 'M', 'C', 'C', 'K', 'P', 'T'};
 constexpr uint32_t kCheckpointVersion = 1;

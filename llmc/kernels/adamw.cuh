@@ -37,7 +37,7 @@ rounds exactly as when updated whole. Use a new seed every step and a different 
 */
 #pragma once
 
-#include "cuda_common.cuh"
+#include "../cuda_common.cuh"
 
 // ----------------------------------------------------------------------------
 // stochastic rounding

@@ -61,13 +61,13 @@ the same stream, which orders each call's upload after the previous call's kerne
 #include <vector>
 #include <algorithm>
 #include <climits>
-#include "cuda_common.cuh"
-#include "memory.h"
+#include "../cuda_common.cuh"
+#include "../planning/memory.h"
 
 // Rows of a batch that hold consecutive positions of B sequences: row first_row + b T + t is position
 // `position + t` of sequence b. The launchers below see one chunk as an ordinary (B, T) batch whose wpe
 // starts at row `position`. A batch of whole sequences is the one chunk {0, 0, T}; a context-parallel rank
-// holds its positions as one or two chunks (llmc/context_parallel.h's cp_sequence_chunks). It lives here,
+// holds its positions as one or two chunks (llmc/parallel/context_parallel.h's cp_sequence_chunks). It lives here,
 // with the position embedding that reads it, so tensor and context parallelism both use it.
 struct SequenceChunk {
     int first_row;
@@ -281,7 +281,7 @@ void position_embedding_forward(floatX* out, const floatX* wpe, int first_row, i
 //   pieces:    3 ints per piece; every piece holds a position: max_positions
 //   partial rows: a heavy token with c positions has ceil(c / K) <= c / K + 1 pieces, so all heavy tokens
 //              together at most floor(max_positions / K) + floor(max_positions / (K+1)) rows of C floats
-// (llmc/memory.h counts the same sizes)
+// (llmc/planning/memory.h counts the same sizes)
 inline int encoder_backward_max_heavy_tokens(int max_positions) { return max_positions / (ENCODER_ROWS_PER_PIECE + 1); }
 inline int encoder_backward_max_partial_rows(int max_positions) {
     return max_positions / ENCODER_ROWS_PER_PIECE + encoder_backward_max_heavy_tokens(max_positions);

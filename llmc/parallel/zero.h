@@ -2,15 +2,15 @@
 Data parallelism and ZeRO: N ranks, each training on its own rows of the batch, sharing the optimizer work.
 
 Data parallelism (every stage). The global batch of a step is N * B rows; the data loader gives rank r the
-rows [r*B, r*B + B) of it (llmc/dataloader.h states the invariant). Each rank runs forward and backward on
+rows [r*B, r*B + B) of it (llmc/io/dataloader.h states the invariant). Each rank runs forward and backward on
 its rows, so its gradient is the mean loss gradient over ITS rows (dloss = 1 / (B * T * micro-steps)).
 The average of the N gradients is the mean over all N * B rows: exactly the gradient one rank would
 compute on the whole batch, up to the order of the additions.
 
-When. A chunk's gradient (the embeddings, one block, the final layernorm: see llmc/gpt2.cuh) is final once
+When. A chunk's gradient (the embeddings, one block, the final layernorm: see llmc/model/gpt2.cuh) is final once
 the backward pass of the LAST micro-step has gone through it; the backward pass reports each chunk as that
 happens (on one rank: final layernorm, blocks L-1 .. 0, embeddings; under pipeline parallelism each rank
-its own stages' chunks, llmc/pipeline.h) and zero_gradient_chunk_final hands it over to
+its own stages' chunks, llmc/parallel/pipeline.h) and zero_gradient_chunk_final hands it over to
 the communication stream at once, so on a GPU block l's reduction runs while block l-1's backward
 kernels run:
     compute stream:  ... backward(l) [event] backward(l-1) [event] ...           [wait] norm, AdamW
@@ -31,7 +31,7 @@ The stages (Rajbhandari et al., "ZeRO", 2020), for P parameters on N ranks:
            weights and the two AdamW moments. Gradients are all-reduced (averaged) over all ranks, and
            every rank takes the same deterministic AdamW step, so the parameters stay identical without
            being sent. Sends 2 (N-1)/N * P gradient elements per rank and step.
-  stage 1  the optimizer state is sharded: each chunk is cut into N equal shards (llmc/gpt2.cuh pads
+  stage 1  the optimizer state is sharded: each chunk is cut into N equal shards (llmc/model/gpt2.cuh pads
            chunks to make that possible) and rank r keeps master weights and moments for shard r only.
            Gradients are reduce-scattered (averaged): rank r receives just the average of shard r, updates
            the parameters of shard r, and an all-gather sends every rank the updated parameters. Sends
@@ -64,12 +64,12 @@ all of it; at stages 1-2 each rank squares its shard and the squares are summed 
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include "cuda_common.cuh"
+#include "../cuda_common.cuh"
 #include "comm.h"
 #include "mesh.h"
-#include "gpt2.cuh"
-#include "memory.h"
-#include "checkpoint.h"
+#include "../model/gpt2.cuh"
+#include "../planning/memory.h"
+#include "../io/checkpoint.h"
 #include "pipeline_schedule.h"
 
 struct AdamWConfig {
@@ -462,13 +462,13 @@ inline std::vector<float> zero_parameters(Zero& z, GPT2& model) {
 //
 // A checkpoint of S shards at tensor-parallel size T and P pipeline ranks is P*T*S files: file (p T + t) S
 // + k holds, for every chunk pipeline rank p holds, shard k of tp rank t's parameters, fp32 master weights
-// and two moments, as laid out for S shards and T slices (llmc/parameters.h pads each chunk to a multiple
+// and two moments, as laid out for S shards and T slices (llmc/model/parameters.h pads each chunk to a multiple
 // of 128 S). The embedding chunk is in the files of the first and of the last stage: the two copies are
 // equal, and a reader takes either. The ranks of the first replica group
 // write them: rank 0 writes file 0, the main file, together with everything that is not sharded (step,
 // data position, ...), after a barrier that guarantees the other files are complete, so a checkpoint
 // whose main file exists is whole.
-// Reading does not need the same layout: for_each_common_run (llmc/parameters.h) says which elements of a
+// Reading does not need the same layout: for_each_common_run (llmc/model/parameters.h) says which elements of a
 // saved tp slice are which elements of this rank's slice, so each rank copies, from every saved file, the
 // elements that fall in the shards it holds now. A run saved on 4 ranks at ZeRO-1 can continue on 2 ranks
 // at ZeRO-3, and one saved at tp 2 or pp 2 on 1 rank, or at tp 4 or pp 4.

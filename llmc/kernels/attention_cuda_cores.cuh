@@ -1,6 +1,6 @@
 /*
 Causal attention on the CUDA cores, in fp32: the FP32 build's kernels (the BF16 build runs
-llmc/attention_tensor_cores.cuh). llmc/attention.cuh states the math, the layouts and the interface; this file
+llmc/kernels/attention_tensor_cores.cuh). llmc/kernels/attention.cuh states the math, the layouts and the interface; this file
 is one way to tile it, with every product a plain loop of fp32 multiply-adds over tiles in shared memory.
 It is the exact reference path: no operand is ever rounded below fp32.
 
@@ -8,7 +8,7 @@ Tiling. A block has 128 threads and owns a tile of 32 rows (query rows in the fo
 rows in dK/dV). Query and key tiles are the same size, so causality is simple: query tile i needs key tiles
 0..i, and only the diagonal tile has masked entries. Rows and keys at or beyond T (the last tile when T is
 not a multiple of 32) load as zeros, are masked out of the softmax and are never stored. For a pair of
-blocks (ring attention; AttentionPair in llmc/attention.cuh) the same holds with Tq, Tk and the position
+blocks (ring attention; AttentionPair in llmc/kernels/attention.cuh) the same holds with Tq, Tk and the position
 offset: the tile ranges come from the pair, and the mask, applied in every tile, from AttentionPair::sees;
 key and value rows (and their dK, dV) are pair.kv_row_stride apart (a qkv buffer's k, v columns or packed).
 
@@ -53,7 +53,7 @@ default 48 KiB for the forward at HS = 128, dK/dV at HS >= 80 and dQ at HS >= 96
 */
 #pragma once
 
-#include "cuda_common.cuh"
+#include "../cuda_common.cuh"
 
 // ----------------------------------------------------------------------------
 // tile geometry, shared by all kernels of this file
@@ -210,7 +210,7 @@ __device__ __forceinline__ float row_group_max(float value) {
 
 // ----------------------------------------------------------------------------
 // forward: block (query tile, h, b); online softmax over the key tiles that hold a key visible to a row of
-// the tile (0 .. the diagonal for self-attention; llmc/attention.cuh's AttentionPair in general).
+// the tile (0 .. the diagonal for self-attention; llmc/kernels/attention.cuh's AttentionPair in general).
 // Blocks are numbered so that the longest ones (last query tiles, most key tiles) start first.
 // Thread (row, quarter): query row `row`, keys 8*quarter .. 8*quarter+7 of each key tile, output dims of
 // its quarter.
@@ -297,7 +297,7 @@ __global__ void attention_forward_kernel(floatX* out, float* lse, AttentionPair 
 }
 
 // ----------------------------------------------------------------------------
-// backward: dK and dV (D comes from llmc/attention.cuh's preprocessing kernel). Block (key tile, h, b).
+// backward: dK and dV (D comes from llmc/kernels/attention.cuh's preprocessing kernel). Block (key tile, h, b).
 // Query tiles from the first query that sees the tile's first key (the diagonal for self-attention) to the
 // end: for each,
 // recompute P and dP for the 32 x 32 tile, then dV += P^T dO and dK += dS^T Q (scaled once at the end).
@@ -471,7 +471,7 @@ __global__ void attention_backward_dq_kernel(floatX* dq_target, const floatX* do
 }
 
 // ----------------------------------------------------------------------------
-// launchers for one head size (llmc/attention.cuh checks the shapes and dispatches)
+// launchers for one head size (llmc/kernels/attention.cuh checks the shapes and dispatches)
 
 template <int HS>
 size_t attention_forward_shared_bytes() {
