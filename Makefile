@@ -23,7 +23,7 @@ else
 endif
 
 PROGRAMS := train_gpt test_gpt kernel_lab
-HEADERS := $(wildcard llmc/*.cuh llmc/*.h llmc/*/*.cuh llmc/*/*.h dev/*.h dev/*.cuh)
+HEADERS := $(wildcard llmc/*.cuh llmc/*.h llmc/*/*.cuh llmc/*/*.h dev/lab/*.h dev/lab/*.cuh dev/test/*.cuh)
 
 # --- GPU build -------------------------------------------------------------------------------------
 GPU_GENCODE := $(foreach arch,$(GPU_ARCH),-gencode arch=compute_$(arch),code=sm_$(arch))
@@ -68,43 +68,43 @@ $(1)_cpu_asan: $(2) $(HEADERS) | check-cpu-tools check-mpi-tools
 endef
 $(eval $(call program_rules,train_gpt,train_gpt.cu))
 $(eval $(call program_rules,test_gpt,test_gpt.cu))
-$(eval $(call program_rules,kernel_lab,dev/kernel_lab.cu))
+$(eval $(call program_rules,kernel_lab,dev/lab/kernel_lab.cu))
 
 # tests of the CPU execution layer itself
-build/test_cpu_layer: dev/test_cpu_layer.cu $(HEADERS) | check-cpu-tools
+build/test_cpu_layer: dev/test/test_cpu_layer.cu $(HEADERS) | check-cpu-tools
 	@mkdir -p build
 	$(CXX) $(CPU_FLAGS) -x c++ $< -o $@ $(CPU_LIBS)
-build/test_cpu_layer_asan: dev/test_cpu_layer.cu $(HEADERS) | check-cpu-tools
+build/test_cpu_layer_asan: dev/test/test_cpu_layer.cu $(HEADERS) | check-cpu-tools
 	@mkdir -p build
 	$(CXX) $(ASAN_FLAGS) -x c++ $< -o $@ $(CPU_LIBS)
 # host-side tests: flags, checkpoints, schedules, logging, MFU; data loader and tokenizer
-build/test_host: dev/test_host.cu $(HEADERS) | check-cpu-tools
+build/test_host: dev/test/test_host.cu $(HEADERS) | check-cpu-tools
 	@mkdir -p build
 	$(CXX) $(CPU_FLAGS) -x c++ $< -o $@ $(CPU_LIBS)
-build/test_data: dev/test_data.cu $(HEADERS) | check-cpu-tools
+build/test_data: dev/test/test_data.cu $(HEADERS) | check-cpu-tools
 	@mkdir -p build
 	$(CXX) $(CPU_FLAGS) -x c++ $< -o $@ $(CPU_LIBS)
 # pipeline schedules, their simulator and trace (no model); --trace writes a simulated trace to draw
-build/test_pipeline: dev/test_pipeline.cu $(HEADERS) | check-cpu-tools
+build/test_pipeline: dev/test/test_pipeline.cu $(HEADERS) | check-cpu-tools
 	@mkdir -p build
 	$(CXX) $(CPU_FLAGS) -x c++ $< -o $@ $(CPU_LIBS)
-# the communication layer and the device mesh: the CPU build runs under mpirun (scripts/run_tests.sh); the
+# the communication layer and the device mesh: the CPU build runs under mpirun (scripts/test/run_tests.sh); the
 # GPU build proves that NCCL and MPI link, and runs on one GPU when there is one
-build/test_comm: dev/test_comm.cu $(HEADERS) | check-cpu-tools check-mpi-tools
+build/test_comm: dev/test/test_comm.cu $(HEADERS) | check-cpu-tools check-mpi-tools
 	@mkdir -p build
 	$(CXX) $(CPU_FLAGS) $(MPI_COMPILE_FLAGS) -x c++ $< -o $@ $(CPU_LIBS) $(MPI_LINK_FLAGS)
-build/test_comm_gpu: dev/test_comm.cu $(HEADERS) | check-gpu-tools check-mpi-tools
+build/test_comm_gpu: dev/test/test_comm.cu $(HEADERS) | check-gpu-tools check-mpi-tools
 	@mkdir -p build
 	$(NVCC) $(NVCC_FLAGS) $(MPI_NVCC_COMPILE_FLAGS) -x cu $< -o $@ $(NVCC_LIBS) $(MPI_NVCC_LINK_FLAGS)
 # memory accounting and the --plan arithmetic
-build/test_memory: dev/test_memory.cu $(HEADERS) | check-cpu-tools check-mpi-tools
+build/test_memory: dev/test/test_memory.cu $(HEADERS) | check-cpu-tools check-mpi-tools
 	@mkdir -p build
 	$(CXX) $(CPU_FLAGS) $(MPI_COMPILE_FLAGS) -x c++ $< -o $@ $(CPU_LIBS) $(MPI_LINK_FLAGS)
 # the planner (--plan, --plan-search) against published layouts: arithmetic only, no ranks
-build/test_planner: dev/test_planner.cu $(HEADERS) | check-cpu-tools check-mpi-tools
+build/test_planner: dev/test/test_planner.cu $(HEADERS) | check-cpu-tools check-mpi-tools
 	@mkdir -p build
 	$(CXX) $(CPU_FLAGS) $(MPI_COMPILE_FLAGS) -x c++ $< -o $@ $(CPU_LIBS) $(MPI_LINK_FLAGS)
-build/test_bf16: dev/test_bf16.cpp llmc/cpu/bf16.h | check-gpu-tools
+build/test_bf16: dev/test/test_bf16.cpp llmc/cpu/bf16.h | check-gpu-tools
 	@mkdir -p build
 	$(CXX) -std=c++17 -O2 -I$(CUDA_INCLUDE) $< -o $@
 
@@ -116,14 +116,14 @@ data: $(DATA_FILES)
 $(DATA_FILES) &: data/prepare.py data/gpt2_bpe.py data/r_serialize.py
 	$(PYTHON) data/prepare.py
 
-# PyTorch reference states that test_gpt compares against (dev/gpt2_reference.py)
-build/ref/small_model.bin build/ref/small_state.bin &: dev/gpt2_reference.py
+# PyTorch reference states that test_gpt compares against (dev/test/gpt2_reference.py)
+build/ref/small_model.bin build/ref/small_state.bin &: dev/test/gpt2_reference.py
 	@mkdir -p build/ref
-	$(PYTHON) dev/gpt2_reference.py --config small --model-out build/ref/small_model.bin \
+	$(PYTHON) dev/test/gpt2_reference.py --config small --model-out build/ref/small_model.bin \
 		--state-out build/ref/small_state.bin
-build/ref/124M_model.bin build/ref/124M_state.bin &: dev/gpt2_reference.py
+build/ref/124M_model.bin build/ref/124M_state.bin &: dev/test/gpt2_reference.py
 	@mkdir -p build/ref
-	$(PYTHON) dev/gpt2_reference.py --config 124M --model-out build/ref/124M_model.bin \
+	$(PYTHON) dev/test/gpt2_reference.py --config 124M --model-out build/ref/124M_model.bin \
 		--state-out build/ref/124M_state.bin
 REFERENCES := build/ref/small_state.bin build/ref/124M_state.bin
 
@@ -135,7 +135,7 @@ train:
 
 # ---------------------------------------------------------------------------------------------------
 # test: CPU suites in both precisions and both lane orders, the sanitizer build, the GPU compile
-# (and the GPU suites when a GPU is present). scripts/run_tests.sh adds up the suites' closing lines.
+# (and the GPU suites when a GPU is present). scripts/test/run_tests.sh adds up the suites' closing lines.
 CPU_TEST_BINARIES := build/test_bf16 build/test_cpu_layer build/test_cpu_layer_asan build/test_host \
                      build/test_pipeline build/test_data build/test_comm build/test_memory build/test_planner kernel_lab_cpu kernel_lab_fp32_cpu kernel_lab_cpu_asan \
                      train_gpt_cpu train_gpt_fp32_cpu test_gpt_cpu test_gpt_fp32_cpu
@@ -144,7 +144,7 @@ test:
 	@bash scripts/install_deps.sh
 	@$(MAKE) --no-print-directory run-tests
 run-tests: $(CPU_TEST_BINARIES) $(GPU_TEST_BINARIES) $(DATA_FILES) $(REFERENCES)
-	@bash scripts/run_tests.sh
+	@bash scripts/test/run_tests.sh
 
 check-cpu-tools:
 	@bash scripts/check_tools.sh cpu

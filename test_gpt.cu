@@ -1,6 +1,6 @@
 /*
 Does train_gpt compute what PyTorch computes? This program loads a model file and a reference state
-written by dev/gpt2_reference.py (PyTorch, fp32, the same weights), runs the same batch through the
+written by dev/test/gpt2_reference.py (PyTorch, fp32, the same weights), runs the same batch through the
 same steps, and compares tensor by tensor:
   - the logits and the loss of the first forward pass,
   - every parameter gradient of the first backward pass (one line per tensor kind, worst layer shown),
@@ -13,7 +13,8 @@ Each line prints the relative error in norm, ||ours - reference|| / ||reference|
 #include <string>
 #include <vector>
 #include "llmc/model/gpt2.cuh"
-#include "llmc/parallel/zero.h"
+#include "llmc/model/forward_backward.cuh"
+#include "llmc/parallel/parallel_context.h"
 
 // ----------------------------------------------------------------------------
 // tolerances, by precision
@@ -69,7 +70,7 @@ static double relative_error_in_norm(const float* ours, const float* reference, 
 }
 
 // ----------------------------------------------------------------------------
-// the reference state file (format in dev/gpt2_reference.py)
+// the reference state file (format in dev/test/gpt2_reference.py)
 
 struct ReferenceState {
     int B = 0, T = 0, steps = 0;
@@ -150,8 +151,8 @@ int main(int argc, char** argv) {
     gpt2_allocate(model, config, ref.B, ref.T);
 
     const int B = ref.B, T = ref.T, N = B * T;
-    Zero optimizer;  // one process: stage 0, the whole optimizer state here
-    zero_init(optimizer, 0, nullptr, model, gpt2_read_parameters(model_path, layout));
+    ParallelContext par;  // one process: every axis of size 1, ZeRO stage 0 with the whole optimizer state here
+    zero_init(par.zero, 0, nullptr, model, gpt2_read_parameters(model_path, layout));
     AdamWConfig adamw;
     adamw.beta1 = ref.beta1;
     adamw.beta2 = ref.beta2;
@@ -160,7 +161,7 @@ int main(int argc, char** argv) {
 
     for (int step = 0; step < std::max(ref.steps, 1); step++) {
         gpt2_zero_grads(model);
-        gpt2_forward(model, ref.inputs.data(), B, T);
+        gpt2_forward(model, par, ref.inputs.data(), B, T);
         if (step == 0) {
             printf("first forward and backward pass\n");
             const std::vector<float> logits = download_as_float(model.logits, (size_t)N * config.padded_vocab_size,
@@ -168,8 +169,8 @@ int main(int argc, char** argv) {
             report("logits", relative_error_in_norm(logits.data(), ref.logits.data(), logits.size()),
                    kLogitsTolerance, "rel err (norm)");
         }
-        gpt2_loss(model, ref.targets.data(), B, T, 1.0f / N);
-        gpt2_backward(model, B, T);
+        gpt2_loss(model, par, ref.targets.data(), B, T, 1.0f / N);
+        gpt2_backward(model, par, B, T);
         gpt2_mean_loss(model, 1);
         gpt2_grad_norm_squared(model);
         const StepResults results = gpt2_read_results(model);
@@ -206,9 +207,9 @@ int main(int argc, char** argv) {
                    step == 0 ? kNormTolerance : kStepNormTolerance, "rel err       ");
         }
         const float scale = (ref.grad_clip > 0 && norm > ref.grad_clip) ? ref.grad_clip / norm : 1.0f;
-        zero_optimizer_step(optimizer, model, adamw, ref.learning_rate, step + 1, scale, 1234u + step);
+        zero_optimizer_step(par.zero, model, adamw, ref.learning_rate, step + 1, scale, 1234u + step);
     }
-    zero_free(optimizer);
+    zero_free(par.zero);
     gpt2_free(model);
     printf("%d passed, %d failed\n", passed, failed);
     return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;

@@ -8,7 +8,7 @@ Adding 0x7fff rounds up exactly when the discarded low half is above one half; t
 lowest bit is odd turns the exact tie into round-to-even. Infinities pass through unchanged (their low
 half is zero) and large finite values round up to infinity, as they should. NaN must stay NaN, and
 CUDA's conversion returns the canonical 0x7fff for every NaN input; so do we, so that the two builds
-produce identical bits (dev/test_cpu_layer.cpp checks this against the toolkit's own host code).
+produce identical bits (dev/test/test_bf16.cpp checks this against the toolkit's own host code).
 
 On the GPU `bf16 + bf16` is a bf16 addition that rounds. Here it would silently be an fp32 addition, so
 the arithmetic operators between two bf16 values are deleted: kernels must convert to float explicitly,

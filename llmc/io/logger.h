@@ -48,6 +48,7 @@ the bytes the program holds through cudaMalloc.
 #include <sys/stat.h>
 #include "../cuda_common.cuh"
 #include "flags.h"
+#include "../planning/mfu.h"
 #include "../utils.h"
 
 inline size_t device_memory_in_use_bytes() {
@@ -133,6 +134,12 @@ private:
     double later_total_ = 0.0;
 };
 
+// Bytes a rank sent to other ranks during a step: all of them, and those to its tp group, to the other
+// pipeline stages (activations, gradients, tied embeddings) and to its cp group (key/value blocks, all-to-alls).
+struct StepTraffic {
+    long long total = 0, tp = 0, pp = 0, cp = 0;
+};
+
 struct StepStats {
     long long step = 0;         // optimizer steps completed, counting this one
     long long total_steps = 0;
@@ -170,8 +177,39 @@ public:
     const std::string& path() const { return path_; }
 
     // Every flag's value, so that the log alone says how the run was made.
-    void config(const Flags& flags) {
-        write(JsonLine("config").raw("flags", flags.to_json()));
+    void config(const Flags& flags) { config(flags.to_json()); }
+    void config(const std::string& flags_json) { write(JsonLine("config").raw("flags", flags_json)); }
+
+    // What every step of the run shares, for the step lines: the steps, the tokens of a step (all ranks), this
+    // rank's share of a step's model FLOPs and of the FLOPs it runs (recomputation included, llmc/parallel/
+    // recompute.h), and the device's peak FLOP/s (0: unknown).
+    void run(long long total_steps, long long tokens_per_step, double model_flops, double hardware_flops,
+             double peak_flops) {
+        total_steps_ = total_steps, tokens_per_step_ = tokens_per_step, model_flops_ = model_flops;
+        hardware_flops_ = hardware_flops, peak_flops_ = peak_flops;
+    }
+
+    // A step's line, from what it measured: the statistics the log keeps, MFU (llmc/planning/mfu.h) included.
+    void step(long long number, float loss, float learning_rate, float grad_norm, double seconds,
+              const StepTraffic& traffic) {
+        StepStats stats;
+        stats.step = number;
+        stats.total_steps = total_steps_;
+        stats.loss = loss;
+        stats.learning_rate = learning_rate;
+        stats.grad_norm = grad_norm;
+        stats.seconds = seconds;
+        stats.tokens = tokens_per_step_;
+        stats.memory_bytes = device_memory_in_use_bytes();
+        stats.mfu = model_flops_utilization(model_flops_, seconds, peak_flops_);
+        stats.hfu = model_flops_utilization(hardware_flops_, seconds, peak_flops_);
+        stats.model_flops = model_flops_;
+        stats.hardware_flops = hardware_flops_;
+        stats.comm_bytes = traffic.total;
+        stats.tp_comm_bytes = traffic.tp;
+        stats.pp_comm_bytes = traffic.pp;
+        stats.cp_comm_bytes = traffic.cp;
+        step(stats);
     }
 
     void step(const StepStats& s) {
@@ -248,6 +286,8 @@ private:
     bool enabled_;
     std::chrono::steady_clock::time_point start_;
     StepTimer step_timer_;  // this run's steps only: a resumed run starts a new logger and a new mean
+    long long total_steps_ = 0, tokens_per_step_ = 0;  // set by run()
+    double model_flops_ = 0, hardware_flops_ = 0, peak_flops_ = 0;
     std::string path_;
     FILE* file_ = nullptr;
 };

@@ -1,8 +1,8 @@
 /*
 Causal attention on the CUDA cores, in fp32: the FP32 build's kernels (the BF16 build runs
-llmc/kernels/attention_tensor_cores.cuh). llmc/kernels/attention.cuh states the math, the layouts and the interface; this file
-is one way to tile it, with every product a plain loop of fp32 multiply-adds over tiles in shared memory.
-It is the exact reference path: no operand is ever rounded below fp32.
+llmc/kernels/attention_tensor_cores.cuh). llmc/kernels/attention.cuh states the math, the layouts and the interface;
+this file is one way to tile it, with every product a plain loop of fp32 multiply-adds over tiles in shared memory. It
+is the exact reference path: no operand is ever rounded below fp32.
 
 Tiling. A block has 128 threads and owns a tile of 32 rows (query rows in the forward and dQ kernels, key
 rows in dK/dV). Query and key tiles are the same size, so causality is simple: query tile i needs key tiles

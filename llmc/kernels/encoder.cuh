@@ -62,18 +62,7 @@ the same stream, which orders each call's upload after the previous call's kerne
 #include <algorithm>
 #include <climits>
 #include "../cuda_common.cuh"
-#include "../planning/memory.h"
-
-// Rows of a batch that hold consecutive positions of B sequences: row first_row + b T + t is position
-// `position + t` of sequence b. The launchers below see one chunk as an ordinary (B, T) batch whose wpe
-// starts at row `position`. A batch of whole sequences is the one chunk {0, 0, T}; a context-parallel rank
-// holds its positions as one or two chunks (llmc/parallel/context_parallel.h's cp_sequence_chunks). It lives here,
-// with the position embedding that reads it, so tensor and context parallelism both use it.
-struct SequenceChunk {
-    int first_row;
-    int position;
-    int T;
-};
+#include "../device_memory.h"
 
 // ----------------------------------------------------------------------------
 // kernels

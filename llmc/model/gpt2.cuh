@@ -1,5 +1,6 @@
 /*
-GPT-2: the model, its parameters, and one layer's forward and backward pass.
+GPT-2: the model's shape, its tensors and activation records, and its files. What it computes, block by
+block, is in llmc/model/forward_backward.cuh.
 
 The network, for a batch of B sequences of T tokens (C channels, NH heads, L layers, vocabulary V padded
 to Vp rows of the embedding table):
@@ -16,7 +17,9 @@ after them. A chunk is the unit that gets sharded, gathered, owned by a pipeline
 gradient bucket, so "block l's parameters" is always one pointer and one length. llm.c's model files are
 tensor-major (each tensor for all layers, then the next tensor); gpt2_read_parameters and gpt2_save
 convert. Under tensor parallelism (llmc/parallel/tensor_parallel.h) a rank's chunks hold its slices of the
-tensors, and the passes below call the tp collectives between the matmuls; with one rank they do nothing.
+tensors. Which part of the model a rank holds, and how, is a ModelPart, which its parallel context decides
+(llmc/parallel/parallel_context.h's model_part); the model keeps the sizes that follow from it, not the
+parallel state itself.
 
 The block is the unit of work: block_forward(l) reads block l-1's output and writes an activation record
 for layer l (everything block_backward needs: the layernorm statistics, qkv, the attention output and its
@@ -32,10 +35,10 @@ Gradients accumulate (+=) across micro-steps until gpt2_zero_grads. In BF16 the 
 and gradients are bf16.
 
 Streams. Every kernel, copy and memset of the model runs on model.stream, a non-blocking stream: it
-does not wait for the legacy stream, so llmc/parallel/zero.h's communication stream can run beside it, ordered
-only by events. The host hands the device a whole step and waits for it once (gpt2_read_results: the
-loss and the gradient norm in one copy); the token ids of each micro-batch go up from pinned buffers
-through asynchronous copies (StagedUpload).
+does not wait for the legacy stream, so the parallel techniques' streams (llmc/parallel/) can run beside
+it, ordered only by events. The host hands the device a whole step and waits for it once
+(gpt2_read_results: the loss and the gradient norm in one copy); the token ids of each micro-batch go up
+from pinned buffers through asynchronous copies (StagedUpload).
 
 The optimizer, with its fp32 master weights and moments, and the averaging of gradients over
 data-parallel ranks are in llmc/parallel/zero.h.
@@ -43,7 +46,6 @@ data-parallel ranks are in llmc/parallel/zero.h.
 #pragma once
 
 #include <cmath>
-#include <functional>
 #include <string>
 #include <vector>
 #include "../utils.h"
@@ -56,10 +58,8 @@ data-parallel ranks are in llmc/parallel/zero.h.
 #include "../kernels/fused_classifier.cuh"
 #include "../kernels/adamw.cuh"
 #include "../kernels/global_norm.cuh"
-#include "../planning/memory.h"
+#include "../device_memory.h"
 #include "parameters.h"
-#include "../parallel/tensor_parallel.h"
-#include "../parallel/context_parallel.h"
 #include "../parallel/recompute.h"
 
 // ----------------------------------------------------------------------------
@@ -70,6 +70,9 @@ data-parallel ranks are in llmc/parallel/zero.h.
 // (C/tp channels, NH/tp heads) and its 4C/tp hidden units; under sequence parallelism it also holds only
 // its R = N/tp rows of the residual stream and the layernorms (else R = N).
 struct BlockActivations {
+    const floatX* input;  // (R, C)   the block's input: the stage's input or the previous block's output
+    floatX* dresidual;    // (R, C)   the residual stream's gradient, which the backward pass carries down the
+                          //          stage's blocks (the stage record's doutput)
     floatX* ln1;        // (R, C)   layernorm1 output
     float* ln1_mean;    // (R)
     float* ln1_rstd;    // (R)
@@ -136,20 +139,16 @@ struct StagedUpload {
 
 struct GPT2 {
     GPT2Config config;
-    TensorParallel tp;                // this rank's slice of every matmul (one rank: the whole model)
-    ContextParallel cp;               // this rank's positions of every sequence (one rank: all of them)
-    Recompute recompute;              // what the forward pass keeps, what the backward pass computes again
-    ParameterLayout layout;           // the chunks this rank holds (pipeline parallelism: its stages')
+    ParameterLayout layout;           // the chunks this rank holds (pipeline parallelism: its stages'; tensor
+                                      // parallelism: its slices of them)
     int max_batch = 0, max_seq = 0;   // the B and T the activations were sized for
     int stage_layers = 0;             // layers per pipeline stage (L without pipeline parallelism)
     bool first_stage = true;          // holds layer 0: the embeddings' lookup
     bool last_stage = true;           // holds layer L-1: the final layernorm, the LM head and the loss
 
-    floatX* params = nullptr;         // every chunk's parameters (not allocated under ZeRO-3)
+    floatX* params = nullptr;         // every chunk's parameters (not allocated under ZeRO-3, which gathers
+                                      // them from the ranks' shards when a kernel needs them)
     floatX* grads = nullptr;          // every chunk's gradients (not allocated under ZeRO-2 and 3)
-    // Where chunk c's parameters are when a kernel needs them: unset, in `params`; ZeRO-3 (llmc/parallel/zero.h)
-    // gathers them from the ranks' shards on demand.
-    std::function<floatX*(int chunk)> parameters_of;
 
     // the pool of stage records; under recomputation some of their pointers lead to buffers the layers
     // and records share (gpt2_allocate_records), which the backward pass fills again before use
@@ -196,17 +195,35 @@ inline void staged_upload(StagedUpload& upload, int* device, const int* host, si
     cudaCheck(cudaEventRecord(upload.copied[slot], stream));
 }
 
-// The pool of `count` stage records of stage_layers layers each, as the recompute policy has them
+// The part of the model a rank holds and runs, and how it keeps it: what its place on each parallel axis
+// decides (llmc/parallel/parallel_context.h's model_part; the defaults are one rank's whole model).
+struct ModelPart {
+    // pipeline parallelism (llmc/parallel/pipeline_schedule.h's pipeline_model_part): the chunks it holds
+    // (empty: all of them), the layers per stage (0: all L), how many stage records it keeps at once
+    std::vector<char> held_chunks;
+    int stage_layers = 0;
+    int records = 1;
+    // tensor parallelism: this rank's slice of every matmul; sequence parallelism: its 1/tp of the rows
+    int tp = 1, tp_rank = 0;
+    bool sequence_parallel = false;
+    // ZeRO: chunks padded for `shards` shards; whole parameters below stage 3, whole gradients below stage 2
+    int shards = 1;
+    bool full_parameters = true, full_gradients = true;
+    Recompute recompute;  // what the forward pass keeps
+    // rows of the residual stream of N token rows: N, or this rank's N/tp under sequence parallelism
+    size_t rows(size_t N) const { return sequence_parallel ? N / tp : N; }
+};
+
+// The pool of part.records stage records of stage_layers layers each, as the recompute policy has them
 // (llmc/parallel/recompute.h): every buffer of every layer (none); the layernorm and GELU outputs shared by all
 // layers of all records (selective); or only the outputs at the ends of segments kept, every other buffer
 // in `segment` records that all layers of all records share (full). What the forward pass keeps counts as
 // activations, the shared buffers as workspace (llmc/planning/memory.h counts the same).
-inline void gpt2_allocate_records(GPT2& model, int count, int B, int T) {
+inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int T) {
     const GPT2Config& c = model.config;
-    const TensorParallel& tp = model.tp;
-    const Recompute& r = model.recompute;
-    const size_t N = (size_t)B * T, C = c.channels, layers = model.stage_layers, R = tp_rows(tp, (int)N);
-    const size_t attention = C / tp.size, hidden = 4 * C / tp.size, heads = c.num_heads / tp.size;
+    const Recompute& r = part.recompute;
+    const size_t N = (size_t)B * T, C = c.channels, layers = model.stage_layers, R = part.rows(N);
+    const size_t attention = C / part.tp, hidden = 4 * C / part.tp, heads = c.num_heads / part.tp;
     auto buffer = [&](size_t count, size_t element_bytes, MemoryKind kind) {
         void* pointer = tracked_alloc<char>(count * element_bytes, kind);
         model.record_buffers.push_back(pointer);
@@ -243,7 +260,7 @@ inline void gpt2_allocate_records(GPT2& model, int count, int B, int T) {
         ln2 = values(R * C, MemoryKind::Workspace);
         fch_gelu = values(N * hidden, MemoryKind::Workspace);
     }
-    model.records.resize(count);
+    model.records.resize(part.records);
     for (StageActivations& stage : model.records) {
         stage.input = values(R * C, MemoryKind::Activations);
         stage.doutput = values(R * C, MemoryKind::Activations);
@@ -262,35 +279,22 @@ inline void gpt2_allocate_records(GPT2& model, int count, int B, int T) {
                 a.fch_gelu = fch_gelu;
             }
         }
+        for (int i = 0; i < (int)layers; i++) {
+            stage.blocks[i].input = i == 0 ? stage.input : stage.blocks[i - 1].output;
+            stage.blocks[i].dresidual = stage.doutput;
+        }
     }
 }
 
-// The part of the model a rank runs (llmc/parallel/pipeline.h fills it in under pipeline parallelism): the
-// chunks it holds (empty: all of them), the layers per stage (0: all L) and how many stage records it
-// keeps at once.
-struct ModelPart {
-    std::vector<char> held_chunks;
-    int stage_layers = 0;
-    int records = 1;
-};
-
-// Allocates parameters, gradients and activations for micro-batches of up to B x T; chunks padded for
-// `shards` ZeRO shards; `tp` says which tensor-parallel slice this rank holds, `recompute` what the
-// forward pass keeps, `part` which layers it runs. Without full_gradients there is no model.grads (ZeRO-2
-// keeps gradients elsewhere), without full_parameters no model.params (ZeRO-3). llmc/planning/memory.h's
+// Allocates parameters, gradients and activations for micro-batches of up to B x T, for the part of the
+// model `part` says this rank holds. Without full_gradients there is no model.grads (ZeRO-2 keeps gradients
+// elsewhere), without full_parameters no model.params (ZeRO-3). llmc/planning/memory.h's
 // gpt2_activation_bytes counts the same buffers.
-inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, int shards = 1,
-                          bool full_gradients = true, bool full_parameters = true,
-                          const TensorParallel& tp = TensorParallel{}, const Recompute& recompute = Recompute{},
-                          const ModelPart& part = ModelPart{}, const ContextParallel& cp = ContextParallel{}) {
+inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, const ModelPart& part = ModelPart{}) {
     gpt2_validate_config(config, "model");
     if (T > config.max_seq_len) fatal("sequence length %d exceeds the model's maximum %d", T, config.max_seq_len);
     model.config = config;
-    model.tp = tp;
-    tp_streams_create(model.tp);
-    model.recompute = recompute;
-    model.cp = cp;
-    model.layout = ParameterLayout(config, shards, tp.size, tp.rank, part.held_chunks);
+    model.layout = ParameterLayout(config, part.shards, part.tp, part.tp_rank, part.held_chunks);
     model.max_batch = B;
     model.max_seq = T;
     model.stage_layers = part.stage_layers > 0 ? part.stage_layers : config.num_layers;
@@ -299,21 +303,21 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, i
     cudaCheck(cudaStreamCreateWithFlags(&model.stream, cudaStreamNonBlocking));
     const size_t P = model.layout.total;
     const size_t N = (size_t)B * T, C = config.channels;
-    const size_t R = tp_rows(tp, (int)N);                                  // rows of the residual stream
-    const size_t attention = C / tp.size, hidden = 4 * C / tp.size, heads = config.num_heads / tp.size;
+    const size_t R = part.rows(N);                                         // rows of the residual stream
+    const size_t attention = C / part.tp, hidden = 4 * C / part.tp, heads = config.num_heads / part.tp;
 
-    if (full_parameters) model.params = tracked_alloc<floatX>(P, MemoryKind::Parameters);
-    if (full_gradients) {
+    if (part.full_parameters) model.params = tracked_alloc<floatX>(P, MemoryKind::Parameters);
+    if (part.full_gradients) {
         model.grads = tracked_alloc<floatX>(P, MemoryKind::Gradients);
         cudaCheck(cudaMemsetAsync(model.grads, 0, P * sizeof(floatX), model.stream));
     }
 
-    gpt2_allocate_records(model, part.records, B, T);
+    gpt2_allocate_records(model, part, B, T);
     if (model.last_stage) {
         model.lnf = tracked_alloc<floatX>(R * C, MemoryKind::Activations);
         model.lnf_mean = tracked_alloc<float>(R, MemoryKind::Activations);
         model.lnf_rstd = tracked_alloc<float>(R, MemoryKind::Activations);
-        model.logits = tracked_alloc<floatX>(N * (config.padded_vocab_size / tp.size), MemoryKind::Activations);
+        model.logits = tracked_alloc<floatX>(N * (config.padded_vocab_size / part.tp), MemoryKind::Activations);
         model.losses = tracked_alloc<float>(N, MemoryKind::Activations);
         model.targets = tracked_alloc<int>(N, MemoryKind::Activations);
     }
@@ -330,8 +334,8 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, i
     s.dchannels = tracked_alloc<floatX>(N * C, MemoryKind::Workspace);
     s.dhidden = tracked_alloc<floatX>(N * hidden, MemoryKind::Workspace);
     s.dqkv = tracked_alloc<floatX>(N * 3 * attention, MemoryKind::Workspace);
-    s.gathered = tp.sequence_parallel ? tracked_alloc<floatX>(N * C, MemoryKind::Workspace) : nullptr;
-    s.softmax_stats = tp.size > 1 && model.last_stage ? tracked_alloc<float>(4 * N, MemoryKind::Workspace) : nullptr;
+    s.gathered = part.sequence_parallel ? tracked_alloc<floatX>(N * C, MemoryKind::Workspace) : nullptr;
+    s.softmax_stats = part.tp > 1 && model.last_stage ? tracked_alloc<float>(4 * N, MemoryKind::Workspace) : nullptr;
     s.attention_D = tracked_alloc<float>(N * heads, MemoryKind::Workspace);
     // the widest matmul with a bias gradient: fc (4C/tp) or a row-parallel projection (C)
     s.matmul_scratch = tracked_alloc<float>(matmul_backward_scratch_floats((int)N, (int)std::max(C, hidden)),
@@ -339,7 +343,6 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, i
     s.layernorm_scratch = tracked_alloc<float>(layernorm_backward_scratch_floats((int)R, (int)C), MemoryKind::Workspace);
     s.norm_scratch = tracked_alloc<float>(global_norm_scratch_count(), MemoryKind::Workspace);
     if (model.first_stage) encoder_backward_workspace_create(&s.encoder_workspace, (int)N, (int)C);
-    cp_create(model.cp, B, T, (int)attention, (int)heads);
 }
 
 inline void gpt2_free(GPT2& model) {
@@ -356,8 +359,6 @@ inline void gpt2_free(GPT2& model) {
                     (void*)s.gathered, (void*)s.softmax_stats, (void*)s.attention_D, (void*)s.matmul_scratch, (void*)s.layernorm_scratch, (void*)s.norm_scratch})
         tracked_free(p);
     if (model.first_stage) encoder_backward_workspace_free(&s.encoder_workspace);
-    tp_streams_destroy(model.tp);
-    cp_destroy(model.cp);
     cudaCheck(cudaStreamDestroy(model.stream));
     model = GPT2{};
 }
@@ -503,300 +504,11 @@ std::vector<float> gpt2_initial_parameters(const ParameterLayout& layout, Normal
 }
 
 // ----------------------------------------------------------------------------
-// one block, forward and backward (N = B*T rows)
-//
-// Under tensor parallelism each rank runs the block on its heads and hidden units; tp_enter (f) and
-// tp_leave (g) are where the ranks talk: all-reduces, or with sequence parallelism all-gathers and
-// reduce-scatters (llmc/parallel/tensor_parallel.h). With one rank they do nothing and R = N.
-
-inline void block_forward(const GPT2Config& c, const TensorParallel& tp, const ContextParallel& cp,
-                          const BlockParams& p, const BlockActivations& a, SharedBuffers& s, const floatX* input,
-                          int B, int T, cudaStream_t stream) {
-    const int N = B * T, C = c.channels, R = tp_rows(tp, N);
-    const int heads = c.num_heads / tp.size, attention = C / tp.size, hidden = 4 * C / tp.size;
-    // x + attproj(attention(qkv(layernorm1(x)))): qkv column-parallel (this rank's heads), attproj row-parallel
-    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, input, p.ln1w, p.ln1b, R, C, stream);
-    const floatX* ln1 = tp_enter(tp, a.ln1, s.gathered, N, C, stream);
-    matmul_forward(a.qkv, ln1, p.qkvw, p.qkvb, N, C, 3 * attention, stream);
-    cp_attention_forward(cp, a.atty, a.lse, a.qkv, B, T, attention, heads, stream);  // [cp ring or Ulysses]
-    matmul_forward(s.projection, a.atty, p.attprojw, tp_row_parallel_bias(tp, p.attprojb), N, attention, C, stream);
-    const floatX* attention_branch = tp_leave(tp, s.projection, N, C, stream);
-    fused_residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, input, attention_branch, p.ln2w,
-                                     p.ln2b, R, C, stream);
-    // + fcproj(gelu(fc(layernorm2(.)))): fc column-parallel (this rank's hidden units), fcproj row-parallel
-    const floatX* ln2 = tp_enter(tp, a.ln2, s.gathered, N, C, stream);
-    matmul_forward(a.fch, ln2, p.fcw, p.fcb, N, C, hidden, stream);
-    gelu_forward(a.fch_gelu, a.fch, (size_t)N * hidden, stream);
-    matmul_forward(s.projection, a.fch_gelu, p.fcprojw, tp_row_parallel_bias(tp, p.fcprojb), N, hidden, C, stream);
-    const floatX* mlp_branch = tp_leave(tp, s.projection, N, C, stream);
-    residual_forward(a.output, a.residual2, mlp_branch, (size_t)R * C, stream);
-}
-
-// dresidual: in, the gradient of the block's output; out, the gradient of its input (this rank's R rows).
-// The block's parameter gradients accumulate into g. The steps run the forward pass backwards.
-inline void block_backward(const GPT2Config& c, const TensorParallel& tp, const ContextParallel& cp,
-                           const BlockParams& p, const BlockParams& g, const BlockActivations& a, const floatX* input,
-                           floatX* dresidual, SharedBuffers& s, int B, int T, cudaStream_t stream) {
-    const int N = B * T, C = c.channels, R = tp_rows(tp, N);
-    const int heads = c.num_heads / tp.size, attention = C / tp.size, hidden = 4 * C / tp.size;
-    // output = residual2 + fcproj(gelu(fc(ln2))): dresidual is the gradient of both terms
-    const floatX* dmlp = tp_leave_backward(tp, dresidual, s.gathered, N, C, stream);
-    matmul_backward(s.dhidden, g.fcprojw, g.fcprojb, s.matmul_scratch, dmlp, a.fch_gelu, p.fcprojw, N, hidden, C,
-                    stream);
-    gelu_backward(s.dhidden, a.fch, s.dhidden, (size_t)N * hidden, stream);
-    const floatX* ln2 = tp_enter(tp, a.ln2, s.gathered, N, C, stream);  // gathered again under SP
-    matmul_backward_input(s.dchannels, s.dhidden, p.fcw, N, C, hidden, stream);
-    const floatX* dln2 = tp_enter_backward(tp, s.dchannels, N, C, stream);  // summed beside the next line
-    matmul_backward_weights(g.fcw, g.fcb, s.matmul_scratch, s.dhidden, ln2, N, C, hidden, stream);
-    tp_join(tp, stream);
-    layernorm_backward(dresidual, g.ln2w, g.ln2b, s.layernorm_scratch, dln2, a.residual2, p.ln2w, a.ln2_mean,
-                       a.ln2_rstd, R, C, stream);
-    // residual2 = input + attproj(attention(qkv(ln1))): dresidual is now the gradient of residual2
-    const floatX* dattention = tp_leave_backward(tp, dresidual, s.gathered, N, C, stream);
-    matmul_backward(s.dchannels, g.attprojw, g.attprojb, s.matmul_scratch, dattention, a.atty, p.attprojw, N,
-                    attention, C, stream);
-    cp_attention_backward(cp, s.dqkv, s.attention_D, s.dchannels, a.qkv, a.atty, a.lse, B, T, attention, heads,
-                          stream);  // [cp ring or Ulysses]
-    const floatX* ln1 = tp_enter(tp, a.ln1, s.gathered, N, C, stream);
-    matmul_backward_input(s.dchannels, s.dqkv, p.qkvw, N, C, 3 * attention, stream);
-    const floatX* dln1 = tp_enter_backward(tp, s.dchannels, N, C, stream);  // summed beside the next line
-    matmul_backward_weights(g.qkvw, g.qkvb, s.matmul_scratch, s.dqkv, ln1, N, C, 3 * attention, stream);
-    tp_join(tp, stream);
-    layernorm_backward(dresidual, g.ln1w, g.ln1b, s.layernorm_scratch, dln1, input, p.ln1w, a.ln1_mean, a.ln1_rstd,
-                       R, C, stream);
-}
-
-// Selective recomputation (llmc/parallel/recompute.h): the layernorm and GELU outputs block_backward needs, which
-// the layer did not keep, computed again from what it kept: the same kernels on the same inputs, so the
-// same bits (the statistics are written again with the values they had).
-inline void block_recompute_selective(const GPT2Config& c, const TensorParallel& tp, const BlockParams& p,
-                                      const BlockActivations& a, const floatX* input, int B, int T,
-                                      cudaStream_t stream) {
-    const int N = B * T, C = c.channels, R = tp_rows(tp, N), hidden = 4 * C / tp.size;
-    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, input, p.ln1w, p.ln1b, R, C, stream);
-    layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2w, p.ln2b, R, C, stream);
-    gelu_forward(a.fch_gelu, a.fch, (size_t)N * hidden, stream);
-}
-
-// ----------------------------------------------------------------------------
-// the whole model
-
-// Checks a batch's token ids before they index any table.
-inline void check_token_ids(const int* tokens, size_t count, int vocab_size, const char* what) {
-    for (size_t i = 0; i < count; i++)
-        if (tokens[i] < 0 || tokens[i] >= vocab_size)
-            fatal("%s: token id %d at position %zu is outside the vocabulary [0, %d)", what, tokens[i], i, vocab_size);
-}
-
-// chunk c's parameters (0: embeddings, 1..L: blocks, L+1: final layernorm)
-inline floatX* chunk_parameters(GPT2& model, int chunk) {
-    return model.parameters_of ? model.parameters_of(chunk) : model.params + model.layout.chunk_start(chunk);
-}
-
-// What the backward pass does with each parameter chunk's gradient (chunk 0: embeddings, 1..L: blocks,
-// L+1: final layernorm), for data parallelism and ZeRO (llmc/parallel/zero.h):
-//   gradient_buffer(chunk)  where the chunk's gradient accumulates; asked just before the first write to
-//                           it. Unset: its place in model.grads.
-//   chunk_final(chunk)      called as soon as the chunk's gradient (of this microbatch) is complete: the
-//                           final layernorm after the LM head's backward pass, each block after its own,
-//                           the embeddings after the last of the lookup's and the LM head's shares (on
-//                           one rank: in the order final layernorm, blocks L-1 .. 0, embeddings).
-struct BackwardHooks {
-    std::function<floatX*(int chunk)> gradient_buffer;
-    std::function<void(int chunk)> chunk_final;
-};
-
-// A step of the model, in the pieces pipeline parallelism runs on different ranks (llmc/parallel/pipeline.h), each
-// for one microbatch of B sequences of T tokens and one stage record:
-//   first stage   gpt2_embed                    token ids -> record.input
-//   every stage   gpt2_stage_forward            record.input -> the stage's blocks -> the last block's output
-//   last stage    gpt2_head_forward, gpt2_loss  -> logits -> loss, and the logits replaced by dlogits
-//                 gpt2_head_backward            -> record.doutput, the gradient of the last block's output
-//   every stage   gpt2_stage_backward           record.doutput -> the gradient of record.input, in place
-//   first stage   gpt2_embed_backward           -> the embeddings' gradients
-// The loss's backward pass through the LM head runs right after the loss, in the forward part of the step:
-// the logits are then used at once, and a record in flight keeps only doutput (R x C), not the logits
-// (N x Vp). gpt2_forward and gpt2_backward put the pieces together for one rank that holds every layer.
-
-// chunk c's gradient, where the hooks (llmc/parallel/zero.h) want it accumulated
-inline floatX* gradients_of_chunk(GPT2& model, const BackwardHooks& hooks, int chunk) {
-    return hooks.gradient_buffer ? hooks.gradient_buffer(chunk) : model.grads + model.layout.chunk_start(chunk);
-}
-inline void chunk_final(const BackwardHooks& hooks, int chunk) {
-    if (hooks.chunk_final) hooks.chunk_final(chunk);
-}
-
-// First stage: x = wte[tokens] + wpe[positions] into record.input (tokens: host ids).
-inline void gpt2_embed(GPT2& model, StageActivations& record, const int* tokens, int B, int T) {
-    const GPT2Config& c = model.config;
-    const int N = B * T, C = c.channels;
-    if (B > model.max_batch || T > model.max_seq)
-        fatal("batch %d x %d exceeds the allocated %d x %d", B, T, model.max_batch, model.max_seq);
-    if (model.tp.sequence_parallel && N % model.tp.size != 0)
-        fatal("sequence parallelism: %d x %d rows do not split over tp %d", B, T, model.tp.size);
-    check_token_ids(tokens, N, c.vocab_size, "input batch");
-    record.tokens.assign(tokens, tokens + N);
-    staged_upload(model.inputs_upload, model.inputs, tokens, N, model.stream);
-    floatX* embeddings = chunk_parameters(model, 0);  // wte (this rank's rows under tp), then wpe
-    const floatX* wpe = embeddings + model.layout.offset(WPE);
-    // the positions of the rows: one chunk of all T without context parallelism (llmc/parallel/context_parallel.h)
-    const std::vector<SequenceChunk> chunks = cp_sequence_chunks(model.cp, B, T);
-    if (model.tp.size > 1) {  // all rows at once: under SP a tp slice of the rows may cut across the chunks
-        vocab_parallel_embedding_forward(model.tp, record.input, model.shared.projection, model.inputs, embeddings,
-                                         wpe, chunks, B, T, C, c.padded_vocab_size, model.stream);
-        return;
-    }
-    for (const SequenceChunk& chunk : chunks)
-        encoder_forward(record.input + (size_t)chunk.first_row * C, model.inputs + chunk.first_row, embeddings,
-                        wpe + (size_t)chunk.position * C, B, chunk.T, C, model.stream);
-}
-
-// The blocks first .. first + stage_layers - 1 on record.input.
-inline void gpt2_stage_forward(GPT2& model, StageActivations& record, int first, int B, int T) {
-    for (int i = 0; i < model.stage_layers; i++) {
-        const floatX* input = i == 0 ? record.input : record.blocks[i - 1].output;
-        block_forward(model.config, model.tp, model.cp,
-                      block_params_in_chunk(chunk_parameters(model, first + i + 1), model.layout), record.blocks[i],
-                      model.shared, input, B, T, model.stream);
-    }
-}
-
-// Last stage: the final layernorm of the stage's output, then the logits (model.logits: N x Vp, or this
-// tensor-parallel rank's N x Vp/tp columns).
-inline void gpt2_head_forward(GPT2& model, const StageActivations& record, int B, int T) {
-    const GPT2Config& c = model.config;
-    const int N = B * T, C = c.channels, L = c.num_layers;
-    floatX* final_layernorm = chunk_parameters(model, L + 1);  // lnfw, then lnfb
-    layernorm_forward(model.lnf, model.lnf_mean, model.lnf_rstd, record.blocks.back().output, final_layernorm,
-                      final_layernorm + C, tp_rows(model.tp, N), C, model.stream);
-    // the LM head: column-parallel over the vocabulary (wte's rows), so f comes before it
-    const floatX* lnf = tp_enter(model.tp, model.lnf, model.shared.gathered, N, C, model.stream);
-    matmul_forward(model.logits, lnf, chunk_parameters(model, 0), nullptr, N, C, c.padded_vocab_size / model.tp.size,
-                   model.stream);
-}
-
-// Forward pass of B sequences of T tokens (host ids) up to the logits, on a rank that holds every layer
-// (record 0).
-inline void gpt2_forward(GPT2& model, const int* inputs, int B, int T) {
-    if (!model.first_stage || !model.last_stage) fatal("gpt2_forward needs every layer on this rank");
-    StageActivations& record = model.records[0];
-    gpt2_embed(model, record, inputs, B, T);
-    gpt2_stage_forward(model, record, 0, B, T);
-    gpt2_head_forward(model, record, B, T);
-}
-
-// Cross-entropy of the logits against `targets` (host ids). Adds the mean loss over the N positions to
-// model.loss_sum on the device (gpt2_mean_loss, then gpt2_read_results, bring it to the host). Replaces
-// the logits by dloss * dloss_i/dlogits, ready for gpt2_head_backward: dloss = 1 / (N * micro-steps) makes the
-// accumulated gradient that of the mean loss over the whole batch.
-inline void gpt2_loss(GPT2& model, const int* targets, int B, int T, float dloss) {
-    const GPT2Config& c = model.config;
-    const int N = B * T;
-    check_token_ids(targets, N, c.vocab_size, "target batch");
-    staged_upload(model.targets_upload, model.targets, targets, N, model.stream);
-    if (model.tp.size == 1) {
-        fused_classifier(model.logits, model.losses, dloss, model.targets, N, c.vocab_size, c.padded_vocab_size,
-                         model.stream);
-    } else {
-        vocab_parallel_cross_entropy(model.tp, model.logits, model.losses, model.shared.softmax_stats, dloss,
-                                     model.targets, N, c.vocab_size, c.padded_vocab_size, model.stream);
-    }
-    accumulate_mean_loss(model.loss_sum, model.losses, N, model.stream);
-}
+// the step's results
 
 // model.results->loss = the mean of the `count` losses gpt2_loss added up since the last call.
 inline void gpt2_mean_loss(GPT2& model, int count) {
     finish_mean_loss(&model.results->loss, model.loss_sum, count, model.stream);
-}
-
-// Last stage, after gpt2_loss: the loss's gradient through the LM head (its share of dwte) and the final
-// layernorm into record.doutput. The final layernorm's gradient is then complete for this microbatch.
-inline void gpt2_head_backward(GPT2& model, StageActivations& record, int B, int T, const BackwardHooks& hooks) {
-    const GPT2Config& c = model.config;
-    const TensorParallel& tp = model.tp;
-    const int N = B * T, C = c.channels, R = tp_rows(tp, N), final_chunk = model.layout.num_chunks() - 1;
-    SharedBuffers& s = model.shared;
-    // logits = lnf @ wte^T: the LM head's share of dwte, and the gradient of lnf (f's backward sums the
-    // tp ranks' shares of it)
-    floatX* embedding_grads = gradients_of_chunk(model, hooks, 0);  // wte, then wpe
-    const floatX* lnf = tp_enter(tp, model.lnf, s.gathered, N, C, model.stream);
-    const int vocab_columns = c.padded_vocab_size / tp.size;
-    matmul_backward_input(s.dchannels, model.logits, chunk_parameters(model, 0), N, C, vocab_columns, model.stream);
-    const floatX* dlnf = tp_enter_backward(tp, s.dchannels, N, C, model.stream);  // summed beside the next line
-    matmul_backward_weights(embedding_grads, nullptr, s.matmul_scratch, model.logits, lnf, N, C, vocab_columns,
-                            model.stream);
-    tp_join(tp, model.stream);
-    // lnf = layernorm(x_L): the residual stream's gradient starts here
-    floatX* final_grads = gradients_of_chunk(model, hooks, final_chunk);  // lnfw, then lnfb
-    cudaCheck(cudaMemsetAsync(record.doutput, 0, (size_t)R * C * sizeof(floatX), model.stream));
-    layernorm_backward(record.doutput, final_grads, final_grads + C, s.layernorm_scratch, dlnf,
-                       record.blocks.back().output, chunk_parameters(model, final_chunk), model.lnf_mean,
-                       model.lnf_rstd, R, C, model.stream);
-    chunk_final(hooks, final_chunk);
-}
-
-// The stage's blocks backwards: record.doutput, the gradient of the stage's output, becomes the gradient of
-// its input; each block's parameter gradients accumulate and its chunk is reported final. Last block first,
-// in segments (llmc/parallel/recompute.h): under full recomputation a segment's forward passes run again from its
-// checkpoint (the output kept before it, or the stage's input) to refill the shared records; under
-// selective each block first recomputes its layernorm and GELU outputs; otherwise a segment is a block.
-inline void gpt2_stage_backward(GPT2& model, StageActivations& record, int first, int B, int T,
-                                const BackwardHooks& hooks) {
-    const GPT2Config& c = model.config;
-    const ParameterLayout& layout = model.layout;
-    const Recompute& recompute = model.recompute;
-    const int layers = model.stage_layers, segment = recompute_segment(recompute, layers);
-    auto input_of = [&](int i) -> const floatX* { return i == 0 ? record.input : record.blocks[i - 1].output; };
-    auto params_of = [&](int i) { return block_params_in_chunk(chunk_parameters(model, first + i + 1), layout); };
-    for (int start = (layers - 1) / segment * segment; start >= 0; start -= segment) {
-        const int end = std::min(start + segment, layers);
-        if (recompute.policy == RecomputePolicy::Full)
-            for (int i = start; i < end; i++)
-                block_forward(c, model.tp, model.cp, params_of(i), record.blocks[i], model.shared, input_of(i), B, T,
-                              model.stream);
-        for (int i = end - 1; i >= start; i--) {
-            const BlockParams params = params_of(i);
-            if (recompute.policy == RecomputePolicy::Selective)
-                block_recompute_selective(c, model.tp, params, record.blocks[i], input_of(i), B, T, model.stream);
-            const int chunk = first + i + 1;
-            block_backward(c, model.tp, model.cp, params,
-                           block_params_in_chunk(gradients_of_chunk(model, hooks, chunk), layout), record.blocks[i],
-                           input_of(i), record.doutput, model.shared, B, T, model.stream);
-            chunk_final(hooks, chunk);
-        }
-    }
-}
-
-// First stage: the embeddings' gradients from record.doutput (the gradient of block 0's input). Whether
-// the embedding chunk is then final depends on the LM head's share, so the caller reports it.
-inline void gpt2_embed_backward(GPT2& model, const StageActivations& record, int B, int T,
-                                const BackwardHooks& hooks) {
-    const GPT2Config& c = model.config;
-    const int C = c.channels;
-    SharedBuffers& s = model.shared;
-    floatX* embedding_grads = gradients_of_chunk(model, hooks, 0);  // wte, then wpe
-    floatX* dwpe = embedding_grads + model.layout.offset(WPE);
-    const std::vector<SequenceChunk> chunks = cp_sequence_chunks(model.cp, B, T);
-    if (model.tp.size > 1) {  // every row's gradient first (gathered under SP), then chunk by chunk
-        vocab_parallel_embedding_backward(model.tp, embedding_grads, dwpe, &s.encoder_workspace, record.doutput,
-                                          s.gathered, record.tokens.data(), chunks, B, T, C, c.padded_vocab_size,
-                                          model.stream);
-        return;
-    }
-    for (const SequenceChunk& chunk : chunks)
-        encoder_backward(embedding_grads, dwpe + (size_t)chunk.position * C, &s.encoder_workspace,
-                         record.doutput + (size_t)chunk.first_row * C, record.tokens.data() + chunk.first_row, B,
-                         chunk.T, C, model.stream);
-}
-
-// Backward pass after gpt2_forward + gpt2_loss on the same batch, on a rank that holds every layer;
-// gradients accumulate (+=).
-inline void gpt2_backward(GPT2& model, int B, int T, const BackwardHooks& hooks = {}) {
-    StageActivations& record = model.records[0];
-    gpt2_head_backward(model, record, B, T, hooks);
-    gpt2_stage_backward(model, record, 0, B, T, hooks);
-    gpt2_embed_backward(model, record, B, T, hooks);
-    chunk_final(hooks, 0);
 }
 
 inline void gpt2_zero_grads(GPT2& model) {

@@ -10,10 +10,13 @@ slices each tensor-parallel rank keeps (tensor_slice) and the conversion between
 #include <string>
 #include <vector>
 #include "../utils.h"
-#include "../planning/memory.h"
 
 // ----------------------------------------------------------------------------
 // configuration
+
+// Every parameter chunk is padded to a multiple of this many elements per ZeRO shard (ParameterLayout
+// below), so chunks and shards start 256 bytes apart in bf16.
+constexpr size_t kChunkPaddingElements = 128;
 
 struct GPT2Config {
     int max_seq_len = 0;        // rows of wpe
@@ -217,6 +220,13 @@ struct ParameterLayout {
         int first = kind < LN1W ? WTE : kind > FCPROJB ? LNFW : LN1W;
         for (int k = first; k < kind; k++) start += elements(k);
         return start;
+    }
+    // Whether this buffer's copy of tensor `kind` counts in the model's gradient norm, where other ranks hold
+    // copies of it: a tensor every tp rank holds whole (tensor_is_replicated) counts on tp rank 0 only, and
+    // the embeddings on the first pipeline stage only (the last stage's LM head holds a tied copy).
+    bool counts_in_norm(int kind) const {
+        const bool tied_copy = (kind == WTE || kind == WPE) && !holds(1);
+        return (tp_rank == 0 || !tensor_is_replicated(kind)) && !tied_copy;
     }
     // calls fn(kind, layer, count) for every tensor instance held, in the model file's order
     template <class Function>

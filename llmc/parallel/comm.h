@@ -68,7 +68,7 @@ Every MPI and NCCL call is checked; a failure stops the program with one line na
 #include <thread>
 #include <unistd.h>
 #include "../cuda_common.cuh"
-#include "../planning/memory.h"
+#include "../device_memory.h"
 #include "../utils.h"
 
 #define OMPI_SKIP_MPICXX 1  // the C API is all we use; OpenMPI's deprecated C++ bindings stay out

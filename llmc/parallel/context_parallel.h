@@ -61,17 +61,67 @@ cp_bytes_per_step is this formula; the layout test compares it with the bytes co
 */
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <vector>
 #include "../cuda_common.cuh"
 #include "comm.h"
-#include "../planning/memory.h"
-#include "mesh.h"
+#include "../device_memory.h"
 #include "../kernels/attention.cuh"
 #include "../kernels/encoder.cuh"
+#include "../io/logger.h"
+
+// ----------------------------------------------------------------------------
+// the split and the mode, and what they need of the model
+
+// How attention is split over the cp axis (llmc/parallel/context_parallel.h), and which positions each cp rank
+// holds: these decide what the sequence and the heads must divide by.
+enum class ContextParallelMode {
+    Ring,     // ring attention: key/value blocks travel around the cp ranks
+    Ulysses,  // all-to-all swaps a sequence split for a head split: each tp rank's heads divide over cp
+};
+enum class SequenceSplit {
+    Zigzag,      // 2 cp chunks, rank i holding chunks i and 2cp-1-i, so every rank gets the same share of
+                 // the causal mask's work
+    Contiguous,  // cp chunks, rank i holding chunk i
+};
+
+// The one line that says why a sequence of seq_len positions cannot be split over cp ranks ("" when it
+// can): zigzag cuts it into 2 cp chunks, contiguous into cp; Ulysses hands each cp rank heads / tp / cp of
+// each tp rank's heads.
+inline std::string cp_layout_error(int cp, ContextParallelMode mode, SequenceSplit split, int seq_len, int num_heads,
+                                   int tp) {
+    const int chunks = split == SequenceSplit::Zigzag ? 2 * cp : cp;
+    char text[256];
+    text[0] = '\0';
+    if (cp > 1 && seq_len % chunks != 0) {
+        snprintf(text, sizeof(text), "sequence length %d cannot be split %s over cp %d: it must be a multiple of "
+                 "%s%d", seq_len, split == SequenceSplit::Zigzag ? "zigzag" : "contiguously", cp,
+                 split == SequenceSplit::Zigzag ? "2*cp = " : "cp = ", chunks);
+    } else if (cp > 1 && mode == ContextParallelMode::Ulysses && (num_heads / tp) % cp != 0) {
+        snprintf(text, sizeof(text), "%d attention heads per tp rank cannot be split over Ulysses cp %d: heads / "
+                 "tp must be a multiple of cp", num_heads / tp, cp);
+    }
+    return text;
+}
+// Stops with that line if the sequence cannot be split.
+inline void cp_check_layout(int cp, ContextParallelMode mode, SequenceSplit split, int seq_len, int num_heads, int tp) {
+    const std::string error = cp_layout_error(cp, mode, split, seq_len, num_heads, tp);
+    if (!error.empty()) fatal("%s", error.c_str());
+}
 
 // ----------------------------------------------------------------------------
 // which positions a rank holds
+
+// Rows of a batch that hold consecutive positions of B sequences: row first_row + b T + t is position
+// `position + t` of sequence b. The embeddings' launchers (llmc/kernels/encoder.cuh) see one chunk as an
+// ordinary (B, T) batch whose wpe starts at row `position`. A batch of whole sequences is the one chunk
+// {0, 0, T}; a context-parallel rank holds its positions as one or two chunks (cp_sequence_chunks below).
+struct SequenceChunk {
+    int first_row;
+    int position;
+    int T;
+};
 
 struct ContextParallel {
     int size = 1;                                  // cp: ranks that split every sequence
@@ -227,6 +277,21 @@ inline float cp_attention_milliseconds(ContextParallel& cp) {
     cp.marks.clear();
     cp.measuring = false;
     return total;
+}
+
+// After the measured step: each cp rank's time in its attention kernels (the ring's waits left out), gathered
+// over the cp axis (a collective) and printed by rank 0 with max/min, the split's load balance, and logged.
+inline void cp_report_attention_balance(ContextParallel& cp, Logger& logger, bool main_rank, cudaStream_t stream) {
+    const std::vector<float> times = gather_values(*cp.group, cp_attention_milliseconds(cp), stream);
+    if (!main_rank) return;
+    const float slowest = *std::max_element(times.begin(), times.end());
+    const float fastest = *std::min_element(times.begin(), times.end());
+    std::string list;
+    for (int r = 0; r < cp.size; r++) list += (r ? ", " : "") + std::to_string(times[r]);
+    printf("attention time per cp rank (%s split, %s), last step: %s ms; max/min %.3f\n", cp_split_name(cp.split),
+           cp_mode_name(cp.mode), list.c_str(), fastest > 0 ? slowest / fastest : 0.0f);
+    logger.write(JsonLine("attention_balance").text("split", cp_split_name(cp.split)).text("mode", cp_mode_name(cp.mode))
+                     .raw("milliseconds", "[" + list + "]").number("max_over_min", fastest > 0 ? slowest / fastest : 0));
 }
 
 // ----------------------------------------------------------------------------

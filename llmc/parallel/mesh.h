@@ -123,22 +123,8 @@ inline std::string mesh_layout_error(const MeshLayout& layout, int world_size) {
     return "";
 }
 
-// How attention is split over the cp axis (llmc/parallel/context_parallel.h), and which positions each cp rank
-// holds: these decide what the sequence and the heads must divide by.
-enum class ContextParallelMode {
-    Ring,     // ring attention: key/value blocks travel around the cp ranks
-    Ulysses,  // all-to-all swaps a sequence split for a head split: each tp rank's heads divide over cp
-};
-enum class SequenceSplit {
-    Zigzag,      // 2 cp chunks, rank i holding chunks i and 2cp-1-i, so every rank gets the same share of
-                 // the causal mask's work
-    Contiguous,  // cp chunks, rank i holding chunk i
-};
-
-inline std::string mesh_model_error(const MeshLayout& layout, int num_layers, int num_heads, int seq_len,
-                                    ContextParallelMode cp_mode, SequenceSplit split) {
-    const int tp = layout.sizes[TP], pp = layout.sizes[PP], cp = layout.sizes[CP];
-    const int chunks = split == SequenceSplit::Zigzag ? 2 * cp : cp;
+inline std::string mesh_model_error(const MeshLayout& layout, int num_layers, int num_heads) {
+    const int tp = layout.sizes[TP], pp = layout.sizes[PP];
     char text[256];
     text[0] = '\0';
     if (num_heads % tp != 0) {
@@ -147,21 +133,13 @@ inline std::string mesh_model_error(const MeshLayout& layout, int num_layers, in
     } else if (num_layers % pp != 0) {
         snprintf(text, sizeof(text), "%d layers cannot be split into pp %d pipeline stages: layers must be a "
                  "multiple of pp", num_layers, pp);
-    } else if (cp > 1 && seq_len % chunks != 0) {
-        snprintf(text, sizeof(text), "sequence length %d cannot be split %s over cp %d: it must be a multiple of "
-                 "%s%d", seq_len, split == SequenceSplit::Zigzag ? "zigzag" : "contiguously", cp,
-                 split == SequenceSplit::Zigzag ? "2*cp = " : "cp = ", chunks);
-    } else if (cp > 1 && cp_mode == ContextParallelMode::Ulysses && (num_heads / tp) % cp != 0) {
-        snprintf(text, sizeof(text), "%d attention heads per tp rank cannot be split over Ulysses cp %d: heads / "
-                 "tp must be a multiple of cp", num_heads / tp, cp);
     }
     return text;
 }
 
 // Stops with one line if this model cannot be laid out on this mesh.
-inline void mesh_check_model(const Mesh& mesh, int num_layers, int num_heads, int seq_len,
-                             ContextParallelMode cp_mode, SequenceSplit split) {
-    std::string error = mesh_model_error(mesh.layout, num_layers, num_heads, seq_len, cp_mode, split);
+inline void mesh_check_model(const Mesh& mesh, int num_layers, int num_heads) {
+    std::string error = mesh_model_error(mesh.layout, num_layers, num_heads);
     if (!error.empty()) fatal("%s", error.c_str());
 }
 

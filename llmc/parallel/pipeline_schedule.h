@@ -13,7 +13,7 @@ A schedule is a function (schedule, rank, p, m, V) -> the ordered list of this r
 "forward or backward of microbatch j on virtual stage v". An executor (the training program) runs any
 such list: before a forward it receives the input (except at stage 0), after it sends the output (except at
 stage S-1); backwards the other way. Because a schedule is only data, it can be printed, simulated and
-tested without a model (dev/test_pipeline.cu), and drawn from the trace of a real or simulated run
+tested without a model (dev/test/test_pipeline.cu), and drawn from the trace of a real or simulated run
 (scripts/pipeline_timeline.py).
 
 The three schedules, for m microbatches on p ranks:
@@ -172,7 +172,7 @@ inline std::vector<PipelineAction> interleaved_actions(int rank, int p, int m, i
     // for the smallest bubble. The standard form doubles the p - r - 1: once a send takes time, every
     // message in the steady state would stall the rank, and these extra forwards (p - r - 1 more records)
     // absorb the wait. With sends of 0.1 f, p = 4, m = 16, V = 2: 53.9 f per step, 57.9 f without them
-    // (dev/test_pipeline.cu checks both claims).
+    // (dev/test/test_pipeline.cu checks both claims).
     for (int i = 0; i < warmup; i++) actions.push_back(interleaved_action(PipelineAction::Forward, forwards++, p, V));
     // steady state: one forward, one backward
     while (forwards < total) {

@@ -70,9 +70,10 @@ tp_bytes_per_step below is this formula; the layout test compares it with the by
 #include <vector>
 #include "../cuda_common.cuh"
 #include "comm.h"
-#include "../planning/memory.h"
+#include "../device_memory.h"
 #include "../model/parameters.h"
 #include "../kernels/encoder.cuh"
+#include "context_parallel.h"
 #include "../kernels/fused_classifier.cuh"
 
 // ----------------------------------------------------------------------------
@@ -218,11 +219,11 @@ inline const floatX* tp_leave_backward(const TensorParallel& tp, const floatX* m
 // vocabulary-parallel embedding and loss
 
 // encoded (this rank's rows) = wte[tokens] + wpe[positions]. tokens: the N = B T ids of the batch's rows
-// (device), whose positions `chunks` give (llmc/kernels/encoder.cuh's SequenceChunk: one chunk {0, 0, T} of whole
-// sequences, or a context-parallel rank's one or two). `scratch`: N x C, used under SP.
-// The lookup and the sum over ranks see all N rows at once, so under SP the reduce-scatter hands this rank
-// its slice of the N rows, the same slice the blocks work on; the slice may start or end inside a chunk,
-// or straddle two, so the positions are added chunk by chunk on the part of the slice each chunk holds.
+// (device), whose positions `chunks` give (llmc/parallel/context_parallel.h's SequenceChunk: one chunk {0, 0, T} of
+// whole sequences, or a context-parallel rank's one or two). `scratch`: N x C, used under SP. The lookup and the sum
+// over ranks see all N rows at once, so under SP the reduce-scatter hands this rank its slice of the N rows, the same
+// slice the blocks work on; the slice may start or end inside a chunk, or straddle two, so the positions are added
+// chunk by chunk on the part of the slice each chunk holds.
 inline void vocab_parallel_embedding_forward(const TensorParallel& tp, floatX* encoded, floatX* scratch,
                                              const int* tokens, const floatX* wte_slice, const floatX* wpe,
                                              const std::vector<SequenceChunk>& chunks, int B, int T, int C, int Vp,
@@ -307,10 +308,6 @@ inline void tp_sum_sequence_parallel_gradients(const TensorParallel& tp, floatX*
         sum(LN2W, chunk - 1);
     }
 }
-
-// Whether this rank counts tensor `kind` in the global gradient norm: every rank its slices, rank 0 alone
-// the replicated tensors (every rank holds the same gradient for them).
-inline bool tp_counts_in_norm(const TensorParallel& tp, int kind) { return tp.rank == 0 || !tensor_is_replicated(kind); }
 
 // ----------------------------------------------------------------------------
 // the formula for the bytes counted on the tp axis (see the top of the file)

@@ -10,7 +10,7 @@ compute on the whole batch, up to the order of the additions.
 When. A chunk's gradient (the embeddings, one block, the final layernorm: see llmc/model/gpt2.cuh) is final once
 the backward pass of the LAST micro-step has gone through it; the backward pass reports each chunk as that
 happens (on one rank: final layernorm, blocks L-1 .. 0, embeddings; under pipeline parallelism each rank
-its own stages' chunks, llmc/parallel/pipeline.h) and zero_gradient_chunk_final hands it over to
+its own stages' chunks, llmc/parallel/pipeline.h) and zero_reduce_chunk hands it over to
 the communication stream at once, so on a GPU block l's reduction runs while block l-1's backward
 kernels run:
     compute stream:  ... backward(l) [event] backward(l-1) [event] ...           [wait] norm, AdamW
@@ -19,7 +19,7 @@ No kernel of the step writes a chunk's gradient after it was handed over, and th
 the comm stream. Both streams are non-blocking (neither waits for the legacy stream nor for the other),
 so events are the only order between them; the CPU build checks that they suffice by holding back each
 stream's work until a wait or a sync forces it (LLMC_CPU_LATE_STREAMS, llmc/cpu/runtime.h;
-scripts/test_streams.sh, and scripts/mutate_waits.sh deletes each wait in turn). The waits:
+scripts/test/test_streams.sh, and scripts/test/mutate_waits.sh deletes each wait in turn). The waits:
     comm waits for compute   chunk_ready, before a chunk's reduction (its gradient is complete) and before a
                              gather (the kernels that read the buffer's previous chunk have been issued)
     compute waits for comm   reductions_done, before the gradient norm and AdamW; gather_done[w], before a
@@ -68,9 +68,7 @@ all of it; at stages 1-2 each rank squares its shard and the squares are summed 
 #include "comm.h"
 #include "mesh.h"
 #include "../model/gpt2.cuh"
-#include "../planning/memory.h"
-#include "../io/checkpoint.h"
-#include "pipeline_schedule.h"
+#include "../device_memory.h"
 
 struct AdamWConfig {
     float beta1 = 0.9f;
@@ -87,7 +85,7 @@ struct Zero {
     Communicator* data_parallel = nullptr;   // every data-parallel rank (stage 0 averages over it); null: one process
     Communicator* shard_group = nullptr;     // stages 1, 2: the ranks that split one copy of the state
     Communicator* replicate_group = nullptr; // stages 1, 2: the ranks holding the same shard (HSDP)
-    Communicator* pipeline_group = nullptr;  // the pipeline's stages, which hold different chunks (pp > 1)
+    bool last_microbatch = true;             // the backward pass now running is the step's last microbatch's
 
     float* master = nullptr;                 // this rank's shard: fp32 master weights (BF16 build only)
     float* m = nullptr;                      // ... AdamW's first moment
@@ -188,7 +186,6 @@ inline void zero_init(Zero& z, int stage, Mesh* mesh, GPT2& model, const std::ve
         z.data_parallel = &mesh->gradient;
         z.shard_group = &mesh->shard;
         z.replicate_group = &mesh->axis[DP_REPLICATE];
-        if (mesh->layout.sizes[PP] > 1) z.pipeline_group = &mesh->axis[PP];
     }
     const size_t shard_total = model.layout.total / z.shards;
     const floatX* params_of_shard = nullptr;  // this rank's parameters, where shard_start() points
@@ -206,7 +203,6 @@ inline void zero_init(Zero& z, int stage, Mesh* mesh, GPT2& model, const std::ve
             z.gathered[w] = tracked_alloc<floatX>(sizes[w], MemoryKind::Parameters);
             cudaCheck(cudaEventCreateWithFlags(&z.gather_done[w], cudaEventDisableTiming));
         }
-        model.parameters_of = [&z, &model](int chunk) { return zero_gather_chunk(z, model, chunk); };
     }
     z.m = tracked_alloc<float>(shard_total, MemoryKind::OptimizerState);
     z.v = tracked_alloc<float>(shard_total, MemoryKind::OptimizerState);
@@ -266,21 +262,43 @@ inline void zero_begin_step(Zero& z, GPT2& model) {
     }
 }
 
-// stage 2: the working buffer for chunk c, once the comm stream has reduced and cleared its last use
-inline floatX* zero_gradient_buffer(Zero& z, GPT2& model, int chunk) {
+// ----------------------------------------------------------------------------
+// the model's way in: where a chunk's parameters and gradients are (llmc/model/forward_backward.cuh calls these
+// at the points where a block needs them)
+
+// Chunk c's parameters, ready for kernels on the compute stream: in model.params, or at stage 3 gathered from
+// the ranks' shards (zero_gather_chunk).
+inline floatX* zero_parameters_of(Zero& z, GPT2& model, int chunk) {
+    return z.stage == 3 ? zero_gather_chunk(z, model, chunk) : model.params + model.layout.chunk_start(chunk);
+}
+
+// Where chunk c's gradient accumulates: its place in model.grads, or at stages 2 and 3 the working buffer
+// for it, once the comm stream has reduced and cleared that buffer's last use. Asked just before the first
+// write to the chunk's gradient.
+inline floatX* zero_gradients_of(Zero& z, GPT2& model, int chunk) {
+    if (z.stage < 2) return model.grads + model.layout.chunk_start(chunk);
     const int w = working_buffer_of(z, chunk);
     cudaCheck(cudaStreamWaitEvent(model.stream, z.working_free[w], 0));
     return z.working[w];
 }
 
-// Called when chunk c's gradient is complete: averages it over the data-parallel ranks, whole (stage 0) or
-// into this rank's shard (stages 1, 2), on the comm stream once the compute stream got there. Stages 0 and
-// 1 act on the last micro-step only; stage 2 on every micro-step (see zero_backward_hooks).
-inline void zero_gradient_chunk_final(Zero& z, GPT2& model, int chunk, bool last_micro_step) {
-    // sequence parallelism: the layernorm gradients are each tp rank's share until summed; on the compute
-    // stream, the only stream that talks to the tp group
-    floatX* chunk_grads = z.stage >= 2 ? z.working[working_buffer_of(z, chunk)] : model.grads + z.layout->chunk_start(chunk);
-    tp_sum_sequence_parallel_gradients(model.tp, chunk_grads, *z.layout, chunk, model.stream);
+// Before each microbatch's backward pass: whether it is the step's last.
+inline void zero_begin_microbatch(Zero& z, bool last) { z.last_microbatch = last; }
+
+// Whether a chunk's gradient, once complete, is reduced now: on the step's last microbatch, or on every one
+// at stages 2 and 3 (there is no full-size gradient buffer to accumulate in).
+inline bool zero_reduces_now(const Zero& z) { return z.stage >= 2 || z.last_microbatch; }
+
+// The buffer chunk c's gradient is in before its reduction (what zero_gradients_of handed out).
+inline floatX* zero_unreduced_gradient(Zero& z, GPT2& model, int chunk) {
+    return z.stage >= 2 ? z.working[working_buffer_of(z, chunk)] : model.grads + model.layout.chunk_start(chunk);
+}
+
+// Called when chunk c's gradient is complete and zero_reduces_now: averages it over the data-parallel
+// ranks, whole (stage 0) or into this rank's shard (stages 1, 2, 3), on the comm stream once the compute
+// stream got there.
+inline void zero_reduce_chunk(Zero& z, GPT2& model, int chunk) {
+    floatX* chunk_grads = zero_unreduced_gradient(z, model, chunk);
     const bool alone = z.data_parallel == nullptr || z.data_parallel->size == 1;
     if (z.stage == 0 && alone) return;
     cudaCheck(cudaEventRecord(z.chunk_ready, model.stream));
@@ -296,7 +314,7 @@ inline void zero_gradient_chunk_final(Zero& z, GPT2& model, int chunk, bool last
                                       z.comm_stream));
         }
         residual_forward(shard, shard, z.reduced, count, z.comm_stream);  // the running sum over micro-steps
-        if (last_micro_step && z.replicate_group && z.replicate_group->size > 1)
+        if (z.last_microbatch && z.replicate_group && z.replicate_group->size > 1)
             all_reduce(*z.replicate_group, shard, count, Reduction::Average, z.comm_stream);
         cudaCheck(cudaMemsetAsync(z.working[w], 0, z.layout->chunk_size(chunk) * sizeof(floatX), z.comm_stream));
         cudaCheck(cudaEventRecord(z.working_free[w], z.comm_stream));
@@ -316,29 +334,19 @@ inline void zero_gradient_chunk_final(Zero& z, GPT2& model, int chunk, bool last
     }
 }
 
-// The backward pass's hooks for one micro-step.
-inline BackwardHooks zero_backward_hooks(Zero& z, GPT2& model, bool last_micro_step) {
-    BackwardHooks hooks;
-    if (z.stage >= 2) hooks.gradient_buffer = [&z, &model](int chunk) { return zero_gradient_buffer(z, model, chunk); };
-    if (z.stage >= 2 || last_micro_step)
-        hooks.chunk_final = [&z, &model, last_micro_step](int chunk) {
-            zero_gradient_chunk_final(z, model, chunk, last_micro_step);
-        };
-    return hooks;
-}
-
 // Makes the compute stream wait for every reduction handed over so far.
 inline void zero_wait_for_gradients(Zero& z, GPT2& model) {
     cudaCheck(cudaEventRecord(z.reductions_done, z.comm_stream));
     cudaCheck(cudaStreamWaitEvent(model.stream, z.reductions_done, 0));
 }
 
-// model.results->grad_norm_squared = the squared L2 norm of the averaged gradient of the whole model (the
-// same value on every rank), on the compute stream after zero_wait_for_gradients. Each rank adds the
-// squares of the gradient it holds (all of it at stage 0, its shard from stage 1), leaving out, under
-// tensor parallelism, the replicated tensors on every tp rank but rank 0 (tp_counts_in_norm), and under
-// pipeline parallelism the last stage's copy of the embeddings (the first stage's counts); the sum over the
-// shard group, the tp group and the pipeline's stages is the model's.
+// model.results->grad_norm_squared = this rank's part of the squared L2 norm of the averaged gradient, on
+// the compute stream after zero_wait_for_gradients: the squares of the gradient it holds (all of it at stage
+// 0, its shard from stage 1), summed over the shard group. Of a tensor that other ranks hold copies of, only
+// one copy counts: the parameter layout says which (ParameterLayout::counts_in_norm: under tensor parallelism
+// the replicated tensors on tp rank 0, under pipeline parallelism the first stage's embeddings). The sum
+// over the ranks that hold different parts of the model (tp, pp) is the model's
+// (llmc/parallel/parallel_context.h's gradient_norm).
 inline void zero_gradient_norm(Zero& z, GPT2& model) {
     const ParameterLayout& layout = *z.layout;
     const floatX* grads = z.stage == 0 ? model.grads : z.grad_shard;
@@ -352,8 +360,7 @@ inline void zero_gradient_norm(Zero& z, GPT2& model) {
     // the tensors this rank leaves out, as ascending [offset, end) ranges of the parameter buffer
     std::vector<std::pair<size_t, size_t>> left_out;
     for_each_tensor_in_file_order(layout, [&](int kind, int, size_t offset, size_t elements) {
-        const bool copy_of_embeddings = (kind == WTE || kind == WPE) && !model.first_stage;
-        if (!tp_counts_in_norm(model.tp, kind) || copy_of_embeddings) left_out.push_back({offset, offset + elements});
+        if (!layout.counts_in_norm(kind)) left_out.push_back({offset, offset + elements});
     });
     std::sort(left_out.begin(), left_out.end());
     size_t skip = 0;  // the first left-out range not yet passed
@@ -380,8 +387,6 @@ inline void zero_gradient_norm(Zero& z, GPT2& model) {
         global_norm_squared_accumulate(squared, model.shared.norm_scratch, grads + first, end - first, model.stream);
     if (z.stage > 0 && z.shard_group && z.shard_group->size > 1)
         all_reduce(*z.shard_group, squared, 1, Reduction::Sum, model.stream);
-    if (model.tp.size > 1) all_reduce(*model.tp.group, squared, 1, Reduction::Sum, model.stream);
-    if (z.pipeline_group) all_reduce(*z.pipeline_group, squared, 1, Reduction::Sum, model.stream);
 }
 
 // Where this rank keeps the gradient of chunk c once the step's reductions are done: the whole chunk
@@ -389,12 +394,6 @@ inline void zero_gradient_norm(Zero& z, GPT2& model) {
 inline floatX* zero_chunk_gradient(Zero& z, GPT2& model, int chunk, size_t* count) {
     *count = z.stage == 0 ? z.layout->chunk_size(chunk) : shard_size(z, chunk);
     return z.stage == 0 ? model.grads + z.layout->chunk_start(chunk) : z.grad_shard + shard_offset(z, chunk);
-}
-
-// A device value (each rank's loss on its rows, for the log) replaced by its mean over the data-parallel ranks.
-inline void average_over_ranks(Zero& z, float* value, cudaStream_t stream) {
-    if (z.data_parallel == nullptr || z.data_parallel->size == 1) return;
-    all_reduce(*z.data_parallel, value, 1, Reduction::Average, stream);
 }
 
 // ----------------------------------------------------------------------------
@@ -418,7 +417,7 @@ inline void zero_optimizer_step(Zero& z, GPT2& model, const AdamWConfig& adamw, 
         const size_t in_chunk_shard = first - shard_start(z, chunk);
         // the rounding hashes the element's index: a tp rank's slices are numbered after the lower ranks'
         // (so no two ranks round alike), replicated tensors alike on every rank (so their copies stay equal)
-        const size_t slice_first = tensor_is_replicated(kind) ? 0 : (size_t)model.tp.rank * count;
+        const size_t slice_first = tensor_is_replicated(kind) ? 0 : (size_t)model.layout.tp_rank * count;
         chunk_tensors[chunk].push_back({in_chunk_shard, end - first, slice_first + first - offset, tensor_seed, decay});
     });
     for (int c = 0; c < model.layout.num_chunks(); c++) {
@@ -455,108 +454,4 @@ inline std::vector<float> zero_parameters(Zero& z, GPT2& model) {
         std::copy(chunk_values.begin(), chunk_values.end(), values.begin() + model.layout.chunk_start(c));
     }
     return values;
-}
-
-// ----------------------------------------------------------------------------
-// checkpoints of the sharded state
-//
-// A checkpoint of S shards at tensor-parallel size T and P pipeline ranks is P*T*S files: file (p T + t) S
-// + k holds, for every chunk pipeline rank p holds, shard k of tp rank t's parameters, fp32 master weights
-// and two moments, as laid out for S shards and T slices (llmc/model/parameters.h pads each chunk to a multiple
-// of 128 S). The embedding chunk is in the files of the first and of the last stage: the two copies are
-// equal, and a reader takes either. The ranks of the first replica group
-// write them: rank 0 writes file 0, the main file, together with everything that is not sharded (step,
-// data position, ...), after a barrier that guarantees the other files are complete, so a checkpoint
-// whose main file exists is whole.
-// Reading does not need the same layout: for_each_common_run (llmc/model/parameters.h) says which elements of a
-// saved tp slice are which elements of this rank's slice, so each rank copies, from every saved file, the
-// elements that fall in the shards it holds now. A run saved on 4 ranks at ZeRO-1 can continue on 2 ranks
-// at ZeRO-3, and one saved at tp 2 or pp 2 on 1 rank, or at tp 4 or pp 4.
-
-inline std::string shard_path(const std::string& main_path, int file) {
-    if (file == 0) return main_path;
-    return main_path.substr(0, main_path.size() - 4) + ".shard" + std::to_string(file) + ".bin";  // drops ".bin"
-}
-
-// which of a checkpoint's files this rank's shard goes to
-inline int zero_checkpoint_file(const Zero& z, const GPT2& model) {
-    const int pp_rank = z.pipeline_group ? z.pipeline_group->rank : 0;
-    return (pp_rank * model.tp.size + model.tp.rank) * z.shards + z.shard_rank;
-}
-
-// whether this rank writes a file (the first replica group does; the others hold the same shards)
-inline bool zero_writes_shard(const Zero& z) {
-    return z.replicate_group == nullptr || z.replicate_group->rank == 0;
-}
-
-// Adds this rank's shard of the parameters and the optimizer state to `writer`.
-inline void zero_write_shard(Zero& z, GPT2& model, CheckpointWriter& writer) {
-    const size_t count = model.layout.total / z.shards;
-    std::vector<floatX> params(count);
-    for (int c = 0; c < model.layout.num_chunks(); c++) {
-        if (!model.layout.holds(c)) continue;
-        const floatX* from = z.stage == 3 ? z.param_shard + shard_offset(z, c) : model.params + shard_start(z, c);
-        copy_to_host(params.data() + shard_offset(z, c), from, shard_size(z, c), model.stream);
-    }
-    writer.add("params", params.data(), count * sizeof(floatX));
-    std::vector<float> state(count);
-    for (auto [name, buffer] : {std::pair<const char*, float*>{"master", z.master}, {"adamw_m", z.m}, {"adamw_v", z.v}}) {
-        if (!buffer) continue;
-        copy_to_host(state.data(), buffer, count, model.stream);
-        writer.add(name, state.data(), count * sizeof(float));
-    }
-}
-
-// Reads a checkpoint of `saved_shards` shards at tensor-parallel size `saved_tp` on `saved_pp` pipeline ranks
-// of `saved_virtual` stages each (main file at main_path) into this rank's parameters and optimizer state.
-inline void zero_read_shards(Zero& z, GPT2& model, const std::string& main_path, int saved_shards, int saved_tp,
-                             int saved_pp, int saved_virtual) {
-    const ParameterLayout& now = model.layout;
-    // host copies of what this rank holds: all parameters (stages 0-2) or its shard (stage 3), and its state
-    const size_t my_count = now.total / z.shards;
-    std::vector<floatX> params(z.stage == 3 ? my_count : now.total, (floatX)0.0f);
-    std::vector<float> master(z.master ? my_count : 0, 0.0f), m(my_count, 0.0f), v(my_count, 0.0f);
-
-    for (int file = 0; file < saved_pp * saved_tp * saved_shards; file++) {
-        const int pp_rank = file / (saved_tp * saved_shards), t = file / saved_shards % saved_tp, k = file % saved_shards;
-        const ParameterLayout saved(model.config, saved_shards, saved_tp, t,
-                                    pipeline_held_chunks(pp_rank, saved_pp, saved_virtual, model.config.num_layers));
-        const size_t saved_count = saved.total / saved_shards;
-        CheckpointReader reader(shard_path(main_path, file));
-        std::vector<floatX> saved_params(saved_count);
-        std::vector<float> saved_master(z.master ? saved_count : 0), saved_m(saved_count), saved_v(saved_count);
-        reader.read("params", saved_params.data(), saved_count * sizeof(floatX));
-        if (z.master) reader.read("master", saved_master.data(), saved_count * sizeof(float));
-        reader.read("adamw_m", saved_m.data(), saved_count * sizeof(float));
-        reader.read("adamw_v", saved_v.data(), saved_count * sizeof(float));
-        // the parameters both layouts hold, as runs in parameter-buffer coordinates of each
-        for_each_common_run(saved, now, [&](size_t from, size_t to, size_t count) {
-            const int c = saved.chunk_of_offset(from);  // a run lies in one tensor, so in one chunk
-            // clipped to saved shard k, which the file holds at its chunk c's offset
-            const size_t saved_size = saved.chunk_size(c) / saved_shards;
-            const size_t saved_first = saved.chunk_start(c) + k * saved_size;
-            const size_t first = std::max(from, saved_first), end = std::min(from + count, saved_first + saved_size);
-            if (first >= end) return;
-            const size_t in_file = saved.chunk_start(c) / saved_shards - saved_first;  // + element -> file index
-            const size_t target = to - from;                                           // + element -> `now`'s
-            // parameters: the whole buffer (stages 0-2) or this rank's shard (stage 3)
-            const size_t mine = shard_start(z, c), mine_end = mine + shard_size(z, c), my_at = shard_offset(z, c);
-            for (size_t e = first; e < end; e++) {
-                const size_t here = e + target;
-                if (z.stage < 3) params[here] = saved_params[e + in_file];
-                if (here < mine || here >= mine_end) continue;
-                const size_t i = my_at + (here - mine);
-                if (z.stage == 3) params[i] = saved_params[e + in_file];
-                if (z.master) master[i] = saved_master[e + in_file];
-                m[i] = saved_m[e + in_file];
-                v[i] = saved_v[e + in_file];
-            }
-        });
-    }
-    // on the compute stream, after the work already issued there (set-up's master weights, for one)
-    copy_to_device(z.stage == 3 ? z.param_shard : model.params, params.data(), params.size(), model.stream);
-    if (z.master) copy_to_device(z.master, master.data(), my_count, model.stream);
-    copy_to_device(z.m, m.data(), my_count, model.stream);
-    copy_to_device(z.v, v.data(), my_count, model.stream);
-    for (int& chunk : z.gathered_chunk) chunk = -1;
 }

@@ -1,19 +1,6 @@
 /*
-Device memory: what the program holds (accounting) and what a training run will need (the plan).
-
-Accounting. Every device buffer is allocated through tracked_alloc with the category it belongs to, and
-released through tracked_free; the totals say, per category, how many bytes are held now and the most
-ever held, plus the most ever held in all categories together (the number that has to fit on the GPU):
-    floatX* params = tracked_alloc<floatX>(count, MemoryKind::Parameters);
-    ...
-    tracked_free(params);
-    print_memory_totals(memory_totals());        // a table; memory_totals_line(...) gives one line
-The per-category peaks need not have happened at the same moment, so they can add up to more than the
-overall peak. tracked_free(nullptr) does nothing, as cudaFree does; freeing a pointer tracked_alloc did
-not hand out (or freeing it twice) stops the program with one error line. So does an allocation the device
-cannot hold: the line names the category (and the buffer, given a label as third argument), the size asked
-for and the device's free and total memory, so the user knows which flag to lower. A mutex guards the
-books, so any thread may allocate.
+Device memory: what a training run will need (the plan), by arithmetic. What the program holds is booked
+in llmc/device_memory.h (tracked_alloc), beside which train_gpt's report prints these formulas.
 
 The plan. plan_training_memory is arithmetic only: it allocates nothing and needs no GPU, so it can
 answer "does this model fit with this layout?" for any size, and print_memory_plan shows the answer:
@@ -80,146 +67,14 @@ shows the two side by side (--plan prints it).
 #include <string>
 #include <unordered_map>
 #include "../cuda_common.cuh"
+#include "../device_memory.h"
+#include "../model/parameters.h"
+#include "../model/gpt2.cuh"
 #include "../parallel/recompute.h"
+#include "../parallel/layout.h"
+#include "../parallel/parallel_context.h"
+#include "../io/logger.h"
 #include "../utils.h"
-
-// Every parameter chunk is padded to a multiple of this many elements per ZeRO shard (llmc/model/gpt2.cuh's
-// ParameterLayout), so chunks and shards start 256 bytes apart in bf16.
-constexpr size_t kChunkPaddingElements = 128;
-
-// ----------------------------------------------------------------------------
-// accounting
-
-// Activations: what the forward pass keeps for the backward pass (llmc/parallel/recompute.h decides how much), and
-// the model-level buffers (embeddings' output, logits, ...). Workspace: the buffers every layer reuses in
-// turn, the recomputation's records among them.
-enum class MemoryKind { Parameters, Gradients, OptimizerState, Activations, Workspace, Communication, Other };
-constexpr int kNumMemoryKinds = 7;
-
-inline const char* memory_kind_name(MemoryKind kind) {
-    static const char* names[kNumMemoryKinds] = {"parameters", "gradients", "optimizer state",
-                                                 "activations", "workspace", "communication", "other"};
-    return names[(int)kind];
-}
-
-struct MemoryTotals {
-    size_t current[kNumMemoryKinds] = {};  // bytes held now, per MemoryKind
-    size_t peak[kNumMemoryKinds] = {};     // the most each kind ever held
-    size_t current_total = 0;
-    size_t peak_total = 0;                 // the most held in all kinds together at one moment
-};
-
-struct MemoryBooks {
-    std::mutex mutex;
-    MemoryTotals totals;
-    struct Entry { size_t bytes; MemoryKind kind; };
-    std::unordered_map<void*, Entry> allocations;
-};
-inline MemoryBooks& memory_books() {
-    static MemoryBooks books;
-    return books;
-}
-
-// Stops with one line saying what could not be allocated, how much was asked for and how much the device
-// has: the plain "out of memory" of cudaCheck leaves a user guessing which flag to lower.
-//   error: cannot allocate 196.50 GiB of device memory for activations (logits): 23.10 GiB free of 24.00 GiB
-//          (this program holds 1.20 GiB)
-[[noreturn]] inline void memory_allocation_failed(size_t count, size_t element_size, MemoryKind kind, const char* what,
-                                                  cudaError_t error);
-
-// count elements of T in device memory, charged to `kind`; `what` (optional) names the buffer in the error
-// line when the device cannot hold it. A zero count gives nullptr and charges nothing.
-template <class T>
-T* tracked_alloc(size_t count, MemoryKind kind, const char* what = nullptr) {
-    if (count == 0) return nullptr;
-    if (count > SIZE_MAX / sizeof(T)) memory_allocation_failed(count, sizeof(T), kind, what, cudaErrorMemoryAllocation);
-    const size_t bytes = count * sizeof(T);
-    T* pointer = nullptr;
-    const cudaError_t error = cudaMalloc(&pointer, bytes);
-    if (error != cudaSuccess) memory_allocation_failed(count, sizeof(T), kind, what, error);
-    MemoryBooks& books = memory_books();
-    std::lock_guard<std::mutex> lock(books.mutex);
-    books.allocations[(void*)pointer] = MemoryBooks::Entry{bytes, kind};
-    MemoryTotals& t = books.totals;
-    const int k = (int)kind;
-    t.current[k] += bytes;
-    t.peak[k] = std::max(t.peak[k], t.current[k]);
-    t.current_total += bytes;
-    t.peak_total = std::max(t.peak_total, t.current_total);
-    return pointer;
-}
-
-inline void tracked_free(void* pointer) {
-    if (pointer == nullptr) return;
-    {
-        MemoryBooks& books = memory_books();
-        std::lock_guard<std::mutex> lock(books.mutex);
-        auto found = books.allocations.find(pointer);
-        if (found == books.allocations.end())
-            fatal("tracked_free: %p was not allocated by tracked_alloc (or was already freed)", pointer);
-        const MemoryBooks::Entry entry = found->second;
-        books.allocations.erase(found);
-        books.totals.current[(int)entry.kind] -= entry.bytes;
-        books.totals.current_total -= entry.bytes;
-    }
-    cudaCheck(cudaFree(pointer));
-}
-
-inline MemoryTotals memory_totals() {
-    MemoryBooks& books = memory_books();
-    std::lock_guard<std::mutex> lock(books.mutex);
-    return books.totals;
-}
-
-// "12.0 MiB": bytes in binary units, three significant digits or so
-inline std::string format_bytes(double bytes) {
-    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int unit = 0;
-    while (bytes >= 1024.0 && unit < 4) { bytes /= 1024.0; unit++; }
-    char text[32];
-    snprintf(text, sizeof(text), unit == 0 ? "%.0f %s" : "%.2f %s", bytes, units[unit]);
-    return text;
-}
-
-inline void memory_allocation_failed(size_t count, size_t element_size, MemoryKind kind, const char* what,
-                                     cudaError_t error) {
-    (void)cudaGetLastError();  // the failed cudaMalloc is the last error; clear it so the query below works
-    const std::string label = what ? std::string(" (") + what + ")" : "";
-    const std::string asked = format_bytes((double)count * (double)element_size);  // double: no overflow
-    std::string device = "the free memory is unknown";
-    size_t free_bytes = 0, total_bytes = 0;
-    if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess)
-        device = format_bytes((double)free_bytes) + " free of " + format_bytes((double)total_bytes);
-    // out of memory is the expected failure; anything else is named as the runtime names it
-    const std::string reason =
-        error == cudaErrorMemoryAllocation ? "" : std::string(" (cudaMalloc: ") + cudaGetErrorString(error) + ")";
-    fatal("cannot allocate %s of device memory for %s%s: %s (this program holds %s)%s", asked.c_str(),
-          memory_kind_name(kind), label.c_str(), device.c_str(),
-          format_bytes((double)memory_totals().current_total).c_str(), reason.c_str());
-}
-
-// "device memory 1.52 GiB (peak 1.60 GiB): parameters 237 MiB, gradients ..." (kinds holding nothing now
-// are left out)
-inline std::string memory_totals_line(const MemoryTotals& t) {
-    std::string line = "device memory " + format_bytes((double)t.current_total) + " (peak " +
-                       format_bytes((double)t.peak_total) + ")";
-    const char* separator = ": ";
-    for (int k = 0; k < kNumMemoryKinds; k++) {
-        if (t.current[k] == 0) continue;
-        line += separator + std::string(memory_kind_name((MemoryKind)k)) + " " + format_bytes((double)t.current[k]);
-        separator = ", ";
-    }
-    return line;
-}
-
-inline void print_memory_totals(const MemoryTotals& t, FILE* out = stdout) {
-    fprintf(out, "%-16s %14s %14s\n", "device memory", "now", "peak");
-    for (int k = 0; k < kNumMemoryKinds; k++)
-        fprintf(out, "%-16s %14s %14s\n", memory_kind_name((MemoryKind)k), format_bytes((double)t.current[k]).c_str(),
-                format_bytes((double)t.peak[k]).c_str());
-    fprintf(out, "%-16s %14s %14s\n", "total", format_bytes((double)t.current_total).c_str(),
-            format_bytes((double)t.peak_total).c_str());
-}
 
 // ----------------------------------------------------------------------------
 // activations of GPT-2, counted buffer by buffer as gpt2_allocate makes them
@@ -246,6 +101,24 @@ struct GPT2MemoryShape {
     bool cp_ring = true;       // ring attention (else Ulysses)
     int cp_chunks = 2;         // chunks of the sequence per cp rank: 2 zigzag, 1 contiguous
 };
+
+// What the formulas need to know of a run, from its layout (for the plan, and beside the memory a run
+// held): the micro-batch of B x T/cp rows a rank holds, and `part`, a pipeline rank's part of the model.
+inline GPT2MemoryShape gpt2_memory_shape(const GPT2Config& config, const Layout& layout, const ModelPart& part) {
+    GPT2MemoryShape shape{config.num_layers, config.channels, config.num_heads, config.padded_vocab_size,
+                          config.max_seq_len, layout.batch_size, layout.seq_len / layout.cp, layout.multiprocessors};
+    shape.tp = layout.tp;
+    shape.sequence_parallel = layout.sequence_parallel;
+    shape.recompute = layout.recompute;
+    shape.stage_layers = part.stage_layers;
+    shape.records = part.records;
+    shape.first_stage = part.held_chunks[1];
+    shape.last_stage = part.held_chunks[config.num_layers];
+    shape.cp = layout.cp;
+    shape.cp_ring = layout.cp_mode == ContextParallelMode::Ring;
+    shape.cp_chunks = cp_chunks_per_rank(layout.cp_split);
+    return shape;
+}
 
 struct ActivationBytes {
     double record = 0;       // one block's whole activation record (what recompute none keeps per layer)
@@ -663,4 +536,55 @@ inline void print_memory_plan(const MemoryPlan& p, FILE* out = stdout) {
     row("total", p.total, p.has_shape ? "model state + activations + workspace (not counted: cuBLASLt workspace, "
                                         "NCCL buffers, the CUDA context)" : "model state only");
     row("communication", p.communication, p.communication_formula + "  (sent per step)");
+}
+
+// ----------------------------------------------------------------------------
+// the report at the end of a run: what rank 0 held, beside what the formulas say it should
+
+// Prints, on the main rank, the memory held by category and its peak beside the ZeRO formula and the
+// activation and workspace formulas (under a pipeline, each stage's activations beside its own formula: a
+// collective over the pp axis), and logs it as a "memory" event.
+inline void report_memory(ParallelContext& par, GPT2& model, Logger& logger) {
+    const Layout& l = par.layout;
+    const MemoryTotals held = memory_totals();
+    const size_t model_state = held.peak[(int)MemoryKind::Parameters] + held.peak[(int)MemoryKind::Gradients] +
+                               held.peak[(int)MemoryKind::OptimizerState];
+    const GPT2MemoryShape shape = gpt2_memory_shape(model.config, l, model_part(par, model.config.num_layers));
+    const MemoryPlan formula = plan_training_memory(model.layout.total, l.zero_stage, par.mesh.gradient.size,
+                                                    par.zero.shards, l.bf16, par.microbatches);
+    const MemoryPlan with_buffers = plan_training_memory(model.layout.total, l.zero_stage, par.mesh.gradient.size,
+                                                         par.zero.shards, l.bf16, par.microbatches, &shape);
+    if (par.main_rank) {
+        printf("device memory of rank 0, by category (now and at its peak):\n");
+        print_memory_totals(held);
+        printf("parameters + gradients + optimizer state: %s held; ZeRO-%d formula %s, with the working buffers "
+               "%s\n", format_bytes((double)model_state).c_str(), l.zero_stage, format_bytes(formula.model_state).c_str(),
+               format_bytes(with_buffers.model_state).c_str());
+        printf("activations (kept for the backward pass): %s held at the peak; formula (llmc/planning/memory.h: "
+               "recompute %s, tp %d%s) %s\n", format_bytes((double)held.peak[(int)MemoryKind::Activations]).c_str(),
+               recompute_describe(l.recompute).c_str(), l.tp, l.sequence_parallel ? ", sequence parallel" : "",
+               format_bytes(with_buffers.activations).c_str());
+        printf("workspace (buffers the layers share): %s held at the peak; formula %s\n",
+               format_bytes((double)held.peak[(int)MemoryKind::Workspace]).c_str(),
+               format_bytes(with_buffers.workspace).c_str());
+    }
+    // under a pipeline, each stage's activations (its records in flight) beside its formula
+    const std::vector<float> stage_activations = pipeline_gather_values(
+        par.pipe, (float)held.peak[(int)MemoryKind::Activations], model.stream);
+    const std::vector<float> stage_formulas = pipeline_gather_values(par.pipe, (float)with_buffers.activations,
+                                                                     model.stream);
+    if (par.main_rank && l.pp > 1)
+        for (int r = 0; r < l.pp; r++)
+            printf("  pp rank %d: activations %s held at the peak, formula %s (%d record(s) in flight)\n", r,
+                   format_bytes(stage_activations[r]).c_str(), format_bytes(stage_formulas[r]).c_str(),
+                   pipeline_model_part(l.schedule, r, l.pp, l.pp_virtual, par.microbatches,
+                                       model.config.num_layers).records);
+    logger.write(JsonLine("memory").integer("model_state_bytes", (long long)model_state)
+                     .integer("activation_bytes", (long long)held.peak[(int)MemoryKind::Activations])
+                     .number("activation_formula_bytes", with_buffers.activations)
+                     .integer("workspace_bytes", (long long)held.peak[(int)MemoryKind::Workspace])
+                     .number("workspace_formula_bytes", with_buffers.workspace)
+                     .number("formula_bytes", formula.model_state)
+                     .number("formula_with_buffers_bytes", with_buffers.model_state)
+                     .integer("peak_bytes", (long long)held.peak_total));
 }

@@ -3,15 +3,16 @@ The planner: what a layout of N ranks will need and cost, by arithmetic only (no
 allocated), for any model shape. train_gpt's --plan prints one layout, --plan-search lists the layouts of
 N ranks that fit in a GPU's memory, fastest first:
 
-    PlanLayout layout;  layout.ranks = 16384; layout.tp = 8; layout.pp = 16; ...   (the flags)
+    Layout layout;  layout.ranks = 16384; layout.tp = 8; layout.pp = 16; ...   (the flags)
     const LayoutPlan plan = plan_layout(config, layout, hardware);   // plan.error: why it cannot run
     print_layout_plan(config, layout, hardware, plan);
     print_plan_search(config, plan_search(config, base, hardware), hardware, top);
 
 A layout is world = dp x pp x cp x tp ranks (llmc/parallel/mesh.h's order: tp varies fastest, then cp, pp, dp), a
-ZeRO stage (llmc/parallel/zero.h), a recompute policy (llmc/parallel/recompute.h), a pipeline schedule (llmc/parallel/pipeline.h),
-a micro-batch B x T per data-parallel rank and a total batch per optimizer step (the rest is the pipeline's
-microbatches, m = total / (B T dp)). Each number comes from the formula of the file that does the work:
+ZeRO stage (llmc/parallel/zero.h), a recompute policy (llmc/parallel/recompute.h), a pipeline schedule
+(llmc/parallel/pipeline.h), a micro-batch B x T per data-parallel rank and a total batch per optimizer step (the rest
+is the pipeline's microbatches, m = total / (B T dp)). Each number comes from the formula of the file that does the
+work:
     memory per rank     llmc/planning/memory.h plan_training_memory, per pp rank (the stages hold different layers,
                         records in flight and the embedding / LM head); "fits" takes the largest
     bytes per step      dp: the ZeRO stage's collectives (memory.h's communication row), tp: tensor_parallel.h
@@ -66,7 +67,8 @@ cuBLASLt's workspace and NCCL's buffers, which no formula here counts) is at mos
 #include "../model/parameters.h"
 #include "../parallel/tensor_parallel.h"
 #include "../parallel/context_parallel.h"
-#include "../parallel/pipeline.h"
+#include "../parallel/layout.h"
+#include "../parallel/pipeline_links.h"
 #include "../parallel/pipeline_schedule.h"
 
 // what the plan does not count but a GPU needs: the CUDA context (~0.5 GiB), cuBLASLt's 32 MiB workspace,
@@ -75,24 +77,6 @@ constexpr double kPlanReserveBytes = 2.0 * (1 << 30);
 
 // ----------------------------------------------------------------------------
 // the inputs
-
-// One layout of a run: what the flags say.
-struct PlanLayout {
-    int ranks = 1;
-    int tp = 1, pp = 1, cp = 1;           // dp = ranks / (tp pp cp)
-    bool sequence_parallel = false;
-    ContextParallelMode cp_mode = ContextParallelMode::Ring;
-    SequenceSplit cp_split = SequenceSplit::Zigzag;
-    PipelineSchedule schedule = PipelineSchedule::OneFOneB;
-    int pp_virtual = 1;
-    int zero_stage = 0;
-    int dp_shard = 0;                     // data-parallel ranks per shard group (0: all of them)
-    Recompute recompute;
-    int batch_size = 1, seq_len = 1024;   // B x T per data-parallel rank and micro-step
-    int total_batch_size = 0;             // tokens per step (0: one micro-step, B T dp)
-    bool bf16 = sizeof(floatX) == 2;
-    int multiprocessors = GPT2MemoryShape{}.multiprocessors;
-};
 
 // The machine the estimate assumes.
 struct PlanHardware {
@@ -131,31 +115,11 @@ struct LayoutPlan {
     double tokens = 0, model_flops = 0, hardware_flops = 0;  // per step, all ranks
     double compute_seconds = 0, axis_seconds[kPlanAxes] = {}, exposed_dp_seconds = 0, step_seconds = 0;
     double mfu = 0;
-    PlanLayout layout;
+    Layout layout;
 };
 
-// What llmc/planning/memory.h's formulas need to know of a run (for the plan, and beside the measured memory).
-// `part`: a pipeline rank's part of the model; T: the positions of a sequence one rank holds (T/cp).
-inline GPT2MemoryShape gpt2_memory_shape(const GPT2Config& config, int B, int T, int multiprocessors, int tp,
-                                         bool sequence_parallel, const Recompute& recompute, const ModelPart& part,
-                                         int cp, ContextParallelMode cp_mode, SequenceSplit cp_split) {
-    GPT2MemoryShape shape{config.num_layers, config.channels, config.num_heads, config.padded_vocab_size,
-                          config.max_seq_len, B, T, multiprocessors};
-    shape.tp = tp;
-    shape.sequence_parallel = sequence_parallel;
-    shape.recompute = recompute;
-    shape.stage_layers = part.stage_layers;
-    shape.records = part.records;
-    shape.first_stage = part.held_chunks[1];
-    shape.last_stage = part.held_chunks[config.num_layers];
-    shape.cp = cp;
-    shape.cp_ring = cp_mode == ContextParallelMode::Ring;
-    shape.cp_chunks = cp_chunks_per_rank(cp_split);
-    return shape;
-}
-
 // One line saying why the layout cannot run (empty: it can), the checks the trainer makes, in its order.
-inline std::string plan_layout_error(const GPT2Config& config, const PlanLayout& l) {
+inline std::string plan_layout_error(const GPT2Config& config, const Layout& l) {
     std::string error = tp_layout_error(config, l.tp, l.sequence_parallel, l.seq_len);
     if (!error.empty()) return error;
     if (l.ranks % (l.tp * l.pp * l.cp) != 0)
@@ -174,8 +138,9 @@ inline std::string plan_layout_error(const GPT2Config& config, const PlanLayout&
     const int accumulation = l.total_batch_size > 0 ? (int)(l.total_batch_size / per_micro_step) : 1;
     error = pipeline_layout_error(l.schedule, l.pp, l.pp_virtual, accumulation, config.num_layers);
     if (!error.empty()) return error;
-    error = mesh_model_error(mesh_layout(1, dp, l.pp, l.cp, l.tp), config.num_layers, config.num_heads, l.seq_len,
-                             l.cp_mode, l.cp_split);
+    error = mesh_model_error(mesh_layout(1, dp, l.pp, l.cp, l.tp), config.num_layers, config.num_heads);
+    if (!error.empty()) return error;
+    error = cp_layout_error(l.cp, l.cp_mode, l.cp_split, l.seq_len, config.num_heads, l.tp);
     if (!error.empty()) return error;
     return tp_context_parallel_rows_error(l.tp, l.sequence_parallel, l.seq_len, l.cp);
 }
@@ -184,7 +149,7 @@ inline std::string plan_layout_error(const GPT2Config& config, const PlanLayout&
 // one layout
 
 // Bytes one rank sends on the tp axis per step, for the layers it runs (see the top of the file).
-inline double plan_tp_bytes(const GPT2Config& config, const PlanLayout& l, int accumulation) {
+inline double plan_tp_bytes(const GPT2Config& config, const Layout& l, int accumulation) {
     if (l.tp == 1) return 0.0;
     GPT2Config stage = config;
     stage.num_layers = config.num_layers / l.pp;
@@ -197,7 +162,7 @@ inline double plan_tp_bytes(const GPT2Config& config, const PlanLayout& l, int a
     return bytes;
 }
 
-inline LayoutPlan plan_layout(const GPT2Config& config, const PlanLayout& l, const PlanHardware& hw) {
+inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const PlanHardware& hw) {
     LayoutPlan plan;
     plan.layout = l;
     plan.error = plan_layout_error(config, l);
@@ -217,9 +182,7 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const PlanLayout& l, con
     // memory and pp bytes, per pp rank
     for (int r = 0; r < p; r++) {
         const ModelPart part = pipeline_model_part(l.schedule, r, p, V, m, L);
-        const GPT2MemoryShape shape = gpt2_memory_shape(config, l.batch_size, T_local, l.multiprocessors, l.tp,
-                                                        l.sequence_parallel, l.recompute, part, l.cp, l.cp_mode,
-                                                        l.cp_split);
+        const GPT2MemoryShape shape = gpt2_memory_shape(config, l, part);
         const ParameterLayout layout(config, shards, l.tp, 0, part.held_chunks);
         plan.shapes.push_back(shape);
         plan.stages.push_back(plan_training_memory(layout.total, l.zero_stage, gradient_ranks, shard_ranks, l.bf16, m,
@@ -265,7 +228,7 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const PlanLayout& l, con
 
 // "dp 128 x pp 16 x cp 1 x tp 8 (sequence parallel)"
 inline std::string plan_layout_name(const LayoutPlan& plan) {
-    const PlanLayout& l = plan.layout;
+    const Layout& l = plan.layout;
     return plan_format("dp %d x pp %d x cp %d x tp %d%s", plan.dp, l.pp, l.cp, l.tp,
                        l.sequence_parallel ? " (sequence parallel)" : "");
 }
@@ -273,7 +236,7 @@ inline std::string plan_layout_name(const LayoutPlan& plan) {
 // Per pp rank: its records in flight, memory, gradient send buffers and the bytes it sends on the pp axis
 // per step (llmc/parallel/pipeline.h's formula), and the schedule's bubble.
 inline void print_pipeline_plan(const GPT2Config& config, const LayoutPlan& plan, FILE* out = stdout) {
-    const PlanLayout& l = plan.layout;
+    const Layout& l = plan.layout;
     const int p = l.pp, V = l.pp_virtual, m = plan.accumulation;
     fprintf(out, "pipeline %s: %d stage(s) of %d layers per pp rank, %d microbatches; bubble %.3f ((p-1)/(m+p-1) = "
             "%.3f)\n", pipeline_schedule_name(l.schedule), V, config.num_layers / (p * V), m, plan.bubble,
@@ -295,7 +258,7 @@ inline void print_pipeline_plan(const GPT2Config& config, const LayoutPlan& plan
 
 // The communication block: bytes per step on each axis, and the link the estimate puts them on.
 inline void print_plan_communication(const LayoutPlan& plan, const PlanHardware& hw, FILE* out = stdout) {
-    const PlanLayout& l = plan.layout;
+    const Layout& l = plan.layout;
     const char* where[kPlanAxes] = {
         "the ZeRO stage's gradient and parameter collectives (the memory plan's communication row)",
         "the tp axis (llmc/parallel/tensor_parallel.h), for this rank's layers",
@@ -333,7 +296,7 @@ inline void print_plan_estimate(const LayoutPlan& plan, const PlanHardware& hw, 
 // Everything --plan prints for one layout (which must have no error).
 inline void print_layout_plan(const GPT2Config& config, const LayoutPlan& plan, const PlanHardware& hw,
                               FILE* out = stdout) {
-    const PlanLayout& l = plan.layout;
+    const Layout& l = plan.layout;
     fprintf(out, "plan: %d layers, %d channels, %d heads, %zu parameters (%zu on pp rank 0, tp rank 0); %d ranks = "
             "%s; ZeRO stage %d (shard groups of %d), %d x %d tokens per data-parallel rank and micro-step, %d "
             "micro-step(s); recompute %s; %s (GPT-2 architecture)\n", config.num_layers, config.channels,
@@ -370,7 +333,7 @@ struct PlanSearch {
 //   ZeRO  0-3 (shards over all dp ranks); recompute none, selective, full (a checkpoint every block)
 //   dp    what is left: ranks / (tp pp cp)
 // A layout any check refuses (plan_layout_error) is counted and skipped, as is one that does not fit.
-inline PlanSearch plan_search(const GPT2Config& config, PlanLayout base, const PlanHardware& hw) {
+inline PlanSearch plan_search(const GPT2Config& config, Layout base, const PlanHardware& hw) {
     PlanSearch search;
     if (base.total_batch_size == 0) {
         const long long tokens = (long long)base.batch_size * base.seq_len * base.ranks;
@@ -390,7 +353,7 @@ inline PlanSearch plan_search(const GPT2Config& config, PlanLayout base, const P
                         for (int schedule = 0; schedule < (pp > 1 ? 2 : 1); schedule++)
                             for (int zero = 0; zero <= 3; zero++)
                                 for (const Recompute& recompute : policies) {
-                                    PlanLayout l = base;
+                                    Layout l = base;
                                     l.tp = tp, l.pp = pp, l.cp = cp, l.sequence_parallel = sp == 1;
                                     l.cp_mode = mode == 0 ? ContextParallelMode::Ring : ContextParallelMode::Ulysses;
                                     l.cp_split = SequenceSplit::Zigzag;
@@ -416,7 +379,7 @@ inline PlanSearch plan_search(const GPT2Config& config, PlanLayout base, const P
 
 // A short name of the layout's choices: "ZeRO 1, recompute full, 1f1b, ring"
 inline std::string plan_choices(const LayoutPlan& plan) {
-    const PlanLayout& l = plan.layout;
+    const Layout& l = plan.layout;
     std::string text = plan_format("ZeRO %d, recompute %s", l.zero_stage,
                                    l.recompute.policy == RecomputePolicy::None        ? "none"
                                    : l.recompute.policy == RecomputePolicy::Selective ? "selective"
@@ -427,7 +390,7 @@ inline std::string plan_choices(const LayoutPlan& plan) {
     return text;
 }
 
-inline void print_plan_search(const GPT2Config& config, const PlanSearch& search, const PlanLayout& base,
+inline void print_plan_search(const GPT2Config& config, const PlanSearch& search, const Layout& base,
                               const PlanHardware& hw, int top, FILE* out = stdout) {
     const LayoutPlan* any = search.fitting.empty() ? nullptr : &search.fitting[0];
     fprintf(out, "plan search: %d layers, %d channels, %d heads, %zu parameters (GPT-2 architecture, %s) on %d ranks "
@@ -436,7 +399,8 @@ inline void print_plan_search(const GPT2Config& config, const PlanSearch& search
             base.ranks, format_bytes(hw.gpu_memory_bytes).c_str(), hw.gpus_per_node, base.batch_size, base.seq_len,
             any ? any->tokens : (double)base.total_batch_size);
     fprintf(out, "%d layouts considered: %d refused by the layout checks, %d too big, %zu fit; the %d fastest by "
-            "the estimated step time (memory: the fullest pp rank; bytes: per step and rank; llmc/planning/planner.h: compute at %.0f TFLOP/s x %.2f, NVLink %.0f GB/s within a node, "
+            "the estimated step time (memory: the fullest pp rank; bytes: per step and rank; "
+            "llmc/planning/planner.h: compute at %.0f TFLOP/s x %.2f, NVLink %.0f GB/s within a node, "
             "InfiniBand %.0f GB/s across; dp hidden behind compute, tp/cp/pp not; stretched by the bubble):\n",
             search.considered, search.refused, search.too_big, search.fitting.size(),
             std::min(top, (int)search.fitting.size()), hw.peak_flops / 1e12, hw.efficiency,

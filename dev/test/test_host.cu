@@ -1,0 +1,656 @@
+/*
+Tests of the training program's host-side headers: flags, checkpoints, learning-rate schedules, the
+logger and the MFU arithmetic. Expected values are worked out by hand in the comments, not taken from
+the code under test. Every error path is run in a forked child whose exit status and message are
+checked: it must fail, in one line, naming the problem.
+Prints `N passed, M failed` and exits non-zero on any failure.
+*/
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+#include "../lab/lab.h"
+#include "../../llmc/io/flags.h"
+#include "../../llmc/io/checkpoint.h"
+#include "../../llmc/schedulers.h"
+#include "../../llmc/io/logger.h"
+#include "../../llmc/planning/mfu.h"
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// ----------------------------------------------------------------------------
+// flags
+
+// The table a training program might declare; each test parses a fresh one.
+struct TestFlags {
+    Flags flags{"train_gpt", "Trains GPT-2 on token shards."};
+    int& batch_size;
+    int& shift;
+    float& learning_rate;
+    float& dropout;
+    bool& resume;
+    std::string& output_dir;
+    std::string& schedule;
+    TestFlags()
+        : batch_size((flags.heading("Model and data"), flags.add_int("batch-size", 4, "sequences per micro-batch", 1, 1024))),
+          shift(flags.add_int("shift", 0, "any integer")),
+          learning_rate((flags.heading("Optimizer"), flags.add_float("learning-rate", 3e-4f, "peak learning rate", 0.0f))),
+          dropout(flags.add_float("dropout", 0.0f, "a fraction", 0.0f, 1.0f)),
+          resume(flags.add_bool("resume", false, "continue from the latest checkpoint")),
+          output_dir(flags.add_string("output-dir", "out", "where logs and checkpoints go")),
+          schedule(flags.add_choice("lr-schedule", "cosine", {"cosine", "constant"}, "learning-rate schedule")) {}
+
+    void parse(std::vector<std::string> arguments) {
+        arguments.insert(arguments.begin(), "train_gpt");
+        std::vector<char*> argv;
+        for (std::string& a : arguments) argv.push_back(a.data());
+        flags.parse((int)argv.size(), argv.data());
+    }
+};
+
+void expect_flags_failure(const std::string& name, const std::vector<std::string>& arguments, const std::string& must_contain) {
+    expect_failure(name, [&] { TestFlags t; t.parse(arguments); }, must_contain);
+}
+
+void test_flags() {
+    printf("flags\n");
+    {
+        TestFlags t;
+        t.parse({});
+        check_true("defaults when nothing is given", t.batch_size == 4 && t.learning_rate == 3e-4f && !t.resume &&
+                                                         t.output_dir == "out" && t.schedule == "cosine" &&
+                                                         !t.flags.was_given("batch-size"));
+    }
+    {
+        TestFlags t;
+        t.parse({"--batch-size", "8", "--learning-rate=1e-3", "--resume", "--output-dir", "/tmp/run 1",
+                 "--lr-schedule=constant", "--shift", "-3", "--dropout", "1"});
+        check_true("--name value, --name=value, bare bool, negative number",
+                   t.batch_size == 8 && t.learning_rate == 1e-3f && t.resume && t.output_dir == "/tmp/run 1" &&
+                       t.schedule == "constant" && t.shift == -3 && t.dropout == 1.0f &&
+                       t.flags.was_given("batch-size") && t.flags.was_given("shift"));
+    }
+    {
+        TestFlags a, b, c, d;
+        a.parse({"--resume=false"});
+        b.parse({"--resume", "true", "--batch-size", "2"});
+        c.parse({"--resume", "--batch-size", "2"});
+        d.parse({"--resume=0", "--output-dir=--odd=name"});
+        check_true("bool spellings: =false, then true, bare before another flag, =0",
+                   !a.resume && b.resume && b.batch_size == 2 && c.resume && c.batch_size == 2 && !d.resume);
+        check_true("a value starting with -- is taken with =, including further = signs", d.output_dir == "--odd=name");
+    }
+
+    expect_flags_failure("unknown flag suggests the closest name", {"--batch-sise", "3"},
+                         "unknown flag --batch-sise (did you mean --batch-size?)");
+    expect_flags_failure("unknown flag far from all names points to --help", {"--zzzzzz"},
+                         "unknown flag --zzzzzz (see --help");
+    expect_flags_failure("missing value at the end", {"--batch-size"}, "flag --batch-size needs a value (an integer)");
+    expect_flags_failure("missing value before the next flag", {"--output-dir", "--resume"},
+                         "flag --output-dir needs a value");
+    expect_flags_failure("integer that does not parse", {"--batch-size", "abc"},
+                         "flag --batch-size expects an integer, got 'abc'");
+    expect_flags_failure("integer with trailing junk", {"--batch-size=4x"}, "expects an integer, got '4x'");
+    expect_flags_failure("empty value with =", {"--batch-size="}, "expects an integer, got ''");
+    expect_flags_failure("number that does not parse", {"--learning-rate", "fast"},
+                         "flag --learning-rate expects a finite number, got 'fast'");
+    expect_flags_failure("NaN is not a learning rate", {"--learning-rate", "nan"}, "expects a finite number");
+    expect_flags_failure("below the minimum names the range", {"--batch-size", "0"},
+                         "flag --batch-size must be between 1 and 1024, got 0");
+    expect_flags_failure("float minimum only", {"--learning-rate", "-1"},
+                         "flag --learning-rate must be at least 0, got -1");
+    expect_flags_failure("float above the maximum", {"--dropout", "1.5"}, "must be between 0 and 1, got 1.5");
+    expect_flags_failure("integer overflow", {"--shift", "99999999999"}, "flag --shift must be a 32-bit integer");
+    expect_flags_failure("invalid choice lists the choices", {"--lr-schedule", "linear"},
+                         "flag --lr-schedule must be one of cosine, constant; got 'linear'");
+    expect_flags_failure("flag given twice", {"--batch-size", "2", "--batch-size=3"}, "flag --batch-size given twice");
+    expect_flags_failure("bool with a bad value", {"--resume=maybe"}, "flag --resume expects true or false, got 'maybe'");
+    expect_flags_failure("stray argument", {"--batch-size", "2", "3"}, "unexpected argument '3'");
+    expect_flags_failure("single-dash flag", {"-b", "2"}, "unexpected argument '-b'");
+    expect_failure("default outside the choices is a programming error",
+                   [] { Flags f("x", "y"); f.add_choice("mode", "c", {"a", "b"}, "..."); }, "default 'c'");
+    expect_failure("a flag declared twice is a programming error",
+                   [] { Flags f("x", "y"); f.add_int("n", 1, "."); f.add_float("n", 1, "."); }, "declared twice");
+
+    // --help: exit 0 and every row of the table in the text, with its default, range and choices
+    for (const char* help : {"--help", "-h"}) {
+        // the other arguments (one of them wrong) must not matter: help shows the defaults and exits
+        auto [status, text] = run_in_child([&] { TestFlags t; t.parse({"--batch-size", "2", "--bogus", help}); });
+        bool all = status == 0 && contains(text, "Usage: train_gpt") && contains(text, "Trains GPT-2 on token shards.");
+        for (const char* part : {"Model and data:", "Optimizer:", "--batch-size INT", "sequences per micro-batch",
+                                 "(default: 4; between 1 and 1024)", "--shift INT", "(default: 0)",
+                                 "--learning-rate NUMBER", "(default: 0.000300000014; at least 0)",
+                                 "--resume[=true|false]", "--output-dir TEXT", "--lr-schedule cosine|constant",
+                                 "(default: cosine)", "--help, -h"})
+            all = all && contains(text, part);
+        check_true(std::string(help) + " prints every flag from the table and exits 0", all,
+                   all ? "" : "exit " + std::to_string(status) + ":\n" + text);
+    }
+
+    TestFlags t;
+    t.parse({"--output-dir", "a \"quoted\"\\path", "--batch-size", "16"});
+    std::string json = t.flags.to_json();
+    std::string expected_json =
+        "{\"batch-size\": 16, \"shift\": 0, \"learning-rate\": 0.000300000014, \"dropout\": 0, \"resume\": false, "
+        "\"output-dir\": \"a \\\"quoted\\\"\\\\path\", \"lr-schedule\": \"cosine\"}";
+    check_true("to_json: numbers bare, strings quoted and escaped", json == expected_json, json);
+    std::string summary = t.flags.summary();
+    check_true("summary has one aligned line per flag",
+               contains(summary, "  batch-size     16\n") && contains(summary, "  lr-schedule    cosine\n") &&
+                   std::count(summary.begin(), summary.end(), '\n') == 7,
+               "\n" + summary);
+    std::string command = t.flags.command_line();
+    check_true("command_line reproduces the values",
+               contains(command, "train_gpt --batch-size 16 --shift 0") &&
+                   contains(command, "--output-dir=\"a \\\"quoted\\\"\\\\path\""),
+               command);
+    check_true("json_quote escapes control characters", json_quote("a\nb\x01") == "\"a\\nb\\u0001\"");
+}
+
+// ----------------------------------------------------------------------------
+// checkpoints
+
+std::string test_dir;  // a fresh directory under /tmp for this run
+
+std::vector<char> read_bytes(const std::string& path) {
+    std::vector<char> bytes(file_size(path));
+    FILE* f = open_file(path, "rb");
+    if (!bytes.empty()) read_exact(bytes.data(), 1, bytes.size(), f, path, "bytes");
+    close_file(f, path);
+    return bytes;
+}
+void write_bytes(const std::string& path, const std::vector<char>& bytes) {
+    FILE* f = open_file(path, "wb");
+    if (!bytes.empty()) write_exact(bytes.data(), 1, bytes.size(), f, path);
+    close_file(f, path);
+}
+
+// A checkpoint with three sections: 1000 floats starting at `first`, an int, and an empty section.
+void write_test_checkpoint(const std::string& path, float first) {
+    std::vector<float> params(1000);
+    for (int i = 0; i < 1000; i++) params[i] = first + i;
+    CheckpointWriter writer(path);
+    writer.add("params", params.data(), params.size() * sizeof(float));
+    writer.add_value("step", (int)first);
+    writer.add("empty", nullptr, 0);
+    writer.commit();
+}
+// Reads it back and returns the first float (fatal on any problem).
+float read_test_checkpoint(const std::string& path) {
+    CheckpointReader reader(path);
+    std::vector<float> params(1000);
+    reader.read("params", params.data(), params.size() * sizeof(float));
+    for (int i = 0; i < 1000; i++)
+        if (params[i] != params[0] + i) fatal("params differ at %d", i);
+    if (reader.read_value<int>("step") != (int)params[0]) fatal("step differs");
+    reader.read("empty", nullptr, 0);
+    return params[0];
+}
+
+void test_checkpoints() {
+    printf("checkpoints\n");
+    std::string path = test_dir + "/model.bin";
+    write_test_checkpoint(path, 42.0f);
+    {
+        CheckpointReader reader(path);
+        std::vector<std::string> names = reader.section_names();
+        check_true("sections listed in the order written",
+                   names == std::vector<std::string>{"params", "step", "empty"} && reader.has("step") &&
+                       !reader.has("nope") && reader.bytes("params") == 4000);
+        reader.verify_all();
+    }
+    check_true("write + read roundtrip", read_test_checkpoint(path) == 42.0f);
+    check_true("no temporary file left after commit", !file_exists(path + ".tmp"));
+    // 32 header + 4000 + 4 + 0 data + 3 * 72 table
+    check_true("file size is header + data + table", file_size(path) == 32 + 4004 + 3 * 72,
+               std::to_string(file_size(path)));
+
+    std::vector<char> good = read_bytes(path);
+    std::string bad = test_dir + "/bad.bin";
+    auto damaged = [&](const std::function<void(std::vector<char>&)>& damage) {
+        std::vector<char> bytes = good;
+        damage(bytes);
+        write_bytes(bad, bytes);
+    };
+    damaged([](std::vector<char>& b) { b.pop_back(); });
+    expect_failure("truncated by one byte", [&] { CheckpointReader r(bad); }, "checkpoint " + bad + " is truncated");
+    damaged([](std::vector<char>& b) { b.resize(2000); });
+    expect_failure("truncated inside the data", [&] { CheckpointReader r(bad); }, "is truncated or damaged");
+    damaged([](std::vector<char>& b) { b.resize(10); });
+    expect_failure("truncated inside the header", [&] { CheckpointReader r(bad); }, "smaller than its header");
+    damaged([](std::vector<char>& b) { b.push_back(0); });
+    expect_failure("trailing garbage", [&] { CheckpointReader r(bad); }, "is truncated or damaged");
+    damaged([](std::vector<char>& b) { b[32 + 1234] ^= 0x10; });
+    expect_failure("flipped byte in a section is caught when it is read",
+                   [&] { CheckpointReader r(bad); std::vector<float> p(1000); r.read("params", p.data(), 4000); },
+                   "checkpoint " + bad + " is corrupted: section 'params' fails its checksum");
+    expect_failure("flipped byte is caught by verify_all", [&] { CheckpointReader r(bad); r.verify_all(); },
+                   "section 'params' fails its checksum");
+    damaged([](std::vector<char>& b) { b[b.size() - 72 + 3] ^= 0x01; });  // a name in the table
+    expect_failure("flipped byte in the section table", [&] { CheckpointReader r(bad); },
+                   "section table fails its checksum");
+    damaged([](std::vector<char>& b) { b[0] = 'X'; });
+    expect_failure("wrong magic", [&] { CheckpointReader r(bad); }, bad + " is not a checkpoint (bad magic number)");
+    damaged([](std::vector<char>& b) { b[8] = 7; });
+    expect_failure("wrong version", [&] { CheckpointReader r(bad); }, "has version 7; this program reads version 1");
+    expect_failure("missing file", [&] { CheckpointReader r(test_dir + "/none.bin"); }, "none.bin does not exist");
+    expect_failure("missing section", [&] { CheckpointReader r(path); int x; r.read("adamw_m", &x, 4); },
+                   "checkpoint " + path + " has no section 'adamw_m'");
+    expect_failure("size mismatch",
+                   [&] { CheckpointReader r(path); std::vector<float> p(999); r.read("params", p.data(), 3996); },
+                   "section 'params' holds 4000 bytes, expected 3996");
+    expect_failure("section added twice", [&] { CheckpointWriter w(bad); w.add_value("a", 1); w.add_value("a", 2); },
+                   "section 'a' added twice");
+    expect_failure("section name too long", [&] { CheckpointWriter w(bad); w.add_value(std::string(48, 'n'), 1); },
+                   "must have 1 to 47 characters");
+
+    // A run killed while writing: the child writes part of a new checkpoint over the same path and dies
+    // before commit. The previous checkpoint must still be there, complete and readable.
+    auto [status, output] = run_in_child([&] {
+        std::vector<float> other(1000, 7.0f);
+        CheckpointWriter writer(path);
+        writer.add("params", other.data(), 4000);
+        fflush(nullptr);
+        _exit(9);  // no destructors, no commit: as if killed
+    });
+    check_true("killed writer left its .tmp behind", status == 9 && file_exists(path + ".tmp"));
+    check_true("killed writer: the previous checkpoint is intact", read_test_checkpoint(path) == 42.0f);
+    expect_failure("the .tmp of a killed writer is not a valid checkpoint", [&] { CheckpointReader r(path + ".tmp"); },
+                   "is not a checkpoint");
+    write_test_checkpoint(path, 43.0f);
+    check_true("the next writer replaces the .tmp and commits", read_test_checkpoint(path) == 43.0f &&
+                                                                 !file_exists(path + ".tmp"));
+
+    // checkpoint_<step>.bin in a directory: latest, and keep the newest K
+    std::string dir = test_dir + "/run";
+    check_true("no directory: no checkpoint", latest_checkpoint_step(dir) == -1);
+    make_directories(dir);
+    check_true("empty directory: no checkpoint", latest_checkpoint_step(dir) == -1);
+    for (long long step : {0, 5, 100, 10, 20}) write_test_checkpoint(checkpoint_path(dir, step), (float)step);
+    for (const char* decoy : {"checkpoint_007.bin", "checkpoint_300.bin.tmp", "checkpoint_x.bin", "checkpoint_.bin",
+                              "other_400.bin", "checkpoint_500.binx"})
+        write_bytes(dir + "/" + decoy, {'x'});
+    check_true("checkpoint_path spells checkpoint_<step>.bin", checkpoint_path("d", 12) == "d/checkpoint_12.bin");
+    check_true("steps listed in numeric order, decoys ignored",
+               list_checkpoint_steps(dir) == std::vector<long long>{0, 5, 10, 20, 100});
+    check_true("latest is the highest step, not the last name in order", latest_checkpoint_step(dir) == 100 &&
+                                                                           read_test_checkpoint(checkpoint_path(dir, 100)) == 100.0f);
+    remove_old_checkpoints(dir, 2);
+    check_true("keep the newest 2", list_checkpoint_steps(dir) == std::vector<long long>{20, 100} &&
+                                        file_exists(dir + "/checkpoint_007.bin") &&
+                                        file_exists(dir + "/checkpoint_300.bin.tmp"));
+    remove_old_checkpoints(dir, 5);
+    check_true("keeping more than there are removes nothing", list_checkpoint_steps(dir).size() == 2);
+}
+
+// ----------------------------------------------------------------------------
+// learning-rate schedules
+
+bool near(double got, double expected) { return fabs(got - expected) <= 1e-6 * fabs(expected) + 1e-12; }
+
+void test_schedulers() {
+    printf("schedulers\n");
+    // cosine, lr 1, warmup 4, 13 steps, final fraction 0.1: warmup (s+1)/4 for s = 0..3, then the decay
+    // runs over s = 4..12, progress (s-4)/8: s=4 -> 1, s=6 -> 0.1 + 0.9*(1+cos(pi/4))/2 = 0.868198052,
+    // s=8 -> 0.1 + 0.9*0.5 = 0.55, s=12 -> 0.1, and past the end it stays at 0.1
+    LearningRateSchedule cosine = make_lr_schedule("cosine", 1.0f, 4, 13, 0.1f);
+    std::vector<std::pair<int, double>> expected = {{0, 0.25}, {1, 0.5},  {3, 1.0},   {4, 1.0},
+                                                    {6, 0.868198052}, {8, 0.55}, {12, 0.1}, {20, 0.1}};
+    bool all = true;
+    std::string detail;
+    for (auto [step, lr] : expected) {
+        if (!near(cosine.at(step), lr)) all = false, detail += " step " + std::to_string(step) + ": " + std::to_string(cosine.at(step));
+    }
+    check_true("cosine with warmup: hand-computed values", all, detail);
+    bool decreasing = true;
+    for (int s = 4; s < 12; s++) decreasing = decreasing && cosine.at(s + 1) < cosine.at(s);
+    check_true("cosine decreases strictly after the warmup", decreasing);
+
+    // no warmup, 3 steps, lr 6e-4, final 0: 6e-4, 3e-4 (cos(pi/2) = 0), 0
+    LearningRateSchedule short_run = make_lr_schedule("cosine", 6e-4f, 0, 3, 0.0f);
+    check_true("cosine without warmup starts at lr and ends at lr*final",
+               near(short_run.at(0), 6e-4) && near(short_run.at(1), 3e-4) && short_run.at(2) == 0.0f);
+    check_true("a single step after the warmup runs at lr", make_lr_schedule("cosine", 2.0f, 0, 1, 0.0f).at(0) == 2.0f &&
+                                                                 near(make_lr_schedule("cosine", 2.0f, 1, 2, 0.0f).at(1), 2.0));
+    LearningRateSchedule constant = make_lr_schedule("constant", 0.5f, 10, 100, 0.1f);
+    check_true("constant with warmup: 0.05 at step 0, 0.25 at step 4, 0.5 from step 9 on",
+               near(constant.at(0), 0.05) && near(constant.at(4), 0.25) && constant.at(9) == 0.5f &&
+                   constant.at(99) == 0.5f);
+    check_true("constant without warmup", make_lr_schedule("constant", 0.5f, 0, 10, 0.0f).at(0) == 0.5f);
+    check_true("schedule names are the ones make_lr_schedule accepts",
+               lr_schedule_names() == std::vector<std::string>{"cosine", "constant"});
+    expect_failure("unknown schedule", [] { make_lr_schedule("linear", 1, 0, 10, 0); }, "unknown learning-rate schedule 'linear'");
+    expect_failure("final fraction above 1", [] { make_lr_schedule("cosine", 1, 0, 10, 1.5f); }, "between 0 and 1");
+    expect_failure("zero steps", [] { make_lr_schedule("cosine", 1, 0, 0, 0); }, "at least 1 step");
+    expect_failure("negative warmup", [] { make_lr_schedule("cosine", 1, -1, 10, 0); }, "warmup steps must be >= 0");
+}
+
+// ----------------------------------------------------------------------------
+// logger: a minimal JSON parser checks that every line is one valid JSON object
+
+struct JsonCursor {
+    const std::string& s;
+    size_t i = 0;
+    void skip_space() { while (i < s.size() && (s[i] == ' ' || s[i] == '\t')) i++; }
+    bool literal(const char* word) {
+        size_t n = strlen(word);
+        if (s.compare(i, n, word) != 0) return false;
+        i += n;
+        return true;
+    }
+    bool string(std::string* out) {
+        if (i >= s.size() || s[i] != '"') return false;
+        for (i++; i < s.size(); i++) {
+            char c = s[i];
+            if (c == '"') { i++; return true; }
+            if ((unsigned char)c < 0x20) return false;
+            if (c == '\\') {
+                if (++i >= s.size()) return false;
+                char e = s[i];
+                if (e == 'u') {
+                    if (i + 4 >= s.size()) return false;
+                    out->push_back((char)strtol(s.substr(i + 1, 4).c_str(), nullptr, 16));
+                    i += 4;
+                } else if (strchr("\"\\/bfnrt", e)) {
+                    out->push_back(e == 'n' ? '\n' : e == 't' ? '\t' : e == 'r' ? '\r' : e == 'b' ? '\b' : e == 'f' ? '\f' : e);
+                } else return false;
+            } else out->push_back(c);
+        }
+        return false;
+    }
+    bool number() {
+        size_t start = i;
+        if (i < s.size() && s[i] == '-') i++;
+        if (i >= s.size() || !isdigit((unsigned char)s[i])) return false;
+        if (s[i] == '0') i++;
+        else while (i < s.size() && isdigit((unsigned char)s[i])) i++;
+        if (i < s.size() && s[i] == '.') {
+            i++;
+            if (i >= s.size() || !isdigit((unsigned char)s[i])) return false;
+            while (i < s.size() && isdigit((unsigned char)s[i])) i++;
+        }
+        if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+            i++;
+            if (i < s.size() && (s[i] == '+' || s[i] == '-')) i++;
+            if (i >= s.size() || !isdigit((unsigned char)s[i])) return false;
+            while (i < s.size() && isdigit((unsigned char)s[i])) i++;
+        }
+        return i > start;
+    }
+    // parses one value; for an object, its members' raw text goes into `members` (when given)
+    bool value(std::map<std::string, std::string>* members = nullptr) {
+        skip_space();
+        if (i >= s.size()) return false;
+        if (s[i] == '{') {
+            i++;
+            skip_space();
+            if (i < s.size() && s[i] == '}') { i++; return true; }
+            while (true) {
+                skip_space();
+                std::string key;
+                if (!string(&key)) return false;
+                skip_space();
+                if (i >= s.size() || s[i++] != ':') return false;
+                skip_space();
+                size_t start = i;
+                if (!value()) return false;
+                if (members) (*members)[key] = s.substr(start, i - start);
+                skip_space();
+                if (i < s.size() && s[i] == ',') { i++; continue; }
+                if (i < s.size() && s[i] == '}') { i++; return true; }
+                return false;
+            }
+        }
+        if (s[i] == '[') {
+            i++;
+            skip_space();
+            if (i < s.size() && s[i] == ']') { i++; return true; }
+            while (true) {
+                if (!value()) return false;
+                skip_space();
+                if (i < s.size() && s[i] == ',') { i++; continue; }
+                if (i < s.size() && s[i] == ']') { i++; return true; }
+                return false;
+            }
+        }
+        if (s[i] == '"') { std::string ignored; return string(&ignored); }
+        return literal("true") || literal("false") || literal("null") || number();
+    }
+};
+
+// One line as a map from member name to its raw JSON text; empty (with *valid false) if it is not an object.
+std::map<std::string, std::string> parse_json_object(const std::string& line, bool* valid) {
+    std::map<std::string, std::string> members;
+    JsonCursor cursor{line};
+    *valid = !line.empty() && line[0] == '{' && cursor.value(&members) && cursor.i == line.size();
+    return members;
+}
+
+std::vector<std::string> read_lines(const std::string& path) {
+    std::vector<char> bytes = read_bytes(path);
+    std::vector<std::string> lines;
+    std::string current;
+    for (char c : bytes) {
+        if (c == '\n') lines.push_back(current), current.clear();
+        else current += c;
+    }
+    if (!current.empty()) lines.push_back(current + "<no newline>");
+    return lines;
+}
+
+void test_logger() {
+    printf("logger\n");
+    JsonCursor probe_bad{"{\"a\": 1,}"};
+    check_true("the test's JSON parser rejects a trailing comma", !probe_bad.value());
+
+    std::string dir = test_dir + "/out/nested/run";  // none of these exist yet
+    TestFlags t;
+    t.parse({"--batch-size", "8"});
+    StepStats stats;
+    stats.step = 3;
+    stats.total_steps = 10;
+    stats.loss = 5.25f;
+    stats.learning_rate = 3e-4f;
+    stats.grad_norm = 1.5f;
+    stats.seconds = 0.25;
+    stats.tokens = 8192;                     // 32768 tokens/s
+    stats.memory_bytes = 3 * 1024 * 1024;    // 3 MiB
+    stats.mfu = 0.41;
+    {
+        // in a child, to see its console output; the file it writes stays behind for the checks below
+        auto [status, console] = run_in_child([&] {
+            Logger logger(dir);
+            logger.config(t.flags);
+            logger.step(stats);
+            logger.val_loss(3, 4.5f);
+        });
+        // ETA: 7 steps left x 250 ms (the only step so far is the mean) = 1.75 s, shown rounded as 2s
+        std::string expected = "step  3/10 | loss 5.250000 | lr 3.00e-04 | norm 1.5000 | 250.0 ms | 32768 tok/s | 3 MiB | MFU 41.0% | ETA 2s\n"
+                               "val loss 4.500000 at step 3\n";
+        check_true("console lines", status == 0 && console == expected, "\n" + console);
+    }
+    check_true("output directory created with its parents (mkdir -p)", file_exists(dir + "/log.jsonl"));
+    {
+        Logger logger(dir, /*append=*/true);
+        StepStats diverged = stats;
+        diverged.step = 4;
+        diverged.loss = NAN;
+        diverged.grad_norm = INFINITY;
+        diverged.mfu = -1;
+        printf("  (console line of a diverged step on an unknown GPU follows)\n  ");
+        logger.step(diverged);
+        logger.sample(4, "He said \"hi\"\n\tand left\\");
+        logger.checkpoint(4, dir + "/checkpoint_4.bin");
+        logger.write(JsonLine("custom").integer("step", 4).number("value", 0.5).text("note", "ok"));
+    }
+    std::vector<std::string> lines = read_lines(dir + "/log.jsonl");
+    std::vector<std::map<std::string, std::string>> objects;
+    bool all_valid = lines.size() == 7;
+    for (const std::string& line : lines) {
+        bool valid;
+        objects.push_back(parse_json_object(line, &valid));
+        all_valid = all_valid && valid && objects.back().count("time_s");
+        if (!valid) printf("    invalid JSON: %s\n", line.c_str());
+    }
+    check_true("7 lines (appended), each one valid JSON with time_s", all_valid, std::to_string(lines.size()) + " lines");
+    if (!all_valid) return;
+    check_true("events in order", objects[0]["event"] == "\"config\"" && objects[1]["event"] == "\"step\"" &&
+                                      objects[2]["event"] == "\"val_loss\"" && objects[3]["event"] == "\"step\"" &&
+                                      objects[4]["event"] == "\"sample\"" && objects[5]["event"] == "\"checkpoint\"" &&
+                                      objects[6]["event"] == "\"custom\"");
+    bool valid;
+    std::map<std::string, std::string> logged_flags = parse_json_object(objects[0]["flags"], &valid);
+    check_true("config line holds the flags", valid && logged_flags["batch-size"] == "8" &&
+                                                  logged_flags["lr-schedule"] == "\"cosine\"");
+    std::map<std::string, std::string>& step = objects[1];
+    check_true("step line numbers", step["step"] == "3" && step["total_steps"] == "10" && step["loss"] == "5.25" &&
+                                        step["lr"] == "0.000300000014" && step["grad_norm"] == "1.5" &&
+                                        step["ms"] == "250" && step["tokens_per_s"] == "32768" &&
+                                        step["memory_mib"] == "3" && step["mfu"] == "0.41" && step["eta_s"] == "1.75",
+               lines[1]);
+    check_true("val loss line", objects[2]["step"] == "3" && objects[2]["loss"] == "4.5");
+    check_true("NaN loss, infinite norm and unknown MFU are null",
+               objects[3]["loss"] == "null" && objects[3]["grad_norm"] == "null" && objects[3]["mfu"] == "null", lines[3]);
+    check_true("sample text escaped", objects[4]["text"] == "\"He said \\\"hi\\\"\\n\\tand left\\\\\"", lines[4]);
+    check_true("checkpoint line names the path", objects[5]["path"] == json_quote(dir + "/checkpoint_4.bin"));
+    check_true("custom event members", objects[6]["value"] == "0.5" && objects[6]["note"] == "\"ok\"");
+
+    // the ETA: formatting, and the mean step time that leaves the warm-up step out
+    check_true("format_duration: 0s, 59s, 1m01s, 4m12s, 1h00m, 1h03m, 26h00m, rounding, unknown",
+               format_duration(0) == "0s" && format_duration(59) == "59s" && format_duration(61) == "1m01s" &&
+                   format_duration(252) == "4m12s" && format_duration(3600) == "1h00m" &&
+                   format_duration(3789) == "1h03m" && format_duration(93600) == "26h00m" &&
+                   format_duration(59.6) == "1m00s" && format_duration(-1) == "?" && format_duration(NAN) == "?",
+               format_duration(61) + " " + format_duration(3789));
+    {
+        StepTimer timer;
+        check_true("no step yet: ETA 0", timer.remaining_seconds(10) == 0.0);
+        timer.add(10.0);  // a slow first step (warm-up)
+        bool alone = timer.mean_seconds() == 10.0;  // the only measurement is all there is
+        timer.add(1.0);
+        timer.add(3.0);
+        // mean of the later steps (1 + 3) / 2 = 2 s, not (10 + 1 + 3) / 3; 5 steps left: 10 s; none left: 0
+        check_true("mean step time leaves out the first step once others ran", alone && timer.mean_seconds() == 2.0 &&
+                       timer.remaining_seconds(5) == 10.0 && timer.remaining_seconds(0) == 0.0,
+                   std::to_string(timer.mean_seconds()));
+    }
+    {
+        // a 10 s warm-up step, then 1 s and 3 s steps: ETA 9 x 10 s = 1m30s, then 8 x 1 s, then 7 x (1 + 3) / 2 s
+        auto [status, console] = run_in_child([&] {
+            Logger logger(test_dir + "/eta");
+            StepStats timed = stats;
+            timed.mfu = -1;
+            for (auto [step, seconds] : std::vector<std::pair<int, double>>{{1, 10.0}, {2, 1.0}, {3, 3.0}}) {
+                timed.step = step, timed.seconds = seconds;
+                logger.step(timed);
+            }
+        });
+        std::string expected = "step  1/10 | loss 5.250000 | lr 3.00e-04 | norm 1.5000 | 10000.0 ms | 819 tok/s | 3 MiB | ETA 1m30s\n"
+                               "step  2/10 | loss 5.250000 | lr 3.00e-04 | norm 1.5000 | 1000.0 ms | 8192 tok/s | 3 MiB | ETA 8s\n"
+                               "step  3/10 | loss 5.250000 | lr 3.00e-04 | norm 1.5000 | 3000.0 ms | 2731 tok/s | 3 MiB | ETA 14s\n";
+        check_true("console ETA: 1m30s, 8s, 14s (the warm-up step leaves the mean)", status == 0 && console == expected,
+                   "\n" + console);
+    }
+    {
+        std::vector<std::string> eta_lines = read_lines(test_dir + "/eta/log.jsonl");
+        std::vector<std::string> etas;
+        for (const std::string& line : eta_lines) {
+            bool line_valid;
+            etas.push_back(parse_json_object(line, &line_valid)["eta_s"]);
+        }
+        check_true("logged eta_s: 90 (9 x 10 s), 8 (8 x 1 s), 14 (7 x 2 s)",
+                   etas == std::vector<std::string>{"90", "8", "14"}, eta_lines.empty() ? "no lines" : eta_lines.back());
+    }
+
+    {
+        Logger fresh(dir);  // append = false starts the file over
+    }
+    check_true("a new run (no append) starts the log over", file_size(dir + "/log.jsonl") == 0);
+    {
+        Logger disabled(test_dir + "/never", false, /*enabled=*/false);
+        disabled.step(stats);
+        disabled.val_loss(1, 1.0f);
+    }
+    check_true("a disabled logger creates nothing", !file_exists(test_dir + "/never"));
+    write_bytes(test_dir + "/a_file", {'x'});
+    expect_failure("output dir below a regular file", [&] { Logger l(test_dir + "/a_file/sub"); },
+                   "cannot create directory " + test_dir + "/a_file/sub");
+    expect_failure("output dir that is a regular file", [&] { Logger l(test_dir + "/a_file"); },
+                   "a file with that name is in the way");
+
+    size_t before = device_memory_in_use_bytes();
+    void* block = nullptr;
+    cudaCheck(cudaMalloc(&block, 1 << 20));
+    size_t during = device_memory_in_use_bytes();
+    cudaCheck(cudaFree(block));
+#ifdef LLMC_CPU
+    check_true("memory in use counts a 1 MiB cudaMalloc exactly (CPU build)",
+               during - before == (1 << 20) && device_memory_in_use_bytes() == before);
+#else
+    check_true("memory in use grows with a 1 MiB cudaMalloc", during >= before);
+#endif
+}
+
+// ----------------------------------------------------------------------------
+// MFU
+
+void test_mfu() {
+    printf("mfu\n");
+    // GPT-2 124M parameters, counted from the model file's tensor shapes (C=768, L=12, Vp=50304, maxT=1024):
+    //   wte 50304*768 = 38,633,472   wpe 1024*768 = 786,432   lnf 2*768 = 1,536
+    //   per layer: qkvw 3*768*768 = 1,769,472, attprojw 768*768 = 589,824, fcw and fcprojw 4*768*768 =
+    //   2,359,296 each, and biases + layernorms 2*768 + 2304 + 768 + 2*768 + 3072 + 768 = 9,984
+    //   -> 7,087,872 per layer, 85,054,464 for 12 layers; total 124,475,904.
+    long long C = 768, L = 12, Vp = 50304, maxT = 1024;
+    long long per_layer = 3 * C * C + C * C + 2 * 4 * C * C + (2 * C + 3 * C + C + 2 * C + 4 * C + C);
+    long long N = Vp * C + maxT * C + L * per_layer + 2 * C;
+    check_true("GPT-2 124M parameter count from shapes is 124,475,904", N == 124475904LL);
+    // 6N = 746,855,424; 12*L*C*T = 12*12*768*1024 = 113,246,208; sum 860,101,632 FLOPs per token
+    double per_token = gpt2_flops_per_token(N, 12, 768, 1024);
+    check_true("FLOPs per token at T=1024: 860,101,632", per_token == 860101632.0, std::to_string(per_token));
+
+    struct Case { const char* name; const char* precision; double peak; };
+    std::vector<Case> cases = {
+        {"NVIDIA H100 80GB HBM3", "BF16", 989.4e12}, {"NVIDIA H100 PCIe", "BF16", 756e12},
+        {"NVIDIA H100 NVL", "BF16", -1},            {"NVIDIA H200", "BF16", 989.4e12},
+        {"NVIDIA GH200 480GB", "BF16", 989.4e12},    {"NVIDIA A100-SXM4-80GB", "BF16", 312e12},
+        {"NVIDIA A100 80GB PCIe", "BF16", 312e12},   {"NVIDIA A100-SXM4-40GB", "FP32", 19.5e12},
+        {"NVIDIA A10", "BF16", 125e12},              {"NVIDIA A10G", "BF16", -1},
+        {"NVIDIA L4", "BF16", 121e12},               {"NVIDIA L40S", "BF16", 362e12},
+        {"NVIDIA GeForce RTX 4090", "BF16", 165.2e12}, {"NVIDIA GeForce RTX 3090 Ti", "BF16", -1},
+        {"Tesla V100-SXM2-16GB", "BF16", -1},       {"CPU (CUDA emulated on 1 OpenMP threads)", "BF16", -1},
+        {"nvidia h100 pcie", "BF16", 756e12},
+    };
+    bool all = true;
+    std::string detail;
+    for (const Case& c : cases) {
+        double got = peak_flops_per_second(c.name, c.precision);
+        if (got != c.peak) all = false, detail += std::string(" ") + c.name + "=" + std::to_string(got);
+    }
+    check_true("peak table: SXM/PCIe/NVL told apart, A10 vs A10G vs A100, unknown -> -1", all, detail);
+    printf("  (this build's device: %s, %s peak %g FLOP/s)\n", device_properties().name, PRECISION_NAME,
+           peak_flops_per_second(device_properties().name, PRECISION_NAME));
+    // B=8, T=1024: 8192 tokens * 860,101,632 = 7.0459526e12 FLOPs per step; in 20 ms that is 352.3 TFLOP/s,
+    // 35.61% of an H100 SXM's 989.4
+    double flops_per_step = per_token * 8192;
+    double mfu = model_flops_utilization(flops_per_step, 0.020, 989.4e12);
+    check_true("MFU of a 20 ms GPT-2 124M step (B=8, T=1024) on an H100 SXM is 35.61%", fabs(mfu - 0.35610) < 1e-4,
+               std::to_string(mfu));
+    check_true("MFU unknown when the peak is unknown", model_flops_utilization(flops_per_step, 0.02, -1) == -1.0);
+    expect_failure("unknown precision", [] { peak_flops_per_second("NVIDIA H100", "FP16"); }, "unknown precision 'FP16'");
+}
+
+int main() {
+    char dir_template[] = "/tmp/test_host_XXXXXX";
+    if (!mkdtemp(dir_template)) fatal("cannot create a temporary directory: %s", strerror(errno));
+    test_dir = dir_template;
+    test_flags();
+    test_checkpoints();
+    test_schedulers();
+    test_logger();
+    test_mfu();
+    std::string cleanup = "rm -rf '" + test_dir + "'";
+    if (system(cleanup.c_str()) != 0) printf("could not remove %s\n", test_dir.c_str());
+    printf("%d passed, %d failed\n", lab.passed, lab.failed);
+    return lab.failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

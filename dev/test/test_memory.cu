@@ -1,0 +1,730 @@
+/*
+Tests of llmc/planning/memory.h: the books kept by tracked_alloc / tracked_free, and the memory plan's arithmetic
+checked against numbers worked out by hand, against the ZeRO paper, and (CPU build) against what
+gpt2_allocate and zero_init really allocate (a pipeline rank's part of the model included), and the per-layer
+activations against Table 2 of Korthikanti et al. (2022); and the parameter layouts: operand alignment, and
+the layouts that hold a pipeline rank's chunks. Prints `N passed, M failed`.
+*/
+#include <string>
+#include <thread>
+#include <vector>
+#include "../lab/lab.h"
+#include "../../llmc/planning/memory.h"
+#include "../../llmc/parallel/zero.h"
+#include "../../llmc/parallel/pipeline_links.h"
+
+static std::string describe(double got, double want) {
+    char text[128];
+    snprintf(text, sizeof(text), "got %.12g, expected %.12g", got, want);
+    return text;
+}
+static void check_equal(const std::string& name, double got, double want) {
+    check_true(name, got == want, describe(got, want));
+}
+static void check_within(const std::string& name, double got, double want, double relative) {
+    check_true(name, std::fabs(got - want) <= relative * std::fabs(want), describe(got, want));
+}
+
+// ----------------------------------------------------------------------------
+// (a) the books
+
+static void test_accounting() {
+    printf("accounting\n");
+    const MemoryTotals start = memory_totals();
+    check_equal("nothing held at start", (double)start.current_total, 0);
+
+    float* a = tracked_alloc<float>(1000, MemoryKind::Parameters);          // 4000 bytes
+    floatX* b = tracked_alloc<floatX>(500, MemoryKind::Activations);        // 500 * sizeof(floatX)
+    const double b_bytes = 500.0 * sizeof(floatX);
+    MemoryTotals t = memory_totals();
+    check_equal("parameters now", (double)t.current[(int)MemoryKind::Parameters], 4000);
+    check_equal("activations now", (double)t.current[(int)MemoryKind::Activations], b_bytes);
+    check_equal("total now", (double)t.current_total, 4000 + b_bytes);
+    check_equal("peak total", (double)t.peak_total, 4000 + b_bytes);
+
+    tracked_free(a);
+    int* c = tracked_alloc<int>(100, MemoryKind::Gradients);                // 400 bytes
+    t = memory_totals();
+    check_equal("parameters now after free", (double)t.current[(int)MemoryKind::Parameters], 0);
+    check_equal("parameters peak survives free", (double)t.peak[(int)MemoryKind::Parameters], 4000);
+    check_equal("total now after free", (double)t.current_total, 400 + b_bytes);
+    check_equal("peak total is the largest sum", (double)t.peak_total, 4000 + b_bytes);
+    check_equal("gradients peak", (double)t.peak[(int)MemoryKind::Gradients], 400);
+
+    // a larger moment raises the overall peak
+    char* d = tracked_alloc<char>(10000, MemoryKind::Communication);
+    t = memory_totals();
+    check_equal("peak total rises", (double)t.peak_total, 10000 + 400 + b_bytes);
+    printf("  %s\n", memory_totals_line(t).c_str());
+    print_memory_totals(t);
+
+    check_true("zero count gives nullptr", tracked_alloc<float>(0, MemoryKind::Other) == nullptr);
+    tracked_free(nullptr);  // a no-op, like cudaFree
+    tracked_free(b);
+    tracked_free(c);
+    tracked_free(d);
+    t = memory_totals();
+    check_equal("everything freed", (double)t.current_total, 0);
+    for (int k = 0; k < kNumMemoryKinds; k++) check_equal(std::string("nothing held: ") +
+                                                          memory_kind_name((MemoryKind)k), (double)t.current[k], 0);
+
+    // several threads at once: the books balance and the peak is at most all of them at once
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 4; i++)
+        threads.emplace_back([] {
+            for (int r = 0; r < 200; r++) tracked_free(tracked_alloc<float>(256, MemoryKind::Other));
+        });
+    for (std::thread& thread : threads) thread.join();
+    t = memory_totals();
+    check_equal("threads: books balance", (double)t.current_total, 0);
+    check_true("threads: peak of other <= 4 buffers", t.peak[(int)MemoryKind::Other] <= 4 * 256 * sizeof(float) &&
+                                                         t.peak[(int)MemoryKind::Other] >= 256 * sizeof(float));
+
+    expect_failure("free of a pointer never allocated", [] {
+        static int local = 0;
+        tracked_free(&local);
+    }, "not allocated by tracked_alloc");
+    expect_failure("double free", [] {
+        float* p = tracked_alloc<float>(8, MemoryKind::Other);
+        tracked_free(p);
+        tracked_free(p);
+    }, "already freed");
+
+    // a buffer no device holds: one line with the category, the label, the size asked for and the free and
+    // total memory (2^60 bytes = 1048576 TiB, more than any device, the CPU device included)
+    expect_failure("an impossible allocation names the buffer and the sizes", [] {
+        tracked_alloc<char>(size_t(1) << 60, MemoryKind::Activations, "a test buffer");
+    }, "cannot allocate 1048576.00 TiB of device memory for activations (a test buffer): ");
+    expect_failure("an impossible allocation says how much memory is free", [] {
+        tracked_alloc<char>(size_t(1) << 60, MemoryKind::Activations);
+    }, " free of ");
+    // a count whose byte size does not fit in size_t is refused, not wrapped around to a small buffer
+    expect_failure("a byte count beyond size_t", [] {
+        tracked_alloc<float>(SIZE_MAX / 2, MemoryKind::Gradients);
+    }, "cannot allocate 33554432.00 TiB of device memory for gradients: ");
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+    check_true("cudaMemGetInfo: some memory free, no more than the total", free_bytes > 0 && free_bytes <= total_bytes,
+               format_bytes((double)free_bytes) + " free of " + format_bytes((double)total_bytes));
+#ifdef LLMC_CPU
+    // Two buffers of 60% of the CPU device's memory each: Linux grants both (it commits pages only when they
+    // are written), so without the device's own count the program would go on and be killed when it writes
+    // them. The second (or the first, on a busy machine) must be refused at the call, with the line.
+    const size_t sixty_percent = total_bytes / 10 * 6;
+    expect_failure("the CPU device refuses buffers adding up to more than its memory", [=] {
+        tracked_alloc<char>(sixty_percent, MemoryKind::Activations, "first half");
+        tracked_alloc<char>(sixty_percent, MemoryKind::Activations, "second half");
+    }, "cannot allocate " + format_bytes((double)sixty_percent) + " of device memory for activations (");
+#endif
+}
+
+// ----------------------------------------------------------------------------
+// (b) the ZeRO paper, Figure 1: Psi = 7.5B parameters, N_d = 64 ranks, mixed-precision Adam (K = 12).
+// Per-rank model state: baseline 120 GB, P_os 31.4 GB, P_os+g 16.6 GB, P_os+g+p 1.9 GB (GB = 1e9 bytes).
+
+static void test_paper() {
+    printf("ZeRO paper, Figure 1 (7.5B parameters, 64 ranks, BF16 mixed precision)\n");
+    const double figure[4] = {120.0, 31.4, 16.6, 1.9};
+    for (int stage = 0; stage <= 3; stage++) {
+        const MemoryPlan plan = plan_training_memory(7500000000ull, stage, 64, 64, true);
+        const double gb = plan.model_state / 1e9;
+        printf("  stage %d: figure %6.1f GB, plan %8.3f GB\n", stage, figure[stage], gb);
+        check_within("paper stage " + std::to_string(stage) + " within 5%", gb, figure[stage], 0.05);
+        check_equal("paper stage " + std::to_string(stage) + ": no activations without a shape", plan.total,
+                    plan.model_state);
+    }
+    print_memory_plan(plan_training_memory(7500000000ull, 2, 64, 64, true));
+}
+
+// ----------------------------------------------------------------------------
+// (c) FP32 and communication, worked out by hand
+
+static void test_formulas() {
+    printf("formulas\n");
+    // FP32, P = 1000, N = 4: params 4P, grads 4P, m + v 8P
+    //   stage 0: 16000;  stage 1: 4000 + 4000 + 8000/4 = 10000;  stage 2: 4000 + 12000/4 = 7000;
+    //   stage 3: 16000/4 = 4000
+    const double fp32[4] = {16000, 10000, 7000, 4000};
+    for (int stage = 0; stage <= 3; stage++)
+        check_equal("fp32 P=1000 N=4 stage " + std::to_string(stage),
+                    plan_training_memory(1000, stage, 4, 4, false).model_state, fp32[stage]);
+    // the split by category, FP32 stage 2: parameters 4000, gradients 4000/4, m + v 8000/4
+    const MemoryPlan fp32_stage2 = plan_training_memory(1000, 2, 4, 4, false);
+    check_equal("fp32 stage 2 parameters", fp32_stage2.parameters, 4000);
+    check_equal("fp32 stage 2 gradients", fp32_stage2.gradients, 1000);
+    check_equal("fp32 stage 2 optimizer", fp32_stage2.optimizer_state, 2000);
+    // BF16, P = 1000, N = 8: stage 1 = 2000 + 2000 + 12000/8 = 5500; stage 2 = 2000 + 14000/8 = 3750
+    check_equal("bf16 P=1000 N=8 stage 1", plan_training_memory(1000, 1, 8, 8, true).model_state, 5500);
+    check_equal("bf16 P=1000 N=8 stage 2", plan_training_memory(1000, 2, 8, 8, true).model_state, 3750);
+    // stage 0 ignores the shard count: 16 P on every rank
+    check_equal("stage 0 ignores shard ranks", plan_training_memory(1000, 0, 8, 4, true).model_state, 16000);
+
+    // communication, P = 1024
+    //   stage 0, BF16, D = 8: 2 * 7/8 * 1024 * 2 = 3584
+    check_equal("comm stage 0 D=8 bf16", plan_training_memory(1024, 0, 8, 1, true).communication, 3584);
+    //   stage 1, BF16, one group of N = 4: 2 * 3/4 * 1024 * 2 = 3072
+    check_equal("comm stage 1 N=4 bf16", plan_training_memory(1024, 1, 4, 4, true).communication, 3072);
+    //   HSDP stage 1, BF16, D = 8 = M 2 x N 4: 3072 within the group
+    //   + 2 * 1/2 * (1024/4) * 2 = 512 across the groups = 3584
+    check_equal("comm HSDP stage 1 D=8 N=4 bf16", plan_training_memory(1024, 1, 8, 4, true).communication, 3584);
+    //   HSDP stage 2, FP32, A = 4, D = 8 = M 4 x N 2: (4+1) * 1/2 * 1024 * 4 = 10240
+    //   + 2 * 3/4 * (1024/2) * 4 = 3072 = 13312
+    check_equal("comm HSDP stage 2 A=4 D=8 N=2 fp32", plan_training_memory(1024, 2, 8, 2, false, 4).communication,
+                13312);
+    //   stage 3, BF16, A = 2, N = D = 4: 3 * 2 * 3/4 * 1024 * 2 = 9216
+    check_equal("comm stage 3 A=2 N=4 bf16", plan_training_memory(1024, 3, 4, 4, true, 2).communication, 9216);
+    //   stage 1 with shards of one rank on D = 4 (plain all-reduce across 4 groups): 2 * 3/4 * 1024 * 2 = 3072
+    check_equal("comm stage 1 N=1 D=4 bf16", plan_training_memory(1024, 1, 4, 1, true).communication, 3072);
+    //   one rank sends nothing
+    check_equal("comm one rank", plan_training_memory(1024, 2, 1, 1, true, 8).communication, 0);
+
+    expect_failure("ranks that do not split into shard groups", [] { plan_training_memory(1000, 1, 6, 4, true); },
+                   "do not split");
+    expect_failure("stage 4", [] { plan_training_memory(1000, 4, 1, 1, true); }, "does not exist");
+    expect_failure("zero accumulation steps", [] { plan_training_memory(1000, 1, 1, 1, true, 0); }, "must be >= 1");
+}
+
+// ----------------------------------------------------------------------------
+// (d) activations of a small GPT-2, counted by hand:
+//   L = 2, C = 64, NH = 4, Vp = 128, B = 2, T = 16 (N = 32 rows), 4 multiprocessors.
+//   per layer, BF16: 16 N C s = 16 * 32 * 64 * 2 = 65536; fp32 stats (4N + N NH) * 4 = (128 + 128) * 4 = 1024
+//                    = 66560                                  FP32: 131072 + 1024 = 132096
+//   activations:     2 layers                                 133120   |  264192
+//                    the stage record's input and doutput 2 NC, lnf NC and logits N Vp, floatX
+//                                                   (4096 + 2048 + 4096) * s = 20480  |  40960
+//                    lnf mean, rstd, losses: 3 N fp32          384
+//                    inputs, targets: 2 N int                  256
+//                    = 154240 (BF16)                           305792 (FP32)
+//   workspace:       projection, dchannels NC, dhidden 4NC, dqkv 3NC = 9 NC s = 36864 | 73728
+//                    fp32: attention_D N NH = 128, bias scratch ceil(32/64) * 4C = 256,
+//                          layernorm scratch 2C * min(ceil(32/8), 3*4) = 512, norm scratch 4*4 = 16,
+//                          step results (loss, squared norm) 2: 914 floats = 3656
+//                    encoder workspace 4N int = 512;  loss sum, one double = 8
+//                    = 41040 (BF16)                            77904 (FP32)
+
+static void test_activations() {
+    printf("activations\n");
+    GPT2MemoryShape shape;
+    shape.num_layers = 2;
+    shape.channels = 64;
+    shape.num_heads = 4;
+    shape.padded_vocab = 128;
+    shape.max_seq_len = 16;
+    shape.batch = 2;
+    shape.seq_len = 16;
+    shape.multiprocessors = 4;
+    const ActivationBytes bf16 = gpt2_activation_bytes(shape, true), fp32 = gpt2_activation_bytes(shape, false);
+    check_equal("hand count bf16 per layer", bf16.per_layer, 66560);
+    check_equal("hand count bf16 activations", bf16.activations, 154240);
+    check_equal("hand count bf16 workspace", bf16.workspace, 41040);
+    check_equal("hand count fp32 per layer", fp32.per_layer, 132096);
+    check_equal("hand count fp32 activations", fp32.activations, 305792);
+    check_equal("hand count fp32 workspace", fp32.workspace, 77904);
+    const MemoryPlan plan = plan_training_memory(1000, 1, 1, 1, true, 1, &shape);
+    check_equal("plan total adds the activations", plan.total, plan.model_state + 154240 + 41040);
+    print_memory_plan(plan);
+
+#ifdef LLMC_CPU
+    // What the program really allocates: the CPU device counts every cudaMalloc. A model of that shape
+    // (real vocabulary 100, padded to 128), then the optimizer at each stage on one rank.
+    GPT2Config config;
+    config.max_seq_len = 24;
+    config.vocab_size = 100;
+    config.padded_vocab_size = 128;
+    config.num_layers = 2;
+    config.num_heads = 4;
+    config.channels = 64;
+    shape.max_seq_len = config.max_seq_len;
+    shape.multiprocessors = device_properties().multiProcessorCount;
+    const bool is_bf16 = sizeof(floatX) == 2;
+    const ActivationBytes here = gpt2_activation_bytes(shape, is_bf16);
+    auto in_use = [] { return (double)cudacpu::allocations().in_use; };
+    const size_t P = ParameterLayout(config, 1).total;
+    for (int stage = 0; stage <= 3; stage++) {
+        const double before = in_use();
+        GPT2 model;
+        ModelPart whole;  // one rank's whole model, kept as ZeRO's stage keeps it
+        whole.full_gradients = stage < 2;
+        whole.full_parameters = stage < 3;
+        gpt2_allocate(model, config, shape.batch, shape.seq_len, whole);
+        const double model_bytes = in_use() - before;
+        Zero zero;
+        zero_init(zero, stage, nullptr, model, std::vector<float>(P, 0.01f));
+        const double all_bytes = in_use() - before;
+        const MemoryPlan p = plan_training_memory(P, stage, 1, 1, is_bf16, 1, &shape);
+        // the model: full parameters below stage 3, full gradients below stage 2, activations, workspace
+        const double s = sizeof(floatX);
+        check_equal("gpt2_allocate bytes, stage " + std::to_string(stage), model_bytes,
+                    (stage < 3 ? s * P : 0) + (stage < 2 ? s * P : 0) + here.activations + here.workspace);
+        // everything: the plan's total
+        check_equal("gpt2_allocate + zero_init bytes, stage " + std::to_string(stage), all_bytes, p.total);
+        zero_free(zero);
+        gpt2_free(model);
+        check_equal("all freed, stage " + std::to_string(stage), in_use(), before);
+    }
+    // a tensor-parallel rank's slices (llmc/parallel/tensor_parallel.h), with and without sequence parallelism:
+    // allocating needs no other rank, so rank 0 of tp 2 and 4 stands in for all of them
+    for (int tp_size : {2, 4}) {
+        for (bool sequence_parallel : {false, true}) {
+            ModelPart slice;
+            slice.tp = tp_size;
+            slice.sequence_parallel = sequence_parallel;
+            GPT2MemoryShape sliced = shape;
+            sliced.tp = tp_size;
+            sliced.sequence_parallel = sequence_parallel;
+            const ActivationBytes expected = gpt2_activation_bytes(sliced, is_bf16);
+            const double before = in_use();
+            GPT2 model;
+            gpt2_allocate(model, config, shape.batch, shape.seq_len, slice);
+            const double P_rank = (double)ParameterLayout(config, 1, tp_size).total;
+            const std::string name = "gpt2_allocate bytes, tp " + std::to_string(tp_size) +
+                                     (sequence_parallel ? " with sequence parallelism" : "");
+            check_equal(name, in_use() - before, 2 * sizeof(floatX) * P_rank + expected.activations + expected.workspace);
+            gpt2_free(model);
+        }
+    }
+#endif
+}
+
+// ----------------------------------------------------------------------------
+// (e) Korthikanti et al. 2022, Table 2: the paper's per-layer bytes, corrected for our kernels (no dropout,
+// flash attention's log-sum-exp instead of the attention matrices, fp32 layernorm statistics), must equal
+// gpt2_activation_bytes' per_layer for the run each row describes, to the byte, in 2-byte activations.
+
+static GPT2MemoryShape table2_shape(int layers, int channels, int heads, int batch, int seq_len, int tp) {
+    GPT2MemoryShape shape;
+    shape.num_layers = layers;
+    shape.channels = channels;
+    shape.num_heads = heads;
+    shape.padded_vocab = 50304;
+    shape.max_seq_len = seq_len;
+    shape.batch = batch;
+    shape.seq_len = seq_len;
+    shape.tp = tp;
+    return shape;
+}
+
+// A small shape worked out by hand: s = 8, b = 2, h = 32, a = 4, t = 2, so sbh = 512, sb = 16,
+// a s^2 b = 512, a s b = 64 (h = 32 rather than 16: with h = 16 the sp + selective row's corrections
+// cancel, 2sbh/t = 4asb/t + 16sb/t, and that row could not tell a missing term).
+//   row                  Table 2                                corrections                        corrected
+//   no parallelism (t=1) 34*512 + 5*512 = 19968                 -2*512 -5*512 +4*64 +16*16 = -3072   16896
+//   tensor parallel      10*512 + 24*512/2 + 5*512/2 = 12544    -1024 -1280 +128 +256 = -1920        10624
+//   tensor + sequence    (34*512 + 5*512)/2 = 9984              -512 -1280 +128 +128 = -1536          8448
+//   tp + selective       10*512 + 24*512/2 = 11264              -1024 +128 +256 = -640               10624
+//   tp + sp + selective  34*512/2 = 8704                        -512 +128 +128 = -256                 8448
+//   full recompute       2*512 = 1024                           none                                  1024
+//   ours: selective      from 11264                             -640, then -(512+512 + 8*512/2) = -4096   6528
+//   ours: selective + sp from 8704                              -256, then -(256+256 + 2048) = -3072      5376
+// And our buffers (N = 16 rows, C = 32, NH = 4), BF16:
+//   none, tp 1:       16 N C * 2 = 16384;  fp32 (4N + N NH) * 4 = (64 + 64) * 4 = 512            = 16896
+//   none, tp 2:       (4NC 2048 + qkv, atty 4N C/2 1024 + fch, fch_gelu 2N 4C/2 2048) * 2 = 10240
+//                     + (4N + N NH/2) * 4 = (64 + 32) * 4 = 384                                    = 10624
+//   none, tp 2 + sp:  (4 N/2 C 1024 + 1024 + 2048) * 2 = 8192 + (4 N/2 + 32) * 4 = 256             =  8448
+//   full, tp 2:       the block's input N C * 2                                                    =  1024
+//   selective, tp 2:  10624 - (ln1, ln2 2NC 1024 + fch_gelu N 4C/2 1024) * 2                       =  6528
+//   selective + sp:   8448 - (2 N/2 C 512 + 1024) * 2                                              =  5376
+static void test_korthikanti_by_hand() {
+    printf("Korthikanti et al. Table 2, a small shape by hand (s=8 b=2 h=32 a=4 t=2)\n");
+    const GPT2MemoryShape shape = table2_shape(2, 32, 4, 2, 8, 2);
+    const double table[kNumTable2Rows] = {19968, 12544, 9984, 11264, 8704, 1024, 11264, 8704};
+    const double corrected[kNumTable2Rows] = {16896, 10624, 8448, 10624, 8448, 1024, 6528, 5376};
+    for (int r = 0; r < kNumTable2Rows; r++) {
+        const Table2Value v = korthikanti_table2((Table2Row)r, shape);
+        check_equal(std::string("by hand: Table 2, ") + v.name, v.table, table[r]);
+        check_equal(std::string("by hand: corrected, ") + v.name, v.corrected, corrected[r]);
+        check_equal(std::string("by hand: ours, ") + v.name, gpt2_activation_bytes(v.ours, true).per_layer,
+                    corrected[r]);
+    }
+    // the tensor-parallel row's terms, one by one
+    const Table2Value tp = korthikanti_table2(Table2Row::TensorParallel, shape);
+    check_equal("by hand: dropout masks", tp.dropout_masks, -1024);
+    check_equal("by hand: attention matrices", tp.attention_matrix, -1280);
+    check_equal("by hand: log-sum-exp", tp.log_sum_exp, 128);
+    check_equal("by hand: layernorm statistics", tp.layernorm_statistics, 256);
+    check_equal("by hand: our selective's outputs",
+                korthikanti_table2(Table2Row::OursSelective, shape).selective_outputs, -4096);
+    // each row stands for the run it says
+    const Table2Value full = korthikanti_table2(Table2Row::FullRecompute, shape);
+    check_true("by hand: full is full, every block, tp 2, no sp", full.ours.recompute.policy == RecomputePolicy::Full &&
+               full.ours.recompute.every == 1 && full.ours.tp == 2 && !full.ours.sequence_parallel);
+    const Table2Value none = korthikanti_table2(Table2Row::NoParallelism, shape);
+    check_true("by hand: no parallelism is tp 1, recompute none",
+               none.ours.tp == 1 && none.ours.recompute.policy == RecomputePolicy::None);
+}
+
+// Every row at GPT-2 shapes and odd ones: corrected Table 2 == our per-layer bytes, exactly.
+static void test_korthikanti_shapes() {
+    printf("Korthikanti et al. Table 2 against gpt2_activation_bytes\n");
+    struct Case { const char* name; GPT2MemoryShape shape; };
+    std::vector<Case> cases;
+    for (int tp : {1, 2, 4}) cases.push_back({"124M B=16 T=1024", table2_shape(12, 768, 12, 16, 1024, tp)});
+    for (int tp : {1, 2, 3, 6}) cases.push_back({"odd L=5 C=96 NH=6 B=3 T=42", table2_shape(5, 96, 6, 3, 42, tp)});
+    for (int tp : {5, 25}) cases.push_back({"1558M B=1 T=1024", table2_shape(48, 1600, 25, 1, 1024, tp)});
+    for (const Case& c : cases) {
+        int equal = 0;
+        std::string differing;
+        for (int r = 0; r < kNumTable2Rows; r++) {
+            const Table2Value v = korthikanti_table2((Table2Row)r, c.shape);
+            const double ours = gpt2_activation_bytes(v.ours, true).per_layer;
+            // the corrections are what separates the two counts: without them the rows would not agree
+            // (except full, which needs none)
+            const bool corrected_matters = r == (int)Table2Row::FullRecompute || v.table != ours;
+            if (v.corrected == ours && corrected_matters) equal++;
+            else differing += std::string(" ") + v.name + " (" + describe(ours, v.corrected) + ")";
+        }
+        check_true(std::string(c.name) + " tp " + std::to_string(c.shape.tp) + ": corrected Table 2 == ours, every row",
+                   equal == kNumTable2Rows, differing);
+    }
+    // the 124M table as --plan prints it
+    GPT2MemoryShape plan_shape = table2_shape(12, 768, 12, 16, 1024, 4);
+    plan_shape.sequence_parallel = true;
+    print_korthikanti_table2(plan_shape, true);
+}
+
+// ----------------------------------------------------------------------------
+// (f) the alignment of the trainer's matmul operands in the real parameter layouts
+
+/*
+The matmul plans (llmc/kernels/matmul.cuh, "Plans") tell cuBLASLt how aligned each operand is. Activations are
+cudaMallocs of their own (256 bytes); the weights and their gradients sit at offsets in the parameter
+buffer, counted from the buffer's start when it holds every chunk (parameters at ZeRO stages 0-2,
+gradients at 0-1) or from the chunk's start when each chunk gets a buffer of its own (parameters gathered
+at stage 3, gradients accumulated at stages 2-3). For every GPT-2 size, chunks padded for 1, 2, 3, 4 and
+8 shards, and both placements, this builds every matmul key the trainer's forward and backward passes
+compute (qkv, attention projection, fc and fc projection of every layer, forward, dinp and dweight, and
+the lm head), from pointers made by the same block_params_in_chunk the trainer uses on a 256-aligned
+address, and checks each alignment against its definition: it divides the offset, and it is 256 or the
+quotient is odd. It also checks that no weight or bias drops below 16 bytes, the alignment the cuBLAS
+guide asks of pointers for the fastest tensor-core paths, and prints the smallest alignment per tensor
+for 1558M.
+*/
+static void test_matmul_alignment() {
+    printf("matmul operand alignment in the parameter layouts (BF16)\n");
+    const uintptr_t base = 0x7f0000000000;  // 256-byte aligned, like cudaMalloc's; never dereferenced
+    floatX* const activation = (floatX*)(base + 0x10000000000);  // any 256-aligned activation
+    const int N = 8 * 1024;
+    auto offset_of = [&](const floatX* pointer) { return (uintptr_t)pointer - base; };
+    // an alignment is right when it divides the offset and is 256 or leaves an odd quotient
+    auto is_largest_power_of_two = [](uintptr_t offset, int alignment) {
+        return offset % alignment == 0 && (alignment == MATMUL_MAX_ALIGNMENT || (offset / alignment) % 2 == 1);
+    };
+
+    enum { QKV, ATTPROJ, FC, FCPROJ, LM_HEAD, NUM_LINEAR };
+    for (const char* model_name : {"124M", "350M", "774M", "1558M"}) {
+        GPT2Config config;
+        gpt2_config_by_name(model_name, &config);
+        const int C = config.channels;
+        const bool print = std::string(model_name) == "1558M";
+        if (print)
+            printf("  GPT-2 %s: smallest alignment (bytes) of each weight / its bias over all layers, as cuBLASLt "
+                   "sees them\n  %-6s %-13s %8s %8s %8s %8s %8s\n", model_name, "shards", "placement", "qkv",
+                   "attproj", "fc", "fcproj", "lm head");
+        int keys = 0, wrong = 0, below_16 = 0;
+        std::string smallest_line;  // the smallest weight alignment in one buffer, per shard count
+        for (int shards : {1, 2, 3, 4, 8}) {
+            const ParameterLayout layout(config, shards);
+            for (int per_chunk = 0; per_chunk <= 1; per_chunk++) {
+                int weight_min[NUM_LINEAR], bias_min[NUM_LINEAR];
+                for (int i = 0; i < NUM_LINEAR; i++) weight_min[i] = bias_min[i] = MATMUL_MAX_ALIGNMENT;
+                // forward, dinp and dweight of one linear layer, keyed as matmul_forward / matmul_backward do
+                auto check_linear = [&](int which, const floatX* weight, const floatX* bias, const floatX* dweight,
+                                        int in, int out) {
+                    const MatmulPlanKey forward = matmul_plan_key(activation, activation, weight, bias, N, out, in,
+                                                                  false, true, false);
+                    const MatmulPlanKey dinp = matmul_plan_key(activation, activation, weight, nullptr, N, in, out,
+                                                               false, false, false);
+                    const MatmulPlanKey dweight_key = matmul_plan_key(dweight, activation, activation, nullptr, out,
+                                                                      in, N, true, false, true);
+                    const int weight_alignment = matmul_cublas_alignments(forward).A;  // cuBLAS's A: the weight
+                    keys += 3;
+                    wrong += !is_largest_power_of_two(offset_of(weight), weight_alignment);
+                    wrong += matmul_cublas_alignments(dinp).A != weight_alignment;
+                    wrong += !is_largest_power_of_two(offset_of(dweight), matmul_cublas_alignments(dweight_key).D);
+                    wrong += matmul_cublas_alignments(forward).B != 256 || matmul_cublas_alignments(dweight_key).A != 256;
+                    below_16 += weight_alignment < 16;
+                    weight_min[which] = std::min(weight_min[which], weight_alignment);
+                    if (bias != nullptr) {
+                        wrong += !is_largest_power_of_two(offset_of(bias), forward.bias_alignment);
+                        below_16 += forward.bias_alignment < 16;
+                        bias_min[which] = std::min(bias_min[which], forward.bias_alignment);
+                    }
+                };
+                for (int l = 0; l < config.num_layers; l++) {
+                    // parameters and gradients share the layout; the gradient buffer starts 256-aligned too
+                    floatX* chunk = (floatX*)(base + (per_chunk ? 0 : layout.chunk_start(l + 1) * sizeof(floatX)));
+                    const BlockParams p = block_params_in_chunk(chunk, layout);
+                    check_linear(QKV, p.qkvw, p.qkvb, p.qkvw, C, 3 * C);
+                    check_linear(ATTPROJ, p.attprojw, p.attprojb, p.attprojw, C, C);
+                    check_linear(FC, p.fcw, p.fcb, p.fcw, C, 4 * C);
+                    check_linear(FCPROJ, p.fcprojw, p.fcprojb, p.fcprojw, 4 * C, C);
+                }
+                // the lm head: wte, at the start of the embedding chunk
+                const floatX* wte = (floatX*)(base + layout.offset(WTE) * sizeof(floatX));
+                check_linear(LM_HEAD, wte, nullptr, wte, C, config.padded_vocab_size);
+                if (!per_chunk)
+                    smallest_line += " " + std::to_string(shards) + ": " +
+                                     std::to_string(*std::min_element(weight_min, weight_min + NUM_LINEAR));
+                if (print) {
+                    printf("  %-6d %-13s", shards, per_chunk ? "chunk's own" : "one buffer");
+                    for (int i = 0; i < NUM_LINEAR; i++) {
+                        char cell[16];
+                        if (i == LM_HEAD) snprintf(cell, sizeof(cell), "%d", weight_min[i]);
+                        else snprintf(cell, sizeof(cell), "%d/%d", weight_min[i], bias_min[i]);
+                        printf(" %8s", cell);
+                    }
+                    printf("\n");
+                }
+            }
+        }
+        const std::string name = std::string("GPT-2 ") + model_name;
+        printf("  %s: smallest weight alignment in one buffer, by shards:%s\n", name.c_str(), smallest_line.c_str());
+        check_true(name + ": every alignment is the offset's largest power of two <= 256", wrong == 0,
+                   std::to_string(keys) + " keys, " + std::to_string(wrong) + " wrong");
+        check_true(name + ": every weight and bias at least 16-byte aligned", below_16 == 0,
+                   std::to_string(below_16) + " below");
+    }
+}
+
+// ----------------------------------------------------------------------------
+// (g) a pipeline rank's part of the model, allocated
+
+/*
+Under pipeline parallelism gpt2_allocate gets the rank's part (llmc/parallel/pipeline.h's pipeline_model_part): the
+chunks it holds, l = L / (p V) layers per stage and K stage records, the peak of its schedule's records in
+flight. For every rank of p = 2 and 4 under gpipe, 1f1b and interleaved (V = 2), m = 8 microbatches, an
+8-layer model and each recompute policy, the bytes gpt2_allocate books per kind must be
+  parameters, gradients   sizeof(floatX) x the rank's ParameterLayout total (its chunks only)
+  activations, workspace  gpt2_activation_bytes with stage_layers l, records K, first_stage on rank 0 (it
+                          holds stage 0) and last_stage on rank p - 1 (stage S - 1 = (V - 1) p + p - 1)
+and K must be the pool of records its actions use (pipeline_record_assignment).
+*/
+static void test_pipeline_parts() {
+    printf("pipeline parts: gpt2_allocate against gpt2_activation_bytes\n");
+    GPT2Config config;
+    config.max_seq_len = 24;
+    config.vocab_size = 100;
+    config.padded_vocab_size = 128;
+    config.num_layers = 8;
+    config.num_heads = 4;
+    config.channels = 64;
+    GPT2MemoryShape shape;
+    shape.num_layers = config.num_layers;
+    shape.channels = config.channels;
+    shape.num_heads = config.num_heads;
+    shape.padded_vocab = config.padded_vocab_size;
+    shape.max_seq_len = config.max_seq_len;
+    shape.batch = 2;
+    shape.seq_len = 16;
+    shape.multiprocessors = device_properties().multiProcessorCount;
+    const bool is_bf16 = sizeof(floatX) == 2;
+    const int m = 8, L = config.num_layers;
+    // full every 3 on the 4-layer stages of gpipe and 1f1b at p = 2: segments of 3 and 1, two outputs kept
+    const Recompute policies[] = {Recompute{}, Recompute{RecomputePolicy::Selective, 1},
+                                  Recompute{RecomputePolicy::Full, 1}, Recompute{RecomputePolicy::Full, 3}};
+    for (int p : {2, 4})
+        for (PipelineSchedule schedule :
+             {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB, PipelineSchedule::Interleaved}) {
+            const int V = schedule == PipelineSchedule::Interleaved ? 2 : 1;
+            for (int r = 0; r < p; r++) {
+                ModelPart part = pipeline_model_part(schedule, r, p, V, m, L);
+                int pool = 0;
+                pipeline_record_assignment(pipeline_actions(schedule, r, p, m, V), &pool);
+                std::string wrong;
+                if (part.records != pool)
+                    wrong += " records " + std::to_string(part.records) + ", pool " + std::to_string(pool);
+                if (part.stage_layers != L / (p * V)) wrong += " stage_layers " + std::to_string(part.stage_layers);
+                const double P = (double)ParameterLayout(config, 1, 1, 0, part.held_chunks).total;
+                for (const Recompute& recompute : policies) {
+                    GPT2MemoryShape stage = shape;
+                    stage.recompute = recompute;
+                    stage.stage_layers = L / (p * V);
+                    stage.records = part.records;
+                    stage.first_stage = r == 0;
+                    stage.last_stage = r == p - 1;
+                    const ActivationBytes want = gpt2_activation_bytes(stage, is_bf16);
+                    const MemoryTotals before = memory_totals();
+                    GPT2 model;
+                    part.recompute = recompute;
+                    gpt2_allocate(model, config, shape.batch, shape.seq_len, part);
+                    const MemoryTotals after = memory_totals();
+                    auto booked = [&](MemoryKind kind) {
+                        return (double)after.current[(int)kind] - (double)before.current[(int)kind];
+                    };
+                    const std::string policy = " " + recompute_describe(recompute) + ": ";
+                    auto compare = [&](const char* what, double got, double expected) {
+                        if (got != expected) wrong += policy + what + " " + describe(got, expected);
+                    };
+                    compare("parameters", booked(MemoryKind::Parameters), sizeof(floatX) * P);
+                    compare("gradients", booked(MemoryKind::Gradients), sizeof(floatX) * P);
+                    compare("activations", booked(MemoryKind::Activations), want.activations);
+                    compare("workspace", booked(MemoryKind::Workspace), want.workspace);
+                    compare("all", (double)after.current_total - (double)before.current_total,
+                            2 * sizeof(floatX) * P + want.activations + want.workspace);
+                    compare("records", (double)model.records.size(), part.records);
+                    compare("first stage", model.first_stage, stage.first_stage);
+                    compare("last stage", model.last_stage, stage.last_stage);
+                    gpt2_free(model);
+                    compare("left after gpt2_free", (double)memory_totals().current_total,
+                            (double)before.current_total);
+                }
+                char name[160];
+                snprintf(name, sizeof(name), "%s p=%d%s rank %d: l %d, K %d records, every policy",
+                         pipeline_schedule_name(schedule), p, V > 1 ? " V=2" : "", r, L / (p * V), part.records);
+                check_true(name, wrong.empty(), wrong);
+            }
+        }
+}
+
+// ----------------------------------------------------------------------------
+// (h) parameter layouts that hold a pipeline rank's chunks
+
+/*
+A rank's ParameterLayout holds only its chunks (pipeline_held_chunks), each padded as in the whole layout
+of the same shards and tp. For a 4-layer model, tp 1 and 2, shards 1 and 3, and p x V = 1, 2, 4 and 2 x 2,
+on every pp and tp rank's layout:
+  - total is the sum of the held chunks' sizes (as in the layout holding every chunk), and chunks not held
+    take 0 elements;
+  - chunk_of_offset maps every element of each held chunk to that chunk, the held chunks lying end to end;
+  - for_each_common_run from the model file's layout (tp 1, every chunk) writes each of the rank's
+    parameters exactly once and never its padding; over all ranks it reads every parameter of the model,
+    a block's once, the embeddings twice when p > 1 (first and last stage), tp-replicated tensors once per
+    tp rank, padding never;
+  - parameters_in_layout to the rank's layout and back gives the model's values where the rank holds them
+    and 0 elsewhere; the ranks' round trips together give back the whole model; and a rank's part converts
+    to the same part padded for another shard count and back unchanged.
+*/
+// One rank's layout `part` against the model file's layout `model` (values: the model's, 0 on padding).
+// Returns what is wrong, "" when nothing; adds to `reads` how many runs read each model element, and puts
+// the values that come back from the round trip into `assembled`.
+static std::string check_rank_layout(const ParameterLayout& model, const std::vector<float>& values,
+                                     const ParameterLayout& part, std::vector<int>& reads,
+                                     std::vector<float>& assembled) {
+    const int L = part.config.num_layers;
+    const ParameterLayout all(part.config, part.shards, part.tp, part.tp_rank);  // every chunk
+    // sizes and chunk_of_offset, and which elements are parameters (each chunk's first ones, then padding)
+    std::vector<char> parameter(part.total, 0);
+    size_t end = 0, parameters = 0;
+    for (int chunk = 0; chunk < L + 2; chunk++) {
+        const std::string which = "chunk " + std::to_string(chunk);
+        if (!part.holds(chunk)) {
+            if (part.chunk_size(chunk) != 0) return which + ", not held, has a size";
+            continue;
+        }
+        if (part.chunk_start(chunk) != end || part.chunk_size(chunk) != all.chunk_size(chunk))
+            return which + " does not follow the held chunks before it at its size in the whole layout";
+        const size_t used = chunk == 0       ? part.elements(WTE) + part.elements(WPE)
+                            : chunk == L + 1 ? part.elements(LNFW) + part.elements(LNFB)
+                                             : part.block_elements();
+        for (size_t o = end; o < end + part.chunk_size(chunk); o++) {
+            if (part.chunk_of_offset(o) != chunk) return "chunk_of_offset(" + std::to_string(o) + ") is not " + which;
+            parameter[o] = o < end + used;
+        }
+        parameters += used;
+        end += part.chunk_size(chunk);
+    }
+    if (part.total != end) return "total " + std::to_string(part.total) + ", the held chunks " + std::to_string(end);
+    if (part.num_parameters != parameters) return "num_parameters " + std::to_string(part.num_parameters);
+    // the runs from the model file's layout: each parameter written once, padding never
+    std::vector<int> writes(part.total, 0);
+    std::vector<char> mine(model.total, 0);  // the model elements this rank holds
+    for_each_common_run(model, part, [&](size_t from, size_t to, size_t count) {
+        for (size_t k = 0; k < count; k++) {
+            writes[to + k]++;
+            reads[from + k]++;
+            mine[from + k] = 1;
+        }
+    });
+    for (size_t o = 0; o < part.total; o++)
+        if (writes[o] != parameter[o])
+            return "element " + std::to_string(o) + " (" + (parameter[o] ? "a parameter" : "padding") + ") written " +
+                   std::to_string(writes[o]) + " times by the runs";
+    // round trips: to the rank's layout and back; to another shard count and back
+    const std::vector<float> here = parameters_in_layout(model, values, part);
+    for (size_t o = 0; o < part.total; o++)
+        if ((here[o] != 0) != (parameter[o] != 0))
+            return "element " + std::to_string(o) + ": a parameter without a value, or padding with one";
+    const std::vector<float> back = parameters_in_layout(part, here, model);
+    for (size_t i = 0; i < model.total; i++) {
+        if (back[i] != (mine[i] ? values[i] : 0.0f))
+            return "model element " + std::to_string(i) + " does not come back";
+        if (mine[i]) assembled[i] = back[i];
+    }
+    const ParameterLayout other(part.config, part.shards == 1 ? 3 : 1, part.tp, part.tp_rank, part.held);
+    if (parameters_in_layout(other, parameters_in_layout(part, here, other), part) != here)
+        return "converted to " + std::to_string(other.shards) + " shards and back, it changes";
+    return "";
+}
+
+static void test_held_layouts() {
+    printf("parameter layouts holding a pipeline rank's chunks\n");
+    GPT2Config config;
+    config.max_seq_len = 24;
+    config.vocab_size = 100;
+    config.padded_vocab_size = 128;
+    config.num_layers = 4;
+    config.num_heads = 4;
+    config.channels = 64;
+    const int L = config.num_layers;
+    const ParameterLayout model(config);  // the model file's
+    // every element of the model: its kind and chunk (-1: padding)
+    std::vector<int> kind_of(model.total, -1), chunk_of(model.total, -1);
+    for_each_tensor_in_file_order(model, [&](int kind, int layer, size_t offset, size_t count) {
+        std::fill(kind_of.begin() + offset, kind_of.begin() + offset + count, kind);
+        std::fill(chunk_of.begin() + offset, chunk_of.begin() + offset + count, model.chunk_of(kind, layer));
+    });
+    // the tensors every tp rank holds whole (llmc/parallel/tensor_parallel.h)
+    const std::vector<int> replicated = {WPE, LN1W, LN1B, ATTPROJB, LN2W, LN2B, FCPROJB, LNFW, LNFB};
+    std::vector<float> values(model.total);  // distinct and exact (the model has fewer than 2^24 elements)
+    for (size_t i = 0; i < model.total; i++) values[i] = kind_of[i] < 0 ? 0.0f : (float)(i + 1);
+
+    for (int tp : {1, 2})
+        for (int shards : {1, 3})
+            for (const auto& [p, V] : {std::pair{1, 1}, std::pair{2, 1}, std::pair{4, 1}, std::pair{2, 2}}) {
+                std::string wrong;
+                std::vector<int> reads(model.total, 0);        // over all ranks: the runs that read each element
+                std::vector<float> assembled(model.total, 0);  // over all ranks: the round trips
+                for (int pp_rank = 0; pp_rank < p && wrong.empty(); pp_rank++)
+                    for (int tp_rank = 0; tp_rank < tp && wrong.empty(); tp_rank++) {
+                        const ParameterLayout part(config, shards, tp, tp_rank, pipeline_held_chunks(pp_rank, p, V, L));
+                        wrong = check_rank_layout(model, values, part, reads, assembled);
+                        if (!wrong.empty())
+                            wrong = "pp rank " + std::to_string(pp_rank) + " tp rank " + std::to_string(tp_rank) +
+                                    ": " + wrong;
+                    }
+                // every parameter read by one pp rank (the embeddings by two when p > 1), by every tp rank when
+                // the tensor is replicated; padding never
+                for (size_t i = 0; i < model.total && wrong.empty(); i++) {
+                    const int kind = kind_of[i];
+                    const bool copied = std::find(replicated.begin(), replicated.end(), kind) != replicated.end();
+                    const int want = kind < 0 ? 0 : (chunk_of[i] == 0 && p > 1 ? 2 : 1) * (copied ? tp : 1);
+                    if (reads[i] != want)
+                        wrong = "model element " + std::to_string(i) + " (" +
+                                (kind >= 0 ? tensor_kind_info(kind).name : "padding") + ") read " +
+                                std::to_string(reads[i]) + " times, expected " + std::to_string(want);
+                    else if (assembled[i] != values[i])
+                        wrong = "model element " + std::to_string(i) + " missing from the ranks' round trips";
+                }
+                char name[128];
+                snprintf(name, sizeof(name), "tp %d, shards %d, pp %d x V %d: sizes, chunks, runs, round trips", tp,
+                         shards, p, V);
+                check_true(name, wrong.empty(), wrong);
+            }
+    expect_failure("a layout given the wrong number of chunk flags",
+                   [&] { ParameterLayout(config, 1, 1, 0, std::vector<char>(L + 1, 1)); },
+                   "a parameter layout of 6 chunks given 5 flags");
+}
+
+int main() {
+    test_accounting();
+    test_paper();
+    test_formulas();
+    test_activations();
+    test_korthikanti_by_hand();
+    test_korthikanti_shapes();
+    test_matmul_alignment();
+    test_pipeline_parts();
+    test_held_layouts();
+    printf("%d passed, %d failed\n", lab.passed, lab.failed);
+    return lab.failed != 0;
+}

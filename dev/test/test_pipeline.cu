@@ -1,0 +1,669 @@
+/*
+Tests of the pipeline schedules (llmc/parallel/pipeline_schedule.h), without a model: the action lists, the simulator
+that runs them, the bubble and memory formulas, the Chrome trace.
+
+  1. small cases worked out by hand in the comments (action lists, start times, step time, bubble);
+  2. every schedule on every layout of a grid (p = 1..8, m = 1..16, V = 1..4 for interleaved where
+     p divides m): each rank's list holds every pass of its stages once, forward before backward, in
+     microbatch order per stage; the simulation runs to the end; its timeline respects every dependency;
+     its peak activations and bubble equal the formulas; the trace parses as JSON with one event per action;
+  3. comparisons between schedules (gpipe and 1f1b: same bubble, 1f1b fewer records; interleaved: a
+     smaller bubble), and the claims about the interleaved warm-up with and without send time;
+  4. broken lists must be caught: an action swapped, dropped or repeated, a timeline moved, bad JSON.
+     A checker that accepts everything would fail here.
+  5. what the executor (llmc/parallel/pipeline.h) takes from the lists: records, gradient staging buffers, links,
+     held chunks (dev/test/test_pipeline_executor.cuh says what and why).
+Prints `N passed, M failed` and exits non-zero on any failure.
+
+  build/test_pipeline --trace SCHEDULE P M [V] OUT.json
+writes the simulated trace of that layout (forward 1 ms, backward 2 ms per rank's share of the model) for
+scripts/pipeline_timeline.py to draw.
+*/
+#include <cmath>
+#include <map>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+#include "../lab/lab.h"
+#include "../../llmc/parallel/pipeline_schedule.h"
+
+// the time model of the formulas: forward 1, backward 2 (per rank's share of the layers), free sends
+constexpr double kForwardMs = 1.0, kBackwardMs = 2.0;
+// Unit times divided by V <= 4 and summed over at most 2 m V = 128 actions per rank: every time is a
+// multiple of 1/12 that binary floating point rounds at 1e-16 relative; 1e-12 leaves room for the sums.
+constexpr double kTimeTolerance = 1e-12;
+
+struct Layout {
+    PipelineSchedule schedule;
+    int p, m, V;
+    std::string name() const {
+        return std::string(pipeline_schedule_name(schedule)) + " p=" + std::to_string(p) + " m=" + std::to_string(m) +
+               (schedule == PipelineSchedule::Interleaved ? " V=" + std::to_string(V) : "");
+    }
+};
+
+std::vector<std::vector<PipelineAction>> all_lists(const Layout& l) {
+    std::vector<std::vector<PipelineAction>> lists;
+    for (int r = 0; r < l.p; r++) lists.push_back(pipeline_actions(l.schedule, r, l.p, l.m, l.V));
+    return lists;
+}
+
+// ----------------------------------------------------------------------------
+// checkers: each returns what is wrong, or "" when nothing is. They are written from the rules, not from
+// the generator or the simulator, and part 4 feeds them broken input to show they can say no.
+
+// Every (kind, microbatch, virtual stage) of the rank exactly once; per stage, the forward before the
+// backward, and forwards (and backwards) in microbatch order (so gradients add up in the same order
+// under every schedule).
+std::string check_list(const std::vector<PipelineAction>& actions, int m, int V) {
+    std::map<std::tuple<int, int, int>, int> seen;  // (kind, microbatch, virtual stage) -> position
+    std::vector<int> last_forward(V, -1), last_backward(V, -1);
+    for (size_t i = 0; i < actions.size(); i++) {
+        const PipelineAction& a = actions[i];
+        const std::string label = pipeline_action_label(a, true);
+        if (a.microbatch < 0 || a.microbatch >= m || a.virtual_stage < 0 || a.virtual_stage >= V)
+            return label + " does not exist";
+        if (!seen.emplace(std::make_tuple((int)a.kind, a.microbatch, a.virtual_stage), (int)i).second)
+            return label + " appears twice";
+        std::vector<int>& last = a.kind == PipelineAction::Forward ? last_forward : last_backward;
+        if (a.microbatch < last[a.virtual_stage]) return label + " comes after a later microbatch";
+        last[a.virtual_stage] = a.microbatch;
+        if (a.kind == PipelineAction::Backward &&
+            !seen.count(std::make_tuple((int)PipelineAction::Forward, a.microbatch, a.virtual_stage)))
+            return label + " comes before its forward";
+    }
+    if ((int)actions.size() != 2 * m * V)
+        return std::to_string(actions.size()) + " actions, expected " + std::to_string(2 * m * V);
+    return "";
+}
+
+// The timeline against its lists: each rank ran its list in order, one action at a time, each for its
+// duration, and no action started before what it needed had ended.
+std::string check_timeline(const PipelineTimeline& t, const std::vector<std::vector<PipelineAction>>& lists) {
+    if (!t.problem.empty()) return t.problem;
+    const int p = (int)lists.size(), V = t.V, S = p * V;
+    std::map<std::tuple<int, int, int>, const PipelineEvent*> by_pass;  // (kind, microbatch, model stage)
+    for (int r = 0; r < p; r++) {
+        if (t.ranks[r].size() != lists[r].size())
+            return "rank " + std::to_string(r) + " ran a different number of actions";
+        for (size_t i = 0; i < lists[r].size(); i++) {
+            const PipelineEvent& e = t.ranks[r][i];
+            const PipelineAction& a = lists[r][i];
+            const std::string where = "rank " + std::to_string(r) + " " + pipeline_action_label(a, true);
+            if (e.action.kind != a.kind || e.action.microbatch != a.microbatch ||
+                e.action.virtual_stage != a.virtual_stage)
+                return where + ": ran out of its list's order";
+            const double duration = (a.kind == PipelineAction::Forward ? kForwardMs : kBackwardMs) / V;
+            if (std::fabs(e.end_ms - e.start_ms - duration) > kTimeTolerance) return where + ": wrong duration";
+            if (i > 0 && e.start_ms < t.ranks[r][i - 1].end_ms - kTimeTolerance)
+                return where + ": overlaps the one before";
+            by_pass[std::make_tuple((int)a.kind, a.microbatch, pipeline_model_stage(r, a.virtual_stage, p))] = &e;
+        }
+    }
+    for (const auto& [key, e] : by_pass) {
+        const auto [kind, j, s] = key;
+        std::vector<std::tuple<int, int, int>> needs;
+        if (kind == PipelineAction::Forward && s > 0) needs.push_back({PipelineAction::Forward, j, s - 1});
+        if (kind == PipelineAction::Backward) {
+            needs.push_back({PipelineAction::Forward, j, s});
+            if (s < S - 1) needs.push_back({PipelineAction::Backward, j, s + 1});
+        }
+        for (const auto& need : needs) {
+            auto found = by_pass.find(need);
+            if (found == by_pass.end() || e->start_ms < found->second->end_ms - kTimeTolerance)
+                return pipeline_action_label(e->action, true) + " of stage " + std::to_string(s) +
+                       " starts before what it needs has ended";
+        }
+    }
+    return "";
+}
+
+// ----------------------------------------------------------------------------
+// a minimal JSON reader: enough to prove that a trace parses, and to read its events back
+
+struct Json {
+    enum Type { Null, Bool, Number, String, Array, Object } type = Null;
+    double number = 0;
+    std::string text;
+    std::vector<Json> items;                            // Array
+    std::vector<std::pair<std::string, Json>> members;  // Object
+    const Json* get(const std::string& key) const {
+        for (const auto& [k, v] : members)
+            if (k == key) return &v;
+        return nullptr;
+    }
+};
+
+struct JsonReader {
+    const std::string& s;
+    size_t i = 0;
+    void skip() {
+        while (i < s.size() && (s[i] == ' ' || s[i] == '\n' || s[i] == '\t' || s[i] == '\r')) i++;
+    }
+    bool literal(const char* word) {
+        const size_t n = strlen(word);
+        if (s.compare(i, n, word) != 0) return false;
+        i += n;
+        return true;
+    }
+    bool string(std::string* out) {
+        if (i >= s.size() || s[i] != '"') return false;
+        for (i++; i < s.size() && s[i] != '"'; i++) {
+            if ((unsigned char)s[i] < 0x20) return false;
+            if (s[i] == '\\') {
+                if (++i >= s.size() || !strchr("\"\\/bfnrtu", s[i])) return false;  // \uXXXX kept as is
+            }
+            *out += s[i];
+        }
+        if (i >= s.size()) return false;
+        i++;
+        return true;
+    }
+    bool value(Json* v) {
+        skip();
+        if (i >= s.size()) return false;
+        const char c = s[i];
+        if (c == '{' || c == '[') {
+            const char close = c == '{' ? '}' : ']';
+            v->type = c == '{' ? Json::Object : Json::Array;
+            i++;
+            skip();
+            if (i < s.size() && s[i] == close) {
+                i++;
+                return true;
+            }
+            while (true) {
+                Json item;
+                std::string key;
+                if (c == '{') {
+                    skip();
+                    if (!string(&key)) return false;
+                    skip();
+                    if (i >= s.size() || s[i++] != ':') return false;
+                }
+                if (!value(&item)) return false;
+                if (c == '{')
+                    v->members.push_back({key, item});
+                else
+                    v->items.push_back(item);
+                skip();
+                if (i < s.size() && s[i] == ',') {
+                    i++;
+                    continue;
+                }
+                if (i < s.size() && s[i] == close) {
+                    i++;
+                    return true;
+                }
+                return false;
+            }
+        }
+        if (c == '"') {
+            v->type = Json::String;
+            return string(&v->text);
+        }
+        if (literal("true")) {
+            v->type = Json::Bool;
+            v->number = 1;
+            return true;
+        }
+        if (literal("false")) {
+            v->type = Json::Bool;
+            return true;
+        }
+        if (literal("null")) return true;
+        // number: -?digits[.digits][e[+-]digits]
+        const size_t start = i;
+        if (i < s.size() && s[i] == '-') i++;
+        size_t digits = i;
+        while (i < s.size() && isdigit((unsigned char)s[i])) i++;
+        if (i == digits) return false;
+        if (i < s.size() && s[i] == '.') {
+            digits = ++i;
+            while (i < s.size() && isdigit((unsigned char)s[i])) i++;
+            if (i == digits) return false;
+        }
+        if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+            if (++i < s.size() && (s[i] == '+' || s[i] == '-')) i++;
+            digits = i;
+            while (i < s.size() && isdigit((unsigned char)s[i])) i++;
+            if (i == digits) return false;
+        }
+        v->type = Json::Number;
+        v->number = strtod(s.substr(start, i - start).c_str(), nullptr);
+        return true;
+    }
+};
+
+// Parses the whole text as one JSON value; false on any syntax error or trailing text.
+bool parse_json(const std::string& text, Json* out) {
+    JsonReader reader{text};
+    if (!reader.value(out)) return false;
+    reader.skip();
+    return reader.i == text.size();
+}
+
+// The trace against the timeline: valid JSON, one complete event per action with the right rank, name,
+// arguments and times, one row name per rank.
+std::string check_trace(const std::string& trace, const PipelineTimeline& t) {
+    Json root;
+    if (!parse_json(trace, &root)) return "not valid JSON";
+    const Json* events = root.get("traceEvents");
+    if (!events || events->type != Json::Array) return "no traceEvents array";
+    size_t complete = 0, names = 0, actions = 0;
+    std::vector<size_t> next(t.ranks.size(), 0);  // events of each rank come in the order it ran them
+    for (const auto& rank : t.ranks) actions += rank.size();
+    for (const Json& e : events->items) {
+        const Json *ph = e.get("ph"), *tid = e.get("tid"), *pid = e.get("pid"), *name = e.get("name");
+        if (!ph || !tid || !pid || !name || pid->number != 0 || tid->number < 0 || tid->number >= t.ranks.size())
+            return "an event without ph, pid 0, a rank's tid or a name";
+        if (ph->text == "M") {
+            names++;
+            continue;
+        }
+        if (ph->text != "X") return "an event of phase " + ph->text;
+        const size_t r = (size_t)tid->number;
+        if (next[r] >= t.ranks[r].size()) return "more events than actions on rank " + std::to_string(r);
+        const PipelineEvent& want = t.ranks[r][next[r]++];
+        const Json *ts = e.get("ts"), *dur = e.get("dur"), *args = e.get("args");
+        const Json* microbatch = args ? args->get("microbatch") : nullptr;
+        const Json* virtual_stage = args ? args->get("virtual_stage") : nullptr;
+        // times are written in microseconds with 3 decimals: within 0.0005 us of the simulated ones
+        if (!ts || !dur || !microbatch || !virtual_stage || name->text != pipeline_action_label(want.action, false) ||
+            microbatch->number != want.action.microbatch || virtual_stage->number != want.action.virtual_stage ||
+            std::fabs(ts->number - want.start_ms * 1000) > 5e-4 ||
+            std::fabs(dur->number - (want.end_ms - want.start_ms) * 1000) > 5e-4)
+            return "event " + std::to_string(complete) + " does not match rank " + std::to_string(r) + "'s action";
+        complete++;
+    }
+    if (complete != actions)
+        return std::to_string(complete) + " complete events for " + std::to_string(actions) + " actions";
+    if (names != t.ranks.size())
+        return std::to_string(names) + " row names for " + std::to_string(t.ranks.size()) + " ranks";
+    return "";
+}
+
+// ----------------------------------------------------------------------------
+// 1. worked out by hand
+
+void test_by_hand() {
+    printf("worked out by hand\n");
+    check_true("names", pipeline_schedule_names() == std::vector<std::string>{"gpipe", "1f1b", "interleaved"} &&
+                            pipeline_schedule_from_name("gpipe") == PipelineSchedule::GPipe &&
+                            pipeline_schedule_from_name("1f1b") == PipelineSchedule::OneFOneB &&
+                            pipeline_schedule_from_name("interleaved") == PipelineSchedule::Interleaved);
+    expect_failure(
+        "an unknown schedule name", [] { pipeline_schedule_from_name("zb-h1"); }, "'zb-h1': not a schedule");
+    expect_failure(
+        "interleaved with m not a multiple of p", [] { pipeline_actions(PipelineSchedule::Interleaved, 0, 4, 6, 2); },
+        "6 microbatches are not a multiple of the 4 pipeline ranks");
+    expect_failure(
+        "1f1b with virtual stages", [] { pipeline_actions(PipelineSchedule::OneFOneB, 0, 4, 8, 2); },
+        "only the interleaved schedule");
+    expect_failure(
+        "no pipeline ranks", [] { pipeline_simulate(PipelineSchedule::OneFOneB, 0, 8, 1, 1, 2); },
+        "p 0, m 8, V 1 must all be at least 1");
+    expect_failure(
+        "a rank outside the pipeline", [] { pipeline_actions(PipelineSchedule::GPipe, 4, 4, 8, 1); },
+        "rank 4 is not one of the 4");
+
+    // gpipe: every forward, then every backward, in microbatch order
+    check_true("gpipe m=3",
+               pipeline_describe(pipeline_actions(PipelineSchedule::GPipe, 1, 2, 3, 1)) == "F0 F1 F2 B0 B1 B2");
+    // 1f1b, p=4 m=8: rank 0 warms up with p-0-1 = 3 forwards, then F3 B0, ..., F7 B4, and cools down B5 B6 B7;
+    // the last rank has no warm-up; with m=2 < p, rank 0's warm-up is cut to m = 2 and there is no steady state
+    const std::string rank0 = pipeline_describe(pipeline_actions(PipelineSchedule::OneFOneB, 0, 4, 8, 1));
+    const std::string rank3 = pipeline_describe(pipeline_actions(PipelineSchedule::OneFOneB, 3, 4, 8, 1));
+    check_true("1f1b p=4 m=8 rank 0", rank0 == "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7", rank0);
+    check_true("1f1b p=4 m=8 rank 3", rank3 == "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7", rank3);
+    check_true("1f1b p=4 m=2 rank 0",
+               pipeline_describe(pipeline_actions(PipelineSchedule::OneFOneB, 0, 4, 2, 1)) == "F0 F1 B0 B1");
+    // interleaved, p=2 m=4 V=2. Forwards in rounds of p V = 4: F0.0 F1.0 F0.1 F1.1 | F2.0 F3.0 F2.1 F3.1;
+    // backwards the same from virtual stage 1: B0.1 B1.1 B0.0 B1.0 | B2.1 B3.1 B2.0 B3.0.
+    // Rank 0 warms up with (2-0-1)*2 + (2-1)*2 = 4 forwards, rank 1 with 0 + 2 = 2.
+    const std::string interleaved0 = pipeline_describe(pipeline_actions(PipelineSchedule::Interleaved, 0, 2, 4, 2));
+    const std::string interleaved1 = pipeline_describe(pipeline_actions(PipelineSchedule::Interleaved, 1, 2, 4, 2));
+    check_true("interleaved p=2 m=4 V=2 rank 0",
+               interleaved0 == "F0.0 F1.0 F0.1 F1.1 F2.0 B0.1 F3.0 B1.1 F2.1 B0.0 F3.1 B1.0 B2.1 B3.1 B2.0 B3.0",
+               interleaved0);
+    check_true("interleaved p=2 m=4 V=2 rank 1",
+               interleaved1 == "F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 F2.0 B0.0 F3.0 B1.0 F2.1 B2.1 F3.1 B3.1 B2.0 B3.0",
+               interleaved1);
+    int first, end;
+    pipeline_stage_layers(1, 1, 2, 2, 12, &first, &end);  // model stage 1*2+1 = 3 of 4: layers 9..11
+    check_true("virtual stage 1 of rank 1 of 2, V=2, 12 layers: layers [9, 12)", first == 9 && end == 12);
+
+    // 1f1b p=2 m=3, forward 1, backward 2. Rank 0 "F0 F1 B0 F2 B1 B2", rank 1 "F0 B0 F1 B1 F2 B2":
+    //   rank 0: F0 0-1, F1 1-2, B0 waits for rank 1's B0 (2-4): 4-6, F2 6-7, B1 waits for rank 1's (5-7): 7-9,
+    //           B2 waits for rank 1's (8-10): 10-12
+    //   rank 1: F0 1-2, B0 2-4, F1 4-5 (rank 0's F1 ended at 2), B1 5-7, F2 waits for rank 0's (6-7): 7-8, B2 8-10
+    // T = 12 = (m + p - 1)(f + b); each rank works 9: bubble 3/12 = 1/4 = (p - 1)/(m + p - 1)
+    {
+        PipelineTimeline t = pipeline_simulate(PipelineSchedule::OneFOneB, 2, 3, 1, kForwardMs, kBackwardMs);
+        const std::vector<double> starts0 = {0, 1, 4, 6, 7, 10}, starts1 = {1, 2, 4, 5, 7, 8};
+        bool same = t.problem.empty() && t.ranks[0].size() == 6 && t.ranks[1].size() == 6;
+        for (int i = 0; same && i < 6; i++)
+            same = t.ranks[0][i].start_ms == starts0[i] && t.ranks[1][i].start_ms == starts1[i];
+        check_true("1f1b p=2 m=3: start times", same, t.problem);
+        check_true("1f1b p=2 m=3: step 12, bubble 1/4, peaks 2 and 1",
+                   same && t.step_ms == 12 && t.bubble_fraction[0] == 0.25 && t.bubble_fraction[1] == 0.25 &&
+                       t.peak_activations == std::vector<int>{2, 1});
+    }
+    // interleaved p=2 m=2 V=2 (m = p: rank 0's warm-up min(2 + 2, 4) is everything). Actions take 0.5 and 1:
+    //   rank 0: F0.0 0-.5  F1.0 .5-1  F0.1 1-1.5 (after rank 1's F0.0 .5-1)  F1.1 1.5-2 (rank 1's F1.0 1-1.5)
+    //           B0.1 3-4 (rank 1's B0.1 2-3)  B1.1 4.5-5.5 (rank 1's B1.1 3.5-4.5)  B0.0 5.5-6.5  B1.0 6.5-7.5
+    //   rank 1: F0.0 .5-1  F1.0 1-1.5  F0.1 1.5-2  B0.1 2-3  F1.1 3-3.5  B1.1 3.5-4.5  B0.0 4.5-5.5 (rank 0's
+    //           B0.1 ended at 4)  B1.0 5.5-6.5 (rank 0's B1.1 at 5.5)
+    // T = 7.5 = m (f + b) + (p - 1)(f + b) / V = 6 + 1.5: bubble 1.5 / 7.5 = 1/5 = (p - 1)/(V m + p - 1)
+    {
+        PipelineTimeline t = pipeline_simulate(PipelineSchedule::Interleaved, 2, 2, 2, kForwardMs, kBackwardMs);
+        const std::vector<double> starts0 = {0, .5, 1, 1.5, 3, 4.5, 5.5, 6.5},
+                                  starts1 = {.5, 1, 1.5, 2, 3, 3.5, 4.5, 5.5};
+        bool same = t.problem.empty() && t.ranks[0].size() == 8 && t.ranks[1].size() == 8;
+        for (int i = 0; same && i < 8; i++)
+            same = t.ranks[0][i].start_ms == starts0[i] && t.ranks[1][i].start_ms == starts1[i];
+        check_true("interleaved p=2 m=2 V=2: start times", same, t.problem);
+        check_true(
+            "interleaved p=2 m=2 V=2: step 7.5, bubble 1/5, peaks 4 and 3",
+            same && t.step_ms == 7.5 && t.bubble_fraction[0] == 0.2 && t.peak_activations == std::vector<int>{4, 3});
+    }
+    // the report's numbers: p=4 m=8 under gpipe and 1f1b, T = 11 * 3 = 33, bubble 9/33 = 3/11
+    for (PipelineSchedule schedule : {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB}) {
+        PipelineTimeline t = pipeline_simulate(schedule, 4, 8, 1, kForwardMs, kBackwardMs);
+        char detail[160] = "";
+        if (t.problem.empty())
+            snprintf(detail, sizeof(detail), "step %.6g ms, bubble %.6f, peak activations %d %d %d %d", t.step_ms,
+                     t.bubble_fraction[0], t.peak_activations[0], t.peak_activations[1], t.peak_activations[2],
+                     t.peak_activations[3]);
+        check_true(
+            std::string(pipeline_schedule_name(schedule)) + " p=4 m=8: step 33, bubble 3/11",
+            t.problem.empty() && t.step_ms == 33 && std::fabs(t.bubble_fraction[0] - 3.0 / 11.0) < kTimeTolerance,
+            t.problem.empty() ? detail : t.problem);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// 2. the grid
+
+std::vector<Layout> grid(PipelineSchedule schedule) {
+    std::vector<Layout> layouts;
+    for (int p = 1; p <= 8; p++)
+        for (int m = 1; m <= 16; m++)
+            for (int V = 1; V <= (schedule == PipelineSchedule::Interleaved ? 4 : 1); V++)
+                if (schedule != PipelineSchedule::Interleaved || m % p == 0) layouts.push_back({schedule, p, m, V});
+    return layouts;
+}
+
+void test_grid() {
+    for (PipelineSchedule schedule :
+         {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB, PipelineSchedule::Interleaved}) {
+        const int passed_before = lab.passed, failed_before = lab.failed;
+        const std::vector<Layout> layouts = grid(schedule);
+        for (const Layout& l : layouts) {
+            const std::string name = l.name();
+            const auto lists = all_lists(l);
+            std::string wrong;
+            for (int r = 0; r < l.p && wrong.empty(); r++) {
+                wrong = check_list(lists[r], l.m, l.V);
+                if (!wrong.empty()) wrong = "rank " + std::to_string(r) + ": " + wrong;
+            }
+            check_true(name + ": every pass once, forward first, microbatch order", wrong.empty(), wrong);
+            const PipelineTimeline t = pipeline_simulate(l.schedule, l.p, l.m, l.V, kForwardMs, kBackwardMs);
+            check_true(name + ": the simulation runs to the end", t.problem.empty(), t.problem);
+            const std::string order = check_timeline(t, lists);
+            check_true(name + ": the timeline keeps every dependency", order.empty(), order);
+            if (!t.problem.empty()) continue;
+            std::string peaks, bubbles;
+            const double bubble = pipeline_bubble_fraction(l.schedule, l.p, l.m, l.V);
+            for (int r = 0; r < l.p; r++) {
+                const int want = pipeline_peak_activations(l.schedule, r, l.p, l.m, l.V);
+                if (t.peak_activations[r] != want)
+                    peaks += " rank " + std::to_string(r) + ": " + std::to_string(t.peak_activations[r]) + " not " +
+                             std::to_string(want);
+                if (std::fabs(t.bubble_fraction[r] - bubble) > kTimeTolerance)
+                    bubbles += " rank " + std::to_string(r) + ": " + std::to_string(t.bubble_fraction[r]) + " not " +
+                               std::to_string(bubble);
+            }
+            check_true(name + ": peak activations as the formula", peaks.empty(), peaks);
+            check_true(name + ": bubble as the formula", bubbles.empty(), bubbles);
+            const std::string trace = check_trace(pipeline_chrome_trace(t), t);
+            check_true(name + ": the trace is JSON, one event per action", trace.empty(), trace);
+        }
+        printf("  %-12s %3zu layouts: %d checks passed, %d failed\n", pipeline_schedule_name(schedule), layouts.size(),
+               lab.passed - passed_before, lab.failed - failed_before);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// 3. between schedules
+
+// Interleaved lists with a warm-up of `extra` * (p - r - 1) + (V - 1) p forwards (the standard has extra = 2).
+std::vector<std::vector<PipelineAction>> interleaved_with_warmup(int p, int m, int V, int extra) {
+    std::vector<std::vector<PipelineAction>> lists(p);
+    for (int r = 0; r < p; r++) {
+        const int total = m * V, warmup = std::min((p - r - 1) * extra + (V - 1) * p, total);
+        int forwards = 0, backwards = 0;
+        for (; forwards < warmup; forwards++)
+            lists[r].push_back(interleaved_action(PipelineAction::Forward, forwards, p, V));
+        while (forwards < total) {
+            lists[r].push_back(interleaved_action(PipelineAction::Forward, forwards++, p, V));
+            lists[r].push_back(interleaved_action(PipelineAction::Backward, backwards++, p, V));
+        }
+        while (backwards < total) lists[r].push_back(interleaved_action(PipelineAction::Backward, backwards++, p, V));
+    }
+    return lists;
+}
+
+void test_between_schedules() {
+    printf("between schedules\n");
+    std::string same_bubble, fewer_records, smaller_bubble;
+    for (int p = 1; p <= 8; p++)
+        for (int m = 1; m <= 16; m++) {
+            const PipelineTimeline gpipe = pipeline_simulate(PipelineSchedule::GPipe, p, m, 1, kForwardMs, kBackwardMs);
+            const PipelineTimeline one_f_one_b =
+                pipeline_simulate(PipelineSchedule::OneFOneB, p, m, 1, kForwardMs, kBackwardMs);
+            const std::string at = " p=" + std::to_string(p) + " m=" + std::to_string(m);
+            if (!gpipe.problem.empty() || !one_f_one_b.problem.empty()) {  // the grid says why
+                same_bubble += at, fewer_records += at;
+                continue;
+            }
+            if (std::fabs(gpipe.step_ms - one_f_one_b.step_ms) > kTimeTolerance) same_bubble += at;
+            for (int r = 0; r < p && m > p; r++)
+                if (one_f_one_b.peak_activations[r] >= gpipe.peak_activations[r])
+                    fewer_records += at + " rank " + std::to_string(r);
+            if (m % p != 0 || p == 1) continue;
+            for (int V = 2; V <= 4; V++) {
+                const PipelineTimeline interleaved =
+                    pipeline_simulate(PipelineSchedule::Interleaved, p, m, V, kForwardMs, kBackwardMs);
+                if (!interleaved.problem.empty() || interleaved.step_ms >= one_f_one_b.step_ms)
+                    smaller_bubble += at + " V=" + std::to_string(V);
+            }
+        }
+    check_true("gpipe and 1f1b: the same step time, so the same bubble (p <= 8, m <= 16)", same_bubble.empty(),
+               same_bubble);
+    check_true("1f1b holds fewer records than gpipe on every rank when m > p", fewer_records.empty(), fewer_records);
+    check_true("interleaved V = 2..4: a shorter step than 1f1b (p > 1)", smaller_bubble.empty(), smaller_bubble);
+
+    // The interleaved warm-up: with free sends, (p - r - 1) + (V - 1) p forwards already give the formula's
+    // bubble; with send time, the standard doubled (p - r - 1) wins (pipeline_schedule.h's comment quotes these).
+    std::string shorter_is_enough;
+    for (int p = 1; p <= 8; p++)
+        for (int m = p; m <= 16; m += p)
+            for (int V = 1; V <= 4; V++) {
+                const PipelineTimeline t = pipeline_simulate_actions(interleaved_with_warmup(p, m, V, 1), "interleaved",
+                                                                     m, V, kForwardMs, kBackwardMs);
+                if (!t.problem.empty() ||
+                    std::fabs(t.bubble_fraction[0] - pipeline_bubble_fraction(PipelineSchedule::Interleaved, p, m, V)) >
+                        kTimeTolerance)
+                    shorter_is_enough +=
+                        " p=" + std::to_string(p) + " m=" + std::to_string(m) + " V=" + std::to_string(V);
+            }
+    check_true("interleaved, free sends: warm-up (p-r-1) + (V-1)p gives the same bubble", shorter_is_enough.empty(),
+               shorter_is_enough);
+    {
+        const double send_ms = 0.1;
+        const PipelineTimeline standard =
+            pipeline_simulate(PipelineSchedule::Interleaved, 4, 16, 2, kForwardMs, kBackwardMs, send_ms);
+        const PipelineTimeline shorter = pipeline_simulate_actions(interleaved_with_warmup(4, 16, 2, 1), "interleaved",
+                                                                   16, 2, kForwardMs, kBackwardMs, send_ms);
+        char detail[96];
+        snprintf(detail, sizeof(detail), "standard %.4g ms, shorter warm-up %.4g ms", standard.step_ms,
+                 shorter.step_ms);
+        check_true("interleaved p=4 m=16 V=2, sends of 0.1 ms: the doubled warm-up is faster (53.9 vs 57.9)",
+                   std::fabs(standard.step_ms - 53.9) < 1e-9 && std::fabs(shorter.step_ms - 57.9) < 1e-9, detail);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// 4. broken input must be caught
+
+void test_broken_input_is_caught() {
+    printf("broken input is caught\n");
+    const Layout l = {PipelineSchedule::OneFOneB, 4, 8, 1};
+    auto simulate = [&](const std::vector<std::vector<PipelineAction>>& lists) {
+        return pipeline_simulate_actions(lists, "1f1b", l.m, l.V, kForwardMs, kBackwardMs);
+    };
+    // rank 0 swaps F1 and B0: "F0 B0 F2 F3 F1 ...". It waits at B0, which needs rank 1's B0, which needs
+    // rank 1's F1, which needs rank 0's F1: a deadlock.
+    {
+        auto lists = all_lists(l);
+        std::swap(lists[0][1], lists[0][4]);
+        const PipelineTimeline t = simulate(lists);
+        check_true("1f1b p=4 m=8, rank 0 swaps F1 and B0: deadlock",
+                   t.problem.find("deadlock") == 0 && t.problem.find("rank 0 waits at B0") != std::string::npos &&
+                       t.problem.find("rank 1 waits at F1 for F1 of stage 0") != std::string::npos,
+                   t.problem);
+        check_true("  ... and the timeline checker refuses it", !check_timeline(t, lists).empty());
+    }
+    // the last rank swaps F0 and B0: its backward comes before its own forward
+    {
+        auto lists = all_lists(l);
+        std::swap(lists[3][0], lists[3][1]);
+        const PipelineTimeline t = simulate(lists);
+        check_true("1f1b p=4 m=8, rank 3 runs B0 before F0: deadlock, the list checker refuses it",
+                   t.problem.find("rank 3 waits at B0 for F0 of stage 3") != std::string::npos &&
+                       check_list(lists[3], l.m, l.V) == "B0.0 comes before its forward",
+                   t.problem);
+    }
+    // rank 0 swaps its adjacent F3 and B0 ("F0 F1 F2 B0 F3 F4 B1 ..."): it still runs, but rank 0 now waits
+    // for B0 before sending F3 on, and the whole pipeline pays: the step takes 36 instead of 33, a bubble
+    // of 1/3 instead of 3/11 (as simulated), which the grid's bubble check would refuse
+    {
+        auto lists = all_lists(l);
+        std::swap(lists[0][3], lists[0][4]);
+        const PipelineTimeline t = simulate(lists);
+        check_true(
+            "1f1b p=4 m=8, rank 0 swaps F3 and B0: runs, but the step takes 36, not 33",
+            t.problem.empty() && t.step_ms == 36 &&
+                std::fabs(t.bubble_fraction[0] - pipeline_bubble_fraction(l.schedule, l.p, l.m, l.V)) > kTimeTolerance,
+            "step " + std::to_string(t.step_ms) + " ms, bubble " +
+                std::to_string(t.problem.empty() ? t.bubble_fraction[0] : -1.0));
+    }
+    // backwards out of microbatch order on one rank: runs, but the list checker refuses it
+    {
+        auto lists = all_lists(l);
+        std::swap(lists[3][1], lists[3][3]);  // rank 3: F0 B1 F1 B0 ...
+        check_true("rank 3's backwards out of order: deadlock and refused by the list checker",
+                   simulate(lists).problem.find("deadlock") == 0 && !check_list(lists[3], l.m, l.V).empty());
+    }
+    {
+        auto lists = all_lists(l);
+        lists[2].pop_back();  // rank 2 never runs B7
+        const PipelineTimeline t = simulate(lists);
+        check_true("a dropped action: the simulator and the list checker see it",
+                   t.problem.find("rank 1 waits at B7 for B7 of stage 2 (rank 2)") != std::string::npos &&
+                       !check_list(lists[2], l.m, l.V).empty(),
+                   t.problem);
+    }
+    {
+        auto lists = all_lists(l);
+        lists[2].push_back(lists[2].back());
+        const PipelineTimeline t = simulate(lists);
+        check_true("a repeated action: the simulator and the list checker see it",
+                   t.problem == "rank 2 runs B7 of stage 2 (rank 2) twice" &&
+                       check_list(lists[2], l.m, l.V) == "B7.0 appears twice",
+                   t.problem);
+    }
+    {
+        auto lists = all_lists(l);
+        lists[1][0].microbatch = 8;
+        check_true("a microbatch that does not exist",
+                   simulate(lists).problem == "rank 1 has F8.0: no such microbatch or virtual stage");
+    }
+    // a timeline edited to start an action before its input arrived, or on top of the one before
+    {
+        const auto lists = all_lists(l);
+        PipelineTimeline t = simulate(lists);
+        if (!check_true("the unbroken 1f1b p=4 m=8 runs", t.problem.empty(), t.problem)) return;
+        t.ranks[2][0].start_ms -= 0.5;  // rank 2's F0 starts before rank 1's F0 has ended
+        t.ranks[2][0].end_ms -= 0.5;
+        check_true("the timeline checker: an action before its input", !check_timeline(t, lists).empty(),
+                   check_timeline(t, lists));
+        PipelineTimeline u = simulate(lists);
+        u.ranks[0][5].start_ms = u.ranks[0][4].start_ms;
+        u.ranks[0][5].end_ms = u.ranks[0][5].start_ms + kForwardMs;
+        check_true("the timeline checker: two actions at once", !check_timeline(u, lists).empty(),
+                   check_timeline(u, lists));
+    }
+    // the trace reader says no to broken JSON and to a trace that lost an event
+    {
+        const PipelineTimeline t = simulate(all_lists(l));
+        std::string trace = pipeline_chrome_trace(t);
+        Json ignored;
+        check_true("the JSON reader accepts JSON",
+                   parse_json("{\"a\": [1, -2.5e3, true, null, \"x\\\"y\"], \"b\": {}}", &ignored));
+        bool all_refused = true;
+        for (const std::string bad :
+             {"{\"a\": 1,}", "{\"a\" 1}", "[1 2]", "{\"a\": 01x}", "{\"a\": \"open}", "{} {}", ""})
+            all_refused &= !parse_json(bad, &ignored);
+        check_true("the JSON reader refuses broken JSON", all_refused);
+        check_true("the trace checker: a trace cut short", !check_trace(trace.substr(0, trace.size() - 4), t).empty());
+        const size_t event = trace.find("{\"name\": \"B3\"");
+        const size_t event_end = trace.find('\n', event);
+        std::string missing = trace;
+        missing.erase(event, event_end - event + 1);
+        check_true("the trace checker: a trace without one event", !check_trace(missing, t).empty(),
+                   check_trace(missing, t));
+    }
+}
+
+// ----------------------------------------------------------------------------
+// 5. what the executor takes from the lists
+
+#include "test_pipeline_executor.cuh"
+
+// ----------------------------------------------------------------------------
+
+int write_trace(int argc, char** argv) {
+    if (argc != 6 && argc != 7) fatal("usage: %s --trace SCHEDULE P M [V] OUT.json", argv[0]);
+    const PipelineSchedule schedule = pipeline_schedule_from_name(argv[2]);
+    const int p = atoi(argv[3]), m = atoi(argv[4]), V = argc == 7 ? atoi(argv[5]) : 1;
+    const std::string path = argv[argc - 1];
+    for (int r = 0; r < p; r++)
+        printf("rank %d: %s\n", r, pipeline_describe(pipeline_actions(schedule, r, p, m, V)).c_str());
+    const PipelineTimeline t = pipeline_simulate(schedule, p, m, V, kForwardMs, kBackwardMs);
+    if (!t.problem.empty()) fatal("%s", t.problem.c_str());
+    write_text_file(path, pipeline_chrome_trace(t));
+    printf("%s p=%d m=%d V=%d: step %.4g ms, bubble %.6f (formula %.6f), peak activations on rank 0: %d -> %s\n",
+           argv[2], p, m, V, t.step_ms, t.bubble_fraction[0], pipeline_bubble_fraction(schedule, p, m, V),
+           t.peak_activations[0], path.c_str());
+    return EXIT_SUCCESS;
+}
+
+int main(int argc, char** argv) {
+    if (argc > 1 && std::string(argv[1]) == "--trace") return write_trace(argc, argv);
+    if (argc > 1) fatal("usage: %s [--trace SCHEDULE P M [V] OUT.json]", argv[0]);
+    test_by_hand();
+    printf("every layout (failures only)\n");
+    lab.quiet = true;
+    test_grid();
+    lab.quiet = false;
+    test_between_schedules();
+    test_broken_input_is_caught();
+    test_records();
+    test_gradient_sends();
+    test_held_chunks();
+    printf("%d passed, %d failed\n", lab.passed, lab.failed);
+    return lab.failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

@@ -1,0 +1,238 @@
+/*
+Tests of llmc/planning/planner.h, the arithmetic behind --plan and --plan-search, against published layouts and
+hand-worked numbers (no GPU, no MPI ranks: the planner allocates nothing):
+  (a) Llama 3 405B's parallel layout (Dubey et al. 2024, "The Llama 3 Herd of Models", Table 4: 16,384
+      GPUs, TP 8, PP 16, CP 1 at 8K positions and CP 16 at 128K, DP filling the rest, micro-batch 1, 16M
+      tokens per step, BF16, the optimizer state sharded over dp as ZeRO-1 does) must fit in 80 GB per GPU.
+      Our model is GPT-2's architecture (learned positions, GELU MLP, tied embeddings, GPT-2's vocabulary)
+      at a 405B-class shape: 128 layers (Llama's 126 do not cut into 16 equal stages), 16384 channels, 128
+      heads: 413B parameters. With --recompute full it fits at both lengths; without recomputation the
+      128K layout does not (the check can fail both ways). The per-category memory is printed.
+  (b) the cost model by hand: compute time, links, bubble, and the shape's parameter count in 64 bits.
+  (c) --plan-search for GPT-2 1558M on 64 ranks of 80 GB: at least one layout, each of them fits, re-plans
+      to the same numbers, fastest first; at 16 GB some layouts are left out for their size.
+Korthikanti et al.'s Table 2 and the ZeRO paper's Figure 1 are checked in dev/test/test_memory.cu (test_paper,
+test_korthikanti_by_hand, test_korthikanti_shapes; scripts/test/run_tests.sh runs both suites); here Table 2's
+rows are checked once more at the 405B shape. Prints `N passed, M failed`.
+*/
+#include <string>
+#include <vector>
+#include "../lab/lab.h"
+#include "../../llmc/planning/planner.h"
+
+static std::string describe(double got, double want) {
+    char text[128];
+    snprintf(text, sizeof(text), "got %.12g, expected %.12g", got, want);
+    return text;
+}
+
+constexpr double kGB = 1e9;  // "80 GB": the smaller reading of an 80 GB H100 (80e9 bytes, 74.5 GiB)
+
+// GPT-2's architecture at Llama 3 405B's width and (rounded up) depth, seeing `seq_len` positions
+static GPT2Config llama_class_config(int seq_len) {
+    GPT2Config c;
+    c.num_layers = 128;
+    c.num_heads = 128;
+    c.channels = 16384;
+    c.vocab_size = 50257;
+    c.padded_vocab_size = padded_vocab(c.vocab_size);
+    c.max_seq_len = seq_len;
+    gpt2_validate_config(c, "the 405B-class shape");
+    return c;
+}
+
+// Table 4 of the Llama 3 paper, 16,384 GPUs: 16M tokens per step, micro-batch 1
+static Layout llama_layout(int seq_len, int cp, RecomputePolicy recompute, bool sequence_parallel) {
+    Layout l;
+    l.ranks = 16384;
+    l.tp = 8, l.pp = 16, l.cp = cp;
+    l.sequence_parallel = sequence_parallel;
+    l.schedule = PipelineSchedule::OneFOneB;
+    l.zero_stage = 1;  // the optimizer state sharded over the data-parallel (and cp) ranks
+    l.recompute = Recompute{recompute, 1};
+    l.batch_size = 1, l.seq_len = seq_len;
+    l.total_batch_size = 16 * 1024 * 1024;
+    l.bf16 = true;
+    return l;
+}
+
+static PlanHardware hardware_of(double gpu_memory_bytes) {
+    PlanHardware hw;
+    hw.gpu_memory_bytes = gpu_memory_bytes;
+    return hw;
+}
+
+// ----------------------------------------------------------------------------
+// (a) Llama 3 405B's layouts
+
+static void check_llama(const char* name, int seq_len, int cp, RecomputePolicy recompute, bool sequence_parallel,
+                        int want_dp, bool want_fit) {
+    printf("Llama 3 405B layout, %s (%d positions, tp 8 x pp 16 x cp %d, ZeRO-1, recompute %s%s)\n", name, seq_len,
+           cp, recompute_policy_names()[(int)recompute].c_str(), sequence_parallel ? ", sequence parallel" : "");
+    const GPT2Config config = llama_class_config(seq_len);
+    const PlanHardware hw = hardware_of(80 * kGB);
+    const LayoutPlan plan = plan_layout(config, llama_layout(seq_len, cp, recompute, sequence_parallel), hw);
+    if (!check_true(std::string(name) + ": the layout checks accept it", plan.error.empty(), plan.error)) return;
+    check_true(std::string(name) + ": dp fills the 16,384 GPUs", plan.dp == want_dp && plan.dp * 8 * 16 * cp == 16384,
+               describe(plan.dp, want_dp));
+    check_true(std::string(name) + ": 16 microbatches of 1 sequence per dp rank", plan.accumulation == 16,
+               describe(plan.accumulation, 16));
+    print_memory_plan(plan.stages[plan.fullest_stage]);
+    print_plan_communication(plan, hw);
+    print_plan_estimate(plan, hw);
+    const double needed = plan.peak_bytes + kPlanReserveBytes;
+    check_true(std::string(name) + (want_fit ? ": fits in 80 GB per GPU" : ": does not fit in 80 GB per GPU"),
+               plan.fits == want_fit && (needed <= 80 * kGB) == want_fit,
+               format_bytes(needed) + " needed on pp rank " + std::to_string(plan.fullest_stage));
+    // the fullest rank is the first stage (the most records in flight, the embeddings)
+    check_true(std::string(name) + ": pp rank 0 is the fullest", plan.fullest_stage == 0,
+               describe(plan.fullest_stage, 0));
+}
+
+// Table 2's rows at the 405B shape (8K, tp 8): the corrected count equals the bytes our kernels keep
+static void check_table2_at_405b() {
+    printf("Korthikanti et al. Table 2 at the 405B-class shape (s 8192, b 1, h 16384, a 128, t 8)\n");
+    const GPT2Config config = llama_class_config(8192);
+    const LayoutPlan plan = plan_layout(config, llama_layout(8192, 1, RecomputePolicy::Full, true),
+                                        hardware_of(80 * kGB));
+    int equal = 0;
+    for (int r = 0; r < kNumTable2Rows; r++) {
+        const Table2Value v = korthikanti_table2((Table2Row)r, plan.shapes[0]);
+        if (v.corrected == gpt2_activation_bytes(v.ours, true).per_layer) equal++;
+    }
+    check_true("405B shape: corrected Table 2 == ours, every row", equal == kNumTable2Rows,
+               describe(equal, kNumTable2Rows));
+    // full recomputation keeps the layer's input, 2sbh bytes (Table 2's last row), on each of 8 layers
+    const double sbh = 8192.0 * 16384;
+    check_true("405B shape, full: 2 sbh per layer", gpt2_activation_bytes(plan.shapes[0], true).per_layer == 2 * sbh / 8,
+               describe(gpt2_activation_bytes(plan.shapes[0], true).per_layer, 2 * sbh / 8) + " (sequence parallel: /t)");
+}
+
+// ----------------------------------------------------------------------------
+// (b) the cost model and the checks, by hand
+
+static void test_by_hand() {
+    printf("the cost model by hand\n");
+    // the 405B-class shape's parameters, counted in 64 bits: L (12 C^2 + 13 C) + Vp C + T C + 2 C
+    const GPT2Config big = llama_class_config(131072);
+    const long long C = 16384, L = 128;
+    const long long want = L * (12 * C * C + 13 * C) + 50304 * C + 131072 * C + 2 * C;
+    check_true("405B-class shape: parameter count exact in 64 bits",
+               (long long)ParameterLayout(big).num_parameters == want && want > 405000000000LL,
+               describe((double)ParameterLayout(big).num_parameters, (double)want));
+
+    // one rank, 124M: the step is the compute, 6 P + 12 L C T FLOPs per token at peak x efficiency
+    GPT2Config small;
+    gpt2_config_by_name("124M", &small);
+    Layout one;
+    one.ranks = 1, one.batch_size = 4, one.seq_len = 1024, one.total_batch_size = 4 * 1024 * 8, one.bf16 = true;
+    PlanHardware hw = hardware_of(80 * kGB);
+    hw.peak_flops = 1e15, hw.efficiency = 0.25;
+    LayoutPlan plan = plan_layout(small, one, hw);
+    const double P = 124475904.0, tokens = 32768;  // GPT-2 124M with wte padded to 50304 rows
+    const double seconds = (6 * P + 12.0 * 12 * 768 * 1024) * tokens / (1e15 * 0.25);
+    check_true("one rank: step == compute == FLOPs / (peak x efficiency)",
+               std::fabs(plan.step_seconds - seconds) <= 1e-12 * seconds && plan.compute_seconds == plan.step_seconds,
+               describe(plan.step_seconds, seconds));
+    check_true("one rank: MFU == efficiency", std::fabs(plan.mfu - 0.25) < 1e-12, describe(plan.mfu, 0.25));
+    check_true("one rank: 8 micro-steps", plan.accumulation == 8, describe(plan.accumulation, 8));
+
+    // full recomputation: + one forward pass of the blocks (2 P_block + 4 C T per layer and token)
+    one.recompute = Recompute{RecomputePolicy::Full, 1};
+    const LayoutPlan full = plan_layout(small, one, hw);
+    const double block = 12.0 * 768 * 768 + 13 * 768;
+    const double extra = 12 * (2 * block + 4.0 * 768 * 1024) * tokens;
+    check_true("full recompute: hardware FLOPs + one forward of the blocks",
+               std::fabs(full.hardware_flops - plan.model_flops - extra) <= 1e-9 * extra,
+               describe(full.hardware_flops - plan.model_flops, extra));
+
+    // links: tp 8 stays in a node of 8 (NVLink), cp 2 on top of it crosses (InfiniBand)
+    Layout l = llama_layout(131072, 16, RecomputePolicy::Full, false);
+    plan = plan_layout(llama_class_config(131072), l, hw);
+    check_true("tp 8 on 8 GPUs per node: NVLink; cp, pp, dp: InfiniBand",
+               !plan.crosses_nodes[PLAN_TP] && plan.crosses_nodes[PLAN_CP] && plan.crosses_nodes[PLAN_PP] &&
+                   plan.crosses_nodes[PLAN_DP]);
+    check_true("tp axis time == bytes / NVLink", plan.axis_seconds[PLAN_TP] == plan.bytes[PLAN_TP] / 450e9);
+    check_true("1f1b bubble (p-1)/(m+p-1), p 16, m 16", std::fabs(plan.bubble - 15.0 / 31) < 1e-15,
+               describe(plan.bubble, 15.0 / 31));
+    const double stretched = (plan.compute_seconds + plan.axis_seconds[PLAN_TP] + plan.axis_seconds[PLAN_CP] +
+                              plan.axis_seconds[PLAN_PP]) / (16.0 / 31) + plan.exposed_dp_seconds;
+    check_true("step == (compute + tp + cp + pp) / (1 - bubble) + exposed dp",
+               std::fabs(plan.step_seconds - stretched) <= 1e-12 * stretched, describe(plan.step_seconds, stretched));
+
+    // refused layouts carry the checks' own lines
+    l = llama_layout(8192, 1, RecomputePolicy::Full, true);
+    GPT2Config llama_depth = llama_class_config(8192);
+    llama_depth.num_layers = 126;
+    plan = plan_layout(llama_depth, l, hw);
+    check_true("126 layers on pp 16: refused", plan.error.find("126 layers cannot be cut into --pp 16") == 0,
+               plan.error);
+    l.cp = 2;
+    plan = plan_layout(llama_class_config(8192), l, hw);
+    check_true("sequence parallel with cp 2 at 8K: 4096 positions per cp rank split over tp 8", plan.error.empty(),
+               plan.error);
+    l.seq_len = 8200, l.total_batch_size = 0;  // 4100 positions per cp rank do not split over tp 8
+    plan = plan_layout(llama_class_config(8200), l, hw);
+    check_true("sequence parallel with cp 2 at T 8200: refused", plan.error.find("--sequence-parallel with --cp 2") == 0,
+               plan.error);
+    l = llama_layout(8192, 1, RecomputePolicy::Full, true);
+    l.total_batch_size = 3 * 8192 * 128;
+    plan = plan_layout(llama_class_config(8192), l, hw);
+    check_true("1f1b takes 3 microbatches on pp 16", plan.error.empty(), plan.error);
+    l.schedule = PipelineSchedule::Interleaved, l.pp_virtual = 2;
+    plan = plan_layout(llama_class_config(8192), l, hw);
+    check_true("interleaved with m 3 on pp 16: refused", plan.error.find("multiple of --pp 16") != std::string::npos,
+               plan.error);
+    l.total_batch_size = 8192 * 128 + 1;
+    plan = plan_layout(llama_class_config(8192), l, hw);
+    check_true("a total batch not a multiple of B T dp: refused", plan.error.find("not a multiple") != std::string::npos,
+               plan.error);
+}
+
+// ----------------------------------------------------------------------------
+// (c) the search
+
+static void check_search(double gpu_memory_bytes, bool expect_some_too_big) {
+    GPT2Config config;
+    gpt2_config_by_name("1558M", &config);
+    Layout base;
+    base.ranks = 64, base.batch_size = 4, base.seq_len = 1024, base.total_batch_size = 524288, base.bf16 = true;
+    const PlanHardware hw = hardware_of(gpu_memory_bytes);
+    const PlanSearch search = plan_search(config, base, hw);
+    print_plan_search(config, search, base, hw, 10);
+    const std::string where = "GPT-2 1558M, 64 ranks of " + format_bytes(gpu_memory_bytes);
+    check_true(where + ": at least one layout", !search.fitting.empty(), std::to_string(search.fitting.size()));
+    int fitting = 0, same = 0, ordered = 0;
+    for (size_t i = 0; i < search.fitting.size(); i++) {
+        const LayoutPlan& p = search.fitting[i];
+        const LayoutPlan again = plan_layout(config, p.layout, hw);
+        fitting += p.fits && p.peak_bytes + kPlanReserveBytes <= gpu_memory_bytes && p.error.empty();
+        same += again.error.empty() && again.step_seconds == p.step_seconds && again.peak_bytes == p.peak_bytes;
+        ordered += i == 0 || search.fitting[i - 1].step_seconds <= p.step_seconds;
+    }
+    const int n = (int)search.fitting.size();
+    check_true(where + ": every listed layout fits", fitting == n, describe(fitting, n));
+    check_true(where + ": each re-plans to the same numbers", same == n, describe(same, n));
+    check_true(where + ": fastest first", ordered == n, describe(ordered, n));
+    check_true(where + ": every layout accounted for",
+               search.considered == search.refused + search.too_big + n && search.refused > 0,
+               describe(search.considered, search.refused + search.too_big + n));
+    check_true(where + (expect_some_too_big ? ": some layouts too big" : ": none too big"),
+               (search.too_big > 0) == expect_some_too_big, describe(search.too_big, expect_some_too_big));
+}
+
+int main() {
+    check_llama("8K", 8192, 1, RecomputePolicy::Full, true, 128, true);
+    check_llama("8K, no sequence parallelism", 8192, 1, RecomputePolicy::Full, false, 128, true);
+    check_llama("128K", 131072, 16, RecomputePolicy::Full, false, 8, true);
+    check_llama("128K without recomputation", 131072, 16, RecomputePolicy::None, false, 8, false);
+    check_table2_at_405b();
+    test_by_hand();
+    check_search(80 * kGB, false);
+    check_search(16 * kGB, true);
+    printf("Korthikanti et al. Table 2 (every row, several shapes) and the ZeRO paper's Figure 1 (7.5B parameters, "
+           "64 ranks, stages 0-3 within 5%%): checked by build/test_memory, which scripts/test/run_tests.sh runs "
+           "beside this suite\n");
+    printf("%d passed, %d failed\n", lab.passed, lab.failed);
+    return lab.failed != 0;
+}

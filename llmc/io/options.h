@@ -1,0 +1,186 @@
+/*
+train_gpt's flags: one table (llmc/io/flags.h) that the parser and --help both read, and the Options they
+fill. The run's layout (how its ranks split the work, llmc/parallel/layout.h) is one struct inside, the one
+the planner takes too.
+
+    const Options options = parse_options(argc, argv);   // --help prints the table and exits
+*/
+#pragma once
+
+#include <string>
+#include "flags.h"
+#include "../schedulers.h"
+#include "../parallel/layout.h"
+#include "../parallel/zero.h"
+#include "../planning/planner.h"
+
+struct Options {
+    // the model: a GPT-2 shape by name, a custom shape, or a model file
+    std::string model;
+    int layers = 0, heads = 0, channels = 0, vocab_size = 0, max_seq_len = 0, init_seed = 0;
+    // the data
+    std::string train_data, val_data, tokenizer;
+    bool shuffle = true;
+    int data_seed = 0;
+    // the batch (B, T, tokens per step) and how the ranks split the work
+    Layout layout;
+    std::string trace;           // the last step's pipeline timeline as a Chrome trace ("": none)
+    std::string nccl_init_file;  // rank 0 hands the NCCL id to the others there (launches without MPI)
+    // the optimizer
+    int steps = 0;
+    LearningRateSchedule schedule;
+    AdamWConfig adamw;
+    float grad_clip = 0.0f;
+    // evaluation, samples, checkpoints
+    int val_every = 0, val_batches = 0, sample_every = 0, sample_tokens = 0;
+    int checkpoint_every = 0, keep_checkpoints = 0;
+    std::string output_dir;
+    bool save_model = true, resume = false;
+    // planning instead of training (llmc/planning/planner.h)
+    int plan_ranks = 0, search_ranks = 0, plan_top = 0;
+    PlanHardware hardware;
+    std::string flags_json;      // every flag's value, for the log
+};
+
+inline Options parse_options(int argc, char** argv) {
+    Flags flags("train_gpt", "Trains GPT-2 on token shards (llm.c's format), on one GPU or on the CPU.");
+    flags.heading("Model");
+    std::string& model_name = flags.add_string("model", "124M",
+        "124M, 350M, 774M or 1558M (GPT-2 shapes, initialised from scratch), custom (the shape flags below), "
+        "or a model file in llm.c's format to start from");
+    int& layers = flags.add_int("layers", 4, "custom: transformer blocks", 1, 1024);
+    int& heads = flags.add_int("heads", 4, "custom: attention heads", 1, 1024);
+    int& channels = flags.add_int("channels", 256, "custom: width of the residual stream", 8, 65536);
+    int& vocab_size = flags.add_int("vocab-size", 50257, "custom: vocabulary size (GPT-2's tokenizer: 50257)", 1,
+                                    65536);
+    int& max_seq_len = flags.add_int("max-seq-len", 1024, "custom: positions the model can see", 1, 1 << 20);
+    int& init_seed = flags.add_int("init-seed", 42, "seed of the GPT-2 initialisation (from-scratch models)", 0);
+    flags.heading("Data");
+    std::string& train_data = flags.add_string("train-data", "data/classics_train*.bin", "training token shards (glob)");
+    std::string& val_data = flags.add_string("val-data", "data/classics_val*.bin", "validation token shards (glob)");
+    std::string& tokenizer_path = flags.add_string("tokenizer", "data/gpt2_tokenizer.bin",
+                                                   "tokenizer file, to decode samples");
+    bool& shuffle = flags.add_bool("shuffle", true, "visit training rows in a random order each epoch");
+    int& data_seed = flags.add_int("data-seed", 1337, "seed of the shuffled order", 0);
+    flags.heading("Batch");
+    int& batch_size = flags.add_int("batch-size", 4, "sequences per micro-batch and rank (B)", 1, 1 << 20);
+    int& seq_len = flags.add_int("seq-len", 64, "tokens per sequence (T)", 1, 1 << 20);
+    int& total_batch_size = flags.add_int("total-batch-size", 0,
+        "tokens per optimizer step, all ranks together; a multiple of B*T*ranks, the rest is gradient "
+        "accumulation (0: B*T*ranks)", 0);
+    flags.heading("Optimizer");
+    int& steps = flags.add_int("steps", 100, "optimizer steps in the whole run (the schedule spans them)", 1);
+    float& learning_rate = flags.add_float("learning-rate", 3e-4f, "peak learning rate", 0.0f, 10.0f);
+    std::string& lr_schedule = flags.add_choice("lr-schedule", "cosine", lr_schedule_names(),
+                                                "warmup then cosine decay, or warmup then constant");
+    int& warmup_steps = flags.add_int("warmup-steps", 0, "linear warmup steps", 0);
+    float& final_lr_fraction = flags.add_float("final-lr-fraction", 0.0f, "cosine: last step's lr / peak", 0.0f, 1.0f);
+    float& weight_decay = flags.add_float("weight-decay", 0.1f, "AdamW weight decay (matrices only)", 0.0f, 10.0f);
+    float& beta1 = flags.add_float("beta1", 0.9f, "AdamW beta1", 0.0f, 0.999999f);
+    float& beta2 = flags.add_float("beta2", 0.95f, "AdamW beta2", 0.0f, 0.999999f);
+    float& eps = flags.add_float("eps", 1e-8f, "AdamW epsilon", 0.0f, 1.0f);
+    float& grad_clip = flags.add_float("grad-clip", 1.0f, "clip the global gradient norm to this (0: off)", 0.0f);
+    flags.heading("Evaluation, samples, checkpoints");
+    int& val_every = flags.add_int("val-every", 20, "validation loss every N steps (0: never)", 0);
+    int& val_batches = flags.add_int("val-batches", 10, "batches per validation loss", 1);
+    int& sample_every = flags.add_int("sample-every", 0, "print a text sample every N steps (0: only at the end)", 0);
+    int& sample_tokens = flags.add_int("sample-tokens", 48, "tokens per sample (0: no samples)", 0);
+    int& checkpoint_every = flags.add_int("checkpoint-every", 0, "checkpoint every N steps and at the end (0: never)",
+                                          0);
+    int& keep_checkpoints = flags.add_int("keep-checkpoints", 2, "checkpoints kept in the output directory", 1);
+    std::string& output_dir = flags.add_string("output-dir", "out", "log.jsonl, checkpoints and model.bin go here");
+    bool& save_model = flags.add_bool("save-model", true,
+                                      "at the end, write the model to <output-dir>/model.bin in llm.c's format (fp32)");
+    bool& resume = flags.add_bool("resume", false, "continue from the latest checkpoint in --output-dir");
+    flags.heading("Parallelism (ranks come from the launcher: mpirun, srun or torchrun)");
+    int& zero_stage = flags.add_int("zero", 0,
+        "ZeRO stage: 0 = plain data parallelism, 1 = optimizer state sharded, 2 = gradients too, 3 = parameters "
+        "too (FSDP)", 0, 3);
+    int& dp_shard = flags.add_int("dp-shard", 0,
+        "data-parallel ranks that share one sharded copy of the state (HSDP: the rest replicate it); 0: all of "
+        "them", 0);
+    int& tp_size = flags.add_int("tp", 1,
+        "tensor parallelism: ranks that split every matmul (Megatron), neighbours in rank order; the world is "
+        "data-parallel x pp x cp x tp ranks", 1, 4096);
+    bool& sequence_parallel = flags.add_bool("sequence-parallel", false,
+        "with --tp: each tp rank keeps 1/tp of the rows of the layernorms and the residual stream");
+    int& pp_size = flags.add_int("pp", 1,
+        "pipeline parallelism: stages of consecutive layers on different ranks; the micro-steps of a step are "
+        "the pipeline's microbatches", 1, 4096);
+    std::string& pp_schedule = flags.add_choice("pp-schedule", "1f1b", pipeline_schedule_names(),
+        "the order of each rank's forward and backward passes: all forwards then all backwards (gpipe), one "
+        "forward one backward (1f1b), or 1f1b over --pp-virtual stages per rank (interleaved)");
+    int& pp_virtual = flags.add_int("pp-virtual", 1,
+        "interleaved: stages per pipeline rank (V); layers must be a multiple of pp x V", 1, 1024);
+    std::string& trace_path = flags.add_string("trace", "",
+        "write the last step's timeline of the pipeline's forward and backward passes and waits as a Chrome trace "
+        "(chrome://tracing, ui.perfetto.dev; scripts/pipeline_timeline.py draws it)");
+    int& cp_size = flags.add_int("cp", 1,
+        "context parallelism: ranks that split every sequence (each holds T/cp positions); the world is "
+        "data-parallel x pp x cp x tp ranks", 1, 4096);
+    std::string& cp_mode_flag = flags.add_choice("cp-mode", "ring", cp_mode_names(),
+        "how attention sees the other ranks' positions: key/value blocks passed around a ring (ring), or "
+        "all-to-alls from a split of the sequence to a split of the heads (ulysses: heads / tp must divide by cp)");
+    std::string& cp_split_flag = flags.add_choice("cp-split", "zigzag", cp_split_names(),
+        "which positions a cp rank holds: chunks i and 2cp-1-i of 2cp (zigzag: every rank the same causal "
+        "attention work), or chunk i of cp (contiguous)");
+    flags.heading("Activation recomputation");
+    std::string& recompute_policy = flags.add_choice("recompute", "none", recompute_policy_names(),
+        "what the forward pass keeps: everything (none), all but the layernorm and GELU outputs (selective), "
+        "only the input of every --recompute-every'th block (full); the backward pass computes the rest again");
+    int& recompute_every = flags.add_int("recompute-every", 1,
+        "full: keep the input of every C-th block; the backward pass reruns C blocks at a time (sqrt(layers) "
+        "needs the least memory)", 1, 1 << 20);
+    std::string& nccl_init_file = flags.add_string("nccl-init-file", "",
+        "a path on a file system all ranks share, fresh for every run (put the job id in it): rank 0 hands the "
+        "NCCL id to the others there; needed by srun / torchrun launches without MPI (GPU build)");
+    flags.heading("Planning (arithmetic only, llmc/planning/planner.h: no GPU, no MPI, nothing allocated)");
+    int& plan_ranks = flags.add_int("plan", 0,
+        "print the memory per rank, the bytes per step on each axis, the pipeline bubble and the estimated step "
+        "time of this run on N ranks, and exit (0: train)", 0);
+    int& search_ranks = flags.add_int("plan-search", 0,
+        "list the layouts of N ranks (tp, pp, cp, ZeRO stage, recompute policy) that fit in --gpu-memory, fastest "
+        "first by the estimated step time, and exit (0: train)", 0);
+    float& gpu_memory_gib = flags.add_float("gpu-memory", 80.0f, "planning: memory per GPU, GiB", 0.0f);
+    int& gpus_per_node = flags.add_int("gpus-per-node", 8,
+        "planning: GPUs joined by NVLink; groups spanning more use InfiniBand", 1, 1 << 20);
+    float& nvlink_gbps = flags.add_float("nvlink-bandwidth", 450.0f,
+        "planning: GB/s per direction per GPU within a node (H100 SXM, NVLink 4: 450)", 1e-3f);
+    float& infiniband_gbps = flags.add_float("infiniband-bandwidth", 50.0f,
+        "planning: GB/s per GPU across nodes (NDR InfiniBand, 400 Gb/s: 50)", 1e-3f);
+    float& peak_tflops = flags.add_float("peak-tflops", 989.4f,
+        "planning: peak TFLOP/s per GPU (H100 SXM dense BF16: 989)", 1e-3f);
+    float& efficiency = flags.add_float("efficiency", 0.5f, "planning: fraction of the peak the matmuls reach",
+                                        1e-3f, 1.0f);
+    int& plan_top = flags.add_int("plan-top", 10, "--plan-search: layouts listed", 1);
+    flags.parse(argc, argv);
+
+    Options o;
+    o.model = model_name;
+    o.layers = layers, o.heads = heads, o.channels = channels, o.vocab_size = vocab_size;
+    o.max_seq_len = max_seq_len, o.init_seed = init_seed;
+    o.train_data = train_data, o.val_data = val_data, o.tokenizer = tokenizer_path;
+    o.shuffle = shuffle, o.data_seed = data_seed;
+    Layout& l = o.layout;
+    l.recompute = recompute_from_flags(recompute_policy, recompute_every);
+    l.tp = tp_size, l.pp = pp_size, l.cp = cp_size, l.sequence_parallel = sequence_parallel;
+    l.cp_mode = cp_mode_from_name(cp_mode_flag), l.cp_split = cp_split_from_name(cp_split_flag);
+    l.schedule = pipeline_schedule_from_name(pp_schedule), l.pp_virtual = pp_virtual;
+    l.zero_stage = zero_stage, l.dp_shard = dp_shard;
+    l.batch_size = batch_size, l.seq_len = seq_len, l.total_batch_size = total_batch_size;
+    o.trace = trace_path, o.nccl_init_file = nccl_init_file;
+    o.steps = steps;
+    o.schedule = make_lr_schedule(lr_schedule, learning_rate, warmup_steps, steps, final_lr_fraction);
+    o.adamw.beta1 = beta1, o.adamw.beta2 = beta2, o.adamw.eps = eps, o.adamw.weight_decay = weight_decay;
+    o.grad_clip = grad_clip;
+    o.val_every = val_every, o.val_batches = val_batches, o.sample_every = sample_every;
+    o.sample_tokens = sample_tokens, o.checkpoint_every = checkpoint_every, o.keep_checkpoints = keep_checkpoints;
+    o.output_dir = output_dir, o.save_model = save_model, o.resume = resume;
+    o.plan_ranks = plan_ranks, o.search_ranks = search_ranks, o.plan_top = plan_top;
+    PlanHardware& hw = o.hardware;
+    hw.gpu_memory_bytes = gpu_memory_gib * (double)(1 << 30), hw.gpus_per_node = gpus_per_node;
+    hw.nvlink_bytes_per_second = nvlink_gbps * 1e9, hw.infiniband_bytes_per_second = infiniband_gbps * 1e9;
+    hw.peak_flops = peak_tflops * 1e12, hw.efficiency = efficiency;
+    o.flags_json = flags.to_json();
+    return o;
+}

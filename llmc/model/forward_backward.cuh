@@ -1,0 +1,313 @@
+/*
+What GPT-2 computes (llmc/model/gpt2.cuh has the shapes): one block's forward and backward pass, and the
+pieces of a step around the blocks, on this rank's part of the model.
+
+The network, for a batch of B sequences of T tokens:
+    x      = wte[tokens] + wpe[positions]                              gpt2_embed
+    for each of the L blocks:                                          block_forward
+        x  = x + attproj(attention(qkv(layernorm1(x))))
+        x  = x + fcproj(gelu(fc(layernorm2(x))))
+    logits = layernormf(x) @ wte^T                                     gpt2_head_forward
+    loss   = mean cross-entropy of softmax(logits[:, :V]) against the next tokens          gpt2_loss
+
+Every function takes the model and the parallel context (llmc/parallel/parallel_context.h), and the ranks
+talk only where the math puts them, each at a named call:
+    tp_enter, tp_leave            Megatron's f and g around the split matmuls  llmc/parallel/tensor_parallel.h
+    cp_attention_forward/backward attention over the cp ranks' positions       llmc/parallel/context_parallel.h
+    zero_parameters_of            a chunk's parameters (ZeRO-3 gathers them)   llmc/parallel/zero.h
+    zero_gradients_of             where a chunk's gradient accumulates
+    chunk_gradient_done           a chunk's gradient is complete: reduce it over the data-parallel ranks
+With one rank each of them does nothing but hand back the model's own buffers.
+*/
+#pragma once
+
+#include <string>
+#include <vector>
+#include "gpt2.cuh"
+#include "../parallel/parallel_context.h"
+
+// ----------------------------------------------------------------------------
+// where the passes find parameters and gradients (chunk 0: embeddings, 1..L: blocks, L+1: final layernorm)
+
+inline BlockParams block_parameters(GPT2& model, ParallelContext& par, int layer) {
+    return block_params_in_chunk(zero_parameters_of(par.zero, model, layer + 1), model.layout);
+}
+inline BlockParams block_gradients(GPT2& model, ParallelContext& par, int layer) {
+    return block_params_in_chunk(zero_gradients_of(par.zero, model, layer + 1), model.layout);
+}
+
+// Chunk c's gradient is complete for this microbatch: the final layernorm after the LM head's backward pass,
+// each block after its own, the embeddings after the last of the lookup's and the LM head's shares (on one
+// rank: final layernorm, blocks L-1 .. 0, embeddings). When ZeRO reduces it now (the step's last
+// microbatch; every microbatch at stages 2 and 3), sequence parallelism first adds up the tp ranks' shares
+// of its layernorm gradients, on the compute stream, the only stream that talks to the tp group.
+inline void chunk_gradient_done(GPT2& model, ParallelContext& par, int chunk) {
+    if (!zero_reduces_now(par.zero)) return;
+    tp_sum_sequence_parallel_gradients(par.tp, zero_unreduced_gradient(par.zero, model, chunk), model.layout, chunk,
+                                       model.stream);
+    zero_reduce_chunk(par.zero, model, chunk);
+}
+
+// ----------------------------------------------------------------------------
+// one block, forward and backward (N = B*T rows)
+//
+// Under tensor parallelism each rank runs the block on its heads and hidden units; tp_enter (f) and
+// tp_leave (g) are where the ranks talk: all-reduces, or with sequence parallelism all-gathers and
+// reduce-scatters. With one rank they do nothing and R = N.
+
+// Block `layer` on a.input, writing its activation record a.
+inline void block_forward(GPT2& model, ParallelContext& par, int layer, const BlockActivations& a, int B, int T) {
+    const GPT2Config& c = model.config;
+    const TensorParallel& tp = par.tp;
+    SharedBuffers& s = model.shared;
+    cudaStream_t stream = model.stream;
+    const BlockParams p = block_parameters(model, par, layer);
+    const int N = B * T, C = c.channels, R = tp_rows(tp, N);
+    const int heads = c.num_heads / tp.size, attention = C / tp.size, hidden = 4 * C / tp.size;
+    // x + attproj(attention(qkv(layernorm1(x)))): qkv column-parallel (this rank's heads), attproj row-parallel
+    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.input, p.ln1w, p.ln1b, R, C, stream);
+    const floatX* ln1 = tp_enter(tp, a.ln1, s.gathered, N, C, stream);
+    matmul_forward(a.qkv, ln1, p.qkvw, p.qkvb, N, C, 3 * attention, stream);
+    cp_attention_forward(par.cp, a.atty, a.lse, a.qkv, B, T, attention, heads, stream);  // [cp ring or Ulysses]
+    matmul_forward(s.projection, a.atty, p.attprojw, tp_row_parallel_bias(tp, p.attprojb), N, attention, C, stream);
+    const floatX* attention_branch = tp_leave(tp, s.projection, N, C, stream);
+    fused_residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, a.input, attention_branch, p.ln2w,
+                                     p.ln2b, R, C, stream);
+    // + fcproj(gelu(fc(layernorm2(.)))): fc column-parallel (this rank's hidden units), fcproj row-parallel
+    const floatX* ln2 = tp_enter(tp, a.ln2, s.gathered, N, C, stream);
+    matmul_forward(a.fch, ln2, p.fcw, p.fcb, N, C, hidden, stream);
+    gelu_forward(a.fch_gelu, a.fch, (size_t)N * hidden, stream);
+    matmul_forward(s.projection, a.fch_gelu, p.fcprojw, tp_row_parallel_bias(tp, p.fcprojb), N, hidden, C, stream);
+    const floatX* mlp_branch = tp_leave(tp, s.projection, N, C, stream);
+    residual_forward(a.output, a.residual2, mlp_branch, (size_t)R * C, stream);
+}
+
+// a.dresidual: in, the gradient of the block's output; out, the gradient of its input (this rank's R rows).
+// The block's parameter gradients accumulate. The steps run the forward pass backwards.
+inline void block_backward(GPT2& model, ParallelContext& par, int layer, const BlockActivations& a, int B, int T) {
+    const GPT2Config& c = model.config;
+    const TensorParallel& tp = par.tp;
+    SharedBuffers& s = model.shared;
+    cudaStream_t stream = model.stream;
+    const BlockParams p = block_parameters(model, par, layer);
+    const BlockParams g = block_gradients(model, par, layer);
+    floatX* dresidual = a.dresidual;
+    const int N = B * T, C = c.channels, R = tp_rows(tp, N);
+    const int heads = c.num_heads / tp.size, attention = C / tp.size, hidden = 4 * C / tp.size;
+    // output = residual2 + fcproj(gelu(fc(ln2))): dresidual is the gradient of both terms
+    const floatX* dmlp = tp_leave_backward(tp, dresidual, s.gathered, N, C, stream);
+    matmul_backward(s.dhidden, g.fcprojw, g.fcprojb, s.matmul_scratch, dmlp, a.fch_gelu, p.fcprojw, N, hidden, C,
+                    stream);
+    gelu_backward(s.dhidden, a.fch, s.dhidden, (size_t)N * hidden, stream);
+    const floatX* ln2 = tp_enter(tp, a.ln2, s.gathered, N, C, stream);  // gathered again under SP
+    matmul_backward_input(s.dchannels, s.dhidden, p.fcw, N, C, hidden, stream);
+    const floatX* dln2 = tp_enter_backward(tp, s.dchannels, N, C, stream);  // summed beside the next line
+    matmul_backward_weights(g.fcw, g.fcb, s.matmul_scratch, s.dhidden, ln2, N, C, hidden, stream);
+    tp_join(tp, stream);
+    layernorm_backward(dresidual, g.ln2w, g.ln2b, s.layernorm_scratch, dln2, a.residual2, p.ln2w, a.ln2_mean,
+                       a.ln2_rstd, R, C, stream);
+    // residual2 = input + attproj(attention(qkv(ln1))): dresidual is now the gradient of residual2
+    const floatX* dattention = tp_leave_backward(tp, dresidual, s.gathered, N, C, stream);
+    matmul_backward(s.dchannels, g.attprojw, g.attprojb, s.matmul_scratch, dattention, a.atty, p.attprojw, N,
+                    attention, C, stream);
+    cp_attention_backward(par.cp, s.dqkv, s.attention_D, s.dchannels, a.qkv, a.atty, a.lse, B, T, attention, heads,
+                          stream);  // [cp ring or Ulysses]
+    const floatX* ln1 = tp_enter(tp, a.ln1, s.gathered, N, C, stream);
+    matmul_backward_input(s.dchannels, s.dqkv, p.qkvw, N, C, 3 * attention, stream);
+    const floatX* dln1 = tp_enter_backward(tp, s.dchannels, N, C, stream);  // summed beside the next line
+    matmul_backward_weights(g.qkvw, g.qkvb, s.matmul_scratch, s.dqkv, ln1, N, C, 3 * attention, stream);
+    tp_join(tp, stream);
+    layernorm_backward(dresidual, g.ln1w, g.ln1b, s.layernorm_scratch, dln1, a.input, p.ln1w, a.ln1_mean,
+                       a.ln1_rstd, R, C, stream);
+}
+
+// Selective recomputation (llmc/parallel/recompute.h): the layernorm and GELU outputs block_backward needs, which
+// the layer did not keep, computed again from what it kept: the same kernels on the same inputs, so the
+// same bits (the statistics are written again with the values they had).
+inline void block_recompute_selective(GPT2& model, ParallelContext& par, int layer, const BlockActivations& a, int B,
+                                      int T) {
+    const TensorParallel& tp = par.tp;
+    cudaStream_t stream = model.stream;
+    const BlockParams p = block_parameters(model, par, layer);
+    const int N = B * T, C = model.config.channels, R = tp_rows(tp, N), hidden = 4 * C / tp.size;
+    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.input, p.ln1w, p.ln1b, R, C, stream);
+    layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2w, p.ln2b, R, C, stream);
+    gelu_forward(a.fch_gelu, a.fch, (size_t)N * hidden, stream);
+}
+
+// ----------------------------------------------------------------------------
+// the pieces of a step
+//
+// A step of the model, in the pieces pipeline parallelism runs on different ranks (llmc/parallel/pipeline.h),
+// each for one microbatch of B sequences of T tokens and one stage record:
+//   first stage   gpt2_embed                    token ids -> record.input
+//   every stage   gpt2_stage_forward            record.input -> the stage's blocks -> the last block's output
+//   last stage    gpt2_head_forward, gpt2_loss  -> logits -> loss, and the logits replaced by dlogits
+//                 gpt2_head_backward            -> record.doutput, the gradient of the last block's output
+//   every stage   gpt2_stage_backward           record.doutput -> the gradient of record.input, in place
+//   first stage   gpt2_embed_backward           -> the embeddings' gradients
+// The loss's backward pass through the LM head runs right after the loss, in the forward part of the step:
+// the logits are then used at once, and a record in flight keeps only doutput (R x C), not the logits
+// (N x Vp). gpt2_forward and gpt2_backward put the pieces together for one rank that holds every layer.
+
+// Checks a batch's token ids before they index any table.
+inline void check_token_ids(const int* tokens, size_t count, int vocab_size, const char* what) {
+    for (size_t i = 0; i < count; i++)
+        if (tokens[i] < 0 || tokens[i] >= vocab_size)
+            fatal("%s: token id %d at position %zu is outside the vocabulary [0, %d)", what, tokens[i], i, vocab_size);
+}
+
+// First stage: x = wte[tokens] + wpe[positions] into record.input (tokens: host ids).
+inline void gpt2_embed(GPT2& model, ParallelContext& par, StageActivations& record, const int* tokens, int B, int T) {
+    const GPT2Config& c = model.config;
+    const TensorParallel& tp = par.tp;
+    const int N = B * T, C = c.channels;
+    if (B > model.max_batch || T > model.max_seq)
+        fatal("batch %d x %d exceeds the allocated %d x %d", B, T, model.max_batch, model.max_seq);
+    if (tp.sequence_parallel && N % tp.size != 0)
+        fatal("sequence parallelism: %d x %d rows do not split over tp %d", B, T, tp.size);
+    check_token_ids(tokens, N, c.vocab_size, "input batch");
+    record.tokens.assign(tokens, tokens + N);
+    staged_upload(model.inputs_upload, model.inputs, tokens, N, model.stream);
+    floatX* embeddings = zero_parameters_of(par.zero, model, 0);  // wte (this rank's rows under tp), then wpe
+    const floatX* wpe = embeddings + model.layout.offset(WPE);
+    // the positions of the rows: one chunk of all T without context parallelism (llmc/parallel/context_parallel.h)
+    const std::vector<SequenceChunk> chunks = cp_sequence_chunks(par.cp, B, T);
+    if (tp.size > 1) {  // all rows at once: under SP a tp slice of the rows may cut across the chunks
+        vocab_parallel_embedding_forward(tp, record.input, model.shared.projection, model.inputs, embeddings, wpe,
+                                         chunks, B, T, C, c.padded_vocab_size, model.stream);
+        return;
+    }
+    for (const SequenceChunk& chunk : chunks)
+        encoder_forward(record.input + (size_t)chunk.first_row * C, model.inputs + chunk.first_row, embeddings,
+                        wpe + (size_t)chunk.position * C, B, chunk.T, C, model.stream);
+}
+
+// The blocks first .. first + stage_layers - 1 on record.input.
+inline void gpt2_stage_forward(GPT2& model, ParallelContext& par, StageActivations& record, int first, int B, int T) {
+    for (int i = 0; i < model.stage_layers; i++) block_forward(model, par, first + i, record.blocks[i], B, T);
+}
+
+// Last stage: the final layernorm of the stage's output, then the logits (model.logits: N x Vp, or this
+// tensor-parallel rank's N x Vp/tp columns).
+inline void gpt2_head_forward(GPT2& model, ParallelContext& par, const StageActivations& record, int B, int T) {
+    const GPT2Config& c = model.config;
+    const int N = B * T, C = c.channels, L = c.num_layers;
+    floatX* final_layernorm = zero_parameters_of(par.zero, model, L + 1);  // lnfw, then lnfb
+    layernorm_forward(model.lnf, model.lnf_mean, model.lnf_rstd, record.blocks.back().output, final_layernorm,
+                      final_layernorm + C, tp_rows(par.tp, N), C, model.stream);
+    // the LM head: column-parallel over the vocabulary (wte's rows), so f comes before it
+    const floatX* lnf = tp_enter(par.tp, model.lnf, model.shared.gathered, N, C, model.stream);
+    matmul_forward(model.logits, lnf, zero_parameters_of(par.zero, model, 0), nullptr, N, C,
+                   c.padded_vocab_size / par.tp.size, model.stream);
+}
+
+// Cross-entropy of the logits against `targets` (host ids). Adds the mean loss over the N positions to
+// model.loss_sum on the device (gpt2_mean_loss, then gpt2_read_results, bring it to the host). Replaces
+// the logits by dloss * dloss_i/dlogits, ready for gpt2_head_backward: dloss = 1 / (N * micro-steps) makes the
+// accumulated gradient that of the mean loss over the whole batch.
+inline void gpt2_loss(GPT2& model, ParallelContext& par, const int* targets, int B, int T, float dloss) {
+    const GPT2Config& c = model.config;
+    const int N = B * T;
+    check_token_ids(targets, N, c.vocab_size, "target batch");
+    staged_upload(model.targets_upload, model.targets, targets, N, model.stream);
+    if (par.tp.size == 1) {
+        fused_classifier(model.logits, model.losses, dloss, model.targets, N, c.vocab_size, c.padded_vocab_size,
+                         model.stream);
+    } else {
+        vocab_parallel_cross_entropy(par.tp, model.logits, model.losses, model.shared.softmax_stats, dloss,
+                                     model.targets, N, c.vocab_size, c.padded_vocab_size, model.stream);
+    }
+    accumulate_mean_loss(model.loss_sum, model.losses, N, model.stream);
+}
+
+// Last stage, after gpt2_loss: the loss's gradient through the LM head (its share of dwte) and the final
+// layernorm into record.doutput. The final layernorm's gradient is then complete for this microbatch.
+inline void gpt2_head_backward(GPT2& model, ParallelContext& par, StageActivations& record, int B, int T) {
+    const GPT2Config& c = model.config;
+    const TensorParallel& tp = par.tp;
+    const int N = B * T, C = c.channels, R = tp_rows(tp, N), final_chunk = model.layout.num_chunks() - 1;
+    SharedBuffers& s = model.shared;
+    // logits = lnf @ wte^T: the LM head's share of dwte, and the gradient of lnf (f's backward sums the
+    // tp ranks' shares of it)
+    floatX* embedding_grads = zero_gradients_of(par.zero, model, 0);  // wte, then wpe
+    const floatX* lnf = tp_enter(tp, model.lnf, s.gathered, N, C, model.stream);
+    const int vocab_columns = c.padded_vocab_size / tp.size;
+    matmul_backward_input(s.dchannels, model.logits, zero_parameters_of(par.zero, model, 0), N, C, vocab_columns,
+                          model.stream);
+    const floatX* dlnf = tp_enter_backward(tp, s.dchannels, N, C, model.stream);  // summed beside the next line
+    matmul_backward_weights(embedding_grads, nullptr, s.matmul_scratch, model.logits, lnf, N, C, vocab_columns,
+                            model.stream);
+    tp_join(tp, model.stream);
+    // lnf = layernorm(x_L): the residual stream's gradient starts here
+    floatX* final_grads = zero_gradients_of(par.zero, model, final_chunk);  // lnfw, then lnfb
+    cudaCheck(cudaMemsetAsync(record.doutput, 0, (size_t)R * C * sizeof(floatX), model.stream));
+    layernorm_backward(record.doutput, final_grads, final_grads + C, s.layernorm_scratch, dlnf,
+                       record.blocks.back().output, zero_parameters_of(par.zero, model, final_chunk), model.lnf_mean,
+                       model.lnf_rstd, R, C, model.stream);
+    chunk_gradient_done(model, par, final_chunk);
+}
+
+// The stage's blocks backwards: record.doutput, the gradient of the stage's output, becomes the gradient of
+// its input; each block's parameter gradients accumulate and its chunk's gradient is done. Last block first,
+// in segments (llmc/parallel/recompute.h): under full recomputation a segment's forward passes run again from
+// its checkpoint (the output kept before it, or the stage's input) to refill the shared records; under
+// selective each block first recomputes its layernorm and GELU outputs; otherwise a segment is a block.
+inline void gpt2_stage_backward(GPT2& model, ParallelContext& par, StageActivations& record, int first, int B,
+                                int T) {
+    const Recompute& recompute = par.layout.recompute;
+    const int layers = model.stage_layers, segment = recompute_segment(recompute, layers);
+    for (int start = (layers - 1) / segment * segment; start >= 0; start -= segment) {
+        const int end = std::min(start + segment, layers);
+        if (recompute.policy == RecomputePolicy::Full)
+            for (int i = start; i < end; i++) block_forward(model, par, first + i, record.blocks[i], B, T);
+        for (int i = end - 1; i >= start; i--) {
+            if (recompute.policy == RecomputePolicy::Selective)
+                block_recompute_selective(model, par, first + i, record.blocks[i], B, T);
+            block_backward(model, par, first + i, record.blocks[i], B, T);
+            chunk_gradient_done(model, par, first + i + 1);
+        }
+    }
+}
+
+// First stage: the embeddings' gradients from record.doutput (the gradient of block 0's input). Whether
+// the embedding chunk is then done depends on the LM head's share, so the caller says when it is.
+inline void gpt2_embed_backward(GPT2& model, ParallelContext& par, const StageActivations& record, int B, int T) {
+    const GPT2Config& c = model.config;
+    const int C = c.channels;
+    SharedBuffers& s = model.shared;
+    floatX* embedding_grads = zero_gradients_of(par.zero, model, 0);  // wte, then wpe
+    floatX* dwpe = embedding_grads + model.layout.offset(WPE);
+    const std::vector<SequenceChunk> chunks = cp_sequence_chunks(par.cp, B, T);
+    if (par.tp.size > 1) {  // every row's gradient first (gathered under SP), then chunk by chunk
+        vocab_parallel_embedding_backward(par.tp, embedding_grads, dwpe, &s.encoder_workspace, record.doutput,
+                                          s.gathered, record.tokens.data(), chunks, B, T, C, c.padded_vocab_size,
+                                          model.stream);
+        return;
+    }
+    for (const SequenceChunk& chunk : chunks)
+        encoder_backward(embedding_grads, dwpe + (size_t)chunk.position * C, &s.encoder_workspace,
+                         record.doutput + (size_t)chunk.first_row * C, record.tokens.data() + chunk.first_row, B,
+                         chunk.T, C, model.stream);
+}
+
+// ----------------------------------------------------------------------------
+// one rank that holds every layer (no pipeline): the pieces in order, on stage record 0
+
+// Forward pass of B sequences of T tokens (host ids) up to the logits.
+inline void gpt2_forward(GPT2& model, ParallelContext& par, const int* inputs, int B, int T) {
+    if (!model.first_stage || !model.last_stage) fatal("gpt2_forward needs every layer on this rank");
+    StageActivations& record = model.records[0];
+    gpt2_embed(model, par, record, inputs, B, T);
+    gpt2_stage_forward(model, par, record, 0, B, T);
+    gpt2_head_forward(model, par, record, B, T);
+}
+
+// Backward pass after gpt2_forward + gpt2_loss on the same batch; gradients accumulate (+=).
+inline void gpt2_backward(GPT2& model, ParallelContext& par, int B, int T) {
+    StageActivations& record = model.records[0];
+    gpt2_head_backward(model, par, record, B, T);
+    gpt2_stage_backward(model, par, record, 0, B, T);
+    gpt2_embed_backward(model, par, record, B, T);
+    chunk_gradient_done(model, par, 0);
+}

@@ -1,0 +1,40 @@
+/*
+The layout of a run: how its ranks split the work, one struct for the trainer and the planner alike.
+
+    world = dp x pp x cp x tp ranks (llmc/parallel/mesh.h's order: tp varies fastest, then cp, pp, dp)
+    dp   data-parallel replicas, each training on its own rows (llmc/parallel/zero.h); dp_shard of them
+         share one sharded copy of the optimizer state (ZeRO), the rest replicate it (HSDP)
+    pp   pipeline stages of consecutive layers, run in the order of `schedule` (llmc/parallel/pipeline.h)
+    cp   ranks that split every sequence (llmc/parallel/context_parallel.h)
+    tp   ranks that split every matmul (llmc/parallel/tensor_parallel.h), with sequence_parallel their rows too
+plus what a rank keeps (ZeRO stage, recompute policy) and the batch: B x T tokens per data-parallel rank
+and micro-step, total_batch_size tokens per optimizer step; the micro-steps of a step are the pipeline's
+microbatches. train_gpt fills it from the flags (llmc/io/options.h) and builds the parallel context from
+it (llmc/parallel/parallel_context.h); --plan hands the same struct to llmc/planning/planner.h, so the
+two cannot drift apart.
+*/
+#pragma once
+
+#include "context_parallel.h"
+#include "pipeline_schedule.h"
+#include "recompute.h"
+
+struct Layout {
+    int ranks = 1;                        // the world (the planner's --plan N; the launcher's, when training)
+    int tp = 1, pp = 1, cp = 1;           // dp = ranks / (tp pp cp)
+    bool sequence_parallel = false;
+    ContextParallelMode cp_mode = ContextParallelMode::Ring;
+    SequenceSplit cp_split = SequenceSplit::Zigzag;
+    PipelineSchedule schedule = PipelineSchedule::OneFOneB;
+    int pp_virtual = 1;                   // V: stages per pipeline rank (interleaved)
+    int zero_stage = 0;
+    int dp_shard = 0;                     // data-parallel ranks per shard group (0: all of them)
+    Recompute recompute;
+    int batch_size = 1, seq_len = 1024;   // B x T per data-parallel rank and micro-step
+    int total_batch_size = 0;             // tokens per step (0: one micro-step, B T dp)
+    bool bf16 = sizeof(floatX) == 2;      // the build's precision (planning: the one assumed)
+    int multiprocessors = 132;            // the device's (planning: H100 SXM's); sizes two scratch buffers
+};
+
+// data-parallel ranks: what is left of the world after pp, cp and tp
+inline int layout_data_parallel(const Layout& l) { return l.ranks / (l.tp * l.pp * l.cp); }

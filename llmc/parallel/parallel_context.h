@@ -1,0 +1,190 @@
+/*
+The parallel context: this rank's place on every axis of the mesh, built once from the layout.
+
+    Layout (llmc/parallel/layout.h: what the flags asked for)
+      -> the world's ranks (llmc/parallel/comm.h) cut into the mesh's groups (llmc/parallel/mesh.h)
+      -> tp   this rank's slice of every matmul and the stream f's backward runs on   tensor_parallel.h
+         cp   its positions of every sequence, the ring's buffers and stream          context_parallel.h
+         pipe its pipeline stages, schedule, records and links                        pipeline_links.h
+         zero its shards of the parameters, gradients and optimizer state             zero.h
+              (set up once the model is allocated: zero_init)
+The model (llmc/model/gpt2.cuh) holds tensors and activations only; every pass that needs to talk to other
+ranks takes the context (llmc/model/forward_backward.cuh, llmc/parallel/pipeline.h). With one rank every
+group has one member and every collective does nothing: a default ParallelContext is one rank's.
+
+Below: making and freeing it, the part of the model a rank holds (model_part), and the few steps that
+combine several axes: the step's loss on every rank, the gradient norm, the logits row for sampling, and
+the bytes sent per axis.
+*/
+#pragma once
+
+#include <climits>
+#include <numeric>
+#include <string>
+#include <vector>
+#include "../utils.h"
+#include "comm.h"
+#include "mesh.h"
+#include "layout.h"
+#include "tensor_parallel.h"
+#include "context_parallel.h"
+#include "pipeline_links.h"
+#include "zero.h"
+#include "../model/gpt2.cuh"
+#include "../io/logger.h"
+
+struct ParallelContext {
+    Layout layout;          // what was asked, dp_shard resolved
+    Communicator world;
+    Mesh mesh;              // the groups of every axis
+    bool main_rank = true;  // world rank 0: prints, logs, samples and writes files
+    int dp_rank = 0, dp_size = 1;  // this rank's data-parallel replica: which rows the data loader gives it
+    int microbatches = 1;   // micro-steps per optimizer step: gradient accumulation, the pipeline's microbatches
+    int T_local = 0;        // the positions of each sequence this rank holds: T / cp
+    TensorParallel tp;
+    ContextParallel cp;
+    Pipeline pipe;
+    Zero zero;
+
+    ParallelContext() = default;
+    ParallelContext(const ParallelContext&) = delete;  // the axes' groups point into `mesh`: one copy only
+    ParallelContext& operator=(const ParallelContext&) = delete;
+};
+
+// B*T*ranks, the tokens of one micro-step on all ranks. It and the row counts derived from it (B*T, passed
+// to gpt2_allocate, the kernels and the data loader) are ints: a combination of flags whose product does
+// not fit is refused here, before anything is allocated, instead of wrapping around to a wrong size.
+inline int micro_step_tokens(int batch_size, int seq_len, int ranks) {
+    const long long tokens = (long long)batch_size * seq_len * ranks;
+    if (tokens > INT_MAX)
+        fatal("--batch-size %d x --seq-len %d x %d rank(s) = %lld tokens per micro-step, more than the %d an int "
+              "holds: lower --batch-size or --seq-len", batch_size, seq_len, ranks, tokens, INT_MAX);
+    return (int)tokens;
+}
+
+// Every rank of the launcher (mpirun, srun, torchrun; one rank without) calls this together. Stops with one
+// line naming the flag if the layout cannot run this model on these ranks.
+inline void parallel_create(ParallelContext& par, const Layout& asked, const GPT2Config& config,
+                            const std::string& nccl_init_file) {
+    par.layout = asked;
+    Layout& l = par.layout;
+    par.world = comm_init_world(nccl_init_file);
+    l.ranks = par.world.size;
+    l.multiprocessors = device_properties().multiProcessorCount;
+    if (l.ranks % (l.tp * l.pp * l.cp) != 0)
+        fatal("the %d ranks are not a multiple of --pp %d x --cp %d x --tp %d", l.ranks, l.pp, l.cp, l.tp);
+    // the optimizer state (ZeRO-1, and the gradients with ZeRO-2) is sharded over groups of --dp-shard ranks,
+    // replicated across the groups
+    const int data_parallel_ranks = layout_data_parallel(l);
+    if (l.dp_shard == 0) l.dp_shard = data_parallel_ranks;
+    if (data_parallel_ranks % l.dp_shard != 0)
+        fatal("--dp-shard %d does not divide the %d data-parallel ranks", l.dp_shard, data_parallel_ranks);
+    par.mesh = mesh_create(par.world, mesh_layout(data_parallel_ranks / l.dp_shard, l.dp_shard, l.pp, l.cp, l.tp));
+    par.main_rank = par.world.rank == 0;
+    par.dp_rank = mesh_data_parallel_rank(par.mesh);
+    par.dp_size = mesh_data_parallel_size(par.mesh);
+    if (par.main_rank) mesh_print(par.mesh);
+
+    const int B = l.batch_size, T = l.seq_len;
+    if (T > config.max_seq_len) fatal("--seq-len %d exceeds the model's %d positions", T, config.max_seq_len);
+    tp_check_layout(config, l.tp, l.sequence_parallel, T);
+    par.cp.size = l.cp;
+    par.cp.rank = par.mesh.coords[CP];
+    par.cp.mode = l.cp_mode;
+    par.cp.split = l.cp_split;
+    par.cp.group = l.cp > 1 ? &par.mesh.axis[CP] : nullptr;
+    par.T_local = T / l.cp;
+    par.tp.size = l.tp;
+    par.tp.rank = par.mesh.coords[TP];
+    par.tp.sequence_parallel = l.sequence_parallel;
+    par.tp.group = l.tp > 1 ? &par.mesh.axis[TP] : nullptr;
+    const int tokens_per_micro_step = micro_step_tokens(B, T, par.dp_size);
+    if (l.total_batch_size == 0) l.total_batch_size = tokens_per_micro_step;
+    if (l.total_batch_size % tokens_per_micro_step != 0)
+        fatal("--total-batch-size %d is not a multiple of --batch-size x --seq-len x ranks = %d", l.total_batch_size,
+              tokens_per_micro_step);
+    par.microbatches = l.total_batch_size / tokens_per_micro_step;
+    pipeline_create(par.pipe, par.mesh, l.schedule, l.pp_virtual, par.microbatches, config.num_layers,
+                    (size_t)tp_rows(par.tp, B * par.T_local) * config.channels);
+    // (after the tp and pipeline checks, which name their flags; these add the cp axis's)
+    mesh_check_model(par.mesh, config.num_layers, config.num_heads);
+    cp_check_layout(l.cp, l.cp_mode, l.cp_split, T, config.num_heads, l.tp);
+    tp_check_context_parallel_rows(l.tp, l.sequence_parallel, T, l.cp);
+
+    tp_streams_create(par.tp);
+    cp_create(par.cp, B, par.T_local, config.channels / l.tp, config.num_heads / l.tp);
+}
+
+// The part of the model this rank holds and how it keeps it (llmc/model/gpt2.cuh's gpt2_allocate takes it).
+inline ModelPart model_part(const ParallelContext& par, int num_layers) {
+    const Layout& l = par.layout;
+    ModelPart part = pipeline_model_part(l.schedule, par.pipe.rank, l.pp, l.pp_virtual, par.microbatches, num_layers);
+    part.tp = l.tp;
+    part.tp_rank = par.tp.rank;
+    part.sequence_parallel = l.sequence_parallel;
+    part.shards = zero_shard_count(l.zero_stage, &par.mesh);
+    part.full_parameters = l.zero_stage < 3;
+    part.full_gradients = l.zero_stage < 2;
+    part.recompute = l.recompute;
+    return part;
+}
+
+inline void parallel_destroy(ParallelContext& par) {
+    zero_free(par.zero);
+    tp_streams_destroy(par.tp);
+    cp_destroy(par.cp);
+    pipeline_free(par.pipe);
+    mesh_destroy(par.mesh);
+    comm_destroy(par.world);
+    comm_finalize();
+}
+
+// ----------------------------------------------------------------------------
+// steps that span several axes
+
+// model.results->loss on every rank: the mean of the `count` microbatch losses the last pipeline stage added
+// up (gpt2_loss), averaged over the data-parallel ranks (and the cp ranks, which hold equal shares of the
+// rows), then sent from the last stage to the pipeline's other ranks.
+inline void mean_loss_on_every_rank(ParallelContext& par, GPT2& model, int count) {
+    gpt2_mean_loss(model, count);
+    if (par.zero.data_parallel && par.zero.data_parallel->size > 1)
+        all_reduce(*par.zero.data_parallel, &model.results->loss, 1, Reduction::Average, model.stream);
+    pipeline_share_from_last_stage(par.pipe, &model.results->loss, 1, model.stream);
+}
+
+// model.results->grad_norm_squared = the squared norm of the whole model's averaged gradient, the same on
+// every rank: each rank's part (llmc/parallel/zero.h: the gradient it holds, each tensor counted once over
+// its copies) summed over the ranks that hold different parts: the shard group (in zero_gradient_norm), the
+// tp slices and the pipeline's stages.
+inline void gradient_norm(ParallelContext& par, GPT2& model) {
+    zero_gradient_norm(par.zero, model);
+    float* squared = &model.results->grad_norm_squared;
+    if (par.tp.size > 1) all_reduce(*par.tp.group, squared, 1, Reduction::Sum, model.stream);
+    if (par.pipe.size > 1) all_reduce(*par.pipe.group, squared, 1, Reduction::Sum, model.stream);
+}
+
+// The logits of position `position` (of a sequence of `rows` positions after the last forward pass of one
+// sequence), all Vp of them, on every rank's host: the last stage holds them, in tp column slices, on the
+// cp rank that holds the position; it hands them to its cp group, which hands them down the pipeline.
+inline void logits_row_on_every_rank(ParallelContext& par, GPT2& model, int position, int rows, floatX* out) {
+    const int Vp = model.config.padded_vocab_size;
+    int row = 0;
+    const int holder = cp_owner_of_position(par.cp, position, rows, &row);  // the cp rank with the position
+    if (model.last_stage && par.cp.rank == holder) tp_gather_logits_row(par.tp, out, model.logits, row, Vp, model.stream);
+    if (par.cp.size > 1) broadcast_host(*par.cp.group, out, (size_t)Vp, holder, model.stream);
+    pipeline_share_host_from_last_stage(par.pipe, out, (size_t)Vp, model.stream);
+}
+
+// Bytes this rank sent in the step so far, all groups and per axis (the pp axis with the pipeline's links).
+inline StepTraffic parallel_traffic(const ParallelContext& par) {
+    StepTraffic t;
+    t.total = (long long)(mesh_bytes_sent(par.mesh) + pipeline_link_bytes(par.pipe));
+    t.tp = (long long)par.mesh.axis[TP].bytes_sent;
+    t.pp = (long long)(par.mesh.axis[PP].bytes_sent + pipeline_link_bytes(par.pipe));
+    t.cp = (long long)par.mesh.axis[CP].bytes_sent;
+    return t;
+}
+inline void parallel_reset_traffic(ParallelContext& par) {
+    mesh_reset_bytes(par.mesh);
+    pipeline_reset_bytes(par.pipe);
+}

@@ -1,0 +1,223 @@
+/*
+Parameters across layouts. A rank holds its part of the model: the chunks of its pipeline stages, its tp
+slices of them, and of those its ZeRO shard. Two things need the parts of one layout as another layout's:
+a checkpoint saved on one layout and resumed on another, and the whole model (tp 1, every chunk, the
+model file's) put together from every rank's part. Both walk pairs of ParameterLayouts with
+for_each_common_run (llmc/model/parameters.h), which says which elements of one layout's tp slice are which
+elements of the other's.
+
+Checkpoints of the sharded state. A checkpoint of S shards at tensor-parallel size T and P pipeline
+ranks is P*T*S files: file (p T + t) S + k holds, for every chunk pipeline rank p holds, shard k of tp rank
+t's parameters, fp32 master weights and two moments, as laid out for S shards and T slices
+(llmc/model/parameters.h pads each chunk to a multiple of 128 S). The embedding chunk is in the files of
+the first and of the last stage: the two copies are equal, and a reader takes either. The ranks of the
+first replica group write them: rank 0 writes file 0, the main file, together with everything that is not
+sharded (step, data position, ...), after a barrier that guarantees the other files are complete, so a
+checkpoint whose main file exists is whole. Reading does not need the same layout: each rank copies, from
+every saved file, the elements that fall in the shards it holds now. A run saved on 4 ranks at ZeRO-1 can
+continue on 2 ranks at ZeRO-3, and one saved at tp 2 or pp 2 on 1 rank, or at tp 4 or pp 4.
+*/
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+#include "../utils.h"
+#include "../rand.h"
+#include "../io/checkpoint.h"
+#include "../io/dataloader.h"
+#include "../model/gpt2.cuh"
+#include "parallel_context.h"
+
+inline std::string shard_path(const std::string& main_path, int file) {
+    if (file == 0) return main_path;
+    return main_path.substr(0, main_path.size() - 4) + ".shard" + std::to_string(file) + ".bin";  // drops ".bin"
+}
+
+// which of a checkpoint's files this rank's shard goes to
+inline int checkpoint_file_of(const ParallelContext& par) {
+    const Zero& z = par.zero;
+    return (par.pipe.rank * par.tp.size + par.tp.rank) * z.shards + z.shard_rank;
+}
+
+// whether this rank writes a file (the first replica group does; the others hold the same shards)
+inline bool zero_writes_shard(const Zero& z) {
+    return z.replicate_group == nullptr || z.replicate_group->rank == 0;
+}
+
+// Adds this rank's shard of the parameters and the optimizer state to `writer`.
+inline void zero_write_shard(Zero& z, GPT2& model, CheckpointWriter& writer) {
+    const size_t count = model.layout.total / z.shards;
+    std::vector<floatX> params(count);
+    for (int c = 0; c < model.layout.num_chunks(); c++) {
+        if (!model.layout.holds(c)) continue;
+        const floatX* from = z.stage == 3 ? z.param_shard + shard_offset(z, c) : model.params + shard_start(z, c);
+        copy_to_host(params.data() + shard_offset(z, c), from, shard_size(z, c), model.stream);
+    }
+    writer.add("params", params.data(), count * sizeof(floatX));
+    std::vector<float> state(count);
+    for (auto [name, buffer] : {std::pair<const char*, float*>{"master", z.master}, {"adamw_m", z.m}, {"adamw_v", z.v}}) {
+        if (!buffer) continue;
+        copy_to_host(state.data(), buffer, count, model.stream);
+        writer.add(name, state.data(), count * sizeof(float));
+    }
+}
+
+// Reads a checkpoint of `saved_shards` shards at tensor-parallel size `saved_tp` on `saved_pp` pipeline ranks
+// of `saved_virtual` stages each (main file at main_path) into this rank's parameters and optimizer state.
+inline void zero_read_shards(Zero& z, GPT2& model, const std::string& main_path, int saved_shards, int saved_tp,
+                             int saved_pp, int saved_virtual) {
+    const ParameterLayout& now = model.layout;
+    // host copies of what this rank holds: all parameters (stages 0-2) or its shard (stage 3), and its state
+    const size_t my_count = now.total / z.shards;
+    std::vector<floatX> params(z.stage == 3 ? my_count : now.total, (floatX)0.0f);
+    std::vector<float> master(z.master ? my_count : 0, 0.0f), m(my_count, 0.0f), v(my_count, 0.0f);
+
+    for (int file = 0; file < saved_pp * saved_tp * saved_shards; file++) {
+        const int pp_rank = file / (saved_tp * saved_shards), t = file / saved_shards % saved_tp, k = file % saved_shards;
+        const ParameterLayout saved(model.config, saved_shards, saved_tp, t,
+                                    pipeline_held_chunks(pp_rank, saved_pp, saved_virtual, model.config.num_layers));
+        const size_t saved_count = saved.total / saved_shards;
+        CheckpointReader reader(shard_path(main_path, file));
+        std::vector<floatX> saved_params(saved_count);
+        std::vector<float> saved_master(z.master ? saved_count : 0), saved_m(saved_count), saved_v(saved_count);
+        reader.read("params", saved_params.data(), saved_count * sizeof(floatX));
+        if (z.master) reader.read("master", saved_master.data(), saved_count * sizeof(float));
+        reader.read("adamw_m", saved_m.data(), saved_count * sizeof(float));
+        reader.read("adamw_v", saved_v.data(), saved_count * sizeof(float));
+        // the parameters both layouts hold, as runs in parameter-buffer coordinates of each
+        for_each_common_run(saved, now, [&](size_t from, size_t to, size_t count) {
+            const int c = saved.chunk_of_offset(from);  // a run lies in one tensor, so in one chunk
+            // clipped to saved shard k, which the file holds at its chunk c's offset
+            const size_t saved_size = saved.chunk_size(c) / saved_shards;
+            const size_t saved_first = saved.chunk_start(c) + k * saved_size;
+            const size_t first = std::max(from, saved_first), end = std::min(from + count, saved_first + saved_size);
+            if (first >= end) return;
+            const size_t in_file = saved.chunk_start(c) / saved_shards - saved_first;  // + element -> file index
+            const size_t target = to - from;                                           // + element -> `now`'s
+            // parameters: the whole buffer (stages 0-2) or this rank's shard (stage 3)
+            const size_t mine = shard_start(z, c), mine_end = mine + shard_size(z, c), my_at = shard_offset(z, c);
+            for (size_t e = first; e < end; e++) {
+                const size_t here = e + target;
+                if (z.stage < 3) params[here] = saved_params[e + in_file];
+                if (here < mine || here >= mine_end) continue;
+                const size_t i = my_at + (here - mine);
+                if (z.stage == 3) params[i] = saved_params[e + in_file];
+                if (z.master) master[i] = saved_master[e + in_file];
+                m[i] = saved_m[e + in_file];
+                v[i] = saved_v[e + in_file];
+            }
+        });
+    }
+    // on the compute stream, after the work already issued there (set-up's master weights, for one)
+    copy_to_device(z.stage == 3 ? z.param_shard : model.params, params.data(), params.size(), model.stream);
+    if (z.master) copy_to_device(z.master, master.data(), my_count, model.stream);
+    copy_to_device(z.m, m.data(), my_count, model.stream);
+    copy_to_device(z.v, v.data(), my_count, model.stream);
+    for (int& chunk : z.gathered_chunk) chunk = -1;
+}
+
+// ----------------------------------------------------------------------------
+// the whole model, from its parts
+
+// The whole model's parameters (host, the model file's layout: tp = 1, every chunk) from every rank's part
+// `mine` (host, in `layout`): a collective over the mesh's model group (pp x tp ranks, numbered pp rank x tp
+// + tp rank). Stops if two ranks' copies of a parameter differ (tp-replicated tensors, the first and last
+// stage's embeddings), which would mean the copies drifted apart.
+inline std::vector<float> gather_whole_model(Communicator& model_group, const Layout& parallel,
+                                             const ParameterLayout& layout, const std::vector<float>& mine,
+                                             cudaStream_t stream) {
+    const ParameterLayout whole(layout.config);
+    std::vector<ParameterLayout> parts;  // each member's
+    size_t largest = 0;                  // the all-gather moves equal blocks: the largest part's size
+    for (int member = 0; member < model_group.size; member++) {
+        const std::vector<char> held = pipeline_held_chunks(member / layout.tp, parallel.pp, parallel.pp_virtual,
+                                                            layout.config.num_layers);
+        parts.emplace_back(layout.config, layout.shards, layout.tp, member % layout.tp, held);
+        largest = std::max(largest, parts.back().total);
+    }
+    std::vector<float> everyone = mine;
+    if (model_group.size > 1) {
+        float* device = tracked_alloc<float>(largest * model_group.size, MemoryKind::Communication, "whole model");
+        copy_to_device(device + model_group.rank * largest, mine.data(), mine.size(), stream);
+        all_gather(model_group, device, device + model_group.rank * largest, largest, stream);
+        everyone.resize(largest * model_group.size);
+        copy_to_host(everyone.data(), device, everyone.size(), stream);
+        tracked_free(device);
+    }
+    std::vector<float> values(whole.total, 0.0f);
+    std::vector<char> written(whole.total, 0);
+    for (int member = 0; member < model_group.size; member++) {
+        const float* from = everyone.data() + member * largest;
+        for_each_common_run(parts[member], whole, [&](size_t at, size_t to, size_t count) {
+            if (written[to] && memcmp(&values[to], from + at, count * sizeof(float)) != 0)
+                fatal("rank %d of the model group (pp rank %d, tp rank %d) holds a copy of a parameter that differs "
+                      "from another rank's", member, member / layout.tp, member % layout.tp);
+            std::copy(from + at, from + at + count, values.begin() + to);
+            std::fill(written.begin() + to, written.begin() + to + count, 1);
+        });
+    }
+    return values;
+}
+
+// ----------------------------------------------------------------------------
+// a training checkpoint: everything needed to continue bit for bit
+
+// Every rank that holds a shard of the first replica group writes it (llmc/parallel/zero.h); rank 0 then writes the
+// main file, which completes the checkpoint. Old checkpoints beyond the newest keep_last are removed.
+inline void save_checkpoint(const std::string& output_dir, int step, int keep_last, GPT2& model,
+                            ParallelContext& par, const DataLoaderState& data, const Rng& sample_rng) {
+    Zero& optimizer = par.zero;
+    const std::string path = checkpoint_path(output_dir, step);
+    std::vector<long long> steps = list_checkpoint_steps(output_dir);
+    steps.push_back(step);
+    std::sort(steps.begin(), steps.end());
+    steps.resize(steps.size() > (size_t)keep_last ? steps.size() - keep_last : 0);  // the ones to remove
+    const int file = checkpoint_file_of(par);
+    if (par.world.rank != 0 && zero_writes_shard(optimizer) && file > 0) {
+        CheckpointWriter writer(shard_path(path, file));
+        zero_write_shard(optimizer, model, writer);
+        writer.commit();
+        for (long long old : steps) remove(shard_path(checkpoint_path(output_dir, old), file).c_str());
+    }
+    barrier(par.world, model.stream);  // every shard file is complete before the main file appears
+    if (par.world.rank != 0) return;
+    CheckpointWriter writer(path);
+    writer.add_value("config", model.config);
+    writer.add_value("precision_bytes", (int)sizeof(floatX));
+    writer.add_value("step", step);
+    writer.add_value("train_data", data);
+    writer.add_value("sample_rng", sample_rng);
+    writer.add_value("shards", optimizer.shards);
+    writer.add_value("tensor_parallel", par.tp.size);
+    writer.add_value("pipeline", par.pipe.size);
+    writer.add_value("pipeline_virtual", par.pipe.virtual_stages);
+    zero_write_shard(optimizer, model, writer);
+    writer.commit();
+    remove_old_checkpoints(output_dir, keep_last);
+}
+
+// Restores the model and optimizer, whatever layout the checkpoint was written with; returns its step.
+inline int load_checkpoint(const std::string& path, GPT2& model, ParallelContext& par, DataLoaderState* data,
+                           Rng* sample_rng) {
+    CheckpointReader reader(path);
+    const GPT2Config saved = reader.read_value<GPT2Config>("config");
+    if (memcmp(&saved, &model.config, sizeof(saved)) != 0)
+        fatal("%s holds a model of another shape (layers %d, heads %d, channels %d, vocab %d) than --model asks for",
+              path.c_str(), saved.num_layers, saved.num_heads, saved.channels, saved.vocab_size);
+    if (reader.read_value<int>("precision_bytes") != (int)sizeof(floatX))
+        fatal("%s was written by a build of another precision than this %s build", path.c_str(), PRECISION_NAME);
+    const int shards = reader.read_value<int>("shards");
+    if (shards < 1 || shards > 1 << 20) fatal("%s: implausible shard count %d", path.c_str(), shards);
+    const int saved_tp = reader.read_value<int>("tensor_parallel");
+    if (saved_tp < 1 || saved_tp > 1 << 12) fatal("%s: implausible tensor-parallel size %d", path.c_str(), saved_tp);
+    const int saved_pp = reader.read_value<int>("pipeline"), saved_virtual = reader.read_value<int>("pipeline_virtual");
+    if (saved_pp < 1 || saved_virtual < 1 || saved.num_layers % (saved_pp * saved_virtual) != 0)
+        fatal("%s: implausible pipeline of %d ranks x %d virtual stages for %d layers", path.c_str(), saved_pp,
+              saved_virtual, saved.num_layers);
+    zero_read_shards(par.zero, model, path, shards, saved_tp, saved_pp, saved_virtual);
+    *data = reader.read_value<DataLoaderState>("train_data");
+    *sample_rng = reader.read_value<Rng>("sample_rng");
+    return reader.read_value<int>("step");
+}

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Evidence about the GPU kernels without a GPU. Compiles dev/lab/kernel_lab.cu (which includes every kernel
+# header) once per architecture with ptxas -v, keeps the PTX, and prints per kernel: registers, shared
+# memory, spills, theoretical occupancy, and the tensor-core (HMMA), FFMA and shared-load instruction
+# counts; then a roofline estimate of a GPT-2 124M training step on an H100 (scripts/bench/kernel_report.py
+# holds the arithmetic and the model). Fails on any register spill, and in the BF16 build on an attention
+# forward/backward kernel without HMMA. Ends with `N passed, M failed`.
+#   usage: scripts/bench/kernel_report.sh [BF16|FP32]       (GPU_ARCH="80 90" by default, as the Makefile)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+precision=${1:-BF16}
+case $precision in
+    BF16) precision_flag=() ;;
+    FP32) precision_flag=(-DENABLE_FP32) ;;
+    *) echo "error: precision must be BF16 or FP32, not '$precision'" >&2; exit 2 ;;
+esac
+read -r -a archs <<<"${GPU_ARCH:-80 90}"
+nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+[[ -x $nvcc ]] || { echo "error: no nvcc (looked on PATH and at /usr/local/cuda/bin)" >&2; exit 2; }
+python=/usr/bin/python3
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# The dynamic shared memory each launcher asks for at GPT-2 124M (C = 768), from the launchers' own size
+# functions, built for the CPU (a second). If they change name the report says "static only".
+cat >"$work/shared_bytes.cpp" <<'EOF'
+#include <cstdio>
+#include "llmc/kernels/attention.cuh"
+#include "llmc/kernels/layernorm.cuh"
+template <int HS>
+void print_attention() {
+    printf("attention_forward %d %zu\n", HS, (size_t)attention_forward_shared_bytes<HS>());
+    printf("attention_dkdv %d %zu\n", HS, (size_t)attention_dkdv_shared_bytes<HS>());
+    printf("attention_dq %d %zu\n", HS, (size_t)attention_dq_shared_bytes<HS>());
+}
+int main() {
+    print_attention<16>(), print_attention<32>(), print_attention<48>(), print_attention<64>();
+    print_attention<80>(), print_attention<96>(), print_attention<112>(), print_attention<128>();
+    printf("layernorm_backward 0 %zu\n", layernorm_backward_shared_bytes(768));
+}
+EOF
+if g++ -std=c++17 -DLLMC_CPU -fopenmp "${precision_flag[@]}" -I. -x c++ "$work/shared_bytes.cpp" -o "$work/shared_bytes" \
+        -lboost_context -fopenmp 2>"$work/probe_errors.txt"; then
+    "$work/shared_bytes" >"$work/shared_bytes.txt"
+fi
+
+for arch in "${archs[@]}"; do
+    dir="$work/sm_$arch"
+    mkdir -p "$dir"
+    # -c: no link needed; --keep leaves the PTX (and the cubin) in $dir
+    if ! "$nvcc" -std=c++17 -O3 -gencode "arch=compute_$arch,code=sm_$arch" -Xptxas -v --keep --keep-dir "$dir" \
+            "${precision_flag[@]}" -x cu -c dev/lab/kernel_lab.cu -o "$dir/kernel_lab.o" >"$dir/ptxas.txt" 2>&1; then
+        tail -n 20 "$dir/ptxas.txt" >&2
+        echo "error: nvcc failed to compile dev/lab/kernel_lab.cu for sm_$arch" >&2
+        exit 1
+    fi
+    if command -v cuobjdump >/dev/null 2>&1; then
+        cuobjdump -sass "$dir/kernel_lab.o" >"$dir/sass.txt"
+    fi
+done
+
+"$python" scripts/bench/kernel_report.py "$work" "$precision" "${archs[@]}"

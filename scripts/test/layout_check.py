@@ -1,0 +1,146 @@
+# The comparisons the layout tests (scripts/test/test_*.sh) make between training runs, in one place: each script
+# runs the training program once per layout into $work/NAME, then its Python heredoc imports this module
+# (PYTHONPATH="$(dirname "$0")") to judge those runs against one rank's.
+#
+# A run's directory holds log.jsonl, one JSON event a line ({"event": "step", "step": 3, "loss": ...},
+# "val_loss", "sample", "memory", ...), and model.bin, llm.c's file: a 1024-byte header, then every
+# parameter as fp32. A layout agrees with the reference run when its losses and its final parameters (in
+# norm) agree within a relative tolerance.
+#
+# Each check prints one line, "  ok   WHAT" or "  FAIL WHAT" (as test_lib.sh's ok and bad do), and
+# returns whether it passed; the script keeps those answers in a list and ends with result(list), the line
+# "RESULT <passed> <failed>" that test_lib.sh's add_python_result adds to the script's tally.
+import json
+import math
+
+import numpy as np
+
+# The relative tolerance of every comparison here (all of them run the FP32 build). A layout changes only the
+# order of float additions (a matmul's sum split into partial sums, a gradient summed over microbatches or
+# ranks), which moves the losses and the final parameters by a few fp32 roundings: measured at most 1e-7 on
+# the losses and 6e-7 on the parameters in these tests (5 to 12 steps), 2e-6 at tp 3 (a wider model, split
+# in three). A wrong slice, a missing reduction or a lost step moves them by 1e-4 or more.
+TOLERANCE, TOLERANCE_WORDS = 1e-5, "tol 1e-5"
+
+
+def events(work, name, kind):
+    """The events of one kind ("step", "val_loss", "sample", "memory", ...) in the run's log, in order."""
+    with open(f"{work}/{name}/log.jsonl") as log:
+        return [e for e in (json.loads(line) for line in log) if e["event"] == kind]
+
+
+def losses(work, name, kind="step"):
+    """The losses the run logged, training ("step") or validation ("val_loss"), in order."""
+    return [e["loss"] for e in events(work, name, kind)]
+
+
+def parameters(work, name):
+    """The run's final parameters, from its model.bin."""
+    return np.fromfile(f"{work}/{name}/model.bin", dtype=np.float32, offset=1024)
+
+
+def loss_error(reference, mine):
+    """The largest relative difference between two lists of losses, pair by pair; infinite with no pair."""
+    return max([abs(b - a) / abs(a) for a, b in zip(reference, mine)] or [math.inf])
+
+
+def parameter_error(mine, reference):
+    """The relative difference of two parameter vectors in norm; infinite when their sizes differ."""
+    if mine.shape != reference.shape:
+        return math.inf
+    return float(np.linalg.norm(mine - reference) / np.linalg.norm(reference))
+
+
+def cp_bytes(flags, batch, layers, channels, seq_len, micro_steps, value_bytes=4):
+    """The bytes rank 0 sends on the cp axis per step, llmc/parallel/context_parallel.h's formula, for a layout given
+    as its list of flags (--cp, --tp, --pp, --cp-mode ulysses, --recompute full) and B rows per data-parallel
+    rank: N = B T / cp rows per rank and micro-step, C' = C/tp, l = L/pp layers, F forward passes per layer
+    (2 under full recomputation);
+        ring     ((cp-1) F + 2cp - 1) l 2 N C' s       ulysses  (4 F + 5) l (cp-1)/cp N C' s
+    per micro-step."""
+    value = lambda flag, default: int(flags[flags.index(flag) + 1]) if flag in flags else default
+    cp, tp, pp = value("--cp", 1), value("--tp", 1), value("--pp", 1)
+    F = 2 if "full" in flags else 1
+    N, c, l = batch * seq_len / cp, channels / tp, layers / pp
+    if "ulysses" in flags:
+        per_layer = (4 * F + 5) * (cp - 1) / cp * N * c
+    else:
+        per_layer = ((cp - 1) * F + 2 * cp - 1) * 2 * N * c
+    return micro_steps * l * per_layer * value_bytes
+
+
+def cp_bytes_against_formula(work, name, theory):
+    """The cp axis's bytes of the run's last step against the formula, within 0.1%.
+    Returns whether they agree and the words for the ok/FAIL line."""
+    sent = events(work, name, "step")[-1]["cp_comm_bytes"]
+    error = abs(sent - theory) / theory if theory else abs(sent)
+    return error <= 1e-3, f"cp axis sent {sent} B/step, formula {theory:.0f} ({100 * error:.4f}%, tol 0.1%)"
+
+
+def report(good, what):
+    """Prints the check's ok/FAIL line; returns good."""
+    print(f"  {'ok  ' if good else 'FAIL'} {what}")
+    return good
+
+
+def result(results):
+    """The closing line for add_python_result: how many of the checks passed and how many failed."""
+    print(f"RESULT {sum(results)} {len(results) - sum(results)}")
+
+
+def compare_run(work, name, reference, steps, validations=0, sample=False):
+    """Run `name` against `reference`, trained from the same model on the same global batch: `steps`
+    training and `validations` validation losses, each within TOLERANCE relative, the final parameters
+    within TOLERANCE in norm, and (sample=True) the one text sample the same.
+    Returns whether it agrees and the words for its ok/FAIL line."""
+    ref_losses, my_losses = losses(work, reference), losses(work, name)
+    step_error = loss_error(ref_losses, my_losses)
+    param_error = parameter_error(parameters(work, name), parameters(work, reference))
+    good = len(my_losses) == len(ref_losses) == steps and step_error <= TOLERANCE and param_error <= TOLERANCE
+    words = f"losses rel err {step_error:.1e}, final parameters {param_error:.1e}"
+    if validations:
+        ref_val, my_val = losses(work, reference, "val_loss"), losses(work, name, "val_loss")
+        val_error = loss_error(ref_val, my_val)
+        good &= len(my_val) == len(ref_val) == validations and val_error <= TOLERANCE
+        words += f", validation {val_error:.1e}"
+    words += f" ({TOLERANCE_WORDS})"
+    if sample:
+        ref_text, my_text = events(work, reference, "sample"), events(work, name, "sample")
+        same = len(ref_text) == 1 and [e["text"] for e in my_text] == [e["text"] for e in ref_text]
+        good &= same
+        words += f"; sample {'the same' if same else 'DIFFERS'}"
+    return good, words
+
+
+def memory_against_formula(work, name):
+    """The activations and the workspace the run held (its last "memory" event) against llmc/planning/memory.h's
+    formulas, which count the same buffers and must match to the byte.
+    Returns whether both match, the words for the ok/FAIL line, and the event."""
+    memory = events(work, name, "memory")[-1]
+    good = (memory["activation_bytes"] == memory["activation_formula_bytes"] and
+            memory["workspace_bytes"] == memory["workspace_formula_bytes"])
+    words = (f"activations {memory['activation_bytes']} B held, formula {memory['activation_formula_bytes']:.0f}; "
+             f"workspace {memory['workspace_bytes']} B, formula {memory['workspace_formula_bytes']:.0f}")
+    return good, words, memory
+
+
+def compare_resumed(work, name, reference, first_step, what):
+    """A run resumed from the checkpoint of step first_step against the uninterrupted reference run: every
+    step after first_step logged, with its loss within TOLERANCE relative, and the final parameters
+    within TOLERANCE in norm. Prints the ok/FAIL line; returns whether it passed."""
+    ref = {e["step"]: e["loss"] for e in events(work, reference, "step")}
+    mine = {e["step"]: e["loss"] for e in events(work, name, "step")}
+    resumed = [s for s in mine if s > first_step]
+    step_error = max([abs(mine[s] - ref[s]) / abs(ref[s]) if s in ref else math.inf for s in resumed] or [math.inf])
+    param_error = parameter_error(parameters(work, name), parameters(work, reference))
+    good = len(resumed) == len(ref) - first_step and step_error <= TOLERANCE and param_error <= TOLERANCE
+    return report(good, f"{what}: steps {first_step + 1}..{len(ref)} losses rel err {step_error:.1e}, final "
+                        f"parameters {param_error:.1e} ({TOLERANCE_WORDS})")
+
+
+def compare_continued(work, name, reference, steps, what):
+    """One model file trained on for `steps` more steps in a layout (run `name`) and by one rank (run
+    `reference`): the losses and the final parameters must agree. Prints the ok/FAIL line; returns whether
+    it passed."""
+    good, words = compare_run(work, name, reference, steps)
+    return report(good, f"{what}, against one rank: {steps} {words}")

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Runs every test suite that `make test` built and adds up their closing lines into one:
+#   N passed, M failed
+# Each CPU suite of kernels runs in both lane orders (LLMC_CPU_REVERSE_LANES=0/1): a race between
+# threads shows up as a difference between the two. GPU suites run only when a GPU answers.
+set -u
+cd "$(dirname "$0")/../.."
+
+# Two OS threads run blocks; passive waiting keeps idle OpenMP threads from stealing the other core.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} OMP_WAIT_POLICY=PASSIVE
+# OpenBLAS 0.3.21 does not recognise newer Intel cores and falls back to a slow kernel; name the core
+# type when the CPU has AVX-512 (on a CPU without it that kernel would crash).
+if grep -q avx512f /proc/cpuinfo 2>/dev/null; then export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-SkylakeX}; fi
+
+total_passed=0 total_failed=0 broken=()
+run_suite() {  # run_suite NAME COMMAND...
+    local name=$1
+    shift
+    echo "=== $name"
+    local log start=$SECONDS
+    log=$(mktemp)
+    "$@" 2>&1 | tee "$log"
+    local status=${PIPESTATUS[0]}
+    local line
+    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
+    rm -f "$log"
+    if [[ -z "$line" ]]; then
+        echo "--- $name: exited $status without a result line"
+        broken+=("$name")
+        total_failed=$((total_failed + 1))
+        return
+    fi
+    local passed failed
+    passed=$(echo "$line" | sed -E 's/^([0-9]+) passed.*/\1/')
+    failed=$(echo "$line" | sed -E 's/^[0-9]+ passed, ([0-9]+) failed.*/\1/')
+    if [[ $status -ne 0 && $failed -eq 0 ]]; then failed=1; fi
+    [[ $failed -ne 0 ]] && broken+=("$name")
+    total_passed=$((total_passed + passed))
+    total_failed=$((total_failed + failed))
+    echo "--- $name: $passed passed, $failed failed ($((SECONDS - start)) s)"
+}
+
+run_suite "bf16 stand-in vs CUDA toolkit" build/test_bf16
+run_suite "CPU execution layer" build/test_cpu_layer
+run_suite "CPU execution layer, reverse lane order" env LLMC_CPU_REVERSE_LANES=1 build/test_cpu_layer
+run_suite "CPU execution layer, ASan+UBSan" build/test_cpu_layer_asan
+run_suite "kernel lab, CPU, BF16" ./kernel_lab_cpu
+run_suite "kernel lab, CPU, BF16, reverse lane order" env LLMC_CPU_REVERSE_LANES=1 ./kernel_lab_cpu
+run_suite "kernel lab, CPU, FP32" ./kernel_lab_fp32_cpu
+run_suite "kernel lab, CPU, FP32, reverse lane order" env LLMC_CPU_REVERSE_LANES=1 ./kernel_lab_fp32_cpu
+run_suite "kernel lab, CPU, BF16, ASan+UBSan" ./kernel_lab_cpu_asan
+run_suite "flags, checkpoints, schedules, logger, MFU" build/test_host
+run_suite "pipeline schedules: every layout simulated, bubbles and memory vs formulas" build/test_pipeline
+run_suite "data loader and tokenizer file" build/test_data
+run_suite "memory accounting and the ZeRO memory plan" build/test_memory
+run_suite "planner: Llama 3 405B's layouts fit, the cost model by hand, --plan-search" build/test_planner
+# one process per rank, more ranks than cores; mpirun refuses root unless told
+mpi_run=(env OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS)
+for ranks in 1 2 4 8; do
+    run_suite "communication layer and mesh, CPU, $ranks MPI rank(s)" "${mpi_run[@]}" -np $ranks build/test_comm
+done
+run_suite "GPT-2 BPE encoder vs the npm package's" /usr/bin/python3 data/test_tokenizer.py
+run_suite "PyTorch reference self-check" /usr/bin/python3 dev/test/gpt2_reference.py --self-check
+for size in small 124M; do
+    reference=(--model build/ref/${size}_model.bin --state build/ref/${size}_state.bin)
+    run_suite "GPT-2 $size vs PyTorch, CPU, FP32" ./test_gpt_fp32_cpu "${reference[@]}"
+    run_suite "GPT-2 $size vs PyTorch, CPU, BF16" ./test_gpt_cpu "${reference[@]}"
+done
+run_suite "training program: bad input and resume, CPU, FP32" bash scripts/test/test_train.sh ./train_gpt_fp32_cpu
+run_suite "training program: bad input and resume, CPU, BF16" bash scripts/test/test_train.sh ./train_gpt_cpu
+run_suite "data parallelism vs one rank, CPU, FP32 (and ZeRO stages in BF16)" \
+    bash scripts/test/test_data_parallel.sh ./train_gpt_fp32_cpu ./train_gpt_cpu
+run_suite "tensor and sequence parallelism vs one rank, CPU, FP32 (and BF16)" \
+    bash scripts/test/test_tensor_parallel.sh ./train_gpt_fp32_cpu ./train_gpt_cpu
+run_suite "pipeline parallelism vs one rank, CPU, FP32" bash scripts/test/test_pipeline.sh ./train_gpt_fp32_cpu
+run_suite "context parallelism (ring, Ulysses) vs one rank, CPU, FP32 (and BF16)" \
+    bash scripts/test/test_context_parallel.sh ./train_gpt_fp32_cpu ./train_gpt_cpu
+run_suite "N-D layouts (dp, pp, cp, tp, ZeRO, recompute) vs one rank, CPU, FP32" \
+    bash scripts/test/test_nd_layouts.sh ./train_gpt_fp32_cpu
+run_suite "the README's guided tour: every command" bash scripts/test/test_tour.sh
+run_suite "activation recomputation vs none, bit for bit, CPU, FP32 and BF16" \
+    bash scripts/test/test_recompute.sh ./train_gpt_fp32_cpu ./train_gpt_cpu
+run_suite "stream waits: late streams vs one rank, CPU, FP32 (and BF16)" \
+    bash scripts/test/test_streams.sh ./train_gpt_fp32_cpu ./train_gpt_cpu
+# what the compiler says about the GPU kernels (spills, tensor-core instructions): needs nvcc, not a GPU
+run_suite "kernel report (ptxas, PTX)" bash scripts/bench/kernel_report.sh
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    run_suite "kernel lab, GPU, BF16" ./kernel_lab
+    run_suite "kernel lab, GPU, FP32" ./kernel_lab_fp32
+    run_suite "communication layer and mesh, GPU (NCCL), 1 rank" "${mpi_run[@]}" -np 1 build/test_comm_gpu
+    for size in small 124M; do
+        reference=(--model build/ref/${size}_model.bin --state build/ref/${size}_state.bin)
+        run_suite "GPT-2 $size vs PyTorch, GPU, FP32" ./test_gpt_fp32 "${reference[@]}"
+        run_suite "GPT-2 $size vs PyTorch, GPU, BF16" ./test_gpt "${reference[@]}"
+    done
+    run_suite "training program: bad input and resume, GPU, BF16" bash scripts/test/test_train.sh ./train_gpt
+else
+    echo "=== no GPU here: the GPU programs were compiled and linked, not run"
+fi
+
+echo
+[[ ${#broken[@]} -gt 0 ]] && printf 'failing suites: %s\n' "$(IFS=';'; echo "${broken[*]}")"
+echo "$total_passed passed, $total_failed failed"
+[[ $total_failed -eq 0 ]]
