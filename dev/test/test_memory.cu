@@ -490,9 +490,9 @@ static void test_matmul_alignment() {
 // (g) a pipeline rank's part of the model, allocated
 
 /*
-Under pipeline parallelism gpt2_allocate gets the rank's part (llmc/parallel/pipeline.h's pipeline_model_part): the
-chunks it holds, l = L / (p V) layers per stage and K stage records, the peak of its schedule's records in
-flight. For every rank of p = 2 and 4 under gpipe, 1f1b and interleaved (V = 2), m = 8 microbatches, an
+Under pipeline parallelism gpt2_allocate gets the rank's part (llmc/parallel/pipeline_links.h's
+pipeline_model_part): the chunks it holds, l = L / (p V) layers per stage and K stage records, the peak of its
+schedule's records in flight. For every rank of p = 2 and 4 under gpipe, 1f1b and interleaved (V = 2), m = 8 microbatches, an
 8-layer model and each recompute policy, the bytes gpt2_allocate books per kind must be
   parameters, gradients   sizeof(floatX) x the rank's ParameterLayout total (its chunks only)
   activations, workspace  gpt2_activation_bytes with stage_layers l, records K, first_stage on rank 0 (it

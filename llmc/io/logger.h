@@ -182,7 +182,7 @@ public:
 
     // What every step of the run shares, for the step lines: the steps, the tokens of a step (all ranks), this
     // rank's share of a step's model FLOPs and of the FLOPs it runs (recomputation included, llmc/parallel/
-    // recompute.h), and the device's peak FLOP/s (0: unknown).
+    // recompute.h), and the device's peak FLOP/s (negative: unknown, llmc/planning/mfu.h).
     void run(long long total_steps, long long tokens_per_step, double model_flops, double hardware_flops,
              double peak_flops) {
         total_steps_ = total_steps, tokens_per_step_ = tokens_per_step, model_flops_ = model_flops;

@@ -16,7 +16,7 @@ work:
     memory per rank     llmc/planning/memory.h plan_training_memory, per pp rank (the stages hold different layers,
                         records in flight and the embedding / LM head); "fits" takes the largest
     bytes per step      dp: the ZeRO stage's collectives (memory.h's communication row), tp: tensor_parallel.h
-    on each axis        tp_bytes_per_step, pp: pipeline.h pipeline_bytes_per_step (the busiest pp rank),
+    on each axis        tp_bytes_per_step, pp: pipeline_links.h pipeline_bytes_per_step (the busiest pp rank),
                         cp: context_parallel.h cp_bytes_per_step
     pipeline bubble     pipeline_schedule.h pipeline_bubble_fraction
 Two corrections to those formulas, which each count a plain step of a whole model: under pp a rank runs
@@ -234,7 +234,7 @@ inline std::string plan_layout_name(const LayoutPlan& plan) {
 }
 
 // Per pp rank: its records in flight, memory, gradient send buffers and the bytes it sends on the pp axis
-// per step (llmc/parallel/pipeline.h's formula), and the schedule's bubble.
+// per step (llmc/parallel/pipeline_links.h's formula), and the schedule's bubble.
 inline void print_pipeline_plan(const GPT2Config& config, const LayoutPlan& plan, FILE* out = stdout) {
     const Layout& l = plan.layout;
     const int p = l.pp, V = l.pp_virtual, m = plan.accumulation;
@@ -262,7 +262,7 @@ inline void print_plan_communication(const LayoutPlan& plan, const PlanHardware&
     const char* where[kPlanAxes] = {
         "the ZeRO stage's gradient and parameter collectives (the memory plan's communication row)",
         "the tp axis (llmc/parallel/tensor_parallel.h), for this rank's layers",
-        "the pp axis (llmc/parallel/pipeline.h), the busiest pp rank",
+        "the pp axis (llmc/parallel/pipeline_links.h), the busiest pp rank",
         "the cp axis (llmc/parallel/context_parallel.h)"};
     const int sizes[kPlanAxes] = {plan.dp * l.cp, l.tp, l.pp, l.cp};
     fprintf(out, "communication per step, bytes one rank sends on each axis, and the link the estimate assumes:\n");
