@@ -230,7 +230,7 @@ int main(int argc, char** argv) {
     parallel_create(par, options.layout, config, options.nccl_init_file);
     const int B = par.layout.batch_size, T = par.layout.seq_len;
     GPT2 model;
-    gpt2_allocate(model, config, B, par.T_local, model_part(par, config.num_layers));
+    gpt2_allocate(model, config, B, par.T_local, model_part(par));
     zero_init(par.zero, par.layout.zero_stage, &par.mesh, model, initial_parameters(options, model));
     if (par.main_rank) print_run(par, model);
 

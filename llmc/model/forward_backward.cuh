@@ -82,14 +82,28 @@ inline void block_forward(GPT2& model, ParallelContext& par, int layer, const Bl
     residual_forward(a.output, a.residual2, mlp_branch, (size_t)R * C, stream);
 }
 
+// Selective recomputation (llmc/parallel/recompute.h): the layernorm and GELU outputs block_backward needs, which
+// the layer did not keep, computed again from what it kept: the same kernels on the same inputs, so the
+// same bits (the statistics are written again with the values they had).
+inline void block_recompute_selective(GPT2& model, const TensorParallel& tp, const BlockParams& p,
+                                      const BlockActivations& a, int B, int T) {
+    cudaStream_t stream = model.stream;
+    const int N = B * T, C = model.config.channels, R = tp_rows(tp, N), hidden = 4 * C / tp.size;
+    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.input, p.ln1w, p.ln1b, R, C, stream);
+    layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2w, p.ln2b, R, C, stream);
+    gelu_forward(a.fch_gelu, a.fch, (size_t)N * hidden, stream);
+}
+
 // a.dresidual: in, the gradient of the block's output; out, the gradient of its input (this rank's R rows).
-// The block's parameter gradients accumulate. The steps run the forward pass backwards.
+// The block's parameter gradients accumulate. Under selective recomputation the outputs the layer did not keep
+// come first; then the steps run the forward pass backwards.
 inline void block_backward(GPT2& model, ParallelContext& par, int layer, const BlockActivations& a, int B, int T) {
     const GPT2Config& c = model.config;
     const TensorParallel& tp = par.tp;
     SharedBuffers& s = model.shared;
     cudaStream_t stream = model.stream;
     const BlockParams p = block_parameters(model, par, layer);
+    if (par.layout.recompute.policy == RecomputePolicy::Selective) block_recompute_selective(model, tp, p, a, B, T);
     const BlockParams g = block_gradients(model, par, layer);
     floatX* dresidual = a.dresidual;
     const int N = B * T, C = c.channels, R = tp_rows(tp, N);
@@ -119,20 +133,6 @@ inline void block_backward(GPT2& model, ParallelContext& par, int layer, const B
     tp_join(tp, stream);
     layernorm_backward(dresidual, g.ln1w, g.ln1b, s.layernorm_scratch, dln1, a.input, p.ln1w, a.ln1_mean,
                        a.ln1_rstd, R, C, stream);
-}
-
-// Selective recomputation (llmc/parallel/recompute.h): the layernorm and GELU outputs block_backward needs, which
-// the layer did not keep, computed again from what it kept: the same kernels on the same inputs, so the
-// same bits (the statistics are written again with the values they had).
-inline void block_recompute_selective(GPT2& model, ParallelContext& par, int layer, const BlockActivations& a, int B,
-                                      int T) {
-    const TensorParallel& tp = par.tp;
-    cudaStream_t stream = model.stream;
-    const BlockParams p = block_parameters(model, par, layer);
-    const int N = B * T, C = model.config.channels, R = tp_rows(tp, N), hidden = 4 * C / tp.size;
-    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.input, p.ln1w, p.ln1b, R, C, stream);
-    layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2w, p.ln2b, R, C, stream);
-    gelu_forward(a.fch_gelu, a.fch, (size_t)N * hidden, stream);
 }
 
 // ----------------------------------------------------------------------------
@@ -251,8 +251,8 @@ inline void gpt2_head_backward(GPT2& model, ParallelContext& par, StageActivatio
 // The stage's blocks backwards: record.doutput, the gradient of the stage's output, becomes the gradient of
 // its input; each block's parameter gradients accumulate and its chunk's gradient is done. Last block first,
 // in segments (llmc/parallel/recompute.h): under full recomputation a segment's forward passes run again from
-// its checkpoint (the output kept before it, or the stage's input) to refill the shared records; under
-// selective each block first recomputes its layernorm and GELU outputs; otherwise a segment is a block.
+// its checkpoint (the output kept before it, or the stage's input) to refill the shared records; otherwise a
+// segment is a block (under selective, block_backward recomputes its layernorm and GELU outputs first).
 inline void gpt2_stage_backward(GPT2& model, ParallelContext& par, StageActivations& record, int first, int B,
                                 int T) {
     const Recompute& recompute = par.layout.recompute;
@@ -262,8 +262,6 @@ inline void gpt2_stage_backward(GPT2& model, ParallelContext& par, StageActivati
         if (recompute.policy == RecomputePolicy::Full)
             for (int i = start; i < end; i++) block_forward(model, par, first + i, record.blocks[i], B, T);
         for (int i = end - 1; i >= start; i--) {
-            if (recompute.policy == RecomputePolicy::Selective)
-                block_recompute_selective(model, par, first + i, record.blocks[i], B, T);
             block_backward(model, par, first + i, record.blocks[i], B, T);
             chunk_gradient_done(model, par, first + i + 1);
         }

@@ -19,7 +19,6 @@ the bytes sent per axis.
 #pragma once
 
 #include <climits>
-#include <numeric>
 #include <string>
 #include <vector>
 #include "../utils.h"
@@ -116,9 +115,9 @@ inline void parallel_create(ParallelContext& par, const Layout& asked, const GPT
 }
 
 // The part of the model this rank holds and how it keeps it (llmc/model/gpt2.cuh's gpt2_allocate takes it).
-inline ModelPart model_part(const ParallelContext& par, int num_layers) {
+inline ModelPart model_part(const ParallelContext& par) {
     const Layout& l = par.layout;
-    ModelPart part = pipeline_model_part(l.schedule, par.pipe.rank, l.pp, l.pp_virtual, par.microbatches, num_layers);
+    ModelPart part = pipeline_model_part(par.pipe);
     part.tp = l.tp;
     part.tp_rank = par.tp.rank;
     part.sequence_parallel = l.sequence_parallel;

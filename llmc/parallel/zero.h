@@ -272,14 +272,17 @@ inline floatX* zero_parameters_of(Zero& z, GPT2& model, int chunk) {
     return z.stage == 3 ? zero_gather_chunk(z, model, chunk) : model.params + model.layout.chunk_start(chunk);
 }
 
+// The buffer chunk c's gradient is in before its reduction (what zero_gradients_of handed out).
+inline floatX* zero_unreduced_gradient(Zero& z, GPT2& model, int chunk) {
+    return z.stage >= 2 ? z.working[working_buffer_of(z, chunk)] : model.grads + model.layout.chunk_start(chunk);
+}
+
 // Where chunk c's gradient accumulates: its place in model.grads, or at stages 2 and 3 the working buffer
 // for it, once the comm stream has reduced and cleared that buffer's last use. Asked just before the first
 // write to the chunk's gradient.
 inline floatX* zero_gradients_of(Zero& z, GPT2& model, int chunk) {
-    if (z.stage < 2) return model.grads + model.layout.chunk_start(chunk);
-    const int w = working_buffer_of(z, chunk);
-    cudaCheck(cudaStreamWaitEvent(model.stream, z.working_free[w], 0));
-    return z.working[w];
+    if (z.stage >= 2) cudaCheck(cudaStreamWaitEvent(model.stream, z.working_free[working_buffer_of(z, chunk)], 0));
+    return zero_unreduced_gradient(z, model, chunk);
 }
 
 // Before each microbatch's backward pass: whether it is the step's last.
@@ -288,11 +291,6 @@ inline void zero_begin_microbatch(Zero& z, bool last) { z.last_microbatch = last
 // Whether a chunk's gradient, once complete, is reduced now: on the step's last microbatch, or on every one
 // at stages 2 and 3 (there is no full-size gradient buffer to accumulate in).
 inline bool zero_reduces_now(const Zero& z) { return z.stage >= 2 || z.last_microbatch; }
-
-// The buffer chunk c's gradient is in before its reduction (what zero_gradients_of handed out).
-inline floatX* zero_unreduced_gradient(Zero& z, GPT2& model, int chunk) {
-    return z.stage >= 2 ? z.working[working_buffer_of(z, chunk)] : model.grads + model.layout.chunk_start(chunk);
-}
 
 // Called when chunk c's gradient is complete and zero_reduces_now: averages it over the data-parallel
 // ranks, whole (stage 0) or into this rank's shard (stages 1, 2, 3), on the comm stream once the compute

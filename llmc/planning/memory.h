@@ -549,7 +549,7 @@ inline void report_memory(ParallelContext& par, GPT2& model, Logger& logger) {
     const MemoryTotals held = memory_totals();
     const size_t model_state = held.peak[(int)MemoryKind::Parameters] + held.peak[(int)MemoryKind::Gradients] +
                                held.peak[(int)MemoryKind::OptimizerState];
-    const GPT2MemoryShape shape = gpt2_memory_shape(model.config, l, model_part(par, model.config.num_layers));
+    const GPT2MemoryShape shape = gpt2_memory_shape(model.config, l, model_part(par));
     const MemoryPlan formula = plan_training_memory(model.layout.total, l.zero_stage, par.mesh.gradient.size,
                                                     par.zero.shards, l.bf16, par.microbatches);
     const MemoryPlan with_buffers = plan_training_memory(model.layout.total, l.zero_stage, par.mesh.gradient.size,
