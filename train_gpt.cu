@@ -39,6 +39,7 @@ Where each part lives (llmc/):
 #include "llmc/parallel/parallel_context.h"
 #include "llmc/parallel/pipeline.h"
 #include "llmc/parallel/reshard.h"
+#include "llmc/parallel/replica_check.h"
 #include "llmc/planning/memory.h"
 #include "llmc/planning/mfu.h"
 #include "llmc/planning/planner.h"
@@ -60,6 +61,7 @@ static StepResults train_step(ParallelContext& par, GPT2& model, const StepBatch
     const int B = par.layout.batch_size, T = par.T_local, m = par.microbatches;
     zero_begin_step(par.zero, model);                     // no gradient yet
     pipeline_step(par, model, batch.inputs.data(), batch.targets.data(), B, T, 1.0f / (B * T * m));
+    fault_point("mid-step", par.world.rank, step + 1);    // the tests' killed rank (llmc/cpu/faults.h)
     zero_wait_for_gradients(par.zero, model);             // the data-parallel reductions (which overlapped the
                                                           // backward passes) are done
     pipeline_sum_tied_embedding(par, model);              // wte's gradient on the first and last stage, summed
@@ -227,7 +229,7 @@ int main(int argc, char** argv) {
     // ---- every rank's place on every axis, and its part of the model
     const GPT2Config config = model_config(options);
     ParallelContext par;
-    parallel_create(par, options.layout, config, options.nccl_init_file);
+    parallel_create(par, options.layout, config, options.nccl_init_file, options.collective_timeout);
     const int B = par.layout.batch_size, T = par.layout.seq_len;
     GPT2 model;
     gpt2_allocate(model, config, B, par.T_local, model_part(par));
@@ -253,11 +255,12 @@ int main(int argc, char** argv) {
     // ---- resume
     int first_step = 0;
     if (options.resume) {
-        const long long latest = latest_checkpoint_step(options.output_dir);
-        if (latest < 0) fatal("--resume: no checkpoint in %s", options.output_dir.c_str());
+        // the newest complete one: a save that a crash interrupted is skipped, with a line that says so
+        const long long latest = latest_checkpoint_step(options.output_dir, par.main_rank);
+        if (latest < 0) fatal("--resume: no complete checkpoint in %s", options.output_dir.c_str());
         const std::string path = checkpoint_path(options.output_dir, latest);
         DataLoaderState data_state;
-        first_step = load_checkpoint(path, model, par, &data_state, &sample_rng);
+        first_step = load_checkpoint(path, latest, model, par, &data_state, &sample_rng);
         train_loader.restore(data_state);
         if (par.main_rank) printf("resumed from %s at step %d\n", path.c_str(), first_step);
     }
@@ -277,6 +280,7 @@ int main(int argc, char** argv) {
 
     // ---- training
     for (int step = first_step; step < options.steps; step++) {
+        watchdog_phase("step", step + 1);  // named by a rank that waits too long (--collective-timeout)
         if (options.val_every > 0 && step % options.val_every == 0)
             logger.val_loss(step, validation_loss(par, model, val_loader, options.val_batches));
         // every rank computes the sample (at ZeRO-3 the forward pass gathers parameters from all ranks); only
@@ -292,6 +296,8 @@ int main(int argc, char** argv) {
         if (measured) pipeline_begin_measuring(par.pipe, model);
         if (last && par.cp.size > 1) cp_begin_measuring(par.cp);  // each cp rank's attention time
         const StepResults results = train_step(par, model, batch, options, step);
+        inject_planned_bit_flip(par, model, step + 1);  // the tests' silent corruption (llmc/cpu/faults.h)
+        if (options.check_replicas > 0 && (step + 1) % options.check_replicas == 0) check_replicas(par, model, step + 1);
         cudaCheck(cudaDeviceSynchronize());
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         logger.step(step + 1, results.loss, options.schedule.at(step), sqrtf(results.grad_norm_squared), seconds,
@@ -307,6 +313,7 @@ int main(int argc, char** argv) {
     }
 
     // ---- the end: a last validation loss and a sample, the model, the memory held against the formulas
+    watchdog_phase("the end of the run");
     if (options.val_every > 0 && first_step < options.steps)
         logger.val_loss(options.steps, validation_loss(par, model, val_loader, options.val_batches));
     if (options.sample_tokens > 0) {

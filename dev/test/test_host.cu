@@ -261,26 +261,84 @@ void test_checkpoints() {
     check_true("the next writer replaces the .tmp and commits", read_test_checkpoint(path) == 43.0f &&
                                                                  !file_exists(path + ".tmp"));
 
-    // checkpoint_<step>.bin in a directory: latest, and keep the newest K
+    // checkpoint_<step>.bin in a directory: names, the newest complete one, and keep the newest K
+    long long step = 0, file = 0;
+    check_true("names: main and shard files parse, other spellings do not",
+               parse_checkpoint_name("checkpoint_12.bin", &step, &file) && step == 12 && file == 0 &&
+                   parse_checkpoint_name("checkpoint_12.shard3.bin", &step, &file) && step == 12 && file == 3 &&
+                   !parse_checkpoint_name("checkpoint_012.bin", &step, &file) &&
+                   !parse_checkpoint_name("checkpoint_12.shard0.bin", &step, &file) &&
+                   !parse_checkpoint_name("checkpoint_12.shard.bin", &step, &file) &&
+                   !parse_checkpoint_name("checkpoint_12.bin.tmp", &step, &file));
+    check_true("checkpoint_path and shard_path spell the names",
+               checkpoint_path("d", 12) == "d/checkpoint_12.bin" &&
+                   shard_path(checkpoint_path("d", 12), 2) == "d/checkpoint_12.shard2.bin");
     std::string dir = test_dir + "/run";
     check_true("no directory: no checkpoint", latest_checkpoint_step(dir) == -1);
     make_directories(dir);
     check_true("empty directory: no checkpoint", latest_checkpoint_step(dir) == -1);
-    for (long long step : {0, 5, 100, 10, 20}) write_test_checkpoint(checkpoint_path(dir, step), (float)step);
+    // a checkpoint of `shards` files as the trainer writes one: shard files first, then the main file
+    // listing them; `id` is the same in every file
+    auto write_sharded = [&](long long at, int shards, uint64_t id) {
+        std::vector<ShardFileEntry> listed;
+        for (int f = 1; f < shards; f++) {
+            const std::string path = shard_path(checkpoint_path(dir, at), f);
+            CheckpointWriter writer(path);
+            add_checkpoint_identity(writer, id, at);
+            writer.add_value("data", (float)(at * 10 + f));
+            writer.commit();
+            listed.push_back({(uint64_t)f, id, CheckpointReader(path).table_checksum()});
+        }
+        CheckpointWriter writer(checkpoint_path(dir, at));
+        add_checkpoint_identity(writer, id, at);
+        writer.add("shard_files", listed.data(), listed.size() * sizeof(ShardFileEntry));
+        writer.commit();
+    };
+    for (long long at : {0, 5, 100, 10, 20}) write_sharded(at, 3, 1000 + at);
     for (const char* decoy : {"checkpoint_007.bin", "checkpoint_300.bin.tmp", "checkpoint_x.bin", "checkpoint_.bin",
                               "other_400.bin", "checkpoint_500.binx"})
         write_bytes(dir + "/" + decoy, {'x'});
-    check_true("checkpoint_path spells checkpoint_<step>.bin", checkpoint_path("d", 12) == "d/checkpoint_12.bin");
-    check_true("steps listed in numeric order, decoys ignored",
+    check_true("main files listed in numeric order, decoys ignored",
                list_checkpoint_steps(dir) == std::vector<long long>{0, 5, 10, 20, 100});
-    check_true("latest is the highest step, not the last name in order", latest_checkpoint_step(dir) == 100 &&
-                                                                           read_test_checkpoint(checkpoint_path(dir, 100)) == 100.0f);
-    remove_old_checkpoints(dir, 2);
-    check_true("keep the newest 2", list_checkpoint_steps(dir) == std::vector<long long>{20, 100} &&
-                                        file_exists(dir + "/checkpoint_007.bin") &&
-                                        file_exists(dir + "/checkpoint_300.bin.tmp"));
-    remove_old_checkpoints(dir, 5);
-    check_true("keeping more than there are removes nothing", list_checkpoint_steps(dir).size() == 2);
+    check_true("latest is the highest complete step", latest_checkpoint_step(dir) == 100);
+    remove((shard_path(checkpoint_path(dir, 100), 2)).c_str());
+    check_true("a missing shard file: the one before is the latest", latest_checkpoint_step(dir) == 20);
+    write_sharded(200, 3, 7);
+    remove(checkpoint_path(dir, 200).c_str());
+    check_true("shard files without a main file (an interrupted save): skipped", latest_checkpoint_step(dir) == 20);
+    write_sharded(30, 3, 30);
+    check_true("the newest complete one, whatever order the files were written in", latest_checkpoint_step(dir) == 30);
+    // a stale file (another checkpoint's) in the newest: refused, not skipped
+    const std::string newest_shard = shard_path(checkpoint_path(dir, 30), 1);
+    const std::vector<char> original = read_bytes(newest_shard);
+    write_bytes(newest_shard, read_bytes(shard_path(checkpoint_path(dir, 20), 1)));
+    expect_failure("a shard of another step is refused", [&] { latest_checkpoint_step(dir); },
+                   "checkpoint_30.shard1.bin belongs to another checkpoint (id 00000000000003fc, step 20)");
+    {  // same step, same id, other contents: the main file's table checksum tells
+        CheckpointWriter writer(newest_shard);
+        add_checkpoint_identity(writer, 30, 30);
+        writer.add_value("data", 0.5f);
+        writer.commit();
+    }
+    expect_failure("a shard whose contents the main file does not list is refused",
+                   [&] { latest_checkpoint_step(dir); }, "checkpoint_30.shard1.bin is not the file");
+    write_bytes(newest_shard, original);
+    check_true("restored: the newest is back", latest_checkpoint_step(dir) == 30);
+
+    // after the save of step 30 (as if resumed from 20 because 100 and 200 were incomplete), keep 2
+    write_sharded(15, 3, 15);
+    remove(checkpoint_path(dir, 15).c_str());  // an interrupted save between the kept ones
+    remove_old_checkpoints(dir, 2, 30);
+    using Files = std::vector<std::pair<long long, long long>>;
+    check_true("keep 2: steps 20 and 30 stay, older files and orphans go, later steps are left alone",
+               list_checkpoint_files(dir) == Files{{20, 0}, {20, 1}, {20, 2}, {30, 0}, {30, 1}, {30, 2}, {100, 0},
+                                                   {100, 1}, {200, 1}, {200, 2}} &&
+                   file_exists(dir + "/checkpoint_007.bin") && file_exists(dir + "/checkpoint_300.bin.tmp"));
+    remove_old_checkpoints(dir, 5, 30);
+    check_true("keeping more than there are removes nothing", list_checkpoint_files(dir).size() == 10);
+    remove_old_checkpoints(dir, 1, 30);
+    check_true("keep 1: only the newest", list_checkpoint_files(dir) == Files{{30, 0}, {30, 1}, {30, 2}, {100, 0},
+                                                                           {100, 1}, {200, 1}, {200, 2}});
 }
 
 // ----------------------------------------------------------------------------

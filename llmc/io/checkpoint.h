@@ -7,9 +7,9 @@ Writing:
     writer.add("adamw_m", host_m, m_bytes);                         //   staging buffer can be reused
     writer.add_value("step", step);                                 // any trivially copyable value
     writer.commit();                                                // fsync, rename over <path>, fsync dir
-    remove_old_checkpoints(output_dir, 3);                          // optional: keep the newest 3
+    remove_old_checkpoints(output_dir, 3, step);                    // optional: keep the newest 3
 Reading:
-    long long step = latest_checkpoint_step(output_dir);            // -1 when there is none
+    long long step = latest_checkpoint_step(output_dir);            // the newest complete one; -1: none
     CheckpointReader reader(checkpoint_path(output_dir, step));     // validates header and table
     reader.read("params", host_params, params_bytes);               // size and checksum checked
     int saved_step = reader.read_value<int>("step");
@@ -177,6 +177,7 @@ public:
         read_exact(sections_.data(), sizeof(CheckpointSection), sections_.size(), file_, path, "section table");
         if (fnv1a64(sections_.data(), table_bytes) != header.table_checksum)
             fatal("checkpoint %s is corrupted: its section table fails its checksum", p);
+        table_checksum_ = header.table_checksum;
         for (const CheckpointSection& s : sections_) {
             // the table checksum passed, so these only fail for a file written by something else
             if (s.name[kCheckpointNameBytes - 1] != '\0' || s.offset < sizeof(header) ||
@@ -191,6 +192,9 @@ public:
     }
 
     bool has(const std::string& name) const { return lookup(name) != nullptr; }
+
+    // The checksum of the section table: it covers every section's checksum, so it names the file's contents.
+    uint64_t table_checksum() const { return table_checksum_; }
 
     // The stored size of a section, to size a buffer before read().
     size_t bytes(const std::string& name) const { return section(name).bytes; }
@@ -231,6 +235,7 @@ private:
     std::string path_;
     FILE* file_ = nullptr;
     std::vector<CheckpointSection> sections_;
+    uint64_t table_checksum_ = 0;
 
     const CheckpointSection* lookup(const std::string& name) const {
         for (const CheckpointSection& s : sections_)
@@ -253,53 +258,171 @@ private:
 };
 
 // ----------------------------------------------------------------------------
-// checkpoints in an output directory: checkpoint_<step>.bin, the newest one has the highest step
+// checkpoints in an output directory
+//
+// A checkpoint of step s is one main file, checkpoint_<s>.bin, and, for a sharded run, shard files
+// checkpoint_<s>.shard<k>.bin (k = 1 .. files-1; which rank writes which: llmc/parallel/reshard.h). So
+// that the files of two checkpoints can never be mixed, each file carries two sections:
+//     "checkpoint_id"  a 64-bit number drawn when the save began, the same in every file of the checkpoint
+//     "step"           s
+// and the main file, written last, lists every shard file in "shard_files": its number, the id it carries
+// and the checksum of its section table (which covers every section's checksum, so it pins the contents).
+//
+// "Latest" is the newest COMPLETE checkpoint: a main file and every shard file it lists. A checkpoint whose
+// save was interrupted (no main file, or a listed shard file missing) is skipped with one line, and the one
+// before it is used. A file that is present but does not belong (another id or step, another table, a
+// damaged file) is not an interrupted save but a mix-up or damage: the run stops with one line naming it.
+//
+// Old checkpoints are removed only after the new main file is committed, and the main file of an old
+// checkpoint before its shard files: at every moment the directory holds at least one complete checkpoint.
+
+struct ShardFileEntry {
+    uint64_t file;            // k of checkpoint_<s>.shard<k>.bin
+    uint64_t checkpoint_id;   // the id the file carries
+    uint64_t table_checksum;  // its CheckpointReader::table_checksum()
+};
 
 inline std::string checkpoint_path(const std::string& directory, long long step) {
     return directory + "/checkpoint_" + std::to_string(step) + ".bin";
 }
+// shard file `file` of the checkpoint whose main file is `main_path` (file 0 is the main file itself)
+inline std::string shard_path(const std::string& main_path, int file) {
+    if (file == 0) return main_path;
+    return main_path.substr(0, main_path.size() - 4) + ".shard" + std::to_string(file) + ".bin";  // drops ".bin"
+}
 
-// Steps of every file named exactly checkpoint_<digits>.bin in the directory, ascending. Temporary files
-// (.tmp, left by a killed writer) do not match. A directory that does not exist holds no checkpoints.
-inline std::vector<long long> list_checkpoint_steps(const std::string& directory) {
-    std::vector<long long> steps;
+// The two sections every file of a checkpoint carries.
+inline void add_checkpoint_identity(CheckpointWriter& writer, uint64_t checkpoint_id, long long step) {
+    writer.add_value("checkpoint_id", checkpoint_id);
+    writer.add_value("step", step);
+}
+
+// Stops with one line unless shard file `path` is the one the main file `main_path` lists as `entry`.
+inline void check_shard_file(CheckpointReader& shard, const std::string& path, const std::string& main_path,
+                             const ShardFileEntry& entry, long long step) {
+    const uint64_t id = shard.read_value<uint64_t>("checkpoint_id");
+    const long long saved_step = shard.read_value<long long>("step");
+    if (id != entry.checkpoint_id || saved_step != step)
+        fatal("%s belongs to another checkpoint (id %016llx, step %lld) than %s (id %016llx, step %lld): refusing "
+              "to mix them", path.c_str(), (unsigned long long)id, saved_step, main_path.c_str(),
+              (unsigned long long)entry.checkpoint_id, step);
+    if (shard.table_checksum() != entry.table_checksum)
+        fatal("%s is not the file %s lists (its section table differs): refusing to mix them", path.c_str(),
+              main_path.c_str());
+}
+
+// The shard files the main file lists (after checking the main file's own step).
+inline std::vector<ShardFileEntry> listed_shard_files(CheckpointReader& main, const std::string& main_path,
+                                                      long long step) {
+    if (main.read_value<long long>("step") != step)
+        fatal("%s holds step %lld, not the step %lld its name says", main_path.c_str(),
+              main.read_value<long long>("step"), step);
+    const size_t bytes = main.bytes("shard_files");
+    if (bytes % sizeof(ShardFileEntry) != 0) fatal("%s has a malformed list of shard files", main_path.c_str());
+    std::vector<ShardFileEntry> entries(bytes / sizeof(ShardFileEntry));
+    main.read("shard_files", entries.data(), bytes);
+    const uint64_t id = main.read_value<uint64_t>("checkpoint_id");
+    for (size_t i = 0; i < entries.size(); i++)
+        if (entries[i].file != i + 1 || entries[i].checkpoint_id != id)
+            fatal("%s has a malformed list of shard files", main_path.c_str());
+    return entries;
+}
+
+// A file name of a checkpoint: checkpoint_<step>.bin (file 0) or checkpoint_<step>.shard<k>.bin, spelled
+// exactly as checkpoint_path and shard_path write them (no leading zeros, no .tmp).
+inline bool parse_checkpoint_name(const std::string& name, long long* step, long long* file) {
+    const std::string prefix = "checkpoint_", suffix = ".bin";
+    if (name.size() <= prefix.size() + suffix.size() || name.compare(0, prefix.size(), prefix) != 0 ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+        return false;
+    std::string middle = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+    auto number = [](const std::string& digits, long long* value) {
+        if (digits.empty() || digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos ||
+            (digits.size() > 1 && digits[0] == '0'))
+            return false;
+        *value = std::stoll(digits);
+        return true;
+    };
+    const size_t dot = middle.find(".shard");
+    *file = 0;
+    if (dot == std::string::npos) return number(middle, step);
+    return number(middle.substr(0, dot), step) && number(middle.substr(dot + 6), file) && *file > 0;
+}
+
+// Every checkpoint file in the directory as (step, file), ascending. A directory that does not exist
+// holds none.
+inline std::vector<std::pair<long long, long long>> list_checkpoint_files(const std::string& directory) {
+    std::vector<std::pair<long long, long long>> files;
     DIR* dir = opendir(directory.c_str());
     if (!dir) {
-        if (errno == ENOENT) return steps;
+        if (errno == ENOENT) return files;
         fatal("cannot list directory %s: %s", directory.c_str(), strerror(errno));
     }
-    const std::string prefix = "checkpoint_", suffix = ".bin";
     while (struct dirent* entry = readdir(dir)) {
-        std::string name = entry->d_name;
-        if (name.size() <= prefix.size() + suffix.size() || name.compare(0, prefix.size(), prefix) != 0 ||
-            name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
-            continue;
-        std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
-        // only the spelling checkpoint_path() writes (no leading zeros), so that every listed step maps back
-        // to its file name
-        if (digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos ||
-            (digits.size() > 1 && digits[0] == '0'))
-            continue;
-        steps.push_back(std::stoll(digits));
+        long long step = 0, file = 0;
+        if (parse_checkpoint_name(entry->d_name, &step, &file)) files.push_back({step, file});
     }
     closedir(dir);
-    std::sort(steps.begin(), steps.end());
+    std::sort(files.begin(), files.end());
+    return files;
+}
+
+// Steps that have a main file, ascending.
+inline std::vector<long long> list_checkpoint_steps(const std::string& directory) {
+    std::vector<long long> steps;
+    for (auto [step, file] : list_checkpoint_files(directory))
+        if (file == 0) steps.push_back(step);
     return steps;
 }
 
-// The highest step with a checkpoint in the directory, or -1 when there is none.
-inline long long latest_checkpoint_step(const std::string& directory) {
-    std::vector<long long> steps = list_checkpoint_steps(directory);
-    return steps.empty() ? -1 : steps.back();
+// Why checkpoint `step` cannot be resumed from because its save did not finish ("" when it is complete).
+// Stops with one line at a file that is present but does not belong to it.
+inline std::string checkpoint_incomplete(const std::string& directory, long long step) {
+    const std::string main_path = checkpoint_path(directory, step);
+    if (!file_exists(main_path)) return "it has shard files but no main file " + main_path;
+    CheckpointReader main(main_path);
+    for (const ShardFileEntry& entry : listed_shard_files(main, main_path, step)) {
+        const std::string path = shard_path(main_path, (int)entry.file);
+        if (!file_exists(path)) return "its shard file " + path + " is missing";
+        CheckpointReader shard(path);
+        check_shard_file(shard, path, main_path, entry, step);
+    }
+    return "";
 }
 
-// Deletes all but the newest `keep_last` checkpoints. Call it after commit(), so that the newest
-// checkpoint is complete on disk before any older one goes.
-inline void remove_old_checkpoints(const std::string& directory, int keep_last) {
-    if (keep_last < 1) fatal("remove_old_checkpoints: keep_last must be at least 1, got %d", keep_last);
-    std::vector<long long> steps = list_checkpoint_steps(directory);
-    for (size_t i = 0; i + keep_last < steps.size(); i++) {
-        std::string path = checkpoint_path(directory, steps[i]);
-        if (remove(path.c_str()) != 0) fatal("cannot remove old checkpoint %s: %s", path.c_str(), strerror(errno));
+// The step of the newest complete checkpoint in the directory, or -1 when there is none. Each newer one
+// that is incomplete is named in one line on stdout when `report` (one rank reports; every rank decides).
+inline long long latest_checkpoint_step(const std::string& directory, bool report = false) {
+    std::vector<long long> steps;
+    for (auto [step, file] : list_checkpoint_files(directory))
+        if (steps.empty() || steps.back() != step) steps.push_back(step);
+    for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+        const std::string why = checkpoint_incomplete(directory, *it);
+        if (why.empty()) return *it;
+        if (report) printf("checkpoint of step %lld is incomplete (%s): skipped\n", *it, why.c_str());
     }
+    return -1;
+}
+
+// Call after the main file of step `newest` is committed: removes every checkpoint file of the steps
+// before it other than the newest `keep_last` that have a main file (`newest` among them), the main files
+// first, so a checkpoint interrupted here is merely incomplete. Files of a save that never finished go too.
+// Steps after `newest` are left alone: a future this run abandoned by resuming before it (its checkpoints
+// were incomplete), which the run's next saves overwrite one by one.
+inline void remove_old_checkpoints(const std::string& directory, int keep_last, long long newest) {
+    if (keep_last < 1) fatal("remove_old_checkpoints: keep_last must be at least 1, got %d", keep_last);
+    std::vector<long long> mains;
+    for (long long step : list_checkpoint_steps(directory))
+        if (step <= newest) mains.push_back(step);
+    const long long oldest_kept = mains.size() > (size_t)keep_last ? mains[mains.size() - keep_last] : -1;
+    auto removed = [&](long long step) {
+        return step < newest && (step < oldest_kept || std::find(mains.begin(), mains.end(), step) == mains.end());
+    };
+    const std::vector<std::pair<long long, long long>> files = list_checkpoint_files(directory);
+    for (bool main_files : {true, false})
+        for (auto [step, file] : files) {
+            if (!removed(step) || (file == 0) != main_files) continue;
+            const std::string path = shard_path(checkpoint_path(directory, step), (int)file);
+            if (remove(path.c_str()) != 0) fatal("cannot remove old checkpoint file %s: %s", path.c_str(), strerror(errno));
+        }
 }

@@ -36,6 +36,9 @@ struct Options {
     int checkpoint_every = 0, keep_checkpoints = 0;
     std::string output_dir;
     bool save_model = true, resume = false;
+    // faults: a rank that stops arriving, silent corruption of the replicas
+    float collective_timeout = 0.0f;
+    int check_replicas = 0;
     // planning instead of training (llmc/planning/planner.h)
     int plan_ranks = 0, search_ranks = 0, plan_top = 0;
     PlanHardware hardware;
@@ -134,6 +137,13 @@ inline Options parse_options(int argc, char** argv) {
     std::string& nccl_init_file = flags.add_string("nccl-init-file", "",
         "a path on a file system all ranks share, fresh for every run (put the job id in it): rank 0 hands the "
         "NCCL id to the others there; needed by srun / torchrun launches without MPI (GPU build)");
+    flags.heading("Faults");
+    float& collective_timeout = flags.add_float("collective-timeout", 600.0f,
+        "seconds a rank may wait in one collective, send or receive before the job ends with a line naming the "
+        "operation, the group, the step and the ranks that did not arrive (0: wait forever)", 0.0f);
+    int& check_replicas = flags.add_int("check-replicas", 0,
+        "every N steps, compare a checksum of every parameter chunk across the ranks that hold copies of it "
+        "(data-parallel replicas, tp copies of replicated tensors); a mismatch ends the run (0: never)", 0);
     flags.heading("Planning (arithmetic only, llmc/planning/planner.h: no GPU, no MPI, nothing allocated)");
     int& plan_ranks = flags.add_int("plan", 0,
         "print the memory per rank, the bytes per step on each axis, the pipeline bubble and the estimated step "
@@ -176,6 +186,7 @@ inline Options parse_options(int argc, char** argv) {
     o.val_every = val_every, o.val_batches = val_batches, o.sample_every = sample_every;
     o.sample_tokens = sample_tokens, o.checkpoint_every = checkpoint_every, o.keep_checkpoints = keep_checkpoints;
     o.output_dir = output_dir, o.save_model = save_model, o.resume = resume;
+    o.collective_timeout = collective_timeout, o.check_replicas = check_replicas;
     o.plan_ranks = plan_ranks, o.search_ranks = search_ranks, o.plan_top = plan_top;
     PlanHardware& hw = o.hardware;
     hw.gpu_memory_bytes = gpu_memory_gib * (double)(1 << 30), hw.gpus_per_node = gpus_per_node;

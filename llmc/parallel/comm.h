@@ -54,6 +54,35 @@ in fp32: the count describes the algorithm, so CPU runs predict GPU traffic):
 Fractions are rounded down to whole bytes, once per call. A single rank (n = 1) sends nothing.
 
 Every MPI and NCCL call is checked; a failure stops the program with one line naming the call.
+
+The watchdog (llmc/parallel/watchdog.h). A rank that stops (a dead GPU, a hung process, a lost node) leaves
+the others blocked in their next collective forever, because NCCL and MPI wait for every member. So every
+operation above reports itself to a watchdog: a thread per rank, started by parallel_create with
+--collective-timeout seconds, which ends the job once this rank has waited longer than that in ONE
+operation: one `error:` line naming this rank, the operation (and its peer, point to point), the group
+(dp, shard, tp, a pp link, cp ...), the step, and the ranks that did not arrive; then MPI_Abort on the CPU,
+ncclCommAbort of every communicator and exit on the GPU (the launcher stops the other ranks).
+  What it reads. CPU build: the calls block, so each brackets its MPI call (CollectiveWait) and the thread
+    sees "in all-reduce on the tp group since t". GPU build: the calls return at once, so each records an
+    event behind its NCCL call on its stream, and the thread polls the events (cudaEventQuery) of the calls
+    not yet complete; a call's clock starts when it is enqueued, which is at most one step ahead of the
+    device.
+  Who did not arrive. Each rank counts the operations it entered on each group on an arrival board, an
+    MPI window that other ranks read without the owner's help (shared memory on a node, RDMA across
+    nodes). Members of a group enter its operations in the same order, so a member whose count is below
+    this rank's has not arrived; one whose watchdog heartbeat (also on the board) stands still is not
+    running at all. Point to point, the peer is the one. Without MPI (torchrun, srun without an MPI plugin)
+    there is no board, and the line lists the group's members as the candidates.
+  Why a long but healthy step does not fire it. The clock runs only while this rank waits inside one
+    operation, and restarts with the next. This rank's own long work (a slow first step, writing its
+    checkpoint shard, a validation pass, loading the model) is outside every operation, so it never
+    counts; a peer's long work counts only for the time this rank waits for it in a single operation,
+    which is bounded by the longest stretch the peer spends between two operations: the step's compute
+    between two collectives, or one rank's file I/O (its checkpoint shard, rank 0's model file) before the
+    barrier or broadcast that follows it. The default, 600 s, is minutes above all of these at any size
+    this program trains (NCCL's and PyTorch's default timeouts are of the same order). Time in which this
+    process did not run at all (stopped, or starved of a CPU) is not counted either: each poll adds at most
+    two poll intervals, so a rank that was itself stopped does not accuse the others when it resumes.
 */
 #pragma once
 
@@ -70,6 +99,7 @@ Every MPI and NCCL call is checked; a failure stops the program with one line na
 #include "../cuda_common.cuh"
 #include "../device_memory.h"
 #include "../utils.h"
+#include "watchdog.h"
 
 #define OMPI_SKIP_MPICXX 1  // the C API is all we use; OpenMPI's deprecated C++ bindings stay out
 #include <mpi.h>
@@ -111,6 +141,7 @@ struct Communicator {
     float* barrier_token = nullptr;  // one float of device memory that barrier() all-reduces
 #endif
     uint64_t bytes_sent = 0;       // see "Counting bytes" above; reset it by assigning 0
+    int watch = -1;                // the group as the watchdog names it (llmc/parallel/watchdog.h)
 };
 
 enum class Reduction { Sum, Average, Max };
@@ -175,7 +206,9 @@ void all_reduce(Communicator& comm, T* data, size_t count, Reduction op, cudaStr
     const float divisor = op == Reduction::Average ? (float)comm.size : 1.0f;
     const MPI_Op reduction = mpi_op(op);
     const MPI_Comm group = comm.mpi;
+    const int watch = comm.watch, me = comm.rank;
     cudacpu::on_stream(stream, [=] {
+        CollectiveWait wait(watch, me, "all-reduce");
         if constexpr (std::is_same_v<T, float>) {
             mpiCheck(MPI_Allreduce(MPI_IN_PLACE, data, mpi_count(count), MPI_FLOAT, reduction, group));
             if (op == Reduction::Average) narrow(data, data, count, divisor);
@@ -187,6 +220,7 @@ void all_reduce(Communicator& comm, T* data, size_t count, Reduction op, cudaStr
     });
 #else
     ncclCheck(ncclAllReduce(data, data, count, nccl_type<T>(), nccl_op(op), comm.nccl, stream));
+    watch_enqueued(comm.watch, comm.rank, "all-reduce", -1, stream);
 #endif
 }
 
@@ -196,8 +230,9 @@ void reduce_scatter(Communicator& comm, T* out, const T* in, size_t count, Reduc
 #ifdef LLMC_CPU
     const MPI_Op reduction = mpi_op(op);
     const MPI_Comm group = comm.mpi;
-    const int size = comm.size;
+    const int size = comm.size, watch = comm.watch, me = comm.rank;
     cudacpu::on_stream(stream, [=] {
+        CollectiveWait wait(watch, me, "reduce-scatter");
         // MPI wants separate buffers and `out` may be this rank's own block of `in`: reduce into scratch first
         std::vector<float> reduced(count);
         if constexpr (std::is_same_v<T, float>) {
@@ -211,6 +246,7 @@ void reduce_scatter(Communicator& comm, T* out, const T* in, size_t count, Reduc
     });
 #else
     ncclCheck(ncclReduceScatter(in, out, count, nccl_type<T>(), nccl_op(op), comm.nccl, stream));
+    watch_enqueued(comm.watch, comm.rank, "reduce-scatter", -1, stream);
 #endif
 }
 
@@ -221,12 +257,15 @@ void all_gather(Communicator& comm, T* out, const T* in, size_t count, cudaStrea
 #ifdef LLMC_CPU
     const void* source = in == out + (size_t)comm.rank * count ? MPI_IN_PLACE : (const void*)in;
     const MPI_Comm group = comm.mpi;
+    const int watch = comm.watch, me = comm.rank;
     cudacpu::on_stream(stream, [=] {
+        CollectiveWait wait(watch, me, "all-gather");
         mpiCheck(MPI_Allgather(source, mpi_count(count), mpi_raw_type<T>(), out, mpi_count(count), mpi_raw_type<T>(),
                                group));
     });
 #else
     ncclCheck(ncclAllGather(in, out, count, nccl_type<T>(), comm.nccl, stream));
+    watch_enqueued(comm.watch, comm.rank, "all-gather", -1, stream);
 #endif
 }
 
@@ -235,9 +274,14 @@ void broadcast(Communicator& comm, T* data, size_t count, int root, cudaStream_t
     comm.bytes_sent += ring_share(count * sizeof(T), comm.size);
 #ifdef LLMC_CPU
     const MPI_Comm group = comm.mpi;
-    cudacpu::on_stream(stream, [=] { mpiCheck(MPI_Bcast(data, mpi_count(count), mpi_raw_type<T>(), root, group)); });
+    const int watch = comm.watch, me = comm.rank;
+    cudacpu::on_stream(stream, [=] {
+        CollectiveWait wait(watch, me, "broadcast");
+        mpiCheck(MPI_Bcast(data, mpi_count(count), mpi_raw_type<T>(), root, group));
+    });
 #else
     ncclCheck(ncclBroadcast(data, data, count, nccl_type<T>(), root, comm.nccl, stream));
+    watch_enqueued(comm.watch, comm.rank, "broadcast", -1, stream);
 #endif
 }
 
@@ -247,9 +291,14 @@ void send(Communicator& comm, const T* data, size_t count, int peer, cudaStream_
     comm.bytes_sent += count * sizeof(T);
 #ifdef LLMC_CPU
     const MPI_Comm group = comm.mpi;
-    cudacpu::on_stream(stream, [=] { mpiCheck(MPI_Send(data, mpi_count(count), mpi_raw_type<T>(), peer, 0, group)); });
+    const int watch = comm.watch, me = comm.rank;
+    cudacpu::on_stream(stream, [=] {
+        CollectiveWait wait(watch, me, "send", peer);
+        mpiCheck(MPI_Send(data, mpi_count(count), mpi_raw_type<T>(), peer, 0, group));
+    });
 #else
     ncclCheck(ncclSend(data, count, nccl_type<T>(), peer, comm.nccl, stream));
+    watch_enqueued(comm.watch, comm.rank, "send", peer, stream);
 #endif
 }
 
@@ -257,11 +306,14 @@ template <typename T>
 void recv(Communicator& comm, T* data, size_t count, int peer, cudaStream_t stream) {
 #ifdef LLMC_CPU
     const MPI_Comm group = comm.mpi;
+    const int watch = comm.watch, me = comm.rank;
     cudacpu::on_stream(stream, [=] {
+        CollectiveWait wait(watch, me, "receive", peer);
         mpiCheck(MPI_Recv(data, mpi_count(count), mpi_raw_type<T>(), peer, 0, group, MPI_STATUS_IGNORE));
     });
 #else
     ncclCheck(ncclRecv(data, count, nccl_type<T>(), peer, comm.nccl, stream));
+    watch_enqueued(comm.watch, comm.rank, "receive", peer, stream);
 #endif
 }
 
@@ -274,6 +326,7 @@ void recv(Communicator& comm, T* data, size_t count, int peer, cudaStream_t stre
 struct SendRequest {
 #ifdef LLMC_CPU
     MPI_Request mpi = MPI_REQUEST_NULL;
+    int watch = -1, rank = 0, peer = -1;  // where send_finish waits, for the watchdog
 #else
     cudaEvent_t done = nullptr;
 #endif
@@ -298,6 +351,7 @@ void send_async(Communicator& comm, const T* data, size_t count, int peer, cudaS
 #ifdef LLMC_CPU
     (void)send_stream;
     const MPI_Comm group = comm.mpi;
+    request->watch = comm.watch, request->rank = comm.rank, request->peer = peer;
     cudacpu::on_stream(stream, [=] {
         mpiCheck(MPI_Isend(data, mpi_count(count), mpi_raw_type<T>(), peer, 0, group, &request->mpi));
     });
@@ -305,6 +359,7 @@ void send_async(Communicator& comm, const T* data, size_t count, int peer, cudaS
     cudaCheck(cudaEventRecord(request->done, stream));  // the data is ready
     cudaCheck(cudaStreamWaitEvent(send_stream, request->done, 0));
     ncclCheck(ncclSend(data, count, nccl_type<T>(), peer, comm.nccl, send_stream));
+    watch_enqueued(comm.watch, comm.rank, "send", peer, send_stream);
     cudaCheck(cudaEventRecord(request->done, send_stream));
 #endif
 }
@@ -313,7 +368,10 @@ void send_async(Communicator& comm, const T* data, size_t count, int peer, cudaS
 // request returns at once).
 inline void send_finish(SendRequest* request, cudaStream_t stream) {
 #ifdef LLMC_CPU
-    cudacpu::on_stream(stream, [=] { mpiCheck(MPI_Wait(&request->mpi, MPI_STATUS_IGNORE)); });
+    cudacpu::on_stream(stream, [=] {
+        CollectiveWait wait(request->watch, request->rank, "send", request->peer);
+        mpiCheck(MPI_Wait(&request->mpi, MPI_STATUS_IGNORE));
+    });
 #else
     cudaCheck(cudaStreamWaitEvent(stream, request->done, 0));
 #endif
@@ -325,7 +383,9 @@ void send_recv(Communicator& comm, const T* send_data, int send_peer, T* recv_da
     comm.bytes_sent += count * sizeof(T);
 #ifdef LLMC_CPU
     const MPI_Comm group = comm.mpi;
+    const int watch = comm.watch, me = comm.rank;
     cudacpu::on_stream(stream, [=] {
+        CollectiveWait wait(watch, me, "receive", recv_peer);  // the send cannot block without the receive
         mpiCheck(MPI_Sendrecv(send_data, mpi_count(count), mpi_raw_type<T>(), send_peer, 0, recv_data, mpi_count(count),
                               mpi_raw_type<T>(), recv_peer, 0, group, MPI_STATUS_IGNORE));
     });
@@ -335,6 +395,7 @@ void send_recv(Communicator& comm, const T* send_data, int send_peer, T* recv_da
     ncclCheck(ncclSend(send_data, count, nccl_type<T>(), send_peer, comm.nccl, stream));
     ncclCheck(ncclRecv(recv_data, count, nccl_type<T>(), recv_peer, comm.nccl, stream));
     ncclCheck(ncclGroupEnd());
+    watch_enqueued(comm.watch, comm.rank, "receive", recv_peer, stream);
 #endif
 }
 
@@ -343,7 +404,9 @@ void all_to_all(Communicator& comm, T* out, const T* in, size_t count, cudaStrea
     comm.bytes_sent += (uint64_t)(comm.size - 1) * count * sizeof(T);
 #ifdef LLMC_CPU
     const MPI_Comm group = comm.mpi;
+    const int watch = comm.watch, me = comm.rank;
     cudacpu::on_stream(stream, [=] {
+        CollectiveWait wait(watch, me, "all-to-all");
         mpiCheck(MPI_Alltoall(in, mpi_count(count), mpi_raw_type<T>(), out, mpi_count(count), mpi_raw_type<T>(), group));
     });
 #else
@@ -354,6 +417,7 @@ void all_to_all(Communicator& comm, T* out, const T* in, size_t count, cudaStrea
         ncclCheck(ncclRecv(out + (size_t)peer * count, count, nccl_type<T>(), peer, comm.nccl, stream));
     }
     ncclCheck(ncclGroupEnd());
+    watch_enqueued(comm.watch, comm.rank, "all-to-all", -1, stream);
 #endif
 }
 
@@ -381,13 +445,36 @@ inline std::vector<float> gather_values(Communicator& comm, float value, cudaStr
     return values;
 }
 
+// 64-bit words (ids, checksums) travel as four bf16 elements each, because moving bf16 without arithmetic
+// is bit-exact in both builds. broadcast_word: root's word on every rank of the group. all_gather_words:
+// every rank's `count` words, rank after rank.
+inline void broadcast_word(Communicator& comm, uint64_t* word, int root, cudaStream_t stream) {
+    broadcast_host(comm, reinterpret_cast<__nv_bfloat16*>(word), 4, root, stream);
+}
+inline std::vector<uint64_t> all_gather_words(Communicator& comm, const std::vector<uint64_t>& mine,
+                                              cudaStream_t stream) {
+    const size_t count = mine.size();
+    std::vector<uint64_t> everyone(count * comm.size);
+    std::copy(mine.begin(), mine.end(), everyone.begin() + comm.rank * count);
+    if (comm.size == 1 || count == 0) return everyone;
+    __nv_bfloat16* device = tracked_alloc<__nv_bfloat16>(everyone.size() * 4, MemoryKind::Communication, "words");
+    __nv_bfloat16* host = reinterpret_cast<__nv_bfloat16*>(everyone.data());
+    copy_to_device(device + comm.rank * count * 4, host + comm.rank * count * 4, count * 4, stream);
+    all_gather(comm, device, device + comm.rank * count * 4, count * 4, stream);
+    copy_to_host(host, device, everyone.size() * 4, stream);
+    tracked_free(device);
+    return everyone;
+}
+
 inline void barrier(Communicator& comm, cudaStream_t stream) {
 #ifdef LLMC_CPU
     cudaCheck(cudaStreamSynchronize(stream));  // the stream drained (a no-op unless its work is queued)
+    CollectiveWait wait(comm.watch, comm.rank, "barrier");
     mpiCheck(MPI_Barrier(comm.mpi));
 #else
     // NCCL has no barrier of its own: a one-float all-reduce completes only when every rank has joined
     ncclCheck(ncclAllReduce(comm.barrier_token, comm.barrier_token, 1, ncclFloat32, ncclSum, comm.nccl, stream));
+    watch_enqueued(comm.watch, comm.rank, "barrier", -1, stream);
     cudaCheck(cudaStreamSynchronize(stream));
 #endif
 }
@@ -569,7 +656,9 @@ inline void share_through_file(const std::string& path, int rank, void* bytes, s
 inline void mpi_start() {
     int initialized = 0;
     mpiCheck(MPI_Initialized(&initialized));
-    if (!initialized) mpiCheck(MPI_Init(nullptr, nullptr));
+    // the watchdog's thread reads the arrival board and may call MPI_Abort while this thread is in MPI
+    int provided = 0;
+    if (!initialized) mpiCheck(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
     // report failures through mpiCheck's one line instead of MPI's default abort; split groups inherit this
     mpiCheck(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
 }
@@ -641,12 +730,29 @@ inline Communicator comm_init_world(const std::string& nccl_init_file = "", doub
     if (!by_mpi && world.size > 1 && world.rank == 0) remove(nccl_init_file.c_str());
     make_barrier_token(world);
 #endif
+    std::vector<int> everyone(world.size);
+    for (int r = 0; r < world.size; r++) everyone[r] = r;
+    world.watch = watched_group("world", everyone);
+#ifndef LLMC_CPU
+    watched_group_nccl(world.watch, world.nccl);
+#endif
     return world;
 }
 
 // A subgroup: ranks passing the same `color` form one group, ordered by `key`. Every rank of `parent`
-// must call this together.
-inline Communicator comm_split(Communicator& parent, int color, int key) {
+// must call this together. `name` says what the group is for, in the watchdog's error line.
+inline Communicator comm_split(Communicator& parent, int color, int key, const std::string& name) {
+    // the members' world ranks, in group order (by key, then by place in the parent), for the watchdog;
+    // colors and keys are small integers, exact as floats
+    const std::vector<float> colors = gather_values(parent, (float)color, nullptr);
+    const std::vector<float> keys = gather_values(parent, (float)key, nullptr);
+    std::vector<int> places;
+    for (int p = 0; p < parent.size; p++)
+        if (colors[p] == (float)color) places.push_back(p);
+    std::stable_sort(places.begin(), places.end(), [&](int a, int b) { return keys[a] < keys[b]; });
+    const std::vector<int> parent_members = watched_members(parent.watch);
+    std::vector<int> members;
+    for (int p : places) members.push_back(parent_members.empty() ? p : parent_members[p]);
     Communicator group;
 #ifdef LLMC_CPU
     mpiCheck(MPI_Comm_split(parent.mpi, color, key, &group.mpi));
@@ -658,12 +764,17 @@ inline Communicator comm_split(Communicator& parent, int color, int key) {
     ncclCheck(ncclCommCount(group.nccl, &group.size));
     make_barrier_token(group);
 #endif
+    group.watch = watched_group(name, members);
+#ifndef LLMC_CPU
+    watched_group_nccl(group.watch, group.nccl);
+#endif
     return group;
 }
 
 inline void comm_destroy(Communicator& comm) {
     if (comm.mpi != MPI_COMM_NULL) mpiCheck(MPI_Comm_free(&comm.mpi));
 #ifndef LLMC_CPU
+    watched_group_nccl(comm.watch, nullptr);  // not one to abort any more
     if (comm.nccl) ncclCheck(ncclCommDestroy(comm.nccl));
     if (comm.barrier_token) cudaCheck(cudaFree(comm.barrier_token));
     comm.nccl = nullptr;

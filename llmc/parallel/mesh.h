@@ -148,12 +148,17 @@ inline void mesh_check_model(const Mesh& mesh, int num_layers, int num_heads) {
 
 // The group of ranks that agree with this one on every axis NOT in `member_axes` (a bit per axis).
 // Ranks are keyed by world rank, so the group keeps world order.
+// Its name (for the watchdog's error line) lists the axes after what the group is for: "tp",
+// "shard (dp_shard x cp)".
 inline Communicator mesh_group(Communicator& world, const MeshLayout& layout, const int coords[kMeshAxes],
-                               unsigned member_axes) {
+                               unsigned member_axes, const std::string& purpose = "") {
     int color = 0;  // the mixed-radix number of the coordinates the group's members share
-    for (int a = 0; a < kMeshAxes; a++)
+    std::string name;
+    for (int a = 0; a < kMeshAxes; a++) {
         if (!(member_axes & (1u << a))) color = color * layout.sizes[a] + coords[a];
-    return comm_split(world, color, world.rank);
+        else name += (name.empty() ? "" : " x ") + std::string(mesh_axis_name(a));
+    }
+    return comm_split(world, color, world.rank, purpose.empty() ? name : purpose + " (" + name + ")");
 }
 
 // Every rank calls this together. Stops with one line (on every rank) if the layout does not fit the world.
@@ -166,9 +171,10 @@ inline Mesh mesh_create(const Communicator& world, const MeshLayout& layout) {
     mesh.world.bytes_sent = 0;
     mesh_coords_of(layout, world.rank, mesh.coords);
     for (int a = 0; a < kMeshAxes; a++) mesh.axis[a] = mesh_group(mesh.world, layout, mesh.coords, 1u << a);
-    mesh.gradient = mesh_group(mesh.world, layout, mesh.coords, (1u << DP_REPLICATE) | (1u << DP_SHARD) | (1u << CP));
-    mesh.shard = mesh_group(mesh.world, layout, mesh.coords, (1u << DP_SHARD) | (1u << CP));
-    mesh.model = mesh_group(mesh.world, layout, mesh.coords, (1u << PP) | (1u << TP));
+    mesh.gradient = mesh_group(mesh.world, layout, mesh.coords, (1u << DP_REPLICATE) | (1u << DP_SHARD) | (1u << CP),
+                               "gradient");
+    mesh.shard = mesh_group(mesh.world, layout, mesh.coords, (1u << DP_SHARD) | (1u << CP), "shard");
+    mesh.model = mesh_group(mesh.world, layout, mesh.coords, (1u << PP) | (1u << TP), "model");
     return mesh;
 }
 

@@ -62,12 +62,14 @@ inline int micro_step_tokens(int batch_size, int seq_len, int ranks) {
 }
 
 // Every rank of the launcher (mpirun, srun, torchrun; one rank without) calls this together. Stops with one
-// line naming the flag if the layout cannot run this model on these ranks.
+// line naming the flag if the layout cannot run this model on these ranks. From here on a rank that waits
+// longer than `collective_timeout` seconds in one collective ends the job (llmc/parallel/watchdog.h).
 inline void parallel_create(ParallelContext& par, const Layout& asked, const GPT2Config& config,
-                            const std::string& nccl_init_file) {
+                            const std::string& nccl_init_file, double collective_timeout) {
     par.layout = asked;
     Layout& l = par.layout;
     par.world = comm_init_world(nccl_init_file);
+    watchdog_start(collective_timeout, par.world.rank, par.world.mpi);
     l.ranks = par.world.size;
     l.multiprocessors = device_properties().multiProcessorCount;
     if (l.ranks % (l.tp * l.pp * l.cp) != 0)
@@ -133,6 +135,7 @@ inline void parallel_destroy(ParallelContext& par) {
     tp_streams_destroy(par.tp);
     cp_destroy(par.cp);
     pipeline_free(par.pipe);
+    watchdog_stop();
     mesh_destroy(par.mesh);
     comm_destroy(par.world);
     comm_finalize();

@@ -124,7 +124,8 @@ inline void pipeline_create(Pipeline& pipe, Mesh& mesh, PipelineSchedule schedul
             for (int sender = 0; sender < p; sender++) {
                 const int receiver = (sender + direction + p) % p;
                 const bool member = r == sender || r == receiver;
-                Communicator link = comm_split(mesh.axis[PP], member ? 0 : 1, r == sender ? 0 : 1);
+                Communicator link = comm_split(mesh.axis[PP], member ? 0 : 1, r == sender ? 0 : 1,
+                                               direction > 0 ? "pp activations link" : "pp gradients link");
                 Communicator* keep = !member ? nullptr
                                      : direction > 0 ? (r == sender ? &pipe.activations_out : &pipe.activations_in)
                                                      : (r == sender ? &pipe.gradients_out : &pipe.gradients_in);
@@ -132,7 +133,7 @@ inline void pipeline_create(Pipeline& pipe, Mesh& mesh, PipelineSchedule schedul
                 else comm_destroy(link);
             }
         const bool holds_wte = pipe.rank == 0 || pipe.rank == pipe.size - 1;
-        pipe.tied = comm_split(mesh.axis[PP], holds_wte ? 0 : 1, pipe.rank);
+        pipe.tied = comm_split(mesh.axis[PP], holds_wte ? 0 : 1, pipe.rank, "pp first and last stage");
     }
     cudaCheck(cudaStreamCreateWithFlags(&pipe.activation_stream, cudaStreamNonBlocking));
     cudaCheck(cudaStreamCreateWithFlags(&pipe.gradient_stream, cudaStreamNonBlocking));

@@ -20,20 +20,18 @@ continue on 2 ranks at ZeRO-3, and one saved at tp 2 or pp 2 on 1 rank, or at tp
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <unistd.h>
 #include <string>
 #include <vector>
 #include "../utils.h"
 #include "../rand.h"
+#include "../cpu/faults.h"
 #include "../io/checkpoint.h"
 #include "../io/dataloader.h"
 #include "../model/gpt2.cuh"
 #include "parallel_context.h"
-
-inline std::string shard_path(const std::string& main_path, int file) {
-    if (file == 0) return main_path;
-    return main_path.substr(0, main_path.size() - 4) + ".shard" + std::to_string(file) + ".bin";  // drops ".bin"
-}
 
 // which of a checkpoint's files this rank's shard goes to
 inline int checkpoint_file_of(const ParallelContext& par) {
@@ -65,9 +63,14 @@ inline void zero_write_shard(Zero& z, GPT2& model, CheckpointWriter& writer) {
 }
 
 // Reads a checkpoint of `saved_shards` shards at tensor-parallel size `saved_tp` on `saved_pp` pipeline ranks
-// of `saved_virtual` stages each (main file at main_path) into this rank's parameters and optimizer state.
+// of `saved_virtual` stages each (main file at main_path, listing `shard_files`, of step `step`) into this
+// rank's parameters and optimizer state.
 inline void zero_read_shards(Zero& z, GPT2& model, const std::string& main_path, int saved_shards, int saved_tp,
-                             int saved_pp, int saved_virtual) {
+                             int saved_pp, int saved_virtual, const std::vector<ShardFileEntry>& shard_files,
+                             long long step) {
+    if (shard_files.size() + 1 != (size_t)saved_pp * saved_tp * saved_shards)
+        fatal("%s lists %zu shard files; its layout (pp %d x tp %d x %d shards) has %d", main_path.c_str(),
+              shard_files.size(), saved_pp, saved_tp, saved_shards, saved_pp * saved_tp * saved_shards - 1);
     const ParameterLayout& now = model.layout;
     // host copies of what this rank holds: all parameters (stages 0-2) or its shard (stage 3), and its state
     const size_t my_count = now.total / z.shards;
@@ -79,7 +82,9 @@ inline void zero_read_shards(Zero& z, GPT2& model, const std::string& main_path,
         const ParameterLayout saved(model.config, saved_shards, saved_tp, t,
                                     pipeline_held_chunks(pp_rank, saved_pp, saved_virtual, model.config.num_layers));
         const size_t saved_count = saved.total / saved_shards;
-        CheckpointReader reader(shard_path(main_path, file));
+        const std::string path = shard_path(main_path, file);
+        CheckpointReader reader(path);
+        if (file > 0) check_shard_file(reader, path, main_path, shard_files[file - 1], step);
         std::vector<floatX> saved_params(saved_count);
         std::vector<float> saved_master(z.master ? saved_count : 0), saved_m(saved_count), saved_v(saved_count);
         reader.read("params", saved_params.data(), saved_count * sizeof(floatX));
@@ -164,29 +169,44 @@ inline std::vector<float> gather_whole_model(Communicator& model_group, const La
 // ----------------------------------------------------------------------------
 // a training checkpoint: everything needed to continue bit for bit
 
-// Every rank that holds a shard of the first replica group writes it (llmc/parallel/zero.h); rank 0 then writes the
-// main file, which completes the checkpoint. Old checkpoints beyond the newest keep_last are removed.
+// A checkpoint of step `step` (llmc/io/checkpoint.h): every rank of the first replica group that holds a
+// shard writes it to its own file; after a barrier, rank 0 reads back every shard file's identity and
+// table checksum, lists them in the main file with its own shard and everything that is not sharded (the
+// data position, ...), and commits it, which completes the checkpoint. Only then are old checkpoints beyond
+// the newest keep_last removed, so a crash at any moment leaves a complete checkpoint behind.
 inline void save_checkpoint(const std::string& output_dir, int step, int keep_last, GPT2& model,
                             ParallelContext& par, const DataLoaderState& data, const Rng& sample_rng) {
+    watchdog_phase("checkpoint of step", step);
     Zero& optimizer = par.zero;
     const std::string path = checkpoint_path(output_dir, step);
-    std::vector<long long> steps = list_checkpoint_steps(output_dir);
-    steps.push_back(step);
-    std::sort(steps.begin(), steps.end());
-    steps.resize(steps.size() > (size_t)keep_last ? steps.size() - keep_last : 0);  // the ones to remove
+    // one id for every file of this checkpoint, drawn by rank 0 from its clock and address space
+    uint64_t id = par.main_rank ? mix64((uint64_t)std::chrono::steady_clock::now().time_since_epoch().count() ^
+                                        (uint64_t)(uintptr_t)&id ^ ((uint64_t)getpid() << 32))
+                                : 0;
+    broadcast_word(par.world, &id, 0, model.stream);
     const int file = checkpoint_file_of(par);
-    if (par.world.rank != 0 && zero_writes_shard(optimizer) && file > 0) {
+    if (!par.main_rank && zero_writes_shard(optimizer) && file > 0) {
         CheckpointWriter writer(shard_path(path, file));
+        add_checkpoint_identity(writer, id, step);
         zero_write_shard(optimizer, model, writer);
         writer.commit();
-        for (long long old : steps) remove(shard_path(checkpoint_path(output_dir, old), file).c_str());
     }
     barrier(par.world, model.stream);  // every shard file is complete before the main file appears
-    if (par.world.rank != 0) return;
+    fault_point("before-main-file", par.world.rank, step);
+    if (!par.main_rank) return;
+    std::vector<ShardFileEntry> shard_files;
+    const int files = par.pipe.size * par.tp.size * optimizer.shards;
+    for (int f = 1; f < files; f++) {
+        CheckpointReader shard(shard_path(path, f));
+        const ShardFileEntry entry{(uint64_t)f, id, shard.table_checksum()};
+        check_shard_file(shard, shard_path(path, f), path, entry, step);  // what the writer just committed
+        shard_files.push_back(entry);
+    }
     CheckpointWriter writer(path);
+    add_checkpoint_identity(writer, id, step);
+    writer.add("shard_files", shard_files.data(), shard_files.size() * sizeof(ShardFileEntry));
     writer.add_value("config", model.config);
     writer.add_value("precision_bytes", (int)sizeof(floatX));
-    writer.add_value("step", step);
     writer.add_value("train_data", data);
     writer.add_value("sample_rng", sample_rng);
     writer.add_value("shards", optimizer.shards);
@@ -195,13 +215,14 @@ inline void save_checkpoint(const std::string& output_dir, int step, int keep_la
     writer.add_value("pipeline_virtual", par.pipe.virtual_stages);
     zero_write_shard(optimizer, model, writer);
     writer.commit();
-    remove_old_checkpoints(output_dir, keep_last);
+    remove_old_checkpoints(output_dir, keep_last, step);
 }
 
 // Restores the model and optimizer, whatever layout the checkpoint was written with; returns its step.
-inline int load_checkpoint(const std::string& path, GPT2& model, ParallelContext& par, DataLoaderState* data,
-                           Rng* sample_rng) {
+inline int load_checkpoint(const std::string& path, long long step, GPT2& model, ParallelContext& par,
+                           DataLoaderState* data, Rng* sample_rng) {
     CheckpointReader reader(path);
+    const std::vector<ShardFileEntry> shard_files = listed_shard_files(reader, path, step);
     const GPT2Config saved = reader.read_value<GPT2Config>("config");
     if (memcmp(&saved, &model.config, sizeof(saved)) != 0)
         fatal("%s holds a model of another shape (layers %d, heads %d, channels %d, vocab %d) than --model asks for",
@@ -216,8 +237,8 @@ inline int load_checkpoint(const std::string& path, GPT2& model, ParallelContext
     if (saved_pp < 1 || saved_virtual < 1 || saved.num_layers % (saved_pp * saved_virtual) != 0)
         fatal("%s: implausible pipeline of %d ranks x %d virtual stages for %d layers", path.c_str(), saved_pp,
               saved_virtual, saved.num_layers);
-    zero_read_shards(par.zero, model, path, shards, saved_tp, saved_pp, saved_virtual);
+    zero_read_shards(par.zero, model, path, shards, saved_tp, saved_pp, saved_virtual, shard_files, step);
     *data = reader.read_value<DataLoaderState>("train_data");
     *sample_rng = reader.read_value<Rng>("sample_rng");
-    return reader.read_value<int>("step");
+    return (int)step;
 }

@@ -122,7 +122,7 @@ expect_error "tokens per micro-step beyond an int" \
     batch-size=1048576 seq-len=4096 max-seq-len=4096
 expect_error "missing tokenizer for samples" "nonexistent_tokenizer" sample-tokens=8 tokenizer="$work/nonexistent_tokenizer.bin"
 expect_error "non-finite loss" "not finite" model="$work/model_huge.bin" checkpoint-every=1
-expect_error "resume without a checkpoint" "no checkpoint" resume=true
+expect_error "resume without a checkpoint" "no complete checkpoint" resume=true
 expect_error "ZeRO stage that does not exist" "--zero must be between 0 and 3" zero=4
 expect_error "shard group that does not divide the ranks" "--dp-shard 3 does not divide the 1 data-parallel ranks" dp-shard=3
 # a torchrun-style launch of 2 ranks without MPI: the CPU build's ranks need MPI; the GPU build needs a file

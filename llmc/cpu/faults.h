@@ -1,0 +1,86 @@
+/*
+Faults on purpose, so that the tests can show the program surviving them. The CPU execution layer reads
+them from the environment; the GPU build has none (the functions below are empty there, so a GPU run pays
+nothing and cannot be hurt by a stray variable).
+
+    LLMC_FAULT_FLIP_BIT=RANK:STEP:TENSOR:LAYER:ELEMENT:BIT
+        after the optimizer update of step STEP (1-based), world rank RANK flips bit BIT of element ELEMENT
+        of its copy of tensor TENSOR of layer LAYER ("ln1w", "fcw", ...: llmc/model/parameters.h) in its
+        parameters: silent data corruption, which --check-replicas must catch
+    LLMC_FAULT_KILL=POINT:RANK:STEP
+        world rank RANK kills itself (SIGKILL: no clean-up, like a lost node) when it reaches the point
+        named POINT during step STEP; the points: "mid-step" (train_gpt.cu: the step's forward and backward
+        passes are issued, the gradients not yet reduced) and "before-main-file" (llmc/parallel/reshard.h:
+        every shard file of the checkpoint of step STEP is written, the main file is not)
+A malformed value stops the program with one line, so a test cannot pass by injecting nothing.
+*/
+#pragma once
+
+#include <csignal>
+#include <cstdlib>
+#include <string>
+#include <vector>
+#include <unistd.h>
+#include "../utils.h"
+
+struct PlannedBitFlip {
+    int rank = -1, step = -1, layer = 0, bit = 0;
+    long long element = 0;
+    std::string tensor;
+};
+
+#ifdef LLMC_CPU
+// The value of an LLMC_FAULT_* variable split at ':' into exactly `fields` parts; empty when unset.
+inline std::vector<std::string> fault_fields(const char* variable, size_t fields) {
+    std::vector<std::string> parts;
+    const char* value = getenv(variable);
+    if (!value || !*value) return parts;
+    std::string text = value;
+    for (size_t start = 0;;) {
+        const size_t colon = text.find(':', start);
+        parts.push_back(text.substr(start, colon == std::string::npos ? std::string::npos : colon - start));
+        if (colon == std::string::npos) break;
+        start = colon + 1;
+    }
+    if (parts.size() != fields) fatal("%s=%s: expected %zu fields separated by ':'", variable, value, fields);
+    return parts;
+}
+inline long long fault_number(const char* variable, const std::string& field) {
+    char* end = nullptr;
+    const long long value = strtoll(field.c_str(), &end, 10);
+    if (field.empty() || *end != '\0' || value < 0) fatal("%s: '%s' is not a count", variable, field.c_str());
+    return value;
+}
+
+// The bit flip LLMC_FAULT_FLIP_BIT asks for, or nullptr.
+inline const PlannedBitFlip* planned_bit_flip() {
+    static const PlannedBitFlip* planned = [] {
+        const char* name = "LLMC_FAULT_FLIP_BIT";
+        const std::vector<std::string> f = fault_fields(name, 6);
+        if (f.empty()) return (const PlannedBitFlip*)nullptr;
+        PlannedBitFlip* flip = new PlannedBitFlip;
+        flip->rank = (int)fault_number(name, f[0]);
+        flip->step = (int)fault_number(name, f[1]);
+        flip->tensor = f[2];
+        flip->layer = (int)fault_number(name, f[3]);
+        flip->element = fault_number(name, f[4]);
+        flip->bit = (int)fault_number(name, f[5]);
+        return (const PlannedBitFlip*)flip;
+    }();
+    return planned;
+}
+
+// Kills this process if LLMC_FAULT_KILL names this point, rank and step.
+inline void fault_point(const char* point, int rank, long long step) {
+    const std::vector<std::string> f = fault_fields("LLMC_FAULT_KILL", 3);
+    if (f.empty() || f[0] != point || fault_number("LLMC_FAULT_KILL", f[1]) != rank ||
+        fault_number("LLMC_FAULT_KILL", f[2]) != step)
+        return;
+    fprintf(stderr, "fault injected: rank %d killed at %s of step %lld\n", rank, point, step);
+    fflush(stderr);
+    raise(SIGKILL);
+}
+#else
+inline const PlannedBitFlip* planned_bit_flip() { return nullptr; }
+inline void fault_point(const char*, int, long long) {}
+#endif
