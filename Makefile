@@ -109,6 +109,15 @@ build/test_bf16: dev/test/test_bf16.cpp llmc/cpu/bf16.h | check-gpu-tools
 	$(CXX) -std=c++17 -O2 -I$(CUDA_INCLUDE) $< -o $@
 
 # ---------------------------------------------------------------------------------------------------
+# fuzzing the readers of untrusted input (dev/fuzz/): scripts/fuzz.sh builds the libFuzzer harnesses with
+# clang and runs them (a tool, not part of make test); this suite replays the inputs they found, and the
+# hand-made malformed ones, with g++, so make test needs no clang
+FUZZ_SOURCES := $(wildcard dev/fuzz/*.h)
+build/test_fuzz_regressions: dev/fuzz/test_fuzz_regressions.cu $(FUZZ_SOURCES) $(HEADERS) | check-cpu-tools check-mpi-tools
+	@mkdir -p build
+	$(CXX) $(CPU_FLAGS) -DLLMC_FUZZ $(MPI_COMPILE_FLAGS) -x c++ $< -o $@ $(CPU_LIBS) $(MPI_LINK_FLAGS)
+
+# ---------------------------------------------------------------------------------------------------
 # data: the default corpus (Austen's novels and the King James Bible, from Debian packages), GPT-2 tokens
 PYTHON := /usr/bin/python3
 DATA_FILES := data/classics_train.bin data/classics_val.bin data/gpt2_tokenizer.bin
@@ -137,7 +146,7 @@ train:
 # test: CPU suites in both precisions and both lane orders, the sanitizer build, the GPU compile
 # (and the GPU suites when a GPU is present). scripts/test/run_tests.sh adds up the suites' closing lines.
 CPU_TEST_BINARIES := build/test_bf16 build/test_cpu_layer build/test_cpu_layer_asan build/test_host \
-                     build/test_pipeline build/test_data build/test_comm build/test_memory build/test_planner kernel_lab_cpu kernel_lab_fp32_cpu kernel_lab_cpu_asan \
+                     build/test_pipeline build/test_data build/test_comm build/test_memory build/test_planner build/test_fuzz_regressions kernel_lab_cpu kernel_lab_fp32_cpu kernel_lab_cpu_asan \
                      train_gpt_cpu train_gpt_fp32_cpu test_gpt_cpu test_gpt_fp32_cpu
 GPU_TEST_BINARIES := kernel_lab kernel_lab_fp32 train_gpt train_gpt_fp32 test_gpt test_gpt_fp32 build/test_comm_gpu
 test:

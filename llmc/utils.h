@@ -13,6 +13,20 @@ never a crash or a silently wrong answer; these helpers make that the easy path.
 #include <string>
 #include <sys/stat.h>
 
+#ifdef LLMC_FUZZ
+#include <set>
+// Fuzz builds only (dev/fuzz/): what fatal() throws instead of exiting, the whole "error: ..." line.
+struct FatalError {
+    std::string message;
+};
+// Files open_file() opened and close_file() has not closed yet: when fatal() throws out of a reader that
+// holds one, the fuzz harness closes it, or every bad input would leak a descriptor.
+inline std::set<FILE*>& fuzz_files_left_open() {
+    static std::set<FILE*> files;
+    return files;
+}
+#endif
+
 // Prints "error: <message>" on one line and exits with status 1.
 [[noreturn]] __attribute__((format(printf, 1, 2))) inline void fatal(const char* format, ...) {
     fflush(stdout);
@@ -22,6 +36,10 @@ never a crash or a silently wrong answer; these helpers make that the easy path.
     va_start(args, format);
     const int length = vsnprintf(line, sizeof(line), format, args);
     va_end(args);
+#ifdef LLMC_FUZZ
+    // a fuzzer feeds thousands of inputs to one process: a bad input must end its own run, not the process
+    throw FatalError{std::string("error: ") + line + (length >= (int)sizeof(line) ? " ..." : "")};
+#endif
     fprintf(stderr, "error: %s%s\n", line, length >= (int)sizeof(line) ? " ..." : "");
     fflush(stderr);
     exit(EXIT_FAILURE);
@@ -30,6 +48,9 @@ never a crash or a silently wrong answer; these helpers make that the easy path.
 inline FILE* open_file(const std::string& path, const char* mode) {
     FILE* file = fopen(path.c_str(), mode);
     if (!file) fatal("cannot open %s: %s", path.c_str(), strerror(errno));
+#ifdef LLMC_FUZZ
+    fuzz_files_left_open().insert(file);
+#endif
     return file;
 }
 
@@ -48,6 +69,9 @@ inline void write_exact(const void* buffer, size_t element_size, size_t count, F
 }
 
 inline void close_file(FILE* file, const std::string& path) {
+#ifdef LLMC_FUZZ
+    fuzz_files_left_open().erase(file);
+#endif
     if (fclose(file) != 0) fatal("cannot close %s: %s", path.c_str(), strerror(errno));
 }
 

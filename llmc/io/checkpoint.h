@@ -178,10 +178,16 @@ public:
         if (fnv1a64(sections_.data(), table_bytes) != header.table_checksum)
             fatal("checkpoint %s is corrupted: its section table fails its checksum", p);
         table_checksum_ = header.table_checksum;
-        for (const CheckpointSection& s : sections_) {
-            // the table checksum passed, so these only fail for a file written by something else
-            if (s.name[kCheckpointNameBytes - 1] != '\0' || s.offset < sizeof(header) ||
-                s.offset > header.table_offset || s.bytes > header.table_offset - s.offset)
+        for (size_t i = 0; i < sections_.size(); i++) {
+            // the table checksum passed, so these only fail for a file written by something else; a name is
+            // printable (it appears in one-line errors) and unique (a reader must not pick one of two)
+            const CheckpointSection& s = sections_[i];
+            bool printable = s.name[kCheckpointNameBytes - 1] == '\0' && s.name[0] != '\0';
+            for (const char* c = s.name; printable && *c; c++) printable = (unsigned char)*c >= 0x20 && *c != 0x7F;
+            bool unique = true;
+            for (size_t j = 0; j < i; j++) unique = unique && strncmp(s.name, sections_[j].name, kCheckpointNameBytes) != 0;
+            if (!printable || !unique || s.offset < sizeof(header) || s.offset > header.table_offset ||
+                s.bytes > header.table_offset - s.offset)
                 fatal("checkpoint %s has a malformed section table", p);
         }
     }

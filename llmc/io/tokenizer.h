@@ -51,6 +51,13 @@ inline void tokenizer_init(Tokenizer* tokenizer, const std::string& path) {
     if (end_of_text < 0 || end_of_text >= vocab_size) {
         fatal("%s has end-of-text id %d outside its vocabulary of %d", path.c_str(), end_of_text, vocab_size);
     }
+    // each token takes at least 2 bytes (its length and one byte): a header claiming more tokens than the
+    // file can hold is refused before a string is allocated for every id it claims
+    const size_t total = file_size(path), room = total > sizeof(header) ? total - sizeof(header) : 0;
+    if ((size_t)vocab_size > room / 2) {
+        fatal("%s has room for at most %zu tokens after its header, but claims a vocabulary of %d", path.c_str(),
+              room / 2, vocab_size);
+    }
     tokenizer->vocab_size = (uint32_t)vocab_size;
     tokenizer->end_of_text = (uint32_t)end_of_text;
     tokenizer->tokens.assign(vocab_size, std::string());
@@ -63,7 +70,6 @@ inline void tokenizer_init(Tokenizer* tokenizer, const std::string& path) {
         read_exact(&token[0], 1, length, file, path, "token bytes");
     }
     long end_of_tokens = ftell(file);
-    size_t total = file_size(path);
     if (end_of_tokens < 0 || (size_t)end_of_tokens != total) {
         fatal("%s has %zu bytes after its %d tokens", path.c_str(), total - (size_t)end_of_tokens, vocab_size);
     }

@@ -439,7 +439,7 @@ inline std::vector<float> gpt2_read_parameters(const std::string& path, const Pa
               "read into (layers %d, heads %d, channels %d, vocab %d)", path.c_str(), c.num_layers, c.num_heads,
               c.channels, c.vocab_size, l.num_layers, l.num_heads, l.channels, l.vocab_size);
     FILE* file = open_file(path, "rb");
-    fseek(file, 256 * sizeof(int), SEEK_SET);
+    if (fseek(file, 256 * sizeof(int), SEEK_SET) != 0) fatal("cannot seek in %s: %s", path.c_str(), strerror(errno));
     std::vector<float> values(layout.total);
     std::vector<uint16_t> half;
     for_each_tensor_in_file_order(layout, [&](int kind, int, size_t offset, size_t count) {

@@ -52,6 +52,7 @@ run_suite "kernel lab, CPU, BF16, ASan+UBSan" ./kernel_lab_cpu_asan
 run_suite "flags, checkpoints, schedules, logger, MFU" build/test_host
 run_suite "pipeline schedules: every layout simulated, bubbles and memory vs formulas" build/test_pipeline
 run_suite "data loader and tokenizer file" build/test_data
+run_suite "readers of untrusted input: fuzzer-found and malformed files, flags (dev/fuzz/)" build/test_fuzz_regressions
 run_suite "memory accounting and the ZeRO memory plan" build/test_memory
 run_suite "planner: Llama 3 405B's layouts fit, the cost model by hand, --plan-search" build/test_planner
 # one process per rank, more ranks than cores; mpirun refuses root unless told
@@ -78,6 +79,8 @@ run_suite "context parallelism (ring, Ulysses) vs one rank, CPU, FP32 (and BF16)
 run_suite "N-D layouts (dp, pp, cp, tp, ZeRO, recompute) vs one rank, CPU, FP32" \
     bash scripts/test/test_nd_layouts.sh ./train_gpt_fp32_cpu
 run_suite "the README's guided tour: every command" bash scripts/test/test_tour.sh
+run_suite "faults: a stalled rank, mixed or interrupted checkpoints, bit flips, a killed rank moved, CPU, FP32" \
+    bash scripts/test/test_faults.sh ./train_gpt_fp32_cpu
 run_suite "activation recomputation vs none, bit for bit, CPU, FP32 and BF16" \
     bash scripts/test/test_recompute.sh ./train_gpt_fp32_cpu ./train_gpt_cpu
 run_suite "stream waits: late streams vs one rank, CPU, FP32 (and BF16)" \
