@@ -20,6 +20,7 @@ llmc/parallel/comm.h, under "The watchdog"; this file is the code.
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <string>
@@ -153,9 +154,10 @@ inline std::string missing_ranks(State& s, const WatchedWait& wait) {
     const WatchedGroup* group = wait.group >= 0 ? &s.groups[wait.group] : nullptr;
     const std::string missing = missing_ranks(s, wait);
     std::string where = s.phase_step >= 0 ? s.phase + " " + std::to_string(s.phase_step) : s.phase;
-    std::string peer = wait.peer >= 0 && group ? (wait.operation[0] == 's' ? " to rank " : " from rank ") +
-                                                     std::to_string(group->members[wait.peer])
-                                               : "";
+    std::string peer;  // point to point: the other end
+    if (wait.peer >= 0 && group)
+        peer = (strcmp(wait.operation, "send") == 0 ? " to rank " : " from rank ") +
+               std::to_string(group->members[wait.peer]);
     fflush(stdout);
     fprintf(stderr, "error: rank %d waited %.0f s in %s%s on the %s group at %s: %s (--collective-timeout %g)\n",
             s.world_rank, wait.waited, wait.operation, peer.c_str(), group ? group->name.c_str() : "?", where.c_str(),
