@@ -256,7 +256,7 @@ int main(int argc, char** argv) {
     int first_step = 0;
     if (options.resume) {
         // the newest complete one: a save that a crash interrupted is skipped, with a line that says so
-        const long long latest = latest_checkpoint_step(options.output_dir, par.main_rank);
+        const long long latest = agreed_latest_checkpoint(par, options.output_dir, model.stream);
         if (latest < 0) fatal("--resume: no complete checkpoint in %s", options.output_dir.c_str());
         const std::string path = checkpoint_path(options.output_dir, latest);
         DataLoaderState data_state;

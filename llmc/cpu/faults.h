@@ -70,12 +70,18 @@ inline const PlannedBitFlip* planned_bit_flip() {
     return planned;
 }
 
-// Kills this process if LLMC_FAULT_KILL names this point, rank and step.
+// Kills this process if LLMC_FAULT_KILL names this point, rank and step (the variable is read once).
 inline void fault_point(const char* point, int rank, long long step) {
-    const std::vector<std::string> f = fault_fields("LLMC_FAULT_KILL", 3);
-    if (f.empty() || f[0] != point || fault_number("LLMC_FAULT_KILL", f[1]) != rank ||
-        fault_number("LLMC_FAULT_KILL", f[2]) != step)
-        return;
+    struct PlannedKill {
+        std::string point;
+        long long rank = -1, step = -1;
+    };
+    static const PlannedKill planned = [] {
+        const char* name = "LLMC_FAULT_KILL";
+        const std::vector<std::string> f = fault_fields(name, 3);
+        return f.empty() ? PlannedKill{} : PlannedKill{f[0], fault_number(name, f[1]), fault_number(name, f[2])};
+    }();
+    if (planned.point != point || planned.rank != rank || planned.step != step) return;
     fprintf(stderr, "fault injected: rank %d killed at %s of step %lld\n", rank, point, step);
     fflush(stderr);
     raise(SIGKILL);

@@ -218,6 +218,15 @@ inline void save_checkpoint(const std::string& output_dir, int step, int keep_la
     remove_old_checkpoints(output_dir, keep_last, step);
 }
 
+// The step of the newest complete checkpoint in `output_dir` (-1: none), the same on every rank: rank 0 looks
+// at the files (saying which newer ones are incomplete; stopping at a file that does not belong) and tells the
+// others, so the directory is read once, not once per rank. load_checkpoint then checks each file it reads.
+inline long long agreed_latest_checkpoint(ParallelContext& par, const std::string& output_dir, cudaStream_t stream) {
+    uint64_t step_plus_one = par.main_rank ? (uint64_t)(latest_checkpoint_step(output_dir, true) + 1) : 0;
+    broadcast_word(par.world, &step_plus_one, 0, stream);
+    return (long long)step_plus_one - 1;
+}
+
 // Restores the model and optimizer, whatever layout the checkpoint was written with; returns its step.
 inline int load_checkpoint(const std::string& path, long long step, GPT2& model, ParallelContext& par,
                            DataLoaderState* data, Rng* sample_rng) {

@@ -122,12 +122,11 @@ inline std::string missing_ranks(State& s, const WatchedWait& wait) {
     if (wait.group < 0) return "";
     const WatchedGroup& group = s.groups[wait.group];
     if (wait.peer >= 0) return "rank " + std::to_string(group.members[wait.peer]) + " did not arrive";
-    if (s.board == MPI_WIN_NULL || !s.mpi_from_thread || wait.group >= kBoardGroups)
-        return "which of ranks " + [&] {
-            std::string list;
-            for (int m : group.members) list += (list.empty() ? "" : ",") + std::to_string(m);
-            return list;
-        }() + " did not arrive is not known";
+    if (s.board == MPI_WIN_NULL || !s.mpi_from_thread || wait.group >= kBoardGroups) {
+        std::string members;
+        for (int m : group.members) members += (members.empty() ? "" : ",") + std::to_string(m);
+        return "which of ranks " + members + " did not arrive is not known";
+    }
     std::vector<uint64_t> counts(group.members.size(), 0), beats(group.members.size(), 0);
     std::vector<uint64_t> later_beats(group.members.size(), 0);
     // the members' counts of this group and heartbeats, then the heartbeats again after a few polls
