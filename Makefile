@@ -88,6 +88,10 @@ build/test_data: dev/test/test_data.cu $(HEADERS) | check-cpu-tools
 build/test_pipeline: dev/test/test_pipeline.cu $(HEADERS) | check-cpu-tools
 	@mkdir -p build
 	$(CXX) $(CPU_FLAGS) -x c++ $< -o $@ $(CPU_LIBS)
+# the backward pass split into input and weight gradients against the fused one, bit for bit (FP32)
+build/test_weight_split: dev/test/test_weight_split.cu $(HEADERS) | check-cpu-tools check-mpi-tools
+	@mkdir -p build
+	$(CXX) $(CPU_FLAGS) $(MPI_COMPILE_FLAGS) -DENABLE_FP32 -x c++ $< -o $@ $(CPU_LIBS) $(MPI_LINK_FLAGS)
 # the communication layer and the device mesh: the CPU build runs under mpirun (scripts/test/run_tests.sh); the
 # GPU build proves that NCCL and MPI link, and runs on one GPU when there is one
 build/test_comm: dev/test/test_comm.cu $(HEADERS) | check-cpu-tools check-mpi-tools
@@ -146,7 +150,7 @@ train:
 # test: CPU suites in both precisions and both lane orders, the sanitizer build, the GPU compile
 # (and the GPU suites when a GPU is present). scripts/test/run_tests.sh adds up the suites' closing lines.
 CPU_TEST_BINARIES := build/test_bf16 build/test_cpu_layer build/test_cpu_layer_asan build/test_host \
-                     build/test_pipeline build/test_data build/test_comm build/test_memory build/test_planner build/test_fuzz_regressions kernel_lab_cpu kernel_lab_fp32_cpu kernel_lab_cpu_asan \
+                     build/test_pipeline build/test_weight_split build/test_data build/test_comm build/test_memory build/test_planner build/test_fuzz_regressions kernel_lab_cpu kernel_lab_fp32_cpu kernel_lab_cpu_asan \
                      train_gpt_cpu train_gpt_fp32_cpu test_gpt_cpu test_gpt_fp32_cpu
 GPU_TEST_BINARIES := kernel_lab kernel_lab_fp32 train_gpt train_gpt_fp32 test_gpt test_gpt_fp32 build/test_comm_gpu
 test:

@@ -94,45 +94,112 @@ inline void block_recompute_selective(GPT2& model, const TensorParallel& tp, con
     gelu_forward(a.fch_gelu, a.fch, (size_t)N * hidden, stream);
 }
 
+// The backward pass in two halves (Qi et al. 2023, "Zero Bubble Pipeline Parallelism"). Every matmul
+// Y = X W^T + b of the block has an input gradient dX = dY W, which the layer below needs next, and weight
+// gradients dW += dY^T X, db += the column sums of dY, which nothing in the backward pass needs. So the
+// backward pass of a microbatch can be cut in two: B, the input gradients all the way down (what the previous
+// pipeline stage waits for), and W, the weight gradients, run later where the pipeline would otherwise idle.
+// W needs, per matmul, X and dY: B keeps them in a weight-gradient record (BlockWeightRecord, llmc/model/gpt2.cuh).
+// A layernorm's weight and bias gradients come out of the same kernel as its input gradient (dweight +=
+// sum dout * norm, dbias += sum dout), so B computes them, into the record, and W adds them to the chunk.
+// B touches no gradient of the block's chunk: under ZeRO-2 and 3 the chunks share working buffers by parity
+// (llmc/parallel/zero.h), and a chunk's buffer is handed out and reduced within one W.
+//
+// Same numbers as the fused pass: the kept X and dY are copies of what the fused pass reads, and
+// matmul_backward_weights adds dY^T X onto the old gradient the same way; a layernorm gradient is summed
+// from 0 in B and the sum added in W, where the fused pass adds the same sum to the gradient: the same fp32
+// addition, so the same bits in FP32 (in BF16 the sum is rounded to bf16 once more before it is added).
+// Under tensor parallelism f's backward sum (tp_enter_backward) has no weight matmul beside it in B; the
+// copies into the record take its place.
+
+// The weight-gradient record's copy of x (count values), unless x is already there (gathered or computed
+// into the record).
+inline void keep_for_weights(floatX* kept, const floatX* x, size_t count, cudaStream_t stream) {
+    if (kept != x) cudaCheck(cudaMemcpyAsync(kept, x, count * sizeof(floatX), cudaMemcpyDeviceToDevice, stream));
+}
+
 // a.dresidual: in, the gradient of the block's output; out, the gradient of its input (this rank's R rows).
-// The block's parameter gradients accumulate. Under selective recomputation the outputs the layer did not keep
-// come first; then the steps run the forward pass backwards.
-inline void block_backward(GPT2& model, ParallelContext& par, int layer, const BlockActivations& a, int B, int T) {
+// Without `w` the block's parameter gradients accumulate (the whole backward pass); with `w` this is B: the
+// weight gradients' operands and the layernorm gradients go into w, for block_weight_gradients. Under
+// selective recomputation the outputs the layer did not keep come first; then the steps run the forward
+// pass backwards.
+inline void block_backward(GPT2& model, ParallelContext& par, int layer, const BlockActivations& a, int B, int T,
+                           BlockWeightRecord* w = nullptr) {
     const GPT2Config& c = model.config;
     const TensorParallel& tp = par.tp;
     SharedBuffers& s = model.shared;
     cudaStream_t stream = model.stream;
     const BlockParams p = block_parameters(model, par, layer);
     if (par.layout.recompute.policy == RecomputePolicy::Selective) block_recompute_selective(model, tp, p, a, B, T);
-    const BlockParams g = block_gradients(model, par, layer);
+    const BlockParams g = w ? BlockParams{} : block_gradients(model, par, layer);
+    const BlockWeightRecord kept = w ? *w : BlockWeightRecord{};
     floatX* dresidual = a.dresidual;
     const int N = B * T, C = c.channels, R = tp_rows(tp, N);
     const int heads = c.num_heads / tp.size, attention = C / tp.size, hidden = 4 * C / tp.size;
+    // a matmul's weight gradients from its output gradient dout and input inp (IC -> OC features): now, or
+    // (B) their operands kept
+    auto weight_gradients = [&](floatX* dweight, floatX* dbias, const floatX* dout, floatX* kept_dout,
+                                const floatX* inp, floatX* kept_inp, int IC, int OC) {
+        if (w == nullptr) {
+            matmul_backward_weights(dweight, dbias, s.matmul_scratch, dout, inp, N, IC, OC, stream);
+            return;
+        }
+        keep_for_weights(kept_dout, dout, (size_t)N * OC, stream);
+        keep_for_weights(kept_inp, inp, (size_t)N * IC, stream);
+    };
+    // where the layernorms' weight and bias gradients go: the chunk's, or (B) this microbatch's alone
+    floatX* dln1w = w ? kept.dlayernorm : g.ln1w;
+    floatX* dln1b = w ? kept.dlayernorm + C : g.ln1b;
+    floatX* dln2w = w ? kept.dlayernorm + 2 * C : g.ln2w;
+    floatX* dln2b = w ? kept.dlayernorm + 3 * C : g.ln2b;
+    if (w) cudaCheck(cudaMemsetAsync(kept.dlayernorm, 0, (size_t)4 * C * sizeof(floatX), stream));
+    floatX* dhidden = w ? kept.dhidden : s.dhidden;  // (B) computed where W reads it
+    floatX* dqkv = w ? kept.dqkv : s.dqkv;
     // output = residual2 + fcproj(gelu(fc(ln2))): dresidual is the gradient of both terms
-    const floatX* dmlp = tp_leave_backward(tp, dresidual, s.gathered, N, C, stream);
-    matmul_backward(s.dhidden, g.fcprojw, g.fcprojb, s.matmul_scratch, dmlp, a.fch_gelu, p.fcprojw, N, hidden, C,
-                    stream);
-    gelu_backward(s.dhidden, a.fch, s.dhidden, (size_t)N * hidden, stream);
-    const floatX* ln2 = tp_enter(tp, a.ln2, s.gathered, N, C, stream);  // gathered again under SP
-    matmul_backward_input(s.dchannels, s.dhidden, p.fcw, N, C, hidden, stream);
+    const floatX* dmlp = tp_leave_backward(tp, dresidual, w ? kept.dmlp : s.gathered, N, C, stream);
+    matmul_backward_input(dhidden, dmlp, p.fcprojw, N, hidden, C, stream);
+    weight_gradients(g.fcprojw, g.fcprojb, dmlp, kept.dmlp, a.fch_gelu, kept.fch_gelu, hidden, C);
+    gelu_backward(dhidden, a.fch, dhidden, (size_t)N * hidden, stream);
+    const floatX* ln2 = tp_enter(tp, a.ln2, w ? kept.ln2 : s.gathered, N, C, stream);  // gathered again under SP
+    matmul_backward_input(s.dchannels, dhidden, p.fcw, N, C, hidden, stream);
     const floatX* dln2 = tp_enter_backward(tp, s.dchannels, N, C, stream);  // summed beside the next line
-    matmul_backward_weights(g.fcw, g.fcb, s.matmul_scratch, s.dhidden, ln2, N, C, hidden, stream);
+    weight_gradients(g.fcw, g.fcb, dhidden, kept.dhidden, ln2, kept.ln2, C, hidden);
     tp_join(tp, stream);
-    layernorm_backward(dresidual, g.ln2w, g.ln2b, s.layernorm_scratch, dln2, a.residual2, p.ln2w, a.ln2_mean,
+    layernorm_backward(dresidual, dln2w, dln2b, s.layernorm_scratch, dln2, a.residual2, p.ln2w, a.ln2_mean,
                        a.ln2_rstd, R, C, stream);
     // residual2 = input + attproj(attention(qkv(ln1))): dresidual is now the gradient of residual2
-    const floatX* dattention = tp_leave_backward(tp, dresidual, s.gathered, N, C, stream);
-    matmul_backward(s.dchannels, g.attprojw, g.attprojb, s.matmul_scratch, dattention, a.atty, p.attprojw, N,
-                    attention, C, stream);
-    cp_attention_backward(par.cp, s.dqkv, s.attention_D, s.dchannels, a.qkv, a.atty, a.lse, B, T, attention, heads,
+    const floatX* dattention = tp_leave_backward(tp, dresidual, w ? kept.dattention : s.gathered, N, C, stream);
+    matmul_backward_input(s.dchannels, dattention, p.attprojw, N, attention, C, stream);
+    weight_gradients(g.attprojw, g.attprojb, dattention, kept.dattention, a.atty, kept.atty, attention, C);
+    cp_attention_backward(par.cp, dqkv, s.attention_D, s.dchannels, a.qkv, a.atty, a.lse, B, T, attention, heads,
                           stream);  // [cp ring or Ulysses]
-    const floatX* ln1 = tp_enter(tp, a.ln1, s.gathered, N, C, stream);
-    matmul_backward_input(s.dchannels, s.dqkv, p.qkvw, N, C, 3 * attention, stream);
+    const floatX* ln1 = tp_enter(tp, a.ln1, w ? kept.ln1 : s.gathered, N, C, stream);
+    matmul_backward_input(s.dchannels, dqkv, p.qkvw, N, C, 3 * attention, stream);
     const floatX* dln1 = tp_enter_backward(tp, s.dchannels, N, C, stream);  // summed beside the next line
-    matmul_backward_weights(g.qkvw, g.qkvb, s.matmul_scratch, s.dqkv, ln1, N, C, 3 * attention, stream);
+    weight_gradients(g.qkvw, g.qkvb, dqkv, kept.dqkv, ln1, kept.ln1, C, 3 * attention);
     tp_join(tp, stream);
-    layernorm_backward(dresidual, g.ln1w, g.ln1b, s.layernorm_scratch, dln1, a.input, p.ln1w, a.ln1_mean,
+    layernorm_backward(dresidual, dln1w, dln1b, s.layernorm_scratch, dln1, a.input, p.ln1w, a.ln1_mean,
                        a.ln1_rstd, R, C, stream);
+}
+
+// W: block `layer`'s parameter gradients from what its B kept in w: the four matmuls' dW += dY^T X and
+// db += sum dY (last matmul first, as the fused pass computes them), then this microbatch's layernorm
+// gradients added. The block's chunk gradient is asked for here, and only here.
+inline void block_weight_gradients(GPT2& model, ParallelContext& par, int layer, const BlockWeightRecord& w, int B,
+                                   int T) {
+    const int N = B * T, C = model.config.channels;
+    const int attention = C / par.tp.size, hidden = 4 * C / par.tp.size;
+    float* scratch = model.shared.matmul_scratch;
+    cudaStream_t stream = model.stream;
+    const BlockParams g = block_gradients(model, par, layer);
+    matmul_backward_weights(g.fcprojw, g.fcprojb, scratch, w.dmlp, w.fch_gelu, N, hidden, C, stream);
+    matmul_backward_weights(g.fcw, g.fcb, scratch, w.dhidden, w.ln2, N, C, hidden, stream);
+    matmul_backward_weights(g.attprojw, g.attprojb, scratch, w.dattention, w.atty, N, attention, C, stream);
+    matmul_backward_weights(g.qkvw, g.qkvb, scratch, w.dqkv, w.ln1, N, C, 3 * attention, stream);
+    residual_forward(g.ln2w, g.ln2w, w.dlayernorm + 2 * C, C, stream);
+    residual_forward(g.ln2b, g.ln2b, w.dlayernorm + 3 * C, C, stream);
+    residual_forward(g.ln1w, g.ln1w, w.dlayernorm, C, stream);
+    residual_forward(g.ln1b, g.ln1b, w.dlayernorm + C, C, stream);
 }
 
 // ----------------------------------------------------------------------------
@@ -141,10 +208,12 @@ inline void block_backward(GPT2& model, ParallelContext& par, int layer, const B
 // A step of the model, in the pieces pipeline parallelism runs on different ranks (llmc/parallel/pipeline.h),
 // each for one microbatch of B sequences of T tokens and one stage record:
 //   first stage   gpt2_embed                    token ids -> record.input
-//   every stage   gpt2_stage_forward            record.input -> the stage's blocks -> the last block's output
+//   every stage   gpt2_stage_forward            record.input -> the stage's blocks -> record.output()
 //   last stage    gpt2_head_forward, gpt2_loss  -> logits -> loss, and the logits replaced by dlogits
 //                 gpt2_head_backward            -> record.doutput, the gradient of the last block's output
 //   every stage   gpt2_stage_backward           record.doutput -> the gradient of record.input, in place
+//                 gpt2_stage_weights            schedules that split the backward pass: its B above kept the
+//                                               weight gradients' operands, this W computes them later
 //   first stage   gpt2_embed_backward           -> the embeddings' gradients
 // The loss's backward pass through the LM head runs right after the loss, in the forward part of the step:
 // the logits are then used at once, and a record in flight keeps only doutput (R x C), not the logits
@@ -183,9 +252,17 @@ inline void gpt2_embed(GPT2& model, ParallelContext& par, StageActivations& reco
                         wpe + (size_t)chunk.position * C, B, chunk.T, C, model.stream);
 }
 
-// The blocks first .. first + stage_layers - 1 on record.input.
-inline void gpt2_stage_forward(GPT2& model, ParallelContext& par, StageActivations& record, int first, int B, int T) {
-    for (int i = 0; i < model.stage_layers; i++) block_forward(model, par, first + i, record.blocks[i], B, T);
+// A stage of `layers` blocks runs on a record sized for the rank's longest stage (model.stage_layers).
+inline void check_stage_layers(const GPT2& model, int layers) {
+    if (layers < 1 || layers > model.stage_layers)
+        fatal("a stage of %d layer(s) on records sized for at most %d", layers, model.stage_layers);
+}
+
+// The blocks first_layer .. first_layer + layers - 1 on record.input; the last one's output is record.output().
+inline void gpt2_stage_forward(GPT2& model, ParallelContext& par, StageActivations& record, int first_layer,
+                               int layers, int B, int T) {
+    check_stage_layers(model, layers);
+    for (int i = 0; i < layers; i++) block_forward(model, par, first_layer + i, stage_block(record, i, layers), B, T);
 }
 
 // Last stage: the final layernorm of the stage's output, then the logits (model.logits: N x Vp, or this
@@ -194,7 +271,7 @@ inline void gpt2_head_forward(GPT2& model, ParallelContext& par, const StageActi
     const GPT2Config& c = model.config;
     const int N = B * T, C = c.channels, L = c.num_layers;
     floatX* final_layernorm = zero_parameters_of(par.zero, model, L + 1);  // lnfw, then lnfb
-    layernorm_forward(model.lnf, model.lnf_mean, model.lnf_rstd, record.blocks.back().output, final_layernorm,
+    layernorm_forward(model.lnf, model.lnf_mean, model.lnf_rstd, record.output(), final_layernorm,
                       final_layernorm + C, tp_rows(par.tp, N), C, model.stream);
     // the LM head: column-parallel over the vocabulary (wte's rows), so f comes before it
     const floatX* lnf = tp_enter(par.tp, model.lnf, model.shared.gathered, N, C, model.stream);
@@ -243,28 +320,45 @@ inline void gpt2_head_backward(GPT2& model, ParallelContext& par, StageActivatio
     floatX* final_grads = zero_gradients_of(par.zero, model, final_chunk);  // lnfw, then lnfb
     cudaCheck(cudaMemsetAsync(record.doutput, 0, (size_t)R * C * sizeof(floatX), model.stream));
     layernorm_backward(record.doutput, final_grads, final_grads + C, s.layernorm_scratch, dlnf,
-                       record.blocks.back().output, zero_parameters_of(par.zero, model, final_chunk), model.lnf_mean,
+                       record.output(), zero_parameters_of(par.zero, model, final_chunk), model.lnf_mean,
                        model.lnf_rstd, R, C, model.stream);
     chunk_gradient_done(model, par, final_chunk);
 }
 
 // The stage's blocks backwards: record.doutput, the gradient of the stage's output, becomes the gradient of
-// its input; each block's parameter gradients accumulate and its chunk's gradient is done. Last block first,
-// in segments (llmc/parallel/recompute.h): under full recomputation a segment's forward passes run again from
-// its checkpoint (the output kept before it, or the stage's input) to refill the shared records; otherwise a
-// segment is a block (under selective, block_backward recomputes its layernorm and GELU outputs first).
-inline void gpt2_stage_backward(GPT2& model, ParallelContext& par, StageActivations& record, int first, int B,
-                                int T) {
+// its input. Last block first, in segments (llmc/parallel/recompute.h): under full recomputation a segment's
+// forward passes run again from its checkpoint (the output kept before it, or the stage's input) to refill the
+// shared records; otherwise a segment is a block (under selective, block_backward recomputes its layernorm and
+// GELU outputs first). A stage shorter than the records segments its own layers: a segment of at most
+// min(C, layers) consecutive blocks uses as many distinct shared records, and its checkpoint is kept.
+// Without `w` each block's parameter gradients accumulate and its chunk's gradient is then done; with `w`
+// this is B only, and gpt2_stage_weights later does the rest from w.
+inline void gpt2_stage_backward(GPT2& model, ParallelContext& par, StageActivations& record, int first_layer,
+                                int layers, int B, int T, StageWeightRecord* w = nullptr) {
+    check_stage_layers(model, layers);
     const Recompute& recompute = par.layout.recompute;
-    const int layers = model.stage_layers, segment = recompute_segment(recompute, layers);
+    const int segment = recompute_segment(recompute, layers);
     for (int start = (layers - 1) / segment * segment; start >= 0; start -= segment) {
         const int end = std::min(start + segment, layers);
         if (recompute.policy == RecomputePolicy::Full)
-            for (int i = start; i < end; i++) block_forward(model, par, first + i, record.blocks[i], B, T);
+            for (int i = start; i < end; i++)
+                block_forward(model, par, first_layer + i, stage_block(record, i, layers), B, T);
         for (int i = end - 1; i >= start; i--) {
-            block_backward(model, par, first + i, record.blocks[i], B, T);
-            chunk_gradient_done(model, par, first + i + 1);
+            block_backward(model, par, first_layer + i, stage_block(record, i, layers), B, T,
+                           w ? &w->blocks[i] : nullptr);
+            if (w == nullptr) chunk_gradient_done(model, par, first_layer + i + 1);
         }
+    }
+}
+
+// W for a stage whose B (gpt2_stage_backward with w) has run: each block's weight gradients from w, in the
+// fused pass's order (last block first), each block's chunk then done.
+inline void gpt2_stage_weights(GPT2& model, ParallelContext& par, StageWeightRecord& w, int first_layer, int layers,
+                               int B, int T) {
+    check_stage_layers(model, layers);
+    for (int i = layers - 1; i >= 0; i--) {
+        block_weight_gradients(model, par, first_layer + i, w.blocks[i], B, T);
+        chunk_gradient_done(model, par, first_layer + i + 1);
     }
 }
 
@@ -294,18 +388,23 @@ inline void gpt2_embed_backward(GPT2& model, ParallelContext& par, const StageAc
 
 // Forward pass of B sequences of T tokens (host ids) up to the logits.
 inline void gpt2_forward(GPT2& model, ParallelContext& par, const int* inputs, int B, int T) {
-    if (!model.first_stage || !model.last_stage) fatal("gpt2_forward needs every layer on this rank");
+    const int L = model.config.num_layers;
+    if (!model.first_stage || !model.last_stage || model.stage_layers != L)
+        fatal("gpt2_forward needs every layer on this rank, in one stage");
     StageActivations& record = model.records[0];
     gpt2_embed(model, par, record, inputs, B, T);
-    gpt2_stage_forward(model, par, record, 0, B, T);
+    gpt2_stage_forward(model, par, record, 0, L, B, T);
     gpt2_head_forward(model, par, record, B, T);
 }
 
-// Backward pass after gpt2_forward + gpt2_loss on the same batch; gradients accumulate (+=).
-inline void gpt2_backward(GPT2& model, ParallelContext& par, int B, int T) {
+// Backward pass after gpt2_forward + gpt2_loss on the same batch; gradients accumulate (+=). With a
+// weight-gradient record the blocks' backward pass runs as B, then W: the same gradients.
+inline void gpt2_backward(GPT2& model, ParallelContext& par, int B, int T, StageWeightRecord* w = nullptr) {
+    const int L = model.config.num_layers;
     StageActivations& record = model.records[0];
     gpt2_head_backward(model, par, record, B, T);
-    gpt2_stage_backward(model, par, record, 0, B, T);
+    gpt2_stage_backward(model, par, record, 0, L, B, T, w);
+    if (w) gpt2_stage_weights(model, par, *w, 0, L, B, T);
     gpt2_embed_backward(model, par, record, B, T);
     chunk_gradient_done(model, par, 0);
 }

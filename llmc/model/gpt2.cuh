@@ -25,11 +25,13 @@ The block is the unit of work: block_forward(l) reads block l-1's output and wri
 for layer l (everything block_backward needs: the layernorm statistics, qkv, the attention output and its
 log-sum-exp, the MLP's hidden activations, the block's output); block_backward(l) takes the gradient of
 block l's output and turns it into the gradient of its input, accumulating block l's parameter gradients
-on the way. A run of consecutive blocks is a stage: all L of them on one rank, or L/(p V) under pipeline
-parallelism (llmc/parallel/pipeline.h), where a rank holds only its stages' chunks (and the embeddings on the
-first and last stage, the final layernorm on the last). One microbatch's pass through a stage keeps its
-layers' records in a stage record (StageActivations); a rank keeps as many stage records as its pipeline
-schedule has microbatches in flight, one without a pipeline.
+on the way. A run of consecutive blocks is a stage: all L of them on one rank, or a share of them under
+pipeline parallelism (llmc/parallel/pipeline.h; stages may differ in size), where a rank holds only its
+stages' chunks (and the embeddings on the first and last stage, the final layernorm on the last). One
+microbatch's pass through a stage keeps its layers' records in a stage record (StageActivations), sized for
+the rank's longest stage; a rank keeps as many stage records as its pipeline schedule has microbatches in
+flight, one without a pipeline. Schedules that split the backward pass into input gradients (B) and weight
+gradients (W) keep, between the two, a weight-gradient record (StageWeightRecord) per (microbatch, stage).
 
 Gradients accumulate (+=) across micro-steps until gpt2_zero_grads. In BF16 the parameters, activations
 and gradients are bf16.
@@ -101,6 +103,46 @@ struct StageActivations {
                                            // residual stream, block by block, and leaves the gradient of
                                            // the stage's input in it
     std::vector<int> tokens;               // first stage: the token ids, for the embeddings' backward pass
+    // The stage's output, whatever its number of layers: a record is sized for the rank's longest stage, a
+    // shorter stage runs on its first blocks and its last block writes here (stage_block), a buffer every
+    // recompute policy keeps.
+    floatX* output() const { return blocks.back().output; }
+};
+
+// Block i of a stage of `layers` blocks run on `record`: the record's block i, except that the stage's last
+// block writes the stage's output (record.output()), which stays valid after the pass, wherever the stage ends.
+inline BlockActivations stage_block(const StageActivations& record, int i, int layers) {
+    BlockActivations a = record.blocks[i];
+    if (i == layers - 1) a.output = record.output();
+    return a;
+}
+
+// What the weight gradients of one block need, kept by the input-gradient half of its backward pass (B) for
+// the weight-gradient half (W) that a zero-bubble schedule runs later (llmc/model/forward_backward.cuh,
+// block_backward and block_weight_gradients). Each matmul's weight gradient is dW += dY^T X (and db += the
+// column sums of dY): its input X exactly as matmul_backward_weights reads it (gathered from the tp ranks under
+// sequence parallelism) and its output gradient dY. Copies, not pointers into the activation record: B frees
+// the record for the next microbatch, and recomputation's shared buffers are overwritten by the next block.
+// The layernorms' weight and bias gradients need the layernorm's input gradient, which B computes anyway:
+// B adds them up here instead of into the chunk gradient.
+struct BlockWeightRecord {
+    floatX* ln1;         // (N, C)     qkv's input
+    floatX* dqkv;        // (N, 3C/tp) qkv's output gradient
+    floatX* atty;        // (N, C/tp)  attproj's input
+    floatX* dattention;  // (N, C)     attproj's output gradient
+    floatX* ln2;         // (N, C)     fc's input
+    floatX* dhidden;     // (N, 4C/tp) fc's output gradient (through the GELU)
+    floatX* fch_gelu;    // (N, 4C/tp) fcproj's input
+    floatX* dmlp;        // (N, C)     fcproj's output gradient
+    floatX* dlayernorm;  // (4C)       this microbatch's ln1w, ln1b, ln2w, ln2b gradients (this rank's rows' share
+                         //            under sequence parallelism, summed over the tp ranks with the chunk's)
+};
+
+// One microbatch's weight-gradient work for one stage, between its B and its W: a block record for each of
+// the stage's layers (sized, like the stage records, for the rank's longest stage). A rank keeps a pool of
+// these (model.weight_records), as many as its schedule has between a B and its W at once.
+struct StageWeightRecord {
+    std::vector<BlockWeightRecord> blocks;
 };
 
 // Buffers every layer reuses in turn.
@@ -142,7 +184,8 @@ struct GPT2 {
     ParameterLayout layout;           // the chunks this rank holds (pipeline parallelism: its stages'; tensor
                                       // parallelism: its slices of them)
     int max_batch = 0, max_seq = 0;   // the B and T the activations were sized for
-    int stage_layers = 0;             // layers per pipeline stage (L without pipeline parallelism)
+    int stage_layers = 0;             // the most layers of any stage this rank runs (L without pipeline
+                                      // parallelism): the records are sized for it
     bool first_stage = true;          // holds layer 0: the embeddings' lookup
     bool last_stage = true;           // holds layer L-1: the final layernorm, the LM head and the loss
 
@@ -154,6 +197,8 @@ struct GPT2 {
     // and records share (gpt2_allocate_records), which the backward pass fills again before use
     std::vector<StageActivations> records;
     std::vector<void*> record_buffers;  // every buffer the records point to, each once
+    // the pool of weight-gradient records (a schedule that splits the backward pass; empty otherwise)
+    std::vector<StageWeightRecord> weight_records;
     // the last stage's head: used at once by the loss and its backward pass, so one copy serves every record
     floatX* lnf = nullptr;            // (R, C)
     float* lnf_mean = nullptr;
@@ -199,10 +244,12 @@ inline void staged_upload(StagedUpload& upload, int* device, const int* host, si
 // decides (llmc/parallel/parallel_context.h's model_part; the defaults are one rank's whole model).
 struct ModelPart {
     // pipeline parallelism (llmc/parallel/pipeline_schedule.h's pipeline_model_part): the chunks it holds
-    // (empty: all of them), the layers per stage (0: all L), how many stage records it keeps at once
+    // (empty: all of them), the most layers of any of its stages (0: all L), how many stage records it keeps
+    // at once, and how many weight-gradient records (schedules that split the backward pass; 0 otherwise)
     std::vector<char> held_chunks;
     int stage_layers = 0;
     int records = 1;
+    int weight_records = 0;
     // tensor parallelism: this rank's slice of every matmul; sequence parallelism: its 1/tp of the rows
     int tp = 1, tp_rank = 0;
     bool sequence_parallel = false;
@@ -218,7 +265,8 @@ struct ModelPart {
 // (llmc/parallel/recompute.h): every buffer of every layer (none); the layernorm and GELU outputs shared by all
 // layers of all records (selective); or only the outputs at the ends of segments kept, every other buffer
 // in `segment` records that all layers of all records share (full). What the forward pass keeps counts as
-// activations, the shared buffers as workspace (llmc/planning/memory.h counts the same).
+// activations, the shared buffers as workspace (llmc/planning/memory.h counts the same). Then the pool of
+// part.weight_records weight-gradient records, each with a BlockWeightRecord per layer (activations too).
 inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int T) {
     const GPT2Config& c = model.config;
     const Recompute& r = part.recompute;
@@ -282,6 +330,21 @@ inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int
         for (int i = 0; i < (int)layers; i++) {
             stage.blocks[i].input = i == 0 ? stage.input : stage.blocks[i - 1].output;
             stage.blocks[i].dresidual = stage.doutput;
+        }
+    }
+    model.weight_records.resize(part.weight_records);
+    for (StageWeightRecord& stage : model.weight_records) {
+        stage.blocks.resize(layers);
+        for (BlockWeightRecord& w : stage.blocks) {
+            w.ln1 = values(N * C, MemoryKind::Activations);
+            w.dqkv = values(N * 3 * attention, MemoryKind::Activations);
+            w.atty = values(N * attention, MemoryKind::Activations);
+            w.dattention = values(N * C, MemoryKind::Activations);
+            w.ln2 = values(N * C, MemoryKind::Activations);
+            w.dhidden = values(N * hidden, MemoryKind::Activations);
+            w.fch_gelu = values(N * hidden, MemoryKind::Activations);
+            w.dmlp = values(N * C, MemoryKind::Activations);
+            w.dlayernorm = values(4 * C, MemoryKind::Activations);
         }
     }
 }

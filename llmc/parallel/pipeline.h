@@ -172,7 +172,7 @@ inline void pipeline_forward(ParallelContext& par, GPT2& model, const PipelineAc
     const double start = pipeline_clock(pipe, model);
     pipeline_note(pipe, a, true, waiting, start);
     if (s == 0) gpt2_embed(model, par, record, tokens, B, T);
-    gpt2_stage_forward(model, par, record, s * model.stage_layers, B, T);
+    gpt2_stage_forward(model, par, record, s * model.stage_layers, model.stage_layers, B, T);
     if (s < S - 1) {
         send_async(pipe.activations_out, record.blocks.back().output, rows, /*peer: the receiver*/ 1, model.stream,
                    pipe.activation_stream, &pipe.output_sent[record_index]);
@@ -200,7 +200,7 @@ inline void pipeline_backward(ParallelContext& par, GPT2& model, const PipelineA
     if (s < S - 1) recv(pipe.gradients_in, record.doutput, rows, /*peer: the sender*/ 0, model.stream);
     const double start = pipeline_clock(pipe, model);
     pipeline_note(pipe, a, true, waiting, start);
-    gpt2_stage_backward(model, par, record, s * model.stage_layers, B, T);
+    gpt2_stage_backward(model, par, record, s * model.stage_layers, model.stage_layers, B, T);
     if (s > 0) {
         cudaCheck(cudaMemcpyAsync(pipe.staging[staging], record.doutput, rows * sizeof(floatX), cudaMemcpyDeviceToDevice,
                                   model.stream));
