@@ -1,9 +1,10 @@
 /*
 Tests of llmc/planning/memory.h: the books kept by tracked_alloc / tracked_free, and the memory plan's arithmetic
 checked against numbers worked out by hand, against the ZeRO paper, and (CPU build) against what
-gpt2_allocate and zero_init really allocate (a pipeline rank's part of the model included), and the per-layer
-activations against Table 2 of Korthikanti et al. (2022); and the parameter layouts: operand alignment, and
-the layouts that hold a pipeline rank's chunks. Prints `N passed, M failed`.
+gpt2_allocate and zero_init really allocate (a pipeline rank's part of the model and the weight-gradient
+records included), and the per-layer activations against Table 2 of Korthikanti et al. (2022); and the
+parameter layouts: operand alignment, and the layouts that hold a pipeline rank's chunks. Prints
+`N passed, M failed`.
 */
 #include <string>
 #include <thread>
@@ -577,6 +578,102 @@ static void test_pipeline_parts() {
 }
 
 // ----------------------------------------------------------------------------
+// (g2) weight-gradient records (schedules that split the backward pass into B and W), counted by hand for the
+// shape of (d): L = 2, C = 64, NH = 4, N = 32 rows, per layer and record
+//   tp 1:  ln1, ln2, dattention, dmlp 4NC + atty, dqkv 4NC + fch_gelu, dhidden 2 N 4C = 16 NC = 32768,
+//          layernorm gradients 4C = 256:  33024 values = 66048 bytes (BF16), 132096 (FP32)
+//   tp 2:  4NC 8192 + 4 N C/2 4096 + 2 N 4C/2 8192 + 256 = 20736 values = 41472 bytes (BF16); the same with
+//          sequence parallelism (the record holds the gathered rows)
+// and W records of l layers add W l of them to the activations. Then, in the CPU build, what gpt2_allocate
+// books for part.weight_records W records against gpt2_activation_bytes, every recompute policy (the record
+// is the same under each: copies), with tp and sequence parallelism, and on records sized for 3 layers.
+static void test_weight_records() {
+    printf("weight-gradient records\n");
+    GPT2MemoryShape shape;
+    shape.num_layers = 2;
+    shape.channels = 64;
+    shape.num_heads = 4;
+    shape.padded_vocab = 128;
+    shape.max_seq_len = 16;
+    shape.batch = 2;
+    shape.seq_len = 16;
+    shape.multiprocessors = 4;
+    check_equal("hand count bf16 per layer", gpt2_activation_bytes(shape, true).weight_record, 66048);
+    check_equal("hand count fp32 per layer", gpt2_activation_bytes(shape, false).weight_record, 132096);
+    GPT2MemoryShape with_records = shape;
+    with_records.weight_records = 2;
+    check_equal("2 records of 2 layers, bf16 activations", gpt2_activation_bytes(with_records, true).activations,
+                154240 + 2 * 2 * 66048);
+    check_equal("... workspace unchanged", gpt2_activation_bytes(with_records, true).workspace, 41040);
+    GPT2MemoryShape sliced = shape;
+    sliced.tp = 2;
+    check_equal("hand count bf16 per layer, tp 2", gpt2_activation_bytes(sliced, true).weight_record, 41472);
+    sliced.sequence_parallel = true;
+    check_equal("hand count bf16 per layer, tp 2 + sp", gpt2_activation_bytes(sliced, true).weight_record, 41472);
+
+#ifdef LLMC_CPU
+    GPT2Config config;
+    config.max_seq_len = 24;
+    config.vocab_size = 100;
+    config.padded_vocab_size = 128;
+    config.num_layers = 4;
+    config.num_heads = 4;
+    config.channels = 64;
+    shape.num_layers = config.num_layers;
+    shape.max_seq_len = config.max_seq_len;
+    shape.multiprocessors = device_properties().multiProcessorCount;
+    const bool is_bf16 = sizeof(floatX) == 2;
+    const Recompute policies[] = {Recompute{}, Recompute{RecomputePolicy::Selective, 1},
+                                  Recompute{RecomputePolicy::Full, 1}, Recompute{RecomputePolicy::Full, 2}};
+    for (int tp_size : {1, 2})
+        for (bool sequence_parallel : {false, true}) {
+            if (sequence_parallel && tp_size == 1) continue;
+            for (int stage_layers : {0, 3})
+                for (int weight_records : {1, 3}) {
+                    std::string wrong;
+                    for (const Recompute& recompute : policies) {
+                        ModelPart part;
+                        part.tp = tp_size;
+                        part.sequence_parallel = sequence_parallel;
+                        part.recompute = recompute;
+                        part.stage_layers = stage_layers;
+                        part.records = 2;
+                        part.weight_records = weight_records;
+                        GPT2MemoryShape expected_shape = shape;
+                        expected_shape.tp = tp_size;
+                        expected_shape.sequence_parallel = sequence_parallel;
+                        expected_shape.recompute = recompute;
+                        expected_shape.stage_layers = stage_layers;
+                        expected_shape.records = 2;
+                        expected_shape.weight_records = weight_records;
+                        const ActivationBytes want = gpt2_activation_bytes(expected_shape, is_bf16);
+                        const MemoryTotals before = memory_totals();
+                        GPT2 model;
+                        gpt2_allocate(model, config, shape.batch, shape.seq_len, part);
+                        const MemoryTotals after = memory_totals();
+                        auto booked = [&](MemoryKind kind) {
+                            return (double)after.current[(int)kind] - (double)before.current[(int)kind];
+                        };
+                        const std::string policy = " " + recompute_describe(recompute) + ": ";
+                        if (booked(MemoryKind::Activations) != want.activations)
+                            wrong += policy + "activations " + describe(booked(MemoryKind::Activations), want.activations);
+                        if (booked(MemoryKind::Workspace) != want.workspace)
+                            wrong += policy + "workspace " + describe(booked(MemoryKind::Workspace), want.workspace);
+                        if ((int)model.weight_records.size() != weight_records) wrong += policy + "pool size";
+                        gpt2_free(model);
+                        if (memory_totals().current_total != before.current_total) wrong += policy + "left after free";
+                    }
+                    char name[160];
+                    snprintf(name, sizeof(name), "gpt2_allocate, %d weight-gradient record(s) of %d layers, tp %d%s, "
+                             "every policy", weight_records, stage_layers > 0 ? stage_layers : config.num_layers,
+                             tp_size, sequence_parallel ? " + sp" : "");
+                    check_true(name, wrong.empty(), wrong);
+                }
+        }
+#endif
+}
+
+// ----------------------------------------------------------------------------
 // (h) parameter layouts that hold a pipeline rank's chunks
 
 /*
@@ -724,6 +821,7 @@ int main() {
     test_korthikanti_shapes();
     test_matmul_alignment();
     test_pipeline_parts();
+    test_weight_records();
     test_held_layouts();
     printf("%d passed, %d failed\n", lab.passed, lab.failed);
     return lab.failed != 0;

@@ -92,8 +92,9 @@ struct GPT2MemoryShape {
     bool sequence_parallel = false;
     Recompute recompute;       // what the forward pass keeps (llmc/parallel/recompute.h)
     // pipeline parallelism (llmc/parallel/pipeline.h): this rank's stages and records in flight
-    int stage_layers = 0;      // layers per stage (0: all L, one stage)
+    int stage_layers = 0;      // the most layers of any of this rank's stages (0: all L, one stage)
     int records = 1;           // stage records kept at once (the schedule's microbatches in flight)
+    int weight_records = 0;    // weight-gradient records kept at once (schedules that split the backward pass)
     bool first_stage = true;   // holds the embeddings' lookup
     bool last_stage = true;    // holds the final layernorm, the LM head and the loss
     // context parallelism (llmc/parallel/context_parallel.h): seq_len is then the T/cp positions a rank holds
@@ -112,6 +113,7 @@ inline GPT2MemoryShape gpt2_memory_shape(const GPT2Config& config, const Layout&
     shape.recompute = layout.recompute;
     shape.stage_layers = part.stage_layers;
     shape.records = part.records;
+    shape.weight_records = part.weight_records;
     shape.first_stage = part.held_chunks[1];
     shape.last_stage = part.held_chunks[config.num_layers];
     shape.cp = layout.cp;
@@ -126,8 +128,9 @@ struct ActivationBytes {
                              // layer on average, ceil(l/C) checkpoints / l for l layers per stage)
     double kept_layers = 0;  // one stage record's layers' kept activations
     double recompute = 0;    // the records the layers share under recomputation (part of the workspace)
-    double activations = 0;  // the stage records (kept_layers, input, doutput each) + the final layernorm,
-                             // logits, losses, token ids
+    double weight_record = 0;  // one block's weight-gradient record (schedules that split the backward pass)
+    double activations = 0;  // the stage records (kept_layers, input, doutput each), the weight-gradient
+                             // records (l blocks each) + the final layernorm, logits, losses, token ids
     double workspace = 0;    // the buffers every layer reuses, gradients of activations included
 };
 
@@ -141,8 +144,12 @@ struct ActivationBytes {
 //              shared copy serves; full recomputation with a checkpoint every C blocks keeps ceil(l/C)
 //              outputs (RC) and shares min(C, l) whole records less one output (llmc/parallel/recompute.h)
 //   a record:  its l layers, and floatX input, doutput 2RC
-//   model:     K records; the last stage's floatX lnf RC, logits N v, fp32 lnf mean/rstd 2R, losses N, int
-//              targets N; the first stage's int inputs N
+//   a weight-gradient record (W of them, schedules that split the backward pass into B and W), per layer:
+//              the four matmuls' inputs as the weight gradient reads them (gathered: N rows) and their output
+//              gradients, floatX ln1, ln2, dattention, dmlp 4NC, atty, dqkv 4Nc, fch_gelu, dhidden 2NH, and the
+//              layernorm gradients 4C (t = 1: (16 NC + 4C) s), whatever the recompute policy (they are copies)
+//   model:     K records, W weight-gradient records of l layers; the last stage's floatX lnf RC, logits N v,
+//              fp32 lnf mean/rstd 2R, losses N, int targets N; the first stage's int inputs N
 //   workspace: floatX projection NC, dchannels NC, dhidden NH, dqkv 3Nc, and under sequence parallelism
 //              the gathered rows NC (t = 1: 9 NC s);
 //              fp32 attention_D N h, the vocabulary-parallel loss's statistics 4N (t > 1, last stage),
@@ -181,8 +188,10 @@ inline ActivationBytes gpt2_activation_bytes(const GPT2MemoryShape& shape, bool 
         }
     }
     a.per_layer = a.kept_layers / l;
+    a.weight_record = (4 * N * C + 4 * N * c + 2 * N * H + 4 * C) * s;
     const double head = shape.last_stage ? (R * C + N * v) * s + (2 * R + N) * f + N * i : 0;
-    a.activations = K * (a.kept_layers + 2 * R * C * s) + head + (shape.first_stage ? N * i : 0);
+    a.activations = K * (a.kept_layers + 2 * R * C * s) + shape.weight_records * l * a.weight_record + head +
+                    (shape.first_stage ? N * i : 0);
     const double bias_rows = std::ceil(N / 64), layernorm_blocks = std::min(std::ceil(R / 8), 3 * SMs);
     const double encoder_heavy_tokens = std::floor(N / 65);
     const double encoder_partial_rows = std::floor(N / 64) + encoder_heavy_tokens;
@@ -484,6 +493,9 @@ inline MemoryPlan plan_training_memory(size_t num_parameters, int zero_stage, in
                                             recompute_describe(shape->recompute).c_str(), shape->batch,
                                             shape->seq_len, shape->padded_vocab, shape->tp,
                                             shape->sequence_parallel ? ", sequence parallel" : "");
+        if (shape->weight_records > 0)
+            p.activations_formula += plan_format(" + %d weight-gradient record(s) x %d layers x %s",
+                                                 shape->weight_records, layers, format_bytes(a.weight_record).c_str());
         p.workspace_formula = shape->tp == 1 ? plan_format("shared buffers, 9 x B T C x %.0f bytes + fp32 scratch", s)
                                              : plan_format("shared buffers of B T C/tp .. B T C elements, tp=%d%s",
                                                            shape->tp, shape->sequence_parallel ? ", SP" : "");
