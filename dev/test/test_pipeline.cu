@@ -308,6 +308,19 @@ void test_by_hand() {
         "a rank outside the pipeline", [] { pipeline_actions(PipelineSchedule::GPipe, 4, 4, 8, 1); },
         "rank 4 is not one of the 4");
 
+    // the weight-gradient pass is labelled W; uniform costs give every stage the same times
+    check_true("labels F B W",
+               pipeline_describe({{PipelineAction::Forward, 3, 0}, {PipelineAction::Backward, 3, 0},
+                                  {PipelineAction::Weights, 3, 1}}) == "F3.0 B3.0 W3.1");
+    const PipelineCosts uniform = pipeline_uniform_costs(3, 1.0, 2.0, 0.5, 0.25);
+    check_true("uniform costs", uniform.forward == std::vector<double>(3, 1.0) &&
+                                    uniform.backward == std::vector<double>(3, 2.0) &&
+                                    uniform.weights == std::vector<double>(3, 0.5) && uniform.send_ms == 0.25);
+    check_true("gpipe, 1f1b and interleaved run the backward whole",
+               !pipeline_splits_backward(PipelineSchedule::GPipe) &&
+                   !pipeline_splits_backward(PipelineSchedule::OneFOneB) &&
+                   !pipeline_splits_backward(PipelineSchedule::Interleaved));
+
     // gpipe: every forward, then every backward, in microbatch order
     check_true("gpipe m=3",
                pipeline_describe(pipeline_actions(PipelineSchedule::GPipe, 1, 2, 3, 1)) == "F0 F1 F2 B0 B1 B2");
