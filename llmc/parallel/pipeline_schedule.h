@@ -258,34 +258,57 @@ inline int pipeline_peak_activations(PipelineSchedule schedule, int rank, int p,
     fatal("unknown pipeline schedule %d", (int)schedule);
 }
 
-// Which activation record each action of a list uses, when a rank keeps a pool of records: a forward takes
-// the lowest-numbered free record, the backward of the same (microbatch, virtual stage) uses it and frees
-// it. The pool needs as many records as the list's peak (pipeline_peak_activations for the schedules above):
-// *pool_size says how many. A backward without its forward earlier in the list stops the program.
-inline std::vector<int> pipeline_record_assignment(const std::vector<PipelineAction>& actions, int* pool_size) {
-    std::vector<int> record(actions.size());
+// Records handed out from a pool: an action of kind `takes` takes the lowest-numbered free record, the
+// action of kind `frees` of the same (microbatch, virtual stage) uses it and frees it; other actions use
+// none (-1). *pool_size says how many records the list needs at its peak. A freeing action without its
+// taking action earlier in the list stops the program.
+inline std::vector<int> pipeline_pool_assignment(const std::vector<PipelineAction>& actions,
+                                                 PipelineAction::Kind takes, PipelineAction::Kind frees,
+                                                 int* pool_size) {
+    std::vector<int> record(actions.size(), -1);
     std::vector<char> busy;
     std::vector<std::pair<int, int>> owner;  // per record: the (microbatch, virtual stage) using it
     for (size_t i = 0; i < actions.size(); i++) {
         const PipelineAction& a = actions[i];
         const std::pair<int, int> key{a.microbatch, a.virtual_stage};
-        if (a.kind == PipelineAction::Forward) {
+        if (a.kind == takes) {
             const size_t free = std::find(busy.begin(), busy.end(), 0) - busy.begin();
             if (free == busy.size()) { busy.push_back(0); owner.push_back({-1, -1}); }
             busy[free] = 1;
             owner[free] = key;
             record[i] = (int)free;
-        } else {
+        } else if (a.kind == frees) {
             size_t used = 0;
             while (used < owner.size() && !(busy[used] && owner[used] == key)) used++;
             if (used == owner.size())
-                fatal("pipeline: %s has no forward before it", pipeline_action_label(a, true).c_str());
+                fatal("pipeline: %s has no %s before it", pipeline_action_label(a, true).c_str(),
+                      takes == PipelineAction::Forward ? "forward" : "backward");
             busy[used] = 0;
             record[i] = (int)used;
         }
     }
     *pool_size = (int)busy.size();
     return record;
+}
+
+// Which activation record each action of a list uses: a forward takes one, the backward of the same
+// (microbatch, virtual stage) (its input-gradient part under a split backward) uses and frees it. The pool
+// needs as many records as the list's peak (pipeline_peak_activations for the schedules above).
+inline std::vector<int> pipeline_record_assignment(const std::vector<PipelineAction>& actions, int* pool_size) {
+    return pipeline_pool_assignment(actions, PipelineAction::Forward, PipelineAction::Backward, pool_size);
+}
+
+// Which weight-gradient record ("W record": what the weight gradients need, kept from B until W) each action
+// uses under a split backward: a Backward takes one, the Weights action of the same (microbatch, virtual
+// stage) uses and frees it; -1 where none. Without the split (no Weights actions) the pool stays empty.
+inline std::vector<int> pipeline_weight_record_assignment(const std::vector<PipelineAction>& actions, int* pool_size) {
+    bool split = false;
+    for (const PipelineAction& a : actions) split |= a.kind == PipelineAction::Weights;
+    if (!split) {
+        *pool_size = 0;
+        return std::vector<int>(actions.size(), -1);
+    }
+    return pipeline_pool_assignment(actions, PipelineAction::Backward, PipelineAction::Weights, pool_size);
 }
 
 // ----------------------------------------------------------------------------
