@@ -276,6 +276,23 @@ static void test_balanced_layers() {
                     if (sum != L || !each_positive || !minimal || pipeline_first_layer(layers, S - 1) != L - layers[S - 1])
                         grid_failures++;
                 }
+    // auto: the LM head + loss against one block, 6 C Vp + 10 Vp over 72 C^2 + 12 C T FLOPs per token
+    GPT2Config wide;
+    wide.num_layers = 126, wide.channels = 16384, wide.num_heads = 128, wide.vocab_size = 50257;
+    wide.padded_vocab_size = 50304, wide.max_seq_len = 8192;
+    Layout sixteen;
+    sixteen.pp = 16, sixteen.seq_len = 8192;  // head = 0.236 layers: the last two stages give up one layer each
+    check_true("126 layers over pp 16 at T 8192: fourteen 8s then 7, 7",
+               pipeline_stage_split(wide, sixteen) == std::vector<int>({8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 7, 7}), "");
+    GPT2Config narrow;
+    narrow.num_layers = 12, narrow.channels = 512, narrow.num_heads = 8, narrow.vocab_size = 50257;
+    narrow.padded_vocab_size = 50304, narrow.max_seq_len = 256;
+    Layout four;
+    four.pp = 4, four.seq_len = 256;  // head = 7.58 layers: the last stage holds one block and costs 8.58
+    check_true("12 layers, C 512 over pp 4 at T 256: {4, 4, 3, 1}",
+               pipeline_stage_split(narrow, four) == std::vector<int>({4, 4, 3, 1}), "");
+    four.pp_layers = {2, 4, 4, 2};
+    check_true("a valid --pp-layers list is taken as given", pipeline_stage_split(narrow, four) == four.pp_layers, "");
     check_true("grid S<=5, L<=11: sums to L, each >= 1, max stage cost minimal (brute force)", grid_failures == 0,
                std::to_string(grid_failures) + " splits wrong");
 }

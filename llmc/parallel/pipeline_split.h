@@ -6,6 +6,9 @@ Stages of any size: how many consecutive layers each model stage of the pipeline
 #include <algorithm>
 #include <cmath>
 #include <vector>
+#include "layout.h"
+#include "../model/parameters.h"
+#include "../utils.h"
 
 /*
 The balanced split of L layers over S model stages. Stages are contiguous runs of layers, each >= 1. A stage's
@@ -56,4 +59,33 @@ inline int pipeline_first_layer(const std::vector<int>& stage_layers, int stage)
     int first = 0;
     for (int s = 0; s < stage; s++) first += stage_layers[s];
     return first;
+}
+
+/*
+The layers of each of the S = pp V model stages. A given --pp-layers list is checked (count S, each >= 1, sum L).
+Auto balances the compute: FLOPs per token, forward + backward (the backward twice the forward):
+  one block:        72 C^2 (the four matmuls, 12 C^2 weights) + 12 C T (attention's scores and mixing)
+  LM head + loss:   6 C Vp (the tied head's matmul) + 10 Vp (softmax, loss and their gradient, a few per logit)
+  embedding lookup: ~0 (a gather and a scatter-add of C values per token)
+so the first stage's extra is 0 and the last's is head / block in layer-equivalents. Memory is not balanced:
+the planner reports each stage's (the first stage holds the most activation records under 1f1b).
+*/
+inline std::vector<int> pipeline_stage_split(const GPT2Config& config, const Layout& l) {
+    const int L = config.num_layers, S = l.pp * l.pp_virtual;
+    if (L < S) fatal("pipeline: %d layers cannot fill %d stages (pp %d x %d per rank) with one each", L, S, l.pp, l.pp_virtual);
+    if (l.pp_layers.empty()) {
+        const double C = config.channels, T = l.seq_len, Vp = config.padded_vocab_size;
+        const double block = 72 * C * C + 12 * C * T;
+        const double head_and_loss = 6 * C * Vp + 10 * Vp;
+        return pipeline_balanced_layers(L, S, 0.0, head_and_loss / block);
+    }
+    if ((int)l.pp_layers.size() != S)
+        fatal("--pp-layers: %d entries for %d model stages (pp %d x %d per rank)", (int)l.pp_layers.size(), S, l.pp, l.pp_virtual);
+    int sum = 0;
+    for (int n : l.pp_layers) {
+        if (n < 1) fatal("--pp-layers: every stage needs at least one layer");
+        sum += n;
+    }
+    if (sum != L) fatal("--pp-layers: the stages hold %d layers, the model has %d", sum, L);
+    return l.pp_layers;
 }
