@@ -27,6 +27,8 @@ HEADERS := $(wildcard llmc/*.cuh llmc/*.h llmc/*/*.cuh llmc/*/*.h dev/lab/*.h de
 
 # --- GPU build -------------------------------------------------------------------------------------
 GPU_GENCODE := $(foreach arch,$(GPU_ARCH),-gencode arch=compute_$(arch),code=sm_$(arch))
+# PTX for the newest architecture as well, so that GPUs newer than the list still run (JIT-compiled once).
+GPU_GENCODE += -gencode arch=compute_$(lastword $(GPU_ARCH)),code=compute_$(lastword $(GPU_ARCH))
 NVCC_FLAGS := -std=c++17 -O3 -lineinfo $(GPU_GENCODE) -Xcompiler -Wall
 NVCC_LIBS := -lcublasLt -lcublas
 

@@ -38,6 +38,7 @@ from matplotlib.patches import Patch  # noqa: E402
 
 FORWARD_COLOUR = "#4c72b0"
 BACKWARD_COLOUR = "#dd8452"
+WEIGHTS_COLOUR = "#55a868"  # weight-gradient passes of a split backward
 IDLE_COLOUR = "#e8e8e8"
 WAIT_COLOUR, WAIT_HATCH_COLOUR = "#f6f6f6", "#a0a0a0"  # lighter than idle, hatched
 DPI = 100
@@ -70,7 +71,7 @@ def read_trace(path):
         events.append({
             "rank": int(e["tid"]),
             "name": action,
-            "kind": "backward" if action.startswith("B") else "forward",
+            "kind": {"B": "backward", "W": "weights"}.get(action[:1], "forward"),
             "wait": wait,
             "microbatch": args.get("microbatch"),
             "virtual_stage": int(args.get("virtual_stage", 0)),
@@ -120,7 +121,7 @@ def draw(events, row_names, layout, output, title=None):
             ax.barh(row_of[e["rank"]], width, left=start, height=0.8, color=WAIT_COLOUR, hatch="////",
                     edgecolor=WAIT_HATCH_COLOUR, linewidth=0)
             continue
-        colour = FORWARD_COLOUR if e["kind"] == "forward" else BACKWARD_COLOUR
+        colour = {"forward": FORWARD_COLOUR, "backward": BACKWARD_COLOUR, "weights": WEIGHTS_COLOUR}[e["kind"]]
         # later virtual stages lighter, so an interleaved schedule's rounds can be told apart
         alpha = 1.0 - 0.45 * e["virtual_stage"] / max(virtual_stages - 1, 1)
         ax.barh(row_of[e["rank"]], width, left=start, height=0.8, color=colour, alpha=alpha,
@@ -148,6 +149,8 @@ def draw(events, row_names, layout, output, title=None):
         title = schedule + (f" ({shape})" if shape else "")
     ax.set_title(f"{title}: step {milliseconds(step)} ms, bubble {mean:.1%}{spread}")
     legend = [Patch(color=FORWARD_COLOUR, label="forward"), Patch(color=BACKWARD_COLOUR, label="backward")]
+    if any(e["kind"] == "weights" for e in events):
+        legend.append(Patch(color=WEIGHTS_COLOUR, label="weights"))
     if any(e["wait"] for e in events):
         legend.append(Patch(facecolor=WAIT_COLOUR, edgecolor=WAIT_HATCH_COLOUR, hatch="////", label="wait"))
     legend.append(Patch(color=IDLE_COLOUR, label="idle"))

@@ -308,6 +308,45 @@ void test_by_hand() {
         "a rank outside the pipeline", [] { pipeline_actions(PipelineSchedule::GPipe, 4, 4, 8, 1); },
         "rank 4 is not one of the 4");
 
+    // the weight-gradient pass is labelled W; uniform costs give every stage the same times
+    check_true("labels F B W",
+               pipeline_describe({{PipelineAction::Forward, 3, 0}, {PipelineAction::Backward, 3, 0},
+                                  {PipelineAction::Weights, 3, 1}}) == "F3.0 B3.0 W3.1");
+    const PipelineCosts uniform = pipeline_uniform_costs(3, 1.0, 2.0, 0.5, 0.25);
+    check_true("uniform costs", uniform.forward == std::vector<double>(3, 1.0) &&
+                                    uniform.backward == std::vector<double>(3, 2.0) &&
+                                    uniform.weights == std::vector<double>(3, 0.5) && uniform.send_ms == 0.25);
+    check_true("gpipe, 1f1b and interleaved run the backward whole",
+               !pipeline_splits_backward(PipelineSchedule::GPipe) &&
+                   !pipeline_splits_backward(PipelineSchedule::OneFOneB) &&
+                   !pipeline_splits_backward(PipelineSchedule::Interleaved));
+
+    // a split backward: B takes the lowest free W record, its W frees it; activation records as before
+    {
+        const std::vector<PipelineAction> split = {
+            {PipelineAction::Forward, 0, 0},  {PipelineAction::Forward, 1, 0}, {PipelineAction::Backward, 0, 0},
+            {PipelineAction::Backward, 1, 0}, {PipelineAction::Weights, 0, 0}, {PipelineAction::Forward, 2, 0},
+            {PipelineAction::Backward, 2, 0}, {PipelineAction::Weights, 2, 0}, {PipelineAction::Weights, 1, 0}};
+        int activations = 0, weights = 0;
+        const std::vector<int> records = pipeline_record_assignment(split, &activations);
+        const std::vector<int> weight_records = pipeline_weight_record_assignment(split, &weights);
+        check_true("activation records with a split backward",
+                   records == std::vector<int>{0, 1, 0, 1, -1, 0, 0, -1, -1} && activations == 2);
+        check_true("weight records", weight_records == std::vector<int>{-1, -1, 0, 1, 0, -1, 0, 0, 1} && weights == 2);
+        int none = -1;
+        check_true("no weight records without the split",
+                   pipeline_weight_record_assignment(pipeline_actions(PipelineSchedule::OneFOneB, 0, 4, 8, 1), &none) ==
+                           std::vector<int>(16, -1) &&
+                       none == 0);
+        expect_failure(
+            "weights before their backward",
+            [] {
+                int pool;
+                pipeline_weight_record_assignment({{PipelineAction::Weights, 0, 0}}, &pool);
+            },
+            "W0.0 has no backward before it");
+    }
+
     // gpipe: every forward, then every backward, in microbatch order
     check_true("gpipe m=3",
                pipeline_describe(pipeline_actions(PipelineSchedule::GPipe, 1, 2, 3, 1)) == "F0 F1 F2 B0 B1 B2");

@@ -19,6 +19,7 @@ rows are checked once more at the 405B shape. Prints `N passed, M failed`.
 #include <vector>
 #include "../lab/lab.h"
 #include "../../llmc/planning/planner.h"
+#include "../../llmc/parallel/pipeline_split.h"
 
 static std::string describe(double got, double want) {
     char text[128];
@@ -221,7 +222,83 @@ static void check_search(double gpu_memory_bytes, bool expect_some_too_big) {
                (search.too_big > 0) == expect_some_too_big, describe(search.too_big, expect_some_too_big));
 }
 
+
+// The most expensive stage of a split, in layer-equivalents.
+static double split_max_cost(const std::vector<int>& layers, double first_extra, double last_extra) {
+    double most = 0;
+    for (size_t s = 0; s < layers.size(); s++)
+        most = std::max(most, layers[s] + (s == 0 ? first_extra : 0.0) + (s + 1 == layers.size() ? last_extra : 0.0));
+    return most;
+}
+
+// The least max stage cost over every split of L layers into S stages of >= 1 layer, by enumeration.
+static double brute_force_max_cost(int L, int S, double first_extra, double last_extra) {
+    double best = 1e300;
+    std::vector<int> layers(S, 1);
+    auto visit = [&](auto&& self, int stage, int left) -> void {
+        if (stage == S - 1) {
+            layers[stage] = left;
+            best = std::min(best, split_max_cost(layers, first_extra, last_extra));
+            return;
+        }
+        for (int n = 1; n <= left - (S - 1 - stage); n++) {
+            layers[stage] = n;
+            self(self, stage + 1, left - n);
+        }
+    };
+    visit(visit, 0, L);
+    return best;
+}
+
+static void test_balanced_layers() {
+    printf("balanced stage split\n");
+    // L = 8, S = 4, last extra 3: the least bound is 4 (the last stage holds 1 layer + 3); the five layers the
+    // capacities 4, 4, 4, 1 have too many leave stages 2, 1, 0, 2, 1 in turn.
+    check_true("L=8 S=4 last extra 3 -> {3,2,2,1}", pipeline_balanced_layers(8, 4, 0, 3) == std::vector<int>({3, 2, 2, 1}),
+               "");
+    check_true("L=8 S=4 no extras -> {2,2,2,2}", pipeline_balanced_layers(8, 4, 0, 0) == std::vector<int>({2, 2, 2, 2}), "");
+    // first 1, last 2: bound 4 gives capacities 3, 4, 4, 2 (13); the one surplus layer leaves the highest of the
+    // equal-cost stages that has more than one layer, stage 3.
+    check_true("L=12 S=4 first 1 last 2 -> {3,4,4,1}",
+               pipeline_balanced_layers(12, 4, 1, 2) == std::vector<int>({3, 4, 4, 1}), "");
+    check_true("L=5 S=1 -> {5}", pipeline_balanced_layers(5, 1, 0.5, 2) == std::vector<int>({5}), "");
+    int grid_failures = 0;
+    for (int S = 1; S <= 5; S++)
+        for (int L = S; L <= 11; L++)
+            for (double first_extra : {0.0, 0.3, 1.0, 2.5})
+                for (double last_extra : {0.0, 0.7, 1.0, 3.0, 6.2}) {
+                    const std::vector<int> layers = pipeline_balanced_layers(L, S, first_extra, last_extra);
+                    int sum = 0;
+                    bool each_positive = (int)layers.size() == S;
+                    for (int n : layers) sum += n, each_positive = each_positive && n >= 1;
+                    const bool minimal = std::fabs(split_max_cost(layers, first_extra, last_extra) -
+                                                   brute_force_max_cost(L, S, first_extra, last_extra)) < 1e-9;
+                    if (sum != L || !each_positive || !minimal || pipeline_first_layer(layers, S - 1) != L - layers[S - 1])
+                        grid_failures++;
+                }
+    // auto: the LM head + loss against one block, 6 C Vp + 10 Vp over 72 C^2 + 12 C T FLOPs per token
+    GPT2Config wide;
+    wide.num_layers = 126, wide.channels = 16384, wide.num_heads = 128, wide.vocab_size = 50257;
+    wide.padded_vocab_size = 50304, wide.max_seq_len = 8192;
+    Layout sixteen;
+    sixteen.pp = 16, sixteen.seq_len = 8192;  // head = 0.236 layers: the last two stages give up one layer each
+    check_true("126 layers over pp 16 at T 8192: fourteen 8s then 7, 7",
+               pipeline_stage_split(wide, sixteen) == std::vector<int>({8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 7, 7}), "");
+    GPT2Config narrow;
+    narrow.num_layers = 12, narrow.channels = 512, narrow.num_heads = 8, narrow.vocab_size = 50257;
+    narrow.padded_vocab_size = 50304, narrow.max_seq_len = 256;
+    Layout four;
+    four.pp = 4, four.seq_len = 256;  // head = 7.58 layers: the last stage holds one block and costs 8.58
+    check_true("12 layers, C 512 over pp 4 at T 256: {4, 4, 3, 1}",
+               pipeline_stage_split(narrow, four) == std::vector<int>({4, 4, 3, 1}), "");
+    four.pp_layers = {2, 4, 4, 2};
+    check_true("a valid --pp-layers list is taken as given", pipeline_stage_split(narrow, four) == four.pp_layers, "");
+    check_true("grid S<=5, L<=11: sums to L, each >= 1, max stage cost minimal (brute force)", grid_failures == 0,
+               std::to_string(grid_failures) + " splits wrong");
+}
+
 int main() {
+    test_balanced_layers();
     check_llama("8K", 8192, 1, RecomputePolicy::Full, true, 128, true);
     check_llama("8K, no sequence parallelism", 8192, 1, RecomputePolicy::Full, false, 128, true);
     check_llama("128K", 131072, 16, RecomputePolicy::Full, false, 8, true);

@@ -45,6 +45,25 @@ struct Options {
     std::string flags_json;      // every flag's value, for the log
 };
 
+
+// --pp-layers: "auto" (empty: balanced by the planner's rule) or comma-separated positive layer counts.
+inline std::vector<int> parse_pp_layers(const std::string& text) {
+    std::vector<int> layers;
+    if (text == "auto") return layers;
+    size_t start = 0;
+    while (true) {
+        const size_t comma = text.find(',', start);
+        const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+        char* end = nullptr;
+        const long n = item.empty() ? 0 : strtol(item.c_str(), &end, 10);
+        if (item.empty() || *end != '\0' || n < 1 || n > 1000000)
+            fatal("--pp-layers: '%s' is not auto or a comma-separated list of positive layer counts", text.c_str());
+        layers.push_back((int)n);
+        if (comma == std::string::npos) return layers;
+        start = comma + 1;
+    }
+}
+
 inline Options parse_options(int argc, char** argv) {
     Flags flags("train_gpt", "Trains GPT-2 on token shards (llm.c's format), on one GPU or on the CPU.");
     flags.heading("Model");
@@ -112,9 +131,14 @@ inline Options parse_options(int argc, char** argv) {
         "the pipeline's microbatches", 1, 4096);
     std::string& pp_schedule = flags.add_choice("pp-schedule", "1f1b", pipeline_schedule_names(),
         "the order of each rank's forward and backward passes: all forwards then all backwards (gpipe), one "
-        "forward one backward (1f1b), or 1f1b over --pp-virtual stages per rank (interleaved)");
+        "forward one backward (1f1b), 1f1b over --pp-virtual stages per rank (interleaved), or 1f1b with the "
+        "backward split into its input-gradient and weight-gradient parts (zb-h1; zbv: two stages per rank in a "
+        "V shape)");
     int& pp_virtual = flags.add_int("pp-virtual", 1,
-        "interleaved: stages per pipeline rank (V); layers must be a multiple of pp x V", 1, 1024);
+        "interleaved: stages per pipeline rank (V); zbv always uses 2", 1, 1024);
+    std::string& pp_layers = flags.add_string("pp-layers", "auto",
+        "layers per model stage (pp x V entries, in model-stage order, each >= 1, summing to the layers), "
+        "e.g. 3,4,4,1; auto balances the stages' compute, the embedding and LM head included");
     std::string& trace_path = flags.add_string("trace", "",
         "write the last step's timeline of the pipeline's forward and backward passes and waits as a Chrome trace "
         "(chrome://tracing, ui.perfetto.dev; scripts/pipeline_timeline.py draws it)");
@@ -176,6 +200,11 @@ inline Options parse_options(int argc, char** argv) {
     l.tp = tp_size, l.pp = pp_size, l.cp = cp_size, l.sequence_parallel = sequence_parallel;
     l.cp_mode = cp_mode_from_name(cp_mode_flag), l.cp_split = cp_split_from_name(cp_split_flag);
     l.schedule = pipeline_schedule_from_name(pp_schedule), l.pp_virtual = pp_virtual;
+    if (pp_schedule == "zbv") {
+        if (pp_virtual != 1 && pp_virtual != 2) fatal("--pp-schedule zbv uses 2 stages per rank: --pp-virtual must be 1 or 2");
+        l.pp_virtual = 2;
+    }
+    l.pp_layers = parse_pp_layers(pp_layers);
     l.zero_stage = zero_stage, l.dp_shard = dp_shard;
     l.batch_size = batch_size, l.seq_len = seq_len, l.total_batch_size = total_batch_size;
     o.trace = trace_path, o.nccl_init_file = nccl_init_file;

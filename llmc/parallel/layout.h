@@ -15,6 +15,8 @@ two cannot drift apart.
 */
 #pragma once
 
+#include <vector>
+
 #include "context_parallel.h"
 #include "pipeline_schedule.h"
 #include "recompute.h"
@@ -26,7 +28,8 @@ struct Layout {
     ContextParallelMode cp_mode = ContextParallelMode::Ring;
     SequenceSplit cp_split = SequenceSplit::Zigzag;
     PipelineSchedule schedule = PipelineSchedule::OneFOneB;
-    int pp_virtual = 1;                   // V: stages per pipeline rank (interleaved)
+    int pp_virtual = 1;                   // V: stages per pipeline rank (interleaved; 2 under zbv)
+    std::vector<int> pp_layers;           // layers per model stage, in model-stage order; empty: auto
     int zero_stage = 0;
     int dp_shard = 0;                     // data-parallel ranks per shard group (0: all of them)
     Recompute recompute;

@@ -65,9 +65,11 @@ comes before its first backward), or m V when the warm-up is everything. Rank 0 
 
 enum class PipelineSchedule { GPipe, OneFOneB, Interleaved };
 
-// One forward or backward pass of one microbatch through one of this rank's virtual stages.
+// One pass of one microbatch through one of this rank's virtual stages. Backward is the whole backward
+// pass under a schedule that does not split it, else only its input-gradient part (what the previous stage
+// waits for); Weights is then the weight-gradient part, which nothing downstream waits for.
 struct PipelineAction {
-    enum Kind { Forward, Backward } kind;
+    enum Kind { Forward, Backward, Weights } kind;
     int microbatch;
     int virtual_stage;
 };
@@ -84,6 +86,26 @@ inline PipelineSchedule pipeline_schedule_from_name(const std::string& name) {
 }
 inline const char* pipeline_schedule_name(PipelineSchedule schedule) {
     return pipeline_schedule_names()[(int)schedule].c_str();
+}
+
+// Whether the schedule runs the backward as two actions, Backward (input gradient) and Weights.
+inline bool pipeline_splits_backward(PipelineSchedule) { return false; }
+
+// Time of one microbatch's forward, input-gradient backward and weight-gradient pass through each model
+// stage (stages may be uneven), and the time of one message between ranks. A schedule that does not split
+// the backward charges its Backward action backward + weights.
+struct PipelineCosts {
+    std::vector<double> forward, backward, weights;
+    double send_ms = 0;
+};
+inline PipelineCosts pipeline_uniform_costs(int S, double forward, double backward, double weights,
+                                            double send_ms = 0) {
+    PipelineCosts costs;
+    costs.forward.assign(S, forward);
+    costs.backward.assign(S, backward);
+    costs.weights.assign(S, weights);
+    costs.send_ms = send_ms;
+    return costs;
 }
 
 // Model stage of virtual stage v on rank r, and the layers [first, end) it holds out of L.
@@ -196,9 +218,11 @@ inline std::vector<PipelineAction> pipeline_actions(PipelineSchedule schedule, i
     fatal("unknown pipeline schedule %d", (int)schedule);
 }
 
-// "F3" (forward of microbatch 3), or "F3.1" (on virtual stage 1) when there are virtual stages
+// "F3" (forward of microbatch 3; "B3" backward, "W3" weight gradients), or "F3.1" (on virtual stage 1)
+// when there are virtual stages
 inline std::string pipeline_action_label(const PipelineAction& a, bool virtual_stages) {
-    std::string label = (a.kind == PipelineAction::Forward ? "F" : "B") + std::to_string(a.microbatch);
+    const char* kind = a.kind == PipelineAction::Forward ? "F" : a.kind == PipelineAction::Backward ? "B" : "W";
+    std::string label = kind + std::to_string(a.microbatch);
     return virtual_stages ? label + "." + std::to_string(a.virtual_stage) : label;
 }
 
@@ -234,34 +258,57 @@ inline int pipeline_peak_activations(PipelineSchedule schedule, int rank, int p,
     fatal("unknown pipeline schedule %d", (int)schedule);
 }
 
-// Which activation record each action of a list uses, when a rank keeps a pool of records: a forward takes
-// the lowest-numbered free record, the backward of the same (microbatch, virtual stage) uses it and frees
-// it. The pool needs as many records as the list's peak (pipeline_peak_activations for the schedules above):
-// *pool_size says how many. A backward without its forward earlier in the list stops the program.
-inline std::vector<int> pipeline_record_assignment(const std::vector<PipelineAction>& actions, int* pool_size) {
-    std::vector<int> record(actions.size());
+// Records handed out from a pool: an action of kind `takes` takes the lowest-numbered free record, the
+// action of kind `frees` of the same (microbatch, virtual stage) uses it and frees it; other actions use
+// none (-1). *pool_size says how many records the list needs at its peak. A freeing action without its
+// taking action earlier in the list stops the program.
+inline std::vector<int> pipeline_pool_assignment(const std::vector<PipelineAction>& actions,
+                                                 PipelineAction::Kind takes, PipelineAction::Kind frees,
+                                                 int* pool_size) {
+    std::vector<int> record(actions.size(), -1);
     std::vector<char> busy;
     std::vector<std::pair<int, int>> owner;  // per record: the (microbatch, virtual stage) using it
     for (size_t i = 0; i < actions.size(); i++) {
         const PipelineAction& a = actions[i];
         const std::pair<int, int> key{a.microbatch, a.virtual_stage};
-        if (a.kind == PipelineAction::Forward) {
+        if (a.kind == takes) {
             const size_t free = std::find(busy.begin(), busy.end(), 0) - busy.begin();
             if (free == busy.size()) { busy.push_back(0); owner.push_back({-1, -1}); }
             busy[free] = 1;
             owner[free] = key;
             record[i] = (int)free;
-        } else {
+        } else if (a.kind == frees) {
             size_t used = 0;
             while (used < owner.size() && !(busy[used] && owner[used] == key)) used++;
             if (used == owner.size())
-                fatal("pipeline: %s has no forward before it", pipeline_action_label(a, true).c_str());
+                fatal("pipeline: %s has no %s before it", pipeline_action_label(a, true).c_str(),
+                      takes == PipelineAction::Forward ? "forward" : "backward");
             busy[used] = 0;
             record[i] = (int)used;
         }
     }
     *pool_size = (int)busy.size();
     return record;
+}
+
+// Which activation record each action of a list uses: a forward takes one, the backward of the same
+// (microbatch, virtual stage) (its input-gradient part under a split backward) uses and frees it. The pool
+// needs as many records as the list's peak (pipeline_peak_activations for the schedules above).
+inline std::vector<int> pipeline_record_assignment(const std::vector<PipelineAction>& actions, int* pool_size) {
+    return pipeline_pool_assignment(actions, PipelineAction::Forward, PipelineAction::Backward, pool_size);
+}
+
+// Which weight-gradient record ("W record": what the weight gradients need, kept from B until W) each action
+// uses under a split backward: a Backward takes one, the Weights action of the same (microbatch, virtual
+// stage) uses and frees it; -1 where none. Without the split (no Weights actions) the pool stays empty.
+inline std::vector<int> pipeline_weight_record_assignment(const std::vector<PipelineAction>& actions, int* pool_size) {
+    bool split = false;
+    for (const PipelineAction& a : actions) split |= a.kind == PipelineAction::Weights;
+    if (!split) {
+        *pool_size = 0;
+        return std::vector<int>(actions.size(), -1);
+    }
+    return pipeline_pool_assignment(actions, PipelineAction::Backward, PipelineAction::Weights, pool_size);
 }
 
 // ----------------------------------------------------------------------------
@@ -521,7 +568,7 @@ inline PipelineGradientSends pipeline_gradient_sends(const std::vector<std::vect
 
 // ----------------------------------------------------------------------------
 // Chrome trace event format (chrome://tracing, https://ui.perfetto.dev, scripts/pipeline_timeline.py): one
-// complete event ("ph": "X") per action ("F3", "B3"; category "work") and per measured wait for a message
+// complete event ("ph": "X") per action ("F3", "B3", "W3"; category "work") and per measured wait for a message
 // ("wait F3": before F3, category "wait"), thread = pipeline rank, times in microseconds, plus a name for
 // each rank's row and the layout under "otherData".
 
@@ -542,7 +589,7 @@ inline std::string pipeline_chrome_trace(const PipelineTimeline& timeline) {
             snprintf(line, sizeof(line),
                      "%s{\"name\": \"%s%c%d\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": 0, \"tid\": %zu, \"ts\": %.3f, "
                      "\"dur\": %.3f, \"args\": {\"microbatch\": %d, \"virtual_stage\": %d}}",
-                     separator, e.wait ? "wait " : "", e.action.kind == PipelineAction::Forward ? 'F' : 'B',
+                     separator, e.wait ? "wait " : "", e.action.kind == PipelineAction::Forward ? 'F' : e.action.kind == PipelineAction::Backward ? 'B' : 'W',
                      e.action.microbatch, e.wait ? "wait" : "work", r,
                      e.start_ms * 1000.0, (e.end_ms - e.start_ms) * 1000.0, e.action.microbatch,
                      e.action.virtual_stage);
