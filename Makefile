@@ -87,9 +87,9 @@ build/test_data: dev/test/test_data.cu $(HEADERS) | check-cpu-tools
 	@mkdir -p build
 	$(CXX) $(CPU_FLAGS) -x c++ $< -o $@ $(CPU_LIBS)
 # pipeline schedules, their simulator and trace (no model); --trace writes a simulated trace to draw
-build/test_pipeline: dev/test/test_pipeline.cu $(HEADERS) | check-cpu-tools
+build/test_pipeline: dev/test/test_pipeline.cu $(HEADERS) | check-cpu-tools check-mpi-tools
 	@mkdir -p build
-	$(CXX) $(CPU_FLAGS) -x c++ $< -o $@ $(CPU_LIBS)
+	$(CXX) $(CPU_FLAGS) $(MPI_COMPILE_FLAGS) -x c++ $< -o $@ $(CPU_LIBS) $(MPI_LINK_FLAGS)
 # the backward pass split into input and weight gradients against the fused one, bit for bit (FP32)
 build/test_weight_split: dev/test/test_weight_split.cu $(HEADERS) | check-cpu-tools check-mpi-tools
 	@mkdir -p build

@@ -211,10 +211,15 @@ static void print_run(const ParallelContext& par, const GPT2& model) {
            ParameterLayout(config).num_parameters);
     if (l.tp > 1 || l.pp > 1) printf(", %zu on this rank", model.layout.num_parameters);
     printf("\n");
-    if (l.pp > 1)
-        printf("pipeline: %s over %d ranks x %d stage(s) of %d layers, %d microbatches; %d record(s) in flight on "
-               "this rank\n", pipeline_schedule_name(l.schedule), l.pp, l.pp_virtual, model.stage_layers,
-               par.microbatches, par.pipe.records);
+    if (l.pp > 1) {
+        std::string layers;
+        for (int n : par.pipe.stage_layers) layers += (layers.empty() ? "" : ",") + std::to_string(n);
+        printf("pipeline: %s over %d ranks x %d stage(s), layers per stage %s%s, %d microbatches; %d record(s)%s in "
+               "flight on this rank\n", pipeline_schedule_name(l.schedule), l.pp, par.pipe.virtual_stages,
+               layers.c_str(), l.pp_layers.empty() ? " (balanced by cost)" : "", par.microbatches, par.pipe.records,
+               par.pipe.weight_records ? (" and " + std::to_string(par.pipe.weight_records) + " weight record(s)").c_str()
+                                       : "");
+    }
     printf("batch: %d x %d tokens on each of %d rank(s), %d micro-step(s) per step: %d tokens per step\n",
            l.batch_size, l.seq_len, par.dp_size, par.microbatches, l.total_batch_size);
     printf("recompute: %s\n", recompute_describe(l.recompute).c_str());

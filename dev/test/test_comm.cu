@@ -208,26 +208,27 @@ void test_collectives(Communicator& comm, const std::string& group_name) {
         check(label + "send_recv bytes = the block sent", comm.bytes_sent == count * s);
     }
 
-    // plain send and recv between pairs (0,1), (2,3), ...: the even rank sends first, the odd one answers
-    if ((me ^ 1) < n) {
-        const size_t count = 17;
-        const int peer = me ^ 1;
-        std::vector<float> mine(count), want(count);
-        for (size_t i = 0; i < count; i++) {
-            mine[i] = contribution<T>(me, i);
-            want[i] = contribution<T>(peer, i);
+    // point to point between pairs (0,1), (2,3), ...: each rank sends two blocks and receives the peer's two
+    // at the same moment, in one group. The sends are synchronous (complete once the peer receives), so two
+    // lone sends would wait for each other; the pairs of a group arrive in the order they were issued.
+    if constexpr (std::is_same_v<T, floatX>) {
+        if ((me ^ 1) < n) {
+            const size_t count = 17;
+            const int peer = me ^ 1;
+            std::vector<float> mine(2 * count), want(2 * count);
+            for (size_t i = 0; i < 2 * count; i++) {
+                mine[i] = contribution<T>(me, i);
+                want[i] = contribution<T>(peer, i);
+            }
+            Buffer<T> out(mine), in(2 * count);
+            comm.bytes_sent = 0;
+            send_and_receive({{PointToPoint::Send, &comm, out.ptr, count, peer},
+                      {PointToPoint::Send, &comm, out.ptr + count, count, peer},
+                      {PointToPoint::Receive, &comm, in.ptr, count, peer},
+                      {PointToPoint::Receive, &comm, in.ptr + count, count, peer}}, stream);
+            check_equal(label + "send_and_receive: both ranks send and receive at once, in issue order", in.download(), want);
+            check(label + "send_and_receive counts the blocks sent, not those received", comm.bytes_sent == 2 * count * s);
         }
-        Buffer<T> out(mine), in(count);
-        comm.bytes_sent = 0;
-        if (me % 2 == 0) {
-            send(comm, out.ptr, count, peer, stream);
-            recv(comm, in.ptr, count, peer, stream);
-        } else {
-            recv(comm, in.ptr, count, peer, stream);
-            send(comm, out.ptr, count, peer, stream);
-        }
-        check_equal(label + "send then recv between a pair", in.download(), want);
-        check(label + "send counts its block, recv nothing", comm.bytes_sent == count * s);
     }
 
     // all-to-all: block p of rank r's input is contribution(r, p*count + i), and it lands on rank p
@@ -471,7 +472,7 @@ static Mesh model_mesh(const MeshLayout& layout) {  // a mesh value for the mode
     return mesh;
 }
 static void heads_not_divisible_by_tp() { mesh_check_model(model_mesh(mesh_layout(1, 1, 1, 1, 5)), 12, 12); }
-static void layers_not_divisible_by_pp() { mesh_check_model(model_mesh(mesh_layout(1, 1, 5, 1, 1)), 12, 12); }
+static void fewer_layers_than_pp() { mesh_check_model(model_mesh(mesh_layout(1, 1, 5, 1, 1)), 4, 12); }
 // the cp axis's checks (llmc/parallel/context_parallel.h): cp, mode, split, seq_len, heads, tp
 static void sequence_not_divisible_for_zigzag() {
     cp_check_layout(4, ContextParallelMode::Ring, SequenceSplit::Zigzag, 1020, 12, 1);
@@ -497,7 +498,7 @@ static void test_failures(Communicator& world) {
     expect_failure("a mesh larger than the world is refused", create_oversized_mesh, "but the world has");
     expect_failure("a mesh axis of 0 is refused", create_mesh_with_zero_axis, "mesh axis pp must be at least 1");
     expect_failure("12 heads over tp 5 are refused", heads_not_divisible_by_tp, "multiple of tp");
-    expect_failure("12 layers over pp 5 are refused", layers_not_divisible_by_pp, "multiple of pp");
+    expect_failure("4 layers over pp 5 are refused", fewer_layers_than_pp, "each needs a layer");
     expect_failure("T=1020 over zigzag cp 4 is refused", sequence_not_divisible_for_zigzag, "multiple of 2*cp = 8");
     expect_failure("T=1020 over contiguous cp 8 is refused", sequence_not_divisible_for_contiguous,
                    "multiple of cp = 8");
@@ -506,7 +507,7 @@ static void test_failures(Communicator& world) {
     check("a model that fits passes the checks",
           mesh_model_error(mesh_layout(2, 2, 4, 2, 2), 12, 12).empty() &&
           cp_layout_error(2, ContextParallelMode::Ring, SequenceSplit::Zigzag, 1024, 12, 2).empty() &&
-          mesh_model_error(mesh_layout(1, 1, 2, 3, 2), 12, 12).empty() &&
+          mesh_model_error(mesh_layout(1, 1, 2, 3, 2), 12, 12).empty() && mesh_model_error(mesh_layout(1, 1, 5, 1, 1), 12, 12).empty() &&
           cp_layout_error(3, ContextParallelMode::Ulysses, SequenceSplit::Contiguous, 1023, 12, 2).empty());
     expect_failure("a bootstrap file that never comes times out", wait_for_missing_id, "waited 0 s for");
     leftover_path = "/tmp/llmc_test_comm_leftover_" + std::to_string(getpid());
@@ -564,6 +565,19 @@ int main() {
             test_collectives<floatX>(mesh.gradient, "gradient");
             mesh_destroy(mesh);
         }
+    }
+    // a split that leaves ranks out: the even ranks form a group, the odd ones get none
+    {
+        Communicator evens = comm_split(world, world.rank % 2 == 0 ? 0 : kNotInGroup, world.rank, "even ranks");
+        if (world.rank % 2 == 0) {
+            check("a split's members form a group of the even ranks",
+                  evens.size == (world.size + 1) / 2 && evens.rank == world.rank / 2);
+            test_collectives<float>(evens, "even ranks");
+        } else {
+            check("a rank outside every group of a split gets no communicator",
+                  evens.size == 0 && evens.mpi == MPI_COMM_NULL);
+        }
+        comm_destroy(evens);
     }
     std::string table = mesh_describe(mesh_layout(1, 2, 1, 1, 2));
     check("the printed layout lists every rank's coordinates",

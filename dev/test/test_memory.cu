@@ -528,7 +528,7 @@ static void test_pipeline_parts() {
              {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB, PipelineSchedule::Interleaved}) {
             const int V = schedule == PipelineSchedule::Interleaved ? 2 : 1;
             for (int r = 0; r < p; r++) {
-                ModelPart part = pipeline_model_part(schedule, r, p, V, m, L);
+                ModelPart part = pipeline_model_part(schedule, r, p, V, m, std::vector<int>(p * V, L / (p * V)));
                 int pool = 0;
                 pipeline_record_assignment(pipeline_actions(schedule, r, p, m, V), &pool);
                 std::string wrong;
@@ -783,7 +783,8 @@ static void test_held_layouts() {
                 std::vector<float> assembled(model.total, 0);  // over all ranks: the round trips
                 for (int pp_rank = 0; pp_rank < p && wrong.empty(); pp_rank++)
                     for (int tp_rank = 0; tp_rank < tp && wrong.empty(); tp_rank++) {
-                        const ParameterLayout part(config, shards, tp, tp_rank, pipeline_held_chunks(pp_rank, p, V, L));
+                        const ParameterLayout part(config, shards, tp, tp_rank, pipeline_held_chunks(pp_rank, p, V,
+                                                                                   std::vector<int>(p * V, L / (p * V))));
                         wrong = check_rank_layout(model, values, part, reads, assembled);
                         if (!wrong.empty())
                             wrong = "pp rank " + std::to_string(pp_rank) + " tp rank " + std::to_string(tp_rank) +

@@ -27,6 +27,7 @@ scripts/pipeline_timeline.py to draw.
 #include <vector>
 #include "../lab/lab.h"
 #include "../../llmc/parallel/pipeline_schedule.h"
+#include "../../llmc/parallel/pipeline_split.h"
 
 // the time model of the formulas: forward 1, backward 2 (per rank's share of the layers), free sends
 constexpr double kForwardMs = 1.0, kBackwardMs = 2.0;
@@ -34,7 +35,7 @@ constexpr double kForwardMs = 1.0, kBackwardMs = 2.0;
 // multiple of 1/12 that binary floating point rounds at 1e-16 relative; 1e-12 leaves room for the sums.
 constexpr double kTimeTolerance = 1e-12;
 
-struct Layout {
+struct ScheduleLayout {
     PipelineSchedule schedule;
     int p, m, V;
     std::string name() const {
@@ -43,7 +44,7 @@ struct Layout {
     }
 };
 
-std::vector<std::vector<PipelineAction>> all_lists(const Layout& l) {
+std::vector<std::vector<PipelineAction>> all_lists(const ScheduleLayout& l) {
     std::vector<std::vector<PipelineAction>> lists;
     for (int r = 0; r < l.p; r++) lists.push_back(pipeline_actions(l.schedule, r, l.p, l.m, l.V));
     return lists;
@@ -58,7 +59,9 @@ std::vector<std::vector<PipelineAction>> all_lists(const Layout& l) {
 // under every schedule).
 std::string check_list(const std::vector<PipelineAction>& actions, int m, int V) {
     std::map<std::tuple<int, int, int>, int> seen;  // (kind, microbatch, virtual stage) -> position
-    std::vector<int> last_forward(V, -1), last_backward(V, -1);
+    std::vector<int> last_forward(V, -1), last_backward(V, -1), last_weights(V, -1);
+    bool split = false;  // W passes: each after its B
+    for (const PipelineAction& a : actions) split |= a.kind == PipelineAction::Weights;
     for (size_t i = 0; i < actions.size(); i++) {
         const PipelineAction& a = actions[i];
         const std::string label = pipeline_action_label(a, true);
@@ -66,15 +69,21 @@ std::string check_list(const std::vector<PipelineAction>& actions, int m, int V)
             return label + " does not exist";
         if (!seen.emplace(std::make_tuple((int)a.kind, a.microbatch, a.virtual_stage), (int)i).second)
             return label + " appears twice";
-        std::vector<int>& last = a.kind == PipelineAction::Forward ? last_forward : last_backward;
+        std::vector<int>& last = a.kind == PipelineAction::Forward    ? last_forward
+                                 : a.kind == PipelineAction::Backward ? last_backward
+                                                                      : last_weights;
         if (a.microbatch < last[a.virtual_stage]) return label + " comes after a later microbatch";
         last[a.virtual_stage] = a.microbatch;
         if (a.kind == PipelineAction::Backward &&
             !seen.count(std::make_tuple((int)PipelineAction::Forward, a.microbatch, a.virtual_stage)))
             return label + " comes before its forward";
+        if (a.kind == PipelineAction::Weights &&
+            !seen.count(std::make_tuple((int)PipelineAction::Backward, a.microbatch, a.virtual_stage)))
+            return label + " comes before its B";
     }
-    if ((int)actions.size() != 2 * m * V)
-        return std::to_string(actions.size()) + " actions, expected " + std::to_string(2 * m * V);
+    const int passes = split ? 3 : 2;
+    if ((int)actions.size() != passes * m * V)
+        return std::to_string(actions.size()) + " actions, expected " + std::to_string(passes * m * V);
     return "";
 }
 
@@ -84,6 +93,9 @@ std::string check_timeline(const PipelineTimeline& t, const std::vector<std::vec
     if (!t.problem.empty()) return t.problem;
     const int p = (int)lists.size(), V = t.V, S = p * V;
     std::map<std::tuple<int, int, int>, const PipelineEvent*> by_pass;  // (kind, microbatch, model stage)
+    bool split = false;  // B and W take half of the backward each
+    for (const auto& list : lists)
+        for (const PipelineAction& a : list) split |= a.kind == PipelineAction::Weights;
     for (int r = 0; r < p; r++) {
         if (t.ranks[r].size() != lists[r].size())
             return "rank " + std::to_string(r) + " ran a different number of actions";
@@ -94,7 +106,8 @@ std::string check_timeline(const PipelineTimeline& t, const std::vector<std::vec
             if (e.action.kind != a.kind || e.action.microbatch != a.microbatch ||
                 e.action.virtual_stage != a.virtual_stage)
                 return where + ": ran out of its list's order";
-            const double duration = (a.kind == PipelineAction::Forward ? kForwardMs : kBackwardMs) / V;
+            const double duration =
+                (a.kind == PipelineAction::Forward ? kForwardMs : split ? kBackwardMs / 2 : kBackwardMs) / V;
             if (std::fabs(e.end_ms - e.start_ms - duration) > kTimeTolerance) return where + ": wrong duration";
             if (i > 0 && e.start_ms < t.ranks[r][i - 1].end_ms - kTimeTolerance)
                 return where + ": overlaps the one before";
@@ -109,6 +122,7 @@ std::string check_timeline(const PipelineTimeline& t, const std::vector<std::vec
             needs.push_back({PipelineAction::Forward, j, s});
             if (s < S - 1) needs.push_back({PipelineAction::Backward, j, s + 1});
         }
+        if (kind == PipelineAction::Weights) needs.push_back({PipelineAction::Backward, j, s});
         for (const auto& need : needs) {
             auto found = by_pass.find(need);
             if (found == by_pass.end() || e->start_ms < found->second->end_ms - kTimeTolerance)
@@ -289,12 +303,13 @@ std::string check_trace(const std::string& trace, const PipelineTimeline& t) {
 
 void test_by_hand() {
     printf("worked out by hand\n");
-    check_true("names", pipeline_schedule_names() == std::vector<std::string>{"gpipe", "1f1b", "interleaved"} &&
+    check_true("names", pipeline_schedule_names() == std::vector<std::string>{"gpipe", "1f1b", "interleaved", "zb-h1"} &&
+                            pipeline_schedule_from_name("zb-h1") == PipelineSchedule::ZeroBubbleH1 &&
                             pipeline_schedule_from_name("gpipe") == PipelineSchedule::GPipe &&
                             pipeline_schedule_from_name("1f1b") == PipelineSchedule::OneFOneB &&
                             pipeline_schedule_from_name("interleaved") == PipelineSchedule::Interleaved);
     expect_failure(
-        "an unknown schedule name", [] { pipeline_schedule_from_name("zb-h1"); }, "'zb-h1': not a schedule");
+        "an unknown schedule name", [] { pipeline_schedule_from_name("zb-h2"); }, "'zb-h2': not a schedule");
     expect_failure(
         "interleaved with m not a multiple of p", [] { pipeline_actions(PipelineSchedule::Interleaved, 0, 4, 6, 2); },
         "6 microbatches are not a multiple of the 4 pipeline ranks");
@@ -308,18 +323,23 @@ void test_by_hand() {
         "a rank outside the pipeline", [] { pipeline_actions(PipelineSchedule::GPipe, 4, 4, 8, 1); },
         "rank 4 is not one of the 4");
 
-    // the weight-gradient pass is labelled W; uniform costs give every stage the same times
+    // the weight-gradient pass is labelled W; only zb-h1 splits the backward
     check_true("labels F B W",
                pipeline_describe({{PipelineAction::Forward, 3, 0}, {PipelineAction::Backward, 3, 0},
                                   {PipelineAction::Weights, 3, 1}}) == "F3.0 B3.0 W3.1");
-    const PipelineCosts uniform = pipeline_uniform_costs(3, 1.0, 2.0, 0.5, 0.25);
-    check_true("uniform costs", uniform.forward == std::vector<double>(3, 1.0) &&
-                                    uniform.backward == std::vector<double>(3, 2.0) &&
-                                    uniform.weights == std::vector<double>(3, 0.5) && uniform.send_ms == 0.25);
-    check_true("gpipe, 1f1b and interleaved run the backward whole",
+    check_true("only zb-h1 splits the backward",
                !pipeline_splits_backward(PipelineSchedule::GPipe) &&
                    !pipeline_splits_backward(PipelineSchedule::OneFOneB) &&
-                   !pipeline_splits_backward(PipelineSchedule::Interleaved));
+                   !pipeline_splits_backward(PipelineSchedule::Interleaved) &&
+                   pipeline_splits_backward(PipelineSchedule::ZeroBubbleH1));
+    // zb-h1 p=3 m=4: rank r holds back its first r W passes
+    check_true("zb-h1 p=3 m=4 rank 0", pipeline_describe(pipeline_actions(PipelineSchedule::ZeroBubbleH1, 0, 3, 4, 1)) ==
+                                           "F0 F1 F2 B0 W0 F3 B1 W1 B2 W2 B3 W3");
+    check_true("zb-h1 p=3 m=4 rank 2", pipeline_describe(pipeline_actions(PipelineSchedule::ZeroBubbleH1, 2, 3, 4, 1)) ==
+                                           "F0 B0 F1 B1 F2 B2 W0 F3 B3 W1 W2 W3");
+    expect_failure(
+        "zb-h1 with fewer microbatches than ranks", [] { pipeline_actions(PipelineSchedule::ZeroBubbleH1, 0, 4, 3, 1); },
+        "3 microbatches are fewer than the 4 pipeline ranks");
 
     // a split backward: B takes the lowest free W record, its W frees it; activation records as before
     {
@@ -369,9 +389,9 @@ void test_by_hand() {
     check_true("interleaved p=2 m=4 V=2 rank 1",
                interleaved1 == "F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 F2.0 B0.0 F3.0 B1.0 F2.1 B2.1 F3.1 B3.1 B2.0 B3.0",
                interleaved1);
-    int first, end;
-    pipeline_stage_layers(1, 1, 2, 2, 12, &first, &end);  // model stage 1*2+1 = 3 of 4: layers 9..11
-    check_true("virtual stage 1 of rank 1 of 2, V=2, 12 layers: layers [9, 12)", first == 9 && end == 12);
+    check_true("virtual stage 1 of rank 1 of 2 is model stage 3, on rank 1", pipeline_model_stage(1, 1, 2) == 3 &&
+                                                                             pipeline_stage_rank(3, 2) == 1 &&
+                                                                             pipeline_stage_virtual(3, 2) == 1);
 
     // 1f1b p=2 m=3, forward 1, backward 2. Rank 0 "F0 F1 B0 F2 B1 B2", rank 1 "F0 B0 F1 B1 F2 B2":
     //   rank 0: F0 0-1, F1 1-2, B0 waits for rank 1's B0 (2-4): 4-6, F2 6-7, B1 waits for rank 1's (5-7): 7-9,
@@ -425,21 +445,23 @@ void test_by_hand() {
 // ----------------------------------------------------------------------------
 // 2. the grid
 
-std::vector<Layout> grid(PipelineSchedule schedule) {
-    std::vector<Layout> layouts;
+std::vector<ScheduleLayout> grid(PipelineSchedule schedule) {
+    std::vector<ScheduleLayout> layouts;
     for (int p = 1; p <= 8; p++)
         for (int m = 1; m <= 16; m++)
             for (int V = 1; V <= (schedule == PipelineSchedule::Interleaved ? 4 : 1); V++)
-                if (schedule != PipelineSchedule::Interleaved || m % p == 0) layouts.push_back({schedule, p, m, V});
+                if ((schedule != PipelineSchedule::Interleaved || m % p == 0) &&
+                    (schedule != PipelineSchedule::ZeroBubbleH1 || m >= p))
+                    layouts.push_back({schedule, p, m, V});
     return layouts;
 }
 
 void test_grid() {
-    for (PipelineSchedule schedule :
-         {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB, PipelineSchedule::Interleaved}) {
+    for (PipelineSchedule schedule : {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB, PipelineSchedule::Interleaved,
+                                      PipelineSchedule::ZeroBubbleH1}) {
         const int passed_before = lab.passed, failed_before = lab.failed;
-        const std::vector<Layout> layouts = grid(schedule);
-        for (const Layout& l : layouts) {
+        const std::vector<ScheduleLayout> layouts = grid(schedule);
+        for (const ScheduleLayout& l : layouts) {
             const std::string name = l.name();
             const auto lists = all_lists(l);
             std::string wrong;
@@ -495,6 +517,16 @@ std::vector<std::vector<PipelineAction>> interleaved_with_warmup(int p, int m, i
 }
 
 void test_between_schedules() {
+    // zb-h1 at p = 4, m = 8 (F = B = W): 3/27 against 1f1b's 3/11, at most half
+    {
+        const double one_f_one_b = pipeline_simulate(PipelineSchedule::OneFOneB, 4, 8, 1, kForwardMs, kBackwardMs)
+                                       .bubble_fraction[0];
+        const double zero_bubble = pipeline_simulate(PipelineSchedule::ZeroBubbleH1, 4, 8, 1, kForwardMs, kBackwardMs)
+                                       .bubble_fraction[0];
+        check_true("zb-h1's bubble at p=4 m=8 is at most half of 1f1b's (" + std::to_string(zero_bubble) + " vs " +
+                       std::to_string(one_f_one_b) + ")",
+                   zero_bubble <= 0.5 * one_f_one_b);
+    }
     printf("between schedules\n");
     std::string same_bubble, fewer_records, smaller_bubble;
     for (int p = 1; p <= 8; p++)
@@ -559,7 +591,7 @@ void test_between_schedules() {
 
 void test_broken_input_is_caught() {
     printf("broken input is caught\n");
-    const Layout l = {PipelineSchedule::OneFOneB, 4, 8, 1};
+    const ScheduleLayout l = {PipelineSchedule::OneFOneB, 4, 8, 1};
     auto simulate = [&](const std::vector<std::vector<PipelineAction>>& lists) {
         return pipeline_simulate_actions(lists, "1f1b", l.m, l.V, kForwardMs, kBackwardMs);
     };
@@ -701,7 +733,7 @@ int main(int argc, char** argv) {
     test_between_schedules();
     test_broken_input_is_caught();
     test_records();
-    test_gradient_sends();
+    test_message_groups();
     test_held_chunks();
     printf("%d passed, %d failed\n", lab.passed, lab.failed);
     return lab.failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;

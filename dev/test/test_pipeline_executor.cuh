@@ -1,16 +1,16 @@
 /*
 Part 5 of dev/test/test_pipeline.cu (included there, after the layouts and checkers it uses): what the executor
 (llmc/parallel/pipeline.h) takes from the action lists. On the same grid as part 2: the activation records (each
-backward on its forward's record, none shared, a pool of pipeline_peak_activations); the gradients'
-staging buffers (none reused while its send is in flight, and no deadlock when a send finishes only once
-its receiver has taken the message, where the naive rule of waiting when the record is reused deadlocks
-the interleaved schedule); each link's messages in one order at both ends; which parameter chunks each
-rank holds. Each checker is shown a broken case too.
+backward on its forward's record, none shared, a pool of pipeline_peak_activations) and the weight records of
+the schedules that split the backward; the groups of messages before each action (pipeline_message_groups),
+which must complete under NCCL's synchronous point-to-point semantics for every schedule and layout, while
+the same operations issued one at a time deadlock 1f1b; and which parameter chunks each rank holds when the
+stages differ in size. Each checker is shown a broken case too.
 */
 #pragma once
 
 // ----------------------------------------------------------------------------
-// 5. what the executor takes from the lists: records, gradient staging buffers, held chunks
+// 5. what the executor takes from the lists: records, message groups, held chunks
 
 using ActionLists = std::vector<std::vector<PipelineAction>>;
 
@@ -23,6 +23,7 @@ std::string check_records(const std::vector<PipelineAction>& actions, const std:
     std::map<std::pair<int, int>, int> taken;  // (microbatch, virtual stage) -> the record its forward took
     for (size_t i = 0; i < actions.size(); i++) {
         const PipelineAction& a = actions[i];
+        if (a.kind == PipelineAction::Weights) continue;  // W passes use weight records, not these
         const std::string label = pipeline_action_label(a, true);
         const int r = record[i];
         if (r < 0 || r >= pool)
@@ -45,209 +46,16 @@ std::string check_records(const std::vector<PipelineAction>& actions, const std:
     return "";
 }
 
-// A message between neighbouring stages, named by the pass that sends it: forward (j, s) sends its output to
-// stage s + 1, backward (j, s) the gradient of its input to stage s - 1.
-struct Messages {
-    int m, S;
-    int id(PipelineAction::Kind kind, int j, int s) const { return ((int)kind * m + j) * S + s; }
-    int count() const { return 2 * m * S; }
-    std::string name(int id) const {
-        const bool forward = id / (m * S) == PipelineAction::Forward;
-        return std::string(forward ? "the output of F" : "the input gradient of B") + std::to_string(id / S % m) +
-               " of stage " + std::to_string(id % S);
-    }
-};
-
-// Per rank, per action (and one more for the end of the list): the messages this rank sent whose sends it
-// waits for to finish there.
-using SendWaits = std::vector<std::vector<std::vector<int>>>;
-
-// Each rank's staging plan, as the executor makes it (pipeline_create).
-std::vector<PipelineGradientSends> staging_plans(const ActionLists& lists, int m, int V) {
-    std::vector<PipelineGradientSends> plans;
-    for (int r = 0; r < (int)lists.size(); r++) plans.push_back(pipeline_gradient_sends(lists, r, m, V));
-    return plans;
-}
-
-// What each rank waits for in llmc/parallel/pipeline.h's pipeline_step: before action i, the gradients in the staging
-// buffers of finish_before[i]; before a forward, the output last sent from the record it takes; at the end,
-// every send (pipeline_finish_sends). Without `staging`, the naive rule instead: a gradient is waited for
-// before the next forward that takes the record of the backward that sent it (or at the end).
-// Walking each list it checks a staging plan on its own: a buffer is handed to a new send only once the rank
-// has waited for the one before, a wait names a buffer in flight, only a backward that sends a gradient gets
-// a buffer, and none is in flight after the waits at the end.
-std::string send_waits(const ActionLists& lists, int m, int V, const std::vector<PipelineGradientSends>* staging,
-                       SendWaits* waits) {
-    const int p = (int)lists.size(), S = p * V;
-    const Messages messages{m, S};
-    waits->assign(p, {});
-    for (int r = 0; r < p; r++) {
-        const std::vector<PipelineAction>& actions = lists[r];
-        const size_t n = actions.size();
-        std::vector<std::vector<int>>& wait = (*waits)[r];
-        wait.assign(n + 1, {});
-        int pool = 0;
-        const std::vector<int> record = pipeline_record_assignment(actions, &pool);
-        std::vector<int> output_of(pool, -1), gradient_of(pool, -1);  // per record: its last send of each kind
-        const PipelineGradientSends* plan = staging ? &(*staging)[r] : nullptr;
-        std::vector<int> in_buffer;  // per staging buffer: the message in flight from it, or -1
-        if (plan) {
-            if (plan->buffer.size() != n || plan->finish_before.size() != n + 1)
-                return "rank " + std::to_string(r) + ": the plan's sizes do not match the list";
-            in_buffer.assign(plan->buffers, -1);
-        }
-        const std::string rank = "rank " + std::to_string(r) + " ";
-        for (size_t i = 0; i <= n; i++) {
-            const std::string where = i < n ? "at " + pipeline_action_label(actions[i], true) : "at the end";
-            if (plan)
-                for (int b : plan->finish_before[i]) {
-                    if (b < 0 || b >= plan->buffers || in_buffer[b] < 0)
-                        return rank + "waits " + where + " for staging buffer " + std::to_string(b) +
-                               ", which has no send in flight";
-                    wait[i].push_back(in_buffer[b]);
-                    in_buffer[b] = -1;
-                }
-            if (i == n) break;
-            const PipelineAction& a = actions[i];
-            const int s = pipeline_model_stage(r, a.virtual_stage, p), R = record[i];
-            if (a.kind == PipelineAction::Forward) {
-                for (int* last : {&output_of[R], &gradient_of[R]}) {
-                    if (*last >= 0) wait[i].push_back(*last);
-                    *last = -1;
-                }
-                if (s < S - 1) output_of[R] = messages.id(PipelineAction::Forward, a.microbatch, s);
-                continue;
-            }
-            const int sent = s > 0 ? messages.id(PipelineAction::Backward, a.microbatch, s) : -1;
-            if (!plan) {
-                gradient_of[R] = sent;
-                continue;
-            }
-            const int b = plan->buffer[i];
-            if (sent < 0 && b != -1)
-                return rank + "gives staging buffer " + std::to_string(b) + " " + where + ", which sends no gradient";
-            if (sent < 0) continue;
-            if (b < 0 || b >= plan->buffers)
-                return rank + where + ": staging buffer " + std::to_string(b) + " does not exist";
-            if (in_buffer[b] >= 0)
-                return rank + "hands staging buffer " + std::to_string(b) + " " + where + " to a new send while " +
-                       messages.name(in_buffer[b]) + " is still in flight from it";
-            in_buffer[b] = sent;
-        }
-        for (int b = 0; b < (int)in_buffer.size(); b++)
-            if (in_buffer[b] >= 0)
-                return rank + "ends with " + messages.name(in_buffer[b]) + " in flight from staging buffer " +
-                       std::to_string(b);
-        for (int last : output_of) if (last >= 0) wait[n].push_back(last);   // pipeline_finish_sends
-        for (int last : gradient_of) if (last >= 0) wait[n].push_back(last);
-    }
-    return "";
-}
-
-// Runs the lists with sends that finish only once their receiver has taken the message: a rank runs its
-// next action when every send it waits for there has been taken and the message the action receives has
-// been sent (a forward at stage s > 0 receives the output of stage s - 1, a backward at s < S - 1 the input
-// gradient of stage s + 1); the action then takes that message and sends its own. A rank is through when it
-// has run its list and the waits at the end. Every condition, once true, stays true, so the order in which
-// the loop visits the ranks changes nothing. The messages between two ranks over one link are also taken in
-// the order they were sent (check_link_order), so sends that queue behind each other on one stream change
-// nothing either. Returns "" when every rank gets through, else "deadlock: " and what each stuck rank waits for.
-std::string simulate_sends(const ActionLists& lists, int m, int V, const SendWaits& waits) {
-    const int p = (int)lists.size(), S = p * V;
-    const Messages messages{m, S};
-    std::vector<char> sent(messages.count(), 0), taken(messages.count(), 0);
-    // the message action a of rank r receives, and the one it sends (-1: none)
-    auto receives = [&](int r, const PipelineAction& a) {
-        const int s = pipeline_model_stage(r, a.virtual_stage, p);
-        if (a.kind == PipelineAction::Forward) return s > 0 ? messages.id(a.kind, a.microbatch, s - 1) : -1;
-        return s < S - 1 ? messages.id(a.kind, a.microbatch, s + 1) : -1;
-    };
-    auto sends = [&](int r, const PipelineAction& a) {
-        const int s = pipeline_model_stage(r, a.virtual_stage, p);
-        if (a.kind == PipelineAction::Forward) return s < S - 1 ? messages.id(a.kind, a.microbatch, s) : -1;
-        return s > 0 ? messages.id(a.kind, a.microbatch, s) : -1;
-    };
-    std::vector<size_t> next(p, 0);
-    std::vector<char> through(p, 0);
-    for (bool progressed = true; progressed;) {
-        progressed = false;
-        for (int r = 0; r < p; r++)
-            while (!through[r]) {
-                const size_t i = next[r];
-                bool ready = true;
-                for (int w : waits[r][i]) ready &= taken[w] != 0;
-                if (i == lists[r].size()) {
-                    if (!ready) break;
-                    through[r] = 1;
-                    progressed = true;
-                    break;
-                }
-                const PipelineAction& a = lists[r][i];
-                const int in = receives(r, a);
-                if (!ready || (in >= 0 && !sent[in])) break;
-                if (in >= 0) taken[in] = 1;
-                const int out = sends(r, a);
-                if (out >= 0) sent[out] = 1;
-                next[r]++;
-                progressed = true;
-            }
-    }
-    std::string stuck;
-    for (int r = 0; r < p; r++) {
-        if (through[r]) continue;
-        const size_t i = next[r];
-        std::string what;
-        for (int w : waits[r][i])
-            if (!taken[w]) what += (what.empty() ? "" : ", ") + messages.name(w) + " to be taken";
-        if (i < lists[r].size()) {
-            const int in = receives(r, lists[r][i]);
-            if (in >= 0 && !sent[in]) what += (what.empty() ? "" : ", ") + messages.name(in) + " to be sent";
-        }
-        stuck += (stuck.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " waits " +
-                 (i < lists[r].size() ? "at " + pipeline_action_label(lists[r][i], true) : std::string("at the end")) +
-                 " for " + what;
-    }
-    return stuck.empty() ? "" : "deadlock: " + stuck;
-}
-
-// NCCL pairs the sends and receives between two ranks over one communicator in the order each side posts
-// them (no tags): on each link (activations, gradients), the order in which a rank sends to a neighbour must
-// be the order in which the neighbour receives.
-std::string check_link_order(const ActionLists& lists, int m, int V) {
-    const int p = (int)lists.size(), S = p * V;
-    const Messages messages{m, S};
-    std::map<std::tuple<int, int, int>, std::vector<int>> sends, receipts;  // (link, from, to) -> messages
-    for (int r = 0; r < p; r++)
-        for (const PipelineAction& a : lists[r]) {
-            const int s = pipeline_model_stage(r, a.virtual_stage, p), j = a.microbatch;
-            if (a.kind == PipelineAction::Forward) {
-                if (s > 0) receipts[{0, (s - 1) % p, r}].push_back(messages.id(PipelineAction::Forward, j, s - 1));
-                if (s < S - 1) sends[{0, r, (s + 1) % p}].push_back(messages.id(PipelineAction::Forward, j, s));
-            } else {
-                if (s < S - 1) receipts[{1, (s + 1) % p, r}].push_back(messages.id(PipelineAction::Backward, j, s + 1));
-                if (s > 0) sends[{1, r, (s - 1) % p}].push_back(messages.id(PipelineAction::Backward, j, s));
-            }
-        }
-    if (sends.size() != receipts.size()) return "a link carries sends without receives, or receives without sends";
-    for (const auto& [link, sent] : sends) {
-        const auto [kind, from, to] = link;
-        const auto received = receipts.find(link);
-        if (received == receipts.end() || received->second != sent)
-            return std::string(kind == 0 ? "activation" : "gradient") + " link from rank " + std::to_string(from) +
-                   " to rank " + std::to_string(to) + ": sent and received in different orders";
-    }
-    return "";
-}
-
 void test_records() {
     printf("activation records (pipeline_record_assignment)\n");
     lab.quiet = true;
     for (PipelineSchedule schedule :
-         {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB, PipelineSchedule::Interleaved}) {
+         {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB, PipelineSchedule::Interleaved,
+          PipelineSchedule::ZeroBubbleH1}) {
         const int passed_before = lab.passed, failed_before = lab.failed;
-        const std::vector<Layout> layouts = grid(schedule);
-        for (const Layout& l : layouts) {
-            std::string wrong, pools;
+        const std::vector<ScheduleLayout> layouts = grid(schedule);
+        for (const ScheduleLayout& l : layouts) {
+            std::string wrong, pools, weight_pools;
             for (int r = 0; r < l.p; r++) {
                 const std::vector<PipelineAction> actions = pipeline_actions(l.schedule, r, l.p, l.m, l.V);
                 int pool = 0;
@@ -258,10 +66,18 @@ void test_records() {
                 if (pool != peak)
                     pools += " rank " + std::to_string(r) + ": " + std::to_string(pool) + " not " +
                              std::to_string(peak);
+                int weight_pool = 0;
+                pipeline_weight_record_assignment(actions, &weight_pool);
+                const int weight_peak = pipeline_peak_weight_records(l.schedule, r, l.p, l.m, l.V);
+                if (weight_pool != weight_peak)
+                    weight_pools += " rank " + std::to_string(r) + ": " + std::to_string(weight_pool) + " not " +
+                                    std::to_string(weight_peak);
             }
             check_true(l.name() + ": each backward uses its forward's record, none used twice at once", wrong.empty(),
                        wrong);
             check_true(l.name() + ": the pool is pipeline_peak_activations records", pools.empty(), pools);
+            check_true(l.name() + ": the weight records are pipeline_peak_weight_records", weight_pools.empty(),
+                       weight_pools);
         }
         printf("  %-12s %3zu layouts: %d checks passed, %d failed\n", pipeline_schedule_name(schedule), layouts.size(),
                lab.passed - passed_before, lab.failed - failed_before);
@@ -293,122 +109,59 @@ void test_records() {
         "B1.0 has no forward before it");
 }
 
-void test_gradient_sends() {
-    printf("gradient staging buffers (pipeline_gradient_sends), sends that finish when taken\n");
+void test_message_groups() {
+    printf("groups of sends and receives (pipeline_message_groups) under synchronous semantics\n");
     lab.quiet = true;
-    int interleaved_layouts = 0, naive_deadlocks = 0;
-    for (PipelineSchedule schedule :
-         {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB, PipelineSchedule::Interleaved}) {
+    int ungrouped_deadlocks = 0, layouts_seen = 0;
+    for (PipelineSchedule schedule : {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB, PipelineSchedule::Interleaved,
+                                      PipelineSchedule::ZeroBubbleH1}) {
         const int passed_before = lab.passed, failed_before = lab.failed;
-        const std::vector<Layout> layouts = grid(schedule);
-        for (const Layout& l : layouts) {
-            const ActionLists lists = all_lists(l);
-            const std::vector<PipelineGradientSends> plans = staging_plans(lists, l.m, l.V);
-            SendWaits waits, naive;
-            const std::string plan = send_waits(lists, l.m, l.V, &plans, &waits);
-            check_true(l.name() + ": no staging buffer reused while its send is in flight", plan.empty(), plan);
-            const std::string order = check_link_order(lists, l.m, l.V);
-            check_true(l.name() + ": each link's messages in the same order at both ends", order.empty(), order);
-            if (!plan.empty()) continue;
-            const std::string run = simulate_sends(lists, l.m, l.V, waits);
-            check_true(l.name() + ": every rank gets through its list (no deadlock)", run.empty(), run);
-            send_waits(lists, l.m, l.V, nullptr, &naive);
-            const std::string naive_run = simulate_sends(lists, l.m, l.V, naive);
-            if (schedule != PipelineSchedule::Interleaved) {
-                check_true(l.name() + ": the naive rule gets through too", naive_run.empty(), naive_run);
-            } else {
-                interleaved_layouts++;
-                naive_deadlocks += !naive_run.empty();
-            }
+        for (const ScheduleLayout& l : grid(schedule)) {
+            std::vector<std::vector<std::vector<PipelineMessage>>> groups;
+            for (int r = 0; r < l.p; r++)
+                groups.push_back(pipeline_message_groups(pipeline_actions(l.schedule, r, l.p, l.m, l.V), r, l.p, l.V));
+            const std::string problem = pipeline_check_message_groups(groups);
+            check_true(l.name() + ": the groups complete, paired in order", problem.empty(), problem);
+            layouts_seen++;
+            ungrouped_deadlocks += !pipeline_check_message_groups(groups, /*one_at_a_time=*/true).empty();
         }
-        printf("  %-12s %3zu layouts: %d checks passed, %d failed\n", pipeline_schedule_name(schedule), layouts.size(),
-               lab.passed - passed_before, lab.failed - failed_before);
+        printf("  %-12s %d checks passed, %d failed\n", pipeline_schedule_name(schedule), lab.passed - passed_before,
+               lab.failed - failed_before);
     }
     lab.quiet = false;
-    printf("  the naive rule (a gradient's send waited for when its record is taken again) deadlocks %d of the %d "
-           "interleaved layouts\n", naive_deadlocks, interleaved_layouts);
-    // the claim above pipeline_gradient_sends: the naive rule deadlocks interleaved p=2 m=4 V=2
-    {
-        const ActionLists lists = all_lists({PipelineSchedule::Interleaved, 2, 4, 2});
-        SendWaits naive;
-        send_waits(lists, 4, 2, nullptr, &naive);
-        const std::string run = simulate_sends(lists, 4, 2, naive);
-        check_true("interleaved p=2 m=4 V=2 under the naive rule: deadlock", run.find("deadlock: ") == 0, run);
-    }
-    // the buffers each rank needs, p=4 m=8, beside its records
-    for (const Layout& l : {Layout{PipelineSchedule::GPipe, 4, 8, 1}, Layout{PipelineSchedule::OneFOneB, 4, 8, 1},
-                            Layout{PipelineSchedule::Interleaved, 4, 8, 2},
-                            Layout{PipelineSchedule::Interleaved, 4, 8, 4}}) {
-        const std::vector<PipelineGradientSends> plans = staging_plans(all_lists(l), l.m, l.V);
-        std::string staging, records;
-        for (int r = 0; r < l.p; r++) {
-            staging += " " + std::to_string(plans[r].buffers);
-            records += " " + std::to_string(pipeline_peak_activations(l.schedule, r, l.p, l.m, l.V));
-        }
-        printf("  %-23s staging buffers per rank:%s   (records:%s)\n", l.name().c_str(), staging.c_str(),
-               records.c_str());
-    }
-
-    // the checkers say no (the simulator's "deadlock" is shown by the naive rule above)
-    {
-        // 1f1b p=4 m=8 without rank 1's first wait for a gradient: its buffer is handed out again while the
-        // send is in flight
-        const Layout l = {PipelineSchedule::OneFOneB, 4, 8, 1};
-        const ActionLists lists = all_lists(l);
-        std::vector<PipelineGradientSends> plans = staging_plans(lists, l.m, l.V);
-        std::vector<std::vector<int>>& finish = plans[1].finish_before;
-        const auto first =
-            std::find_if(finish.begin(), finish.end(), [](const std::vector<int>& b) { return !b.empty(); });
-        if (first != finish.end()) first->erase(first->begin());
-        SendWaits waits;
-        const std::string problem = send_waits(lists, l.m, l.V, &plans, &waits);
-        check_true("1f1b p=4 m=8, rank 1 skips its first wait: a buffer reused in flight",
-                   problem.find("rank 1 hands staging buffer") == 0, problem);
-    }
-    {
-        // rank 0 sends F1 before F0 while rank 1 receives F0 first
-        ActionLists lists = all_lists({PipelineSchedule::GPipe, 2, 2, 1});
-        std::swap(lists[0][0], lists[0][1]);
-        check_true("the link order checker: F1 sent before F0, F0 received first",
-                   !check_link_order(lists, 2, 1).empty(), check_link_order(lists, 2, 1));
-    }
+    printf("  one operation at a time deadlocks %d of the %d layouts\n", ungrouped_deadlocks, layouts_seen);
+    // the structure NCCL deadlocks on: 1f1b p=2 m=4, each send and receive alone
+    std::vector<std::vector<std::vector<PipelineMessage>>> one_f_one_b;
+    for (int r = 0; r < 2; r++)
+        one_f_one_b.push_back(pipeline_message_groups(pipeline_actions(PipelineSchedule::OneFOneB, r, 2, 4, 1), r, 2, 1));
+    const std::string alone = pipeline_check_message_groups(one_f_one_b, /*one_at_a_time=*/true);
+    check_true("1f1b p=2 m=4, operations one at a time: both ranks wait in a send",
+               alone == "deadlock: rank 0 waits to send the activations of microbatch 1 from stage 0 to 1; rank 1 "
+                        "waits to send the gradient of microbatch 0 from stage 1 to 0",
+               alone);
+    check_true("1f1b p=2 m=4 rank 0: F0's send alone, then F1's send with B0's receive",
+               one_f_one_b[0][1].size() == 1 && one_f_one_b[0][1][0].send && one_f_one_b[0][2].size() == 2 &&
+                   one_f_one_b[0][2][0].send && !one_f_one_b[0][2][1].send && one_f_one_b[0][2][1].gradient);
+    // the checker says no to messages paired out of order: rank 0's first two sends swapped
+    std::vector<std::vector<std::vector<PipelineMessage>>> swapped = one_f_one_b;
+    std::swap(swapped[0][1][0], swapped[0][2][0]);
+    const std::string mispaired = pipeline_check_message_groups(swapped);
+    check_true("the pairing checker: sends out of order", mispaired.find("mismatched messages") == 0, mispaired);
 }
 
-// Which chunks each rank holds (pipeline_held_chunks), for p <= 8, V <= 4 and L = S, 2S, 3S layers (S = p V
-// stages, l = L / S layers each): block b on the rank of stage b / l, the embedding chunk on rank 0 (stage 0)
-// and on the last stage's rank, the final layernorm on the last stage's rank only.
+// Which chunks each rank holds (pipeline_held_chunks) for uneven stages: 9 layers as 3, 2, 2, 2 over p = 4, and
+// as 2, 3, 2, 2 over p = 2 x V = 2 (rank 1: stages 1 and 3, layers 2-4 and 7-8, and the last stage's chunks).
 void test_held_chunks() {
-    printf("held chunks (pipeline_held_chunks)\n");
-    std::string wrong;
-    int layouts = 0;
-    for (int p = 1; p <= 8; p++)
-        for (int V = 1; V <= 4; V++)
-            for (int per_stage = 1; per_stage <= 3; per_stage++) {
-                const int S = p * V, L = S * per_stage, last_rank = (S - 1) % p;
-                const std::string at =
-                    " p=" + std::to_string(p) + " V=" + std::to_string(V) + " L=" + std::to_string(L);
-                std::vector<std::vector<char>> held;
-                for (int r = 0; r < p; r++) held.push_back(pipeline_held_chunks(r, p, V, L));
-                layouts++;
-                for (int r = 0; r < p; r++)
-                    if ((int)held[r].size() != L + 2) wrong += at + ": rank " + std::to_string(r) + " has " +
-                                                               std::to_string(held[r].size()) + " flags";
-                if (!wrong.empty()) continue;
-                for (int chunk = 0; chunk < L + 2; chunk++) {
-                    std::vector<int> holders;
-                    for (int r = 0; r < p; r++)
-                        if (held[r][chunk]) holders.push_back(r);
-                    std::vector<int> want;
-                    if (chunk == 0) want = p > 1 ? std::vector<int>{0, last_rank} : std::vector<int>{0};
-                    else if (chunk == L + 1) want = {last_rank};
-                    else want = {((chunk - 1) / per_stage) % p};
-                    if (holders != want) wrong += at + ": chunk " + std::to_string(chunk) + " held by the wrong ranks";
-                }
-            }
-    check_true("every block on its stage's rank, embeddings on ranks 0 and p-1, final chunk on p-1 (" +
-                   std::to_string(layouts) + " layouts)",
-               wrong.empty(), wrong.substr(0, 300));
-    const std::vector<char> rank1 = pipeline_held_chunks(1, 2, 2, 8);  // stages 1 and 3: blocks 2-3 and 6-7
-    check_true("p=2 V=2 L=8, rank 1: embeddings, blocks 2 3 6 7, final",
-               rank1 == std::vector<char>{1, 0, 0, 1, 1, 0, 0, 1, 1, 1});
+    printf("held chunks of uneven stages (pipeline_held_chunks)\n");
+    auto text = [](const std::vector<char>& held) {
+        std::string t;
+        for (char c : held) t += c ? '1' : '0';
+        return t;
+    };
+    // chunks: embeddings, blocks 0..8, final layernorm
+    check_true("p=4, 3,2,2,2: rank 0", text(pipeline_held_chunks(0, 4, 1, {3, 2, 2, 2})) == "11110000000");
+    check_true("p=4, 3,2,2,2: rank 1", text(pipeline_held_chunks(1, 4, 1, {3, 2, 2, 2})) == "00001100000");
+    check_true("p=4, 3,2,2,2: rank 3", text(pipeline_held_chunks(3, 4, 1, {3, 2, 2, 2})) == "10000000111");
+    check_true("p=2 V=2, 2,3,2,2: rank 0", text(pipeline_held_chunks(0, 2, 2, {2, 3, 2, 2})) == "11100011000");
+    check_true("p=2 V=2, 2,3,2,2: rank 1", text(pipeline_held_chunks(1, 2, 2, {2, 3, 2, 2})) == "10011100111");
 }

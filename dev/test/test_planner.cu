@@ -161,13 +161,28 @@ static void test_by_hand() {
     check_true("step == (compute + tp + cp + pp) / (1 - bubble) + exposed dp",
                std::fabs(plan.step_seconds - stretched) <= 1e-12 * stretched, describe(plan.step_seconds, stretched));
 
-    // refused layouts carry the checks' own lines
+    // Llama 3 405B's 126 layers over Meta's 16 stages: balanced by cost, each stage's share printed
     l = llama_layout(8192, 1, RecomputePolicy::Full, true);
     GPT2Config llama_depth = llama_class_config(8192);
     llama_depth.num_layers = 126;
     plan = plan_layout(llama_depth, l, hw);
-    check_true("126 layers on pp 16: refused", plan.error.find("126 layers cannot be cut into --pp 16") == 0,
-               plan.error);
+    int layers_planned = 0;
+    for (int n : plan.stage_layers) layers_planned += n;
+    check_true("126 layers on pp 16: planned, 16 stages of 126 layers in all",
+               plan.error.empty() && plan.stage_layers.size() == 16 && layers_planned == 126, plan.error);
+    {
+        char* text = nullptr;
+        size_t size = 0;
+        FILE* out = open_memstream(&text, &size);
+        print_layout_plan(llama_depth, plan, hw, out);
+        fclose(out);
+        const std::string printed(text, size);
+        free(text);
+        check_true("126 layers on pp 16: --plan prints every stage's layers and time",
+                   printed.find("stage 0 (pp rank 0): 8 layers + embedding") != std::string::npos &&
+                       printed.find("stage 15 (pp rank 15): 7 layers + LM head and loss") != std::string::npos,
+                   printed.substr(0, 2000));
+    }
     l.cp = 2;
     plan = plan_layout(llama_class_config(8192), l, hw);
     check_true("sequence parallel with cp 2 at 8K: 4096 positions per cp rank split over tp 8", plan.error.empty(),

@@ -5,7 +5,7 @@ every layer (one rank; or, under mpirun, the world split over --tp, --cp and dat
 CPU build:
   - the whole model as one stage: gpt2_backward fused, and as B then W with a weight-gradient record;
   - the model as two stages of different sizes on records sized for the longer one (a rank holding two
-    stages, as zbv's first rank does), each stage's B, then their W, fused and split;
+    stages, as an interleaved rank does), each stage's B, then their W, fused and split;
 under every recompute policy (none, selective, full every 1, 2 and 4 blocks) and ZeRO stages 0, 2 and 3 (on
 one rank too the working buffers, the reductions into the shard and the gathers all run), over two
 microbatches of gradient accumulation. W adds exactly what the fused pass adds, in the same order (the matmuls' dW +=

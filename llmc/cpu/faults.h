@@ -12,6 +12,10 @@ nothing and cannot be hurt by a stray variable).
         named POINT during step STEP; the points: "mid-step" (train_gpt.cu: the step's forward and backward
         passes are issued, the gradients not yet reduced) and "before-main-file" (llmc/parallel/reshard.h:
         every shard file of the checkpoint of step STEP is written, the main file is not)
+    LLMC_FAULT_UNGROUPED_P2P=1
+        the pipeline issues each send and receive alone (llmc/parallel/pipeline.h's pipeline_exchange), each
+        blocking like a lone NCCL kernel, instead of the group the sends and receives of one point form: the
+        structure that deadlocks 1F1B on a GPU, which the test then sees deadlock here too
 A malformed value stops the program with one line, so a test cannot pass by injecting nothing.
 */
 #pragma once
@@ -86,7 +90,20 @@ inline void fault_point(const char* point, int rank, long long step) {
     fflush(stderr);
     raise(SIGKILL);
 }
+
+// Whether LLMC_FAULT_UNGROUPED_P2P=1 asks for point-to-point operations one at a time (read once).
+inline bool fault_ungrouped_point_to_point() {
+    static const bool ungrouped = [] {
+        const char* name = "LLMC_FAULT_UNGROUPED_P2P";
+        const std::vector<std::string> f = fault_fields(name, 1);
+        if (f.empty()) return false;
+        if (f[0] != "1") fatal("%s=%s: expected 1", name, f[0].c_str());
+        return true;
+    }();
+    return ungrouped;
+}
 #else
 inline const PlannedBitFlip* planned_bit_flip() { return nullptr; }
 inline void fault_point(const char*, int, long long) {}
+inline bool fault_ungrouped_point_to_point() { return false; }
 #endif

@@ -16,13 +16,10 @@ The operations, with `count` in elements and every buffer in device memory of T 
   reduce_scatter(comm, out, in, count, op, stream) in holds size*count; out = block `rank` of the sum/mean/max
   all_gather(comm, out, in, count, stream)         out holds size*count; block r is rank r's `in`
   broadcast(comm, data, count, root, stream)       everyone's data = root's data
-  send(comm, data, count, peer, stream)            point to point; the peer calls recv with the same count
-  recv(comm, data, count, peer, stream)
+  send_and_receive(operations, stream)                     point to point: sends and receives (PointToPoint) as one
+                                                   group that completes when all of them have
   send_recv(comm, send_data, send_peer, recv_data, recv_peer, count, stream)
                                                    a send and a receive at once: a ring shift cannot deadlock
-  send_async(comm, data, count, peer, stream, request)
-                                                   a send that does not hold up the sender's stream; the
-  send_finish(request, stream)                     data stays untouched until send_finish
   all_to_all(comm, out, in, count, stream)         block p of in goes to rank p; block p of out came from p
   barrier(comm, stream)                            returns when every rank got there (the stream drained)
 The reductions (op): Sum; Average, which means sum / size; Max, the elementwise maximum. The CPU build
@@ -47,7 +44,7 @@ in fp32: the count describes the algorithm, so CPU runs predict GPU traffic):
   broadcast       (n-1)/n * count*s       a pipelined chain root -> ... -> last: every rank but the last
                                           forwards the whole buffer. Charged as the average over ranks, so
                                           every rank counts the same and the ranks' sum is the true (n-1)*count*s
-  send            count*s                 (recv counts nothing: the sender pays); send_async alike
+  send_and_receive count*s per send       (a receive counts nothing: the sender pays)
   send_recv       count*s
   all_to_all      (n-1) * count*s         one block to each other rank; its own block is a local copy
   barrier         0                       synchronisation, not data
@@ -285,95 +282,56 @@ void broadcast(Communicator& comm, T* data, size_t count, int root, cudaStream_t
 #endif
 }
 
-// Messages between the same two ranks arrive in the order they were sent.
-template <typename T>
-void send(Communicator& comm, const T* data, size_t count, int peer, cudaStream_t stream) {
-    comm.bytes_sent += count * sizeof(T);
-#ifdef LLMC_CPU
-    const MPI_Comm group = comm.mpi;
-    const int watch = comm.watch, me = comm.rank;
-    cudacpu::on_stream(stream, [=] {
-        CollectiveWait wait(watch, me, "send", peer);
-        mpiCheck(MPI_Send(data, mpi_count(count), mpi_raw_type<T>(), peer, 0, group));
-    });
-#else
-    ncclCheck(ncclSend(data, count, nccl_type<T>(), peer, comm.nccl, stream));
-    watch_enqueued(comm.watch, comm.rank, "send", peer, stream);
-#endif
-}
-
-template <typename T>
-void recv(Communicator& comm, T* data, size_t count, int peer, cudaStream_t stream) {
-#ifdef LLMC_CPU
-    const MPI_Comm group = comm.mpi;
-    const int watch = comm.watch, me = comm.rank;
-    cudacpu::on_stream(stream, [=] {
-        CollectiveWait wait(watch, me, "receive", peer);
-        mpiCheck(MPI_Recv(data, mpi_count(count), mpi_raw_type<T>(), peer, 0, group, MPI_STATUS_IGNORE));
-    });
-#else
-    ncclCheck(ncclRecv(data, count, nccl_type<T>(), peer, comm.nccl, stream));
-    watch_enqueued(comm.watch, comm.rank, "receive", peer, stream);
-#endif
-}
-
-// A send in flight (send_async), until send_finish.
-//   CPU: MPI_Isend when the stream gets there; send_finish waits for it (MPI_Wait) in stream order.
-//   GPU: ncclSend on a stream of its own (`send_stream`, which first waits for the caller's stream, where the
-//        data is made); send_finish makes the caller's stream wait for it.
-// Pipeline neighbours send to each other at the same moment (1F1B: one the activations, the other a
-// gradient): a send that held up its rank until the peer received would deadlock them.
-struct SendRequest {
-#ifdef LLMC_CPU
-    MPI_Request mpi = MPI_REQUEST_NULL;
-    int watch = -1, rank = 0, peer = -1;  // where send_finish waits, for the watchdog
-#else
-    cudaEvent_t done = nullptr;
-#endif
+// Point to point: a group of sends and receives that complete together.
+//
+// NCCL's send and receive block the GPU until the peer arrives, and operations that must progress at the same
+// time have to be in one group (ncclGroupStart/End): 1F1B's neighbours each send one message and receive the
+// other's at the same moment, and two lone operations would wait for each other forever. So every pipeline
+// transfer goes through send_and_receive(), which issues its operations as one group that completes when all of
+// them have. The CPU build gives the same semantics at every message size: its sends are synchronous
+// (MPI_Issend completes only once the matching receive has started), where MPI's plain sends return early
+// for small messages and would hide a structure that deadlocks on a GPU. Messages between the same two
+// ranks on one communicator are paired in the order they are issued (NCCL has no tags).
+struct PointToPoint {
+    enum Kind { Send, Receive } kind;
+    Communicator* comm;
+    floatX* data;
+    size_t count;
+    int peer;  // the other end's rank in comm
 };
-inline void send_request_create(SendRequest& request) {
-#ifndef LLMC_CPU
-    cudaCheck(cudaEventCreateWithFlags(&request.done, cudaEventDisableTiming));
-#endif
-    (void)request;
-}
-inline void send_request_destroy(SendRequest& request) {
-#ifndef LLMC_CPU
-    cudaCheck(cudaEventDestroy(request.done));
-#endif
-    request = SendRequest{};
-}
 
-template <typename T>
-void send_async(Communicator& comm, const T* data, size_t count, int peer, cudaStream_t stream,
-                cudaStream_t send_stream, SendRequest* request) {
-    comm.bytes_sent += count * sizeof(T);
-#ifdef LLMC_CPU
-    (void)send_stream;
-    const MPI_Comm group = comm.mpi;
-    request->watch = comm.watch, request->rank = comm.rank, request->peer = peer;
-    cudacpu::on_stream(stream, [=] {
-        mpiCheck(MPI_Isend(data, mpi_count(count), mpi_raw_type<T>(), peer, 0, group, &request->mpi));
-    });
-#else
-    cudaCheck(cudaEventRecord(request->done, stream));  // the data is ready
-    cudaCheck(cudaStreamWaitEvent(send_stream, request->done, 0));
-    ncclCheck(ncclSend(data, count, nccl_type<T>(), peer, comm.nccl, send_stream));
-    watch_enqueued(comm.watch, comm.rank, "send", peer, send_stream);
-    cudaCheck(cudaEventRecord(request->done, send_stream));
-#endif
-}
-
-// Work issued on `stream` after this may change the data of the send (a finished or never-started
-// request returns at once).
-inline void send_finish(SendRequest* request, cudaStream_t stream) {
+inline void send_and_receive(const std::vector<PointToPoint>& operations, cudaStream_t stream) {
+    if (operations.empty()) return;
+    // the operation the watchdog names if the group stalls: a receive (what this rank waits for), else a send
+    const PointToPoint* named = &operations[0];
+    for (const PointToPoint& op : operations)
+        if (op.kind == PointToPoint::Receive) { named = &op; break; }
+    for (const PointToPoint& op : operations)
+        if (op.kind == PointToPoint::Send) op.comm->bytes_sent += op.count * sizeof(floatX);
+    const int watch = named->comm->watch, me = named->comm->rank, peer = named->peer;
+    const char* what = named->kind == PointToPoint::Receive ? "receive" : "send";
 #ifdef LLMC_CPU
     cudacpu::on_stream(stream, [=] {
-        CollectiveWait wait(request->watch, request->rank, "send", request->peer);
-        mpiCheck(MPI_Wait(&request->mpi, MPI_STATUS_IGNORE));
+        CollectiveWait wait(watch, me, what, peer);
+        std::vector<MPI_Request> requests(operations.size(), MPI_REQUEST_NULL);
+        for (size_t i = 0; i < operations.size(); i++) {
+            const PointToPoint& op = operations[i];
+            const int count = mpi_count(op.count);
+            if (op.kind == PointToPoint::Send)
+                mpiCheck(MPI_Issend(op.data, count, mpi_raw_type<floatX>(), op.peer, 0, op.comm->mpi, &requests[i]));
+            else
+                mpiCheck(MPI_Irecv(op.data, count, mpi_raw_type<floatX>(), op.peer, 0, op.comm->mpi, &requests[i]));
+        }
+        mpiCheck(MPI_Waitall((int)requests.size(), requests.data(), MPI_STATUSES_IGNORE));
     });
 #else
-    cudaCheck(cudaStreamWaitEvent(stream, request->done, 0));
+    ncclCheck(ncclGroupStart());
+    for (const PointToPoint& op : operations) {
+        if (op.kind == PointToPoint::Send) ncclCheck(ncclSend(op.data, op.count, nccl_type<floatX>(), op.peer, op.comm->nccl, stream));
+        else ncclCheck(ncclRecv(op.data, op.count, nccl_type<floatX>(), op.peer, op.comm->nccl, stream));
+    }
+    ncclCheck(ncclGroupEnd());
+    watch_enqueued(watch, me, what, peer, stream);
 #endif
 }
 
@@ -740,12 +698,28 @@ inline Communicator comm_init_world(const std::string& nccl_init_file = "", doub
 }
 
 // A subgroup: ranks passing the same `color` form one group, ordered by `key`. Every rank of `parent`
-// must call this together. `name` says what the group is for, in the watchdog's error line.
+// must call this together. `name` says what the group is for, in the watchdog's error line. A rank that
+// passes kNotInGroup joins no group and gets an empty Communicator (size 0) that it need not use: NCCL
+// then builds no communicator for it (NCCL_SPLIT_NOCOLOR), nor MPI (MPI_UNDEFINED).
+constexpr int kNotInGroup = -1;
+
 inline Communicator comm_split(Communicator& parent, int color, int key, const std::string& name) {
     // the members' world ranks, in group order (by key, then by place in the parent), for the watchdog;
     // colors and keys are small integers, exact as floats
     const std::vector<float> colors = gather_values(parent, (float)color, nullptr);
     const std::vector<float> keys = gather_values(parent, (float)key, nullptr);
+    Communicator group;
+    const bool member = color != kNotInGroup;
+#ifdef LLMC_CPU
+    mpiCheck(MPI_Comm_split(parent.mpi, member ? color : MPI_UNDEFINED, key, &group.mpi));
+#else
+    ncclCheck(ncclCommSplit(parent.nccl, member ? color : NCCL_SPLIT_NOCOLOR, key, &group.nccl, nullptr));
+#endif
+    if (!member) {
+        group.rank = -1;
+        group.size = 0;
+        return group;
+    }
     std::vector<int> places;
     for (int p = 0; p < parent.size; p++)
         if (colors[p] == (float)color) places.push_back(p);
@@ -753,13 +727,10 @@ inline Communicator comm_split(Communicator& parent, int color, int key, const s
     const std::vector<int> parent_members = watched_members(parent.watch);
     std::vector<int> members;
     for (int p : places) members.push_back(parent_members.empty() ? p : parent_members[p]);
-    Communicator group;
 #ifdef LLMC_CPU
-    mpiCheck(MPI_Comm_split(parent.mpi, color, key, &group.mpi));
     mpiCheck(MPI_Comm_rank(group.mpi, &group.rank));
     mpiCheck(MPI_Comm_size(group.mpi, &group.size));
 #else
-    ncclCheck(ncclCommSplit(parent.nccl, color, key, &group.nccl, nullptr));
     ncclCheck(ncclCommUserRank(group.nccl, &group.rank));
     ncclCheck(ncclCommCount(group.nccl, &group.size));
     make_barrier_token(group);

@@ -28,7 +28,7 @@ struct Layout {
     ContextParallelMode cp_mode = ContextParallelMode::Ring;
     SequenceSplit cp_split = SequenceSplit::Zigzag;
     PipelineSchedule schedule = PipelineSchedule::OneFOneB;
-    int pp_virtual = 1;                   // V: stages per pipeline rank (interleaved; 2 under zbv)
+    int pp_virtual = 1;                   // V: stages per pipeline rank (interleaved)
     std::vector<int> pp_layers;           // layers per model stage, in model-stage order; empty: auto
     int zero_stage = 0;
     int dp_shard = 0;                     // data-parallel ranks per shard group (0: all of them)

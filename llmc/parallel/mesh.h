@@ -130,9 +130,9 @@ inline std::string mesh_model_error(const MeshLayout& layout, int num_layers, in
     if (num_heads % tp != 0) {
         snprintf(text, sizeof(text), "%d attention heads cannot be split over tp %d: heads must be a multiple of tp",
                  num_heads, tp);
-    } else if (num_layers % pp != 0) {
-        snprintf(text, sizeof(text), "%d layers cannot be split into pp %d pipeline stages: layers must be a "
-                 "multiple of pp", num_layers, pp);
+    } else if (num_layers < pp) {
+        snprintf(text, sizeof(text), "%d layers cannot be split into pp %d pipeline stages: each needs a layer",
+                 num_layers, pp);
     }
     return text;
 }

@@ -105,8 +105,10 @@ inline void parallel_create(ParallelContext& par, const Layout& asked, const GPT
         fatal("--total-batch-size %d is not a multiple of --batch-size x --seq-len x ranks = %d", l.total_batch_size,
               tokens_per_micro_step);
     par.microbatches = l.total_batch_size / tokens_per_micro_step;
-    pipeline_create(par.pipe, par.mesh, l.schedule, l.pp_virtual, par.microbatches, config.num_layers,
-                    (size_t)tp_rows(par.tp, B * par.T_local) * config.channels);
+    const std::string pipeline_error = pipeline_layout_error(l.schedule, l.pp, l.pp_virtual, par.microbatches,
+                                                             config.num_layers);
+    if (!pipeline_error.empty()) fatal("%s", pipeline_error.c_str());
+    pipeline_create(par.pipe, par.mesh, l.schedule, l.pp_virtual, par.microbatches, pipeline_stage_split(config, l));
     // (after the tp and pipeline checks, which name their flags; these add the cp axis's)
     mesh_check_model(par.mesh, config.num_layers, config.num_heads);
     cp_check_layout(l.cp, l.cp_mode, l.cp_split, T, config.num_heads, l.tp);
@@ -119,7 +121,9 @@ inline void parallel_create(ParallelContext& par, const Layout& asked, const GPT
 // The part of the model this rank holds and how it keeps it (llmc/model/gpt2.cuh's gpt2_allocate takes it).
 inline ModelPart model_part(const ParallelContext& par) {
     const Layout& l = par.layout;
-    ModelPart part = pipeline_model_part(par.pipe);
+    const Pipeline& pipe = par.pipe;
+    ModelPart part = pipeline_model_part(l.schedule, pipe.rank, pipe.size, pipe.virtual_stages, pipe.microbatches,
+                                         pipe.stage_layers);
     part.tp = l.tp;
     part.tp_rank = par.tp.rank;
     part.sequence_parallel = l.sequence_parallel;

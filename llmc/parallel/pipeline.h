@@ -1,33 +1,39 @@
 /*
 Pipeline parallelism: the executor that runs a schedule's actions on a model's stages.
 
-The pp ranks of the mesh (llmc/parallel/mesh.h) each hold V consecutive runs of layers, the stages of
-llmc/parallel/pipeline_schedule.h: model stage s = v p + r of S = p V holds layers [s L/S, (s+1) L/S). The first
-stage also holds the embeddings, the last one the final layernorm, and the LM head, which is tied to wte:
-the last stage keeps its own copy of the embedding chunk (llmc/model/parameters.h's ParameterLayout holds only a
-rank's chunks). A step's batch is cut into m microbatches, the gradient-accumulation micro-steps. The
-schedule says in which order a rank runs the forward (F) and backward (B) passes of (microbatch, virtual
-stage); pipeline_step runs any such list:
+The pp ranks of the mesh (llmc/parallel/mesh.h) each hold V runs of consecutive layers, the model stages of
+llmc/parallel/pipeline_schedule.h (which stage sits on which rank) and llmc/parallel/pipeline_split.h (how many
+layers each stage holds: balanced by cost, or as --pp-layers lists them). The first stage also holds the
+embeddings, the last one the final layernorm, and the LM head, which is tied to wte: the last stage keeps its
+own copy of the embedding chunk (llmc/model/parameters.h's ParameterLayout holds only a rank's chunks). A step's
+batch is cut into m microbatches, the gradient-accumulation micro-steps. The schedule says in which order a
+rank runs the passes of (microbatch, virtual stage); pipeline_step runs any such list:
 
-    F(j, s)   receive the input activations (B x T x C) from stage s-1 (stage 0: look up the embeddings)
+    F(j, s)   the input activations (B x T x C): received from stage s-1, handed over in memory when s-1 is on
+              this rank too, or looked up (stage 0: the embeddings)
               run the stage's blocks
-              send the output to stage s+1 (stage S-1: LM head, loss, and at once the loss's backward pass
+              the output goes to stage s+1 (stage S-1: LM head, loss, and at once the loss's backward pass
               through the LM head and the final layernorm: the record keeps the gradient of the output,
               not the logits)
-    B(j, s)   receive the gradient of the output from stage s+1 (stage S-1: computed in F)
-              run the stage's blocks backwards, accumulating their parameter gradients
-              send the gradient of the input to stage s-1 (stage 0: the embeddings' gradients)
+    B(j, s)   the gradient of the output from stage s+1 (stage S-1: computed in F)
+              run the stage's blocks backwards: all of it, or under zb-h1 only the input gradients,
+              keeping in a weight record what the weight gradients need
+              the gradient of the input goes to stage s-1 (stage 0: the embeddings' gradients)
+    W(j, s)   (zb-h1) the weight gradients of the stage's blocks from the weight record, accumulated
+Before each action the rank exchanges, as one group, the sends of the previous action's results and the
+receives this action needs (llmc/parallel/pipeline_links.h says why).
 
 Everything a backward pass needs from its forward pass is one stage record (llmc/model/gpt2.cuh's
 StageActivations). A rank keeps a pool of them, as many as its schedule has microbatches in flight:
-m under gpipe, p - r under 1f1b (pipeline_record_assignment says which record each action uses).
+m under gpipe, p - r under 1f1b (pipeline_record_assignment says which record each action uses), and a pool
+of weight records for the B passes whose W has not run yet (pipeline_weight_record_assignment).
 The rank's side of the pipeline (its actions and records, the links to its neighbours that carry the
 activations and gradients, and the bytes they send) is llmc/parallel/pipeline_links.h; a stage's pieces of
 the model (embed, blocks, head and loss, and their backward passes) are llmc/model/forward_backward.cuh's.
 
 The tied embeddings. wte gets a gradient on the first stage (the lookup) and on the last (the LM head).
-After the step's data-parallel reductions, the two are added up over a two-rank group (pipeline_sum_tied_
-embedding); both copies then take the same AdamW step and stay equal, and the training matches one rank
+After the step's data-parallel reductions, the two are added up over a two-rank group
+(pipeline_sum_tied_embedding); both copies then take the same AdamW step and stay equal, and the training matches one rank
 (the sum is the same, up to the order of the additions). wpe goes along (the chunk is the unit of
 sharding): its gradient on the last stage is 0. The gradient norm counts the first stage's copy only.
 
@@ -52,6 +58,7 @@ bubble beside the formula and writes a Chrome trace (--trace, scripts/pipeline_t
 #include "parallel_context.h"
 #include "../model/forward_backward.cuh"
 #include "../io/logger.h"
+#include "../cpu/faults.h"
 
 // ----------------------------------------------------------------------------
 // measuring
@@ -80,7 +87,7 @@ inline void pipeline_begin_measuring(Pipeline& pipe, GPT2& model) {
 // start, end.
 inline PipelineTimeline pipeline_collect_timeline(Pipeline& pipe, GPT2& model) {
     pipe.measuring = false;
-    const size_t capacity = 4 * (size_t)pipe.microbatches * pipe.virtual_stages;  // actions and waits
+    const size_t capacity = 6 * (size_t)pipe.microbatches * pipe.virtual_stages;  // F, B, W actions and their waits
     if (pipe.events.size() > capacity) fatal("pipeline: %zu events measured, room for %zu", pipe.events.size(), capacity);
     std::vector<float> mine(6 * capacity, -1.0f);
     for (size_t i = 0; i < pipe.events.size(); i++) {
@@ -106,23 +113,21 @@ inline PipelineTimeline pipeline_collect_timeline(Pipeline& pipe, GPT2& model) {
         for (size_t i = 0; i < capacity; i++) {
             const float* f = everyone.data() + (r * capacity + i) * 6;
             if (f[0] < 0) break;
-            const PipelineAction action{f[0] == 0 ? PipelineAction::Forward : PipelineAction::Backward, (int)f[1], (int)f[2]};
+            const PipelineAction action{(PipelineAction::Kind)(int)f[0], (int)f[1], (int)f[2]};
             timeline.ranks[r].push_back({action, f[4], f[5], f[3] != 0});
         }
     pipeline_measure(timeline);
     return timeline;
 }
 
-// Rank 0's report of a measured step: each stage's bubble beside the formulas, and its peak of records in
-// flight beside the schedule's.
+// Rank 0's report of a measured step: each stage's bubble beside the schedule's formula, and its peak of
+// records in flight beside the schedule's.
 inline void pipeline_print_timeline(const PipelineTimeline& t, PipelineSchedule schedule) {
-    const double plain = (double)(t.p - 1) / (t.m + t.p - 1), interleaved = (double)(t.p - 1) / (t.V * t.m + t.p - 1);
-    printf("pipeline %s, p %d, m %d, V %d: the measured step took %.1f ms; bubble (p-1)/(m+p-1) = %.3f, "
-           "interleaved (p-1)/(V m+p-1) = %.3f\n", t.schedule.c_str(), t.p, t.m, t.V, t.step_ms, plain, interleaved);
+    printf("pipeline %s, p %d, m %d, V %d: the measured step took %.1f ms; the formula's bubble %.3f\n",
+           t.schedule.c_str(), t.p, t.m, t.V, t.step_ms, pipeline_bubble_fraction(schedule, t.p, t.m, t.V));
     for (int r = 0; r < t.p; r++)
-        printf("  pp rank %d: bubble %.3f measured, %.3f formula; records in flight at the peak %d (formula %d)\n", r,
-               t.bubble_fraction[r], pipeline_bubble_fraction(schedule, t.p, t.m, t.V), t.peak_activations[r],
-               pipeline_peak_activations(schedule, r, t.p, t.m, t.V));
+        printf("  pp rank %d: bubble %.3f measured; records in flight at the peak %d (formula %d)\n", r,
+               t.bubble_fraction[r], t.peak_activations[r], pipeline_peak_activations(schedule, r, t.p, t.m, t.V));
 }
 
 // After the measured step: rank 0 prints each stage's bubble and records in flight beside the formulas, logs
@@ -132,17 +137,21 @@ inline void pipeline_report_timeline(ParallelContext& par, GPT2& model, Logger& 
     const PipelineTimeline timeline = pipeline_collect_timeline(pipe, model);
     if (!par.main_rank) return;
     pipeline_print_timeline(timeline, pipe.schedule);
-    std::string bubbles, peaks;
+    std::string bubbles, peaks, peak_formulas, layers;
     for (int r = 0; r < pipe.size; r++) {
         bubbles += (r ? ", " : "") + std::to_string(timeline.bubble_fraction[r]);
         peaks += (r ? ", " : "") + std::to_string(timeline.peak_activations[r]);
+        peak_formulas += (r ? ", " : "") + std::to_string(pipeline_peak_activations(pipe.schedule, r, pipe.size,
+                                                                                    pipe.microbatches, pipe.virtual_stages));
     }
+    for (size_t s = 0; s < pipe.stage_layers.size(); s++) layers += (s ? ", " : "") + std::to_string(pipe.stage_layers[s]);
     logger.write(JsonLine("pipeline").text("schedule", timeline.schedule).integer("pp", pipe.size)
                      .integer("microbatches", pipe.microbatches).integer("virtual_stages", pipe.virtual_stages)
                      .number("step_ms", timeline.step_ms).raw("bubble", "[" + bubbles + "]")
                      .number("bubble_formula", pipeline_bubble_fraction(pipe.schedule, pipe.size, pipe.microbatches,
                                                                         pipe.virtual_stages))
-                     .raw("peak_records", "[" + peaks + "]"));
+                     .raw("peak_records", "[" + peaks + "]").raw("peak_records_formula", "[" + peak_formulas + "]")
+                     .raw("stage_layers", "[" + layers + "]"));
     if (!trace_path.empty()) {
         write_text_file(trace_path, pipeline_chrome_trace(timeline));
         printf("wrote %s\n", trace_path.c_str());
@@ -156,105 +165,184 @@ inline int pipeline_model_stage(const Pipeline& pipe, const PipelineAction& a) {
     return pipeline_model_stage(pipe.rank, a.virtual_stage, pipe.size);
 }
 
-// One forward pass of microbatch `a` through one of this rank's stages, into `record`: the input received
-// (or the embeddings looked up), the blocks, the output sent (or, on the last stage, the loss). With
-// `targets`, when `training`, the last stage also takes the loss's backward pass through the head; with
-// targets only it adds the loss up (validation); without, it leaves the logits (sampling).
-inline void pipeline_forward(ParallelContext& par, GPT2& model, const PipelineAction& a, int record_index,
-                             const int* tokens, const int* targets, float dloss, bool training, int B, int T) {
-    Pipeline& pipe = par.pipe;
-    StageActivations& record = model.records[record_index];
-    const int s = pipeline_model_stage(pipe, a), S = pipe.size * pipe.virtual_stages;
-    const size_t rows = tp_rows(par.tp, B * T) * (size_t)model.config.channels;
-    const double waiting = pipeline_clock(pipe, model);
-    send_finish(&pipe.output_sent[record_index], model.stream);  // the record's last output may still be on the way
-    if (s > 0) recv(pipe.activations_in, record.input, rows, /*peer: the sender*/ 0, model.stream);
-    const double start = pipeline_clock(pipe, model);
-    pipeline_note(pipe, a, true, waiting, start);
-    if (s == 0) gpt2_embed(model, par, record, tokens, B, T);
-    gpt2_stage_forward(model, par, record, s * model.stage_layers, model.stage_layers, B, T);
-    if (s < S - 1) {
-        send_async(pipe.activations_out, record.blocks.back().output, rows, /*peer: the receiver*/ 1, model.stream,
-                   pipe.activation_stream, &pipe.output_sent[record_index]);
-    } else {
-        gpt2_head_forward(model, par, record, B, T);
-        if (targets) gpt2_loss(model, par, targets, B, T, dloss);
-        if (targets && training) {
-            gpt2_head_backward(model, par, record, B, T);
-            // the LM head's share is all this rank adds to wte
-            if (!model.first_stage) chunk_gradient_done(model, par, 0);
-        }
+// The actions a list runs and the records and messages that go with them: a training step's schedule, or
+// the forward passes of one microbatch through this rank's stages (validation, sampling).
+struct PipelineRun {
+    const std::vector<PipelineAction>& actions;
+    const std::vector<std::vector<PipelineMessage>>& messages;
+    const std::vector<int>& record_of;
+    const std::vector<int>& weight_record_of;
+};
+
+// The record that forward (microbatch, virtual stage) of a run used: a stage on this rank hands its output
+// over in memory to the next stage (its gradient comes back the same way), when both are here.
+inline StageActivations& pipeline_record_of_forward(GPT2& model, const PipelineRun& run, int microbatch,
+                                                    int virtual_stage) {
+    for (size_t i = 0; i < run.actions.size(); i++) {
+        const PipelineAction& a = run.actions[i];
+        if (a.kind == PipelineAction::Forward && a.microbatch == microbatch && a.virtual_stage == virtual_stage)
+            return model.records[run.record_of[i]];
     }
-    pipeline_note(pipe, a, false, start, pipeline_clock(pipe, model));
+    fatal("pipeline: no forward of microbatch %d on virtual stage %d", microbatch, virtual_stage);
 }
 
-// The backward pass of microbatch `a` through one of this rank's stages, from `record`; the gradient of the
-// stage's input goes out from staging buffer `staging`.
-inline void pipeline_backward(ParallelContext& par, GPT2& model, const PipelineAction& a, int record_index,
-                              int staging, int B, int T) {
+// The group of sends and receives before action i (i = the list's length: after the last action). A send
+// carries a result of action i-1 (a stage's output from its record, or the gradient of its input, which the
+// backward pass leaves in the record's doutput); a receive fills what action i needs (its record's input, or
+// the gradient of its output into doutput).
+inline void pipeline_exchange(ParallelContext& par, GPT2& model, const PipelineRun& run, size_t i, int B, int T) {
     Pipeline& pipe = par.pipe;
-    StageActivations& record = model.records[record_index];
-    const int s = pipeline_model_stage(pipe, a), S = pipe.size * pipe.virtual_stages;
     const size_t rows = tp_rows(par.tp, B * T) * (size_t)model.config.channels;
-    const double waiting = pipeline_clock(pipe, model);
-    if (s < S - 1) recv(pipe.gradients_in, record.doutput, rows, /*peer: the sender*/ 0, model.stream);
-    const double start = pipeline_clock(pipe, model);
-    pipeline_note(pipe, a, true, waiting, start);
-    gpt2_stage_backward(model, par, record, s * model.stage_layers, model.stage_layers, B, T);
-    if (s > 0) {
-        cudaCheck(cudaMemcpyAsync(pipe.staging[staging], record.doutput, rows * sizeof(floatX), cudaMemcpyDeviceToDevice,
-                                  model.stream));
-        send_async(pipe.gradients_out, pipe.staging[staging], rows, /*peer: the receiver*/ 1, model.stream,
-                   pipe.gradient_stream, &pipe.staging_sent[staging]);
-    } else {
+    std::vector<PointToPoint> operations;
+    for (const PipelineMessage& message : run.messages[i]) {
+        // the action the message belongs to: a send's is the pass that made it, just before (two before when
+        // a forward's send waits for the backward after it); a receive's the pass that needs it, just after
+        // (or the one after that, posted early)
+        const PipelineAction::Kind kind = message.gradient ? PipelineAction::Backward : PipelineAction::Forward;
+        const int stage = message.send ? message.from_stage : message.to_stage;
+        size_t at = run.actions.size();
+        for (int step = 0; step < 2 && at == run.actions.size(); step++) {
+            const long k = message.send ? (long)i - 1 - step : (long)i + step;
+            if (k < 0 || k >= (long)run.actions.size()) continue;
+            const PipelineAction& a = run.actions[k];
+            if (a.kind == kind && a.microbatch == message.microbatch && pipeline_model_stage(pipe, a) == stage) at = k;
+        }
+        if (at == run.actions.size())
+            fatal("pipeline: a message of microbatch %d, stage %d belongs to no action next to it", message.microbatch,
+                  stage);
+        StageActivations& record = model.records[run.record_of[at]];
+        floatX* data = message.gradient ? record.doutput
+                       : message.send   ? record.output()
+                                        : record.input;
+        Communicator& link = pipeline_link(pipe, message.peer);
+        operations.push_back({message.send ? PointToPoint::Send : PointToPoint::Receive, &link, data, rows,
+                              /*the other end of a two-rank link*/ 1 - link.rank});
+    }
+    if (!fault_ungrouped_point_to_point()) {
+        send_and_receive(operations, model.stream);
+        return;
+    }
+    for (const PointToPoint& operation : operations) send_and_receive({operation}, model.stream);  // the faulty structure
+}
+
+// One forward pass of microbatch `a` through one of this rank's stages, into its record: the embeddings looked
+// up (first stage) or the input handed over in memory (the previous stage is here too; received otherwise),
+// the blocks, and on the last stage the loss. With `targets`, when `training`, the last stage also takes the
+// loss's backward pass through the head; with targets only it adds the loss up (validation); without, it
+// leaves the logits (sampling).
+inline void pipeline_forward(ParallelContext& par, GPT2& model, const PipelineRun& run, size_t i, const int* tokens,
+                             const int* targets, float dloss, bool training, int B, int T) {
+    Pipeline& pipe = par.pipe;
+    const PipelineAction& a = run.actions[i];
+    StageActivations& record = model.records[run.record_of[i]];
+    const int s = pipeline_model_stage(pipe, a), S = pipeline_stage_count(pipe);
+    const size_t rows = tp_rows(par.tp, B * T) * (size_t)model.config.channels;
+    if (s == 0) {
+        gpt2_embed(model, par, record, tokens, B, T);
+    } else if (pipeline_stage_rank(s - 1, pipe.size) == pipe.rank) {
+        const int previous = pipeline_stage_virtual(s - 1, pipe.size);
+        const StageActivations& from = pipeline_record_of_forward(model, run, a.microbatch, previous);
+        cudaCheck(cudaMemcpyAsync(record.input, from.output(), rows * sizeof(floatX),
+                                  cudaMemcpyDeviceToDevice, model.stream));
+    }
+    gpt2_stage_forward(model, par, record, pipeline_first_layer(pipe.stage_layers, s), pipe.stage_layers[s], B, T);
+    if (s < S - 1) return;
+    gpt2_head_forward(model, par, record, B, T);
+    if (targets) gpt2_loss(model, par, targets, B, T, dloss);
+    if (targets && training) {
+        gpt2_head_backward(model, par, record, B, T);
+        // the LM head's share is all this rank adds to wte, unless it also holds the first stage
+        if (!model.first_stage) chunk_gradient_done(model, par, 0);
+    }
+}
+
+// The backward pass of microbatch `a` through one of this rank's stages, from its record: the whole of it, or
+// under a schedule that splits it only the input gradients (B), leaving in the action's weight record what
+// the weight gradients (W, pipeline_weights) need. The gradient of the stage's input stays in the record's
+// doutput, to be sent, or handed over in memory to the previous stage when that is here too.
+inline void pipeline_backward(ParallelContext& par, GPT2& model, const PipelineRun& run, size_t i, int B, int T) {
+    Pipeline& pipe = par.pipe;
+    const PipelineAction& a = run.actions[i];
+    StageActivations& record = model.records[run.record_of[i]];
+    const int s = pipeline_model_stage(pipe, a);
+    StageWeightRecord* weights = run.weight_record_of[i] >= 0 ? &model.weight_records[run.weight_record_of[i]] : nullptr;
+    gpt2_stage_backward(model, par, record, pipeline_first_layer(pipe.stage_layers, s), pipe.stage_layers[s], B, T,
+                        weights);
+    if (s == 0) {
         gpt2_embed_backward(model, par, record, B, T);
         chunk_gradient_done(model, par, 0);
+    } else if (pipeline_stage_rank(s - 1, pipe.size) == pipe.rank) {
+        const int previous = pipeline_stage_virtual(s - 1, pipe.size);
+        StageActivations& to = pipeline_record_of_forward(model, run, a.microbatch, previous);
+        const size_t rows = tp_rows(par.tp, B * T) * (size_t)model.config.channels;
+        cudaCheck(cudaMemcpyAsync(to.doutput, record.doutput, rows * sizeof(floatX), cudaMemcpyDeviceToDevice,
+                                  model.stream));
     }
-    pipeline_note(pipe, a, false, start, pipeline_clock(pipe, model));
 }
 
-// Waits (in stream order) for every send of the step, so no buffer is in flight between steps.
-inline void pipeline_finish_sends(Pipeline& pipe, GPT2& model) {
-    for (SendRequest& request : pipe.output_sent) send_finish(&request, model.stream);
-    for (SendRequest& request : pipe.staging_sent) send_finish(&request, model.stream);
+// W: the weight gradients of microbatch `a` on one of this rank's stages, from the weight record its B filled.
+inline void pipeline_weights(ParallelContext& par, GPT2& model, const PipelineRun& run, size_t i, int B, int T) {
+    Pipeline& pipe = par.pipe;
+    const int s = pipeline_model_stage(pipe, run.actions[i]);
+    gpt2_stage_weights(model, par, model.weight_records[run.weight_record_of[i]],
+                       pipeline_first_layer(pipe.stage_layers, s), pipe.stage_layers[s], B, T);
 }
 
-// One training step's forward and backward passes: this rank's schedule over m microbatches of B x T
-// tokens (tokens and targets: m B T host ids, microbatch after microbatch; the first stage reads the
-// tokens, the last the targets). Each microbatch's loss gradient is scaled by dloss; gradients accumulate,
-// and llmc/parallel/zero.h reduces each chunk's as soon as microbatch m-1 has finished it.
-inline void pipeline_step(ParallelContext& par, GPT2& model, const int* tokens, const int* targets, int B, int T,
-                          float dloss) {
+// Runs a list: before each action the group of messages it needs (timed as the action's wait), then the action
+// (timed as work); after the last, the last sends. tokens and targets: m B T host ids, microbatch after
+// microbatch; each microbatch's loss gradient is scaled by dloss.
+inline void pipeline_run(ParallelContext& par, GPT2& model, const PipelineRun& run, const int* tokens,
+                         const int* targets, float dloss, bool training, int B, int T) {
     Pipeline& pipe = par.pipe;
     const size_t N = (size_t)B * T;
-    for (size_t i = 0; i < pipe.actions.size(); i++) {
-        const PipelineAction& a = pipe.actions[i];
-        for (int b : pipe.gradient_sends.finish_before[i]) send_finish(&pipe.staging_sent[b], model.stream);
+    for (size_t i = 0; i < run.actions.size(); i++) {
+        const PipelineAction& a = run.actions[i];
+        const double waiting = pipeline_clock(pipe, model);
+        pipeline_exchange(par, model, run, i, B, T);
+        const double start = pipeline_clock(pipe, model);
+        pipeline_note(pipe, a, true, waiting, start);
         zero_begin_microbatch(par.zero, a.microbatch == pipe.microbatches - 1);
-        if (a.kind == PipelineAction::Forward) {
-            pipeline_forward(par, model, a, pipe.record_of[i], tokens + a.microbatch * N, targets + a.microbatch * N,
-                             dloss, /*training=*/true, B, T);
-        } else {
-            pipeline_backward(par, model, a, pipe.record_of[i], pipe.gradient_sends.buffer[i], B, T);
+        const int* microbatch_targets = targets ? targets + a.microbatch * N : nullptr;
+        switch (a.kind) {
+            case PipelineAction::Forward:
+                pipeline_forward(par, model, run, i, tokens + a.microbatch * N, microbatch_targets, dloss, training, B, T);
+                break;
+            case PipelineAction::Backward: pipeline_backward(par, model, run, i, B, T); break;
+            case PipelineAction::Weights: pipeline_weights(par, model, run, i, B, T); break;
         }
+        pipeline_note(pipe, a, false, start, pipeline_clock(pipe, model));
     }
-    pipeline_finish_sends(pipe, model);
+    pipeline_exchange(par, model, run, run.actions.size(), B, T);
 }
 
-// The forward pass of one microbatch through every stage, in stage order (validation, sampling): on the
-// last stage, the loss added up (targets given) or the logits left in model.logits.
+// One training step's forward and backward passes: this rank's schedule over m microbatches of B x T tokens
+// (the first stage reads the tokens, the last the targets). Gradients accumulate, and llmc/parallel/zero.h
+// reduces each chunk's as soon as microbatch m-1 has finished it.
+inline void pipeline_step(ParallelContext& par, GPT2& model, const int* tokens, const int* targets, int B, int T,
+                          float dloss) {
+    const Pipeline& pipe = par.pipe;
+    pipeline_run(par, model, {pipe.actions, pipe.messages, pipe.record_of, pipe.weight_record_of}, tokens, targets,
+                 dloss, /*training=*/true, B, T);
+}
+
+// The forward pass of one microbatch through every stage, in stage order (validation, sampling), on record 0:
+// on the last stage, the loss added up (targets given) or the logits left in model.logits.
 inline void pipeline_forward_only(ParallelContext& par, GPT2& model, const int* tokens, const int* targets, int B,
                                   int T) {
-    for (int v = 0; v < par.pipe.virtual_stages; v++)
-        pipeline_forward(par, model, PipelineAction{PipelineAction::Forward, 0, v}, 0, tokens, targets, 0.0f,
-                         /*training=*/false, B, T);
-    pipeline_finish_sends(par.pipe, model);
+    const Pipeline& pipe = par.pipe;
+    std::vector<PipelineAction> actions;
+    for (int v = 0; v < pipe.virtual_stages; v++) actions.push_back({PipelineAction::Forward, 0, v});
+    const std::vector<std::vector<PipelineMessage>> messages =
+        pipeline_message_groups(actions, pipe.rank, pipe.size, pipe.virtual_stages);
+    const std::vector<int> record_of(actions.size(), 0), weight_record_of(actions.size(), -1);
+    pipeline_run(par, model, {actions, messages, record_of, weight_record_of}, tokens, targets, 0.0f,
+                 /*training=*/false, B, T);
 }
 
 // After the step's gradient reductions (zero_wait_for_gradients): wte's (and wpe's) gradient on the first
 // and on the last stage becomes the sum of the two.
 inline void pipeline_sum_tied_embedding(ParallelContext& par, GPT2& model) {
-    if (par.pipe.size == 1 || !model.layout.holds(0)) return;
+    if (par.pipe.tied.size < 2) return;  // one pipeline rank, one rank holding both stages, or neither
     size_t count = 0;
     floatX* gradient = zero_chunk_gradient(par.zero, model, 0, &count);
     all_reduce(par.pipe.tied, gradient, count, Reduction::Sum, model.stream);

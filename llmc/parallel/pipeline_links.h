@@ -1,17 +1,22 @@
 /*
 A pipeline rank (llmc/parallel/pipeline.h runs it): which stages it holds, its schedule's actions over the
-step's microbatches and the stage record each one uses, and the links to its neighbours.
+step's microbatches, the stage record and weight record each one uses, the messages it exchanges with its
+neighbours before each action, and the links that carry them.
 
-Sends do not wait for the receiver (send_async in llmc/parallel/comm.h): 1F1B's neighbours send to each other at the
-same moment, one the activations, the other a gradient, and blocking sends would deadlock them. The
-activations go out from the stage record, and the send has finished before a forward pass takes the record
-again; the gradients go out from staging buffers, each waited for where pipeline_gradient_sends
-(llmc/parallel/pipeline_schedule.h) proves it cannot deadlock. Every directed pair of neighbours has a link of its
-own, a two-rank communicator: rank r sends activations to r+1 on one, receives them from r-1 on another,
-and the same for gradients the other way. A link then carries its messages in the same order at both
-ends (what NCCL, without tags, needs to pair a send with its receive), and on each rank one stream only
-ever uses it (the sends go out on a send stream per direction, receives wait on the compute stream), so
-no two streams' operations on one communicator can hold each other up.
+Point to point as NCCL guarantees it. NCCL's send and receive block the GPU until the peer arrives, and
+operations that must progress together must be in one group: under 1F1B neighbours send to each other at
+the same moment (one the activations, the other a gradient), and two lone operations would wait for each
+other. So before each action the rank issues one group (llmc/parallel/comm.h's send_and_receive): the sends of the
+previous action's results and the receives this action needs (pipeline_message_groups in
+llmc/parallel/pipeline_schedule.h, whose simulator proves every schedule's groups free of deadlock under these
+semantics, and shows that lone operations deadlock 1F1B). The group completes before the action starts, so a
+sent buffer is free again at once. The CPU build's sends are synchronous (MPI_Issend) so the tests see
+NCCL's semantics at every message size.
+
+Each neighbour pair (r, r+1) has a link of its own, a two-rank communicator that carries the activations
+and gradients both ways (and (p-1, 0) for the interleaved schedule's wrap-around); messages between two
+ranks are paired in the order they are issued, which the schedule's groups keep the same at both ends.
+Ranks outside a pair get no communicator (comm_split's kNotInGroup).
 
 Bytes this rank sends per step on the pp axis, for a = B T C activation elements per message (B T C / tp
 under sequence parallelism), s bytes per element, and this rank's V stages (model stages v p + r):
@@ -34,152 +39,119 @@ under sequence parallelism), s bytes per element, and this rank's V stages (mode
 #include "mesh.h"
 #include "../model/gpt2.cuh"
 #include "pipeline_schedule.h"
+#include "pipeline_split.h"
 
 struct Pipeline {
     PipelineSchedule schedule = PipelineSchedule::OneFOneB;
     int size = 1, rank = 0;                 // p, and this rank's place on the pp axis
     int virtual_stages = 1;                 // V
     int microbatches = 1;                   // m
-    int num_layers = 0;
+    std::vector<int> stage_layers;          // layers of each of the p V model stages
+    int last_stage_rank = 0;                // the rank of the last model stage: the loss
     std::vector<PipelineAction> actions;    // this rank's, in order
+    std::vector<std::vector<PipelineMessage>> messages;  // per action, and one more after the last: the group
+                                                         // of sends and receives issued before it
     std::vector<int> record_of;             // per action: the stage record it uses
-    int records = 1;                        // the pool's size
+    std::vector<int> weight_record_of;      // per action: the weight record it uses (-1: none)
+    int records = 1, weight_records = 0;    // the pools' sizes
     Communicator* group = nullptr;          // the pp axis: the loss's broadcast, the norm's sum
-    // the links (p > 1), two-rank groups in which the sender is rank 0 and the receiver rank 1
-    Communicator activations_out, activations_in;  // to rank r+1, from rank r-1
-    Communicator gradients_out, gradients_in;      // to rank r-1, from rank r+1
-    Communicator tied;                      // the first and the last stage's ranks (p > 1): wte's gradient
-    cudaStream_t activation_stream = nullptr, gradient_stream = nullptr;  // GPU: the sends of each link
-    std::vector<SendRequest> output_sent;   // per record: its output, sent to the next stage
-    PipelineGradientSends gradient_sends;   // which staging buffer each gradient goes out from, and when
-    std::vector<floatX*> staging;           // the gradients of stage inputs, sent to the previous stage
-    std::vector<SendRequest> staging_sent;
+    Communicator next_link, previous_link;  // the pairs (r, r+1) and (r-1, r) (p = 2: next_link is both)
+    Communicator tied;                      // the first and the last stage's ranks, when they differ: wte's gradient
     // the step being measured
     bool measuring = false;
     std::chrono::steady_clock::time_point origin;
     std::vector<PipelineEvent> events;      // this rank's actions and waits
 };
 
-// One line saying why this layout cannot run (empty: it can). Whether the world splits into pp ranks is the
-// mesh's to check.
-inline std::string pipeline_layout_error(PipelineSchedule schedule, int p, int V, int m, int num_layers) {
-    const char* name = pipeline_schedule_name(schedule);
-    char text[256] = "";
-    if (schedule != PipelineSchedule::Interleaved && V != 1) {
-        snprintf(text, sizeof(text), "--pp-virtual %d: only the interleaved schedule has virtual stages (the schedule "
-                 "is %s)", V, name);
-    } else if (num_layers % (p * V) != 0) {
-        snprintf(text, sizeof(text), "%d layers cannot be cut into --pp %d x --pp-virtual %d = %d stages of equal "
-                 "size: layers must be a multiple of pp x V", num_layers, p, V, p * V);
-    } else if (schedule == PipelineSchedule::Interleaved && p == 1) {
-        snprintf(text, sizeof(text), "the interleaved schedule needs --pp at least 2 (with one pipeline rank there is "
-                 "nothing to interleave)");
-    } else if (schedule == PipelineSchedule::Interleaved && m % p != 0) {
-        snprintf(text, sizeof(text), "the interleaved schedule needs the microbatches (%d: --total-batch-size / (B x T "
-                 "x data-parallel ranks)) to be a multiple of --pp %d", m, p);
-    }
-    return text;
+inline int pipeline_stage_count(const Pipeline& pipe) { return pipe.size * pipe.virtual_stages; }
+
+// The link to pipeline rank `peer`, a neighbour.
+inline Communicator& pipeline_link(Pipeline& pipe, int peer) {
+    const int p = pipe.size;
+    if (peer == (pipe.rank + 1) % p) return pipe.next_link;
+    if (peer == (pipe.rank + p - 1) % p) return pipe.previous_link;
+    fatal("pipeline: rank %d has no link to rank %d", pipe.rank, peer);
 }
 
-// The part of the model pipeline rank `rank` runs (llmc/model/gpt2.cuh): its chunks, the layers per stage, and
-// as many stage records as its schedule has microbatches in flight.
-inline ModelPart pipeline_model_part(PipelineSchedule schedule, int rank, int p, int V, int m, int num_layers) {
+// The part of the model pipeline rank `rank` runs (llmc/model/gpt2.cuh): its chunks, the most layers of any of
+// its stages (its records are sized for that stage), and as many stage records and weight records as its
+// schedule has passes in flight.
+inline ModelPart pipeline_model_part(PipelineSchedule schedule, int rank, int p, int V, int m,
+                                     const std::vector<int>& stage_layers) {
     ModelPart part;
-    part.held_chunks = pipeline_held_chunks(rank, p, V, num_layers);
-    part.stage_layers = num_layers / (p * V);
+    part.held_chunks = pipeline_held_chunks(rank, p, V, stage_layers);
+    for (int v = 0; v < V; v++)
+        part.stage_layers = std::max(part.stage_layers, stage_layers[pipeline_model_stage(rank, v, p)]);
     part.records = pipeline_peak_activations(schedule, rank, p, m, V);
+    part.weight_records = pipeline_peak_weight_records(schedule, rank, p, m, V);
     return part;
 }
-inline ModelPart pipeline_model_part(const Pipeline& pipe) {
-    return pipeline_model_part(pipe.schedule, pipe.rank, pipe.size, pipe.virtual_stages, pipe.microbatches,
-                               pipe.num_layers);
-}
 
-// Every rank calls this together (the links are made by splitting the pp axis). message_elements: the
-// activations of one microbatch on this rank (R x C).
-inline void pipeline_create(Pipeline& pipe, Mesh& mesh, PipelineSchedule schedule, int V, int m, int num_layers,
-                            size_t message_elements) {
+// Every rank calls this together (the links are made by splitting the pp axis).
+inline void pipeline_create(Pipeline& pipe, Mesh& mesh, PipelineSchedule schedule, int V, int m,
+                            const std::vector<int>& stage_layers) {
     pipe.schedule = schedule;
     pipe.size = mesh.layout.sizes[PP];
     pipe.rank = mesh.coords[PP];
     pipe.virtual_stages = V;
     pipe.microbatches = m;
-    pipe.num_layers = num_layers;
-    const std::string error = pipeline_layout_error(schedule, pipe.size, V, m, num_layers);
-    if (!error.empty()) fatal("%s", error.c_str());
-    std::vector<std::vector<PipelineAction>> lists;  // every rank's: the gradient sends' plan looks at all
-    for (int r = 0; r < pipe.size; r++) lists.push_back(pipeline_actions(schedule, r, pipe.size, m, V));
-    pipe.actions = lists[pipe.rank];
-    pipe.gradient_sends = pipeline_gradient_sends(lists, pipe.rank, m, V);
+    pipe.stage_layers = stage_layers;
+    const int p = pipe.size, r = pipe.rank, S = p * V;
+    pipe.last_stage_rank = pipeline_stage_rank(S - 1, p);
+    pipe.actions = pipeline_actions(schedule, r, p, m, V);
+    pipe.messages = pipeline_message_groups(pipe.actions, r, p, V);
     pipe.record_of = pipeline_record_assignment(pipe.actions, &pipe.records);
-    if (pipe.records != pipeline_peak_activations(schedule, pipe.rank, pipe.size, m, V))
-        fatal("pipeline %s: the actions need %d records, the formula says %d", pipeline_schedule_name(schedule),
-              pipe.records, pipeline_peak_activations(schedule, pipe.rank, pipe.size, m, V));
+    pipe.weight_record_of = pipeline_weight_record_assignment(pipe.actions, &pipe.weight_records);
+    if (pipe.records != pipeline_peak_activations(schedule, r, p, m, V) ||
+        pipe.weight_records != pipeline_peak_weight_records(schedule, r, p, m, V))
+        fatal("pipeline %s: the actions need %d records and %d weight records, the formulas say %d and %d",
+              pipeline_schedule_name(schedule), pipe.records, pipe.weight_records,
+              pipeline_peak_activations(schedule, r, p, m, V), pipeline_peak_weight_records(schedule, r, p, m, V));
     pipe.group = &mesh.axis[PP];
-    if (pipe.size > 1) {
-        // one split of the pp axis per directed pair (sender, receiver); a rank keeps the two of each direction
-        // it belongs to
-        const int p = pipe.size, r = pipe.rank;
-        for (int direction : {+1, -1})
-            for (int sender = 0; sender < p; sender++) {
-                const int receiver = (sender + direction + p) % p;
-                const bool member = r == sender || r == receiver;
-                Communicator link = comm_split(mesh.axis[PP], member ? 0 : 1, r == sender ? 0 : 1,
-                                               direction > 0 ? "pp activations link" : "pp gradients link");
-                Communicator* keep = !member ? nullptr
-                                     : direction > 0 ? (r == sender ? &pipe.activations_out : &pipe.activations_in)
-                                                     : (r == sender ? &pipe.gradients_out : &pipe.gradients_in);
-                if (keep) *keep = link;
-                else comm_destroy(link);
-            }
-        const bool holds_wte = pipe.rank == 0 || pipe.rank == pipe.size - 1;
-        pipe.tied = comm_split(mesh.axis[PP], holds_wte ? 0 : 1, pipe.rank, "pp first and last stage");
-    }
-    cudaCheck(cudaStreamCreateWithFlags(&pipe.activation_stream, cudaStreamNonBlocking));
-    cudaCheck(cudaStreamCreateWithFlags(&pipe.gradient_stream, cudaStreamNonBlocking));
-    pipe.output_sent.resize(pipe.records);
-    for (SendRequest& request : pipe.output_sent) send_request_create(request);
-    pipe.staging.resize(pipe.gradient_sends.buffers);
-    pipe.staging_sent.resize(pipe.gradient_sends.buffers);
-    for (int b = 0; b < pipe.gradient_sends.buffers; b++) {
-        pipe.staging[b] = tracked_alloc<floatX>(message_elements, MemoryKind::Communication, "pipeline gradient");
-        send_request_create(pipe.staging_sent[b]);
+    if (p > 1) {
+        // one split of the pp axis per neighbour pair (q, q+1); the wrap-around pair (p-1, 0) only where a
+        // schedule sends across it (interleaved), and with p = 2 it is the pair (0, 1) again
+        const bool wraps = V > 1 && pipeline_stage_rank(p, p) == 0;  // stage p, after p-1, on rank 0
+        const int pairs = p == 2 ? 1 : wraps ? p : p - 1;
+        for (int q = 0; q < pairs; q++) {
+            const int low = q, high = (q + 1) % p;
+            const bool member = r == low || r == high;
+            Communicator link = comm_split(mesh.axis[PP], member ? 0 : kNotInGroup, r,
+                                           "pp link " + std::to_string(low) + "-" + std::to_string(high));
+            if (!member) continue;
+            (r == low ? pipe.next_link : pipe.previous_link) = link;
+        }
+        if (p == 2) (r == 0 ? pipe.previous_link : pipe.next_link) = r == 0 ? pipe.next_link : pipe.previous_link;
+        const bool holds_wte = r == 0 || r == pipe.last_stage_rank;
+        if (pipe.last_stage_rank != 0)
+            pipe.tied = comm_split(mesh.axis[PP], holds_wte ? 0 : kNotInGroup, r, "pp first and last stage");
     }
 }
 
 inline void pipeline_free(Pipeline& pipe) {
-    if (pipe.size > 1) {
-        for (Communicator* link : {&pipe.activations_out, &pipe.activations_in, &pipe.gradients_out, &pipe.gradients_in})
-            comm_destroy(*link);
-        comm_destroy(pipe.tied);
-    }
-    for (SendRequest& request : pipe.output_sent) send_request_destroy(request);
-    for (int b = 0; b < pipe.gradient_sends.buffers; b++) {
-        tracked_free(pipe.staging[b]);
-        send_request_destroy(pipe.staging_sent[b]);
-    }
-    cudaCheck(cudaStreamDestroy(pipe.activation_stream));
-    cudaCheck(cudaStreamDestroy(pipe.gradient_stream));
+    comm_destroy(pipe.next_link);
+    if (pipe.size > 2) comm_destroy(pipe.previous_link);
+    comm_destroy(pipe.tied);
     pipe = Pipeline{};
 }
 
 // bytes sent over the pipeline's own groups (the pp axis itself counts with the mesh's groups)
 inline uint64_t pipeline_link_bytes(const Pipeline& pipe) {
-    return pipe.activations_out.bytes_sent + pipe.gradients_out.bytes_sent + pipe.tied.bytes_sent;
+    return pipe.next_link.bytes_sent + (pipe.size > 2 ? pipe.previous_link.bytes_sent : 0) + pipe.tied.bytes_sent;
 }
 inline void pipeline_reset_bytes(Pipeline& pipe) {
-    pipe.activations_out.bytes_sent = pipe.gradients_out.bytes_sent = pipe.tied.bytes_sent = 0;
+    pipe.next_link.bytes_sent = pipe.previous_link.bytes_sent = pipe.tied.bytes_sent = 0;
 }
 
 // The loss (or anything in a device float) from the last stage's rank to the others of the pp axis.
 inline void pipeline_share_from_last_stage(Pipeline& pipe, float* value, size_t count, cudaStream_t stream) {
-    if (pipe.size > 1) broadcast(*pipe.group, value, count, pipe.size - 1, stream);
+    if (pipe.size > 1) broadcast(*pipe.group, value, count, pipe.last_stage_rank, stream);
 }
 
 // Host values on the last stage's rank become the same on every rank of the pp axis (a collective).
 template <typename T>
 void pipeline_share_host_from_last_stage(Pipeline& pipe, T* values, size_t count, cudaStream_t stream) {
-    if (pipe.size > 1) broadcast_host(*pipe.group, values, count, pipe.size - 1, stream);
+    if (pipe.size > 1) broadcast_host(*pipe.group, values, count, pipe.last_stage_rank, stream);
 }
 
 // One number from every rank of the pp axis, on all of them (a collective): for reports per stage.
@@ -190,15 +162,17 @@ inline std::vector<float> pipeline_gather_values(Pipeline& pipe, float value, cu
 // ----------------------------------------------------------------------------
 // the bytes formula (see the top of the file)
 
-inline double pipeline_bytes_per_step(int rank, int p, int V, int m, double activation_elements,
-                                      double element_bytes, double embedding_gradient_elements) {
+inline double pipeline_bytes_per_step(int rank, int p, int V, int m,
+                                      double activation_elements, double element_bytes,
+                                      double embedding_gradient_elements) {
     if (p == 1) return 0.0;
     const int S = p * V;
+    const double message = m * activation_elements * element_bytes;
     double bytes = 0;
     for (int v = 0; v < V; v++) {
         const int s = pipeline_model_stage(rank, v, p);
-        if (s < S - 1) bytes += m * activation_elements * element_bytes;
-        if (s > 0) bytes += m * activation_elements * element_bytes;
+        if (s < S - 1) bytes += message;
+        if (s > 0) bytes += message;
     }
     if (rank == 0 || rank == p - 1) bytes += embedding_gradient_elements * element_bytes;
     bytes += (double)ring_share(sizeof(float), p) + (double)ring_share(sizeof(float), p, 2);

@@ -63,7 +63,7 @@ comes before its first backward), or m V when the warm-up is everything. Rank 0 
 #include <vector>
 #include "../utils.h"
 
-enum class PipelineSchedule { GPipe, OneFOneB, Interleaved };
+enum class PipelineSchedule { GPipe, OneFOneB, Interleaved, ZeroBubbleH1 };
 
 // One pass of one microbatch through one of this rank's virtual stages. Backward is the whole backward
 // pass under a schedule that does not split it, else only its input-gradient part (what the previous stage
@@ -75,61 +75,27 @@ struct PipelineAction {
 };
 
 inline const std::vector<std::string>& pipeline_schedule_names() {
-    static const std::vector<std::string> names = {"gpipe", "1f1b", "interleaved"};
+    static const std::vector<std::string> names = {"gpipe", "1f1b", "interleaved", "zb-h1"};
     return names;
 }
 inline PipelineSchedule pipeline_schedule_from_name(const std::string& name) {
     if (name == "gpipe") return PipelineSchedule::GPipe;
     if (name == "1f1b") return PipelineSchedule::OneFOneB;
     if (name == "interleaved") return PipelineSchedule::Interleaved;
-    fatal("pipeline schedule '%s': not a schedule (gpipe, 1f1b, interleaved)", name.c_str());
+    if (name == "zb-h1") return PipelineSchedule::ZeroBubbleH1;
+    fatal("pipeline schedule '%s': not a schedule (gpipe, 1f1b, interleaved, zb-h1)", name.c_str());
 }
 inline const char* pipeline_schedule_name(PipelineSchedule schedule) {
     return pipeline_schedule_names()[(int)schedule].c_str();
 }
 
 // Whether the schedule runs the backward as two actions, Backward (input gradient) and Weights.
-inline bool pipeline_splits_backward(PipelineSchedule) { return false; }
+inline bool pipeline_splits_backward(PipelineSchedule schedule) { return schedule == PipelineSchedule::ZeroBubbleH1; }
 
-// Time of one microbatch's forward, input-gradient backward and weight-gradient pass through each model
-// stage (stages may be uneven), and the time of one message between ranks. A schedule that does not split
-// the backward charges its Backward action backward + weights.
-struct PipelineCosts {
-    std::vector<double> forward, backward, weights;
-    double send_ms = 0;
-};
-inline PipelineCosts pipeline_uniform_costs(int S, double forward, double backward, double weights,
-                                            double send_ms = 0) {
-    PipelineCosts costs;
-    costs.forward.assign(S, forward);
-    costs.backward.assign(S, backward);
-    costs.weights.assign(S, weights);
-    costs.send_ms = send_ms;
-    return costs;
-}
-
-// Model stage of virtual stage v on rank r, and the layers [first, end) it holds out of L.
+// Where the model stages sit: model stage s = v p + r is virtual stage v of rank r.
 inline int pipeline_model_stage(int rank, int virtual_stage, int p) { return virtual_stage * p + rank; }
-inline void pipeline_stage_layers(int rank, int virtual_stage, int p, int V, int num_layers, int* first, int* end) {
-    const int s = pipeline_model_stage(rank, virtual_stage, p);
-    *first = s * num_layers / (p * V);
-    *end = (s + 1) * num_layers / (p * V);
-}
-
-// Which of the L + 2 parameter chunks (llmc/model/parameters.h: embeddings, blocks 0..L-1, final layernorm) rank
-// `rank` holds: the blocks of its stages, the embedding chunk on the ranks of the first stage (the lookup)
-// and of the last (the LM head, tied to wte), the final layernorm on the last.
-inline std::vector<char> pipeline_held_chunks(int rank, int p, int V, int num_layers) {
-    std::vector<char> held(num_layers + 2, 0);
-    for (int v = 0; v < V; v++) {
-        int first, end;
-        pipeline_stage_layers(rank, v, p, V, num_layers, &first, &end);
-        for (int layer = first; layer < end; layer++) held[layer + 1] = 1;
-        if (first == 0) held[0] = 1;
-        if (end == num_layers) held[0] = held[num_layers + 1] = 1;
-    }
-    return held;
-}
+inline int pipeline_stage_rank(int stage, int p) { return stage % p; }
+inline int pipeline_stage_virtual(int stage, int p) { return stage / p; }
 
 // Refuses a layout no schedule can run, in one line.
 inline void pipeline_check_layout(PipelineSchedule schedule, int rank, int p, int m, int V) {
@@ -140,6 +106,8 @@ inline void pipeline_check_layout(PipelineSchedule schedule, int rank, int p, in
         fatal("pipeline %s: %d virtual stages per rank; only the interleaved schedule has more than 1", name, V);
     if (schedule == PipelineSchedule::Interleaved && m % p != 0)
         fatal("pipeline interleaved: %d microbatches are not a multiple of the %d pipeline ranks", m, p);
+    if (schedule == PipelineSchedule::ZeroBubbleH1 && m < p)
+        fatal("pipeline zb-h1: %d microbatches are fewer than the %d pipeline ranks", m, p);
 }
 
 // ----------------------------------------------------------------------------
@@ -206,6 +174,35 @@ inline std::vector<PipelineAction> interleaved_actions(int rank, int p, int m, i
     return actions;
 }
 
+// zb-h1: 1f1b's order of forwards and backwards, each backward split into B (input gradient) and W (weight
+// gradients), rank r running its first r W passes late. With free sends and F, B, W the times of the three
+// passes of one microbatch through one rank's layers (B >= W), for m >= p:
+//   T = m (F + B + W) + (p - 1)(F + B - W),   bubble = (p - 1)(F + B - W) / T
+// against 1f1b's (p - 1)(F + B + W): with F = B = W a third of it, (p - 1) / (3 m + p - 1). Why: the last rank
+// runs F and B back to back for its first p - 1 microbatches (their W wait), so each backward wave leaves it
+// after F + B, not F + B + W, and comes back to rank 0 p - 1 B's later; in the cool-down each rank fills the
+// time between two arriving B's with the W it held back. Rank r holds r of them: the last rank, whose B's
+// start every wave, defers p - 1, rank 0 none (dev/test/test_pipeline.cu checks T, the bubble and the peaks
+// by simulation for every p <= 8, p <= m <= 16). Records in flight (F to B) as in 1f1b, p - r; weight records
+// (B to W) r + 1 at the peak.
+inline std::vector<PipelineAction> zero_bubble_h1_actions(int rank, int p, int m) {
+    std::vector<PipelineAction> actions;
+    const int warmup = std::min(p - rank - 1, m), deferred = rank;
+    int forwards = 0, backwards = 0, weights = 0;
+    for (int i = 0; i < warmup; i++) actions.push_back({PipelineAction::Forward, forwards++, 0});
+    while (forwards < m) {
+        actions.push_back({PipelineAction::Forward, forwards++, 0});
+        actions.push_back({PipelineAction::Backward, backwards++, 0});
+        if (backwards > deferred) actions.push_back({PipelineAction::Weights, weights++, 0});
+    }
+    while (backwards < m) {  // cool-down: every B brings one W held back
+        actions.push_back({PipelineAction::Backward, backwards++, 0});
+        actions.push_back({PipelineAction::Weights, weights++, 0});
+    }
+    while (weights < m) actions.push_back({PipelineAction::Weights, weights++, 0});
+    return actions;
+}
+
 // The ordered actions of pipeline rank `rank` of p, for m microbatches and V virtual stages per rank (V = 1
 // for gpipe and 1f1b). Model stage s = virtual_stage * p + rank holds layers [s L/(pV), (s+1) L/(pV)).
 inline std::vector<PipelineAction> pipeline_actions(PipelineSchedule schedule, int rank, int p, int m, int V) {
@@ -214,6 +211,7 @@ inline std::vector<PipelineAction> pipeline_actions(PipelineSchedule schedule, i
         case PipelineSchedule::GPipe: return gpipe_actions(m);
         case PipelineSchedule::OneFOneB: return one_f_one_b_actions(rank, p, m);
         case PipelineSchedule::Interleaved: return interleaved_actions(rank, p, m, V);
+        case PipelineSchedule::ZeroBubbleH1: return zero_bubble_h1_actions(rank, p, m);
     }
     fatal("unknown pipeline schedule %d", (int)schedule);
 }
@@ -241,6 +239,7 @@ inline std::string pipeline_describe(const std::vector<PipelineAction>& actions)
 inline double pipeline_bubble_fraction(PipelineSchedule schedule, int p, int m, int V) {
     pipeline_check_layout(schedule, 0, p, m, V);
     if (schedule == PipelineSchedule::Interleaved) return (double)(p - 1) / ((double)V * m + p - 1);
+    if (schedule == PipelineSchedule::ZeroBubbleH1) return (double)(p - 1) / (3.0 * m + p - 1);  // F = B = W
     return (double)(p - 1) / (double)(m + p - 1);
 }
 
@@ -249,13 +248,20 @@ inline int pipeline_peak_activations(PipelineSchedule schedule, int rank, int p,
     pipeline_check_layout(schedule, rank, p, m, V);
     switch (schedule) {
         case PipelineSchedule::GPipe: return m;
-        case PipelineSchedule::OneFOneB: return std::min(p - rank, m);
+        case PipelineSchedule::OneFOneB:
+        case PipelineSchedule::ZeroBubbleH1: return std::min(p - rank, m);
         case PipelineSchedule::Interleaved: {
             const int warmup = interleaved_warmup(rank, p, m, V);
             return warmup == m * V ? m * V : warmup + 1;
         }
     }
     fatal("unknown pipeline schedule %d", (int)schedule);
+}
+
+// Weight records rank `rank` holds at its peak (one per B whose W has not run): zb-h1 r + 1, none elsewhere.
+inline int pipeline_peak_weight_records(PipelineSchedule schedule, int rank, int p, int m, int V) {
+    pipeline_check_layout(schedule, rank, p, m, V);
+    return schedule == PipelineSchedule::ZeroBubbleH1 ? std::min(rank + 1, m) : 0;
 }
 
 // Records handed out from a pool: an action of kind `takes` takes the lowest-numbered free record, the
@@ -352,7 +358,7 @@ inline void pipeline_measure(PipelineTimeline& timeline) {
         for (const PipelineEvent& e : timeline.ranks[r]) {
             if (e.wait) continue;
             busy += e.end_ms - e.start_ms;
-            in_flight += e.action.kind == PipelineAction::Forward ? 1 : -1;
+            in_flight += e.action.kind == PipelineAction::Forward ? 1 : e.action.kind == PipelineAction::Backward ? -1 : 0;
             timeline.peak_activations[r] = std::max(timeline.peak_activations[r], in_flight);
         }
         timeline.bubble_fraction[r] = timeline.step_ms > 0 ? (timeline.step_ms - busy) / timeline.step_ms : 0.0;
@@ -367,7 +373,9 @@ inline void pipeline_measure(PipelineTimeline& timeline) {
 //   forward  (j, s > 0)        after forward (j, s - 1) ended      (its input activations)
 //   backward (j, s < S - 1)    after backward (j, s + 1) ended     (the gradient of its output)
 //   backward (j, s)            after forward (j, s) ended          (its own activation record)
-// forward_ms and backward_ms are one microbatch through one rank's L/p layers; an action takes 1/V of it.
+//   weights  (j, s)            after backward (j, s) ended         (what its B kept)
+// forward_ms and backward_ms are one microbatch through one rank's L/p layers; an action takes 1/V of it;
+// lists that split the backward give B and W half of backward_ms each.
 // A message between two ranks arrives send_ms after the pass that sent it ended (none when p = 1: every
 // stage is on the one rank).
 // Start times follow from these rules alone (the longest path to each action), so the order in which the
@@ -386,7 +394,14 @@ inline PipelineTimeline pipeline_simulate_actions(const std::vector<std::vector<
     const int p = timeline.p, S = p * V;
     const double arrives_after = p > 1 ? send_ms : 0.0;  // a neighbouring stage is always on another rank
     // end time of each pass (microbatch j, model stage s), or -1 while it has not run
-    std::vector<double> forward_end((size_t)m * S, -1.0), backward_end((size_t)m * S, -1.0);
+    std::vector<double> forward_end((size_t)m * S, -1.0), backward_end((size_t)m * S, -1.0),
+        weights_end((size_t)m * S, -1.0);
+    // lists with W actions split each backward into two halves: B and W take backward_ms / 2 each
+    bool split = false;
+    for (const std::vector<PipelineAction>& list : lists)
+        for (const PipelineAction& a : list) split |= a.kind == PipelineAction::Weights;
+    const double kind_ms[3] = {forward_ms, split ? backward_ms / 2 : backward_ms, backward_ms / 2};
+    const char* kind_letter[3] = {"F", "B", "W"};
     auto at = [S](int j, int s) { return (size_t)j * S + s; };
     auto stage_name = [p, V](const char* kind, int j, int s) {
         return std::string(kind) + std::to_string(j) + " of stage " + std::to_string(s) + " (rank " +
@@ -409,22 +424,27 @@ inline PipelineTimeline pipeline_simulate_actions(const std::vector<std::vector<
                 const PipelineAction& a = lists[r][next[r]];
                 const int j = a.microbatch, s = pipeline_model_stage(r, a.virtual_stage, p);
                 double ready = free_at[r];
-                std::vector<double>& done = a.kind == PipelineAction::Forward ? forward_end : backward_end;
+                std::vector<double>& done = a.kind == PipelineAction::Forward    ? forward_end
+                                            : a.kind == PipelineAction::Backward ? backward_end
+                                                                                 : weights_end;
                 if (done[at(j, s)] >= 0) {
-                    timeline.problem = "rank " + std::to_string(r) + " runs " +
-                                       stage_name(a.kind == PipelineAction::Forward ? "F" : "B", j, s) + " twice";
+                    timeline.problem = "rank " + std::to_string(r) + " runs " + stage_name(kind_letter[a.kind], j, s) +
+                                       " twice";
                     return timeline;
                 }
                 if (a.kind == PipelineAction::Forward) {
                     if (s > 0 && forward_end[at(j, s - 1)] < 0) break;  // waits for its input
                     if (s > 0) ready = std::max(ready, forward_end[at(j, s - 1)] + arrives_after);
+                } else if (a.kind == PipelineAction::Weights) {
+                    if (backward_end[at(j, s)] < 0) break;  // its B has not run
+                    ready = std::max(ready, backward_end[at(j, s)]);
                 } else {
                     if (forward_end[at(j, s)] < 0) break;  // its forward has not run
                     if (s < S - 1 && backward_end[at(j, s + 1)] < 0) break;  // waits for its output's gradient
                     ready = std::max(ready, forward_end[at(j, s)]);
                     if (s < S - 1) ready = std::max(ready, backward_end[at(j, s + 1)] + arrives_after);
                 }
-                const double duration = (a.kind == PipelineAction::Forward ? forward_ms : backward_ms) / V;
+                const double duration = kind_ms[a.kind] / V;
                 done[at(j, s)] = ready + duration;
                 free_at[r] = ready + duration;
                 timeline.ranks[r].push_back({a, ready, ready + duration});
@@ -442,6 +462,7 @@ inline PipelineTimeline pipeline_simulate_actions(const std::vector<std::vector<
         const int j = a.microbatch, s = pipeline_model_stage(r, a.virtual_stage, p);
         std::string what;
         if (a.kind == PipelineAction::Forward) what = stage_name("F", j, s - 1);
+        else if (a.kind == PipelineAction::Weights) what = stage_name("B", j, s);
         else if (forward_end[at(j, s)] < 0) what = stage_name("F", j, s);
         else what = stage_name("B", j, s + 1);
         waits += (waits.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " waits at " +
@@ -456,6 +477,7 @@ inline PipelineTimeline pipeline_simulate_actions(const std::vector<std::vector<
         for (int s = 0; s < S; s++) {
             if (forward_end[at(j, s)] < 0) timeline.problem = stage_name("F", j, s) + " never ran";
             else if (backward_end[at(j, s)] < 0) timeline.problem = stage_name("B", j, s) + " never ran";
+            else if (split && weights_end[at(j, s)] < 0) timeline.problem = stage_name("W", j, s) + " never ran";
             if (!timeline.problem.empty()) return timeline;
         }
     pipeline_measure(timeline);
@@ -471,99 +493,158 @@ inline PipelineTimeline pipeline_simulate(PipelineSchedule schedule, int p, int 
 }
 
 // ----------------------------------------------------------------------------
-// when a sent gradient's buffer may be used again
+// the messages, in groups that NCCL can run
 
 /*
-A send completes once its receiver takes the message (NCCL's always; MPI's large ones), so a rank that waits
-for one of its sends waits for the receiver to get to the matching receive. The executor (llmc/parallel/pipeline.h)
-sends a stage's output from the stage record and waits for that send before the record's next forward
-pass: safe, since that comes after the record's backward pass, which needed the next stage to have taken
-the activations and used them. The gradient of a stage's input is different: the previous stage takes it
-only at its backward pass, and nothing obliges that to come before the sender's next actions. Under the
-interleaved schedule, waiting for it when the record is reused deadlocks (p 2, V 2, m 4: before their
-forwards F3.0 and F2.0, ranks 0 and 1 each wait for the other to take a gradient, which the other takes
-only at a backward after that forward). So gradients go out from
-staging buffers, and the sender waits for each only where that cannot deadlock: before its first later
-action that depends on the receiver having taken the message (or at the end of the step). "Depends on"
-is found with vector clocks: clock(a)[q] = how many of rank q's actions must have run before action a, by
-each rank's order and the simulator's rules (a forward after the previous stage's forward, a backward
-after the next stage's backward and after its own forward). Action w depends on rank q's action c iff
-clock(w)[q] > c's index. The staging buffers are then handed out like the records: the lowest free one.
+NCCL's send and receive block the GPU until the peer arrives (a send completes only once its receiver has
+started receiving), and operations that must progress at the same time have to be in one group. Under 1F1B
+rank 0 sends activation j+1 and then waits for gradient j while rank 1 sends gradient j and then waits for
+activation j+1: issued one at a time, each send waits for a receive the other rank posts only after its own
+send. So the executor issues, before each action i of a rank, ONE group: the sends of action i-1's results
+and the receives action i needs (and after the last action, its sends). The group completes, sends included,
+before action i starts, so a sent buffer is free again at once.
+
+pipeline_message_groups lists the groups; pipeline_check_message_groups runs every rank's groups under
+those synchronous semantics (a group completes when each of its operations' matching operations has been
+posted by the peer) and says whether they can deadlock; given `one_at_a_time` it runs each operation as a
+group of its own instead, the structure that deadlocks 1F1B (dev/test/test_pipeline.cu shows both, for every
+schedule). Messages between two ranks are paired in the order they are issued (NCCL has no tags), so the
+check also requires the k-th send from rank a to rank b to be the message b expects as its k-th receive from a.
 */
-struct PipelineGradientSends {
-    std::vector<int> buffer;                      // per action: the staging buffer of its gradient's send, or -1
-    std::vector<std::vector<int>> finish_before;  // per action, and one more for the end of the step: the
-                                                  // buffers whose sends must have finished before it
-    int buffers = 0;                              // how many staging buffers the rank needs
+struct PipelineMessage {
+    bool send;                 // this rank sends it (else receives it)
+    bool gradient;             // the gradient of a stage's input, going back (else a stage's output, forward)
+    int microbatch;
+    int from_stage, to_stage;  // model stages: to = from + 1 for activations, from - 1 for gradients
+    int peer;                  // the pipeline rank at the other end
 };
 
-inline PipelineGradientSends pipeline_gradient_sends(const std::vector<std::vector<PipelineAction>>& lists,
-                                                     int rank, int m, int V) {
-    const int p = (int)lists.size(), S = p * V;
-    // where each pass (kind, microbatch, model stage) sits in its rank's list
-    std::vector<int> index_of(2 * (size_t)m * S, -1);
-    auto pass = [&](PipelineAction::Kind kind, int j, int s) -> int& { return index_of[((size_t)kind * m + j) * S + s]; };
-    for (int r = 0; r < p; r++)
-        for (size_t i = 0; i < lists[r].size(); i++) {
-            const PipelineAction& a = lists[r][i];
-            pass(a.kind, a.microbatch, pipeline_model_stage(r, a.virtual_stage, p)) = (int)i;
+// The group before each action of `actions` (rank `rank` of p, V virtual stages), and one after the last.
+inline std::vector<std::vector<PipelineMessage>> pipeline_message_groups(const std::vector<PipelineAction>& actions,
+                                                                         int rank, int p, int V) {
+    const int S = p * V;
+    std::vector<std::vector<PipelineMessage>> groups(actions.size() + 1);
+    for (size_t i = 0; i < actions.size(); i++) {
+        const PipelineAction& a = actions[i];
+        const int s = pipeline_model_stage(rank, a.virtual_stage, p), j = a.microbatch;
+        // what action i sends, in the group after it, and receives, in the group before it
+        if (a.kind == PipelineAction::Forward && s < S - 1 && pipeline_stage_rank(s + 1, p) != rank)
+            groups[i + 1].push_back({true, false, j, s, s + 1, pipeline_stage_rank(s + 1, p)});
+        if (a.kind == PipelineAction::Backward && s > 0 && pipeline_stage_rank(s - 1, p) != rank)
+            groups[i + 1].push_back({true, true, j, s, s - 1, pipeline_stage_rank(s - 1, p)});
+    }
+    for (size_t i = 0; i < actions.size(); i++) {
+        const PipelineAction& a = actions[i];
+        const int s = pipeline_model_stage(rank, a.virtual_stage, p), j = a.microbatch;
+        if (a.kind == PipelineAction::Forward && s > 0 && pipeline_stage_rank(s - 1, p) != rank)
+            groups[i].push_back({false, false, j, s - 1, s, pipeline_stage_rank(s - 1, p)});
+        if (a.kind == PipelineAction::Backward && s < S - 1 && pipeline_stage_rank(s + 1, p) != rank)
+            groups[i].push_back({false, true, j, s + 1, s, pipeline_stage_rank(s + 1, p)});
+    }
+    // A forward followed by a backward (the interleaved schedule's steady state) share one group, before the
+    // forward: the backward's receive is posted early, the forward's send waits until after the backward,
+    // where it joins that backward's send and the next action's receive. Otherwise the forward's send and
+    // the backward's receive would form a group of their own, and the interleaved schedule's ranks would wait
+    // in such groups for each other (pipeline_check_message_groups finds the cycle). Not after the rank's last
+    // forward: the next rank may need that output before it can send the gradient the backward waits for.
+    size_t last_forward = 0;
+    for (size_t i = 0; i < actions.size(); i++)
+        if (actions[i].kind == PipelineAction::Forward) last_forward = i;
+    if (V > 1)
+        for (size_t i = 0; i + 1 < last_forward; i++) {
+            if (actions[i].kind != PipelineAction::Forward || actions[i + 1].kind != PipelineAction::Backward) continue;
+            std::vector<PipelineMessage> sends, receives;
+            for (const PipelineMessage& message : groups[i + 1]) (message.send ? sends : receives).push_back(message);
+            groups[i].insert(groups[i].end(), receives.begin(), receives.end());
+            groups[i + 2].insert(groups[i + 2].begin(), sends.begin(), sends.end());
+            groups[i + 1].clear();
         }
-    // vector clocks, computed in an order the dependencies allow
-    std::vector<std::vector<std::vector<int>>> clock(p);
-    for (int r = 0; r < p; r++) clock[r].resize(lists[r].size());
-    std::vector<size_t> next(p, 0);  // each rank's first action without a clock yet
+    return groups;  // within each group the sends come before the receives
+}
+
+inline std::string pipeline_message_label(const PipelineMessage& message) {
+    return std::string(message.gradient ? "gradient" : "activations") + " of microbatch " +
+           std::to_string(message.microbatch) + " from stage " + std::to_string(message.from_stage) + " to " +
+           std::to_string(message.to_stage);
+}
+
+// Whether every rank's groups (lists[r]: the group before each action and after the last) complete under
+// synchronous point-to-point semantics: "" if they do, else what deadlocks or is mispaired. A group completes
+// once every one of its operations' matching operations is posted, that is, once the peer has reached the
+// group that holds it; a rank reaches its next group when its current one completes (the action between takes
+// no part). With one_at_a_time each operation is a group of its own, in the same order.
+inline std::string pipeline_check_message_groups(std::vector<std::vector<std::vector<PipelineMessage>>> lists,
+                                                 bool one_at_a_time = false) {
+    const int p = (int)lists.size();
+    if (one_at_a_time)
+        for (auto& groups : lists) {
+            std::vector<std::vector<PipelineMessage>> alone;
+            for (const auto& group : groups)
+                for (const PipelineMessage& message : group) alone.push_back({message});
+            groups = alone;
+        }
+    // pair the k-th send from a to b with the k-th receive on b from a: where each operation's match is
+    struct Place { int group, index; };
+    std::vector<std::vector<std::vector<Place>>> match(p);  // [rank][group][operation] -> the peer's place
+    std::vector<std::vector<std::vector<Place>>> sent(p, std::vector<std::vector<Place>>(p));  // [from][to]
+    std::vector<std::vector<std::vector<Place>>> received(p, std::vector<std::vector<Place>>(p));
+    for (int r = 0; r < p; r++) {
+        match[r].resize(lists[r].size());
+        for (size_t g = 0; g < lists[r].size(); g++) {
+            match[r][g].resize(lists[r][g].size());
+            for (size_t k = 0; k < lists[r][g].size(); k++) {
+                const PipelineMessage& message = lists[r][g][k];
+                if (message.peer < 0 || message.peer >= p || message.peer == r)
+                    return "rank " + std::to_string(r) + " has a message to no other rank";
+                (message.send ? sent[r][message.peer] : received[message.peer][r]).push_back({(int)g, (int)k});
+            }
+        }
+    }
+    for (int a = 0; a < p; a++)
+        for (int b = 0; b < p; b++) {
+            if (sent[a][b].size() != received[a][b].size())
+                return "rank " + std::to_string(a) + " sends " + std::to_string(sent[a][b].size()) + " messages to rank " +
+                       std::to_string(b) + ", which receives " + std::to_string(received[a][b].size());
+            for (size_t k = 0; k < sent[a][b].size(); k++) {
+                const Place out = sent[a][b][k], in = received[a][b][k];
+                const PipelineMessage &m_out = lists[a][out.group][out.index], &m_in = lists[b][in.group][in.index];
+                if (m_out.gradient != m_in.gradient || m_out.microbatch != m_in.microbatch ||
+                    m_out.from_stage != m_in.from_stage || m_out.to_stage != m_in.to_stage)
+                    return "mismatched messages: rank " + std::to_string(a) + "'s send " + std::to_string(k) + " to rank " +
+                           std::to_string(b) + " is the " + pipeline_message_label(m_out) + ", its receive expects the " +
+                           pipeline_message_label(m_in);
+                match[a][out.group][out.index] = in;
+                match[b][in.group][in.index] = out;
+            }
+        }
+    // run: every rank stands at (has posted) its first unfinished group
+    std::vector<size_t> at(p, 0);
     for (bool progressed = true; progressed;) {
         progressed = false;
         for (int r = 0; r < p; r++)
-            while (next[r] < lists[r].size()) {
-                const size_t i = next[r];
-                const PipelineAction& a = lists[r][i];
-                const int j = a.microbatch, s = pipeline_model_stage(r, a.virtual_stage, p);
-                std::vector<std::pair<int, int>> needs;  // (rank, index) of the passes this one waits for
-                if (a.kind == PipelineAction::Forward && s > 0) needs.push_back({(s - 1) % p, pass(PipelineAction::Forward, j, s - 1)});
-                if (a.kind == PipelineAction::Backward) {
-                    needs.push_back({r, pass(PipelineAction::Forward, j, s)});
-                    if (s < S - 1) needs.push_back({(s + 1) % p, pass(PipelineAction::Backward, j, s + 1)});
+            while (at[r] < lists[r].size()) {
+                bool complete = true;
+                for (size_t k = 0; k < lists[r][at[r]].size(); k++) {
+                    const int peer = lists[r][at[r]][k].peer;
+                    complete &= (size_t)match[r][at[r]][k].group <= at[peer];  // posted (or done) by the peer
                 }
-                bool ready = true;
-                for (auto [q, k] : needs) ready &= k >= 0 && (size_t)k < next[q];
-                if (!ready) break;
-                std::vector<int> c(p, 0);
-                if (i > 0) c = clock[r][i - 1];
-                c[r] = (int)i;
-                for (auto [q, k] : needs) {
-                    for (int x = 0; x < p; x++) c[x] = std::max(c[x], clock[q][k][x]);
-                    c[q] = std::max(c[q], k + 1);
-                }
-                clock[r][i] = c;
-                next[r]++;
+                if (!complete) break;
+                at[r]++;
                 progressed = true;
             }
     }
-    for (int r = 0; r < p; r++)
-        if (next[r] < lists[r].size()) fatal("pipeline: the action lists deadlock (pipeline_simulate says where)");
-    // the sends of `rank`, and where each may be waited for
-    const std::vector<PipelineAction>& mine = lists[rank];
-    PipelineGradientSends sends;
-    sends.buffer.assign(mine.size(), -1);
-    sends.finish_before.assign(mine.size() + 1, {});
-    std::vector<char> busy;
-    for (size_t i = 0; i < mine.size(); i++) {
-        for (int b : sends.finish_before[i]) busy[b] = 0;
-        const PipelineAction& a = mine[i];
-        const int s = pipeline_model_stage(rank, a.virtual_stage, p);
-        if (a.kind != PipelineAction::Backward || s == 0) continue;
-        const int receiver = (s - 1) % p, taken = pass(PipelineAction::Backward, a.microbatch, s - 1);
-        size_t wait = i + 1;
-        while (wait < mine.size() && clock[rank][wait][receiver] <= taken) wait++;
-        const int b = (int)(std::find(busy.begin(), busy.end(), 0) - busy.begin());
-        if (b == (int)busy.size()) busy.push_back(0);
-        busy[b] = 1;
-        sends.buffer[i] = b;
-        sends.finish_before[wait].push_back(b);
+    std::string waits;
+    for (int r = 0; r < p; r++) {
+        if (at[r] == lists[r].size()) continue;
+        for (size_t k = 0; k < lists[r][at[r]].size(); k++) {
+            const PipelineMessage& message = lists[r][at[r]][k];
+            if ((size_t)match[r][at[r]][k].group <= at[message.peer]) continue;
+            waits += (waits.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " waits to " +
+                     (message.send ? "send" : "receive") + " the " + pipeline_message_label(message);
+            break;
+        }
     }
-    sends.buffers = (int)busy.size();
-    return sends;
+    return waits.empty() ? "" : "deadlock: " + waits;
 }
 
 // ----------------------------------------------------------------------------

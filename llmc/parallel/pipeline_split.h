@@ -5,6 +5,7 @@ Stages of any size: how many consecutive layers each model stage of the pipeline
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 #include "layout.h"
 #include "../model/parameters.h"
@@ -70,22 +71,78 @@ Auto balances the compute: FLOPs per token, forward + backward (the backward twi
 so the first stage's extra is 0 and the last's is head / block in layer-equivalents. Memory is not balanced:
 the planner reports each stage's (the first stage holds the most activation records under 1f1b).
 */
+// The FLOP counts above, per token of a sequence of T.
+inline double pipeline_block_flops_per_token(const GPT2Config& config, int T) {
+    const double C = config.channels;
+    return 72 * C * C + 12 * C * T;
+}
+inline double pipeline_head_flops_per_token(const GPT2Config& config) {
+    const double C = config.channels, Vp = config.padded_vocab_size;
+    return 6 * C * Vp + 10 * Vp;
+}
+
+// Why a list of layers per stage cannot be the split of L layers into S stages ("": it can).
+inline std::string pipeline_split_error(const std::vector<int>& stage_layers, int L, int S) {
+    if ((int)stage_layers.size() != S)
+        return "--pp-layers lists " + std::to_string(stage_layers.size()) + " stages, the pipeline has " +
+               std::to_string(S) + " (pp x virtual stages per rank)";
+    int sum = 0;
+    for (size_t s = 0; s < stage_layers.size(); s++) {
+        if (stage_layers[s] < 1) return "--pp-layers gives stage " + std::to_string(s) + " no layers";
+        sum += stage_layers[s];
+    }
+    if (sum != L) return "--pp-layers adds up to " + std::to_string(sum) + " layers, the model has " + std::to_string(L);
+    return "";
+}
+
 inline std::vector<int> pipeline_stage_split(const GPT2Config& config, const Layout& l) {
     const int L = config.num_layers, S = l.pp * l.pp_virtual;
-    if (L < S) fatal("pipeline: %d layers cannot fill %d stages (pp %d x %d per rank) with one each", L, S, l.pp, l.pp_virtual);
-    if (l.pp_layers.empty()) {
-        const double C = config.channels, T = l.seq_len, Vp = config.padded_vocab_size;
-        const double block = 72 * C * C + 12 * C * T;
-        const double head_and_loss = 6 * C * Vp + 10 * Vp;
-        return pipeline_balanced_layers(L, S, 0.0, head_and_loss / block);
-    }
-    if ((int)l.pp_layers.size() != S)
-        fatal("--pp-layers: %d entries for %d model stages (pp %d x %d per rank)", (int)l.pp_layers.size(), S, l.pp, l.pp_virtual);
-    int sum = 0;
-    for (int n : l.pp_layers) {
-        if (n < 1) fatal("--pp-layers: every stage needs at least one layer");
-        sum += n;
-    }
-    if (sum != L) fatal("--pp-layers: the stages hold %d layers, the model has %d", sum, L);
+    if (L < S) fatal("%d layers cannot be cut into %d stages (pp %d x %d per rank) of at least one layer", L, S, l.pp,
+                     l.pp_virtual);
+    if (l.pp_layers.empty())
+        return pipeline_balanced_layers(L, S, 0.0, pipeline_head_flops_per_token(config) /
+                                                       pipeline_block_flops_per_token(config, l.seq_len));
+    const std::string error = pipeline_split_error(l.pp_layers, L, S);
+    if (!error.empty()) fatal("%s", error.c_str());
     return l.pp_layers;
+}
+
+// Which of the L + 2 parameter chunks (llmc/model/parameters.h: embeddings, blocks 0..L-1, final layernorm) rank
+// `rank` holds: the blocks of its stages, the embedding chunk on the ranks of the first stage (the lookup)
+// and of the last (the LM head, tied to wte), the final layernorm on the last.
+inline std::vector<char> pipeline_held_chunks(int rank, int p, int V, const std::vector<int>& stage_layers) {
+    const int L = pipeline_first_layer(stage_layers, (int)stage_layers.size());
+    std::vector<char> held(L + 2, 0);
+    for (int v = 0; v < V; v++) {
+        const int s = pipeline_model_stage(rank, v, p);
+        const int first = pipeline_first_layer(stage_layers, s), end = first + stage_layers[s];
+        for (int layer = first; layer < end; layer++) held[layer + 1] = 1;
+        if (first == 0) held[0] = 1;
+        if (end == L) held[0] = held[L + 1] = 1;
+    }
+    return held;
+}
+
+// One line saying why this layout cannot run (empty: it can). Whether the world splits into pp ranks is the
+// mesh's to check, whether a --pp-layers list fits pipeline_stage_split's.
+inline std::string pipeline_layout_error(PipelineSchedule schedule, int p, int V, int m, int num_layers) {
+    const char* name = pipeline_schedule_name(schedule);
+    char text[256] = "";
+    if (schedule != PipelineSchedule::Interleaved && V != 1) {
+        snprintf(text, sizeof(text), "--pp-virtual %d: only the interleaved schedule has virtual stages (the schedule "
+                 "is %s)", V, name);
+    } else if (num_layers < p * V) {
+        snprintf(text, sizeof(text), "%d layers cannot be cut into %d stages (pp %d x %d per rank) of at least one "
+                 "layer", num_layers, p * V, p, V);
+    } else if (schedule == PipelineSchedule::Interleaved && p == 1) {
+        snprintf(text, sizeof(text), "the interleaved schedule needs --pp at least 2 (with one pipeline rank there is "
+                 "nothing to interleave)");
+    } else if (schedule == PipelineSchedule::Interleaved && m % p != 0) {
+        snprintf(text, sizeof(text), "the interleaved schedule needs the microbatches (%d: --total-batch-size / (B x T "
+                 "x data-parallel ranks)) to be a multiple of --pp %d", m, p);
+    } else if (schedule == PipelineSchedule::ZeroBubbleH1 && m < p) {
+        snprintf(text, sizeof(text), "zb-h1 needs at least as many microbatches (%d: --total-batch-size / (B x T x "
+                 "data-parallel ranks)) as --pp %d", m, p);
+    }
+    return text;
 }

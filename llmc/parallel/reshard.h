@@ -62,12 +62,19 @@ inline void zero_write_shard(Zero& z, GPT2& model, CheckpointWriter& writer) {
     }
 }
 
-// Reads a checkpoint of `saved_shards` shards at tensor-parallel size `saved_tp` on `saved_pp` pipeline ranks
-// of `saved_virtual` stages each (main file at main_path, listing `shard_files`, of step `step`) into this
+// The pipeline a checkpoint was written by: which ranks held which layers.
+struct SavedPipeline {
+    int pp = 1, virtual_stages = 1;
+    std::vector<int> stage_layers;  // layers of each model stage
+};
+
+// Reads a checkpoint of `saved_shards` shards at tensor-parallel size `saved_tp` on the pipeline
+// `saved_pipeline` (main file at main_path, listing `shard_files`, of step `step`) into this
 // rank's parameters and optimizer state.
 inline void zero_read_shards(Zero& z, GPT2& model, const std::string& main_path, int saved_shards, int saved_tp,
-                             int saved_pp, int saved_virtual, const std::vector<ShardFileEntry>& shard_files,
+                             const SavedPipeline& saved_pipeline, const std::vector<ShardFileEntry>& shard_files,
                              long long step) {
+    const int saved_pp = saved_pipeline.pp;
     if (shard_files.size() + 1 != (size_t)saved_pp * saved_tp * saved_shards)
         fatal("%s lists %zu shard files; its layout (pp %d x tp %d x %d shards) has %d", main_path.c_str(),
               shard_files.size(), saved_pp, saved_tp, saved_shards, saved_pp * saved_tp * saved_shards - 1);
@@ -80,7 +87,8 @@ inline void zero_read_shards(Zero& z, GPT2& model, const std::string& main_path,
     for (int file = 0; file < saved_pp * saved_tp * saved_shards; file++) {
         const int pp_rank = file / (saved_tp * saved_shards), t = file / saved_shards % saved_tp, k = file % saved_shards;
         const ParameterLayout saved(model.config, saved_shards, saved_tp, t,
-                                    pipeline_held_chunks(pp_rank, saved_pp, saved_virtual, model.config.num_layers));
+                                    pipeline_held_chunks(pp_rank, saved_pp,
+                                                         saved_pipeline.virtual_stages, saved_pipeline.stage_layers));
         const size_t saved_count = saved.total / saved_shards;
         const std::string path = shard_path(main_path, file);
         CheckpointReader reader(path);
@@ -134,11 +142,12 @@ inline std::vector<float> gather_whole_model(Communicator& model_group, const La
                                              const ParameterLayout& layout, const std::vector<float>& mine,
                                              cudaStream_t stream) {
     const ParameterLayout whole(layout.config);
+    const std::vector<int> stage_layers = pipeline_stage_split(layout.config, parallel);
     std::vector<ParameterLayout> parts;  // each member's
     size_t largest = 0;                  // the all-gather moves equal blocks: the largest part's size
     for (int member = 0; member < model_group.size; member++) {
-        const std::vector<char> held = pipeline_held_chunks(member / layout.tp, parallel.pp, parallel.pp_virtual,
-                                                            layout.config.num_layers);
+        const std::vector<char> held = pipeline_held_chunks(member / layout.tp, parallel.pp,
+                                                            parallel.pp_virtual, stage_layers);
         parts.emplace_back(layout.config, layout.shards, layout.tp, member % layout.tp, held);
         largest = std::max(largest, parts.back().total);
     }
@@ -213,6 +222,7 @@ inline void save_checkpoint(const std::string& output_dir, int step, int keep_la
     writer.add_value("tensor_parallel", par.tp.size);
     writer.add_value("pipeline", par.pipe.size);
     writer.add_value("pipeline_virtual", par.pipe.virtual_stages);
+    writer.add("pipeline_stage_layers", par.pipe.stage_layers.data(), par.pipe.stage_layers.size() * sizeof(int));
     zero_write_shard(optimizer, model, writer);
     writer.commit();
     remove_old_checkpoints(output_dir, keep_last, step);
@@ -242,11 +252,18 @@ inline int load_checkpoint(const std::string& path, long long step, GPT2& model,
     if (shards < 1 || shards > 1 << 20) fatal("%s: implausible shard count %d", path.c_str(), shards);
     const int saved_tp = reader.read_value<int>("tensor_parallel");
     if (saved_tp < 1 || saved_tp > 1 << 12) fatal("%s: implausible tensor-parallel size %d", path.c_str(), saved_tp);
-    const int saved_pp = reader.read_value<int>("pipeline"), saved_virtual = reader.read_value<int>("pipeline_virtual");
-    if (saved_pp < 1 || saved_virtual < 1 || saved.num_layers % (saved_pp * saved_virtual) != 0)
-        fatal("%s: implausible pipeline of %d ranks x %d virtual stages for %d layers", path.c_str(), saved_pp,
-              saved_virtual, saved.num_layers);
-    zero_read_shards(par.zero, model, path, shards, saved_tp, saved_pp, saved_virtual, shard_files, step);
+    SavedPipeline pipeline;
+    pipeline.pp = reader.read_value<int>("pipeline");
+    pipeline.virtual_stages = reader.read_value<int>("pipeline_virtual");
+    if (pipeline.pp < 1 || pipeline.virtual_stages < 1 || pipeline.pp * pipeline.virtual_stages > saved.num_layers)
+        fatal("%s: implausible pipeline of %d ranks x %d virtual stages for %d layers", path.c_str(), pipeline.pp,
+              pipeline.virtual_stages, saved.num_layers);
+    pipeline.stage_layers.resize(pipeline.pp * pipeline.virtual_stages);
+    reader.read("pipeline_stage_layers", pipeline.stage_layers.data(), pipeline.stage_layers.size() * sizeof(int));
+    const std::string split_error = pipeline_split_error(pipeline.stage_layers, saved.num_layers,
+                                                         (int)pipeline.stage_layers.size());
+    if (!split_error.empty()) fatal("%s: %s", path.c_str(), split_error.c_str());
+    zero_read_shards(par.zero, model, path, shards, saved_tp, pipeline, shard_files, step);
     *data = reader.read_value<DataLoaderState>("train_data");
     *sample_rng = reader.read_value<Rng>("sample_rng");
     return (int)step;

@@ -589,8 +589,7 @@ inline void report_memory(ParallelContext& par, GPT2& model, Logger& logger) {
         for (int r = 0; r < l.pp; r++)
             printf("  pp rank %d: activations %s held at the peak, formula %s (%d record(s) in flight)\n", r,
                    format_bytes(stage_activations[r]).c_str(), format_bytes(stage_formulas[r]).c_str(),
-                   pipeline_model_part(l.schedule, r, l.pp, l.pp_virtual, par.microbatches,
-                                       model.config.num_layers).records);
+                   pipeline_peak_activations(l.schedule, r, l.pp, par.microbatches, l.pp_virtual));
     logger.write(JsonLine("memory").integer("model_state_bytes", (long long)model_state)
                      .integer("activation_bytes", (long long)held.peak[(int)MemoryKind::Activations])
                      .number("activation_formula_bytes", with_buffers.activations)

@@ -70,6 +70,7 @@ cuBLASLt's workspace and NCCL's buffers, which no formula here counts) is at mos
 #include "../parallel/layout.h"
 #include "../parallel/pipeline_links.h"
 #include "../parallel/pipeline_schedule.h"
+#include "../parallel/pipeline_split.h"
 
 // what the plan does not count but a GPU needs: the CUDA context (~0.5 GiB), cuBLASLt's 32 MiB workspace,
 // NCCL's buffers (a few hundred MiB with several communicators)
@@ -105,6 +106,8 @@ struct LayoutPlan {
     std::vector<GPT2MemoryShape> shapes;  // per pp rank
     std::vector<MemoryPlan> stages;       // per pp rank: bytes by category
     std::vector<double> pp_bytes;         // per pp rank: bytes sent on the pp axis per step
+    std::vector<int> stage_layers;        // per model stage: its layers (pipeline_stage_split)
+    std::vector<double> stage_seconds;    // per model stage: compute of one microbatch, forward + backward
     int fullest_stage = 0;                // the pp rank with the most memory
     double peak_bytes = 0;                // its total
     bool fits = false;                    // peak_bytes + kPlanReserveBytes <= the GPU's memory
@@ -180,8 +183,9 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
                                        (l.sequence_parallel ? l.tp : 1);
 
     // memory and pp bytes, per pp rank
+    plan.stage_layers = pipeline_stage_split(config, l);
     for (int r = 0; r < p; r++) {
-        const ModelPart part = pipeline_model_part(l.schedule, r, p, V, m, L);
+        const ModelPart part = pipeline_model_part(l.schedule, r, p, V, m, plan.stage_layers);
         const GPT2MemoryShape shape = gpt2_memory_shape(config, l, part);
         const ParameterLayout layout(config, shards, l.tp, 0, part.held_chunks);
         plan.shapes.push_back(shape);
@@ -198,7 +202,26 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
     plan.bytes[PLAN_DP] = plan.stages[0].communication;
     plan.bytes[PLAN_TP] = plan_tp_bytes(config, l, m);
     plan.bytes[PLAN_PP] = *std::max_element(plan.pp_bytes.begin(), plan.pp_bytes.end());
-    plan.bytes[PLAN_CP] = cp_bytes_per_step(l.cp_mode, l.cp, l.batch_size, l.seq_len, config.channels / l.tp, L / p,
+    // each stage's compute per microbatch (llmc/parallel/pipeline_split.h's FLOP counts, this rank's 1/tp and
+    // T/cp share); a pp rank works the sum of its stages', and the busiest rank sets the pipeline's pace
+    const double block_flops = pipeline_block_flops_per_token(config, l.seq_len) / l.tp;
+    const double head_flops = pipeline_head_flops_per_token(config) / l.tp;
+    const double microbatch_tokens = (double)l.batch_size * T_local;
+    const double rate = hw.peak_flops * hw.efficiency;
+    std::vector<double> rank_seconds(p, 0.0);
+    int most_layers = 0;  // on one pp rank
+    for (int stage = 0; stage < p * V; stage++) {
+        const bool last = stage == p * V - 1;
+        const double flops = (plan.stage_layers[stage] * block_flops + (last ? head_flops : 0.0)) * microbatch_tokens;
+        plan.stage_seconds.push_back(flops / rate);
+        rank_seconds[pipeline_stage_rank(stage, p)] += flops / rate;
+    }
+    for (int r = 0; r < p; r++) {
+        int layers = 0;
+        for (int v = 0; v < V; v++) layers += plan.stage_layers[pipeline_model_stage(r, v, p)];
+        most_layers = std::max(most_layers, layers);
+    }
+    plan.bytes[PLAN_CP] = cp_bytes_per_step(l.cp_mode, l.cp, l.batch_size, l.seq_len, config.channels / l.tp, most_layers,
                                             l.recompute.policy == RecomputePolicy::Full ? 2 : 1, m, (size_t)s);
     const int spans[kPlanAxes] = {l.ranks, l.tp, l.tp * l.cp * l.pp, l.tp * l.cp};
     plan.bubble = pipeline_bubble_fraction(l.schedule, p, m, V);
@@ -211,6 +234,9 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
     plan.hardware_flops = plan.model_flops + recompute_extra_flops_per_token(l.recompute, (double)whole.block_elements(),
                                                                              L, config.channels, l.seq_len) * plan.tokens;
     plan.compute_seconds = plan.hardware_flops / l.ranks / (hw.peak_flops * hw.efficiency);
+    // uneven stages: the busiest pp rank's model compute (plus its share of the recomputation), if larger
+    const double busiest = *std::max_element(rank_seconds.begin(), rank_seconds.end()) * m;
+    plan.compute_seconds = std::max(plan.compute_seconds, busiest * plan.hardware_flops / plan.model_flops);
     for (int a = 0; a < kPlanAxes; a++) {
         plan.crosses_nodes[a] = spans[a] > hw.gpus_per_node;
         plan.axis_seconds[a] = plan.bytes[a] / (plan.crosses_nodes[a] ? hw.infiniband_bytes_per_second
@@ -233,26 +259,30 @@ inline std::string plan_layout_name(const LayoutPlan& plan) {
                        l.sequence_parallel ? " (sequence parallel)" : "");
 }
 
-// Per pp rank: its records in flight, memory, gradient send buffers and the bytes it sends on the pp axis
-// per step (llmc/parallel/pipeline_links.h's formula), and the schedule's bubble.
-inline void print_pipeline_plan(const GPT2Config& config, const LayoutPlan& plan, FILE* out = stdout) {
+// Per model stage: its layers and its compute per microbatch (the embedding on the first, the LM head and loss
+// on the last); per pp rank: its records in flight, memory and the bytes it sends on the pp axis per step
+// (llmc/parallel/pipeline_links.h's formula); and the schedule's bubble.
+inline void print_pipeline_plan(const LayoutPlan& plan, FILE* out = stdout) {
     const Layout& l = plan.layout;
     const int p = l.pp, V = l.pp_virtual, m = plan.accumulation;
-    fprintf(out, "pipeline %s: %d stage(s) of %d layers per pp rank, %d microbatches; bubble %.3f ((p-1)/(m+p-1) = "
-            "%.3f)\n", pipeline_schedule_name(l.schedule), V, config.num_layers / (p * V), m, plan.bubble,
-            (double)(p - 1) / (m + p - 1));
-    std::vector<std::vector<PipelineAction>> lists;
-    for (int r = 0; r < p; r++) lists.push_back(pipeline_actions(l.schedule, r, p, m, V));
-    const double activation_elements = (double)l.batch_size * (l.seq_len / l.cp) * config.channels /
-                                       (l.sequence_parallel ? l.tp : 1);
+    fprintf(out, "pipeline %s: %d stage(s) per pp rank (%s), %d microbatches; bubble %.3f (the schedule's formula "
+            "for equal stages)\n", pipeline_schedule_name(l.schedule), V,
+            l.pp_layers.empty() ? "balanced by cost" : "--pp-layers", m, plan.bubble);
+    const double slowest = *std::max_element(plan.stage_seconds.begin(), plan.stage_seconds.end());
+    for (size_t stage = 0; stage < plan.stage_layers.size(); stage++)
+        fprintf(out, "  stage %zu (pp rank %d): %d layers%s, %.3f ms forward + backward per microbatch (%.2f of the "
+                "slowest)\n", stage, pipeline_stage_rank((int)stage, p), plan.stage_layers[stage],
+                stage == 0 ? " + embedding" : stage + 1 == plan.stage_layers.size() ? " + LM head and loss" : "",
+                plan.stage_seconds[stage] * 1e3, plan.stage_seconds[stage] / slowest);
     for (int r = 0; r < p; r++) {
         const MemoryPlan& stage = plan.stages[r];
-        fprintf(out, "  pp rank %d: %d record(s) in flight; model state %s, activations %s, workspace %s, total %s, "
-                "+ %d gradient send buffer(s) of %s; sends %s per step on the pp axis\n", r, plan.shapes[r].records,
+        fprintf(out, "  pp rank %d: %d record(s) in flight%s; model state %s, activations %s, workspace %s, total %s; "
+                "sends %s per step on the pp axis\n", r, plan.shapes[r].records,
+                plan.shapes[r].weight_records ? plan_format(" and %d weight record(s)", plan.shapes[r].weight_records).c_str()
+                                              : "",
                 format_bytes(stage.model_state).c_str(), format_bytes(stage.activations).c_str(),
                 format_bytes(stage.workspace).c_str(), format_bytes(stage.total).c_str(),
-                pipeline_gradient_sends(lists, r, m, V).buffers,
-                format_bytes(activation_elements * (l.bf16 ? 2 : 4)).c_str(), format_bytes(plan.pp_bytes[r]).c_str());
+                format_bytes(plan.pp_bytes[r]).c_str());
     }
 }
 
@@ -301,7 +331,7 @@ inline void print_layout_plan(const GPT2Config& config, const LayoutPlan& plan, 
             "%s; ZeRO stage %d (shard groups of %d), %d x %d tokens per data-parallel rank and micro-step, %d "
             "micro-step(s); recompute %s; %s (GPT-2 architecture)\n", config.num_layers, config.channels,
             config.num_heads, ParameterLayout(config).num_parameters,
-            ParameterLayout(config, 1, l.tp, 0, pipeline_held_chunks(0, l.pp, l.pp_virtual, config.num_layers))
+            ParameterLayout(config, 1, l.tp, 0, pipeline_held_chunks(0, l.pp, l.pp_virtual, plan.stage_layers))
                 .num_parameters, l.ranks, plan_layout_name(plan).c_str(), l.zero_stage, plan.shard * l.cp,
             l.batch_size, l.seq_len, plan.accumulation, recompute_describe(l.recompute).c_str(),
             l.bf16 ? "BF16" : "FP32");
@@ -310,7 +340,7 @@ inline void print_layout_plan(const GPT2Config& config, const LayoutPlan& plan, 
                 cp_mode_name(l.cp_mode), cp_split_name(l.cp_split), l.seq_len / l.cp, l.seq_len);
     print_memory_plan(plan.stages[0], out);  // pp rank 0's (the per-rank table below has every pp rank)
     print_plan_communication(plan, hw, out);
-    if (l.pp > 1) print_pipeline_plan(config, plan, out);
+    if (l.pp > 1) print_pipeline_plan(plan, out);
     print_plan_estimate(plan, hw, out);
     print_korthikanti_table2(plan.shapes[0], l.bf16, out);  // in 2-byte activations, as the paper counts
 }
@@ -350,16 +380,19 @@ inline PlanSearch plan_search(const GPT2Config& config, Layout base, const PlanH
                 if (base.seq_len % cp != 0 || base.ranks % (tp * pp * cp) != 0) continue;
                 for (int mode = 0; mode < (cp > 1 ? 2 : 1); mode++)
                     for (int sp = 0; sp < (tp > 1 ? 2 : 1); sp++)
-                        for (int schedule = 0; schedule < (pp > 1 ? 2 : 1); schedule++)
+                        for (int schedule = 0; schedule < (pp > 1 ? 3 : 1); schedule++)
                             for (int zero = 0; zero <= 3; zero++)
                                 for (const Recompute& recompute : policies) {
                                     Layout l = base;
                                     l.tp = tp, l.pp = pp, l.cp = cp, l.sequence_parallel = sp == 1;
                                     l.cp_mode = mode == 0 ? ContextParallelMode::Ring : ContextParallelMode::Ulysses;
                                     l.cp_split = SequenceSplit::Zigzag;
-                                    l.schedule = schedule == 0 ? PipelineSchedule::OneFOneB
-                                                               : PipelineSchedule::Interleaved;
-                                    l.pp_virtual = schedule == 0 ? 1 : 2;
+                                    const PipelineSchedule candidates[3] = {PipelineSchedule::OneFOneB,
+                                                                            PipelineSchedule::ZeroBubbleH1,
+                                                                            PipelineSchedule::Interleaved};
+                                    l.schedule = candidates[schedule];
+                                    l.pp_virtual = l.schedule == PipelineSchedule::Interleaved ? 2 : 1;
+                                    l.pp_layers.clear();  // each candidate's stages balanced by cost
                                     l.zero_stage = zero, l.dp_shard = 0, l.recompute = recompute;
                                     search.considered++;
                                     LayoutPlan plan = plan_layout(config, l, hw);

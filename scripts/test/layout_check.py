@@ -69,6 +69,36 @@ def cp_bytes(flags, batch, layers, channels, seq_len, micro_steps, value_bytes=4
     return micro_steps * l * per_layer * value_bytes
 
 
+def pipeline_stage_rank(schedule, stage, p):
+    """The pipeline rank holding a model stage (llmc/parallel/pipeline_schedule.h): stage s on rank s mod p, under
+    every schedule."""
+    return stage % p
+
+
+def pp_bytes(schedule, p, V, m, B, seq_len, channels, max_seq_len, padded_vocab, tp=1, sp=False, shards=1, zero=0,
+             rank=0, value_bytes=4):
+    """The bytes pipeline rank `rank` sends per step (pipeline_bytes_per_step in llmc/parallel/pipeline_links.h): m a s
+    for each of its stages whose next stage is on another rank (the activations), m a s for each whose previous
+    stage is (the gradients), the tied embedding chunk's gradient e s (its shard at ZeRO >= 1) when the first and
+    the last stage are on different ranks and this is one of them, and the loss's broadcast and the norm's
+    all-reduce (4 and 8 bytes, times (p-1)/p rounded down). a = B T C (/ tp under sequence parallelism)."""
+    if p == 1:
+        return 0
+    a, S, s = B * seq_len * channels // (tp if sp else 1), p * V, value_bytes
+    sent = 0
+    for stage in range(S):
+        if pipeline_stage_rank(schedule, stage, p) != rank:
+            continue
+        sent += m * a * s * (stage < S - 1 and pipeline_stage_rank(schedule, stage + 1, p) != rank)
+        sent += m * a * s * (stage > 0 and pipeline_stage_rank(schedule, stage - 1, p) != rank)
+    last = pipeline_stage_rank(schedule, S - 1, p)
+    if last != 0 and rank in (0, last):
+        multiple = 128 * shards  # llmc/model/parameters.h pads each chunk to this; tp slices wte's rows
+        e = -(-(padded_vocab * channels // tp + max_seq_len * channels) // multiple) * multiple
+        sent += e // (shards if zero >= 1 else 1) * s
+    return sent + 4 * (p - 1) // p + 8 * (p - 1) // p
+
+
 def cp_bytes_against_formula(work, name, theory):
     """The cp axis's bytes of the run's last step against the formula, within 0.1%.
     Returns whether they agree and the words for the ok/FAIL line."""

@@ -60,6 +60,11 @@ mpi_run=(env OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root -x OMP
 for ranks in 1 2 4 8; do
     run_suite "communication layer and mesh, CPU, $ranks MPI rank(s)" "${mpi_run[@]}" -np $ranks build/test_comm
 done
+run_suite "backward split into B and W vs the fused pass, CPU, FP32, 1 rank" build/test_weight_split
+for layout in "--tp 2" "--tp 2 --sequence-parallel 1" "--cp 2" ""; do
+    run_suite "backward split into B and W vs the fused pass, 2 MPI ranks ${layout:-(dp 2)}" \
+        "${mpi_run[@]}" -np 2 build/test_weight_split $layout
+done
 run_suite "GPT-2 BPE encoder vs the npm package's" /usr/bin/python3 data/test_tokenizer.py
 run_suite "PyTorch reference self-check" /usr/bin/python3 dev/test/gpt2_reference.py --self-check
 for size in small 124M; do
@@ -74,6 +79,8 @@ run_suite "data parallelism vs one rank, CPU, FP32 (and ZeRO stages in BF16)" \
 run_suite "tensor and sequence parallelism vs one rank, CPU, FP32 (and BF16)" \
     bash scripts/test/test_tensor_parallel.sh ./train_gpt_fp32_cpu ./train_gpt_cpu
 run_suite "pipeline parallelism vs one rank, CPU, FP32" bash scripts/test/test_pipeline.sh ./train_gpt_fp32_cpu
+run_suite "pipeline stages of any size and zero-bubble schedules vs one rank, CPU, FP32" \
+    bash scripts/test/test_pipeline_stages.sh ./train_gpt_fp32_cpu
 run_suite "context parallelism (ring, Ulysses) vs one rank, CPU, FP32 (and BF16)" \
     bash scripts/test/test_context_parallel.sh ./train_gpt_fp32_cpu ./train_gpt_cpu
 run_suite "N-D layouts (dp, pp, cp, tp, ZeRO, recompute) vs one rank, CPU, FP32" \

@@ -80,7 +80,7 @@ stall() {
     ok "$name: the job ended $took s after rank $victim stopped (status $status)"
     # which operation the other rank waits in depends on where the stop caught rank $victim; that it was
     # rank $victim does not: it did not arrive, or (stopped inside the operation) its heartbeat stood still
-    local pattern="^error: rank $((1 - victim)) waited [0-9]+ s in [a-z-]+( from rank $victim)? on the .+ group at "
+    local pattern="^error: rank $((1 - victim)) waited [0-9]+ s in [a-z-]+( (from|to) rank $victim)? on the .+ group at "
     pattern+="step [0-9]+: (rank $victim did not arrive|.*rank $victim stopped running).* \(--collective-timeout 3\)$"
     one_error "$name" "$out.stderr" "" && grep '^error:' "$out.stderr" | sort -u | grep -Eq "$pattern" &&
         ok "$name: the line names the waiting rank, the operation, the group, the step and rank $victim" ||

@@ -73,28 +73,11 @@ run from_file_pp4 4 2 --model "$work/one/model.bin" --steps 2 --pp 4
 echo "pipeline parallelism vs one rank ($binary)"
 PYTHONPATH="$(dirname "$0")" /usr/bin/python3 - "$work" $layouts >"$work/compare.out" <<'EOF' || true
 import json, sys
-from layout_check import compare_continued, compare_resumed, compare_run, events, memory_against_formula, report, result
+from layout_check import (compare_continued, compare_resumed, compare_run, events, memory_against_formula, pp_bytes,
+                          report, result)
 work, layouts = sys.argv[1], [l.split(":") for l in sys.argv[2:]]
 def flag(flags, name, default):
     return flags[flags.index(name) + 1] if name in flags else default
-
-# the bytes pp rank 0 sends per step (pipeline_bytes_per_step in llmc/parallel/pipeline.h): m a s for each of its
-# stages (model stages v p, v < V) but the last model stage, m a s for each but stage 0, the tied embedding
-# chunk's gradient e s (its shard at ZeRO >= 1), and the loss's broadcast and the norm's all-reduce (4 and 8
-# bytes, times (p-1)/p rounded down). a = B T C (/ tp under sequence parallelism), s = 4 bytes (FP32).
-C, T, max_T, Vp, s = 64, 16, 32, 50304, 4
-def pp_bytes(p, V, m, B, tp, sp, shards, zero):
-    if p == 1:
-        return 0
-    a = B * T * C // (tp if sp else 1)
-    S, sent = p * V, 0
-    for v in range(V):
-        stage = v * p
-        sent += m * a * s * (stage < S - 1) + m * a * s * (stage > 0)
-    multiple = 128 * shards  # llmc/model/parameters.h pads each chunk to this; tp slices wte's rows
-    e = -(-(Vp * C // tp + max_T * C) // multiple) * multiple
-    sent += e // (shards if zero >= 1 else 1) * s
-    return sent + 4 * (p - 1) // p + 8 * (p - 1) // p
 
 # records in flight at the peak of pp rank r (pipeline_peak_activations in llmc/parallel/pipeline_schedule.h)
 def peak_records(schedule, r, p, m, V):
@@ -115,7 +98,9 @@ for name, ranks, batch, flags in layouts:
     dp = ranks // (p * tp)
     m = 8 // (B * dp)
     same_run, run_words = compare_run(work, name, "one", steps=5, validations=2, sample=True)
-    sent, theory = events(work, name, "step")[-1]["pp_comm_bytes"], pp_bytes(p, V, m, B, tp, sp, dp, zero)
+    theory = pp_bytes(schedule, p, V, m, B, seq_len=16, channels=64, max_seq_len=32, padded_vocab=50304, tp=tp, sp=sp,
+                      shards=dp, zero=zero)
+    sent = events(work, name, "step")[-1]["pp_comm_bytes"]
     same_memory, memory_words, memory = memory_against_formula(work, name)
     activations[name] = memory["activation_bytes"]
     pipeline = (events(work, name, "pipeline") or [{}])[-1]
@@ -155,8 +140,7 @@ grep -v '^RESULT' "$work/compare.out"
 # every run has the default 4 heads of 256 channels and 16 tokens unless the flags say otherwise
 refused_flags=(--model custom --max-seq-len 64 --seq-len 16 --train-data data/classics_train.bin --val-every 0
                --sample-tokens 0)
-expect_refused "layers not divisible by pp" "3 layers cannot be cut into --pp 2 x --pp-virtual 1 = 2 stages" 2 \
-    --layers 3 --pp 2
+expect_refused "fewer layers than stages" "2 layers cannot be cut into 4 stages" 4 --layers 2 --pp 4
 expect_refused "world size not a multiple of pp" "the 3 ranks are not a multiple of --pp 2" 3 --layers 2 --pp 2
 expect_refused "interleaved, microbatches not a multiple of pp" "needs the microbatches (3" 2 --layers 4 --pp 2 \
     --pp-schedule interleaved --pp-virtual 2 --batch-size 1 --total-batch-size 48
