@@ -9,8 +9,7 @@ own copy of the embedding chunk (llmc/model/parameters.h's ParameterLayout holds
 batch is cut into m microbatches, the gradient-accumulation micro-steps. The schedule says in which order a
 rank runs the passes of (microbatch, virtual stage); pipeline_step runs any such list:
 
-    F(j, s)   the input activations (B x T x C): received from stage s-1, handed over in memory when s-1 is on
-              this rank too, or looked up (stage 0: the embeddings)
+    F(j, s)   the input activations (B x T x C): received from stage s-1, or looked up (stage 0: the embeddings)
               run the stage's blocks
               the output goes to stage s+1 (stage S-1: LM head, loss, and at once the loss's backward pass
               through the LM head and the final layernorm: the record keeps the gradient of the output,
@@ -174,18 +173,6 @@ struct PipelineRun {
     const std::vector<int>& weight_record_of;
 };
 
-// The record that forward (microbatch, virtual stage) of a run used: a stage on this rank hands its output
-// over in memory to the next stage (its gradient comes back the same way), when both are here.
-inline StageActivations& pipeline_record_of_forward(GPT2& model, const PipelineRun& run, int microbatch,
-                                                    int virtual_stage) {
-    for (size_t i = 0; i < run.actions.size(); i++) {
-        const PipelineAction& a = run.actions[i];
-        if (a.kind == PipelineAction::Forward && a.microbatch == microbatch && a.virtual_stage == virtual_stage)
-            return model.records[run.record_of[i]];
-    }
-    fatal("pipeline: no forward of microbatch %d on virtual stage %d", microbatch, virtual_stage);
-}
-
 // The group of sends and receives before action i (i = the list's length: after the last action). A send
 // carries a result of action i-1 (a stage's output from its record, or the gradient of its input, which the
 // backward pass leaves in the record's doutput); a receive fills what action i needs (its record's input, or
@@ -226,8 +213,7 @@ inline void pipeline_exchange(ParallelContext& par, GPT2& model, const PipelineR
 }
 
 // One forward pass of microbatch `a` through one of this rank's stages, into its record: the embeddings looked
-// up (first stage) or the input handed over in memory (the previous stage is here too; received otherwise),
-// the blocks, and on the last stage the loss. With `targets`, when `training`, the last stage also takes the
+// up (first stage; the other stages' input was received before), the blocks, and on the last stage the loss. With `targets`, when `training`, the last stage also takes the
 // loss's backward pass through the head; with targets only it adds the loss up (validation); without, it
 // leaves the logits (sampling).
 inline void pipeline_forward(ParallelContext& par, GPT2& model, const PipelineRun& run, size_t i, const int* tokens,
@@ -236,15 +222,7 @@ inline void pipeline_forward(ParallelContext& par, GPT2& model, const PipelineRu
     const PipelineAction& a = run.actions[i];
     StageActivations& record = model.records[run.record_of[i]];
     const int s = pipeline_model_stage(pipe, a), S = pipeline_stage_count(pipe);
-    const size_t rows = tp_rows(par.tp, B * T) * (size_t)model.config.channels;
-    if (s == 0) {
-        gpt2_embed(model, par, record, tokens, B, T);
-    } else if (pipeline_stage_rank(s - 1, pipe.size) == pipe.rank) {
-        const int previous = pipeline_stage_virtual(s - 1, pipe.size);
-        const StageActivations& from = pipeline_record_of_forward(model, run, a.microbatch, previous);
-        cudaCheck(cudaMemcpyAsync(record.input, from.output(), rows * sizeof(floatX),
-                                  cudaMemcpyDeviceToDevice, model.stream));
-    }
+    if (s == 0) gpt2_embed(model, par, record, tokens, B, T);
     gpt2_stage_forward(model, par, record, pipeline_first_layer(pipe.stage_layers, s), pipe.stage_layers[s], B, T);
     if (s < S - 1) return;
     gpt2_head_forward(model, par, record, B, T);
@@ -259,7 +237,7 @@ inline void pipeline_forward(ParallelContext& par, GPT2& model, const PipelineRu
 // The backward pass of microbatch `a` through one of this rank's stages, from its record: the whole of it, or
 // under a schedule that splits it only the input gradients (B), leaving in the action's weight record what
 // the weight gradients (W, pipeline_weights) need. The gradient of the stage's input stays in the record's
-// doutput, to be sent, or handed over in memory to the previous stage when that is here too.
+// doutput, to be sent.
 inline void pipeline_backward(ParallelContext& par, GPT2& model, const PipelineRun& run, size_t i, int B, int T) {
     Pipeline& pipe = par.pipe;
     const PipelineAction& a = run.actions[i];
@@ -271,12 +249,6 @@ inline void pipeline_backward(ParallelContext& par, GPT2& model, const PipelineR
     if (s == 0) {
         gpt2_embed_backward(model, par, record, B, T);
         chunk_gradient_done(model, par, 0);
-    } else if (pipeline_stage_rank(s - 1, pipe.size) == pipe.rank) {
-        const int previous = pipeline_stage_virtual(s - 1, pipe.size);
-        StageActivations& to = pipeline_record_of_forward(model, run, a.microbatch, previous);
-        const size_t rows = tp_rows(par.tp, B * T) * (size_t)model.config.channels;
-        cudaCheck(cudaMemcpyAsync(to.doutput, record.doutput, rows * sizeof(floatX), cudaMemcpyDeviceToDevice,
-                                  model.stream));
     }
 }
 

@@ -56,7 +56,7 @@ struct Pipeline {
     int records = 1, weight_records = 0;    // the pools' sizes
     Communicator* group = nullptr;          // the pp axis: the loss's broadcast, the norm's sum
     Communicator next_link, previous_link;  // the pairs (r, r+1) and (r-1, r) (p = 2: next_link is both)
-    Communicator tied;                      // the first and the last stage's ranks, when they differ: wte's gradient
+    Communicator tied;                      // the first and the last stage's ranks (p > 1): wte's gradient
     // the step being measured
     bool measuring = false;
     std::chrono::steady_clock::time_point origin;
@@ -111,8 +111,7 @@ inline void pipeline_create(Pipeline& pipe, Mesh& mesh, PipelineSchedule schedul
     if (p > 1) {
         // one split of the pp axis per neighbour pair (q, q+1); the wrap-around pair (p-1, 0) only where a
         // schedule sends across it (interleaved), and with p = 2 it is the pair (0, 1) again
-        const bool wraps = V > 1 && pipeline_stage_rank(p, p) == 0;  // stage p, after p-1, on rank 0
-        const int pairs = p == 2 ? 1 : wraps ? p : p - 1;
+        const int pairs = p == 2 ? 1 : V > 1 ? p : p - 1;  // interleaving sends stage p-1's output to rank 0
         for (int q = 0; q < pairs; q++) {
             const int low = q, high = (q + 1) % p;
             const bool member = r == low || r == high;
@@ -123,8 +122,7 @@ inline void pipeline_create(Pipeline& pipe, Mesh& mesh, PipelineSchedule schedul
         }
         if (p == 2) (r == 0 ? pipe.previous_link : pipe.next_link) = r == 0 ? pipe.next_link : pipe.previous_link;
         const bool holds_wte = r == 0 || r == pipe.last_stage_rank;
-        if (pipe.last_stage_rank != 0)
-            pipe.tied = comm_split(mesh.axis[PP], holds_wte ? 0 : kNotInGroup, r, "pp first and last stage");
+        pipe.tied = comm_split(mesh.axis[PP], holds_wte ? 0 : kNotInGroup, r, "pp first and last stage");
     }
 }
 
