@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
         }
     }
     printf("kernel lab: %s, %s\n", PRECISION_NAME, device_properties().name);
+    matmul_setup();
     lab_encoder();
     lab_layernorm();
     lab_matmul();
@@ -39,6 +40,7 @@ int main(int argc, char** argv) {
     lab_classifier();
     lab_adamw();
     lab_global_norm();
+    matmul_teardown();
     printf("%d passed, %d failed\n", lab.passed, lab.failed);
     return lab.failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -290,6 +290,7 @@ static void matmul_lab_plan_cache() {
                    dweight_key.accumulate);
 
     matmul_teardown();  // an empty cache
+    matmul_setup();
     setenv("LLMC_MATMUL_TRACE", "1", 1);
     long built[5], hits[5];
     const std::string trace = capture_stderr([&] {
@@ -329,6 +330,7 @@ static void matmul_lab_plan_cache() {
     matmul_teardown();
     check_true("teardown empties the cache", matmul_context.plans.empty() && matmul_context.plans_built == 0 &&
                                                  matmul_context.cache_hits == 0);
+    matmul_setup();
 }
 
 // ----------------------------------------------------------------------------
@@ -450,5 +452,4 @@ void lab_matmul() {
         matmul_lab_bench(3072);
         matmul_lab_bench(2304);
     }
-    matmul_teardown();
 }

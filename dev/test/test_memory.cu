@@ -8,6 +8,7 @@ parameter layouts: operand alignment, and the layouts that hold a pipeline rank'
 */
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 #include "../lab/lab.h"
 #include "../../llmc/planning/memory.h"
@@ -524,9 +525,9 @@ static void test_pipeline_parts() {
     const Recompute policies[] = {Recompute{}, Recompute{RecomputePolicy::Selective, 1},
                                   Recompute{RecomputePolicy::Full, 1}, Recompute{RecomputePolicy::Full, 3}};
     for (int p : {2, 4})
-        for (PipelineSchedule schedule :
-             {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB, PipelineSchedule::Interleaved}) {
-            const int V = schedule == PipelineSchedule::Interleaved ? 2 : 1;
+        for (PipelineSchedule schedule : {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB,
+                                          PipelineSchedule::Interleaved, PipelineSchedule::ZeroBubbleV}) {
+            const int V = schedule == PipelineSchedule::Interleaved || schedule == PipelineSchedule::ZeroBubbleV ? 2 : 1;
             for (int r = 0; r < p; r++) {
                 ModelPart part = pipeline_model_part(schedule, r, p, V, m, std::vector<int>(p * V, L / (p * V)));
                 int pool = 0;
@@ -541,8 +542,9 @@ static void test_pipeline_parts() {
                     stage.recompute = recompute;
                     stage.stage_layers = L / (p * V);
                     stage.records = part.records;
+                    stage.weight_records = part.weight_records;
                     stage.first_stage = r == 0;
-                    stage.last_stage = r == p - 1;
+                    stage.last_stage = r == pipeline_stage_rank(schedule, p * V - 1, p);  // zbv: rank 0
                     const ActivationBytes want = gpt2_activation_bytes(stage, is_bf16);
                     const MemoryTotals before = memory_totals();
                     GPT2 model;
@@ -777,25 +779,30 @@ static void test_held_layouts() {
 
     for (int tp : {1, 2})
         for (int shards : {1, 3})
-            for (const auto& [p, V] : {std::pair{1, 1}, std::pair{2, 1}, std::pair{4, 1}, std::pair{2, 2}}) {
+            for (const auto& [schedule, p, V] :
+                 {std::tuple{PipelineSchedule::OneFOneB, 1, 1}, std::tuple{PipelineSchedule::OneFOneB, 2, 1},
+                  std::tuple{PipelineSchedule::OneFOneB, 4, 1}, std::tuple{PipelineSchedule::Interleaved, 2, 2},
+                  std::tuple{PipelineSchedule::ZeroBubbleV, 2, 2}}) {
                 std::string wrong;
                 std::vector<int> reads(model.total, 0);        // over all ranks: the runs that read each element
                 std::vector<float> assembled(model.total, 0);  // over all ranks: the round trips
                 for (int pp_rank = 0; pp_rank < p && wrong.empty(); pp_rank++)
                     for (int tp_rank = 0; tp_rank < tp && wrong.empty(); tp_rank++) {
-                        const ParameterLayout part(config, shards, tp, tp_rank, pipeline_held_chunks(pp_rank, p, V,
-                                                                                   std::vector<int>(p * V, L / (p * V))));
+                        const ParameterLayout part(config, shards, tp, tp_rank,
+                                                   pipeline_held_chunks(schedule, pp_rank, p, V,
+                                                                        std::vector<int>(p * V, L / (p * V))));
                         wrong = check_rank_layout(model, values, part, reads, assembled);
                         if (!wrong.empty())
                             wrong = "pp rank " + std::to_string(pp_rank) + " tp rank " + std::to_string(tp_rank) +
                                     ": " + wrong;
                     }
-                // every parameter read by one pp rank (the embeddings by two when p > 1), by every tp rank when
-                // the tensor is replicated; padding never
+                // every parameter read by one pp rank (the embeddings by two when the first and the last stage
+                // are on different ranks), by every tp rank when the tensor is replicated; padding never
+                const bool two_embeddings = pipeline_stage_rank(schedule, p * V - 1, p) != 0;
                 for (size_t i = 0; i < model.total && wrong.empty(); i++) {
                     const int kind = kind_of[i];
                     const bool copied = std::find(replicated.begin(), replicated.end(), kind) != replicated.end();
-                    const int want = kind < 0 ? 0 : (chunk_of[i] == 0 && p > 1 ? 2 : 1) * (copied ? tp : 1);
+                    const int want = kind < 0 ? 0 : (chunk_of[i] == 0 && two_embeddings ? 2 : 1) * (copied ? tp : 1);
                     if (reads[i] != want)
                         wrong = "model element " + std::to_string(i) + " (" +
                                 (kind >= 0 ? tensor_kind_info(kind).name : "padding") + ") read " +
@@ -804,8 +811,8 @@ static void test_held_layouts() {
                         wrong = "model element " + std::to_string(i) + " missing from the ranks' round trips";
                 }
                 char name[128];
-                snprintf(name, sizeof(name), "tp %d, shards %d, pp %d x V %d: sizes, chunks, runs, round trips", tp,
-                         shards, p, V);
+                snprintf(name, sizeof(name), "tp %d, shards %d, %s pp %d x V %d: sizes, chunks, runs, round trips",
+                         tp, shards, pipeline_schedule_name(schedule), p, V);
                 check_true(name, wrong.empty(), wrong);
             }
     expect_failure("a layout given the wrong number of chunk flags",

@@ -35,6 +35,9 @@ constexpr double kForwardMs = 1.0, kBackwardMs = 2.0;
 // multiple of 1/12 that binary floating point rounds at 1e-16 relative; 1e-12 leaves room for the sums.
 constexpr double kTimeTolerance = 1e-12;
 
+const PipelineSchedule kSchedules[] = {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB, PipelineSchedule::Interleaved,
+                                      PipelineSchedule::ZeroBubbleH1, PipelineSchedule::ZeroBubbleV};
+
 struct ScheduleLayout {
     PipelineSchedule schedule;
     int p, m, V;
@@ -91,6 +94,7 @@ std::string check_list(const std::vector<PipelineAction>& actions, int m, int V)
 // duration, and no action started before what it needed had ended.
 std::string check_timeline(const PipelineTimeline& t, const std::vector<std::vector<PipelineAction>>& lists) {
     if (!t.problem.empty()) return t.problem;
+    const PipelineSchedule schedule = pipeline_schedule_from_name(t.schedule);
     const int p = (int)lists.size(), V = t.V, S = p * V;
     std::map<std::tuple<int, int, int>, const PipelineEvent*> by_pass;  // (kind, microbatch, model stage)
     bool split = false;  // B and W take half of the backward each
@@ -111,7 +115,7 @@ std::string check_timeline(const PipelineTimeline& t, const std::vector<std::vec
             if (std::fabs(e.end_ms - e.start_ms - duration) > kTimeTolerance) return where + ": wrong duration";
             if (i > 0 && e.start_ms < t.ranks[r][i - 1].end_ms - kTimeTolerance)
                 return where + ": overlaps the one before";
-            by_pass[std::make_tuple((int)a.kind, a.microbatch, pipeline_model_stage(r, a.virtual_stage, p))] = &e;
+            by_pass[std::make_tuple((int)a.kind, a.microbatch, pipeline_model_stage(schedule, r, a.virtual_stage, p))] = &e;
         }
     }
     for (const auto& [key, e] : by_pass) {
@@ -303,8 +307,10 @@ std::string check_trace(const std::string& trace, const PipelineTimeline& t) {
 
 void test_by_hand() {
     printf("worked out by hand\n");
-    check_true("names", pipeline_schedule_names() == std::vector<std::string>{"gpipe", "1f1b", "interleaved", "zb-h1"} &&
+    check_true("names", pipeline_schedule_names() == std::vector<std::string>{"gpipe", "1f1b", "interleaved", "zb-h1",
+                                                                              "zbv"} &&
                             pipeline_schedule_from_name("zb-h1") == PipelineSchedule::ZeroBubbleH1 &&
+                            pipeline_schedule_from_name("zbv") == PipelineSchedule::ZeroBubbleV &&
                             pipeline_schedule_from_name("gpipe") == PipelineSchedule::GPipe &&
                             pipeline_schedule_from_name("1f1b") == PipelineSchedule::OneFOneB &&
                             pipeline_schedule_from_name("interleaved") == PipelineSchedule::Interleaved);
@@ -323,15 +329,16 @@ void test_by_hand() {
         "a rank outside the pipeline", [] { pipeline_actions(PipelineSchedule::GPipe, 4, 4, 8, 1); },
         "rank 4 is not one of the 4");
 
-    // the weight-gradient pass is labelled W; only zb-h1 splits the backward
+    // the weight-gradient pass is labelled W; only zb-h1 and zbv split the backward
     check_true("labels F B W",
                pipeline_describe({{PipelineAction::Forward, 3, 0}, {PipelineAction::Backward, 3, 0},
                                   {PipelineAction::Weights, 3, 1}}) == "F3.0 B3.0 W3.1");
-    check_true("only zb-h1 splits the backward",
+    check_true("only zb-h1 and zbv split the backward",
                !pipeline_splits_backward(PipelineSchedule::GPipe) &&
                    !pipeline_splits_backward(PipelineSchedule::OneFOneB) &&
                    !pipeline_splits_backward(PipelineSchedule::Interleaved) &&
-                   pipeline_splits_backward(PipelineSchedule::ZeroBubbleH1));
+                   pipeline_splits_backward(PipelineSchedule::ZeroBubbleH1) &&
+                   pipeline_splits_backward(PipelineSchedule::ZeroBubbleV));
     // zb-h1 p=3 m=4: rank r holds back its first r W passes
     check_true("zb-h1 p=3 m=4 rank 0", pipeline_describe(pipeline_actions(PipelineSchedule::ZeroBubbleH1, 0, 3, 4, 1)) ==
                                            "F0 F1 F2 B0 W0 F3 B1 W1 B2 W2 B3 W3");
@@ -340,6 +347,31 @@ void test_by_hand() {
     expect_failure(
         "zb-h1 with fewer microbatches than ranks", [] { pipeline_actions(PipelineSchedule::ZeroBubbleH1, 0, 4, 3, 1); },
         "3 microbatches are fewer than the 4 pipeline ranks");
+    // zbv p=2 m=3 (stages 0 and 3 on rank 0, 1 and 2 on rank 1; ".0" is chunk 0, ".1" chunk 1). Rank 0: three
+    // chunk-0 forwards, no pairs, then twice F B W on chunk 1, the steady state, the cool-down's B W on
+    // chunk 0 twice. Rank 1: one chunk-0 forward, one pair (F0.1 F1.0), once F B W on chunk 1, the steady
+    // state, a B on each chunk with their W held back, one B W on chunk 0, then the two W's held back. With
+    // every pass 1 unit: T = 6 m + p - 1 = 19.
+    check_true("zbv p=2 m=3 rank 0", pipeline_describe(pipeline_actions(PipelineSchedule::ZeroBubbleV, 0, 2, 3, 2)) ==
+                                         "F0.0 F1.0 F2.0 F0.1 B0.1 W0.1 F1.1 B1.1 W1.1 B0.0 W0.0 F2.1 B2.1 W2.1 "
+                                         "B1.0 W1.0 B2.0 W2.0",
+               pipeline_describe(pipeline_actions(PipelineSchedule::ZeroBubbleV, 0, 2, 3, 2)));
+    check_true("zbv p=2 m=3 rank 1", pipeline_describe(pipeline_actions(PipelineSchedule::ZeroBubbleV, 1, 2, 3, 2)) ==
+                                         "F0.0 F0.1 F1.0 F1.1 B0.1 W0.1 F2.0 B0.0 W0.0 F2.1 B1.1 W1.1 B1.0 B2.1 "
+                                         "B2.0 W1.0 W2.1 W2.0",
+               pipeline_describe(pipeline_actions(PipelineSchedule::ZeroBubbleV, 1, 2, 3, 2)));
+    {
+        const PipelineTimeline t = pipeline_simulate(PipelineSchedule::ZeroBubbleV, 2, 3, 2, kForwardMs, kBackwardMs);
+        // a pass through one of the rank's two stages: F = kForwardMs / 2 = 0.5, B = W = kBackwardMs / 4 = 0.5
+        check_true("zbv p=2 m=3: step 19 passes of 0.5", t.problem.empty() && std::fabs(t.step_ms - 9.5) < kTimeTolerance,
+                   t.problem.empty() ? std::to_string(t.step_ms) : t.problem);
+    }
+    expect_failure(
+        "zbv with fewer than 2p - 1 microbatches", [] { pipeline_actions(PipelineSchedule::ZeroBubbleV, 0, 4, 6, 2); },
+        "6 microbatches are fewer than 2 p - 1 = 7");
+    expect_failure(
+        "zbv with other than two stages per rank", [] { pipeline_actions(PipelineSchedule::ZeroBubbleV, 0, 4, 8, 1); },
+        "the V holds 2");
 
     // a split backward: B takes the lowest free W record, its W frees it; activation records as before
     {
@@ -389,9 +421,19 @@ void test_by_hand() {
     check_true("interleaved p=2 m=4 V=2 rank 1",
                interleaved1 == "F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 F2.0 B0.0 F3.0 B1.0 F2.1 B2.1 F3.1 B3.1 B2.0 B3.0",
                interleaved1);
-    check_true("virtual stage 1 of rank 1 of 2 is model stage 3, on rank 1", pipeline_model_stage(1, 1, 2) == 3 &&
-                                                                             pipeline_stage_rank(3, 2) == 1 &&
-                                                                             pipeline_stage_virtual(3, 2) == 1);
+    check_true("interleaved: virtual stage 1 of rank 1 of 2 is model stage 3, on rank 1",
+               pipeline_model_stage(PipelineSchedule::Interleaved, 1, 1, 2) == 3 &&
+                   pipeline_stage_rank(PipelineSchedule::Interleaved, 3, 2) == 1);
+    {
+        // zbv, p = 4: ranks 0..3 hold stages 0..3 and 7..4
+        bool v_shape = true;
+        for (int r = 0; r < 4; r++)
+            v_shape &= pipeline_model_stage(PipelineSchedule::ZeroBubbleV, r, 0, 4) == r &&
+                       pipeline_model_stage(PipelineSchedule::ZeroBubbleV, r, 1, 4) == 7 - r &&
+                       pipeline_stage_rank(PipelineSchedule::ZeroBubbleV, r, 4) == r &&
+                       pipeline_stage_rank(PipelineSchedule::ZeroBubbleV, 7 - r, 4) == r;
+        check_true("zbv p=4: rank r holds stages r and 7 - r", v_shape);
+    }
 
     // 1f1b p=2 m=3, forward 1, backward 2. Rank 0 "F0 F1 B0 F2 B1 B2", rank 1 "F0 B0 F1 B1 F2 B2":
     //   rank 0: F0 0-1, F1 1-2, B0 waits for rank 1's B0 (2-4): 4-6, F2 6-7, B1 waits for rank 1's (5-7): 7-9,
@@ -450,15 +492,16 @@ std::vector<ScheduleLayout> grid(PipelineSchedule schedule) {
     for (int p = 1; p <= 8; p++)
         for (int m = 1; m <= 16; m++)
             for (int V = 1; V <= (schedule == PipelineSchedule::Interleaved ? 4 : 1); V++)
-                if ((schedule != PipelineSchedule::Interleaved || m % p == 0) &&
-                    (schedule != PipelineSchedule::ZeroBubbleH1 || m >= p))
+                if (schedule == PipelineSchedule::ZeroBubbleV) {
+                    if (V == 1 && m >= 2 * p - 1) layouts.push_back({schedule, p, m, 2});
+                } else if ((schedule != PipelineSchedule::Interleaved || m % p == 0) &&
+                           (schedule != PipelineSchedule::ZeroBubbleH1 || m >= p))
                     layouts.push_back({schedule, p, m, V});
     return layouts;
 }
 
 void test_grid() {
-    for (PipelineSchedule schedule : {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB, PipelineSchedule::Interleaved,
-                                      PipelineSchedule::ZeroBubbleH1}) {
+    for (PipelineSchedule schedule : kSchedules) {
         const int passed_before = lab.passed, failed_before = lab.failed;
         const std::vector<ScheduleLayout> layouts = grid(schedule);
         for (const ScheduleLayout& l : layouts) {
@@ -517,7 +560,15 @@ std::vector<std::vector<PipelineAction>> interleaved_with_warmup(int p, int m, i
 }
 
 void test_between_schedules() {
-    // zb-h1 at p = 4, m = 8 (F = B = W): 3/27 against 1f1b's 3/11, at most half
+    // zb-h1 at p = 4, m = 8 (F = B = W): 3/27 against 1f1b's 3/11, at most half; zbv 3/51, less than zb-h1's
+    {
+        const double zbv = pipeline_simulate(PipelineSchedule::ZeroBubbleV, 4, 8, 2, kForwardMs, kBackwardMs)
+                               .bubble_fraction[0];
+        const double zb_h1 = pipeline_simulate(PipelineSchedule::ZeroBubbleH1, 4, 8, 1, kForwardMs, kBackwardMs)
+                                 .bubble_fraction[0];
+        check_true("zbv's bubble at p=4 m=8 is 3/51, below zb-h1's 3/27 (" + std::to_string(zbv) + ")",
+                   std::fabs(zbv - 3.0 / 51.0) < kTimeTolerance && zbv < zb_h1);
+    }
     {
         const double one_f_one_b = pipeline_simulate(PipelineSchedule::OneFOneB, 4, 8, 1, kForwardMs, kBackwardMs)
                                        .bubble_fraction[0];
@@ -562,8 +613,8 @@ void test_between_schedules() {
     for (int p = 1; p <= 8; p++)
         for (int m = p; m <= 16; m += p)
             for (int V = 1; V <= 4; V++) {
-                const PipelineTimeline t = pipeline_simulate_actions(interleaved_with_warmup(p, m, V, 1), "interleaved",
-                                                                     m, V, kForwardMs, kBackwardMs);
+                const PipelineTimeline t = pipeline_simulate_actions(
+                    interleaved_with_warmup(p, m, V, 1), PipelineSchedule::Interleaved, m, V, kForwardMs, kBackwardMs);
                 if (!t.problem.empty() ||
                     std::fabs(t.bubble_fraction[0] - pipeline_bubble_fraction(PipelineSchedule::Interleaved, p, m, V)) >
                         kTimeTolerance)
@@ -576,8 +627,8 @@ void test_between_schedules() {
         const double send_ms = 0.1;
         const PipelineTimeline standard =
             pipeline_simulate(PipelineSchedule::Interleaved, 4, 16, 2, kForwardMs, kBackwardMs, send_ms);
-        const PipelineTimeline shorter = pipeline_simulate_actions(interleaved_with_warmup(4, 16, 2, 1), "interleaved",
-                                                                   16, 2, kForwardMs, kBackwardMs, send_ms);
+        const PipelineTimeline shorter = pipeline_simulate_actions(
+            interleaved_with_warmup(4, 16, 2, 1), PipelineSchedule::Interleaved, 16, 2, kForwardMs, kBackwardMs, send_ms);
         char detail[96];
         snprintf(detail, sizeof(detail), "standard %.4g ms, shorter warm-up %.4g ms", standard.step_ms,
                  shorter.step_ms);
@@ -593,7 +644,7 @@ void test_broken_input_is_caught() {
     printf("broken input is caught\n");
     const ScheduleLayout l = {PipelineSchedule::OneFOneB, 4, 8, 1};
     auto simulate = [&](const std::vector<std::vector<PipelineAction>>& lists) {
-        return pipeline_simulate_actions(lists, "1f1b", l.m, l.V, kForwardMs, kBackwardMs);
+        return pipeline_simulate_actions(lists, PipelineSchedule::OneFOneB, l.m, l.V, kForwardMs, kBackwardMs);
     };
     // rank 0 swaps F1 and B0: "F0 B0 F2 F3 F1 ...". It waits at B0, which needs rank 1's B0, which needs
     // rank 1's F1, which needs rank 0's F1: a deadlock.

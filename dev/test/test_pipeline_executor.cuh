@@ -49,9 +49,7 @@ std::string check_records(const std::vector<PipelineAction>& actions, const std:
 void test_records() {
     printf("activation records (pipeline_record_assignment)\n");
     lab.quiet = true;
-    for (PipelineSchedule schedule :
-         {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB, PipelineSchedule::Interleaved,
-          PipelineSchedule::ZeroBubbleH1}) {
+    for (PipelineSchedule schedule : kSchedules) {
         const int passed_before = lab.passed, failed_before = lab.failed;
         const std::vector<ScheduleLayout> layouts = grid(schedule);
         for (const ScheduleLayout& l : layouts) {
@@ -109,31 +107,57 @@ void test_records() {
         "B1.0 has no forward before it");
 }
 
+// The structure that NCCL deadlocks on, as the executor once issued it: each result sent right after the action
+// that made it, each input received right before the action that needs it (the mutation the checker must catch
+// when its operations go one at a time).
+std::vector<std::vector<std::vector<PipelineMessage>>> eager_message_groups(
+    const std::vector<std::vector<PipelineAction>>& lists, PipelineSchedule schedule, int V) {
+    const int p = (int)lists.size();
+    std::vector<std::vector<std::vector<PipelineMessage>>> groups(p);
+    for (int r = 0; r < p; r++) {
+        groups[r].resize(lists[r].size() + 1);
+        for (size_t i = 0; i < lists[r].size(); i++) {
+            std::vector<PipelineMessage> sends, receives;
+            pipeline_messages_of(schedule, r, p, p * V, i, lists[r][i], &sends, &receives);
+            groups[r][i + 1].insert(groups[r][i + 1].begin(), sends.begin(), sends.end());
+            groups[r][i].insert(groups[r][i].end(), receives.begin(), receives.end());
+        }
+    }
+    return groups;
+}
+
 void test_message_groups() {
     printf("groups of sends and receives (pipeline_message_groups) under synchronous semantics\n");
     lab.quiet = true;
     int ungrouped_deadlocks = 0, layouts_seen = 0;
-    for (PipelineSchedule schedule : {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB, PipelineSchedule::Interleaved,
-                                      PipelineSchedule::ZeroBubbleH1}) {
+    for (PipelineSchedule schedule : kSchedules) {
         const int passed_before = lab.passed, failed_before = lab.failed;
         for (const ScheduleLayout& l : grid(schedule)) {
-            std::vector<std::vector<std::vector<PipelineMessage>>> groups;
-            for (int r = 0; r < l.p; r++)
-                groups.push_back(pipeline_message_groups(pipeline_actions(l.schedule, r, l.p, l.m, l.V), r, l.p, l.V));
+            const auto lists = all_lists(l);
+            const auto groups = pipeline_message_groups(lists, l.schedule, l.V);
             const std::string problem = pipeline_check_message_groups(groups);
             check_true(l.name() + ": the groups complete, paired in order", problem.empty(), problem);
+            std::string late;
+            for (int r = 0; r < l.p && late.empty(); r++) {
+                int pool = 0;
+                const std::vector<int> record_of = pipeline_record_assignment(lists[r], &pool);
+                late = pipeline_check_send_buffers(lists[r], groups[r], record_of, l.schedule, r, l.p, l.V);
+            }
+            check_true(l.name() + ": every send held back still finds its data", late.empty(), late);
             layouts_seen++;
-            ungrouped_deadlocks += !pipeline_check_message_groups(groups, /*one_at_a_time=*/true).empty();
+            ungrouped_deadlocks +=
+                !pipeline_check_message_groups(eager_message_groups(lists, l.schedule, l.V), /*one_at_a_time=*/true)
+                     .empty();
         }
         printf("  %-12s %d checks passed, %d failed\n", pipeline_schedule_name(schedule), lab.passed - passed_before,
                lab.failed - failed_before);
     }
     lab.quiet = false;
-    printf("  one operation at a time deadlocks %d of the %d layouts\n", ungrouped_deadlocks, layouts_seen);
+    printf("  each result sent at once, one operation at a time: %d of the %d layouts deadlock\n", ungrouped_deadlocks,
+           layouts_seen);
     // the structure NCCL deadlocks on: 1f1b p=2 m=4, each send and receive alone
-    std::vector<std::vector<std::vector<PipelineMessage>>> one_f_one_b;
-    for (int r = 0; r < 2; r++)
-        one_f_one_b.push_back(pipeline_message_groups(pipeline_actions(PipelineSchedule::OneFOneB, r, 2, 4, 1), r, 2, 1));
+    const std::vector<std::vector<std::vector<PipelineMessage>>> one_f_one_b =
+        eager_message_groups(all_lists({PipelineSchedule::OneFOneB, 2, 4, 1}), PipelineSchedule::OneFOneB, 1);
     const std::string alone = pipeline_check_message_groups(one_f_one_b, /*one_at_a_time=*/true);
     check_true("1f1b p=2 m=4, operations one at a time: both ranks wait in a send",
                alone == "deadlock: rank 0 waits to send the activations of microbatch 1 from stage 0 to 1; rank 1 "
@@ -159,9 +183,17 @@ void test_held_chunks() {
         return t;
     };
     // chunks: embeddings, blocks 0..8, final layernorm
-    check_true("p=4, 3,2,2,2: rank 0", text(pipeline_held_chunks(0, 4, 1, {3, 2, 2, 2})) == "11110000000");
-    check_true("p=4, 3,2,2,2: rank 1", text(pipeline_held_chunks(1, 4, 1, {3, 2, 2, 2})) == "00001100000");
-    check_true("p=4, 3,2,2,2: rank 3", text(pipeline_held_chunks(3, 4, 1, {3, 2, 2, 2})) == "10000000111");
-    check_true("p=2 V=2, 2,3,2,2: rank 0", text(pipeline_held_chunks(0, 2, 2, {2, 3, 2, 2})) == "11100011000");
-    check_true("p=2 V=2, 2,3,2,2: rank 1", text(pipeline_held_chunks(1, 2, 2, {2, 3, 2, 2})) == "10011100111");
+    auto held = [&](PipelineSchedule schedule, int rank, int p, int V, const std::vector<int>& layers) {
+        return text(pipeline_held_chunks(schedule, rank, p, V, layers));
+    };
+    const PipelineSchedule loop = PipelineSchedule::OneFOneB, interleaved = PipelineSchedule::Interleaved,
+                           v_shape = PipelineSchedule::ZeroBubbleV;
+    check_true("p=4, 3,2,2,2: rank 0", held(loop, 0, 4, 1, {3, 2, 2, 2}) == "11110000000");
+    check_true("p=4, 3,2,2,2: rank 1", held(loop, 1, 4, 1, {3, 2, 2, 2}) == "00001100000");
+    check_true("p=4, 3,2,2,2: rank 3", held(loop, 3, 4, 1, {3, 2, 2, 2}) == "10000000111");
+    check_true("p=2 V=2, 2,3,2,2: rank 0", held(interleaved, 0, 2, 2, {2, 3, 2, 2}) == "11100011000");
+    check_true("p=2 V=2, 2,3,2,2: rank 1", held(interleaved, 1, 2, 2, {2, 3, 2, 2}) == "10011100111");
+    // zbv: rank 0 holds stages 0 and 3 (the embeddings once, for both), rank 1 the middle stages 1 and 2
+    check_true("zbv p=2, 2,3,2,2: rank 0", held(v_shape, 0, 2, 2, {2, 3, 2, 2}) == "11100000111");
+    check_true("zbv p=2, 2,3,2,2: rank 1", held(v_shape, 1, 2, 2, {2, 3, 2, 2}) == "00011111000");
 }

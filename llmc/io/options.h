@@ -132,9 +132,10 @@ inline Options parse_options(int argc, char** argv) {
     std::string& pp_schedule = flags.add_choice("pp-schedule", "1f1b", pipeline_schedule_names(),
         "the order of each rank's forward and backward passes: all forwards then all backwards (gpipe), one "
         "forward one backward (1f1b), 1f1b over --pp-virtual stages per rank (interleaved), or 1f1b with the "
-        "backward split into its input-gradient and weight-gradient parts, the latter run in the bubbles (zb-h1)");
+        "backward split into its input-gradient and weight-gradient parts, the latter run in the bubbles (zb-h1), "
+        "or that split over two stages per rank in a V, rank r holding stages r and 2 pp - 1 - r (zbv)");
     int& pp_virtual = flags.add_int("pp-virtual", 1,
-        "interleaved: stages per pipeline rank (V)", 1, 1024);
+        "interleaved: stages per pipeline rank (V); zbv always has 2", 1, 1024);
     std::string& pp_layers = flags.add_string("pp-layers", "auto",
         "layers per model stage (pp x V entries, in model-stage order, each >= 1, summing to the layers), "
         "e.g. 3,4,4,1; auto balances the stages' compute, the embedding and LM head included");
@@ -199,6 +200,7 @@ inline Options parse_options(int argc, char** argv) {
     l.tp = tp_size, l.pp = pp_size, l.cp = cp_size, l.sequence_parallel = sequence_parallel;
     l.cp_mode = cp_mode_from_name(cp_mode_flag), l.cp_split = cp_split_from_name(cp_split_flag);
     l.schedule = pipeline_schedule_from_name(pp_schedule), l.pp_virtual = pp_virtual;
+    if (l.schedule == PipelineSchedule::ZeroBubbleV && pp_virtual == 1) l.pp_virtual = 2;  // the V's two stages
     l.pp_layers = parse_pp_layers(pp_layers);
     l.zero_stage = zero_stage, l.dp_shard = dp_shard;
     l.batch_size = batch_size, l.seq_len = seq_len, l.total_batch_size = total_batch_size;

@@ -43,8 +43,9 @@ per row-chunk into `scratch`, and add_column_partials() adds the partials to dbi
 scratch must hold matmul_backward_scratch_floats(N, OC) floats (it may be null when dbias is null).
 
 Setup: the GPU build uses one cuBLASLt handle, one workspace (sized for the GPU) and a cache of plans
-for all matmuls, created by matmul_setup() (or on first use) and released by matmul_teardown(); see
-"Plans" below for the cache and the operands' alignment.
+for all matmuls, created by matmul_setup() at start-up (gpt2_allocate calls it) and released by
+matmul_teardown(); see "Plans" below for the cache and the operands' alignment. Not on first use: a cudaMalloc
+during the first step would wait for the device to idle, while NCCL kernels already running wait for peers.
 */
 #pragma once
 
@@ -402,7 +403,7 @@ inline const MatmulPlan& matmul_find_plan(const MatmulPlanKey& key, const floatX
 
 inline void matmul_row_major(floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
                              bool transpose_a, bool transpose_b, bool accumulate, cudaStream_t stream) {
-    matmul_setup();
+    if (matmul_context.handle == nullptr) fatal("matmul: matmul_setup() has not run (it belongs to start-up)");
     const MatmulPlanKey key = matmul_plan_key(d, a, b, bias, m, n, k, transpose_a, transpose_b, accumulate);
     const MatmulPlan& plan = matmul_find_plan(key, bias);
     // The bias pointer is the one operand the descriptor holds. cublasLtMatmul reads the descriptor when

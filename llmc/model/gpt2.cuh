@@ -356,6 +356,7 @@ inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int
 inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, const ModelPart& part = ModelPart{}) {
     gpt2_validate_config(config, "model");
     if (T > config.max_seq_len) fatal("sequence length %d exceeds the model's maximum %d", T, config.max_seq_len);
+    matmul_setup();  // cuBLASLt's handle and workspace, before any step (llmc/kernels/matmul.cuh says why)
     model.config = config;
     model.layout = ParameterLayout(config, part.shards, part.tp, part.tp_rank, part.held_chunks);
     model.max_batch = B;

@@ -9,16 +9,18 @@ own copy of the embedding chunk (llmc/model/parameters.h's ParameterLayout holds
 batch is cut into m microbatches, the gradient-accumulation micro-steps. The schedule says in which order a
 rank runs the passes of (microbatch, virtual stage); pipeline_step runs any such list:
 
-    F(j, s)   the input activations (B x T x C): received from stage s-1, or looked up (stage 0: the embeddings)
+    F(j, s)   the input activations (B x T x C): received from stage s-1, handed over in memory when s-1 is on
+              this rank too (zbv's turn at the bottom of its V), or looked up (stage 0: the embeddings)
               run the stage's blocks
               the output goes to stage s+1 (stage S-1: LM head, loss, and at once the loss's backward pass
               through the LM head and the final layernorm: the record keeps the gradient of the output,
               not the logits)
     B(j, s)   the gradient of the output from stage s+1 (stage S-1: computed in F)
-              run the stage's blocks backwards: all of it, or under zb-h1 only the input gradients,
+              run the stage's blocks backwards: all of it, or under zb-h1 and zbv only the input gradients,
               keeping in a weight record what the weight gradients need
-              the gradient of the input goes to stage s-1 (stage 0: the embeddings' gradients)
-    W(j, s)   (zb-h1) the weight gradients of the stage's blocks from the weight record, accumulated
+              the gradient of the input goes to stage s-1 (in memory when it is on this rank; stage 0: the
+              embeddings' gradients)
+    W(j, s)   (zb-h1, zbv) the weight gradients of the stage's blocks from the weight record, accumulated
 Before each action the rank exchanges, as one group, the sends of the previous action's results and the
 receives this action needs (llmc/parallel/pipeline_links.h says why).
 
@@ -31,7 +33,8 @@ activations and gradients, and the bytes they send) is llmc/parallel/pipeline_li
 the model (embed, blocks, head and loss, and their backward passes) are llmc/model/forward_backward.cuh's.
 
 The tied embeddings. wte gets a gradient on the first stage (the lookup) and on the last (the LM head).
-After the step's data-parallel reductions, the two are added up over a two-rank group
+Under zbv both are on rank 0, which adds the two into its one copy. Otherwise, after the step's data-parallel
+reductions, the two are added up over a two-rank group
 (pipeline_sum_tied_embedding); both copies then take the same AdamW step and stay equal, and the training matches one rank
 (the sum is the same, up to the order of the additions). wpe goes along (the chunk is the unit of
 sharding): its gradient on the last stage is 0. The gradient norm counts the first stage's copy only.
@@ -49,6 +52,7 @@ bubble beside the formula and writes a Chrome trace (--trace, scripts/pipeline_t
 #pragma once
 
 #include <chrono>
+#include <ctime>
 #include <string>
 #include <vector>
 #include "../utils.h"
@@ -69,8 +73,39 @@ inline double pipeline_clock(const Pipeline& pipe, GPT2& model) {
     cudaCheck(cudaStreamSynchronize(model.stream));
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - pipe.origin).count();
 }
-inline void pipeline_note(Pipeline& pipe, const PipelineAction& action, bool wait, double start, double end) {
-    if (pipe.measuring) pipe.events.push_back({action, start, end, wait});
+inline void pipeline_note(Pipeline& pipe, const PipelineAction& action, bool wait, double start, double end,
+                          double work_ms = -1) {
+    if (pipe.measuring) pipe.events.push_back({action, start, end, wait, work_ms});
+}
+
+// Milliseconds of processor time this process has used (the CPU build: its ranks may share cores, and an
+// action's wall time then counts the other ranks' turns too); -1 on a GPU, where an action's work is its
+// wall time, and when not measuring.
+inline double pipeline_work_clock(const Pipeline& pipe) {
+#ifdef LLMC_CPU
+    timespec now{};
+    if (!pipe.measuring || clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now) != 0) return -1.0;
+    return now.tv_sec * 1e3 + now.tv_nsec * 1e-6;
+#else
+    (void)pipe;
+    return -1.0;
+#endif
+}
+
+// The measured step replayed with one core per rank: each action takes the processor time it took and
+// starts as soon as its rank is free and its input has come (pipeline_simulate_actions, free sends). On a
+// GPU, or with a core per rank, this is the measured step without the messages' time; on fewer cores than
+// ranks it is the step the ranks would take each on a core of their own, which the wall clock cannot show.
+inline PipelineTimeline pipeline_replay(const PipelineTimeline& measured, PipelineSchedule schedule) {
+    std::vector<std::vector<PipelineAction>> lists(measured.p);
+    std::vector<std::vector<double>> durations(measured.p);
+    for (int r = 0; r < measured.p; r++)
+        for (const PipelineEvent& e : measured.ranks[r]) {
+            if (e.wait) continue;
+            lists[r].push_back(e.action);
+            durations[r].push_back(e.work_ms >= 0 ? e.work_ms : e.end_ms - e.start_ms);
+        }
+    return pipeline_simulate_actions(lists, schedule, measured.m, measured.V, 0, 0, 0, &durations);
 }
 
 // Starts measuring the next pipeline_step: the stages agree on the moment it begins.
@@ -82,18 +117,19 @@ inline void pipeline_begin_measuring(Pipeline& pipe, GPT2& model) {
 }
 
 // The measured step's events of every pipeline rank, on pp rank 0 (a collective over the pp axis; the other
-// ranks get an empty timeline). Events travel as 6 floats each: kind, microbatch, virtual stage, wait,
-// start, end.
+// ranks get an empty timeline). Events travel as 7 floats each: kind, microbatch, virtual stage, wait,
+// start, end, work.
 inline PipelineTimeline pipeline_collect_timeline(Pipeline& pipe, GPT2& model) {
     pipe.measuring = false;
     const size_t capacity = 6 * (size_t)pipe.microbatches * pipe.virtual_stages;  // F, B, W actions and their waits
     if (pipe.events.size() > capacity) fatal("pipeline: %zu events measured, room for %zu", pipe.events.size(), capacity);
-    std::vector<float> mine(6 * capacity, -1.0f);
+    constexpr size_t kFields = 7;
+    std::vector<float> mine(kFields * capacity, -1.0f);
     for (size_t i = 0; i < pipe.events.size(); i++) {
         const PipelineEvent& e = pipe.events[i];
-        const float fields[6] = {(float)e.action.kind, (float)e.action.microbatch, (float)e.action.virtual_stage,
-                                 e.wait ? 1.0f : 0.0f, (float)e.start_ms, (float)e.end_ms};
-        std::copy(fields, fields + 6, mine.begin() + 6 * i);
+        const float fields[kFields] = {(float)e.action.kind, (float)e.action.microbatch, (float)e.action.virtual_stage,
+                                       e.wait ? 1.0f : 0.0f, (float)e.start_ms, (float)e.end_ms, (float)e.work_ms};
+        std::copy(fields, fields + kFields, mine.begin() + kFields * i);
     }
     float* device = tracked_alloc<float>(mine.size() * pipe.size, MemoryKind::Communication, "pipeline timeline");
     copy_to_device(device + mine.size() * pipe.rank, mine.data(), mine.size(), model.stream);
@@ -110,23 +146,26 @@ inline PipelineTimeline pipeline_collect_timeline(Pipeline& pipe, GPT2& model) {
     timeline.ranks.resize(pipe.size);
     for (int r = 0; r < pipe.size; r++)
         for (size_t i = 0; i < capacity; i++) {
-            const float* f = everyone.data() + (r * capacity + i) * 6;
+            const float* f = everyone.data() + (r * capacity + i) * kFields;
             if (f[0] < 0) break;
             const PipelineAction action{(PipelineAction::Kind)(int)f[0], (int)f[1], (int)f[2]};
-            timeline.ranks[r].push_back({action, f[4], f[5], f[3] != 0});
+            timeline.ranks[r].push_back({action, f[4], f[5], f[3] != 0, f[6]});
         }
     pipeline_measure(timeline);
     return timeline;
 }
 
-// Rank 0's report of a measured step: each stage's bubble beside the schedule's formula, and its peak of
-// records in flight beside the schedule's.
-inline void pipeline_print_timeline(const PipelineTimeline& t, PipelineSchedule schedule) {
-    printf("pipeline %s, p %d, m %d, V %d: the measured step took %.1f ms; the formula's bubble %.3f\n",
-           t.schedule.c_str(), t.p, t.m, t.V, t.step_ms, pipeline_bubble_fraction(schedule, t.p, t.m, t.V));
+// Rank 0's report of a measured step: each stage's bubble, measured and replayed with a core per rank, beside
+// the schedule's formula, and its peak of records in flight beside the schedule's.
+inline void pipeline_print_timeline(const PipelineTimeline& t, const PipelineTimeline& replayed,
+                                    PipelineSchedule schedule) {
+    printf("pipeline %s, p %d, m %d, V %d: the measured step took %.1f ms (%.1f replayed with a core per rank); the "
+           "formula's bubble %.3f\n", t.schedule.c_str(), t.p, t.m, t.V, t.step_ms, replayed.step_ms,
+           pipeline_bubble_fraction(schedule, t.p, t.m, t.V));
     for (int r = 0; r < t.p; r++)
-        printf("  pp rank %d: bubble %.3f measured; records in flight at the peak %d (formula %d)\n", r,
-               t.bubble_fraction[r], t.peak_activations[r], pipeline_peak_activations(schedule, r, t.p, t.m, t.V));
+        printf("  pp rank %d: bubble %.3f measured, %.3f replayed; records in flight at the peak %d (formula %d)\n", r,
+               t.bubble_fraction[r], replayed.bubble_fraction[r], t.peak_activations[r],
+               pipeline_peak_activations(schedule, r, t.p, t.m, t.V));
 }
 
 // After the measured step: rank 0 prints each stage's bubble and records in flight beside the formulas, logs
@@ -135,10 +174,13 @@ inline void pipeline_report_timeline(ParallelContext& par, GPT2& model, Logger& 
     Pipeline& pipe = par.pipe;
     const PipelineTimeline timeline = pipeline_collect_timeline(pipe, model);
     if (!par.main_rank) return;
-    pipeline_print_timeline(timeline, pipe.schedule);
-    std::string bubbles, peaks, peak_formulas, layers;
+    const PipelineTimeline replayed = pipeline_replay(timeline, pipe.schedule);
+    if (!replayed.problem.empty()) fatal("pipeline: the measured step does not replay: %s", replayed.problem.c_str());
+    pipeline_print_timeline(timeline, replayed, pipe.schedule);
+    std::string bubbles, replayed_bubbles, peaks, peak_formulas, layers;
     for (int r = 0; r < pipe.size; r++) {
         bubbles += (r ? ", " : "") + std::to_string(timeline.bubble_fraction[r]);
+        replayed_bubbles += (r ? ", " : "") + std::to_string(replayed.bubble_fraction[r]);
         peaks += (r ? ", " : "") + std::to_string(timeline.peak_activations[r]);
         peak_formulas += (r ? ", " : "") + std::to_string(pipeline_peak_activations(pipe.schedule, r, pipe.size,
                                                                                     pipe.microbatches, pipe.virtual_stages));
@@ -147,6 +189,7 @@ inline void pipeline_report_timeline(ParallelContext& par, GPT2& model, Logger& 
     logger.write(JsonLine("pipeline").text("schedule", timeline.schedule).integer("pp", pipe.size)
                      .integer("microbatches", pipe.microbatches).integer("virtual_stages", pipe.virtual_stages)
                      .number("step_ms", timeline.step_ms).raw("bubble", "[" + bubbles + "]")
+                     .number("step_ms_replayed", replayed.step_ms).raw("bubble_replayed", "[" + replayed_bubbles + "]")
                      .number("bubble_formula", pipeline_bubble_fraction(pipe.schedule, pipe.size, pipe.microbatches,
                                                                         pipe.virtual_stages))
                      .raw("peak_records", "[" + peaks + "]").raw("peak_records_formula", "[" + peak_formulas + "]")
@@ -161,7 +204,12 @@ inline void pipeline_report_timeline(ParallelContext& par, GPT2& model, Logger& 
 // running a schedule
 
 inline int pipeline_model_stage(const Pipeline& pipe, const PipelineAction& a) {
-    return pipeline_model_stage(pipe.rank, a.virtual_stage, pipe.size);
+    return pipeline_model_stage(pipe.schedule, pipe.rank, a.virtual_stage, pipe.size);
+}
+// Whether model stage s's neighbour s - 1 is on this rank too: then activations and gradients pass between the
+// two in memory.
+inline bool pipeline_previous_stage_here(const Pipeline& pipe, int s) {
+    return s > 0 && pipeline_stage_rank(pipe.schedule, s - 1, pipe.size) == pipe.rank;
 }
 
 // The actions a list runs and the records and messages that go with them: a training step's schedule, or
@@ -173,47 +221,53 @@ struct PipelineRun {
     const std::vector<int>& weight_record_of;
 };
 
+// The record that the forward of (microbatch, model stage) uses in a run: where a stage on this rank hands its
+// output over to the next stage here, and takes that stage's input gradient back. That forward ran before the
+// next stage's, and its record lives until its own backward, after the next stage's.
+inline StageActivations& pipeline_record_of_forward(const Pipeline& pipe, GPT2& model, const PipelineRun& run,
+                                                    int microbatch, int stage) {
+    for (size_t i = 0; i < run.actions.size(); i++) {
+        const PipelineAction& a = run.actions[i];
+        if (a.kind == PipelineAction::Forward && a.microbatch == microbatch && pipeline_model_stage(pipe, a) == stage)
+            return model.records[run.record_of[i]];
+    }
+    fatal("pipeline: no forward of microbatch %d on stage %d here", microbatch, stage);
+}
+
 // The group of sends and receives before action i (i = the list's length: after the last action). A send
-// carries a result of action i-1 (a stage's output from its record, or the gradient of its input, which the
-// backward pass leaves in the record's doutput); a receive fills what action i needs (its record's input, or
-// the gradient of its output into doutput).
+// carries a result of an earlier action (a stage's output from its record, or the gradient of its input, which
+// the backward pass leaves in the record's doutput); a receive fills what action i needs (its record's input,
+// or the gradient of its output into doutput).
 inline void pipeline_exchange(ParallelContext& par, GPT2& model, const PipelineRun& run, size_t i, int B, int T) {
     Pipeline& pipe = par.pipe;
     const size_t rows = tp_rows(par.tp, B * T) * (size_t)model.config.channels;
-    std::vector<PointToPoint> operations;
-    for (const PipelineMessage& message : run.messages[i]) {
-        // the action the message belongs to: a send's is the pass that made it, just before (two before when
-        // a forward's send waits for the backward after it); a receive's the pass that needs it, just after
-        // (or the one after that, posted early)
-        const PipelineAction::Kind kind = message.gradient ? PipelineAction::Backward : PipelineAction::Forward;
-        const int stage = message.send ? message.from_stage : message.to_stage;
-        size_t at = run.actions.size();
-        for (int step = 0; step < 2 && at == run.actions.size(); step++) {
-            const long k = message.send ? (long)i - 1 - step : (long)i + step;
-            if (k < 0 || k >= (long)run.actions.size()) continue;
-            const PipelineAction& a = run.actions[k];
-            if (a.kind == kind && a.microbatch == message.microbatch && pipeline_model_stage(pipe, a) == stage) at = k;
-        }
-        if (at == run.actions.size())
-            fatal("pipeline: a message of microbatch %d, stage %d belongs to no action next to it", message.microbatch,
-                  stage);
-        StageActivations& record = model.records[run.record_of[at]];
+    auto operation = [&](const PipelineMessage& message) {
+        StageActivations& record = model.records[run.record_of[message.action]];
         floatX* data = message.gradient ? record.doutput
                        : message.send   ? record.output()
                                         : record.input;
-        Communicator& link = pipeline_link(pipe, message.peer);
-        operations.push_back({message.send ? PointToPoint::Send : PointToPoint::Receive, &link, data, rows,
-                              /*the other end of a two-rank link*/ 1 - link.rank});
-    }
+        Communicator& link = pipeline_link(pipe, message);
+        return PointToPoint{message.send ? PointToPoint::Send : PointToPoint::Receive, &link, data, rows,
+                            /*the other end of a two-rank link*/ 1 - link.rank};
+    };
     if (!fault_ungrouped_point_to_point()) {
+        std::vector<PointToPoint> operations;
+        for (const PipelineMessage& message : run.messages[i]) operations.push_back(operation(message));
         send_and_receive(operations, model.stream);
         return;
     }
-    for (const PointToPoint& operation : operations) send_and_receive({operation}, model.stream);  // the faulty structure
+    // the faulty structure: action i-1's results sent at once, then action i's inputs received, one at a time
+    for (const std::vector<PipelineMessage>& group : run.messages)
+        for (const PipelineMessage& message : group)
+            if (message.send && (size_t)message.action + 1 == i) send_and_receive({operation(message)}, model.stream);
+    for (const PipelineMessage& message : run.messages[i])
+        if (!message.send) send_and_receive({operation(message)}, model.stream);
 }
 
 // One forward pass of microbatch `a` through one of this rank's stages, into its record: the embeddings looked
-// up (first stage; the other stages' input was received before), the blocks, and on the last stage the loss. With `targets`, when `training`, the last stage also takes the
+// up (first stage), the input handed over in memory (the previous stage is here too; received before
+// otherwise), the blocks, and on the last stage the loss. With `targets`, when `training`, the last stage also
+// takes the
 // loss's backward pass through the head; with targets only it adds the loss up (validation); without, it
 // leaves the logits (sampling).
 inline void pipeline_forward(ParallelContext& par, GPT2& model, const PipelineRun& run, size_t i, const int* tokens,
@@ -222,7 +276,14 @@ inline void pipeline_forward(ParallelContext& par, GPT2& model, const PipelineRu
     const PipelineAction& a = run.actions[i];
     StageActivations& record = model.records[run.record_of[i]];
     const int s = pipeline_model_stage(pipe, a), S = pipeline_stage_count(pipe);
-    if (s == 0) gpt2_embed(model, par, record, tokens, B, T);
+    if (s == 0) {
+        gpt2_embed(model, par, record, tokens, B, T);
+    } else if (pipeline_previous_stage_here(pipe, s)) {
+        const StageActivations& from = pipeline_record_of_forward(pipe, model, run, a.microbatch, s - 1);
+        const size_t rows = tp_rows(par.tp, B * T) * (size_t)model.config.channels;
+        cudaCheck(cudaMemcpyAsync(record.input, from.output(), rows * sizeof(floatX), cudaMemcpyDeviceToDevice,
+                                  model.stream));
+    }
     gpt2_stage_forward(model, par, record, pipeline_first_layer(pipe.stage_layers, s), pipe.stage_layers[s], B, T);
     if (s < S - 1) return;
     gpt2_head_forward(model, par, record, B, T);
@@ -237,7 +298,7 @@ inline void pipeline_forward(ParallelContext& par, GPT2& model, const PipelineRu
 // The backward pass of microbatch `a` through one of this rank's stages, from its record: the whole of it, or
 // under a schedule that splits it only the input gradients (B), leaving in the action's weight record what
 // the weight gradients (W, pipeline_weights) need. The gradient of the stage's input stays in the record's
-// doutput, to be sent.
+// doutput, to be sent, or handed over in memory to the previous stage when that is here too.
 inline void pipeline_backward(ParallelContext& par, GPT2& model, const PipelineRun& run, size_t i, int B, int T) {
     Pipeline& pipe = par.pipe;
     const PipelineAction& a = run.actions[i];
@@ -249,6 +310,11 @@ inline void pipeline_backward(ParallelContext& par, GPT2& model, const PipelineR
     if (s == 0) {
         gpt2_embed_backward(model, par, record, B, T);
         chunk_gradient_done(model, par, 0);
+    } else if (pipeline_previous_stage_here(pipe, s)) {
+        StageActivations& to = pipeline_record_of_forward(pipe, model, run, a.microbatch, s - 1);
+        const size_t rows = tp_rows(par.tp, B * T) * (size_t)model.config.channels;
+        cudaCheck(cudaMemcpyAsync(to.doutput, record.doutput, rows * sizeof(floatX), cudaMemcpyDeviceToDevice,
+                                  model.stream));
     }
 }
 
@@ -271,7 +337,7 @@ inline void pipeline_run(ParallelContext& par, GPT2& model, const PipelineRun& r
         const PipelineAction& a = run.actions[i];
         const double waiting = pipeline_clock(pipe, model);
         pipeline_exchange(par, model, run, i, B, T);
-        const double start = pipeline_clock(pipe, model);
+        const double start = pipeline_clock(pipe, model), work_start = pipeline_work_clock(pipe);
         pipeline_note(pipe, a, true, waiting, start);
         zero_begin_microbatch(par.zero, a.microbatch == pipe.microbatches - 1);
         const int* microbatch_targets = targets ? targets + a.microbatch * N : nullptr;
@@ -282,7 +348,8 @@ inline void pipeline_run(ParallelContext& par, GPT2& model, const PipelineRun& r
             case PipelineAction::Backward: pipeline_backward(par, model, run, i, B, T); break;
             case PipelineAction::Weights: pipeline_weights(par, model, run, i, B, T); break;
         }
-        pipeline_note(pipe, a, false, start, pipeline_clock(pipe, model));
+        const double end = pipeline_clock(pipe, model);
+        pipeline_note(pipe, a, false, start, end, work_start < 0 ? -1.0 : pipeline_work_clock(pipe) - work_start);
     }
     pipeline_exchange(par, model, run, run.actions.size(), B, T);
 }
@@ -304,8 +371,14 @@ inline void pipeline_forward_only(ParallelContext& par, GPT2& model, const int* 
     const Pipeline& pipe = par.pipe;
     std::vector<PipelineAction> actions;
     for (int v = 0; v < pipe.virtual_stages; v++) actions.push_back({PipelineAction::Forward, 0, v});
+    const std::vector<std::vector<PipelineAction>> lists(pipe.size, actions);  // every rank's
     const std::vector<std::vector<PipelineMessage>> messages =
-        pipeline_message_groups(actions, pipe.rank, pipe.size, pipe.virtual_stages);
+        pipeline_message_groups(lists, pipe.schedule, pipe.virtual_stages)[pipe.rank];
+    // every stage runs on record 0: each output must leave before the next stage here overwrites it
+    for (size_t g = 0; g < messages.size(); g++)
+        for (const PipelineMessage& message : messages[g])
+            if (message.send && g != (size_t)message.action + 1)
+                fatal("pipeline: the forward-only pass would send stage %d's output late", message.from_stage);
     const std::vector<int> record_of(actions.size(), 0), weight_record_of(actions.size(), -1);
     pipeline_run(par, model, {actions, messages, record_of, weight_record_of}, tokens, targets, 0.0f,
                  /*training=*/false, B, T);
@@ -314,7 +387,7 @@ inline void pipeline_forward_only(ParallelContext& par, GPT2& model, const int* 
 // After the step's gradient reductions (zero_wait_for_gradients): wte's (and wpe's) gradient on the first
 // and on the last stage becomes the sum of the two.
 inline void pipeline_sum_tied_embedding(ParallelContext& par, GPT2& model) {
-    if (par.pipe.tied.size < 2) return;  // one pipeline rank, one rank holding both stages, or neither
+    if (par.pipe.tied.size < 2) return;  // one pipeline rank, one rank holding both stages (zbv), or neither
     size_t count = 0;
     floatX* gradient = zero_chunk_gradient(par.zero, model, 0, &count);
     all_reduce(par.pipe.tied, gradient, count, Reduction::Sum, model.stream);

@@ -6,23 +6,24 @@ neighbours before each action, and the links that carry them.
 Point to point as NCCL guarantees it. NCCL's send and receive block the GPU until the peer arrives, and
 operations that must progress together must be in one group: under 1F1B neighbours send to each other at
 the same moment (one the activations, the other a gradient), and two lone operations would wait for each
-other. So before each action the rank issues one group (llmc/parallel/comm.h's send_and_receive): the sends of the
-previous action's results and the receives this action needs (pipeline_message_groups in
-llmc/parallel/pipeline_schedule.h, whose simulator proves every schedule's groups free of deadlock under these
-semantics, and shows that lone operations deadlock 1F1B). The group completes before the action starts, so a
-sent buffer is free again at once. The CPU build's sends are synchronous (MPI_Issend) so the tests see
+other. So before each action the rank issues one group (llmc/parallel/comm.h's send_and_receive): the receives
+this action needs and the sends of earlier results whose receiver is ready for them (pipeline_message_groups in
+llmc/parallel/pipeline_schedule.h finds them by playing all ranks' lists; its checker proves every schedule's
+groups free of deadlock under these semantics, and shows that lone operations deadlock 1F1B). The group
+completes before the action starts. The CPU build's sends are synchronous (MPI_Issend) so the tests see
 NCCL's semantics at every message size.
 
 Each neighbour pair (r, r+1) has a link of its own, a two-rank communicator that carries the activations
-and gradients both ways (and (p-1, 0) for the interleaved schedule's wrap-around); messages between two
-ranks are paired in the order they are issued, which the schedule's groups keep the same at both ends.
+and gradients both ways (and (p-1, 0) for the interleaved schedule's wrap-around; zbv's turn at the bottom of
+its V stays on rank p-1, in memory); messages between two ranks are paired in the order they are issued, which
+the schedule's groups keep the same at both ends.
 Ranks outside a pair get no communicator (comm_split's kNotInGroup).
 
 Bytes this rank sends per step on the pp axis, for a = B T C activation elements per message (B T C / tp
-under sequence parallelism), s bytes per element, and this rank's V stages (model stages v p + r):
-    activations   m a s for each of its stages but the last model stage S-1
-    gradients     m a s for each of its stages but the first, stage 0
-    tied wte      e s on the first and the last stage's ranks (p > 1), e = the embedding chunk's
+under sequence parallelism), s bytes per element, and this rank's V stages:
+    activations   m a s for each of its stages whose next stage is on another rank (not the last, S-1)
+    gradients     m a s for each of its stages whose previous stage is on another rank (not the first, 0)
+    tied wte      e s on the first and the last stage's ranks, when they differ, e = the embedding chunk's
                   gradient this rank holds: the whole chunk at ZeRO-0, its shard at ZeRO >= 1 (a two-rank
                   all-reduce sends half of it twice)
     loss, norm    4 (p-1)/p and 8 (p-1)/p bytes (rounded down): the loss broadcast from the last stage and
@@ -55,8 +56,10 @@ struct Pipeline {
     std::vector<int> weight_record_of;      // per action: the weight record it uses (-1: none)
     int records = 1, weight_records = 0;    // the pools' sizes
     Communicator* group = nullptr;          // the pp axis: the loss's broadcast, the norm's sum
-    Communicator next_link, previous_link;  // the pairs (r, r+1) and (r-1, r) (p = 2: next_link is both)
-    Communicator tied;                      // the first and the last stage's ranks (p > 1): wte's gradient
+    // the pairs (r, r+1) and (r-1, r), one communicator per link of a pair (pipeline_message_link: zbv's two
+    // chunks have one each); p = 2: the same pair both ways
+    std::vector<Communicator> next_links, previous_links;
+    Communicator tied;                      // the first and the last stage's ranks, if two: wte's gradient
     // the step being measured
     bool measuring = false;
     std::chrono::steady_clock::time_point origin;
@@ -65,11 +68,11 @@ struct Pipeline {
 
 inline int pipeline_stage_count(const Pipeline& pipe) { return pipe.size * pipe.virtual_stages; }
 
-// The link to pipeline rank `peer`, a neighbour.
-inline Communicator& pipeline_link(Pipeline& pipe, int peer) {
-    const int p = pipe.size;
-    if (peer == (pipe.rank + 1) % p) return pipe.next_link;
-    if (peer == (pipe.rank + p - 1) % p) return pipe.previous_link;
+// The link that carries a message to or from a neighbour.
+inline Communicator& pipeline_link(Pipeline& pipe, const PipelineMessage& message) {
+    const int p = pipe.size, peer = message.peer;
+    if (peer == (pipe.rank + 1) % p) return pipe.next_links.at(message.link);
+    if (peer == (pipe.rank + p - 1) % p) return pipe.previous_links.at(message.link);
     fatal("pipeline: rank %d has no link to rank %d", pipe.rank, peer);
 }
 
@@ -79,9 +82,9 @@ inline Communicator& pipeline_link(Pipeline& pipe, int peer) {
 inline ModelPart pipeline_model_part(PipelineSchedule schedule, int rank, int p, int V, int m,
                                      const std::vector<int>& stage_layers) {
     ModelPart part;
-    part.held_chunks = pipeline_held_chunks(rank, p, V, stage_layers);
+    part.held_chunks = pipeline_held_chunks(schedule, rank, p, V, stage_layers);
     for (int v = 0; v < V; v++)
-        part.stage_layers = std::max(part.stage_layers, stage_layers[pipeline_model_stage(rank, v, p)]);
+        part.stage_layers = std::max(part.stage_layers, stage_layers[pipeline_model_stage(schedule, rank, v, p)]);
     part.records = pipeline_peak_activations(schedule, rank, p, m, V);
     part.weight_records = pipeline_peak_weight_records(schedule, rank, p, m, V);
     return part;
@@ -97,10 +100,14 @@ inline void pipeline_create(Pipeline& pipe, Mesh& mesh, PipelineSchedule schedul
     pipe.microbatches = m;
     pipe.stage_layers = stage_layers;
     const int p = pipe.size, r = pipe.rank, S = p * V;
-    pipe.last_stage_rank = pipeline_stage_rank(S - 1, p);
-    pipe.actions = pipeline_actions(schedule, r, p, m, V);
-    pipe.messages = pipeline_message_groups(pipe.actions, r, p, V);
+    pipe.last_stage_rank = pipeline_stage_rank(schedule, S - 1, p);
+    std::vector<std::vector<PipelineAction>> lists;  // every rank's: the groups are found by playing them all
+    for (int q = 0; q < p; q++) lists.push_back(pipeline_actions(schedule, q, p, m, V));
+    pipe.actions = lists[r];
+    pipe.messages = pipeline_message_groups(lists, schedule, V)[r];
     pipe.record_of = pipeline_record_assignment(pipe.actions, &pipe.records);
+    const std::string late = pipeline_check_send_buffers(pipe.actions, pipe.messages, pipe.record_of, schedule, r, p, V);
+    if (!late.empty()) fatal("pipeline %s: %s", pipeline_schedule_name(schedule), late.c_str());
     pipe.weight_record_of = pipeline_weight_record_assignment(pipe.actions, &pipe.weight_records);
     if (pipe.records != pipeline_peak_activations(schedule, r, p, m, V) ||
         pipe.weight_records != pipeline_peak_weight_records(schedule, r, p, m, V))
@@ -111,34 +118,47 @@ inline void pipeline_create(Pipeline& pipe, Mesh& mesh, PipelineSchedule schedul
     if (p > 1) {
         // one split of the pp axis per neighbour pair (q, q+1); the wrap-around pair (p-1, 0) only where a
         // schedule sends across it (interleaved), and with p = 2 it is the pair (0, 1) again
-        const int pairs = p == 2 ? 1 : V > 1 ? p : p - 1;  // interleaving sends stage p-1's output to rank 0
-        for (int q = 0; q < pairs; q++) {
-            const int low = q, high = (q + 1) % p;
-            const bool member = r == low || r == high;
-            Communicator link = comm_split(mesh.axis[PP], member ? 0 : kNotInGroup, r,
-                                           "pp link " + std::to_string(low) + "-" + std::to_string(high));
-            if (!member) continue;
-            (r == low ? pipe.next_link : pipe.previous_link) = link;
-        }
-        if (p == 2) (r == 0 ? pipe.previous_link : pipe.next_link) = r == 0 ? pipe.next_link : pipe.previous_link;
-        const bool holds_wte = r == 0 || r == pipe.last_stage_rank;
+        const int pairs = p == 2 ? 1 : schedule == PipelineSchedule::Interleaved ? p : p - 1;
+        const int links = schedule == PipelineSchedule::ZeroBubbleV ? 2 : 1;
+        pipe.next_links.resize(links);
+        pipe.previous_links.resize(links);
+        for (int c = 0; c < links; c++)
+            for (int q = 0; q < pairs; q++) {
+                const int low = q, high = (q + 1) % p;
+                const bool member = r == low || r == high;
+                Communicator link = comm_split(mesh.axis[PP], member ? 0 : kNotInGroup, r,
+                                               "pp link " + std::to_string(low) + "-" + std::to_string(high) +
+                                                   (links > 1 ? " chunk " + std::to_string(c) : ""));
+                if (!member) continue;
+                (r == low ? pipe.next_links[c] : pipe.previous_links[c]) = link;
+            }
+        if (p == 2) (r == 0 ? pipe.previous_links : pipe.next_links) = r == 0 ? pipe.next_links : pipe.previous_links;
+        // zbv holds the first and the last stage on rank 0: one copy of wte, nothing to add up
+        const bool holds_wte = pipe.last_stage_rank != 0 && (r == 0 || r == pipe.last_stage_rank);
         pipe.tied = comm_split(mesh.axis[PP], holds_wte ? 0 : kNotInGroup, r, "pp first and last stage");
     }
 }
 
 inline void pipeline_free(Pipeline& pipe) {
-    comm_destroy(pipe.next_link);
-    if (pipe.size > 2) comm_destroy(pipe.previous_link);
+    for (Communicator& link : pipe.next_links) comm_destroy(link);
+    if (pipe.size > 2)
+        for (Communicator& link : pipe.previous_links) comm_destroy(link);
     comm_destroy(pipe.tied);
     pipe = Pipeline{};
 }
 
 // bytes sent over the pipeline's own groups (the pp axis itself counts with the mesh's groups)
 inline uint64_t pipeline_link_bytes(const Pipeline& pipe) {
-    return pipe.next_link.bytes_sent + (pipe.size > 2 ? pipe.previous_link.bytes_sent : 0) + pipe.tied.bytes_sent;
+    uint64_t bytes = pipe.tied.bytes_sent;
+    for (const Communicator& link : pipe.next_links) bytes += link.bytes_sent;
+    if (pipe.size > 2)
+        for (const Communicator& link : pipe.previous_links) bytes += link.bytes_sent;
+    return bytes;
 }
 inline void pipeline_reset_bytes(Pipeline& pipe) {
-    pipe.next_link.bytes_sent = pipe.previous_link.bytes_sent = pipe.tied.bytes_sent = 0;
+    pipe.tied.bytes_sent = 0;
+    for (Communicator& link : pipe.next_links) link.bytes_sent = 0;
+    for (Communicator& link : pipe.previous_links) link.bytes_sent = 0;
 }
 
 // The loss (or anything in a device float) from the last stage's rank to the others of the pp axis.
@@ -160,19 +180,20 @@ inline std::vector<float> pipeline_gather_values(Pipeline& pipe, float value, cu
 // ----------------------------------------------------------------------------
 // the bytes formula (see the top of the file)
 
-inline double pipeline_bytes_per_step(int rank, int p, int V, int m,
+inline double pipeline_bytes_per_step(PipelineSchedule schedule, int rank, int p, int V, int m,
                                       double activation_elements, double element_bytes,
                                       double embedding_gradient_elements) {
     if (p == 1) return 0.0;
-    const int S = p * V;
+    const int S = p * V, last_stage_rank = pipeline_stage_rank(schedule, S - 1, p);
     const double message = m * activation_elements * element_bytes;
     double bytes = 0;
     for (int v = 0; v < V; v++) {
-        const int s = pipeline_model_stage(rank, v, p);
-        if (s < S - 1) bytes += message;
-        if (s > 0) bytes += message;
+        const int s = pipeline_model_stage(schedule, rank, v, p);
+        if (s < S - 1 && pipeline_stage_rank(schedule, s + 1, p) != rank) bytes += message;
+        if (s > 0 && pipeline_stage_rank(schedule, s - 1, p) != rank) bytes += message;
     }
-    if (rank == 0 || rank == p - 1) bytes += embedding_gradient_elements * element_bytes;
+    if (last_stage_rank != 0 && (rank == 0 || rank == last_stage_rank))
+        bytes += embedding_gradient_elements * element_bytes;
     bytes += (double)ring_share(sizeof(float), p) + (double)ring_share(sizeof(float), p, 2);
     return bytes;
 }

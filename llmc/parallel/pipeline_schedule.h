@@ -1,9 +1,12 @@
 /*
 Pipeline parallelism as data: which forward and backward passes each pipeline rank runs, in which order.
 
-The model's layers are cut into S = p * V consecutive stages; pipeline rank r of p holds the V stages
-r, r + p, r + 2p, ... ("virtual stages": virtual stage v of rank r is model stage s = v * p + r, and holds
-layers [s L / S, (s+1) L / S)). A batch is cut into m microbatches. Microbatch j's forward pass goes
+The model's layers are cut into S = p * V consecutive stages (llmc/parallel/pipeline_split.h says how many layers
+each); pipeline rank r of p holds V of them, its "virtual stages". In loops, virtual stage v of rank r is model
+stage s = v * p + r: rank r holds stages r, r + p, r + 2p, ... (every schedule but zbv). In a V (zbv, V = 2) it
+holds stages r and 2p - 1 - r: the forward pass goes down the ranks 0..p-1 and comes back up p-1..0, so rank
+p - 1 holds two neighbouring stages (p - 1 and p: the hand-over between them stays in memory) and rank 0 holds
+both the first stage and the last (the embedding and the tied LM head on one rank). A batch is cut into m microbatches. Microbatch j's forward pass goes
 through stages 0, 1, ..., S-1 (each stage sends its output activations to the next), the loss is taken at
 the end of stage S-1, and its backward pass comes back through S-1, ..., 0 (each stage sends the gradient
 of its input to the previous one). A stage keeps the activations of a microbatch from its forward pass
@@ -16,7 +19,7 @@ stage S-1); backwards the other way. Because a schedule is only data, it can be 
 tested without a model (dev/test/test_pipeline.cu), and drawn from the trace of a real or simulated run
 (scripts/pipeline_timeline.py).
 
-The three schedules, for m microbatches on p ranks:
+The schedules, for m microbatches on p ranks:
 
   gpipe (Huang et al. 2019)  all m forwards, then all m backwards, both in microbatch order 0..m-1. Simple,
       but a rank holds all m activation records at once. Backwards in the same order as the forwards, not
@@ -35,6 +38,10 @@ The three schedules, for m microbatches on p ranks:
       backwards the same, from virtual stage V-1 down to 0. Hence m must be a multiple of p. Rank r's
       warm-up runs (p - r - 1) * 2 + (V - 1) * p forwards (at most m V), then 1f1b, then the cool-down.
       (With V = 1 this is 1f1b's order with a deeper warm-up: the same bubble, more records.)
+  zb-h1 and zbv (Qi et al. 2023 and 2024)  split each backward into B (the input gradient, which the previous
+      stage waits for) and W (the weight gradients, which nobody waits for), and run the W passes where
+      the other schedules wait. zb-h1 keeps 1f1b's order and memory; zbv runs two stages per rank in a V.
+      Their orders, formulas and why are written above their generators below.
 
 Time model and the bubble. A forward of one microbatch through one rank's share of the model (L/p layers)
 takes f, its backward b (2 f in this file's tests: the backward computes both the input's and the
@@ -54,16 +61,19 @@ measurement against these formulas for every p <= 8, m <= 16, V <= 4.
 
 Activations in flight (records a rank holds at its peak, each covering L / (p V) layers): gpipe m;
 1f1b min(p - r, m); interleaved w + 1 records for w warm-up forwards (the steady state's first forward
-comes before its first backward), or m V when the warm-up is everything. Rank 0 holds the most.
+comes before its first backward), or m V when the warm-up is everything. Rank 0 holds the most. zb-h1 as 1f1b,
+zbv 2p on every rank (above their generators).
 */
 #pragma once
 
 #include <algorithm>
+#include <set>
+#include <tuple>
 #include <string>
 #include <vector>
 #include "../utils.h"
 
-enum class PipelineSchedule { GPipe, OneFOneB, Interleaved, ZeroBubbleH1 };
+enum class PipelineSchedule { GPipe, OneFOneB, Interleaved, ZeroBubbleH1, ZeroBubbleV };
 
 // One pass of one microbatch through one of this rank's virtual stages. Backward is the whole backward
 // pass under a schedule that does not split it, else only its input-gradient part (what the previous stage
@@ -75,7 +85,7 @@ struct PipelineAction {
 };
 
 inline const std::vector<std::string>& pipeline_schedule_names() {
-    static const std::vector<std::string> names = {"gpipe", "1f1b", "interleaved", "zb-h1"};
+    static const std::vector<std::string> names = {"gpipe", "1f1b", "interleaved", "zb-h1", "zbv"};
     return names;
 }
 inline PipelineSchedule pipeline_schedule_from_name(const std::string& name) {
@@ -83,31 +93,43 @@ inline PipelineSchedule pipeline_schedule_from_name(const std::string& name) {
     if (name == "1f1b") return PipelineSchedule::OneFOneB;
     if (name == "interleaved") return PipelineSchedule::Interleaved;
     if (name == "zb-h1") return PipelineSchedule::ZeroBubbleH1;
-    fatal("pipeline schedule '%s': not a schedule (gpipe, 1f1b, interleaved, zb-h1)", name.c_str());
+    if (name == "zbv") return PipelineSchedule::ZeroBubbleV;
+    fatal("pipeline schedule '%s': not a schedule (gpipe, 1f1b, interleaved, zb-h1, zbv)", name.c_str());
 }
 inline const char* pipeline_schedule_name(PipelineSchedule schedule) {
     return pipeline_schedule_names()[(int)schedule].c_str();
 }
 
 // Whether the schedule runs the backward as two actions, Backward (input gradient) and Weights.
-inline bool pipeline_splits_backward(PipelineSchedule schedule) { return schedule == PipelineSchedule::ZeroBubbleH1; }
+inline bool pipeline_splits_backward(PipelineSchedule schedule) {
+    return schedule == PipelineSchedule::ZeroBubbleH1 || schedule == PipelineSchedule::ZeroBubbleV;
+}
 
-// Where the model stages sit: model stage s = v p + r is virtual stage v of rank r.
-inline int pipeline_model_stage(int rank, int virtual_stage, int p) { return virtual_stage * p + rank; }
-inline int pipeline_stage_rank(int stage, int p) { return stage % p; }
-inline int pipeline_stage_virtual(int stage, int p) { return stage / p; }
+// Where the model stages sit: virtual stage v of rank r is model stage v p + r in loops, and under zbv, in a V,
+// stage r (v = 0) and 2p - 1 - r (v = 1).
+inline int pipeline_model_stage(PipelineSchedule schedule, int rank, int virtual_stage, int p) {
+    if (schedule == PipelineSchedule::ZeroBubbleV && virtual_stage == 1) return 2 * p - 1 - rank;
+    return virtual_stage * p + rank;
+}
+inline int pipeline_stage_rank(PipelineSchedule schedule, int stage, int p) {
+    return schedule == PipelineSchedule::ZeroBubbleV && stage >= p ? 2 * p - 1 - stage : stage % p;
+}
 
 // Refuses a layout no schedule can run, in one line.
 inline void pipeline_check_layout(PipelineSchedule schedule, int rank, int p, int m, int V) {
     const char* name = pipeline_schedule_name(schedule);
     if (p < 1 || m < 1 || V < 1) fatal("pipeline %s: p %d, m %d, V %d must all be at least 1", name, p, m, V);
     if (rank < 0 || rank >= p) fatal("pipeline %s: rank %d is not one of the %d pipeline ranks", name, rank, p);
-    if (schedule != PipelineSchedule::Interleaved && V != 1)
+    if (schedule == PipelineSchedule::ZeroBubbleV && V != 2)
+        fatal("pipeline zbv: %d virtual stages per rank; the V holds 2", V);
+    if (schedule != PipelineSchedule::Interleaved && schedule != PipelineSchedule::ZeroBubbleV && V != 1)
         fatal("pipeline %s: %d virtual stages per rank; only the interleaved schedule has more than 1", name, V);
     if (schedule == PipelineSchedule::Interleaved && m % p != 0)
         fatal("pipeline interleaved: %d microbatches are not a multiple of the %d pipeline ranks", m, p);
     if (schedule == PipelineSchedule::ZeroBubbleH1 && m < p)
         fatal("pipeline zb-h1: %d microbatches are fewer than the %d pipeline ranks", m, p);
+    if (schedule == PipelineSchedule::ZeroBubbleV && m < 2 * p - 1)
+        fatal("pipeline zbv: %d microbatches are fewer than 2 p - 1 = %d", m, 2 * p - 1);
 }
 
 // ----------------------------------------------------------------------------
@@ -203,8 +225,51 @@ inline std::vector<PipelineAction> zero_bubble_h1_actions(int rank, int p, int m
     return actions;
 }
 
+// zbv: two stages per rank in a V (rank r holds stages r and 2p - 1 - r: chunk 0 going down the ranks, chunk 1
+// coming back up), each backward split into B and W. Let one pass of one microbatch through one stage (half a
+// rank's layers) take 1 unit, the same for F, B and W. Rank r's order:
+//   1. 2(p - r) - 1 forwards on chunk 0: microbatch 0 reaches rank r at time r and comes back up to its chunk 1
+//      at 2p - 1 - r; the forwards fill the time between.
+//   2. r times: a forward on chunk 1, a forward on chunk 0. The deeper ranks' chunk 1 gets its inputs sooner,
+//      the shallower ranks' later, and the extra chunk-0 forwards keep the ranks below supplied.
+//   3. p - r times: F, B and W on chunk 1. Microbatch 0's loss (stage 2p - 1, on rank 0) has been taken; its B
+//      comes down chunk 1 rank by rank, and W runs at once, while chunk 0's B is still on its way.
+//   4. the steady state: F, B, W on chunk 0, then F, B, W on chunk 1 (one microbatch's whole work, both stages),
+//      until every forward has run.
+//   5. the cool-down: r times B on chunk 0 and B on chunk 1, their W held back (as in zb-h1: the deeper ranks'
+//      B's are what the others wait for); then p - r times B and W on chunk 0; then the W's held back.
+// With free sends, for m >= 2p - 1 (fewer microbatches leave phase 1 or 2 without forwards to run):
+//   T = 6 m + p - 1 units,   bubble = (p - 1) / (6 m + p - 1)
+// which is the least any schedule can do: rank p - 1 cannot start before microbatch 0 has gone through p - 1
+// stages, and then has 6 m units of work. In the file's time model (a rank's F = f, B + W = b = 2 f, a pass
+// through one of its two stages half of that) the same fraction: at p = 4, m = 8 it is 3/51 = 0.059, against
+// zb-h1's 3/27 and 1f1b's 3/11. Records in flight (F to B) 2p on every rank, each of L/(2p) layers: the memory
+// of 1f1b's rank 0 (p records of L/p layers), on every rank; weight records (B to W) 2r + 1 at the peak
+// (dev/test/test_pipeline.cu checks T, the bubble and both peaks by simulation for every p <= 8,
+// 2p - 1 <= m <= 16).
+inline std::vector<PipelineAction> zero_bubble_v_actions(int rank, int p, int m) {
+    std::vector<PipelineAction> actions;
+    int forwards[2] = {0, 0}, backwards[2] = {0, 0}, weights[2] = {0, 0};  // per chunk, scheduled so far
+    auto forward = [&](int chunk) { actions.push_back({PipelineAction::Forward, forwards[chunk]++, chunk}); };
+    auto backward = [&](int chunk) { actions.push_back({PipelineAction::Backward, backwards[chunk]++, chunk}); };
+    auto weight = [&](int chunk) { actions.push_back({PipelineAction::Weights, weights[chunk]++, chunk}); };
+    for (int i = 0; i < 2 * (p - rank) - 1; i++) forward(0);
+    for (int i = 0; i < rank; i++) forward(1), forward(0);
+    for (int i = 0; i < p - rank; i++) forward(1), backward(1), weight(1);
+    while (forwards[1] < m) {
+        if (forwards[0] < m) forward(0);
+        backward(0), weight(0);
+        forward(1), backward(1), weight(1);
+    }
+    for (int i = 0; i < rank; i++) backward(0), backward(1);
+    for (int i = 0; i < p - rank; i++) backward(0), weight(0);
+    while (weights[1] < m) weight(1);
+    while (weights[0] < m) weight(0);
+    return actions;
+}
+
 // The ordered actions of pipeline rank `rank` of p, for m microbatches and V virtual stages per rank (V = 1
-// for gpipe and 1f1b). Model stage s = virtual_stage * p + rank holds layers [s L/(pV), (s+1) L/(pV)).
+// for gpipe, 1f1b and zb-h1, 2 for zbv).
 inline std::vector<PipelineAction> pipeline_actions(PipelineSchedule schedule, int rank, int p, int m, int V) {
     pipeline_check_layout(schedule, rank, p, m, V);
     switch (schedule) {
@@ -212,6 +277,7 @@ inline std::vector<PipelineAction> pipeline_actions(PipelineSchedule schedule, i
         case PipelineSchedule::OneFOneB: return one_f_one_b_actions(rank, p, m);
         case PipelineSchedule::Interleaved: return interleaved_actions(rank, p, m, V);
         case PipelineSchedule::ZeroBubbleH1: return zero_bubble_h1_actions(rank, p, m);
+        case PipelineSchedule::ZeroBubbleV: return zero_bubble_v_actions(rank, p, m);
     }
     fatal("unknown pipeline schedule %d", (int)schedule);
 }
@@ -240,6 +306,7 @@ inline double pipeline_bubble_fraction(PipelineSchedule schedule, int p, int m, 
     pipeline_check_layout(schedule, 0, p, m, V);
     if (schedule == PipelineSchedule::Interleaved) return (double)(p - 1) / ((double)V * m + p - 1);
     if (schedule == PipelineSchedule::ZeroBubbleH1) return (double)(p - 1) / (3.0 * m + p - 1);  // F = B = W
+    if (schedule == PipelineSchedule::ZeroBubbleV) return (double)(p - 1) / (6.0 * m + p - 1);   // F = B = W
     return (double)(p - 1) / (double)(m + p - 1);
 }
 
@@ -250,6 +317,7 @@ inline int pipeline_peak_activations(PipelineSchedule schedule, int rank, int p,
         case PipelineSchedule::GPipe: return m;
         case PipelineSchedule::OneFOneB:
         case PipelineSchedule::ZeroBubbleH1: return std::min(p - rank, m);
+        case PipelineSchedule::ZeroBubbleV: return 2 * p;
         case PipelineSchedule::Interleaved: {
             const int warmup = interleaved_warmup(rank, p, m, V);
             return warmup == m * V ? m * V : warmup + 1;
@@ -258,10 +326,12 @@ inline int pipeline_peak_activations(PipelineSchedule schedule, int rank, int p,
     fatal("unknown pipeline schedule %d", (int)schedule);
 }
 
-// Weight records rank `rank` holds at its peak (one per B whose W has not run): zb-h1 r + 1, none elsewhere.
+// Weight records rank `rank` holds at its peak (one per B whose W has not run): zb-h1 r + 1, zbv 2r + 1, none
+// elsewhere.
 inline int pipeline_peak_weight_records(PipelineSchedule schedule, int rank, int p, int m, int V) {
     pipeline_check_layout(schedule, rank, p, m, V);
-    return schedule == PipelineSchedule::ZeroBubbleH1 ? std::min(rank + 1, m) : 0;
+    if (schedule == PipelineSchedule::ZeroBubbleH1) return std::min(rank + 1, m);
+    return schedule == PipelineSchedule::ZeroBubbleV ? 2 * rank + 1 : 0;
 }
 
 // Records handed out from a pool: an action of kind `takes` takes the lowest-numbered free record, the
@@ -324,7 +394,8 @@ inline std::vector<int> pipeline_weight_record_assignment(const std::vector<Pipe
 struct PipelineEvent {
     PipelineAction action;
     double start_ms, end_ms;
-    bool wait = false;  // measured runs: the rank waited for the action's message (not work)
+    bool wait = false;    // measured runs: the rank waited for the action's message (not work)
+    double work_ms = -1;  // measured runs: the processor time the action took (-1: end - start)
 };
 
 struct PipelineTimeline {
@@ -377,22 +448,27 @@ inline void pipeline_measure(PipelineTimeline& timeline) {
 // forward_ms and backward_ms are one microbatch through one rank's L/p layers; an action takes 1/V of it;
 // lists that split the backward give B and W half of backward_ms each.
 // A message between two ranks arrives send_ms after the pass that sent it ended (none when p = 1: every
-// stage is on the one rank).
+// stage is on the one rank). Given `durations` (durations[r][i] for lists[r][i], in ms), each action takes its
+// own time instead (pipeline_replay: a measured step's).
 // Start times follow from these rules alone (the longest path to each action), so the order in which the
 // loop below visits the ranks changes nothing. When no rank can take its next action, the lists deadlock:
 // `problem` names what each waiting rank waits for. Lists that run but leave a pass out, run one twice,
 // or name a microbatch or virtual stage that does not exist, are reported there too.
 inline PipelineTimeline pipeline_simulate_actions(const std::vector<std::vector<PipelineAction>>& lists,
-                                                  const std::string& schedule_name, int m, int V,
-                                                  double forward_ms, double backward_ms, double send_ms = 0) {
+                                                  PipelineSchedule schedule, int m, int V,
+                                                  double forward_ms, double backward_ms, double send_ms = 0,
+                                                  const std::vector<std::vector<double>>* durations = nullptr) {
     PipelineTimeline timeline;
-    timeline.schedule = schedule_name;
+    timeline.schedule = pipeline_schedule_name(schedule);
     timeline.p = (int)lists.size();
     timeline.m = m;
     timeline.V = V;
     timeline.ranks.resize(lists.size());
     const int p = timeline.p, S = p * V;
-    const double arrives_after = p > 1 ? send_ms : 0.0;  // a neighbouring stage is always on another rank
+    // a message takes send_ms between ranks; zbv's two stages on rank p - 1 hand over in memory
+    auto arrives_after = [&](int from_stage, int to_stage) {
+        return pipeline_stage_rank(schedule, from_stage, p) == pipeline_stage_rank(schedule, to_stage, p) ? 0.0 : send_ms;
+    };
     // end time of each pass (microbatch j, model stage s), or -1 while it has not run
     std::vector<double> forward_end((size_t)m * S, -1.0), backward_end((size_t)m * S, -1.0),
         weights_end((size_t)m * S, -1.0);
@@ -403,9 +479,10 @@ inline PipelineTimeline pipeline_simulate_actions(const std::vector<std::vector<
     const double kind_ms[3] = {forward_ms, split ? backward_ms / 2 : backward_ms, backward_ms / 2};
     const char* kind_letter[3] = {"F", "B", "W"};
     auto at = [S](int j, int s) { return (size_t)j * S + s; };
-    auto stage_name = [p, V](const char* kind, int j, int s) {
+    auto stage_name = [&](const char* kind, int j, int s) {
         return std::string(kind) + std::to_string(j) + " of stage " + std::to_string(s) + " (rank " +
-               std::to_string(s % p) + (V > 1 ? ", virtual stage " + std::to_string(s / p) : "") + ")";
+               std::to_string(pipeline_stage_rank(schedule, s, p)) +
+               (V > 1 ? ", virtual stage " + std::to_string(s / p) : "") + ")";
     };
     for (int r = 0; r < p; r++)
         for (const PipelineAction& a : lists[r])
@@ -422,7 +499,7 @@ inline PipelineTimeline pipeline_simulate_actions(const std::vector<std::vector<
         for (int r = 0; r < p; r++) {
             while (next[r] < lists[r].size()) {
                 const PipelineAction& a = lists[r][next[r]];
-                const int j = a.microbatch, s = pipeline_model_stage(r, a.virtual_stage, p);
+                const int j = a.microbatch, s = pipeline_model_stage(schedule, r, a.virtual_stage, p);
                 double ready = free_at[r];
                 std::vector<double>& done = a.kind == PipelineAction::Forward    ? forward_end
                                             : a.kind == PipelineAction::Backward ? backward_end
@@ -434,7 +511,7 @@ inline PipelineTimeline pipeline_simulate_actions(const std::vector<std::vector<
                 }
                 if (a.kind == PipelineAction::Forward) {
                     if (s > 0 && forward_end[at(j, s - 1)] < 0) break;  // waits for its input
-                    if (s > 0) ready = std::max(ready, forward_end[at(j, s - 1)] + arrives_after);
+                    if (s > 0) ready = std::max(ready, forward_end[at(j, s - 1)] + arrives_after(s - 1, s));
                 } else if (a.kind == PipelineAction::Weights) {
                     if (backward_end[at(j, s)] < 0) break;  // its B has not run
                     ready = std::max(ready, backward_end[at(j, s)]);
@@ -442,9 +519,9 @@ inline PipelineTimeline pipeline_simulate_actions(const std::vector<std::vector<
                     if (forward_end[at(j, s)] < 0) break;  // its forward has not run
                     if (s < S - 1 && backward_end[at(j, s + 1)] < 0) break;  // waits for its output's gradient
                     ready = std::max(ready, forward_end[at(j, s)]);
-                    if (s < S - 1) ready = std::max(ready, backward_end[at(j, s + 1)] + arrives_after);
+                    if (s < S - 1) ready = std::max(ready, backward_end[at(j, s + 1)] + arrives_after(s + 1, s));
                 }
-                const double duration = kind_ms[a.kind] / V;
+                const double duration = durations ? (*durations)[r][next[r]] : kind_ms[a.kind] / V;
                 done[at(j, s)] = ready + duration;
                 free_at[r] = ready + duration;
                 timeline.ranks[r].push_back({a, ready, ready + duration});
@@ -459,7 +536,7 @@ inline PipelineTimeline pipeline_simulate_actions(const std::vector<std::vector<
     for (int r = 0; r < p; r++) {
         if (next[r] == lists[r].size()) continue;
         const PipelineAction& a = lists[r][next[r]];
-        const int j = a.microbatch, s = pipeline_model_stage(r, a.virtual_stage, p);
+        const int j = a.microbatch, s = pipeline_model_stage(schedule, r, a.virtual_stage, p);
         std::string what;
         if (a.kind == PipelineAction::Forward) what = stage_name("F", j, s - 1);
         else if (a.kind == PipelineAction::Weights) what = stage_name("B", j, s);
@@ -489,7 +566,7 @@ inline PipelineTimeline pipeline_simulate(PipelineSchedule schedule, int p, int 
     pipeline_check_layout(schedule, 0, p, m, V);
     std::vector<std::vector<PipelineAction>> lists;
     for (int r = 0; r < p; r++) lists.push_back(pipeline_actions(schedule, r, p, m, V));
-    return pipeline_simulate_actions(lists, pipeline_schedule_name(schedule), m, V, forward_ms, backward_ms, send_ms);
+    return pipeline_simulate_actions(lists, schedule, m, V, forward_ms, backward_ms, send_ms);
 }
 
 // ----------------------------------------------------------------------------
@@ -500,16 +577,29 @@ NCCL's send and receive block the GPU until the peer arrives (a send completes o
 started receiving), and operations that must progress at the same time have to be in one group. Under 1F1B
 rank 0 sends activation j+1 and then waits for gradient j while rank 1 sends gradient j and then waits for
 activation j+1: issued one at a time, each send waits for a receive the other rank posts only after its own
-send. So the executor issues, before each action i of a rank, ONE group: the sends of action i-1's results
-and the receives action i needs (and after the last action, its sends). The group completes, sends included,
-before action i starts, so a sent buffer is free again at once.
+send. So the executor issues, before each action i of a rank, ONE group: the receives action i needs, and
+sends of earlier actions' results (and after the last action, the sends left). The group completes, sends
+included, before action i starts.
+
+Which sends go in which group. A send may only go where its receiver is ready for it: a send posted before the
+receiver gets to its receive blocks the sender, and under zbv (rank r runs up to 2(p - r) - 1 forwards before
+anything comes back) and the schedules that split the backward (a W between a B and the next receive) the
+sender then waits for a rank that waits for it. So pipeline_message_groups plays all ranks' lists together
+under these semantics: a rank posts its group, and the group completes when every operation's match has been
+posted; each rank keeps its results' sends back until the group in which their receiver has posted the
+receive (they all go in the last group). A send kept back reads a buffer that must still hold it:
+activations are in the sending stage's record until its backward, which cannot start before they arrive;
+a gradient is in the doutput of a record that its B freed, and pipeline_check_send_buffers proves that no
+later forward (of the last stage, which writes doutput) takes that record and no receive refills it before
+the send goes.
 
 pipeline_message_groups lists the groups; pipeline_check_message_groups runs every rank's groups under
 those synchronous semantics (a group completes when each of its operations' matching operations has been
 posted by the peer) and says whether they can deadlock; given `one_at_a_time` it runs each operation as a
 group of its own instead, the structure that deadlocks 1F1B (dev/test/test_pipeline.cu shows both, for every
-schedule). Messages between two ranks are paired in the order they are issued (NCCL has no tags), so the
-check also requires the k-th send from rank a to rank b to be the message b expects as its k-th receive from a.
+schedule). Messages between two ranks on one link are paired in the order they are issued (NCCL has no tags),
+so the check also requires the k-th send from rank a to rank b on a link to be the message b expects as its
+k-th receive from a on that link.
 */
 struct PipelineMessage {
     bool send;                 // this rank sends it (else receives it)
@@ -517,49 +607,140 @@ struct PipelineMessage {
     int microbatch;
     int from_stage, to_stage;  // model stages: to = from + 1 for activations, from - 1 for gradients
     int peer;                  // the pipeline rank at the other end
+    int link;                  // which of the pair's links carries it: zbv's chunk (0 going down the ranks, 1
+                               // coming up), else 0
+    int action;                // in the rank's list: the action that made it (send) or needs it (receive)
 };
 
-// The group before each action of `actions` (rank `rank` of p, V virtual stages), and one after the last.
-inline std::vector<std::vector<PipelineMessage>> pipeline_message_groups(const std::vector<PipelineAction>& actions,
-                                                                         int rank, int p, int V) {
-    const int S = p * V;
-    std::vector<std::vector<PipelineMessage>> groups(actions.size() + 1);
-    for (size_t i = 0; i < actions.size(); i++) {
-        const PipelineAction& a = actions[i];
-        const int s = pipeline_model_stage(rank, a.virtual_stage, p), j = a.microbatch;
-        // what action i sends, in the group after it, and receives, in the group before it
-        if (a.kind == PipelineAction::Forward && s < S - 1 && pipeline_stage_rank(s + 1, p) != rank)
-            groups[i + 1].push_back({true, false, j, s, s + 1, pipeline_stage_rank(s + 1, p)});
-        if (a.kind == PipelineAction::Backward && s > 0 && pipeline_stage_rank(s - 1, p) != rank)
-            groups[i + 1].push_back({true, true, j, s, s - 1, pipeline_stage_rank(s - 1, p)});
+// zbv sends both ways on both chunks: from rank r to r + 1 go chunk 0's activations and chunk 1's gradients,
+// issued in one order by r and received in another by r + 1. Messages on one link pair up in the order they
+// are issued, so each chunk has a link of its own, on which each direction carries one kind, in microbatch
+// order at both ends. The loops' stages all go the same way round, and one link per pair suffices.
+inline int pipeline_message_link(PipelineSchedule schedule, int from_stage, int p) {
+    return schedule == PipelineSchedule::ZeroBubbleV && from_stage >= p ? 1 : 0;
+}
+
+// Each message of the pipeline, once: who sends it and who receives it, and the actions that make and need it.
+inline void pipeline_messages_of(PipelineSchedule schedule, int rank, int p, int S, size_t i, const PipelineAction& a,
+                                 std::vector<PipelineMessage>* sends, std::vector<PipelineMessage>* receives) {
+    const int s = pipeline_model_stage(schedule, rank, a.virtual_stage, p), j = a.microbatch, at = (int)i;
+    auto to = [&](int stage) { return pipeline_stage_rank(schedule, stage, p); };
+    if (a.kind == PipelineAction::Forward && s < S - 1 && to(s + 1) != rank)
+        sends->push_back({true, false, j, s, s + 1, to(s + 1), pipeline_message_link(schedule, s, p), at});
+    if (a.kind == PipelineAction::Backward && s > 0 && to(s - 1) != rank)
+        sends->push_back({true, true, j, s, s - 1, to(s - 1), pipeline_message_link(schedule, s, p), at});
+    if (a.kind == PipelineAction::Forward && s > 0 && to(s - 1) != rank)
+        receives->push_back({false, false, j, s - 1, s, to(s - 1), pipeline_message_link(schedule, s - 1, p), at});
+    if (a.kind == PipelineAction::Backward && s < S - 1 && to(s + 1) != rank)
+        receives->push_back({false, true, j, s + 1, s, to(s + 1), pipeline_message_link(schedule, s + 1, p), at});
+}
+
+inline bool pipeline_same_message(const PipelineMessage& a, const PipelineMessage& b) {
+    return a.gradient == b.gradient && a.microbatch == b.microbatch && a.from_stage == b.from_stage &&
+           a.to_stage == b.to_stage;
+}
+
+// Every rank's groups (lists[r]: rank r's actions): groups[r][i] is issued before rank r's action i, and
+// groups[r][n] after its last. Within a group the sends come before the receives.
+inline std::vector<std::vector<std::vector<PipelineMessage>>> pipeline_message_groups(
+    const std::vector<std::vector<PipelineAction>>& lists, PipelineSchedule schedule, int V) {
+    const int p = (int)lists.size(), S = p * V;
+    std::vector<std::vector<std::vector<PipelineMessage>>> groups(p);
+    std::vector<size_t> next(p, 0);                           // the action each rank's posted group comes before
+    std::vector<std::vector<PipelineMessage>> posted(p);      // each rank's group waiting to complete
+    std::vector<std::vector<PipelineMessage>> held_back(p);   // sends made, not issued yet
+    std::vector<char> finished(p, 0);
+    // operations whose group completed: (send, gradient, microbatch, from stage, to stage)
+    std::set<std::tuple<bool, bool, int, int, int>> completed;
+    auto key = [](const PipelineMessage& m, bool send) {
+        return std::make_tuple(send, m.gradient, m.microbatch, m.from_stage, m.to_stage);
+    };
+    auto has_posted = [&](int r, const PipelineMessage& message, bool send) {
+        for (const PipelineMessage& m : posted[r])
+            if (m.send == send && pipeline_same_message(m, message)) return true;
+        return false;
+    };
+    std::vector<std::vector<int>> record_of(p);  // each rank's activation records (pipeline_record_assignment)
+    for (int r = 0; r < p; r++) {
+        int pool = 0;
+        record_of[r] = pipeline_record_assignment(lists[r], &pool);
     }
-    for (size_t i = 0; i < actions.size(); i++) {
-        const PipelineAction& a = actions[i];
-        const int s = pipeline_model_stage(rank, a.virtual_stage, p), j = a.microbatch;
-        if (a.kind == PipelineAction::Forward && s > 0 && pipeline_stage_rank(s - 1, p) != rank)
-            groups[i].push_back({false, false, j, s - 1, s, pipeline_stage_rank(s - 1, p)});
-        if (a.kind == PipelineAction::Backward && s < S - 1 && pipeline_stage_rank(s + 1, p) != rank)
-            groups[i].push_back({false, true, j, s + 1, s, pipeline_stage_rank(s + 1, p)});
-    }
-    // A forward followed by a backward (the interleaved schedule's steady state) share one group, before the
-    // forward: the backward's receive is posted early, the forward's send waits until after the backward,
-    // where it joins that backward's send and the next action's receive. Otherwise the forward's send and
-    // the backward's receive would form a group of their own, and the interleaved schedule's ranks would wait
-    // in such groups for each other (pipeline_check_message_groups finds the cycle). Not after the rank's last
-    // forward: the next rank may need that output before it can send the gradient the backward waits for.
-    size_t last_forward = 0;
-    for (size_t i = 0; i < actions.size(); i++)
-        if (actions[i].kind == PipelineAction::Forward) last_forward = i;
-    if (V > 1)
-        for (size_t i = 0; i + 1 < last_forward; i++) {
-            if (actions[i].kind != PipelineAction::Forward || actions[i + 1].kind != PipelineAction::Backward) continue;
-            std::vector<PipelineMessage> sends, receives;
-            for (const PipelineMessage& message : groups[i + 1]) (message.send ? sends : receives).push_back(message);
-            groups[i].insert(groups[i].end(), receives.begin(), receives.end());
-            groups[i + 2].insert(groups[i + 2].begin(), sends.begin(), sends.end());
-            groups[i + 1].clear();
+    auto post = [&](int r) {  // rank r's group before action next[r]: the sends awaited, the receives needed
+        std::vector<PipelineMessage> group, kept, sends, receives;
+        const size_t i = next[r];
+        const bool last = i == lists[r].size();
+        if (!last) pipeline_messages_of(schedule, r, p, S, i, lists[r][i], &sends, &receives);
+        for (const PipelineMessage& send : held_back[r]) {
+            // a gradient's last chance: action i takes its record for the loss, which writes doutput, or the
+            // receive before it refills doutput
+            bool last_chance = last;
+            if (send.gradient && !last) {
+                const bool same_record = record_of[r][i] == record_of[r][send.action];
+                last_chance |= same_record && lists[r][i].kind == PipelineAction::Forward &&
+                               pipeline_model_stage(schedule, r, lists[r][i].virtual_stage, p) == S - 1;
+                for (const PipelineMessage& receive : receives) last_chance |= receive.gradient && same_record;
+            }
+            (last_chance || has_posted(send.peer, send, false) ? group : kept).push_back(send);
         }
-    return groups;  // within each group the sends come before the receives
+        held_back[r] = kept;
+        group.insert(group.end(), receives.begin(), receives.end());
+        posted[r] = group;
+    };
+    for (int r = 0; r < p; r++) post(r);
+    for (bool progressed = true; progressed;) {
+        progressed = false;
+        for (int r = 0; r < p; r++) {
+            if (finished[r]) continue;
+            bool complete = true;
+            for (const PipelineMessage& m : posted[r])
+                complete &= has_posted(m.peer, m, !m.send) || completed.count(key(m, !m.send));
+            if (!complete) continue;
+            for (const PipelineMessage& m : posted[r]) completed.insert(key(m, m.send));
+            groups[r].push_back(posted[r]);
+            progressed = true;
+            if (next[r] == lists[r].size()) {
+                finished[r] = 1;
+                posted[r].clear();
+                continue;
+            }
+            std::vector<PipelineMessage> sends, receives;  // action next[r] runs: its results wait to be sent
+            pipeline_messages_of(schedule, r, p, S, next[r], lists[r][next[r]], &sends, &receives);
+            held_back[r].insert(held_back[r].end(), sends.begin(), sends.end());
+            next[r]++;
+            post(r);
+        }
+    }
+    for (int r = 0; r < p; r++)
+        if (!finished[r])
+            fatal("pipeline %s: rank %d's messages cannot be grouped without a deadlock (before action %zu)",
+                  pipeline_schedule_name(schedule), r, next[r]);
+    return groups;
+}
+
+// Whether every gradient send that a rank's groups hold back still finds its data (see above): "" if so,
+// else which send would read a refilled buffer. record_of: the activation record of each action.
+inline std::string pipeline_check_send_buffers(const std::vector<PipelineAction>& actions,
+                                               const std::vector<std::vector<PipelineMessage>>& groups,
+                                               const std::vector<int>& record_of, PipelineSchedule schedule, int rank,
+                                               int p, int V) {
+    const int S = p * V;
+    for (size_t g = 0; g < groups.size(); g++)
+        for (const PipelineMessage& send : groups[g]) {
+            if (!send.send || !send.gradient) continue;
+            const size_t made = send.action;
+            const int record = record_of[made];
+            for (size_t q = made + 1; q < g; q++)
+                if (actions[q].kind == PipelineAction::Forward && record_of[q] == record &&
+                    pipeline_model_stage(schedule, rank, actions[q].virtual_stage, p) == S - 1)
+                    return "the gradient of microbatch " + std::to_string(send.microbatch) + " from stage " +
+                           std::to_string(send.from_stage) + " is sent after the loss refills its record";
+            for (size_t q = made + 1; q <= g; q++)
+                for (const PipelineMessage& receive : groups[q])
+                    if (!receive.send && receive.gradient && record_of[receive.action] == record)
+                        return "the gradient of microbatch " + std::to_string(send.microbatch) + " from stage " +
+                               std::to_string(send.from_stage) + " is sent after a receive refills its record";
+        }
+    return "";
 }
 
 inline std::string pipeline_message_label(const PipelineMessage& message) {
@@ -583,11 +764,13 @@ inline std::string pipeline_check_message_groups(std::vector<std::vector<std::ve
                 for (const PipelineMessage& message : group) alone.push_back({message});
             groups = alone;
         }
-    // pair the k-th send from a to b with the k-th receive on b from a: where each operation's match is
+    // pair the k-th send from a to b on a link with the k-th receive on b from a on that link: where each
+    // operation's match is
     struct Place { int group, index; };
     std::vector<std::vector<std::vector<Place>>> match(p);  // [rank][group][operation] -> the peer's place
-    std::vector<std::vector<std::vector<Place>>> sent(p, std::vector<std::vector<Place>>(p));  // [from][to]
-    std::vector<std::vector<std::vector<Place>>> received(p, std::vector<std::vector<Place>>(p));
+    constexpr int kLinks = 2;                               // per pair (pipeline_message_link)
+    auto channel = [p](int from, int to, int link) { return ((size_t)from * p + to) * kLinks + link; };
+    std::vector<std::vector<Place>> sent((size_t)p * p * kLinks), received((size_t)p * p * kLinks);
     for (int r = 0; r < p; r++) {
         match[r].resize(lists[r].size());
         for (size_t g = 0; g < lists[r].size(); g++) {
@@ -596,27 +779,35 @@ inline std::string pipeline_check_message_groups(std::vector<std::vector<std::ve
                 const PipelineMessage& message = lists[r][g][k];
                 if (message.peer < 0 || message.peer >= p || message.peer == r)
                     return "rank " + std::to_string(r) + " has a message to no other rank";
-                (message.send ? sent[r][message.peer] : received[message.peer][r]).push_back({(int)g, (int)k});
+                if (message.link < 0 || message.link >= kLinks)
+                    return "rank " + std::to_string(r) + " has a message on no link";
+                (message.send ? sent[channel(r, message.peer, message.link)]
+                              : received[channel(message.peer, r, message.link)]).push_back({(int)g, (int)k});
             }
         }
     }
     for (int a = 0; a < p; a++)
-        for (int b = 0; b < p; b++) {
-            if (sent[a][b].size() != received[a][b].size())
-                return "rank " + std::to_string(a) + " sends " + std::to_string(sent[a][b].size()) + " messages to rank " +
-                       std::to_string(b) + ", which receives " + std::to_string(received[a][b].size());
-            for (size_t k = 0; k < sent[a][b].size(); k++) {
-                const Place out = sent[a][b][k], in = received[a][b][k];
-                const PipelineMessage &m_out = lists[a][out.group][out.index], &m_in = lists[b][in.group][in.index];
-                if (m_out.gradient != m_in.gradient || m_out.microbatch != m_in.microbatch ||
-                    m_out.from_stage != m_in.from_stage || m_out.to_stage != m_in.to_stage)
-                    return "mismatched messages: rank " + std::to_string(a) + "'s send " + std::to_string(k) + " to rank " +
-                           std::to_string(b) + " is the " + pipeline_message_label(m_out) + ", its receive expects the " +
-                           pipeline_message_label(m_in);
-                match[a][out.group][out.index] = in;
-                match[b][in.group][in.index] = out;
+        for (int b = 0; b < p; b++)
+            for (int link = 0; link < kLinks; link++) {
+                const std::vector<Place>&out_places = sent[channel(a, b, link)],
+                                     &in_places = received[channel(a, b, link)];
+                if (out_places.size() != in_places.size())
+                    return "rank " + std::to_string(a) + " sends " + std::to_string(out_places.size()) +
+                           " messages to rank " + std::to_string(b) + " on link " + std::to_string(link) +
+                           ", which receives " + std::to_string(in_places.size());
+                for (size_t k = 0; k < out_places.size(); k++) {
+                    const Place out = out_places[k], in = in_places[k];
+                    const PipelineMessage &m_out = lists[a][out.group][out.index],
+                                          &m_in = lists[b][in.group][in.index];
+                    if (m_out.gradient != m_in.gradient || m_out.microbatch != m_in.microbatch ||
+                        m_out.from_stage != m_in.from_stage || m_out.to_stage != m_in.to_stage)
+                        return "mismatched messages: rank " + std::to_string(a) + "'s send " + std::to_string(k) +
+                               " to rank " + std::to_string(b) + " is the " + pipeline_message_label(m_out) +
+                               ", its receive expects the " + pipeline_message_label(m_in);
+                    match[a][out.group][out.index] = in;
+                    match[b][in.group][in.index] = out;
+                }
             }
-        }
     // run: every rank stands at (has posted) its first unfinished group
     std::vector<size_t> at(p, 0);
     for (bool progressed = true; progressed;) {

@@ -110,11 +110,12 @@ inline std::vector<int> pipeline_stage_split(const GPT2Config& config, const Lay
 // Which of the L + 2 parameter chunks (llmc/model/parameters.h: embeddings, blocks 0..L-1, final layernorm) rank
 // `rank` holds: the blocks of its stages, the embedding chunk on the ranks of the first stage (the lookup)
 // and of the last (the LM head, tied to wte), the final layernorm on the last.
-inline std::vector<char> pipeline_held_chunks(int rank, int p, int V, const std::vector<int>& stage_layers) {
+inline std::vector<char> pipeline_held_chunks(PipelineSchedule schedule, int rank, int p, int V,
+                                              const std::vector<int>& stage_layers) {
     const int L = pipeline_first_layer(stage_layers, (int)stage_layers.size());
     std::vector<char> held(L + 2, 0);
     for (int v = 0; v < V; v++) {
-        const int s = pipeline_model_stage(rank, v, p);
+        const int s = pipeline_model_stage(schedule, rank, v, p);
         const int first = pipeline_first_layer(stage_layers, s), end = first + stage_layers[s];
         for (int layer = first; layer < end; layer++) held[layer + 1] = 1;
         if (first == 0) held[0] = 1;
@@ -128,7 +129,9 @@ inline std::vector<char> pipeline_held_chunks(int rank, int p, int V, const std:
 inline std::string pipeline_layout_error(PipelineSchedule schedule, int p, int V, int m, int num_layers) {
     const char* name = pipeline_schedule_name(schedule);
     char text[256] = "";
-    if (schedule != PipelineSchedule::Interleaved && V != 1) {
+    if (schedule == PipelineSchedule::ZeroBubbleV && V != 2) {
+        snprintf(text, sizeof(text), "--pp-virtual %d: zbv holds two stages per rank, in a V", V);
+    } else if (schedule != PipelineSchedule::Interleaved && schedule != PipelineSchedule::ZeroBubbleV && V != 1) {
         snprintf(text, sizeof(text), "--pp-virtual %d: only the interleaved schedule has virtual stages (the schedule "
                  "is %s)", V, name);
     } else if (num_layers < p * V) {
@@ -143,6 +146,9 @@ inline std::string pipeline_layout_error(PipelineSchedule schedule, int p, int V
     } else if (schedule == PipelineSchedule::ZeroBubbleH1 && m < p) {
         snprintf(text, sizeof(text), "zb-h1 needs at least as many microbatches (%d: --total-batch-size / (B x T x "
                  "data-parallel ranks)) as --pp %d", m, p);
+    } else if (schedule == PipelineSchedule::ZeroBubbleV && m < 2 * p - 1) {
+        snprintf(text, sizeof(text), "zbv needs at least 2 x --pp - 1 = %d microbatches (%d: --total-batch-size / (B x "
+                 "T x data-parallel ranks))", 2 * p - 1, m);
     }
     return text;
 }

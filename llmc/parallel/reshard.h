@@ -64,6 +64,7 @@ inline void zero_write_shard(Zero& z, GPT2& model, CheckpointWriter& writer) {
 
 // The pipeline a checkpoint was written by: which ranks held which layers.
 struct SavedPipeline {
+    PipelineSchedule schedule = PipelineSchedule::OneFOneB;  // where the stages sat (zbv: in a V)
     int pp = 1, virtual_stages = 1;
     std::vector<int> stage_layers;  // layers of each model stage
 };
@@ -87,7 +88,7 @@ inline void zero_read_shards(Zero& z, GPT2& model, const std::string& main_path,
     for (int file = 0; file < saved_pp * saved_tp * saved_shards; file++) {
         const int pp_rank = file / (saved_tp * saved_shards), t = file / saved_shards % saved_tp, k = file % saved_shards;
         const ParameterLayout saved(model.config, saved_shards, saved_tp, t,
-                                    pipeline_held_chunks(pp_rank, saved_pp,
+                                    pipeline_held_chunks(saved_pipeline.schedule, pp_rank, saved_pp,
                                                          saved_pipeline.virtual_stages, saved_pipeline.stage_layers));
         const size_t saved_count = saved.total / saved_shards;
         const std::string path = shard_path(main_path, file);
@@ -146,7 +147,7 @@ inline std::vector<float> gather_whole_model(Communicator& model_group, const La
     std::vector<ParameterLayout> parts;  // each member's
     size_t largest = 0;                  // the all-gather moves equal blocks: the largest part's size
     for (int member = 0; member < model_group.size; member++) {
-        const std::vector<char> held = pipeline_held_chunks(member / layout.tp, parallel.pp,
+        const std::vector<char> held = pipeline_held_chunks(parallel.schedule, member / layout.tp, parallel.pp,
                                                             parallel.pp_virtual, stage_layers);
         parts.emplace_back(layout.config, layout.shards, layout.tp, member % layout.tp, held);
         largest = std::max(largest, parts.back().total);
@@ -222,6 +223,7 @@ inline void save_checkpoint(const std::string& output_dir, int step, int keep_la
     writer.add_value("tensor_parallel", par.tp.size);
     writer.add_value("pipeline", par.pipe.size);
     writer.add_value("pipeline_virtual", par.pipe.virtual_stages);
+    writer.add_value("pipeline_schedule", (int)par.pipe.schedule);
     writer.add("pipeline_stage_layers", par.pipe.stage_layers.data(), par.pipe.stage_layers.size() * sizeof(int));
     zero_write_shard(optimizer, model, writer);
     writer.commit();
@@ -255,6 +257,12 @@ inline int load_checkpoint(const std::string& path, long long step, GPT2& model,
     SavedPipeline pipeline;
     pipeline.pp = reader.read_value<int>("pipeline");
     pipeline.virtual_stages = reader.read_value<int>("pipeline_virtual");
+    const int schedule = reader.read_value<int>("pipeline_schedule");
+    if (schedule < 0 || schedule >= (int)pipeline_schedule_names().size())
+        fatal("%s: unknown pipeline schedule %d", path.c_str(), schedule);
+    pipeline.schedule = (PipelineSchedule)schedule;
+    if (pipeline.schedule == PipelineSchedule::ZeroBubbleV && pipeline.virtual_stages != 2)
+        fatal("%s: a zbv pipeline of %d stages per rank (the V holds 2)", path.c_str(), pipeline.virtual_stages);
     if (pipeline.pp < 1 || pipeline.virtual_stages < 1 || pipeline.pp * pipeline.virtual_stages > saved.num_layers)
         fatal("%s: implausible pipeline of %d ranks x %d virtual stages for %d layers", path.c_str(), pipeline.pp,
               pipeline.virtual_stages, saved.num_layers);

@@ -192,7 +192,7 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
         plan.stages.push_back(plan_training_memory(layout.total, l.zero_stage, gradient_ranks, shard_ranks, l.bf16, m,
                                                    &shape));
         const double embedding = part.held_chunks[0] ? (double)layout.embedding_chunk / shards : 0.0;
-        plan.pp_bytes.push_back(pipeline_bytes_per_step(r, p, V, m, activation_elements, s, embedding));
+        plan.pp_bytes.push_back(pipeline_bytes_per_step(l.schedule, r, p, V, m, activation_elements, s, embedding));
         if (plan.stages[r].total > plan.stages[plan.fullest_stage].total) plan.fullest_stage = r;
     }
     plan.peak_bytes = plan.stages[plan.fullest_stage].total;
@@ -214,11 +214,11 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
         const bool last = stage == p * V - 1;
         const double flops = (plan.stage_layers[stage] * block_flops + (last ? head_flops : 0.0)) * microbatch_tokens;
         plan.stage_seconds.push_back(flops / rate);
-        rank_seconds[pipeline_stage_rank(stage, p)] += flops / rate;
+        rank_seconds[pipeline_stage_rank(l.schedule, stage, p)] += flops / rate;
     }
     for (int r = 0; r < p; r++) {
         int layers = 0;
-        for (int v = 0; v < V; v++) layers += plan.stage_layers[pipeline_model_stage(r, v, p)];
+        for (int v = 0; v < V; v++) layers += plan.stage_layers[pipeline_model_stage(l.schedule, r, v, p)];
         most_layers = std::max(most_layers, layers);
     }
     plan.bytes[PLAN_CP] = cp_bytes_per_step(l.cp_mode, l.cp, l.batch_size, l.seq_len, config.channels / l.tp, most_layers,
@@ -271,7 +271,7 @@ inline void print_pipeline_plan(const LayoutPlan& plan, FILE* out = stdout) {
     const double slowest = *std::max_element(plan.stage_seconds.begin(), plan.stage_seconds.end());
     for (size_t stage = 0; stage < plan.stage_layers.size(); stage++)
         fprintf(out, "  stage %zu (pp rank %d): %d layers%s, %.3f ms forward + backward per microbatch (%.2f of the "
-                "slowest)\n", stage, pipeline_stage_rank((int)stage, p), plan.stage_layers[stage],
+                "slowest)\n", stage, pipeline_stage_rank(l.schedule, (int)stage, p), plan.stage_layers[stage],
                 stage == 0 ? " + embedding" : stage + 1 == plan.stage_layers.size() ? " + LM head and loss" : "",
                 plan.stage_seconds[stage] * 1e3, plan.stage_seconds[stage] / slowest);
     for (int r = 0; r < p; r++) {
@@ -331,7 +331,7 @@ inline void print_layout_plan(const GPT2Config& config, const LayoutPlan& plan, 
             "%s; ZeRO stage %d (shard groups of %d), %d x %d tokens per data-parallel rank and micro-step, %d "
             "micro-step(s); recompute %s; %s (GPT-2 architecture)\n", config.num_layers, config.channels,
             config.num_heads, ParameterLayout(config).num_parameters,
-            ParameterLayout(config, 1, l.tp, 0, pipeline_held_chunks(0, l.pp, l.pp_virtual, plan.stage_layers))
+            ParameterLayout(config, 1, l.tp, 0, pipeline_held_chunks(l.schedule, 0, l.pp, l.pp_virtual, plan.stage_layers))
                 .num_parameters, l.ranks, plan_layout_name(plan).c_str(), l.zero_stage, plan.shard * l.cp,
             l.batch_size, l.seq_len, plan.accumulation, recompute_describe(l.recompute).c_str(),
             l.bf16 ? "BF16" : "FP32");
@@ -380,18 +380,20 @@ inline PlanSearch plan_search(const GPT2Config& config, Layout base, const PlanH
                 if (base.seq_len % cp != 0 || base.ranks % (tp * pp * cp) != 0) continue;
                 for (int mode = 0; mode < (cp > 1 ? 2 : 1); mode++)
                     for (int sp = 0; sp < (tp > 1 ? 2 : 1); sp++)
-                        for (int schedule = 0; schedule < (pp > 1 ? 3 : 1); schedule++)
+                        for (int schedule = 0; schedule < (pp > 1 ? 4 : 1); schedule++)
                             for (int zero = 0; zero <= 3; zero++)
                                 for (const Recompute& recompute : policies) {
                                     Layout l = base;
                                     l.tp = tp, l.pp = pp, l.cp = cp, l.sequence_parallel = sp == 1;
                                     l.cp_mode = mode == 0 ? ContextParallelMode::Ring : ContextParallelMode::Ulysses;
                                     l.cp_split = SequenceSplit::Zigzag;
-                                    const PipelineSchedule candidates[3] = {PipelineSchedule::OneFOneB,
+                                    const PipelineSchedule candidates[4] = {PipelineSchedule::OneFOneB,
                                                                             PipelineSchedule::ZeroBubbleH1,
-                                                                            PipelineSchedule::Interleaved};
+                                                                            PipelineSchedule::Interleaved,
+                                                                            PipelineSchedule::ZeroBubbleV};
                                     l.schedule = candidates[schedule];
-                                    l.pp_virtual = l.schedule == PipelineSchedule::Interleaved ? 2 : 1;
+                                    l.pp_virtual = l.schedule == PipelineSchedule::Interleaved ||
+                                                           l.schedule == PipelineSchedule::ZeroBubbleV ? 2 : 1;
                                     l.pp_layers.clear();  // each candidate's stages balanced by cost
                                     l.zero_stage = zero, l.dp_shard = 0, l.recompute = recompute;
                                     search.considered++;

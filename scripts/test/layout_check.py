@@ -70,8 +70,10 @@ def cp_bytes(flags, batch, layers, channels, seq_len, micro_steps, value_bytes=4
 
 
 def pipeline_stage_rank(schedule, stage, p):
-    """The pipeline rank holding a model stage (llmc/parallel/pipeline_schedule.h): stage s on rank s mod p, under
-    every schedule."""
+    """The pipeline rank holding a model stage (llmc/parallel/pipeline_schedule.h): stage s on rank s mod p, except
+    under zbv, whose V holds stages r and 2p - 1 - r on rank r."""
+    if schedule == "zbv" and stage >= p:
+        return 2 * p - 1 - stage
     return stage % p
 
 

@@ -5,12 +5,12 @@
 # must agree with the single rank's within 1e-5 relative, and so must its final model.bin (in norm) and its
 # validation losses (scripts/test/layout_check.py says why that tolerance); the sample must be the same text.
 # The matrix: stages balanced by cost (--pp-layers auto, the default) and given as a list, under 1f1b, gpipe and
-# interleaved; zb-h1 at pp 2 and pp 4, and at pp 2 with dp 2 x ZeRO-3, with tp 2 + sequence parallelism (and
-# selective recomputation), with cp 2, and with full recomputation. For each: the bytes rank 0
+# interleaved; zb-h1 and zbv each at pp 2 and pp 4, and at pp 2 with dp 2 x ZeRO-3, with tp 2 + sequence
+# parallelism (and selective recomputation), with cp 2, and with full recomputation. For each: the bytes rank 0
 # sent on the pp axis in the last step against pipeline_bytes_per_step, exactly; the memory rank 0 held against
 # llmc/planning/memory.h's formula, exactly; the records in flight at each pp rank's peak against the schedule's
-# formula. Also: a checkpoint saved by an even split (pp 3, 3 layers each) resumed by an uneven one (pp 2,
-# balanced), and impossible splits refused with one error line. Every point-to-point send is synchronous
+# formula. Also: a checkpoint saved by an even split (pp 3, 3 layers each) resumed by an uneven one (zbv at
+# pp 2: 4 stages in a V), and impossible splits refused with one error line. Every point-to-point send is synchronous
 # (MPI_Issend, llmc/parallel/comm.h), as NCCL's are.
 #   usage: scripts/test/test_pipeline_stages.sh ./train_gpt_fp32_cpu
 set -u
@@ -37,7 +37,13 @@ layouts="pp2_auto_1f1b:2:2:1:--pp,2
          zbh1_pp2_dp2_zero3:4:1:2:--pp,2,--pp-schedule,zb-h1,--zero,3
          zbh1_pp2_tp2_sp_selective:4:2:1:--pp,2,--pp-schedule,zb-h1,--tp,2,--sequence-parallel,--recompute,selective
          zbh1_pp2_cp2:4:2:1:--pp,2,--pp-schedule,zb-h1,--cp,2
-         zbh1_pp2_full:2:2:1:--pp,2,--pp-schedule,zb-h1,--recompute,full,--recompute-every,2"
+         zbh1_pp2_full:2:2:1:--pp,2,--pp-schedule,zb-h1,--recompute,full,--recompute-every,2
+         zbv_pp2:2:2:1:--pp,2,--pp-schedule,zbv
+         zbv_pp4:4:1:1:--pp,4,--pp-schedule,zbv
+         zbv_pp2_dp2_zero3:4:1:2:--pp,2,--pp-schedule,zbv,--zero,3
+         zbv_pp2_tp2_sp_selective:4:2:1:--pp,2,--pp-schedule,zbv,--tp,2,--sequence-parallel,--recompute,selective
+         zbv_pp2_cp2:4:2:1:--pp,2,--pp-schedule,zbv,--cp,2
+         zbv_pp2_full:2:2:1:--pp,2,--pp-schedule,zbv,--recompute,full,--recompute-every,2"
 for layout in $layouts; do
     IFS=: read -r name ranks batch dp layout_flags <<<"$layout"
     layout_flags=${layout_flags//TRACE/$work/trace.json}
@@ -45,11 +51,11 @@ for layout in $layouts; do
     run "$name" "$ranks" "$batch" "$dp" ${layout_flags//+/,}
 done
 
-# a checkpoint saved at step 3 by an even split (pp 3: 3 layers each) resumed by the balanced split at pp 2
-# under zb-h1; the last 2 steps must match the uninterrupted single rank
+# a checkpoint saved at step 3 by an even split (pp 3: 3 layers each) resumed by the balanced split of zbv at
+# pp 2 (4 stages, rank 0 holding the first and the last); the last 2 steps must match the uninterrupted single rank
 run saved_even 3 2 1 --pp 3 --pp-layers 3,3,3 --checkpoint-every 3 --keep-checkpoints 5
 mkdir -p "$work/resumed_uneven" && cp "$work"/saved_even/checkpoint_3* "$work/resumed_uneven/"
-run resumed_uneven 2 2 1 --pp 2 --pp-schedule zb-h1 --resume
+run resumed_uneven 2 2 1 --pp 2 --pp-schedule zbv --resume
 
 echo "pipeline stages of any size and zero-bubble schedules vs one rank ($binary)"
 PYTHONPATH="$(dirname "$0")" /usr/bin/python3 - "$work" $layouts >"$work/compare.out" <<'PYTHON' || true
@@ -65,7 +71,7 @@ for name, ranks, batch, dp, flags in layouts:
     B, dp = int(batch), int(dp)
     p, tp, cp = int(flag(flags, "--pp", 1)), int(flag(flags, "--tp", 1)), int(flag(flags, "--cp", 1))
     schedule, zero = flag(flags, "--pp-schedule", "1f1b"), int(flag(flags, "--zero", 0))
-    V = int(flag(flags, "--pp-virtual", 1))
+    V = 2 if schedule == "zbv" else int(flag(flags, "--pp-virtual", 1))
     m = 8 // (B * dp)
     try:
         same_run, run_words = compare_run(work, name, "one", steps=5, validations=2, sample=True)
@@ -95,7 +101,7 @@ except (OSError, ValueError, KeyError) as error:
 results.append(report(good, f"--trace of zb-h1 at pp 4, m 8: work events per pp rank {counts} (expected 24: F, B, W)"))
 try:
     results.append(compare_resumed(work, "resumed_uneven", "one", 3,
-                                   "saved by an even split (pp 3: 3,3,3), resumed by a balanced one (pp 2, zb-h1)"))
+                                   "saved by an even split (pp 3: 3,3,3), resumed by a balanced one (pp 2, zbv)"))
 except Exception as error:
     results.append(report(False, f"resume across splits: no result ({error!r})"))
 result(results)
