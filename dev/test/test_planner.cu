@@ -154,10 +154,22 @@ static void test_by_hand() {
                !plan.crosses_nodes[PLAN_TP] && plan.crosses_nodes[PLAN_CP] && plan.crosses_nodes[PLAN_PP] &&
                    plan.crosses_nodes[PLAN_DP]);
     check_true("tp axis time == bytes / NVLink", plan.axis_seconds[PLAN_TP] == plan.bytes[PLAN_TP] / 450e9);
-    check_true("1f1b bubble (p-1)/(m+p-1), p 16, m 16", std::fabs(plan.bubble - 15.0 / 31) < 1e-15,
-               describe(plan.bubble, 15.0 / 31));
+    check_true("1f1b bubble formula (p-1)/(m+p-1), p 16, m 16", std::fabs(plan.bubble_formula - 15.0 / 31) < 1e-15,
+               describe(plan.bubble_formula, 15.0 / 31));
+    {
+        // simulated with the stages' costs t_s (the last adds the LM head): the busiest rank works m t_max, so
+        // T >= m t_max; slowing every stage to t_max gives 1f1b's (m + p - 1) t_max, and slower actions never
+        // shorten the step, so T <= (m + p - 1) t_max. The bubble 1 - m mean(t) / T lies between the two.
+        const double t_max = *std::max_element(plan.stage_seconds.begin(), plan.stage_seconds.end());
+        double t_mean = 0;
+        for (double t : plan.stage_seconds) t_mean += t / plan.stage_seconds.size();
+        const double low = 1 - t_mean / t_max, high = 1 - 16 * t_mean / (31 * t_max);
+        check_true("1f1b bubble simulated with the stages' costs: between 1 - mean/max and 1 - m mean / ((m+p-1) max)",
+                   plan.bubble >= low - 1e-12 && plan.bubble <= high + 1e-12 && plan.bubble >= plan.bubble_formula,
+                   std::to_string(low) + " <= " + std::to_string(plan.bubble) + " <= " + std::to_string(high));
+    }
     const double stretched = (plan.compute_seconds + plan.axis_seconds[PLAN_TP] + plan.axis_seconds[PLAN_CP] +
-                              plan.axis_seconds[PLAN_PP]) / (16.0 / 31) + plan.exposed_dp_seconds;
+                              plan.axis_seconds[PLAN_PP]) / (1 - plan.bubble) + plan.exposed_dp_seconds;
     check_true("step == (compute + tp + cp + pp) / (1 - bubble) + exposed dp",
                std::fabs(plan.step_seconds - stretched) <= 1e-12 * stretched, describe(plan.step_seconds, stretched));
 
@@ -182,6 +194,27 @@ static void test_by_hand() {
                    printed.find("stage 0 (pp rank 0): 8 layers + embedding") != std::string::npos &&
                        printed.find("stage 15 (pp rank 15): 7 layers + LM head and loss") != std::string::npos,
                    printed.substr(0, 2000));
+    }
+    // the same under zbv: 32 stages in a V, rank 0 holding the first and the last (embedding, LM head and loss)
+    {
+        Layout v_shape = l;
+        v_shape.schedule = PipelineSchedule::ZeroBubbleV, v_shape.pp_virtual = 2;
+        v_shape.total_batch_size *= 2;  // 32 microbatches: zbv needs 2 pp - 1
+        const LayoutPlan zbv = plan_layout(llama_depth, v_shape, hw);
+        char* text = nullptr;
+        size_t size = 0;
+        FILE* out = open_memstream(&text, &size);
+        if (zbv.error.empty()) print_layout_plan(llama_depth, zbv, hw, out);
+        fclose(out);
+        const std::string printed(text, size);
+        free(text);
+        check_true("126 layers in zbv's V over pp 16: 32 stages, stage 31 on pp rank 0 with the LM head",
+                   zbv.error.empty() && zbv.stage_layers.size() == 32 &&
+                       printed.find("stage 31 (pp rank 0): ") != std::string::npos &&
+                       printed.find("layers + LM head and loss") != std::string::npos &&
+                       std::fabs(zbv.bubble_formula - pipeline_bubble_fraction(PipelineSchedule::ZeroBubbleV, 16,
+                                                                       zbv.accumulation, 2)) < 1e-15,
+                   zbv.error.empty() ? printed.substr(0, 1500) : zbv.error);
     }
     l.cp = 2;
     plan = plan_layout(llama_class_config(8192), l, hw);

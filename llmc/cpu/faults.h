@@ -13,9 +13,10 @@ nothing and cannot be hurt by a stray variable).
         passes are issued, the gradients not yet reduced) and "before-main-file" (llmc/parallel/reshard.h:
         every shard file of the checkpoint of step STEP is written, the main file is not)
     LLMC_FAULT_UNGROUPED_P2P=1
-        the pipeline issues each send and receive alone (llmc/parallel/pipeline.h's pipeline_exchange), each
-        blocking like a lone NCCL kernel, instead of the group the sends and receives of one point form: the
-        structure that deadlocks 1F1B on a GPU, which the test then sees deadlock here too
+        the pipeline sends each result right after the action that made it and receives each input right before
+        the action that needs it, each operation alone (llmc/parallel/pipeline.h's pipeline_exchange), blocking
+        like a lone NCCL kernel, instead of the groups pipeline_message_groups forms: the structure that
+        deadlocks 1F1B on a GPU, which the test then sees deadlock here too
 A malformed value stops the program with one line, so a test cannot pass by injecting nothing.
 */
 #pragma once

@@ -586,8 +586,10 @@ receiver gets to its receive blocks the sender, and under zbv (rank r runs up to
 anything comes back) and the schedules that split the backward (a W between a B and the next receive) the
 sender then waits for a rank that waits for it. So pipeline_message_groups plays all ranks' lists together
 under these semantics: a rank posts its group, and the group completes when every operation's match has been
-posted; each rank keeps its results' sends back until the group in which their receiver has posted the
-receive (they all go in the last group). A send kept back reads a buffer that must still hold it:
+posted. Each result is sent in the group right after the action that made it (1F1B's "send the activations,
+receive the gradient" in one group), unless the play gets stuck: then the sends whose receiver is not there
+yet come out of their groups and go in their rank's next group. A send kept back reads a buffer that must still
+hold it:
 activations are in the sending stage's record until its backward, which cannot start before they arrive;
 a gradient is in the doutput of a record that its B freed, and pipeline_check_send_buffers proves that no
 later forward (of the last stage, which writes doutput) takes that record and no receive refills it before
@@ -665,30 +667,30 @@ inline std::vector<std::vector<std::vector<PipelineMessage>>> pipeline_message_g
         int pool = 0;
         record_of[r] = pipeline_record_assignment(lists[r], &pool);
     }
-    auto post = [&](int r) {  // rank r's group before action next[r]: the sends awaited, the receives needed
-        std::vector<PipelineMessage> group, kept, sends, receives;
+    // A held-back gradient's last chance is the group before action i when action i takes its record for the
+    // loss (which writes doutput) or that group's receive refills doutput.
+    auto last_chance = [&](int r, const PipelineMessage& send) {
         const size_t i = next[r];
-        const bool last = i == lists[r].size();
-        if (!last) pipeline_messages_of(schedule, r, p, S, i, lists[r][i], &sends, &receives);
-        for (const PipelineMessage& send : held_back[r]) {
-            // a gradient's last chance: action i takes its record for the loss, which writes doutput, or the
-            // receive before it refills doutput
-            bool last_chance = last;
-            if (send.gradient && !last) {
-                const bool same_record = record_of[r][i] == record_of[r][send.action];
-                last_chance |= same_record && lists[r][i].kind == PipelineAction::Forward &&
-                               pipeline_model_stage(schedule, r, lists[r][i].virtual_stage, p) == S - 1;
-                for (const PipelineMessage& receive : receives) last_chance |= receive.gradient && same_record;
-            }
-            (last_chance || has_posted(send.peer, send, false) ? group : kept).push_back(send);
-        }
-        held_back[r] = kept;
-        group.insert(group.end(), receives.begin(), receives.end());
-        posted[r] = group;
+        if (i == lists[r].size()) return true;
+        if (!send.gradient || record_of[r][i] != record_of[r][send.action]) return false;
+        std::vector<PipelineMessage> sends, receives;
+        pipeline_messages_of(schedule, r, p, S, i, lists[r][i], &sends, &receives);
+        bool refilled = lists[r][i].kind == PipelineAction::Forward &&
+                        pipeline_model_stage(schedule, r, lists[r][i].virtual_stage, p) == S - 1;
+        for (const PipelineMessage& receive : receives) refilled |= receive.gradient;
+        return refilled;
+    };
+    auto post = [&](int r) {  // rank r's group before action next[r]: every send held back, the receives needed
+        std::vector<PipelineMessage> sends, receives;
+        if (next[r] < lists[r].size())
+            pipeline_messages_of(schedule, r, p, S, next[r], lists[r][next[r]], &sends, &receives);
+        posted[r] = held_back[r];
+        held_back[r].clear();
+        posted[r].insert(posted[r].end(), receives.begin(), receives.end());
     };
     for (int r = 0; r < p; r++) post(r);
-    for (bool progressed = true; progressed;) {
-        progressed = false;
+    for (;;) {
+        bool progressed = false;
         for (int r = 0; r < p; r++) {
             if (finished[r]) continue;
             bool complete = true;
@@ -709,6 +711,21 @@ inline std::vector<std::vector<std::vector<PipelineMessage>>> pipeline_message_g
             next[r]++;
             post(r);
         }
+        if (progressed) continue;
+        // every rank waits: take back out of the posted groups the sends whose receiver is not there yet (each
+        // goes again in its rank's next group), unless this is a gradient's last chance
+        bool deferred = false;
+        for (int r = 0; r < p; r++) {
+            std::vector<PipelineMessage> kept;
+            for (const PipelineMessage& m : posted[r]) {
+                const bool defer = m.send && !has_posted(m.peer, m, false) && !completed.count(key(m, false)) &&
+                                   !last_chance(r, m);
+                (defer ? held_back[r] : kept).push_back(m);
+                deferred |= defer;
+            }
+            posted[r] = kept;
+        }
+        if (!deferred) break;
     }
     for (int r = 0; r < p; r++)
         if (!finished[r])

@@ -18,7 +18,10 @@ work:
     bytes per step      dp: the ZeRO stage's collectives (memory.h's communication row), tp: tensor_parallel.h
     on each axis        tp_bytes_per_step, pp: pipeline_links.h pipeline_bytes_per_step (the busiest pp rank),
                         cp: context_parallel.h cp_bytes_per_step
-    pipeline bubble     pipeline_schedule.h pipeline_bubble_fraction
+    pipeline bubble     the schedule's lists (pipeline_schedule.h) simulated with each stage's own cost: a
+                        forward a third of the stage's FLOPs time, the backward two thirds (B and W a third
+                        each where the schedule splits it); the mean over the pp ranks of the time each
+                        is idle. Equal stages give pipeline_bubble_fraction, which --plan prints beside it.
 Two corrections to those formulas, which each count a plain step of a whole model: under pp a rank runs
 L/pp layers, so the tp bytes are counted for its layers (with the embedding and LM head terms on every
 pp rank: an upper bound by 4 (t-1)/t N C s per micro-step); under --recompute full the backward pass runs
@@ -29,9 +32,9 @@ The cost model of the estimated step time (one step, seconds; each term printed 
     compute   = hardware FLOPs per rank / (peak FLOP/s x efficiency)
                 hardware FLOPs = model FLOPs (llmc/planning/mfu.h: 6 P + 12 L C T per token, P every parameter) +
                 the recomputation's (recompute.h: full reruns every block forward, 2 P_block + 4 C T per
-                layer and token), times the tokens of the step, divided evenly over the ranks (the
-                embedding and LM head sit on the first and last pp rank; a contiguous cp split gives
-                the last cp rank more causal attention: neither is modelled)
+                layer and token), times the tokens of the step, divided evenly over the ranks (uneven
+                stages idle some pp ranks: the simulated bubble counts that; a contiguous cp split gives
+                the last cp rank more causal attention: not modelled)
     per axis  = bytes this rank sends per step on the axis / the bandwidth of the axis's link: NVLink when
                 the axis's group lies in one node of --gpus-per-node GPUs (tp: tp <= gpus per node; cp:
                 tp cp <= it; pp: tp cp pp <= it; dp: all ranks <= it), InfiniBand otherwise (a ring over
@@ -113,7 +116,8 @@ struct LayoutPlan {
     bool fits = false;                    // peak_bytes + kPlanReserveBytes <= the GPU's memory
     double bytes[kPlanAxes] = {};         // per step, sent by one rank (pp: the busiest pp rank)
     bool crosses_nodes[kPlanAxes] = {};   // the axis's group spans nodes: InfiniBand (else NVLink)
-    double bubble = 0;
+    double bubble = 0;          // simulated with each stage's cost
+    double bubble_formula = 0;  // the schedule's formula for equal stages
     // the estimate (seconds per step)
     double tokens = 0, model_flops = 0, hardware_flops = 0;  // per step, all ranks
     double compute_seconds = 0, axis_seconds[kPlanAxes] = {}, exposed_dp_seconds = 0, step_seconds = 0;
@@ -165,6 +169,30 @@ inline double plan_tp_bytes(const GPT2Config& config, const Layout& l, int accum
     return bytes;
 }
 
+// The bubble that the stages' own costs give (stage_seconds: each model stage's forward + backward of one
+// microbatch): every rank's list run by the simulator with a forward taking a third of its stage's time, the
+// backward the rest (B and W half of it each where the schedule splits it); the mean idle share over the pp ranks.
+inline double plan_simulated_bubble(PipelineSchedule schedule, int p, int m, int V,
+                                    const std::vector<double>& stage_seconds) {
+    if (p == 1) return 0.0;
+    std::vector<std::vector<PipelineAction>> lists;
+    std::vector<std::vector<double>> durations(p);
+    for (int r = 0; r < p; r++) {
+        lists.push_back(pipeline_actions(schedule, r, p, m, V));
+        for (const PipelineAction& a : lists[r]) {
+            const double stage = stage_seconds[pipeline_model_stage(schedule, r, a.virtual_stage, p)];
+            const double share = a.kind == PipelineAction::Forward ? 1.0 / 3
+                                 : pipeline_splits_backward(schedule) ? 1.0 / 3 : 2.0 / 3;
+            durations[r].push_back(stage * share);
+        }
+    }
+    const PipelineTimeline t = pipeline_simulate_actions(lists, schedule, m, V, 0, 0, 0, &durations);
+    if (!t.problem.empty()) fatal("planner: the %s lists do not run: %s", pipeline_schedule_name(schedule), t.problem.c_str());
+    double idle = 0;
+    for (double b : t.bubble_fraction) idle += b;
+    return idle / p;
+}
+
 inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const PlanHardware& hw) {
     LayoutPlan plan;
     plan.layout = l;
@@ -208,13 +236,11 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
     const double head_flops = pipeline_head_flops_per_token(config) / l.tp;
     const double microbatch_tokens = (double)l.batch_size * T_local;
     const double rate = hw.peak_flops * hw.efficiency;
-    std::vector<double> rank_seconds(p, 0.0);
     int most_layers = 0;  // on one pp rank
     for (int stage = 0; stage < p * V; stage++) {
         const bool last = stage == p * V - 1;
         const double flops = (plan.stage_layers[stage] * block_flops + (last ? head_flops : 0.0)) * microbatch_tokens;
         plan.stage_seconds.push_back(flops / rate);
-        rank_seconds[pipeline_stage_rank(l.schedule, stage, p)] += flops / rate;
     }
     for (int r = 0; r < p; r++) {
         int layers = 0;
@@ -224,7 +250,8 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
     plan.bytes[PLAN_CP] = cp_bytes_per_step(l.cp_mode, l.cp, l.batch_size, l.seq_len, config.channels / l.tp, most_layers,
                                             l.recompute.policy == RecomputePolicy::Full ? 2 : 1, m, (size_t)s);
     const int spans[kPlanAxes] = {l.ranks, l.tp, l.tp * l.cp * l.pp, l.tp * l.cp};
-    plan.bubble = pipeline_bubble_fraction(l.schedule, p, m, V);
+    plan.bubble_formula = pipeline_bubble_fraction(l.schedule, p, m, V);
+    plan.bubble = plan_simulated_bubble(l.schedule, p, m, V, plan.stage_seconds);
 
     // the estimate (the cost model at the top of the file)
     const ParameterLayout whole(config);
@@ -233,10 +260,8 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
                        plan.tokens;
     plan.hardware_flops = plan.model_flops + recompute_extra_flops_per_token(l.recompute, (double)whole.block_elements(),
                                                                              L, config.channels, l.seq_len) * plan.tokens;
+    // the mean pp rank's: uneven stages idle the others, which the simulated bubble counts
     plan.compute_seconds = plan.hardware_flops / l.ranks / (hw.peak_flops * hw.efficiency);
-    // uneven stages: the busiest pp rank's model compute (plus its share of the recomputation), if larger
-    const double busiest = *std::max_element(rank_seconds.begin(), rank_seconds.end()) * m;
-    plan.compute_seconds = std::max(plan.compute_seconds, busiest * plan.hardware_flops / plan.model_flops);
     for (int a = 0; a < kPlanAxes; a++) {
         plan.crosses_nodes[a] = spans[a] > hw.gpus_per_node;
         plan.axis_seconds[a] = plan.bytes[a] / (plan.crosses_nodes[a] ? hw.infiniband_bytes_per_second
@@ -265,9 +290,9 @@ inline std::string plan_layout_name(const LayoutPlan& plan) {
 inline void print_pipeline_plan(const LayoutPlan& plan, FILE* out = stdout) {
     const Layout& l = plan.layout;
     const int p = l.pp, V = l.pp_virtual, m = plan.accumulation;
-    fprintf(out, "pipeline %s: %d stage(s) per pp rank (%s), %d microbatches; bubble %.3f (the schedule's formula "
-            "for equal stages)\n", pipeline_schedule_name(l.schedule), V,
-            l.pp_layers.empty() ? "balanced by cost" : "--pp-layers", m, plan.bubble);
+    fprintf(out, "pipeline %s: %d stage(s) per pp rank (%s), %d microbatches; bubble %.3f with these stages' costs "
+            "(the schedule's formula for equal stages: %.3f)\n", pipeline_schedule_name(l.schedule), V,
+            l.pp_layers.empty() ? "balanced by cost" : "--pp-layers", m, plan.bubble, plan.bubble_formula);
     const double slowest = *std::max_element(plan.stage_seconds.begin(), plan.stage_seconds.end());
     for (size_t stage = 0; stage < plan.stage_layers.size(); stage++)
         fprintf(out, "  stage %zu (pp rank %d): %d layers%s, %.3f ms forward + backward per microbatch (%.2f of the "
@@ -375,7 +400,7 @@ inline PlanSearch plan_search(const GPT2Config& config, Layout base, const PlanH
     for (int tp = 1; tp <= std::min(hw.gpus_per_node, config.num_heads); tp++) {
         if (config.num_heads % tp != 0 || base.ranks % tp != 0) continue;
         for (int pp = 1; pp <= config.num_layers; pp++) {
-            if (config.num_layers % pp != 0 || base.ranks % (tp * pp) != 0) continue;
+            if (base.ranks % (tp * pp) != 0) continue;  // stages of any size: pp need not divide the layers
             for (int cp = 1; cp <= base.seq_len; cp++) {
                 if (base.seq_len % cp != 0 || base.ranks % (tp * pp * cp) != 0) continue;
                 for (int mode = 0; mode < (cp > 1 ? 2 : 1); mode++)

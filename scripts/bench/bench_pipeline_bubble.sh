@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
-# The pipeline's bubble, measured beside its formula: the README's model (32 layers x 512 channels, T = 32) at
-# p = 4 pipeline ranks and m = 8 microbatches on the CPU build (FP32), stages balanced by cost (--pp-layers
-# auto), under each schedule: gpipe, 1f1b, interleaved (V = 2) and zb-h1. Each run trains 2 steps; the
-# last is measured: every rank notes the start and end of each action and of each wait for a message, and the
-# bubble of a rank is the share of the step it did not work (llmc/parallel/pipeline.h). Prints, per schedule,
-# the mean bubble over the ranks, each rank's, the schedule's formula (llmc/parallel/pipeline_schedule.h's
-# pipeline_bubble_fraction, equal stages), the step time and zb-h1's bubble as a share of 1f1b's; writes each
-# step's timeline picture to OUT (default docs/pipeline).
-#   usage: scripts/bench/bench_pipeline_bubble.sh [OUT]     (4 ranks: the timing is only meaningful on a quiet
-#          machine; with fewer cores than ranks the ranks share them)
+# The pipeline's bubble, measured beside its formula: the README's model (32 layers x 512 channels, T = 32) with
+# m = 8 microbatches on the CPU build (FP32), stages balanced by cost (--pp-layers auto), under each schedule:
+# gpipe, 1f1b, interleaved (V = 2), zb-h1 and zbv, at p = 2 and at p = 4. Each run trains 2 steps; the last is
+# measured: every rank notes the start and end of each action and of each wait for a message, and the processor
+# time each action took (llmc/parallel/pipeline.h). The bubble of a rank is the share of the step it did not
+# work, two ways:
+#   measured   on the wall clock. It holds where each rank has a core (p = 2 on 2 cores); with fewer cores than
+#              ranks the ranks take turns on the cores, and the wall clock measures the turns as much as the
+#              schedule.
+#   replayed   each action takes the processor time it took, and starts when its rank is free and its input
+#              has come (pipeline_replay): the step as the ranks would run it each on a core of its own. Where
+#              each rank has a core the two must agree, which the p = 2 table shows.
+# Prints, per p and schedule, the formula (pipeline_bubble_fraction: equal stages, F = B = W), the mean bubble
+# over the ranks both ways, each rank's replayed, the step time both ways, and 1f1b's bubble against its formula
+# and zb-h1's and zbv's against 1f1b's; writes each measured step's timeline picture to OUT (default
+# docs/pipeline, measured_<schedule>_p<p>_m8.png).
+#   usage: scripts/bench/bench_pipeline_bubble.sh [OUT]     (a quiet machine: other work inflates both clocks)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-docs/pipeline}
@@ -19,28 +26,42 @@ mkdir -p "$out"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 model=(--model custom --layers 32 --channels 512 --heads 8 --seq-len 32 --batch-size 1 --total-batch-size 256
-       --steps 2 --val-every 0 --sample-tokens 0 --save-model false --pp 4)
-echo "32 layers x 512 channels, T 32, p 4, m 8, $binary, $(nproc --all) cores"
-for schedule in gpipe 1f1b interleaved zb-h1; do
-    extra=()
-    [[ $schedule == interleaved ]] && extra=(--pp-virtual 2)
-    mpirun --oversubscribe --allow-run-as-root -np 4 "$binary" "${model[@]}" --pp-schedule "$schedule" "${extra[@]}" \
-        --trace "$work/$schedule.json" --output-dir "$work/$schedule" >"$work/$schedule.out" 2>&1 ||
-        { echo "the $schedule run failed:"; tail -3 "$work/$schedule.out"; exit 1; }
-    /usr/bin/python3 scripts/pipeline_timeline.py "$work/$schedule.json" -o "$out/measured_${schedule}_p4_m8.png" >/dev/null
+       --steps 2 --val-every 0 --sample-tokens 0 --save-model false)
+echo "32 layers x 512 channels, T 32, m 8, $binary, $(nproc --all) cores"
+schedules=(gpipe 1f1b interleaved zb-h1 zbv)
+for p in 2 4; do
+    for schedule in "${schedules[@]}"; do
+        extra=()
+        [[ $schedule == interleaved ]] && extra=(--pp-virtual 2)
+        mpirun --oversubscribe --allow-run-as-root -np $p "$binary" "${model[@]}" --pp $p --pp-schedule "$schedule" \
+            "${extra[@]}" --trace "$work/$schedule.p$p.json" --output-dir "$work/$schedule.p$p" \
+            >"$work/$schedule.p$p.out" 2>&1 ||
+            { echo "the $schedule run at p $p failed:"; tail -3 "$work/$schedule.p$p.out"; exit 1; }
+        /usr/bin/python3 scripts/pipeline_timeline.py "$work/$schedule.p$p.json" \
+            -o "$out/measured_${schedule}_p${p}_m8.png" >/dev/null
+    done
 done
-/usr/bin/python3 - "$work" <<'PYTHON'
+/usr/bin/python3 - "$work" "${schedules[@]}" <<'PYTHON'
 import json, sys
-work = sys.argv[1]
-rows = {}
-for schedule in ["gpipe", "1f1b", "interleaved", "zb-h1"]:
-    events = [json.loads(line) for line in open(f"{work}/{schedule}/log.jsonl")]
-    pipeline = [e for e in events if e["event"] == "pipeline"][-1]
-    bubbles = pipeline["bubble"]
-    rows[schedule] = sum(bubbles) / len(bubbles)
-    print(f"  {schedule:12} bubble {rows[schedule]:.3f} (ranks {' '.join(f'{b:.3f}' for b in bubbles)}), formula "
-          f"{pipeline['bubble_formula']:.3f}; step {pipeline['step_ms']:.0f} ms; layers per stage "
-          f"{pipeline['stage_layers']}")
-print(f"  zb-h1's bubble / 1f1b's = {rows['zb-h1'] / rows['1f1b']:.2f}; 1f1b's / its formula 3/11 = "
-      f"{rows['1f1b'] / (3 / 11):.2f}")
+work, schedules = sys.argv[1], sys.argv[2:]
+def pipeline(name):
+    events = [json.loads(line) for line in open(f"{work}/{name}/log.jsonl")]
+    return [e for e in events if e["event"] == "pipeline"][-1]
+mean = lambda values: sum(values) / len(values)
+for p in (2, 4):
+    print(f"p {p}, m 8{' (a core per rank: measured and replayed agree)' if p == 2 else ' (2 ranks per core here)'}")
+    print(f"  {'schedule':12} {'formula':>8} {'replayed':>9} {'measured':>9}  {'replayed per rank':24} step replayed, "
+          f"measured")
+    replayed = {}
+    for schedule in schedules:
+        run = pipeline(f"{schedule}.p{p}")
+        replayed[schedule] = mean(run["bubble_replayed"])
+        per_rank = " ".join(f"{b:.3f}" for b in run["bubble_replayed"])
+        print(f"  {schedule:12} {run['bubble_formula']:8.3f} {replayed[schedule]:9.3f} {mean(run['bubble']):9.3f}  "
+              f"{per_rank:24} {run['step_ms_replayed']:5.0f} ms, {run['step_ms']:5.0f} ms  (layers per stage "
+              f"{run['stage_layers']})")
+    formula = (p - 1) / (8 + p - 1)
+    print(f"  replayed: 1f1b's bubble / its formula {formula:.3f} = {replayed['1f1b'] / formula:.2f}; zb-h1's / "
+          f"1f1b's = {replayed['zb-h1'] / replayed['1f1b']:.2f}; zbv's / 1f1b's = "
+          f"{replayed['zbv'] / replayed['1f1b']:.2f}")
 PYTHON

@@ -108,8 +108,8 @@ result(results)
 PYTHON
 grep -v '^RESULT' "$work/compare.out"
 
-# the structure NCCL deadlocks on: each send and receive issued alone (LLMC_FAULT_UNGROUPED_P2P, llmc/cpu/faults.h),
-# 1f1b at pp 2, m 4. Under synchronous sends the two ranks' lone sends of the steady state wait for each other,
+# the structure NCCL deadlocks on: each result sent at once, each send and receive issued alone
+# (LLMC_FAULT_UNGROUPED_P2P, llmc/cpu/faults.h), 1f1b at pp 2, m 4. Under synchronous sends the two ranks' lone sends of the steady state wait for each other,
 # and the watchdog ends the run; the same run grouped (pp2_auto_1f1b above) completes.
 LLMC_FAULT_UNGROUPED_P2P=1 timeout 120 mpirun --oversubscribe --allow-run-as-root -np 2 "$binary" "${flags[@]}" \
     --model custom --batch-size 2 --pp 2 --steps 1 --collective-timeout 3 \
