@@ -204,8 +204,8 @@ static void test_formulas() {
 //                    encoder workspace 4N int = 512;  loss sum, one double = 8
 //                    = 41040 (BF16)                            77904 (FP32)
 
-static void test_activations() {
-    printf("activations\n");
+// The shape (d) and (g2) count by hand: L = 2, C = 64, NH = 4, Vp = 128, B = 2, T = 16, 4 multiprocessors.
+static GPT2MemoryShape hand_count_shape() {
     GPT2MemoryShape shape;
     shape.num_layers = 2;
     shape.channels = 64;
@@ -215,6 +215,12 @@ static void test_activations() {
     shape.batch = 2;
     shape.seq_len = 16;
     shape.multiprocessors = 4;
+    return shape;
+}
+
+static void test_activations() {
+    printf("activations\n");
+    GPT2MemoryShape shape = hand_count_shape();
     const ActivationBytes bf16 = gpt2_activation_bytes(shape, true), fp32 = gpt2_activation_bytes(shape, false);
     check_equal("hand count bf16 per layer", bf16.per_layer, 66560);
     check_equal("hand count bf16 activations", bf16.activations, 154240);
@@ -591,15 +597,7 @@ static void test_pipeline_parts() {
 // is the same under each: copies), with tp and sequence parallelism, and on records sized for 3 layers.
 static void test_weight_records() {
     printf("weight-gradient records\n");
-    GPT2MemoryShape shape;
-    shape.num_layers = 2;
-    shape.channels = 64;
-    shape.num_heads = 4;
-    shape.padded_vocab = 128;
-    shape.max_seq_len = 16;
-    shape.batch = 2;
-    shape.seq_len = 16;
-    shape.multiprocessors = 4;
+    GPT2MemoryShape shape = hand_count_shape();
     check_equal("hand count bf16 per layer", gpt2_activation_bytes(shape, true).weight_record, 66048);
     check_equal("hand count fp32 per layer", gpt2_activation_bytes(shape, false).weight_record, 132096);
     GPT2MemoryShape with_records = shape;
