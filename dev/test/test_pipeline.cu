@@ -637,6 +637,43 @@ void test_between_schedules() {
     }
 }
 
+// The executor's synchronous groups, timed (pipeline_simulate_groups): a rank waits before each action until
+// its group's peers have posted. That can only lengthen the free-send step, and costs gpipe and 1f1b nothing
+// (each send meets a receive already posted). The schedules whose gain comes from running ahead of what they
+// send lose it: at p = 4, m = 8 zb-h1 takes 1f1b's 33 instead of 27 (printed, and README's measured table
+// shows the same on the wall clock).
+void test_synchronous_groups_timed() {
+    printf("synchronous groups, timed\n");
+    for (PipelineSchedule schedule : kSchedules) {
+        std::string faster, slower;
+        for (const ScheduleLayout& l : grid(schedule)) {
+            const auto lists = all_lists(l);
+            const bool split = pipeline_splits_backward(schedule);
+            std::vector<std::vector<double>> durations(l.p);
+            for (int r = 0; r < l.p; r++)
+                for (const PipelineAction& a : lists[r])
+                    durations[r].push_back(
+                        (a.kind == PipelineAction::Forward ? kForwardMs : split ? kBackwardMs / 2 : kBackwardMs) / l.V);
+            const PipelineTimeline free = pipeline_simulate_actions(lists, schedule, l.m, l.V, kForwardMs, kBackwardMs);
+            const PipelineTimeline synchronous = pipeline_simulate_groups(
+                lists, pipeline_message_groups(lists, schedule, l.V), schedule, l.m, l.V, durations);
+            if (!synchronous.problem.empty() || synchronous.step_ms < free.step_ms - kTimeTolerance)
+                faster += " " + l.name() + synchronous.problem;
+            else if (synchronous.step_ms > free.step_ms + kTimeTolerance)
+                slower += " " + l.name();
+            if (l.p == 4 && l.m == 8 && synchronous.problem.empty())
+                printf("  %-22s step %.4g with free sends, %.4g with synchronous groups (bubble %.3f, %.3f)\n",
+                       l.name().c_str(), free.step_ms, synchronous.step_ms, free.bubble_fraction[0],
+                       synchronous.bubble_fraction[0]);
+        }
+        check_true(std::string(pipeline_schedule_name(schedule)) + ": synchronous groups run, never faster than free sends",
+                   faster.empty(), faster);
+        if (schedule == PipelineSchedule::GPipe || schedule == PipelineSchedule::OneFOneB)
+            check_true(std::string(pipeline_schedule_name(schedule)) + ": synchronous groups cost nothing (p <= 8, m <= 16)",
+                       slower.empty(), slower);
+    }
+}
+
 // ----------------------------------------------------------------------------
 // 4. broken input must be caught
 
@@ -782,6 +819,7 @@ int main(int argc, char** argv) {
     test_grid();
     lab.quiet = false;
     test_between_schedules();
+    test_synchronous_groups_timed();
     test_broken_input_is_caught();
     test_records();
     test_message_groups();

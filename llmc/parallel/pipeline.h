@@ -93,10 +93,13 @@ inline double pipeline_work_clock(const Pipeline& pipe) {
 }
 
 // The measured step replayed with one core per rank: each action takes the processor time it took and
-// starts as soon as its rank is free and its input has come (pipeline_simulate_actions, free sends). On a
+// starts as soon as its rank is free and its input has come. With free sends (pipeline_simulate_actions) on a
 // GPU, or with a core per rank, this is the measured step without the messages' time; on fewer cores than
 // ranks it is the step the ranks would take each on a core of their own, which the wall clock cannot show.
-inline PipelineTimeline pipeline_replay(const PipelineTimeline& measured, PipelineSchedule schedule) {
+// With synchronous groups (pipeline_simulate_groups) each action also waits, as the executor does, until its
+// group's peers have posted their side.
+inline PipelineTimeline pipeline_replay(const PipelineTimeline& measured, PipelineSchedule schedule,
+                                        bool synchronous_groups) {
     std::vector<std::vector<PipelineAction>> lists(measured.p);
     std::vector<std::vector<double>> durations(measured.p);
     for (int r = 0; r < measured.p; r++)
@@ -105,7 +108,10 @@ inline PipelineTimeline pipeline_replay(const PipelineTimeline& measured, Pipeli
             lists[r].push_back(e.action);
             durations[r].push_back(e.work_ms >= 0 ? e.work_ms : e.end_ms - e.start_ms);
         }
-    return pipeline_simulate_actions(lists, schedule, measured.m, measured.V, 0, 0, 0, &durations);
+    if (!synchronous_groups)
+        return pipeline_simulate_actions(lists, schedule, measured.m, measured.V, 0, 0, 0, &durations);
+    return pipeline_simulate_groups(lists, pipeline_message_groups(lists, schedule, measured.V), schedule, measured.m,
+                                    measured.V, durations);
 }
 
 // Starts measuring the next pipeline_step: the stages agree on the moment it begins.
@@ -155,16 +161,18 @@ inline PipelineTimeline pipeline_collect_timeline(Pipeline& pipe, GPT2& model) {
     return timeline;
 }
 
-// Rank 0's report of a measured step: each stage's bubble, measured and replayed with a core per rank, beside
-// the schedule's formula, and its peak of records in flight beside the schedule's.
+// Rank 0's report of a measured step: each stage's bubble, measured and replayed with a core per rank (free
+// sends; synchronous groups), beside the schedule's formula, and its peak of records in flight beside the
+// schedule's.
 inline void pipeline_print_timeline(const PipelineTimeline& t, const PipelineTimeline& replayed,
-                                    PipelineSchedule schedule) {
-    printf("pipeline %s, p %d, m %d, V %d: the measured step took %.1f ms (%.1f replayed with a core per rank); the "
-           "formula's bubble %.3f\n", t.schedule.c_str(), t.p, t.m, t.V, t.step_ms, replayed.step_ms,
-           pipeline_bubble_fraction(schedule, t.p, t.m, t.V));
+                                    const PipelineTimeline& synchronous, PipelineSchedule schedule) {
+    printf("pipeline %s, p %d, m %d, V %d: the measured step took %.1f ms (replayed with a core per rank: %.1f with "
+           "free sends, %.1f with synchronous groups); the formula's bubble %.3f\n", t.schedule.c_str(), t.p, t.m,
+           t.V, t.step_ms, replayed.step_ms, synchronous.step_ms, pipeline_bubble_fraction(schedule, t.p, t.m, t.V));
     for (int r = 0; r < t.p; r++)
-        printf("  pp rank %d: bubble %.3f measured, %.3f replayed; records in flight at the peak %d (formula %d)\n", r,
-               t.bubble_fraction[r], replayed.bubble_fraction[r], t.peak_activations[r],
+        printf("  pp rank %d: bubble %.3f measured, %.3f and %.3f replayed; records in flight at the peak %d "
+               "(formula %d)\n", r, t.bubble_fraction[r], replayed.bubble_fraction[r],
+               synchronous.bubble_fraction[r], t.peak_activations[r],
                pipeline_peak_activations(schedule, r, t.p, t.m, t.V));
 }
 
@@ -174,13 +182,16 @@ inline void pipeline_report_timeline(ParallelContext& par, GPT2& model, Logger& 
     Pipeline& pipe = par.pipe;
     const PipelineTimeline timeline = pipeline_collect_timeline(pipe, model);
     if (!par.main_rank) return;
-    const PipelineTimeline replayed = pipeline_replay(timeline, pipe.schedule);
-    if (!replayed.problem.empty()) fatal("pipeline: the measured step does not replay: %s", replayed.problem.c_str());
-    pipeline_print_timeline(timeline, replayed, pipe.schedule);
-    std::string bubbles, replayed_bubbles, peaks, peak_formulas, layers;
+    const PipelineTimeline replayed = pipeline_replay(timeline, pipe.schedule, false),
+                           synchronous = pipeline_replay(timeline, pipe.schedule, true);
+    for (const PipelineTimeline* t : {&replayed, &synchronous})
+        if (!t->problem.empty()) fatal("pipeline: the measured step does not replay: %s", t->problem.c_str());
+    pipeline_print_timeline(timeline, replayed, synchronous, pipe.schedule);
+    std::string bubbles, replayed_bubbles, synchronous_bubbles, peaks, peak_formulas, layers;
     for (int r = 0; r < pipe.size; r++) {
         bubbles += (r ? ", " : "") + std::to_string(timeline.bubble_fraction[r]);
         replayed_bubbles += (r ? ", " : "") + std::to_string(replayed.bubble_fraction[r]);
+        synchronous_bubbles += (r ? ", " : "") + std::to_string(synchronous.bubble_fraction[r]);
         peaks += (r ? ", " : "") + std::to_string(timeline.peak_activations[r]);
         peak_formulas += (r ? ", " : "") + std::to_string(pipeline_peak_activations(pipe.schedule, r, pipe.size,
                                                                                     pipe.microbatches, pipe.virtual_stages));
@@ -190,6 +201,8 @@ inline void pipeline_report_timeline(ParallelContext& par, GPT2& model, Logger& 
                      .integer("microbatches", pipe.microbatches).integer("virtual_stages", pipe.virtual_stages)
                      .number("step_ms", timeline.step_ms).raw("bubble", "[" + bubbles + "]")
                      .number("step_ms_replayed", replayed.step_ms).raw("bubble_replayed", "[" + replayed_bubbles + "]")
+                     .number("step_ms_replayed_synchronous", synchronous.step_ms)
+                     .raw("bubble_replayed_synchronous", "[" + synchronous_bubbles + "]")
                      .number("bubble_formula", pipeline_bubble_fraction(pipe.schedule, pipe.size, pipe.microbatches,
                                                                         pipe.virtual_stages))
                      .raw("peak_records", "[" + peaks + "]").raw("peak_records_formula", "[" + peak_formulas + "]")

@@ -651,6 +651,8 @@ inline std::vector<std::vector<std::vector<PipelineMessage>>> pipeline_message_g
     std::vector<size_t> next(p, 0);                           // the action each rank's posted group comes before
     std::vector<std::vector<PipelineMessage>> posted(p);      // each rank's group waiting to complete
     std::vector<std::vector<PipelineMessage>> held_back(p);   // sends made, not issued yet
+    std::vector<std::vector<size_t>> held_until(p);           // ... each not before the group before this action
+    std::vector<std::vector<PipelineMessage>> early(p);       // receives posted a group early
     std::vector<char> finished(p, 0);
     // operations whose group completed: (send, gradient, microbatch, from stage, to stage)
     std::set<std::tuple<bool, bool, int, int, int>> completed;
@@ -680,13 +682,49 @@ inline std::vector<std::vector<std::vector<PipelineMessage>>> pipeline_message_g
         for (const PipelineMessage& receive : receives) refilled |= receive.gradient;
         return refilled;
     };
-    auto post = [&](int r) {  // rank r's group before action next[r]: every send held back, the receives needed
-        std::vector<PipelineMessage> sends, receives;
-        if (next[r] < lists[r].size())
-            pipeline_messages_of(schedule, r, p, S, next[r], lists[r][next[r]], &sends, &receives);
-        posted[r] = held_back[r];
-        held_back[r].clear();
-        posted[r].insert(posted[r].end(), receives.begin(), receives.end());
+    // The interleaved schedule's steady state, as Megatron runs it: a forward followed by a backward share the
+    // group before the forward (the backward's receive posted early), and the forward's output goes after the
+    // backward. Its ranks otherwise spend a group on each of the two, and wait for each other twice as often.
+    // Not after the rank's last forward: the next rank may need that output before it can send the gradient.
+    std::vector<size_t> last_forward(p, 0);
+    for (int r = 0; r < p; r++)
+        for (size_t i = 0; i < lists[r].size(); i++)
+            if (lists[r][i].kind == PipelineAction::Forward) last_forward[r] = i;
+    auto paired = [&](int r, size_t i) {
+        return schedule == PipelineSchedule::Interleaved && i + 1 < last_forward[r] &&
+               lists[r][i].kind == PipelineAction::Forward && lists[r][i + 1].kind == PipelineAction::Backward;
+    };
+    auto receives_of = [&](int r, size_t i) {  // action i's receives, less those posted early
+        std::vector<PipelineMessage> sends, receives, left;
+        pipeline_messages_of(schedule, r, p, S, i, lists[r][i], &sends, &receives);
+        for (const PipelineMessage& receive : receives) {
+            bool was_early = false;
+            for (const PipelineMessage& e : early[r]) was_early |= pipeline_same_message(e, receive);
+            if (!was_early) left.push_back(receive);
+        }
+        return left;
+    };
+    auto post = [&](int r) {  // rank r's group before action next[r]: the sends held back, the receives needed
+        const size_t i = next[r];
+        std::vector<PipelineMessage> group, kept;
+        std::vector<size_t> kept_until;
+        for (size_t k = 0; k < held_back[r].size(); k++) {
+            const bool now = held_until[r][k] <= i || i == lists[r].size();
+            (now ? group : kept).push_back(held_back[r][k]);
+            if (!now) kept_until.push_back(held_until[r][k]);
+        }
+        held_back[r] = kept;
+        held_until[r] = kept_until;
+        if (i < lists[r].size()) {
+            const std::vector<PipelineMessage> receives = receives_of(r, i);
+            group.insert(group.end(), receives.begin(), receives.end());
+        }
+        if (i < lists[r].size() && paired(r, i)) {
+            const std::vector<PipelineMessage> ahead = receives_of(r, i + 1);
+            group.insert(group.end(), ahead.begin(), ahead.end());
+            early[r].insert(early[r].end(), ahead.begin(), ahead.end());
+        }
+        posted[r] = group;
     };
     for (int r = 0; r < p; r++) post(r);
     for (;;) {
@@ -707,7 +745,11 @@ inline std::vector<std::vector<std::vector<PipelineMessage>>> pipeline_message_g
             }
             std::vector<PipelineMessage> sends, receives;  // action next[r] runs: its results wait to be sent
             pipeline_messages_of(schedule, r, p, S, next[r], lists[r][next[r]], &sends, &receives);
-            held_back[r].insert(held_back[r].end(), sends.begin(), sends.end());
+            const size_t until = paired(r, next[r]) ? next[r] + 2 : next[r] + 1;
+            for (const PipelineMessage& send : sends) {
+                held_back[r].push_back(send);
+                held_until[r].push_back(until);
+            }
             next[r]++;
             post(r);
         }
@@ -720,7 +762,12 @@ inline std::vector<std::vector<std::vector<PipelineMessage>>> pipeline_message_g
             for (const PipelineMessage& m : posted[r]) {
                 const bool defer = m.send && !has_posted(m.peer, m, false) && !completed.count(key(m, false)) &&
                                    !last_chance(r, m);
-                (defer ? held_back[r] : kept).push_back(m);
+                if (defer) {
+                    held_back[r].push_back(m);
+                    held_until[r].push_back(next[r] + 1);
+                } else {
+                    kept.push_back(m);
+                }
                 deferred |= defer;
             }
             posted[r] = kept;
@@ -766,6 +813,56 @@ inline std::string pipeline_message_label(const PipelineMessage& message) {
            std::to_string(message.to_stage);
 }
 
+// Where each operation's match is: the k-th send from rank a to rank b on a link pairs with the k-th receive
+// on b from a on that link. Fills match[rank][group][operation] with the peer's (group, operation); returns ""
+// or what is mispaired.
+struct PipelinePlace { int group, index; };
+inline std::string pipeline_match_messages(const std::vector<std::vector<std::vector<PipelineMessage>>>& lists,
+                                           std::vector<std::vector<std::vector<PipelinePlace>>>* match) {
+    const int p = (int)lists.size();
+    match->assign(p, {});
+    constexpr int kLinks = 2;  // per pair (pipeline_message_link)
+    auto channel = [p](int from, int to, int link) { return ((size_t)from * p + to) * kLinks + link; };
+    std::vector<std::vector<PipelinePlace>> sent((size_t)p * p * kLinks), received((size_t)p * p * kLinks);
+    for (int r = 0; r < p; r++) {
+        (*match)[r].resize(lists[r].size());
+        for (size_t g = 0; g < lists[r].size(); g++) {
+            (*match)[r][g].resize(lists[r][g].size());
+            for (size_t k = 0; k < lists[r][g].size(); k++) {
+                const PipelineMessage& message = lists[r][g][k];
+                if (message.peer < 0 || message.peer >= p || message.peer == r)
+                    return "rank " + std::to_string(r) + " has a message to no other rank";
+                if (message.link < 0 || message.link >= kLinks)
+                    return "rank " + std::to_string(r) + " has a message on no link";
+                (message.send ? sent[channel(r, message.peer, message.link)]
+                              : received[channel(message.peer, r, message.link)]).push_back({(int)g, (int)k});
+            }
+        }
+    }
+    for (int a = 0; a < p; a++)
+        for (int b = 0; b < p; b++)
+            for (int link = 0; link < kLinks; link++) {
+                const std::vector<PipelinePlace>&out_places = sent[channel(a, b, link)],
+                                             &in_places = received[channel(a, b, link)];
+                if (out_places.size() != in_places.size())
+                    return "rank " + std::to_string(a) + " sends " + std::to_string(out_places.size()) +
+                           " messages to rank " + std::to_string(b) + " on link " + std::to_string(link) +
+                           ", which receives " + std::to_string(in_places.size());
+                for (size_t k = 0; k < out_places.size(); k++) {
+                    const PipelinePlace out = out_places[k], in = in_places[k];
+                    const PipelineMessage &m_out = lists[a][out.group][out.index],
+                                          &m_in = lists[b][in.group][in.index];
+                    if (!pipeline_same_message(m_out, m_in))
+                        return "mismatched messages: rank " + std::to_string(a) + "'s send " + std::to_string(k) +
+                               " to rank " + std::to_string(b) + " is the " + pipeline_message_label(m_out) +
+                               ", its receive expects the " + pipeline_message_label(m_in);
+                    (*match)[a][out.group][out.index] = in;
+                    (*match)[b][in.group][in.index] = out;
+                }
+            }
+    return "";
+}
+
 // Whether every rank's groups (lists[r]: the group before each action and after the last) complete under
 // synchronous point-to-point semantics: "" if they do, else what deadlocks or is mispaired. A group completes
 // once every one of its operations' matching operations is posted, that is, once the peer has reached the
@@ -781,50 +878,9 @@ inline std::string pipeline_check_message_groups(std::vector<std::vector<std::ve
                 for (const PipelineMessage& message : group) alone.push_back({message});
             groups = alone;
         }
-    // pair the k-th send from a to b on a link with the k-th receive on b from a on that link: where each
-    // operation's match is
-    struct Place { int group, index; };
-    std::vector<std::vector<std::vector<Place>>> match(p);  // [rank][group][operation] -> the peer's place
-    constexpr int kLinks = 2;                               // per pair (pipeline_message_link)
-    auto channel = [p](int from, int to, int link) { return ((size_t)from * p + to) * kLinks + link; };
-    std::vector<std::vector<Place>> sent((size_t)p * p * kLinks), received((size_t)p * p * kLinks);
-    for (int r = 0; r < p; r++) {
-        match[r].resize(lists[r].size());
-        for (size_t g = 0; g < lists[r].size(); g++) {
-            match[r][g].resize(lists[r][g].size());
-            for (size_t k = 0; k < lists[r][g].size(); k++) {
-                const PipelineMessage& message = lists[r][g][k];
-                if (message.peer < 0 || message.peer >= p || message.peer == r)
-                    return "rank " + std::to_string(r) + " has a message to no other rank";
-                if (message.link < 0 || message.link >= kLinks)
-                    return "rank " + std::to_string(r) + " has a message on no link";
-                (message.send ? sent[channel(r, message.peer, message.link)]
-                              : received[channel(message.peer, r, message.link)]).push_back({(int)g, (int)k});
-            }
-        }
-    }
-    for (int a = 0; a < p; a++)
-        for (int b = 0; b < p; b++)
-            for (int link = 0; link < kLinks; link++) {
-                const std::vector<Place>&out_places = sent[channel(a, b, link)],
-                                     &in_places = received[channel(a, b, link)];
-                if (out_places.size() != in_places.size())
-                    return "rank " + std::to_string(a) + " sends " + std::to_string(out_places.size()) +
-                           " messages to rank " + std::to_string(b) + " on link " + std::to_string(link) +
-                           ", which receives " + std::to_string(in_places.size());
-                for (size_t k = 0; k < out_places.size(); k++) {
-                    const Place out = out_places[k], in = in_places[k];
-                    const PipelineMessage &m_out = lists[a][out.group][out.index],
-                                          &m_in = lists[b][in.group][in.index];
-                    if (m_out.gradient != m_in.gradient || m_out.microbatch != m_in.microbatch ||
-                        m_out.from_stage != m_in.from_stage || m_out.to_stage != m_in.to_stage)
-                        return "mismatched messages: rank " + std::to_string(a) + "'s send " + std::to_string(k) +
-                               " to rank " + std::to_string(b) + " is the " + pipeline_message_label(m_out) +
-                               ", its receive expects the " + pipeline_message_label(m_in);
-                    match[a][out.group][out.index] = in;
-                    match[b][in.group][in.index] = out;
-                }
-            }
+    std::vector<std::vector<std::vector<PipelinePlace>>> match;
+    const std::string mispaired = pipeline_match_messages(lists, &match);
+    if (!mispaired.empty()) return mispaired;
     // run: every rank stands at (has posted) its first unfinished group
     std::vector<size_t> at(p, 0);
     for (bool progressed = true; progressed;) {
@@ -853,6 +909,60 @@ inline std::string pipeline_check_message_groups(std::vector<std::vector<std::ve
         }
     }
     return waits.empty() ? "" : "deadlock: " + waits;
+}
+
+// The lists timed as the executor runs them: before action i rank r posts groups[r][i] and waits until every
+// operation's match has been posted by its peer (synchronous sends, as NCCL's; a message itself takes no
+// time), then runs the action for durations[r][i]. The timeline holds each action and each wait, as a
+// measured run's does; `problem` says why the groups cannot run.
+inline PipelineTimeline pipeline_simulate_groups(const std::vector<std::vector<PipelineAction>>& actions,
+                                                 const std::vector<std::vector<std::vector<PipelineMessage>>>& groups,
+                                                 PipelineSchedule schedule, int m, int V,
+                                                 const std::vector<std::vector<double>>& durations) {
+    PipelineTimeline timeline;
+    timeline.schedule = pipeline_schedule_name(schedule);
+    timeline.p = (int)actions.size();
+    timeline.m = m;
+    timeline.V = V;
+    timeline.ranks.resize(actions.size());
+    const int p = timeline.p;
+    std::vector<std::vector<std::vector<PipelinePlace>>> match;
+    timeline.problem = pipeline_match_messages(groups, &match);
+    if (!timeline.problem.empty()) return timeline;
+    std::vector<size_t> at(p, 0);                  // the group each rank has posted
+    std::vector<std::vector<double>> posted(p);    // when each rank posted each of its groups
+    for (int r = 0; r < p; r++) posted[r].push_back(0.0);
+    for (bool progressed = true; progressed;) {
+        progressed = false;
+        for (int r = 0; r < p; r++)
+            while (at[r] < groups[r].size()) {
+                const size_t g = at[r];
+                double complete = posted[r][g];
+                bool ready = true;
+                for (size_t k = 0; k < groups[r][g].size() && ready; k++) {
+                    const int peer = groups[r][g][k].peer;
+                    const size_t their = match[r][g][k].group;
+                    ready = their <= at[peer];
+                    if (ready) complete = std::max(complete, posted[peer][their]);
+                }
+                if (!ready) break;
+                at[r]++;
+                progressed = true;
+                if (g == actions[r].size()) continue;  // the group after the last action
+                const PipelineAction& a = actions[r][g];
+                if (complete > posted[r][g]) timeline.ranks[r].push_back({a, posted[r][g], complete, true});
+                timeline.ranks[r].push_back({a, complete, complete + durations[r][g]});
+                posted[r].push_back(complete + durations[r][g]);
+            }
+    }
+    for (int r = 0; r < p; r++)
+        if (at[r] < groups[r].size()) {
+            timeline.problem = "deadlock: rank " + std::to_string(r) + " waits in its group before action " +
+                               std::to_string(at[r]);
+            return timeline;
+        }
+    pipeline_measure(timeline);
+    return timeline;
 }
 
 // ----------------------------------------------------------------------------

@@ -9,8 +9,10 @@
 #              ranks the ranks take turns on the cores, and the wall clock measures the turns as much as the
 #              schedule.
 #   replayed   each action takes the processor time it took, and starts when its rank is free and its input
-#              has come (pipeline_replay): the step as the ranks would run it each on a core of its own. Where
-#              each rank has a core the two must agree, which the p = 2 table shows.
+#              has come (pipeline_replay): the step as the ranks would run it each on a core of its own, with
+#              free sends, and with the executor's synchronous groups (an action also waits until its group's
+#              peers have posted). Where each rank has a core the synchronous replay and the wall clock must
+#              agree, which the p = 2 table shows.
 # Prints, per p and schedule, the formula (pipeline_bubble_fraction: equal stages, F = B = W), the mean bubble
 # over the ranks both ways, each rank's replayed, the step time both ways, and 1f1b's bubble against its formula
 # and zb-h1's and zbv's against 1f1b's; writes each measured step's timeline picture to OUT (default
@@ -50,16 +52,17 @@ def pipeline(name):
 mean = lambda values: sum(values) / len(values)
 for p in (2, 4):
     print(f"p {p}, m 8{' (a core per rank: measured and replayed agree)' if p == 2 else ' (2 ranks per core here)'}")
-    print(f"  {'schedule':12} {'formula':>8} {'replayed':>9} {'measured':>9}  {'replayed per rank':24} step replayed, "
-          f"measured")
+    print(f"  {'schedule':12} {'formula':>8} {'replayed':>9} {'synchronous':>12} {'measured':>9}  "
+          f"{'replayed per rank':24} step replayed, synchronous, measured")
     replayed = {}
     for schedule in schedules:
         run = pipeline(f"{schedule}.p{p}")
         replayed[schedule] = mean(run["bubble_replayed"])
         per_rank = " ".join(f"{b:.3f}" for b in run["bubble_replayed"])
-        print(f"  {schedule:12} {run['bubble_formula']:8.3f} {replayed[schedule]:9.3f} {mean(run['bubble']):9.3f}  "
-              f"{per_rank:24} {run['step_ms_replayed']:5.0f} ms, {run['step_ms']:5.0f} ms  (layers per stage "
-              f"{run['stage_layers']})")
+        print(f"  {schedule:12} {run['bubble_formula']:8.3f} {replayed[schedule]:9.3f} "
+              f"{mean(run['bubble_replayed_synchronous']):12.3f} {mean(run['bubble']):9.3f}  {per_rank:24} "
+              f"{run['step_ms_replayed']:5.0f}, {run['step_ms_replayed_synchronous']:5.0f}, {run['step_ms']:5.0f} ms  "
+              f"(layers per stage {run['stage_layers']})")
     formula = (p - 1) / (8 + p - 1)
     print(f"  replayed: 1f1b's bubble / its formula {formula:.3f} = {replayed['1f1b'] / formula:.2f}; zb-h1's / "
           f"1f1b's = {replayed['zb-h1'] / replayed['1f1b']:.2f}; zbv's / 1f1b's = "
