@@ -549,6 +549,7 @@ static void test_pipeline_parts() {
                     stage.stage_layers = L / (p * V);
                     stage.records = part.records;
                     stage.weight_records = part.weight_records;
+                    stage.outboxes = part.outboxes;
                     stage.first_stage = r == 0;
                     stage.last_stage = r == pipeline_stage_rank(schedule, p * V - 1, p);  // zbv: rank 0
                     const ActivationBytes want = gpt2_activation_bytes(stage, is_bf16);

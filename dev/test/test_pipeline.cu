@@ -638,10 +638,9 @@ void test_between_schedules() {
 }
 
 // The executor's synchronous groups, timed (pipeline_simulate_groups): a rank waits before each action until
-// its group's peers have posted. That can only lengthen the free-send step, and costs gpipe and 1f1b nothing
-// (each send meets a receive already posted). The schedules whose gain comes from running ahead of what they
-// send lose it: at p = 4, m = 8 zb-h1 takes 1f1b's 33 instead of 27 (printed, and README's measured table
-// shows the same on the wall clock).
+// its group's peers have posted. That can only lengthen the free-send step. With each send placed where its
+// receiver already waits (pipeline_message_groups), it costs gpipe, 1f1b, zb-h1 and zbv nothing on any layout
+// here; interleaved loses a little on some (printed at p = 4, m = 8).
 void test_synchronous_groups_timed() {
     printf("synchronous groups, timed\n");
     for (PipelineSchedule schedule : kSchedules) {
@@ -668,7 +667,7 @@ void test_synchronous_groups_timed() {
         }
         check_true(std::string(pipeline_schedule_name(schedule)) + ": synchronous groups run, never faster than free sends",
                    faster.empty(), faster);
-        if (schedule == PipelineSchedule::GPipe || schedule == PipelineSchedule::OneFOneB)
+        if (schedule != PipelineSchedule::Interleaved)
             check_true(std::string(pipeline_schedule_name(schedule)) + ": synchronous groups cost nothing (p <= 8, m <= 16)",
                        slower.empty(), slower);
     }

@@ -199,6 +199,7 @@ struct GPT2 {
     std::vector<void*> record_buffers;  // every buffer the records point to, each once
     // the pool of weight-gradient records (a schedule that splits the backward pass; empty otherwise)
     std::vector<StageWeightRecord> weight_records;
+    std::vector<floatX*> outboxes;  // R x C each: a stage's input gradient, kept for a send held back
     // the last stage's head: used at once by the loss and its backward pass, so one copy serves every record
     floatX* lnf = nullptr;            // (R, C)
     float* lnf_mean = nullptr;
@@ -250,6 +251,7 @@ struct ModelPart {
     int stage_layers = 0;
     int records = 1;
     int weight_records = 0;
+    int outboxes = 0;  // copies of input gradients whose send waits past their record's next forward
     // tensor parallelism: this rank's slice of every matmul; sequence parallelism: its 1/tp of the rows
     int tp = 1, tp_rank = 0;
     bool sequence_parallel = false;
@@ -332,6 +334,8 @@ inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int
             stage.blocks[i].dresidual = stage.doutput;
         }
     }
+    model.outboxes.resize(part.outboxes);
+    for (floatX*& outbox : model.outboxes) outbox = values(R * C, MemoryKind::Activations);
     model.weight_records.resize(part.weight_records);
     for (StageWeightRecord& stage : model.weight_records) {
         stage.blocks.resize(layers);

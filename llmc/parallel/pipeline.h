@@ -232,6 +232,7 @@ struct PipelineRun {
     const std::vector<std::vector<PipelineMessage>>& messages;
     const std::vector<int>& record_of;
     const std::vector<int>& weight_record_of;
+    const std::vector<int>& outbox_of;  // the outbox a backward copies its input gradient to (-1: none)
 };
 
 // The record that the forward of (microbatch, model stage) uses in a run: where a stage on this rank hands its
@@ -249,16 +250,17 @@ inline StageActivations& pipeline_record_of_forward(const Pipeline& pipe, GPT2& 
 
 // The group of sends and receives before action i (i = the list's length: after the last action). A send
 // carries a result of an earlier action (a stage's output from its record, or the gradient of its input, which
-// the backward pass leaves in the record's doutput); a receive fills what action i needs (its record's input,
-// or the gradient of its output into doutput).
+// the backward pass leaves in the record's doutput, or in an outbox when the send waits past the record's next
+// use); a receive fills what action i needs (its record's input, or the gradient of its output into doutput).
 inline void pipeline_exchange(ParallelContext& par, GPT2& model, const PipelineRun& run, size_t i, int B, int T) {
     Pipeline& pipe = par.pipe;
     const size_t rows = tp_rows(par.tp, B * T) * (size_t)model.config.channels;
     auto operation = [&](const PipelineMessage& message) {
         StageActivations& record = model.records[run.record_of[message.action]];
-        floatX* data = message.gradient ? record.doutput
-                       : message.send   ? record.output()
-                                        : record.input;
+        floatX* data = message.outbox >= 0 ? model.outboxes[message.outbox]
+                       : message.gradient  ? record.doutput
+                       : message.send      ? record.output()
+                                           : record.input;
         Communicator& link = pipeline_link(pipe, message);
         return PointToPoint{message.send ? PointToPoint::Send : PointToPoint::Receive, &link, data, rows,
                             /*the other end of a two-rank link*/ 1 - link.rank};
@@ -328,6 +330,10 @@ inline void pipeline_backward(ParallelContext& par, GPT2& model, const PipelineR
         const size_t rows = tp_rows(par.tp, B * T) * (size_t)model.config.channels;
         cudaCheck(cudaMemcpyAsync(to.doutput, record.doutput, rows * sizeof(floatX), cudaMemcpyDeviceToDevice,
                                   model.stream));
+    } else if (run.outbox_of[i] >= 0) {  // its send waits past the record's next forward: send a copy
+        const size_t rows = tp_rows(par.tp, B * T) * (size_t)model.config.channels;
+        cudaCheck(cudaMemcpyAsync(model.outboxes[run.outbox_of[i]], record.doutput, rows * sizeof(floatX),
+                                  cudaMemcpyDeviceToDevice, model.stream));
     }
 }
 
@@ -373,8 +379,8 @@ inline void pipeline_run(ParallelContext& par, GPT2& model, const PipelineRun& r
 inline void pipeline_step(ParallelContext& par, GPT2& model, const int* tokens, const int* targets, int B, int T,
                           float dloss) {
     const Pipeline& pipe = par.pipe;
-    pipeline_run(par, model, {pipe.actions, pipe.messages, pipe.record_of, pipe.weight_record_of}, tokens, targets,
-                 dloss, /*training=*/true, B, T);
+    pipeline_run(par, model, {pipe.actions, pipe.messages, pipe.record_of, pipe.weight_record_of, pipe.outbox_of},
+                 tokens, targets, dloss, /*training=*/true, B, T);
 }
 
 // The forward pass of one microbatch through every stage, in stage order (validation, sampling), on record 0:
@@ -392,8 +398,8 @@ inline void pipeline_forward_only(ParallelContext& par, GPT2& model, const int* 
         for (const PipelineMessage& message : messages[g])
             if (message.send && g != (size_t)message.action + 1)
                 fatal("pipeline: the forward-only pass would send stage %d's output late", message.from_stage);
-    const std::vector<int> record_of(actions.size(), 0), weight_record_of(actions.size(), -1);
-    pipeline_run(par, model, {actions, messages, record_of, weight_record_of}, tokens, targets, 0.0f,
+    const std::vector<int> record_of(actions.size(), 0), none(actions.size(), -1);
+    pipeline_run(par, model, {actions, messages, record_of, none, none}, tokens, targets, 0.0f,
                  /*training=*/false, B, T);
 }
 

@@ -54,7 +54,9 @@ struct Pipeline {
                                                          // of sends and receives issued before it
     std::vector<int> record_of;             // per action: the stage record it uses
     std::vector<int> weight_record_of;      // per action: the weight record it uses (-1: none)
+    std::vector<int> outbox_of;             // per action: the outbox its gradient is copied to (-1: none)
     int records = 1, weight_records = 0;    // the pools' sizes
+    int outboxes = 0;
     Communicator* group = nullptr;          // the pp axis: the loss's broadcast, the norm's sum
     // the pairs (r, r+1) and (r-1, r), one communicator per link of a pair (pipeline_message_link: zbv's two
     // chunks have one each); p = 2: the same pair both ways
@@ -76,12 +78,21 @@ inline Communicator& pipeline_link(Pipeline& pipe, const PipelineMessage& messag
     fatal("pipeline: rank %d has no link to rank %d", pipe.rank, peer);
 }
 
+// Every rank's groups of sends and receives for the schedule's lists (pipeline_message_groups).
+inline std::vector<std::vector<std::vector<PipelineMessage>>> pipeline_all_groups(PipelineSchedule schedule, int p,
+                                                                                int V, int m) {
+    std::vector<std::vector<PipelineAction>> lists;
+    for (int q = 0; q < p; q++) lists.push_back(pipeline_actions(schedule, q, p, m, V));
+    return pipeline_message_groups(lists, schedule, V);
+}
+
 // The part of the model pipeline rank `rank` runs (llmc/model/gpt2.cuh): its chunks, the most layers of any of
-// its stages (its records are sized for that stage), and as many stage records and weight records as its
-// schedule has passes in flight.
+// its stages (its records are sized for that stage), as many stage records and weight records as its
+// schedule has passes in flight, and as many outboxes as its sends hold at once.
 inline ModelPart pipeline_model_part(PipelineSchedule schedule, int rank, int p, int V, int m,
                                      const std::vector<int>& stage_layers) {
     ModelPart part;
+    part.outboxes = pipeline_outboxes(pipeline_all_groups(schedule, p, V, m)[rank]);
     part.held_chunks = pipeline_held_chunks(schedule, rank, p, V, stage_layers);
     for (int v = 0; v < V; v++)
         part.stage_layers = std::max(part.stage_layers, stage_layers[pipeline_model_stage(schedule, rank, v, p)]);
@@ -101,10 +112,17 @@ inline void pipeline_create(Pipeline& pipe, Mesh& mesh, PipelineSchedule schedul
     pipe.stage_layers = stage_layers;
     const int p = pipe.size, r = pipe.rank, S = p * V;
     pipe.last_stage_rank = pipeline_stage_rank(schedule, S - 1, p);
-    std::vector<std::vector<PipelineAction>> lists;  // every rank's: the groups are found by playing them all
-    for (int q = 0; q < p; q++) lists.push_back(pipeline_actions(schedule, q, p, m, V));
-    pipe.actions = lists[r];
-    pipe.messages = pipeline_message_groups(lists, schedule, V)[r];
+    pipe.actions = pipeline_actions(schedule, r, p, m, V);
+    const std::vector<std::vector<std::vector<PipelineMessage>>> groups = pipeline_all_groups(schedule, p, V, m);
+    const std::string stuck = pipeline_check_message_groups(groups);
+    if (!stuck.empty()) fatal("pipeline %s: its sends and receives cannot run: %s", pipeline_schedule_name(schedule),
+                              stuck.c_str());
+    pipe.messages = groups[r];
+    pipe.outboxes = pipeline_outboxes(pipe.messages);
+    pipe.outbox_of.assign(pipe.actions.size(), -1);
+    for (const std::vector<PipelineMessage>& group : pipe.messages)
+        for (const PipelineMessage& message : group)
+            if (message.send && message.outbox >= 0) pipe.outbox_of[message.action] = message.outbox;
     pipe.record_of = pipeline_record_assignment(pipe.actions, &pipe.records);
     const std::string late = pipeline_check_send_buffers(pipe.actions, pipe.messages, pipe.record_of, schedule, r, p, V);
     if (!late.empty()) fatal("pipeline %s: %s", pipeline_schedule_name(schedule), late.c_str());

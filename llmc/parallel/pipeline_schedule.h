@@ -67,6 +67,7 @@ zbv 2p on every rank (above their generators).
 #pragma once
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <tuple>
 #include <string>
@@ -549,11 +550,15 @@ inline PipelineTimeline pipeline_simulate_actions(const std::vector<std::vector<
         timeline.problem = "deadlock: " + waits;
         return timeline;
     }
-    // every list ran to its end: was every pass there?
+    // every list ran to its end: was every pass there? (lists of forwards alone, as validation runs, have none
+    // of the others)
+    bool backwards = false;
+    for (const std::vector<PipelineAction>& list : lists)
+        for (const PipelineAction& a : list) backwards |= a.kind != PipelineAction::Forward;
     for (int j = 0; j < m; j++)
         for (int s = 0; s < S; s++) {
             if (forward_end[at(j, s)] < 0) timeline.problem = stage_name("F", j, s) + " never ran";
-            else if (backward_end[at(j, s)] < 0) timeline.problem = stage_name("B", j, s) + " never ran";
+            else if (backwards && backward_end[at(j, s)] < 0) timeline.problem = stage_name("B", j, s) + " never ran";
             else if (split && weights_end[at(j, s)] < 0) timeline.problem = stage_name("W", j, s) + " never ran";
             if (!timeline.problem.empty()) return timeline;
         }
@@ -581,19 +586,21 @@ send. So the executor issues, before each action i of a rank, ONE group: the rec
 sends of earlier actions' results (and after the last action, the sends left). The group completes, sends
 included, before action i starts.
 
-Which sends go in which group. A send may only go where its receiver is ready for it: a send posted before the
-receiver gets to its receive blocks the sender, and under zbv (rank r runs up to 2(p - r) - 1 forwards before
-anything comes back) and the schedules that split the backward (a W between a B and the next receive) the
-sender then waits for a rank that waits for it. So pipeline_message_groups plays all ranks' lists together
-under these semantics: a rank posts its group, and the group completes when every operation's match has been
-posted. Each result is sent in the group right after the action that made it (1F1B's "send the activations,
-receive the gradient" in one group), unless the play gets stuck: then the sends whose receiver is not there
-yet come out of their groups and go in their rank's next group. A send kept back reads a buffer that must still
-hold it:
-activations are in the sending stage's record until its backward, which cannot start before they arrive;
-a gradient is in the doutput of a record that its B freed, and pipeline_check_send_buffers proves that no
-later forward (of the last stage, which writes doutput) takes that record and no receive refills it before
-the send goes.
+Which sends go in which group. A send posted before its receiver gets to the receive blocks its rank until the
+receiver does. Sent right after the action that made it, a result can hold its rank up for long, or for ever:
+under zbv rank r runs up to 2(p - r) - 1 forwards before anything comes back, and under zb-h1 a W sits between
+a B and the next receive; there the ranks wait for each other, or for a busy peer, and the zero-bubble gain is
+lost. So pipeline_message_groups places each send by the schedule's own time model (free sends; a forward 1,
+a backward 2, B and W 1 each, over V): in the first group of its rank that starts no earlier than its receiver
+posts the receive. The receiver is then waiting already, and the group costs the sender nothing. 1F1B gets
+its classic "send the activations, receive the gradient" groups, and, timed with synchronous groups, every
+schedule takes its free-send time on (nearly) every layout of the grid (dev/test/test_pipeline.cu).
+
+A send held back reads a buffer that must still hold it. Activations stay in the sending stage's record until
+its backward, which cannot start before they have arrived. A gradient is left in the doutput of the record that
+its B then frees; when its send waits past the next forward that takes that record, B copies it to an outbox
+(one of a pool of B T C buffers, as many as the rank's sends hold at once, pipeline_outboxes), and the send
+reads the copy. pipeline_check_send_buffers proves both.
 
 pipeline_message_groups lists the groups; pipeline_check_message_groups runs every rank's groups under
 those synchronous semantics (a group completes when each of its operations' matching operations has been
@@ -612,6 +619,7 @@ struct PipelineMessage {
     int link;                  // which of the pair's links carries it: zbv's chunk (0 going down the ranks, 1
                                // coming up), else 0
     int action;                // in the rank's list: the action that made it (send) or needs it (receive)
+    int outbox = -1;           // a gradient sent from a copy (see pipeline_message_groups), else -1
 };
 
 // zbv sends both ways on both chunks: from rank r to r + 1 go chunk 0's activations and chunk 1's gradients,
@@ -643,166 +651,110 @@ inline bool pipeline_same_message(const PipelineMessage& a, const PipelineMessag
 }
 
 // Every rank's groups (lists[r]: rank r's actions): groups[r][i] is issued before rank r's action i, and
-// groups[r][n] after its last. Within a group the sends come before the receives.
+// groups[r][n] after its last. Within a group the sends come first, in the order their actions ran, then the
+// receives. A gradient whose send waits past the next forward that takes its record carries an outbox slot:
+// the lowest free one, busy from its B to the group that sends it.
 inline std::vector<std::vector<std::vector<PipelineMessage>>> pipeline_message_groups(
     const std::vector<std::vector<PipelineAction>>& lists, PipelineSchedule schedule, int V) {
     const int p = (int)lists.size(), S = p * V;
+    int m = 0;
+    for (const auto& list : lists)
+        for (const PipelineAction& a : list) m = std::max(m, a.microbatch + 1);
+    // the schedule's time model: when each action starts and ends with free sends
+    const PipelineTimeline model = pipeline_simulate_actions(lists, schedule, m, V, 1.0, 2.0);
+    if (!model.problem.empty())
+        fatal("pipeline %s: the lists do not run: %s", pipeline_schedule_name(schedule), model.problem.c_str());
+    // when each receive is posted: as its rank ends the action before the one that needs it
+    std::map<std::tuple<bool, int, int, int>, double> posted;  // (gradient, microbatch, from, to) -> time
+    auto key = [](const PipelineMessage& m) {
+        return std::make_tuple(m.gradient, m.microbatch, m.from_stage, m.to_stage);
+    };
     std::vector<std::vector<std::vector<PipelineMessage>>> groups(p);
-    std::vector<size_t> next(p, 0);                           // the action each rank's posted group comes before
-    std::vector<std::vector<PipelineMessage>> posted(p);      // each rank's group waiting to complete
-    std::vector<std::vector<PipelineMessage>> held_back(p);   // sends made, not issued yet
-    std::vector<std::vector<size_t>> held_until(p);           // ... each not before the group before this action
-    std::vector<std::vector<PipelineMessage>> early(p);       // receives posted a group early
-    std::vector<char> finished(p, 0);
-    // operations whose group completed: (send, gradient, microbatch, from stage, to stage)
-    std::set<std::tuple<bool, bool, int, int, int>> completed;
-    auto key = [](const PipelineMessage& m, bool send) {
-        return std::make_tuple(send, m.gradient, m.microbatch, m.from_stage, m.to_stage);
-    };
-    auto has_posted = [&](int r, const PipelineMessage& message, bool send) {
-        for (const PipelineMessage& m : posted[r])
-            if (m.send == send && pipeline_same_message(m, message)) return true;
-        return false;
-    };
-    std::vector<std::vector<int>> record_of(p);  // each rank's activation records (pipeline_record_assignment)
     for (int r = 0; r < p; r++) {
+        groups[r].resize(lists[r].size() + 1);
+        for (size_t i = 0; i < lists[r].size(); i++) {
+            std::vector<PipelineMessage> sends, receives;
+            pipeline_messages_of(schedule, r, p, S, i, lists[r][i], &sends, &receives);
+            for (const PipelineMessage& receive : receives) {
+                posted[key(receive)] = i == 0 ? 0.0 : model.ranks[r][i - 1].end_ms;
+                groups[r][i].push_back(receive);
+            }
+        }
+    }
+    for (int r = 0; r < p; r++) {
+        const size_t n = lists[r].size();
         int pool = 0;
-        record_of[r] = pipeline_record_assignment(lists[r], &pool);
-    }
-    // A held-back gradient's last chance is the group before action i when action i takes its record for the
-    // loss (which writes doutput) or that group's receive refills doutput.
-    auto last_chance = [&](int r, const PipelineMessage& send) {
-        const size_t i = next[r];
-        if (i == lists[r].size()) return true;
-        if (!send.gradient || record_of[r][i] != record_of[r][send.action]) return false;
-        std::vector<PipelineMessage> sends, receives;
-        pipeline_messages_of(schedule, r, p, S, i, lists[r][i], &sends, &receives);
-        bool refilled = lists[r][i].kind == PipelineAction::Forward &&
-                        pipeline_model_stage(schedule, r, lists[r][i].virtual_stage, p) == S - 1;
-        for (const PipelineMessage& receive : receives) refilled |= receive.gradient;
-        return refilled;
-    };
-    // The interleaved schedule's steady state, as Megatron runs it: a forward followed by a backward share the
-    // group before the forward (the backward's receive posted early), and the forward's output goes after the
-    // backward. Its ranks otherwise spend a group on each of the two, and wait for each other twice as often.
-    // Not after the rank's last forward: the next rank may need that output before it can send the gradient.
-    std::vector<size_t> last_forward(p, 0);
-    for (int r = 0; r < p; r++)
-        for (size_t i = 0; i < lists[r].size(); i++)
-            if (lists[r][i].kind == PipelineAction::Forward) last_forward[r] = i;
-    auto paired = [&](int r, size_t i) {
-        return schedule == PipelineSchedule::Interleaved && i + 1 < last_forward[r] &&
-               lists[r][i].kind == PipelineAction::Forward && lists[r][i + 1].kind == PipelineAction::Backward;
-    };
-    auto receives_of = [&](int r, size_t i) {  // action i's receives, less those posted early
-        std::vector<PipelineMessage> sends, receives, left;
-        pipeline_messages_of(schedule, r, p, S, i, lists[r][i], &sends, &receives);
-        for (const PipelineMessage& receive : receives) {
-            bool was_early = false;
-            for (const PipelineMessage& e : early[r]) was_early |= pipeline_same_message(e, receive);
-            if (!was_early) left.push_back(receive);
-        }
-        return left;
-    };
-    auto post = [&](int r) {  // rank r's group before action next[r]: the sends held back, the receives needed
-        const size_t i = next[r];
-        std::vector<PipelineMessage> group, kept;
-        std::vector<size_t> kept_until;
-        for (size_t k = 0; k < held_back[r].size(); k++) {
-            const bool now = held_until[r][k] <= i || i == lists[r].size();
-            (now ? group : kept).push_back(held_back[r][k]);
-            if (!now) kept_until.push_back(held_until[r][k]);
-        }
-        held_back[r] = kept;
-        held_until[r] = kept_until;
-        if (i < lists[r].size()) {
-            const std::vector<PipelineMessage> receives = receives_of(r, i);
-            group.insert(group.end(), receives.begin(), receives.end());
-        }
-        if (i < lists[r].size() && paired(r, i)) {
-            const std::vector<PipelineMessage> ahead = receives_of(r, i + 1);
-            group.insert(group.end(), ahead.begin(), ahead.end());
-            early[r].insert(early[r].end(), ahead.begin(), ahead.end());
-        }
-        posted[r] = group;
-    };
-    for (int r = 0; r < p; r++) post(r);
-    for (;;) {
-        bool progressed = false;
-        for (int r = 0; r < p; r++) {
-            if (finished[r]) continue;
-            bool complete = true;
-            for (const PipelineMessage& m : posted[r])
-                complete &= has_posted(m.peer, m, !m.send) || completed.count(key(m, !m.send));
-            if (!complete) continue;
-            for (const PipelineMessage& m : posted[r]) completed.insert(key(m, m.send));
-            groups[r].push_back(posted[r]);
-            progressed = true;
-            if (next[r] == lists[r].size()) {
-                finished[r] = 1;
-                posted[r].clear();
-                continue;
-            }
-            std::vector<PipelineMessage> sends, receives;  // action next[r] runs: its results wait to be sent
-            pipeline_messages_of(schedule, r, p, S, next[r], lists[r][next[r]], &sends, &receives);
-            const size_t until = paired(r, next[r]) ? next[r] + 2 : next[r] + 1;
-            for (const PipelineMessage& send : sends) {
-                held_back[r].push_back(send);
-                held_until[r].push_back(until);
-            }
-            next[r]++;
-            post(r);
-        }
-        if (progressed) continue;
-        // every rank waits: take back out of the posted groups the sends whose receiver is not there yet (each
-        // goes again in its rank's next group), unless this is a gradient's last chance
-        bool deferred = false;
-        for (int r = 0; r < p; r++) {
-            std::vector<PipelineMessage> kept;
-            for (const PipelineMessage& m : posted[r]) {
-                const bool defer = m.send && !has_posted(m.peer, m, false) && !completed.count(key(m, false)) &&
-                                   !last_chance(r, m);
-                if (defer) {
-                    held_back[r].push_back(m);
-                    held_until[r].push_back(next[r] + 1);
-                } else {
-                    kept.push_back(m);
+        const std::vector<int> record_of = pipeline_record_assignment(lists[r], &pool);
+        std::vector<std::vector<PipelineMessage>> sends_before(n + 1);
+        std::vector<size_t> outbox_busy_until;  // per slot: the group that sends its copy
+        for (size_t i = 0; i < n; i++) {
+            std::vector<PipelineMessage> sends, receives;
+            pipeline_messages_of(schedule, r, p, S, i, lists[r][i], &sends, &receives);
+            for (PipelineMessage send : sends) {
+                const double receiver_ready = posted.at(key(send));
+                size_t k = i + 1;
+                bool retaken = false;  // a forward takes the gradient's record before the send goes
+                for (; k < n && model.ranks[r][k].start_ms < receiver_ready; k++)
+                    retaken |= send.gradient && lists[r][k].kind == PipelineAction::Forward &&
+                               record_of[k] == record_of[i];
+                if (retaken) {
+                    size_t slot = 0;
+                    while (slot < outbox_busy_until.size() && outbox_busy_until[slot] > i) slot++;
+                    if (slot == outbox_busy_until.size()) outbox_busy_until.push_back(0);
+                    outbox_busy_until[slot] = k;
+                    send.outbox = (int)slot;
                 }
-                deferred |= defer;
+                sends_before[k].push_back(send);
             }
-            posted[r] = kept;
         }
-        if (!deferred) break;
+        for (size_t k = 0; k <= n; k++)
+            groups[r][k].insert(groups[r][k].begin(), sends_before[k].begin(), sends_before[k].end());
     }
-    for (int r = 0; r < p; r++)
-        if (!finished[r])
-            fatal("pipeline %s: rank %d's messages cannot be grouped without a deadlock (before action %zu)",
-                  pipeline_schedule_name(schedule), r, next[r]);
     return groups;
 }
 
+// The outboxes a rank's groups use at once (the pool's size).
+inline int pipeline_outboxes(const std::vector<std::vector<PipelineMessage>>& groups) {
+    int slots = 0;
+    for (const auto& group : groups)
+        for (const PipelineMessage& message : group) slots = std::max(slots, message.outbox + 1);
+    return slots;
+}
+
 // Whether every gradient send that a rank's groups hold back still finds its data (see above): "" if so,
-// else which send would read a refilled buffer. record_of: the activation record of each action.
+// else which send would read a refilled buffer. From its record: no forward of the last stage (which writes
+// doutput) takes the record and no receive refills its doutput before the send goes. From an outbox: no other
+// B fills that outbox before the send goes. record_of: the activation record of each action.
 inline std::string pipeline_check_send_buffers(const std::vector<PipelineAction>& actions,
                                                const std::vector<std::vector<PipelineMessage>>& groups,
                                                const std::vector<int>& record_of, PipelineSchedule schedule, int rank,
                                                int p, int V) {
     const int S = p * V;
+    auto what = [](const PipelineMessage& send) {
+        return "the gradient of microbatch " + std::to_string(send.microbatch) + " from stage " +
+               std::to_string(send.from_stage);
+    };
     for (size_t g = 0; g < groups.size(); g++)
         for (const PipelineMessage& send : groups[g]) {
             if (!send.send || !send.gradient) continue;
             const size_t made = send.action;
+            if (send.outbox >= 0) {
+                for (const std::vector<PipelineMessage>& group : groups)
+                    for (const PipelineMessage& other : group)
+                        if (other.send && other.outbox == send.outbox && other.action > (int)made &&
+                            other.action < (int)g)
+                            return what(send) + " is sent after another gradient refills its outbox";
+                continue;
+            }
             const int record = record_of[made];
             for (size_t q = made + 1; q < g; q++)
                 if (actions[q].kind == PipelineAction::Forward && record_of[q] == record &&
                     pipeline_model_stage(schedule, rank, actions[q].virtual_stage, p) == S - 1)
-                    return "the gradient of microbatch " + std::to_string(send.microbatch) + " from stage " +
-                           std::to_string(send.from_stage) + " is sent after the loss refills its record";
+                    return what(send) + " is sent after the loss refills its record";
             for (size_t q = made + 1; q <= g; q++)
                 for (const PipelineMessage& receive : groups[q])
                     if (!receive.send && receive.gradient && record_of[receive.action] == record)
-                        return "the gradient of microbatch " + std::to_string(send.microbatch) + " from stage " +
-                               std::to_string(send.from_stage) + " is sent after a receive refills its record";
+                        return what(send) + " is sent after a receive refills its record";
         }
     return "";
 }

@@ -95,6 +95,7 @@ struct GPT2MemoryShape {
     int stage_layers = 0;      // the most layers of any of this rank's stages (0: all L, one stage)
     int records = 1;           // stage records kept at once (the schedule's microbatches in flight)
     int weight_records = 0;    // weight-gradient records kept at once (schedules that split the backward pass)
+    int outboxes = 0;          // input gradients kept for sends held back (llmc/parallel/pipeline_schedule.h)
     bool first_stage = true;   // holds the embeddings' lookup
     bool last_stage = true;    // holds the final layernorm, the LM head and the loss
     // context parallelism (llmc/parallel/context_parallel.h): seq_len is then the T/cp positions a rank holds
@@ -114,6 +115,7 @@ inline GPT2MemoryShape gpt2_memory_shape(const GPT2Config& config, const Layout&
     shape.stage_layers = part.stage_layers;
     shape.records = part.records;
     shape.weight_records = part.weight_records;
+    shape.outboxes = part.outboxes;
     shape.first_stage = part.held_chunks[1];
     shape.last_stage = part.held_chunks[config.num_layers];
     shape.cp = layout.cp;
@@ -191,7 +193,7 @@ inline ActivationBytes gpt2_activation_bytes(const GPT2MemoryShape& shape, bool 
     a.weight_record = (4 * N * C + 4 * N * c + 2 * N * H + 4 * C) * s;
     const double head = shape.last_stage ? (R * C + N * v) * s + (2 * R + N) * f + N * i : 0;
     a.activations = K * (a.kept_layers + 2 * R * C * s) + shape.weight_records * l * a.weight_record + head +
-                    (shape.first_stage ? N * i : 0);
+                    shape.outboxes * R * C * s + (shape.first_stage ? N * i : 0);
     const double bias_rows = std::ceil(N / 64), layernorm_blocks = std::min(std::ceil(R / 8), 3 * SMs);
     const double encoder_heavy_tokens = std::floor(N / 65);
     const double encoder_partial_rows = std::floor(N / 64) + encoder_heavy_tokens;
@@ -496,6 +498,8 @@ inline MemoryPlan plan_training_memory(size_t num_parameters, int zero_stage, in
         if (shape->weight_records > 0)
             p.activations_formula += plan_format(" + %d weight-gradient record(s) x %d layers x %s",
                                                  shape->weight_records, layers, format_bytes(a.weight_record).c_str());
+        if (shape->outboxes > 0)
+            p.activations_formula += plan_format(" + %d outbox(es) of B T C", shape->outboxes);
         p.workspace_formula = shape->tp == 1 ? plan_format("shared buffers, 9 x B T C x %.0f bytes + fp32 scratch", s)
                                              : plan_format("shared buffers of B T C/tp .. B T C elements, tp=%d%s",
                                                            shape->tp, shape->sequence_parallel ? ", SP" : "");
