@@ -21,8 +21,9 @@ rank runs the passes of (microbatch, virtual stage); pipeline_step runs any such
               the gradient of the input goes to stage s-1 (in memory when it is on this rank; stage 0: the
               embeddings' gradients)
     W(j, s)   (zb-h1, zbv) the weight gradients of the stage's blocks from the weight record, accumulated
-Before each action the rank exchanges, as one group, the sends of the previous action's results and the
-receives this action needs (llmc/parallel/pipeline_links.h says why).
+Before each action the rank exchanges, as one group, the receives this action needs and the sends of earlier
+results whose receiver is waiting for them by then (llmc/parallel/pipeline_links.h says why,
+pipeline_schedule.h's pipeline_message_groups which).
 
 Everything a backward pass needs from its forward pass is one stage record (llmc/model/gpt2.cuh's
 StageActivations). A rank keeps a pool of them, as many as its schedule has microbatches in flight:
