@@ -164,12 +164,12 @@ int main(int argc, char** argv) {
         gpt2_forward(model, par, ref.inputs.data(), B, T);
         if (step == 0) {
             printf("first forward and backward pass\n");
-            const std::vector<float> logits = download_as_float(model.logits, (size_t)N * config.padded_vocab_size,
+            const std::vector<float> logits = download_as_float(model.heads[0].logits, (size_t)N * config.padded_vocab_size,
                                                                 model.stream);
             report("logits", relative_error_in_norm(logits.data(), ref.logits.data(), logits.size()),
                    kLogitsTolerance, "rel err (norm)");
         }
-        gpt2_loss(model, par, ref.targets.data(), B, T, 1.0f / N);
+        gpt2_loss(model, par, model.heads[0], ref.targets.data(), B, T, 1.0f / N);
         gpt2_backward(model, par, B, T);
         gpt2_mean_loss(model, 1);
         gpt2_grad_norm_squared(model);

@@ -217,10 +217,11 @@ static void print_run(const ParallelContext& par, const GPT2& model) {
         const std::string weights = par.pipe.weight_records
                                         ? ", " + std::to_string(par.pipe.weight_records) + " weight record(s)" : "";
         const std::string outboxes = par.pipe.outboxes ? ", " + std::to_string(par.pipe.outboxes) + " outbox(es)" : "";
-        printf("pipeline: %s over %d ranks x %d stage(s), layers per stage %s%s, %d microbatches; %d record(s)%s%s "
+        const std::string heads = par.pipe.heads > 1 ? ", " + std::to_string(par.pipe.heads) + " head records" : "";
+        printf("pipeline: %s over %d ranks x %d stage(s), layers per stage %s%s, %d microbatches; %d record(s)%s%s%s "
                "in flight on this rank\n", pipeline_schedule_name(l.schedule), l.pp, par.pipe.virtual_stages,
                layers.c_str(), l.pp_layers.empty() ? " (balanced by cost)" : "", par.microbatches, par.pipe.records,
-               weights.c_str(), outboxes.c_str());
+               weights.c_str(), outboxes.c_str(), heads.c_str());
     }
     printf("batch: %d x %d tokens on each of %d rank(s), %d micro-step(s) per step: %d tokens per step\n",
            l.batch_size, l.seq_len, par.dp_size, par.microbatches, l.total_batch_size);

@@ -593,8 +593,9 @@ static void test_pipeline_parts() {
 //          layernorm gradients 4C = 256:  33024 values = 66048 bytes (BF16), 132096 (FP32)
 //   tp 2:  4NC 8192 + 4 N C/2 4096 + 2 N 4C/2 8192 + 256 = 20736 values = 41472 bytes (BF16); the same with
 //          sequence parallelism (the record holds the gathered rows)
-// and W records of l layers add W l of them to the activations. Then, in the CPU build, what gpt2_allocate
-// books for part.weight_records W records against gpt2_activation_bytes, every recompute policy (the record
+// and W records of l layers add W l of them to the activations, E head records E of the last stage's lnf,
+// logits and statistics. Then, in the CPU build, what gpt2_allocate books for part.weight_records W records and
+// as many head records against gpt2_activation_bytes, every recompute policy (the record
 // is the same under each: copies), with tp and sequence parallelism, and on records sized for 3 layers.
 static void test_weight_records() {
     printf("weight-gradient records\n");
@@ -606,6 +607,11 @@ static void test_weight_records() {
     check_equal("2 records of 2 layers, bf16 activations", gpt2_activation_bytes(with_records, true).activations,
                 154240 + 2 * 2 * 66048);
     check_equal("... workspace unchanged", gpt2_activation_bytes(with_records, true).workspace, 41040);
+    // a head record: floatX lnf and logits (32 x 64 + 32 x 128) x 2 bytes, fp32 mean and rstd 2 x 32 x 4
+    GPT2MemoryShape with_heads = shape;
+    with_heads.heads = 3;
+    check_equal("3 head records, bf16 activations", gpt2_activation_bytes(with_heads, true).activations,
+                154240 + 2 * ((32 * 64 + 32 * 128) * 2 + 2 * 32 * 4));
     GPT2MemoryShape sliced = shape;
     sliced.tp = 2;
     check_equal("hand count bf16 per layer, tp 2", gpt2_activation_bytes(sliced, true).weight_record, 41472);
@@ -640,6 +646,7 @@ static void test_weight_records() {
                         part.stage_layers = stage_layers;
                         part.records = 2;
                         part.weight_records = weight_records;
+                        part.heads = weight_records;  // a split backward's head records, as many
                         GPT2MemoryShape expected_shape = shape;
                         expected_shape.tp = tp_size;
                         expected_shape.sequence_parallel = sequence_parallel;
@@ -647,6 +654,7 @@ static void test_weight_records() {
                         expected_shape.stage_layers = stage_layers;
                         expected_shape.records = 2;
                         expected_shape.weight_records = weight_records;
+                        expected_shape.heads = weight_records;
                         const ActivationBytes want = gpt2_activation_bytes(expected_shape, is_bf16);
                         const MemoryTotals before = memory_totals();
                         GPT2 model;
@@ -660,13 +668,15 @@ static void test_weight_records() {
                             wrong += policy + "activations " + describe(booked(MemoryKind::Activations), want.activations);
                         if (booked(MemoryKind::Workspace) != want.workspace)
                             wrong += policy + "workspace " + describe(booked(MemoryKind::Workspace), want.workspace);
-                        if ((int)model.weight_records.size() != weight_records) wrong += policy + "pool size";
+                        if ((int)model.weight_records.size() != weight_records ||
+                            (int)model.heads.size() != weight_records)
+                            wrong += policy + "pool size";
                         gpt2_free(model);
                         if (memory_totals().current_total != before.current_total) wrong += policy + "left after free";
                     }
                     char name[160];
-                    snprintf(name, sizeof(name), "gpt2_allocate, %d weight-gradient record(s) of %d layers, tp %d%s, "
-                             "every policy", weight_records, stage_layers > 0 ? stage_layers : config.num_layers,
+                    snprintf(name, sizeof(name), "gpt2_allocate, %d weight-gradient and head record(s) of %d layers, "
+                             "tp %d%s, every policy", weight_records, stage_layers > 0 ? stage_layers : config.num_layers,
                              tp_size, sequence_parallel ? " + sp" : "");
                     check_true(name, wrong.empty(), wrong);
                 }

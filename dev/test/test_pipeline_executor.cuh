@@ -1,8 +1,8 @@
 /*
 Part 5 of dev/test/test_pipeline.cu (included there, after the layouts and checkers it uses): what the executor
 (llmc/parallel/pipeline.h) takes from the action lists. On the same grid as part 2: the activation records (each
-backward on its forward's record, none shared, a pool of pipeline_peak_activations) and the weight records of
-the schedules that split the backward; the groups of messages before each action (pipeline_message_groups),
+backward on its forward's record, none shared, a pool of pipeline_peak_activations), the weight records of
+the schedules that split the backward, and the last stage's head records; the groups of messages before each action (pipeline_message_groups),
 which must complete under NCCL's synchronous point-to-point semantics for every schedule and layout, while
 the same operations issued one at a time deadlock 1f1b; and which parameter chunks each rank holds when the
 stages differ in size. Each checker is shown a broken case too.
@@ -46,6 +46,37 @@ std::string check_records(const std::vector<PipelineAction>& actions, const std:
     return "";
 }
 
+// The head records of the last stage's rank (pipeline_head_assignment): each forward of the last stage takes
+// one that no other microbatch holds, its B and W use that same one, and its W (its forward, where the backward
+// is whole) frees it; every other action uses none.
+std::string check_head_records(const std::vector<PipelineAction>& actions, const std::vector<int>& head, int pool,
+                               PipelineSchedule schedule, int rank, int p, int V) {
+    const bool split = pipeline_splits_backward(schedule);
+    std::vector<int> holder(pool, -1);  // per record: the microbatch whose forward holds it
+    for (size_t i = 0; i < actions.size(); i++) {
+        const PipelineAction& a = actions[i];
+        const std::string label = pipeline_action_label(a, true);
+        const bool last = pipeline_model_stage(schedule, rank, a.virtual_stage, p) == p * V - 1;
+        const bool uses = last && (split || a.kind == PipelineAction::Forward);
+        if (!uses) {
+            if (head[i] != -1) return label + " uses head record " + std::to_string(head[i]) + ", it needs none";
+            continue;
+        }
+        const int h = head[i];
+        if (h < 0 || h >= pool) return label + " uses head record " + std::to_string(h) + ", outside the pool";
+        if (a.kind == PipelineAction::Forward) {
+            if (holder[h] != -1)
+                return label + " takes head record " + std::to_string(h) + ", which microbatch " +
+                       std::to_string(holder[h]) + " holds";
+            holder[h] = a.microbatch;
+        } else if (holder[h] != a.microbatch) {
+            return label + " uses head record " + std::to_string(h) + ", not its forward's";
+        }
+        if (a.kind == (split ? PipelineAction::Weights : PipelineAction::Forward)) holder[h] = -1;
+    }
+    return "";
+}
+
 void test_records() {
     printf("activation records (pipeline_record_assignment)\n");
     lab.quiet = true;
@@ -53,7 +84,7 @@ void test_records() {
         const int passed_before = lab.passed, failed_before = lab.failed;
         const std::vector<ScheduleLayout> layouts = grid(schedule);
         for (const ScheduleLayout& l : layouts) {
-            std::string wrong, pools, weight_pools;
+            std::string wrong, pools, weight_pools, head_wrong, head_pools;
             for (int r = 0; r < l.p; r++) {
                 const std::vector<PipelineAction> actions = pipeline_actions(l.schedule, r, l.p, l.m, l.V);
                 int pool = 0;
@@ -70,12 +101,24 @@ void test_records() {
                 if (weight_pool != weight_peak)
                     weight_pools += " rank " + std::to_string(r) + ": " + std::to_string(weight_pool) + " not " +
                                     std::to_string(weight_peak);
+                int head_pool = 0;
+                const std::vector<int> head = pipeline_head_assignment(actions, l.schedule, r, l.p, l.V, &head_pool);
+                const std::string head_problem = check_head_records(actions, head, head_pool, l.schedule, r, l.p, l.V);
+                if (!head_problem.empty() && head_wrong.empty())
+                    head_wrong = "rank " + std::to_string(r) + ": " + head_problem;
+                const int head_peak = pipeline_peak_head_records(l.schedule, r, l.p, l.m, l.V);
+                if (head_pool != head_peak)
+                    head_pools += " rank " + std::to_string(r) + ": " + std::to_string(head_pool) + " not " +
+                                  std::to_string(head_peak);
             }
             check_true(l.name() + ": each backward uses its forward's record, none used twice at once", wrong.empty(),
                        wrong);
             check_true(l.name() + ": the pool is pipeline_peak_activations records", pools.empty(), pools);
             check_true(l.name() + ": the weight records are pipeline_peak_weight_records", weight_pools.empty(),
                        weight_pools);
+            check_true(l.name() + ": each last-stage pass uses its forward's head record, none shared", head_wrong.empty(),
+                       head_wrong);
+            check_true(l.name() + ": the head records are pipeline_peak_head_records", head_pools.empty(), head_pools);
         }
         printf("  %-12s %3zu layouts: %d checks passed, %d failed\n", pipeline_schedule_name(schedule), layouts.size(),
                lab.passed - passed_before, lab.failed - failed_before);
@@ -93,6 +136,17 @@ void test_records() {
     check_true("the record checker: a backward on another forward's record",
                check_records(actions, swapped, pool) == "B0.0 uses record 1, its forward took 0",
                check_records(actions, swapped, pool));
+    // the head checker says no: zb-h1 p=2 m=4 rank 1 ("F0 B0 F1 B1 W0 ...") with F1 given F0's head record
+    const std::vector<PipelineAction> last_rank = pipeline_actions(PipelineSchedule::ZeroBubbleH1, 1, 2, 4, 1);
+    int heads = 0;
+    std::vector<int> head = pipeline_head_assignment(last_rank, PipelineSchedule::ZeroBubbleH1, 1, 2, 1, &heads);
+    check_true("zb-h1 p=2 m=4 rank 1: head records 0 0 1 1 0, a pool of 2",
+               heads == 2 && std::vector<int>(head.begin(), head.begin() + 5) == std::vector<int>{0, 0, 1, 1, 0},
+               pipeline_describe(last_rank));
+    head[2] = 0;
+    const std::string taken = check_head_records(last_rank, head, heads, PipelineSchedule::ZeroBubbleH1, 1, 2, 1);
+    check_true("the head checker: a forward takes a head record held", taken == "F1.0 takes head record 0, which "
+               "microbatch 0 holds", taken);
     std::vector<int> shared = record;
     shared[5] = 1;
     check_true("the record checker: a record taken while held",

@@ -3,7 +3,8 @@ The backward pass split into B (input gradients) and W (weight gradients), as ze
 schedules run it (llmc/model/forward_backward.cuh), against the fused backward pass, on ranks that each hold
 every layer (one rank; or, under mpirun, the world split over --tp, --cp and data parallelism), in the FP32
 CPU build:
-  - the whole model as one stage: gpt2_backward fused, and as B then W with a weight-gradient record;
+  - the whole model as one stage: gpt2_backward fused, and as B then W with a weight-gradient record (the LM
+    head's backward pass split too: the gradient of its input in B, its share of dwte in W);
   - the model as two stages of different sizes on records sized for the longer one (a rank holding two
     stages, as an interleaved rank does), each stage's B, then their W, fused and split;
 under every recompute policy (none, selective, full every 1, 2 and 4 blocks) and ZeRO stages 0, 2 and 3 (on
@@ -82,7 +83,7 @@ static std::vector<float> gradients_of(ParallelContext& par, const Recompute& re
         const int* y = targets.data() + m * N;
         if (v.first_layers == 0) {
             gpt2_forward(model, par, x, kBatch, T);
-            gpt2_loss(model, par, y, kBatch, T, dloss);
+            gpt2_loss(model, par, model.heads[0], y, kBatch, T, dloss);
             gpt2_backward(model, par, kBatch, T, v.split ? &model.weight_records[0] : nullptr);
             continue;
         }
@@ -96,14 +97,15 @@ static std::vector<float> gradients_of(ParallelContext& par, const Recompute& re
         cudaCheck(cudaMemcpyAsync(second.input, first.output(), rows * sizeof(floatX), cudaMemcpyDeviceToDevice,
                                   model.stream));
         gpt2_stage_forward(model, par, second, v.first_layers, second_layers, kBatch, T);
-        gpt2_head_forward(model, par, second, kBatch, T);
-        gpt2_loss(model, par, y, kBatch, T, dloss);
-        gpt2_head_backward(model, par, second, kBatch, T);
+        gpt2_head_forward(model, par, second, model.heads[0], kBatch, T);
+        gpt2_loss(model, par, model.heads[0], y, kBatch, T, dloss);
+        gpt2_head_backward(model, par, second, model.heads[0], kBatch, T, /*weights_later=*/v.split);
         gpt2_stage_backward(model, par, second, v.first_layers, second_layers, kBatch, T, second_w);
         cudaCheck(cudaMemcpyAsync(first.doutput, second.doutput, rows * sizeof(floatX), cudaMemcpyDeviceToDevice,
                                   model.stream));
         gpt2_stage_backward(model, par, first, 0, v.first_layers, kBatch, T, first_w);
         if (v.split) {  // W after both B, the later stage's first, as a zero-bubble schedule may order them
+            gpt2_head_weights(model, par, model.heads[0], kBatch, T);
             gpt2_stage_weights(model, par, *second_w, v.first_layers, second_layers, kBatch, T);
             gpt2_stage_weights(model, par, *first_w, 0, v.first_layers, kBatch, T);
         }

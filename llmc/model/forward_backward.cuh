@@ -209,15 +209,18 @@ inline void block_weight_gradients(GPT2& model, ParallelContext& par, int layer,
 // each for one microbatch of B sequences of T tokens and one stage record:
 //   first stage   gpt2_embed                    token ids -> record.input
 //   every stage   gpt2_stage_forward            record.input -> the stage's blocks -> record.output()
-//   last stage    gpt2_head_forward, gpt2_loss  -> logits -> loss, and the logits replaced by dlogits
+//   last stage    gpt2_head_forward, gpt2_loss  -> a head record's logits -> loss, the logits replaced by dlogits
 //                 gpt2_head_backward            -> record.doutput, the gradient of the last block's output
 //   every stage   gpt2_stage_backward           record.doutput -> the gradient of record.input, in place
 //                 gpt2_stage_weights            schedules that split the backward pass: its B above kept the
-//                                               weight gradients' operands, this W computes them later
+//                 (last stage: gpt2_head_weights) weight gradients' operands, this W computes them later
 //   first stage   gpt2_embed_backward           -> the embeddings' gradients
-// The loss's backward pass through the LM head runs right after the loss, in the forward part of the step:
-// the logits are then used at once, and a record in flight keeps only doutput (R x C), not the logits
-// (N x Vp). gpt2_forward and gpt2_backward put the pieces together for one rank that holds every layer.
+// Where the backward pass is whole, the head's runs right after the loss, in the forward part of the step: the
+// logits are used at once, one head record serves every microbatch, and a stage record in flight keeps only
+// doutput (R x C), not the logits (N x Vp). Where it is split, the head's is split too, so that the last stage's
+// F, B and W each carry a third of the head as they carry a third of each block: its record (N x Vp) then
+// lives from the microbatch's F to its W. gpt2_forward and gpt2_backward put the pieces together for one rank
+// that holds every layer.
 
 // Checks a batch's token ids before they index any table.
 inline void check_token_ids(const int* tokens, size_t count, int vocab_size, const char* what) {
@@ -265,64 +268,83 @@ inline void gpt2_stage_forward(GPT2& model, ParallelContext& par, StageActivatio
     for (int i = 0; i < layers; i++) block_forward(model, par, first_layer + i, stage_block(record, i, layers), B, T);
 }
 
-// Last stage: the final layernorm of the stage's output, then the logits (model.logits: N x Vp, or this
-// tensor-parallel rank's N x Vp/tp columns).
-inline void gpt2_head_forward(GPT2& model, ParallelContext& par, const StageActivations& record, int B, int T) {
+// Last stage: the final layernorm of the stage's output, then the logits (head.logits: N x Vp, or this
+// rank's Vp/tp columns under tensor parallelism).
+inline void gpt2_head_forward(GPT2& model, ParallelContext& par, const StageActivations& record, HeadRecord& head,
+                              int B, int T) {
     const GPT2Config& c = model.config;
     const int N = B * T, C = c.channels, L = c.num_layers;
     floatX* final_layernorm = zero_parameters_of(par.zero, model, L + 1);  // lnfw, then lnfb
-    layernorm_forward(model.lnf, model.lnf_mean, model.lnf_rstd, record.output(), final_layernorm,
+    layernorm_forward(head.lnf, head.lnf_mean, head.lnf_rstd, record.output(), final_layernorm,
                       final_layernorm + C, tp_rows(par.tp, N), C, model.stream);
     // the LM head: column-parallel over the vocabulary (wte's rows), so f comes before it
-    const floatX* lnf = tp_enter(par.tp, model.lnf, model.shared.gathered, N, C, model.stream);
-    matmul_forward(model.logits, lnf, zero_parameters_of(par.zero, model, 0), nullptr, N, C,
+    const floatX* lnf = tp_enter(par.tp, head.lnf, model.shared.gathered, N, C, model.stream);
+    matmul_forward(head.logits, lnf, zero_parameters_of(par.zero, model, 0), nullptr, N, C,
                    c.padded_vocab_size / par.tp.size, model.stream);
 }
 
-// Cross-entropy of the logits against `targets` (host ids). Adds the mean loss over the N positions to
+// Cross-entropy of head.logits against `targets` (host ids). Adds the mean loss over the N positions to
 // model.loss_sum on the device (gpt2_mean_loss, then gpt2_read_results, bring it to the host). Replaces
 // the logits by dloss * dloss_i/dlogits, ready for gpt2_head_backward: dloss = 1 / (N * micro-steps) makes the
 // accumulated gradient that of the mean loss over the whole batch.
-inline void gpt2_loss(GPT2& model, ParallelContext& par, const int* targets, int B, int T, float dloss) {
+inline void gpt2_loss(GPT2& model, ParallelContext& par, HeadRecord& head, const int* targets, int B, int T,
+                      float dloss) {
     const GPT2Config& c = model.config;
     const int N = B * T;
     check_token_ids(targets, N, c.vocab_size, "target batch");
     staged_upload(model.targets_upload, model.targets, targets, N, model.stream);
     if (par.tp.size == 1) {
-        fused_classifier(model.logits, model.losses, dloss, model.targets, N, c.vocab_size, c.padded_vocab_size,
+        fused_classifier(head.logits, model.losses, dloss, model.targets, N, c.vocab_size, c.padded_vocab_size,
                          model.stream);
     } else {
-        vocab_parallel_cross_entropy(par.tp, model.logits, model.losses, model.shared.softmax_stats, dloss,
+        vocab_parallel_cross_entropy(par.tp, head.logits, model.losses, model.shared.softmax_stats, dloss,
                                      model.targets, N, c.vocab_size, c.padded_vocab_size, model.stream);
     }
     accumulate_mean_loss(model.loss_sum, model.losses, N, model.stream);
 }
 
-// Last stage, after gpt2_loss: the loss's gradient through the LM head (its share of dwte) and the final
-// layernorm into record.doutput. The final layernorm's gradient is then complete for this microbatch.
-inline void gpt2_head_backward(GPT2& model, ParallelContext& par, StageActivations& record, int B, int T) {
+// logits = lnf @ wte^T: the LM head's share of dwte, dwte += dlogits^T lnf, lnf as the head read it (`lnf`:
+// gathered from the tp ranks under sequence parallelism).
+inline void head_weight_gradient(GPT2& model, ParallelContext& par, const HeadRecord& head, const floatX* lnf,
+                                 int N) {
+    const GPT2Config& c = model.config;
+    floatX* embedding_grads = zero_gradients_of(par.zero, model, 0);  // wte, then wpe
+    matmul_backward_weights(embedding_grads, nullptr, model.shared.matmul_scratch, head.logits, lnf, N, c.channels,
+                            c.padded_vocab_size / par.tp.size, model.stream);
+}
+
+// Last stage, after gpt2_loss: the loss's gradient through the LM head and the final layernorm into
+// record.doutput (the final layernorm's gradient is then complete for this microbatch), and the head's share
+// of dwte, unless `weights_later` (a split backward: gpt2_head_weights adds it in the stage's W).
+inline void gpt2_head_backward(GPT2& model, ParallelContext& par, StageActivations& record, const HeadRecord& head,
+                               int B, int T, bool weights_later = false) {
     const GPT2Config& c = model.config;
     const TensorParallel& tp = par.tp;
     const int N = B * T, C = c.channels, R = tp_rows(tp, N), final_chunk = model.layout.num_chunks() - 1;
     SharedBuffers& s = model.shared;
-    // logits = lnf @ wte^T: the LM head's share of dwte, and the gradient of lnf (f's backward sums the
-    // tp ranks' shares of it)
-    floatX* embedding_grads = zero_gradients_of(par.zero, model, 0);  // wte, then wpe
-    const floatX* lnf = tp_enter(tp, model.lnf, s.gathered, N, C, model.stream);
-    const int vocab_columns = c.padded_vocab_size / tp.size;
-    matmul_backward_input(s.dchannels, model.logits, zero_parameters_of(par.zero, model, 0), N, C, vocab_columns,
-                          model.stream);
+    // the gradient of lnf (f's backward sums the tp ranks' shares of it); lnf gathered first, as no tp
+    // collective may start while that sum runs
+    const floatX* lnf = weights_later ? nullptr : tp_enter(tp, head.lnf, s.gathered, N, C, model.stream);
+    matmul_backward_input(s.dchannels, head.logits, zero_parameters_of(par.zero, model, 0), N, C,
+                          c.padded_vocab_size / tp.size, model.stream);
     const floatX* dlnf = tp_enter_backward(tp, s.dchannels, N, C, model.stream);  // summed beside the next line
-    matmul_backward_weights(embedding_grads, nullptr, s.matmul_scratch, model.logits, lnf, N, C, vocab_columns,
-                            model.stream);
+    if (!weights_later) head_weight_gradient(model, par, head, lnf, N);
     tp_join(tp, model.stream);
     // lnf = layernorm(x_L): the residual stream's gradient starts here
     floatX* final_grads = zero_gradients_of(par.zero, model, final_chunk);  // lnfw, then lnfb
     cudaCheck(cudaMemsetAsync(record.doutput, 0, (size_t)R * C * sizeof(floatX), model.stream));
     layernorm_backward(record.doutput, final_grads, final_grads + C, s.layernorm_scratch, dlnf,
-                       record.output(), zero_parameters_of(par.zero, model, final_chunk), model.lnf_mean,
-                       model.lnf_rstd, R, C, model.stream);
+                       record.output(), zero_parameters_of(par.zero, model, final_chunk), head.lnf_mean,
+                       head.lnf_rstd, R, C, model.stream);
     chunk_gradient_done(model, par, final_chunk);
+}
+
+// W of the last stage under a split backward: the head's share of dwte, from the record its F and the loss
+// filled and its B left as it was.
+inline void gpt2_head_weights(GPT2& model, ParallelContext& par, const HeadRecord& head, int B, int T) {
+    const int N = B * T;
+    head_weight_gradient(model, par, head, tp_enter(par.tp, head.lnf, model.shared.gathered, N,
+                                                    model.config.channels, model.stream), N);
 }
 
 // The stage's blocks backwards: record.doutput, the gradient of the stage's output, becomes the gradient of
@@ -394,17 +416,20 @@ inline void gpt2_forward(GPT2& model, ParallelContext& par, const int* inputs, i
     StageActivations& record = model.records[0];
     gpt2_embed(model, par, record, inputs, B, T);
     gpt2_stage_forward(model, par, record, 0, L, B, T);
-    gpt2_head_forward(model, par, record, B, T);
+    gpt2_head_forward(model, par, record, model.heads[0], B, T);
 }
 
 // Backward pass after gpt2_forward + gpt2_loss on the same batch; gradients accumulate (+=). With a
-// weight-gradient record the blocks' backward pass runs as B, then W: the same gradients.
+// weight-gradient record the head's and the blocks' backward passes run as B, then W: the same gradients.
 inline void gpt2_backward(GPT2& model, ParallelContext& par, int B, int T, StageWeightRecord* w = nullptr) {
     const int L = model.config.num_layers;
     StageActivations& record = model.records[0];
-    gpt2_head_backward(model, par, record, B, T);
+    gpt2_head_backward(model, par, record, model.heads[0], B, T, /*weights_later=*/w != nullptr);
     gpt2_stage_backward(model, par, record, 0, L, B, T, w);
-    if (w) gpt2_stage_weights(model, par, *w, 0, L, B, T);
+    if (w) {
+        gpt2_head_weights(model, par, model.heads[0], B, T);
+        gpt2_stage_weights(model, par, *w, 0, L, B, T);
+    }
     gpt2_embed_backward(model, par, record, B, T);
     chunk_gradient_done(model, par, 0);
 }

@@ -160,6 +160,18 @@ struct SharedBuffers {
     EncoderBackwardWorkspace encoder_workspace;
 };
 
+// The last stage's LM head for one microbatch: what the loss and the head's backward pass need. The backward
+// pass through the head runs right after the loss (one rank; pipeline schedules that keep the backward whole),
+// so one record serves every microbatch. A schedule that splits the backward runs it as the other stages do:
+// the gradient of the head's input in the stage's B, the head's weight gradient in its W, and each microbatch
+// keeps its record from its forward to its W (llmc/parallel/pipeline.h says why).
+struct HeadRecord {
+    floatX* lnf = nullptr;       // (R, C)  the final layernorm's output: the head's input
+    float* lnf_mean = nullptr;   // (R)
+    float* lnf_rstd = nullptr;   // (R)
+    floatX* logits = nullptr;    // (N, Vp/tp): logits after the forward pass, dlogits after the loss
+};
+
 // What the host reads from the device once per step, in one copy (gpt2_read_results).
 struct StepResults {
     float loss;               // the mean loss (gpt2_mean_loss), averaged over ranks by llmc/parallel/zero.h
@@ -200,11 +212,9 @@ struct GPT2 {
     // the pool of weight-gradient records (a schedule that splits the backward pass; empty otherwise)
     std::vector<StageWeightRecord> weight_records;
     std::vector<floatX*> outboxes;  // R x C each: a stage's input gradient, kept for a send held back
-    // the last stage's head: used at once by the loss and its backward pass, so one copy serves every record
-    floatX* lnf = nullptr;            // (R, C)
-    float* lnf_mean = nullptr;
-    float* lnf_rstd = nullptr;
-    floatX* logits = nullptr;         // (N, Vp/tp): logits after forward, dlogits after the loss
+    // the last stage's pool of head records (part.heads of them); record 0 is the one a rank without a pipeline,
+    // validation and sampling use
+    std::vector<HeadRecord> heads;
     float* losses = nullptr;          // (N) per-position loss
     double* loss_sum = nullptr;       // the micro-batches' mean losses added up, until gpt2_mean_loss
     int* inputs = nullptr;            // (N) device copies of the batch (first stage)
@@ -252,6 +262,7 @@ struct ModelPart {
     int records = 1;
     int weight_records = 0;
     int outboxes = 0;  // copies of input gradients whose send waits past their record's next forward
+    int heads = 1;     // head records (last stage): microbatches between their forward and their W at once
     // tensor parallelism: this rank's slice of every matmul; sequence parallelism: its 1/tp of the rows
     int tp = 1, tp_rank = 0;
     bool sequence_parallel = false;
@@ -382,10 +393,13 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, c
 
     gpt2_allocate_records(model, part, B, T);
     if (model.last_stage) {
-        model.lnf = tracked_alloc<floatX>(R * C, MemoryKind::Activations);
-        model.lnf_mean = tracked_alloc<float>(R, MemoryKind::Activations);
-        model.lnf_rstd = tracked_alloc<float>(R, MemoryKind::Activations);
-        model.logits = tracked_alloc<floatX>(N * (config.padded_vocab_size / part.tp), MemoryKind::Activations);
+        model.heads.resize(part.heads);
+        for (HeadRecord& head : model.heads) {
+            head.lnf = tracked_alloc<floatX>(R * C, MemoryKind::Activations);
+            head.lnf_mean = tracked_alloc<float>(R, MemoryKind::Activations);
+            head.lnf_rstd = tracked_alloc<float>(R, MemoryKind::Activations);
+            head.logits = tracked_alloc<floatX>(N * (config.padded_vocab_size / part.tp), MemoryKind::Activations);
+        }
         model.losses = tracked_alloc<float>(N, MemoryKind::Activations);
         model.targets = tracked_alloc<int>(N, MemoryKind::Activations);
     }
@@ -414,10 +428,11 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, c
 }
 
 inline void gpt2_free(GPT2& model) {
-    for (void* p : {(void*)model.params, (void*)model.grads, (void*)model.lnf, (void*)model.lnf_mean,
-                    (void*)model.lnf_rstd, (void*)model.logits, (void*)model.losses, (void*)model.loss_sum,
+    for (void* p : {(void*)model.params, (void*)model.grads, (void*)model.losses, (void*)model.loss_sum,
                     (void*)model.inputs, (void*)model.targets, (void*)model.results})
         tracked_free(p);
+    for (const HeadRecord& head : model.heads)
+        for (void* p : {(void*)head.lnf, (void*)head.lnf_mean, (void*)head.lnf_rstd, (void*)head.logits}) tracked_free(p);
     staged_upload_free(model.inputs_upload);
     staged_upload_free(model.targets_upload);
     cudaCheck(cudaFreeHost(model.results_host));

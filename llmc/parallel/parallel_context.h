@@ -176,7 +176,7 @@ inline void logits_row_on_every_rank(ParallelContext& par, GPT2& model, int posi
     const int Vp = model.config.padded_vocab_size;
     int row = 0;
     const int holder = cp_owner_of_position(par.cp, position, rows, &row);  // the cp rank with the position
-    if (model.last_stage && par.cp.rank == holder) tp_gather_logits_row(par.tp, out, model.logits, row, Vp, model.stream);
+    if (model.last_stage && par.cp.rank == holder) tp_gather_logits_row(par.tp, out, model.heads[0].logits, row, Vp, model.stream);
     if (par.cp.size > 1) broadcast_host(*par.cp.group, out, (size_t)Vp, holder, model.stream);
     pipeline_share_host_from_last_stage(par.pipe, out, (size_t)Vp, model.stream);
 }

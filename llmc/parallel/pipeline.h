@@ -12,15 +12,22 @@ rank runs the passes of (microbatch, virtual stage); pipeline_step runs any such
     F(j, s)   the input activations (B x T x C): received from stage s-1, handed over in memory when s-1 is on
               this rank too (zbv's turn at the bottom of its V), or looked up (stage 0: the embeddings)
               run the stage's blocks
-              the output goes to stage s+1 (stage S-1: LM head, loss, and at once the loss's backward pass
-              through the LM head and the final layernorm: the record keeps the gradient of the output,
-              not the logits)
-    B(j, s)   the gradient of the output from stage s+1 (stage S-1: computed in F)
+              the output goes to stage s+1 (stage S-1: the final layernorm, the LM head and the loss, into a
+              head record; where the backward is whole, at once the loss's backward pass through the head and
+              the final layernorm too: the stage record keeps the gradient of the output, not the logits)
+    B(j, s)   the gradient of the output from stage s+1 (stage S-1: computed in F, or under zb-h1 and zbv here,
+              from the head record's dlogits)
               run the stage's blocks backwards: all of it, or under zb-h1 and zbv only the input gradients,
               keeping in a weight record what the weight gradients need
               the gradient of the input goes to stage s-1 (in memory when it is on this rank; stage 0: the
               embeddings' gradients)
     W(j, s)   (zb-h1, zbv) the weight gradients of the stage's blocks from the weight record, accumulated
+              (stage S-1: the head's share of dwte too, from its head record, which is then free)
+Why the head splits with the blocks: the LM head costs as much as several blocks (2 V C FLOPs per token each
+way against a block's 24 C^2), and the stage split (llmc/parallel/pipeline_split.h) counts it as that many
+layer-equivalents. Each of the head's three matmuls (logits, their input gradient, dwte) then lands in F, B and
+W as a block's do, and the last stage's F, B and W each match the other stages'. Left whole in the last stage's
+F, the head makes that F several blocks long, and every other stage waits for it once per microbatch.
 Before each action the rank exchanges, as one group, the receives this action needs and the sends of earlier
 results whose receiver is waiting for them by then (llmc/parallel/pipeline_links.h says why,
 pipeline_schedule.h's pipeline_message_groups which).
@@ -234,7 +241,23 @@ struct PipelineRun {
     const std::vector<int>& record_of;
     const std::vector<int>& weight_record_of;
     const std::vector<int>& outbox_of;  // the outbox a backward copies its input gradient to (-1: none)
+    const std::vector<int>& head_of;    // the head record an action of the last stage uses (-1: none)
 };
+
+// Whether action i is the last of its list to add to wte's gradient: stage 0's B (the lookup), or on the
+// last stage the action that runs the LM head's weight gradient (its F, or its W under a split backward).
+// Under zbv one rank holds both stages and either may come last; the embedding chunk is done after it.
+inline bool pipeline_adds_last_to_embeddings(const Pipeline& pipe, const PipelineRun& run, size_t i) {
+    const int S = pipeline_stage_count(pipe);
+    const PipelineAction::Kind head_weights =
+        pipeline_splits_backward(pipe.schedule) ? PipelineAction::Weights : PipelineAction::Forward;
+    for (size_t j = run.actions.size(); j-- > 0;) {
+        const PipelineAction& a = run.actions[j];
+        const int s = pipeline_model_stage(pipe, a);
+        if ((s == 0 && a.kind == PipelineAction::Backward) || (s == S - 1 && a.kind == head_weights)) return j == i;
+    }
+    return false;
+}
 
 // The record that the forward of (microbatch, model stage) uses in a run: where a stage on this rank hands its
 // output over to the next stage here, and takes that stage's input gradient back. That forward ran before the
@@ -282,10 +305,10 @@ inline void pipeline_exchange(ParallelContext& par, GPT2& model, const PipelineR
 
 // One forward pass of microbatch `a` through one of this rank's stages, into its record: the embeddings looked
 // up (first stage), the input handed over in memory (the previous stage is here too; received before
-// otherwise), the blocks, and on the last stage the loss. With `targets`, when `training`, the last stage also
-// takes the
-// loss's backward pass through the head; with targets only it adds the loss up (validation); without, it
-// leaves the logits (sampling).
+// otherwise), the blocks, and on the last stage the head and the loss, into the action's head record. With
+// `targets`, when `training`, the loss's gradient replaces the logits, and where the backward is whole the
+// head's backward pass follows at once; with targets only the loss is added up (validation); without, the
+// logits stay (sampling).
 inline void pipeline_forward(ParallelContext& par, GPT2& model, const PipelineRun& run, size_t i, const int* tokens,
                              const int* targets, float dloss, bool training, int B, int T) {
     Pipeline& pipe = par.pipe;
@@ -302,30 +325,33 @@ inline void pipeline_forward(ParallelContext& par, GPT2& model, const PipelineRu
     }
     gpt2_stage_forward(model, par, record, pipeline_first_layer(pipe.stage_layers, s), pipe.stage_layers[s], B, T);
     if (s < S - 1) return;
-    gpt2_head_forward(model, par, record, B, T);
-    if (targets) gpt2_loss(model, par, targets, B, T, dloss);
-    if (targets && training) {
-        gpt2_head_backward(model, par, record, B, T);
-        // the LM head's share is all this rank adds to wte, unless it also holds the first stage
-        if (!model.first_stage) chunk_gradient_done(model, par, 0);
+    HeadRecord& head = model.heads[run.head_of[i]];
+    gpt2_head_forward(model, par, record, head, B, T);
+    if (targets) gpt2_loss(model, par, head, targets, B, T, dloss);
+    if (targets && training && !pipeline_splits_backward(pipe.schedule)) {
+        gpt2_head_backward(model, par, record, head, B, T);
+        if (pipeline_adds_last_to_embeddings(pipe, run, i)) chunk_gradient_done(model, par, 0);
     }
 }
 
 // The backward pass of microbatch `a` through one of this rank's stages, from its record: the whole of it, or
 // under a schedule that splits it only the input gradients (B), leaving in the action's weight record what
-// the weight gradients (W, pipeline_weights) need. The gradient of the stage's input stays in the record's
-// doutput, to be sent, or handed over in memory to the previous stage when that is here too.
+// the weight gradients (W, pipeline_weights) need; on the last stage under the split, the head's input
+// gradient first. The gradient of the stage's input stays in the record's doutput, to be sent, or handed over
+// in memory to the previous stage when that is here too.
 inline void pipeline_backward(ParallelContext& par, GPT2& model, const PipelineRun& run, size_t i, int B, int T) {
     Pipeline& pipe = par.pipe;
     const PipelineAction& a = run.actions[i];
     StageActivations& record = model.records[run.record_of[i]];
-    const int s = pipeline_model_stage(pipe, a);
+    const int s = pipeline_model_stage(pipe, a), S = pipeline_stage_count(pipe);
     StageWeightRecord* weights = run.weight_record_of[i] >= 0 ? &model.weight_records[run.weight_record_of[i]] : nullptr;
+    if (s == S - 1 && pipeline_splits_backward(pipe.schedule))
+        gpt2_head_backward(model, par, record, model.heads[run.head_of[i]], B, T, /*weights_later=*/true);
     gpt2_stage_backward(model, par, record, pipeline_first_layer(pipe.stage_layers, s), pipe.stage_layers[s], B, T,
                         weights);
     if (s == 0) {
         gpt2_embed_backward(model, par, record, B, T);
-        chunk_gradient_done(model, par, 0);
+        if (pipeline_adds_last_to_embeddings(pipe, run, i)) chunk_gradient_done(model, par, 0);
     } else if (pipeline_previous_stage_here(pipe, s)) {
         StageActivations& to = pipeline_record_of_forward(pipe, model, run, a.microbatch, s - 1);
         const size_t rows = tp_rows(par.tp, B * T) * (size_t)model.config.channels;
@@ -338,10 +364,15 @@ inline void pipeline_backward(ParallelContext& par, GPT2& model, const PipelineR
     }
 }
 
-// W: the weight gradients of microbatch `a` on one of this rank's stages, from the weight record its B filled.
+// W: the weight gradients of microbatch `a` on one of this rank's stages, from the weight record its B filled
+// (on the last stage, the head's share of dwte first, from its head record).
 inline void pipeline_weights(ParallelContext& par, GPT2& model, const PipelineRun& run, size_t i, int B, int T) {
     Pipeline& pipe = par.pipe;
     const int s = pipeline_model_stage(pipe, run.actions[i]);
+    if (s == pipeline_stage_count(pipe) - 1) {
+        gpt2_head_weights(model, par, model.heads[run.head_of[i]], B, T);
+        if (pipeline_adds_last_to_embeddings(pipe, run, i)) chunk_gradient_done(model, par, 0);
+    }
     gpt2_stage_weights(model, par, model.weight_records[run.weight_record_of[i]],
                        pipeline_first_layer(pipe.stage_layers, s), pipe.stage_layers[s], B, T);
 }
@@ -380,12 +411,13 @@ inline void pipeline_run(ParallelContext& par, GPT2& model, const PipelineRun& r
 inline void pipeline_step(ParallelContext& par, GPT2& model, const int* tokens, const int* targets, int B, int T,
                           float dloss) {
     const Pipeline& pipe = par.pipe;
-    pipeline_run(par, model, {pipe.actions, pipe.messages, pipe.record_of, pipe.weight_record_of, pipe.outbox_of},
+    pipeline_run(par, model,
+                 {pipe.actions, pipe.messages, pipe.record_of, pipe.weight_record_of, pipe.outbox_of, pipe.head_of},
                  tokens, targets, dloss, /*training=*/true, B, T);
 }
 
 // The forward pass of one microbatch through every stage, in stage order (validation, sampling), on record 0:
-// on the last stage, the loss added up (targets given) or the logits left in model.logits.
+// on the last stage, the loss added up (targets given) or the logits left in head record 0.
 inline void pipeline_forward_only(ParallelContext& par, GPT2& model, const int* tokens, const int* targets, int B,
                                   int T) {
     const Pipeline& pipe = par.pipe;
@@ -400,7 +432,7 @@ inline void pipeline_forward_only(ParallelContext& par, GPT2& model, const int* 
             if (message.send && g != (size_t)message.action + 1)
                 fatal("pipeline: the forward-only pass would send stage %d's output late", message.from_stage);
     const std::vector<int> record_of(actions.size(), 0), none(actions.size(), -1);
-    pipeline_run(par, model, {actions, messages, record_of, none, none}, tokens, targets, 0.0f,
+    pipeline_run(par, model, {actions, messages, record_of, none, none, record_of}, tokens, targets, 0.0f,
                  /*training=*/false, B, T);
 }
 

@@ -55,7 +55,9 @@ struct Pipeline {
     std::vector<int> record_of;             // per action: the stage record it uses
     std::vector<int> weight_record_of;      // per action: the weight record it uses (-1: none)
     std::vector<int> outbox_of;             // per action: the outbox its gradient is copied to (-1: none)
+    std::vector<int> head_of;               // per action: the head record it uses (-1: none)
     int records = 1, weight_records = 0;    // the pools' sizes
+    int heads = 0;
     int outboxes = 0;
     Communicator* group = nullptr;          // the pp axis: the loss's broadcast, the norm's sum
     // the pairs (r, r+1) and (r-1, r), one communicator per link of a pair (pipeline_message_link: zbv's two
@@ -87,8 +89,8 @@ inline std::vector<std::vector<std::vector<PipelineMessage>>> pipeline_all_group
 }
 
 // The part of the model pipeline rank `rank` runs (llmc/model/gpt2.cuh): its chunks, the most layers of any of
-// its stages (its records are sized for that stage), as many stage records and weight records as its
-// schedule has passes in flight, and as many outboxes as its sends hold at once.
+// its stages (its records are sized for that stage), as many stage, weight and head records as its schedule
+// has passes in flight, and as many outboxes as its sends hold at once.
 inline ModelPart pipeline_model_part(PipelineSchedule schedule, int rank, int p, int V, int m,
                                      const std::vector<int>& stage_layers) {
     ModelPart part;
@@ -98,6 +100,7 @@ inline ModelPart pipeline_model_part(PipelineSchedule schedule, int rank, int p,
         part.stage_layers = std::max(part.stage_layers, stage_layers[pipeline_model_stage(schedule, rank, v, p)]);
     part.records = pipeline_peak_activations(schedule, rank, p, m, V);
     part.weight_records = pipeline_peak_weight_records(schedule, rank, p, m, V);
+    part.heads = std::max(1, pipeline_peak_head_records(schedule, rank, p, m, V));  // 1: unused off the last stage
     return part;
 }
 
@@ -127,11 +130,14 @@ inline void pipeline_create(Pipeline& pipe, Mesh& mesh, PipelineSchedule schedul
     const std::string late = pipeline_check_send_buffers(pipe.actions, pipe.messages, pipe.record_of, schedule, r, p, V);
     if (!late.empty()) fatal("pipeline %s: %s", pipeline_schedule_name(schedule), late.c_str());
     pipe.weight_record_of = pipeline_weight_record_assignment(pipe.actions, &pipe.weight_records);
+    pipe.head_of = pipeline_head_assignment(pipe.actions, schedule, r, p, V, &pipe.heads);
     if (pipe.records != pipeline_peak_activations(schedule, r, p, m, V) ||
-        pipe.weight_records != pipeline_peak_weight_records(schedule, r, p, m, V))
-        fatal("pipeline %s: the actions need %d records and %d weight records, the formulas say %d and %d",
-              pipeline_schedule_name(schedule), pipe.records, pipe.weight_records,
-              pipeline_peak_activations(schedule, r, p, m, V), pipeline_peak_weight_records(schedule, r, p, m, V));
+        pipe.weight_records != pipeline_peak_weight_records(schedule, r, p, m, V) ||
+        pipe.heads != pipeline_peak_head_records(schedule, r, p, m, V))
+        fatal("pipeline %s: the actions need %d records, %d weight records and %d head records, the formulas say "
+              "%d, %d and %d", pipeline_schedule_name(schedule), pipe.records, pipe.weight_records, pipe.heads,
+              pipeline_peak_activations(schedule, r, p, m, V), pipeline_peak_weight_records(schedule, r, p, m, V),
+              pipeline_peak_head_records(schedule, r, p, m, V));
     pipe.group = &mesh.axis[PP];
     if (p > 1) {
         // one split of the pp axis per neighbour pair (q, q+1); the wrap-around pair (p-1, 0) only where a

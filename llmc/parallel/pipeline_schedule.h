@@ -335,6 +335,17 @@ inline int pipeline_peak_weight_records(PipelineSchedule schedule, int rank, int
     return schedule == PipelineSchedule::ZeroBubbleV ? 2 * rank + 1 : 0;
 }
 
+// Head records (llmc/model/gpt2.cuh's HeadRecord) the rank holding the last stage keeps at its peak; 0 on the
+// others. Where the backward is whole, the head's runs within the forward and one record serves all. Where
+// it is split, a microbatch keeps its record from its F to its W on the last stage: zb-h1's last rank runs F
+// and B back to back and holds back p - 1 W's, so min(p, m) records; zbv's rank 0 runs F, B and W of the last
+// stage together, so 1.
+inline int pipeline_peak_head_records(PipelineSchedule schedule, int rank, int p, int m, int V) {
+    pipeline_check_layout(schedule, rank, p, m, V);
+    if (pipeline_stage_rank(schedule, p * V - 1, p) != rank) return 0;
+    return schedule == PipelineSchedule::ZeroBubbleH1 ? std::min(p, m) : 1;
+}
+
 // Records handed out from a pool: an action of kind `takes` takes the lowest-numbered free record, the
 // action of kind `frees` of the same (microbatch, virtual stage) uses it and frees it; other actions use
 // none (-1). *pool_size says how many records the list needs at its peak. A freeing action without its
@@ -386,6 +397,40 @@ inline std::vector<int> pipeline_weight_record_assignment(const std::vector<Pipe
         return std::vector<int>(actions.size(), -1);
     }
     return pipeline_pool_assignment(actions, PipelineAction::Backward, PipelineAction::Weights, pool_size);
+}
+
+// Which head record each action of the last stage's rank uses: under a split backward a forward of the last
+// stage takes one, the W of the same microbatch uses and frees it, and its B uses it between; otherwise every
+// forward of the last stage uses record 0. -1 for every other action, and an empty pool on the other ranks.
+inline std::vector<int> pipeline_head_assignment(const std::vector<PipelineAction>& actions, PipelineSchedule schedule,
+                                                 int rank, int p, int V, int* pool_size) {
+    std::vector<int> head(actions.size(), -1);
+    *pool_size = 0;
+    const int last = p * V - 1;
+    auto on_last_stage = [&](const PipelineAction& a) {
+        return pipeline_model_stage(schedule, rank, a.virtual_stage, p) == last;
+    };
+    if (pipeline_stage_rank(schedule, last, p) != rank) return head;
+    if (!pipeline_splits_backward(schedule)) {
+        *pool_size = 1;
+        for (size_t i = 0; i < actions.size(); i++)
+            if (actions[i].kind == PipelineAction::Forward && on_last_stage(actions[i])) head[i] = 0;
+        return head;
+    }
+    std::vector<PipelineAction> last_stage;  // the last stage's actions, in order, and where each is in `actions`
+    std::vector<size_t> where;
+    for (size_t i = 0; i < actions.size(); i++)
+        if (on_last_stage(actions[i])) { last_stage.push_back(actions[i]); where.push_back(i); }
+    const std::vector<int> pool = pipeline_pool_assignment(last_stage, PipelineAction::Forward, PipelineAction::Weights,
+                                                           pool_size);
+    for (size_t k = 0; k < last_stage.size(); k++) {
+        head[where[k]] = pool[k];
+        if (last_stage[k].kind != PipelineAction::Backward) continue;
+        for (size_t f = 0; f < k; f++)  // B uses the record its microbatch's F took
+            if (last_stage[f].kind == PipelineAction::Forward && last_stage[f].microbatch == last_stage[k].microbatch)
+                head[where[k]] = pool[f];
+    }
+    return head;
 }
 
 // ----------------------------------------------------------------------------

@@ -96,6 +96,7 @@ struct GPT2MemoryShape {
     int records = 1;           // stage records kept at once (the schedule's microbatches in flight)
     int weight_records = 0;    // weight-gradient records kept at once (schedules that split the backward pass)
     int outboxes = 0;          // input gradients kept for sends held back (llmc/parallel/pipeline_schedule.h)
+    int heads = 1;             // head records kept at once on the last stage (schedules that split the backward)
     bool first_stage = true;   // holds the embeddings' lookup
     bool last_stage = true;    // holds the final layernorm, the LM head and the loss
     // context parallelism (llmc/parallel/context_parallel.h): seq_len is then the T/cp positions a rank holds
@@ -116,6 +117,7 @@ inline GPT2MemoryShape gpt2_memory_shape(const GPT2Config& config, const Layout&
     shape.records = part.records;
     shape.weight_records = part.weight_records;
     shape.outboxes = part.outboxes;
+    shape.heads = part.heads;
     shape.first_stage = part.held_chunks[1];
     shape.last_stage = part.held_chunks[config.num_layers];
     shape.cp = layout.cp;
@@ -150,8 +152,9 @@ struct ActivationBytes {
 //              the four matmuls' inputs as the weight gradient reads them (gathered: N rows) and their output
 //              gradients, floatX ln1, ln2, dattention, dmlp 4NC, atty, dqkv 4Nc, fch_gelu, dhidden 2NH, and the
 //              layernorm gradients 4C (t = 1: (16 NC + 4C) s), whatever the recompute policy (they are copies)
-//   model:     K records, W weight-gradient records of l layers; the last stage's floatX lnf RC, logits N v,
-//              fp32 lnf mean/rstd 2R, losses N, int targets N; the first stage's int inputs N
+//   model:     K records, W weight-gradient records of l layers; the last stage's E head records (floatX lnf
+//              RC, logits N v, fp32 lnf mean/rstd 2R each: one, or under a split backward as many as its
+//              microbatches between F and W), fp32 losses N, int targets N; the first stage's int inputs N
 //   workspace: floatX projection NC, dchannels NC, dhidden NH, dqkv 3Nc, and under sequence parallelism
 //              the gathered rows NC (t = 1: 9 NC s);
 //              fp32 attention_D N h, the vocabulary-parallel loss's statistics 4N (t > 1, last stage),
@@ -191,7 +194,7 @@ inline ActivationBytes gpt2_activation_bytes(const GPT2MemoryShape& shape, bool 
     }
     a.per_layer = a.kept_layers / l;
     a.weight_record = (4 * N * C + 4 * N * c + 2 * N * H + 4 * C) * s;
-    const double head = shape.last_stage ? (R * C + N * v) * s + (2 * R + N) * f + N * i : 0;
+    const double head = shape.last_stage ? shape.heads * ((R * C + N * v) * s + 2 * R * f) + N * f + N * i : 0;
     a.activations = K * (a.kept_layers + 2 * R * C * s) + shape.weight_records * l * a.weight_record + head +
                     shape.outboxes * R * C * s + (shape.first_stage ? N * i : 0);
     const double bias_rows = std::ceil(N / 64), layernorm_blocks = std::min(std::ceil(R / 8), 3 * SMs);
@@ -500,6 +503,8 @@ inline MemoryPlan plan_training_memory(size_t num_parameters, int zero_stage, in
                                                  shape->weight_records, layers, format_bytes(a.weight_record).c_str());
         if (shape->outboxes > 0)
             p.activations_formula += plan_format(" + %d outbox(es) of B T C", shape->outboxes);
+        if (shape->last_stage && shape->heads > 1)
+            p.activations_formula += plan_format(" (logits: %d head records)", shape->heads);
         p.workspace_formula = shape->tp == 1 ? plan_format("shared buffers, 9 x B T C x %.0f bytes + fp32 scratch", s)
                                              : plan_format("shared buffers of B T C/tp .. B T C elements, tp=%d%s",
                                                            shape->tp, shape->sequence_parallel ? ", SP" : "");

@@ -170,20 +170,26 @@ inline double plan_tp_bytes(const GPT2Config& config, const Layout& l, int accum
 }
 
 // The bubble that the stages' own costs give (stage_seconds: each model stage's forward + backward of one
-// microbatch): every rank's list run by the simulator with a forward taking a third of its stage's time, the
-// backward the rest (B and W half of it each where the schedule splits it); the mean idle share over the pp ranks.
+// microbatch, the last stage's LM head and loss, head_seconds of it, included): every rank's list run by the
+// simulator, placing the work as llmc/parallel/pipeline.h does. A stage's blocks take a third of their time in
+// the forward and the rest in the backward (B and W half of it each where the schedule splits it); the head
+// runs whole in the last stage's forward, or where the backward splits, a third in each of F, B and W. The
+// mean idle share over the pp ranks.
 inline double plan_simulated_bubble(PipelineSchedule schedule, int p, int m, int V,
-                                    const std::vector<double>& stage_seconds) {
+                                    const std::vector<double>& stage_seconds, double head_seconds) {
     if (p == 1) return 0.0;
+    const bool split = pipeline_splits_backward(schedule);
     std::vector<std::vector<PipelineAction>> lists;
     std::vector<std::vector<double>> durations(p);
     for (int r = 0; r < p; r++) {
         lists.push_back(pipeline_actions(schedule, r, p, m, V));
         for (const PipelineAction& a : lists[r]) {
-            const double stage = stage_seconds[pipeline_model_stage(schedule, r, a.virtual_stage, p)];
-            const double share = a.kind == PipelineAction::Forward ? 1.0 / 3
-                                 : pipeline_splits_backward(schedule) ? 1.0 / 3 : 2.0 / 3;
-            durations[r].push_back(stage * share);
+            const int stage = pipeline_model_stage(schedule, r, a.virtual_stage, p);
+            const double head = stage == p * V - 1 ? head_seconds : 0.0, blocks = stage_seconds[stage] - head;
+            const bool forward = a.kind == PipelineAction::Forward;
+            const double block_share = forward || split ? 1.0 / 3 : 2.0 / 3;
+            const double head_share = split ? 1.0 / 3 : forward ? 1.0 : 0.0;
+            durations[r].push_back(blocks * block_share + head * head_share);
         }
     }
     const PipelineTimeline t = pipeline_simulate_actions(lists, schedule, m, V, 0, 0, 0, &durations);
@@ -237,10 +243,11 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
     const double microbatch_tokens = (double)l.batch_size * T_local;
     const double rate = hw.peak_flops * hw.efficiency;
     int most_layers = 0;  // on one pp rank
+    const double head_seconds = head_flops * microbatch_tokens / rate;
     for (int stage = 0; stage < p * V; stage++) {
         const bool last = stage == p * V - 1;
-        const double flops = (plan.stage_layers[stage] * block_flops + (last ? head_flops : 0.0)) * microbatch_tokens;
-        plan.stage_seconds.push_back(flops / rate);
+        plan.stage_seconds.push_back(plan.stage_layers[stage] * block_flops * microbatch_tokens / rate +
+                                     (last ? head_seconds : 0.0));
     }
     for (int r = 0; r < p; r++) {
         int layers = 0;
@@ -251,7 +258,7 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
                                             l.recompute.policy == RecomputePolicy::Full ? 2 : 1, m, (size_t)s);
     const int spans[kPlanAxes] = {l.ranks, l.tp, l.tp * l.cp * l.pp, l.tp * l.cp};
     plan.bubble_formula = pipeline_bubble_fraction(l.schedule, p, m, V);
-    plan.bubble = plan_simulated_bubble(l.schedule, p, m, V, plan.stage_seconds);
+    plan.bubble = plan_simulated_bubble(l.schedule, p, m, V, plan.stage_seconds, head_seconds);
 
     // the estimate (the cost model at the top of the file)
     const ParameterLayout whole(config);
