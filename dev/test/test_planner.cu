@@ -324,6 +324,28 @@ static void test_balanced_layers() {
                     if (sum != L || !each_positive || !minimal || pipeline_first_layer(layers, S - 1) != L - layers[S - 1])
                         grid_failures++;
                 }
+    // zbv: the ranks' totals balanced (rank r: stages r and 2p - 1 - r; rank 0 holds the head)
+    check_true("zbv L=32 p=4 head 8.2 -> {1,5,5,5,5,5,5,1}",
+               pipeline_balanced_v_layers(32, 4, 8.2) == std::vector<int>({1, 5, 5, 5, 5, 5, 5, 1}), "");
+    check_true("zbv L=32 p=2 head 8.2 -> {11,10,10,1}",
+               pipeline_balanced_v_layers(32, 2, 8.2) == std::vector<int>({11, 10, 10, 1}), "");
+    int v_failures = 0;
+    for (int p = 1; p <= 4; p++)
+        for (int L = 2 * p; L <= 12; L++)
+            for (double head : {0.0, 0.7, 3.0, 6.2}) {
+                const std::vector<int> stages = pipeline_balanced_v_layers(L, p, head);
+                int sum = 0;
+                bool each_positive = (int)stages.size() == 2 * p;
+                double most = 0;
+                for (int n : stages) sum += n, each_positive = each_positive && n >= 1;
+                for (int r = 0; r < p && each_positive; r++)
+                    most = std::max(most, stages[r] + stages[2 * p - 1 - r] + (r == 0 ? head : 0.0));
+                // the ranks' problem with two layers each set aside: one layer per rank less, the same balance
+                const bool minimal = std::fabs(most - (brute_force_max_cost(L - p, p, head, 0) + 1)) < 1e-9;
+                if (sum != L || !each_positive || !minimal) v_failures++;
+            }
+    check_true("zbv grid p<=4, L<=12: sums to L, each stage >= 1, max rank cost minimal (brute force)", v_failures == 0,
+               std::to_string(v_failures) + " splits wrong");
     // auto: the LM head + loss against one block, 6 C Vp + 10 Vp over 72 C^2 + 12 C T FLOPs per token
     GPT2Config wide;
     wide.num_layers = 126, wide.channels = 16384, wide.num_heads = 128, wide.vocab_size = 50257;

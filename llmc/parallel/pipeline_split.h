@@ -55,6 +55,30 @@ inline std::vector<int> pipeline_balanced_layers(int L, int S, double first_stag
     return layers;
 }
 
+/*
+The balanced split for zbv's V, where rank r runs stages r and 2p - 1 - r, and rank 0 holds the LM head (stage
+2p - 1) as well as the embedding (stage 0). What a rank costs is the sum of its two stages, so the ranks are
+balanced, not the stages: balancing the 2p stages one by one would give rank 0 a full first stage on top of the
+head. The ranks' layer counts are the balanced split of L over p with rank 0's extra the head's (each rank
+holds at least two layers: one layer of each is set aside, which shifts every rank's cost alike and leaves the
+balance unchanged). A rank's layers then go to its two stages as evenly as their costs allow: the stage
+coming back up (the head's, on rank 0) gets floor((n - extra) / 2), at least 1, the stage going down the rest.
+Example: L = 32, p = 4, head 8.2: ranks {2, 10, 10, 10} (rank 0: 2 + 8.2), stages {1, 5, 5, 5, 5, 5, 5, 1}.
+*/
+inline std::vector<int> pipeline_balanced_v_layers(int L, int p, double head_extra) {
+    if (L < 2 * p) fatal("%d layers cannot be cut into the %d stages of zbv at pp %d", L, 2 * p, p);
+    std::vector<int> rank_layers = pipeline_balanced_layers(L - p, p, head_extra, 0.0);
+    std::vector<int> stages(2 * p, 0);
+    for (int r = 0; r < p; r++) {
+        const int n = rank_layers[r] + 1;
+        const double extra = r == 0 ? head_extra : 0.0;
+        const int up = std::min(n - 1, std::max(1, (int)std::floor((n - extra) / 2)));
+        stages[2 * p - 1 - r] = up;
+        stages[r] = n - up;
+    }
+    return stages;
+}
+
 // The first layer (0-based) of model stage `stage`: the layers of the stages before it.
 inline int pipeline_first_layer(const std::vector<int>& stage_layers, int stage) {
     int first = 0;
@@ -68,7 +92,8 @@ Auto balances the compute: FLOPs per token, forward + backward (the backward twi
   one block:        72 C^2 (the four matmuls, 12 C^2 weights) + 12 C T (attention's scores and mixing)
   LM head + loss:   6 C Vp (the tied head's matmul) + 10 Vp (softmax, loss and their gradient, a few per logit)
   embedding lookup: ~0 (a gather and a scatter-add of C values per token)
-so the first stage's extra is 0 and the last's is head / block in layer-equivalents. Memory is not balanced:
+so the first stage's extra is 0 and the last's is head / block in layer-equivalents (zbv: the ranks' totals
+balanced, pipeline_balanced_v_layers). Memory is not balanced:
 the planner reports each stage's (the first stage holds the most activation records under 1f1b).
 */
 // The FLOP counts above, per token of a sequence of T.
@@ -99,9 +124,11 @@ inline std::vector<int> pipeline_stage_split(const GPT2Config& config, const Lay
     const int L = config.num_layers, S = l.pp * l.pp_virtual;
     if (L < S) fatal("%d layers cannot be cut into %d stages (pp %d x %d per rank) of at least one layer", L, S, l.pp,
                      l.pp_virtual);
-    if (l.pp_layers.empty())
-        return pipeline_balanced_layers(L, S, 0.0, pipeline_head_flops_per_token(config) /
-                                                       pipeline_block_flops_per_token(config, l.seq_len));
+    if (l.pp_layers.empty()) {
+        const double head = pipeline_head_flops_per_token(config) / pipeline_block_flops_per_token(config, l.seq_len);
+        if (l.schedule == PipelineSchedule::ZeroBubbleV) return pipeline_balanced_v_layers(L, l.pp, head);
+        return pipeline_balanced_layers(L, S, 0.0, head);
+    }
     const std::string error = pipeline_split_error(l.pp_layers, L, S);
     if (!error.empty()) fatal("%s", error.c_str());
     return l.pp_layers;
