@@ -965,14 +965,14 @@ inline PipelineTimeline pipeline_simulate_groups(const std::vector<std::vector<P
 // ----------------------------------------------------------------------------
 // Chrome trace event format (chrome://tracing, https://ui.perfetto.dev, scripts/pipeline_timeline.py): one
 // complete event ("ph": "X") per action ("F3", "B3", "W3"; category "work") and per measured wait for a message
-// ("wait F3": before F3, category "wait"), thread = pipeline rank, times in microseconds, plus a name for
-// each rank's row and the layout under "otherData".
+// ("wait F3": before F3, category "wait"), thread = pipeline rank, times in microseconds (an action's processor
+// time, where measured, as args.work_ms), plus a name for each rank's row and the layout under "otherData".
 
 inline std::string pipeline_chrome_trace(const PipelineTimeline& timeline) {
     std::string json = "{\"otherData\": {\"schedule\": \"" + timeline.schedule + "\", \"pipeline_ranks\": " +
                        std::to_string(timeline.p) + ", \"microbatches\": " + std::to_string(timeline.m) +
                        ", \"virtual_stages\": " + std::to_string(timeline.V) + "},\n\"traceEvents\": [";
-    char line[256];
+    char line[320];
     const char* separator = "\n";
     for (size_t r = 0; r < timeline.ranks.size(); r++) {
         snprintf(line, sizeof(line), "%s{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %zu, "
@@ -982,13 +982,15 @@ inline std::string pipeline_chrome_trace(const PipelineTimeline& timeline) {
     }
     for (size_t r = 0; r < timeline.ranks.size(); r++)
         for (const PipelineEvent& e : timeline.ranks[r]) {
+            char work[48] = "";  // the action's processor time, where it was measured (the CPU build)
+            if (!e.wait && e.work_ms >= 0) snprintf(work, sizeof(work), ", \"work_ms\": %.3f", e.work_ms);
             snprintf(line, sizeof(line),
                      "%s{\"name\": \"%s%c%d\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": 0, \"tid\": %zu, \"ts\": %.3f, "
-                     "\"dur\": %.3f, \"args\": {\"microbatch\": %d, \"virtual_stage\": %d}}",
+                     "\"dur\": %.3f, \"args\": {\"microbatch\": %d, \"virtual_stage\": %d%s}}",
                      separator, e.wait ? "wait " : "", e.action.kind == PipelineAction::Forward ? 'F' : e.action.kind == PipelineAction::Backward ? 'B' : 'W',
                      e.action.microbatch, e.wait ? "wait" : "work", r,
                      e.start_ms * 1000.0, (e.end_ms - e.start_ms) * 1000.0, e.action.microbatch,
-                     e.action.virtual_stage);
+                     e.action.virtual_stage, work);
             json += line;
             separator = ",\n";
         }

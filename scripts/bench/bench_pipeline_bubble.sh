@@ -14,9 +14,10 @@
 #              peers have posted). Where each rank has a core the synchronous replay and the wall clock must
 #              agree, which the p = 2 table shows.
 # Prints, per p and schedule, the formula (pipeline_bubble_fraction: equal stages, F = B = W), the mean bubble
-# over the ranks both ways, each rank's replayed, the step time both ways, and 1f1b's bubble against its formula
-# and zb-h1's and zbv's against 1f1b's; writes each measured step's timeline picture to OUT (default
-# docs/pipeline, measured_<schedule>_p<p>_m8.png).
+# over the ranks both ways, each rank's replayed, the step time both ways, 1f1b's bubble against its formula,
+# zb-h1's and zbv's against 1f1b's, and zb-h1's formula with rank 0's measured F, B and W (the passes as they
+# are, not F = B = W); writes each measured step's timeline picture to OUT (default docs/pipeline,
+# measured_<schedule>_p<p>_m8.png).
 #   usage: scripts/bench/bench_pipeline_bubble.sh [OUT]     (a quiet machine: other work inflates both clocks)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -67,4 +68,12 @@ for p in (2, 4):
     print(f"  replayed: 1f1b's bubble / its formula {formula:.3f} = {replayed['1f1b'] / formula:.2f}; zb-h1's / "
           f"1f1b's = {replayed['zb-h1'] / replayed['1f1b']:.2f}; zbv's / 1f1b's = "
           f"{replayed['zbv'] / replayed['1f1b']:.2f}")
+    # zb-h1's formula with the passes as they are: rank 0's mean processor time per F, B and W (the trace's work_ms)
+    trace = json.load(open(f"{work}/zb-h1.p{p}.json"))["traceEvents"]
+    passes = {kind: mean([e["args"]["work_ms"] for e in trace if e.get("cat") == "work" and e["tid"] == 0
+                          and e["name"][0] == kind]) for kind in "FBW"}
+    F, B, W = passes["F"], passes["B"], passes["W"]
+    zb = (p - 1) * (F + B - W) / (8 * (F + B + W) + (p - 1) * (F + B - W))
+    print(f"  zb-h1's formula with rank 0's passes (F {F:.0f}, B {B:.0f}, W {W:.0f} ms): (p-1)(F+B-W) / "
+          f"(m(F+B+W) + (p-1)(F+B-W)) = {zb:.3f}, {zb / formula:.2f} of 1f1b's formula")
 PYTHON
