@@ -1,5 +1,5 @@
 /*
-The kernel lab: every GPT-2 kernel in llmc/ checked against a plain C++ reference, in the build's
+The kernel lab: every kernel in llmc/ checked against a plain C++ reference, in the build's
 precision, on the GPU or on the CPU device. With --bench it also times each kernel at GPT-2 124M shapes.
 
     ./kernel_lab_cpu                     all checks (CPU build, BF16)
@@ -33,6 +33,7 @@ int main(int argc, char** argv) {
     matmul_setup();
     lab_encoder();
     lab_layernorm();
+    lab_rmsnorm();
     lab_matmul();
     lab_mma();
     lab_attention();

@@ -1,5 +1,6 @@
 /*
-Kernel lab: layernorm forward, fused residual + layernorm forward, layernorm backward.
+Kernel lab: layernorm forward, fused residual + layernorm forward, layernorm backward; and the same three for
+RMSNorm (family "rmsnorm"), which the same kernels run without the centering and the bias.
 */
 #pragma once
 
@@ -234,6 +235,139 @@ inline void bench(int N, int C, const std::string& note) {
                  4 * elements * sizeof(floatX) + row_stats + 2.0 * scratch.count * sizeof(float), 0);
 }
 
+// ----------------------------------------------------------------------------
+// RMSNorm: out = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + epsilon)
+
+// the forward pass in double: out and rstd for N rows of C
+inline ForwardReference reference_rms_forward(const std::vector<float>& x, const std::vector<float>& weight, int N,
+                                              int C, double epsilon) {
+    ForwardReference ref;
+    ref.out.resize((size_t)N * C);
+    ref.rstd.resize(N);
+    for (int row = 0; row < N; row++) {
+        const float* xr = &x[(size_t)row * C];
+        double squares = 0.0;
+        for (int i = 0; i < C; i++) squares += (double)xr[i] * xr[i];
+        const double rstd = 1.0 / std::sqrt(squares / C + epsilon);
+        for (int i = 0; i < C; i++) ref.out[(size_t)row * C + i] = xr[i] * rstd * weight[i];
+        ref.rstd[row] = rstd;
+    }
+    return ref;
+}
+
+// epsilon 1e-5 (Llama 3's) and 1e-6 (Llama 2's): the kernel must use the one it is given
+inline void check_rms_forward(int N, int C, float epsilon) {
+    const std::string shape = " N=" + std::to_string(N) + " C=" + std::to_string(C) + " eps=" + std::to_string(epsilon);
+    // a row of small values makes epsilon matter: rows of [-0.01, 0.01] have mean(x^2) ~ 3e-5
+    std::vector<float> x = round_to_floatX(random_floats((size_t)N * C, -1.5f, 2.5f));
+    const std::vector<float> small = round_to_floatX(random_floats(C, -0.01f, 0.01f));
+    std::copy(small.begin(), small.end(), x.begin());
+    const std::vector<float> weight = round_to_floatX(random_floats(C, -1.5f, 1.5f));
+    const ForwardReference ref = reference_rms_forward(x, weight, N, C, epsilon);
+
+    DeviceBuffer<floatX> d_x(x.size()), d_weight(C), d_out(x.size());
+    DeviceBuffer<float> d_rstd(N);
+    d_x.upload(x);
+    d_weight.upload(weight);
+    d_out.poison();
+    d_rstd.poison();
+    rmsnorm_forward(d_out.ptr, d_rstd.ptr, d_x.ptr, d_weight.ptr, N, C, epsilon, 0);
+    cudaCheck(cudaDeviceSynchronize());
+    // as layernorm_forward's (check_forward): fp32 sums of C squares, rsqrtf, a few roundings of 2^-24 on terms
+    // of size <= 4 (FP32); the output rounded to bf16 (BF16)
+    check_close("rmsnorm_forward out" + shape, d_out.download(), ref.out, 5e-6, by_precision(1e-5, 1.0 / 256));
+    check_close("rmsnorm_forward rstd" + shape, d_rstd.download(), ref.rstd, 0.0, 1e-5);
+
+    const std::vector<float> out_with_rstd = d_out.download();
+    d_out.poison();
+    rmsnorm_forward(d_out.ptr, nullptr, d_x.ptr, d_weight.ptr, N, C, epsilon, 0);
+    cudaCheck(cudaDeviceSynchronize());
+    check_true("rmsnorm_forward without rstd" + shape, same_bits(d_out.download(), out_with_rstd),
+               "same bits as with it");
+}
+
+inline void check_rms_fused_residual(int N, int C) {
+    const std::string shape = " N=" + std::to_string(N) + " C=" + std::to_string(C);
+    const float epsilon = 1e-5f;
+    const std::vector<float> inp1 = round_to_floatX(random_floats((size_t)N * C, -1.0f, 2.0f));
+    const std::vector<float> inp2 = round_to_floatX(random_floats((size_t)N * C, -1.5f, 1.0f));
+    const std::vector<float> weight = round_to_floatX(random_floats(C, -1.5f, 1.5f));
+    std::vector<float> residual(inp1.size());
+    for (size_t i = 0; i < residual.size(); i++) residual[i] = (float)(floatX)(inp1[i] + inp2[i]);
+    const ForwardReference ref = reference_rms_forward(residual, weight, N, C, epsilon);
+
+    DeviceBuffer<floatX> d_inp1(inp1.size()), d_inp2(inp2.size()), d_weight(C);
+    DeviceBuffer<floatX> d_residual(inp1.size()), d_normed(inp1.size());
+    DeviceBuffer<float> d_rstd(N);
+    d_inp1.upload(inp1);
+    d_inp2.upload(inp2);
+    d_weight.upload(weight);
+    d_residual.poison();
+    d_normed.poison();
+    d_rstd.poison();
+    fused_residual_rmsnorm_forward(d_residual.ptr, d_normed.ptr, d_rstd.ptr, d_inp1.ptr, d_inp2.ptr, d_weight.ptr, N, C,
+                                   epsilon, 0);
+    cudaCheck(cudaDeviceSynchronize());
+    // as check_fused_residual's: the residual the same bits, the rest as the forward pass
+    check_close("fused_residual_rmsnorm residual" + shape, d_residual.download(), to_double(residual), 0.0, 0.0);
+    check_close("fused_residual_rmsnorm normed" + shape, d_normed.download(), ref.out, 5e-6,
+                by_precision(1e-5, 1.0 / 256));
+    check_close("fused_residual_rmsnorm rstd" + shape, d_rstd.download(), ref.rstd, 0.0, 1e-5);
+}
+
+inline void check_rms_backward(int N, int C) {
+    const std::string shape = " N=" + std::to_string(N) + " C=" + std::to_string(C);
+    const float epsilon = 1e-5f;
+    const std::vector<float> x = round_to_floatX(random_floats((size_t)N * C, -1.5f, 2.5f));
+    const std::vector<float> weight = round_to_floatX(random_floats(C, -1.5f, 1.5f));
+    const std::vector<float> dout = round_to_floatX(random_floats((size_t)N * C));
+    // non-zero starting gradients: both outputs accumulate
+    const std::vector<float> dinp_start = round_to_floatX(random_floats((size_t)N * C));
+    const std::vector<float> dweight_start = round_to_floatX(random_floats(C));
+    const ForwardReference forward = reference_rms_forward(x, weight, N, C, epsilon);
+    std::vector<float> rstd(N);
+    for (int row = 0; row < N; row++) rstd[row] = (float)forward.rstd[row];
+
+    // the chain rule in double, from the definition: y_i = x_i r w_i with r = (mean_j x_j^2 + eps)^(-1/2), so
+    // dr/dx_i = -r^3 x_i / C and dL/dx_i = r w_i g_i - (r^3 x_i / C) sum_j w_j g_j x_j
+    std::vector<double> dinp_ref(dinp_start.begin(), dinp_start.end());
+    std::vector<double> dweight_ref(dweight_start.begin(), dweight_start.end());
+    for (int row = 0; row < N; row++) {
+        const size_t offset = (size_t)row * C;
+        const double r = rstd[row];
+        double sum = 0.0;
+        for (int j = 0; j < C; j++) sum += (double)weight[j] * dout[offset + j] * x[offset + j];
+        for (int i = 0; i < C; i++) {
+            dinp_ref[offset + i] += r * weight[i] * dout[offset + i] - r * r * r * x[offset + i] / C * sum;
+            dweight_ref[i] += (double)dout[offset + i] * x[offset + i] * r;
+        }
+    }
+
+    DeviceBuffer<floatX> d_x(x.size()), d_weight(C), d_dout(dout.size()), d_dinp(x.size()), d_dweight(C);
+    DeviceBuffer<float> d_rstd(N), d_scratch(layernorm_backward_scratch_floats(N, C));
+    d_x.upload(x);
+    d_weight.upload(weight);
+    d_dout.upload(dout);
+    d_rstd.upload(rstd);
+    auto run = [&]() {
+        d_dinp.upload(dinp_start);
+        d_dweight.upload(dweight_start);
+        d_scratch.poison();  // the kernel must write every partial sum it later adds
+        rmsnorm_backward(d_dinp.ptr, d_dweight.ptr, d_scratch.ptr, d_dout.ptr, d_x.ptr, d_weight.ptr, d_rstd.ptr, N, C,
+                         0);
+        cudaCheck(cudaDeviceSynchronize());
+    };
+    run();
+    const std::vector<float> dinp = d_dinp.download(), dweight = d_dweight.download();
+    // as layernorm_backward's (check_backward): fp32 sums over C terms for dinp, over N rows for dweight
+    check_close("rmsnorm_backward dinp (+=)" + shape, dinp, dinp_ref, 5e-6, by_precision(1e-5, 1.0 / 256));
+    check_close("rmsnorm_backward dweight (+=)" + shape, dweight, dweight_ref, 1e-4, by_precision(1e-5, 1.0 / 256));
+    run();
+    check_true("rmsnorm_backward deterministic" + shape,
+               same_bits(dinp, d_dinp.download()) && same_bits(dweight, d_dweight.download()),
+               "two runs, same bits in dinp, dweight");
+}
+
 }  // namespace layernorm_lab
 
 void lab_layernorm() {
@@ -278,4 +412,18 @@ void lab_layernorm() {
         layernorm_lab::bench(8 * 1024, 768, "");
 #endif
     }
+}
+
+void lab_rmsnorm() {
+    if (!family_selected("rmsnorm")) return;
+    // the shapes of lab_layernorm, and Llama 3 8B's width, 4096: there the backward pass's shared memory is
+    // 128 KiB, one column sum per warp (layernorm's two would need 256 KiB, more than a GPU has)
+    struct Shape { int N, C; };
+    const Shape shapes[] = {{37, 64}, {37, 200}, {5, 1600}, {37, 2048}, {37, 768}, {1024, 768}, {9, 4096}};
+    for (const Shape& s : shapes) {
+        layernorm_lab::check_rms_forward(s.N, s.C, 1e-5f);
+        layernorm_lab::check_rms_fused_residual(s.N, s.C);
+        layernorm_lab::check_rms_backward(s.N, s.C);
+    }
+    layernorm_lab::check_rms_forward(37, 768, 1e-6f);
 }

@@ -17,6 +17,15 @@ The last line is the chain rule through mean and rstd: moving one x_i moves the 
 norm_j equally (the first correction), and changes the spread, which scales every norm_j in proportion
 to itself (the second correction).
 
+RMSNorm (Llama's norm) is layernorm without the centering and without the bias, for an epsilon the model
+chooses:
+    rstd   = 1 / sqrt((1/C) sum_i x_i^2 + epsilon)
+    norm_i = x_i * rstd,   out_i = norm_i * weight_i
+    dweight_i += dout_i * norm_i                          (summed over all rows)
+    dinp_i    += rstd * (dnorm_i - norm_i * mean_j(dnorm_j * norm_j))
+The mean is no longer a function of x, so its correction drops out; rstd's remains. The same kernels run
+both norms (a template parameter, Norm), so only rstd is kept per row and there is no dbias.
+
 The residual addition on its own (out = inp1 + inp2, the end of a transformer block, where no layernorm
 follows inside the block) is residual_forward.
 
@@ -27,6 +36,7 @@ What each launcher does with its outputs:
     layernorm_backward                dinp, dweight, dbias: ACCUMULATED (+=). dinp is the gradient of the
                                       residual stream, which already holds the gradient of the skip
                                       connection; dweight/dbias accumulate over micro-steps.
+    rmsnorm_forward, fused_residual_rmsnorm_forward, rmsnorm_backward: the same, without mean and bias.
 
 Work split: one warp per row. The 32 lanes stride across the row in 16-byte chunks, so a row needs two
 warp reductions and no block-wide synchronisation. All statistics are fp32, whatever floatX is.
@@ -41,7 +51,7 @@ Constraints: C % x128::size == 0 (8 in BF16, 4 in FP32), which every GPT-2 width
 to a multiple of 32 chunks: 48 KiB at C=768, 112 KiB at C=1600), so C is limited to about 2600 on
 A100 and 3600 on H100.
 Scratch for the backward pass: layernorm_backward_scratch_floats(N, C) floats (2*C per block; the number
-of blocks depends on the device's multiprocessor count).
+of blocks depends on the device's multiprocessor count). RMSNorm's needs half of each (one sum per column).
 */
 #pragma once
 
@@ -57,17 +67,25 @@ constexpr int LAYERNORM_BACKWARD_BLOCKS_PER_SM = 3;
 // ----------------------------------------------------------------------------
 // kernels
 
-// One warp normalizes one row: two passes for the statistics (the second subtracts the mean before
-// squaring, which keeps the variance accurate when the mean is large), a third writes the output.
-// The row is re-read from memory each pass; 1.5 KiB per row stays in L1.
-__device__ void layernorm_row(floatX* out_row, float* mean_out, float* rstd_out, const floatX* x_row,
-                              const floatX* weight, const floatX* bias, int C, int lane) {
-    float sum = 0.0f;
-    for (int c = lane * x128::size; c < C; c += 32 * x128::size) {
-        const x128 x = load128(x_row + c);
-        for (int k = 0; k < x128::size; k++) sum += (float)x[k];
+// Which norm a kernel runs: layernorm (GPT-2) or RMSNorm (Llama).
+enum class Norm { Layer, RMS };
+
+// One warp normalizes one row: for layernorm two passes for the statistics (the second subtracts the mean
+// before squaring, which keeps the variance accurate when the mean is large), for RMSNorm one; then a pass
+// writes the output. The row is re-read from memory each pass; 1.5 KiB per row stays in L1. RMSNorm reads
+// no bias and writes no mean.
+template <Norm norm>
+__device__ void norm_row(floatX* out_row, float* mean_out, float* rstd_out, const floatX* x_row, const floatX* weight,
+                         const floatX* bias, int C, int lane, float epsilon) {
+    float mean = 0.0f;
+    if (norm == Norm::Layer) {
+        float sum = 0.0f;
+        for (int c = lane * x128::size; c < C; c += 32 * x128::size) {
+            const x128 x = load128(x_row + c);
+            for (int k = 0; k < x128::size; k++) sum += (float)x[k];
+        }
+        mean = warp_reduce_sum(sum) / (float)C;
     }
-    const float mean = warp_reduce_sum(sum) / (float)C;
 
     float squares = 0.0f;
     for (int c = lane * x128::size; c < C; c += 32 * x128::size) {
@@ -77,48 +95,60 @@ __device__ void layernorm_row(floatX* out_row, float* mean_out, float* rstd_out,
             squares += centered * centered;
         }
     }
-    const float rstd = rsqrtf(warp_reduce_sum(squares) / (float)C + LAYERNORM_EPSILON);
+    const float rstd = rsqrtf(warp_reduce_sum(squares) / (float)C + epsilon);
 
     for (int c = lane * x128::size; c < C; c += 32 * x128::size) {
         const x128 x = load128cs(x_row + c);  // last use of the row
         const x128 w = load128(weight + c);
-        const x128 b = load128(bias + c);
         x128 result;
-        for (int k = 0; k < x128::size; k++) {
-            const float norm = ((float)x[k] - mean) * rstd;
-            result[k] = (floatX)(norm * (float)w[k] + (float)b[k]);
+        if (norm == Norm::Layer) {
+            const x128 b = load128(bias + c);
+            for (int k = 0; k < x128::size; k++) result[k] = (floatX)(((float)x[k] - mean) * rstd * (float)w[k] + (float)b[k]);
+        } else {
+            for (int k = 0; k < x128::size; k++) result[k] = (floatX)((float)x[k] * rstd * (float)w[k]);
         }
         store128(out_row + c, result);
     }
-    if (lane == 0 && mean_out != nullptr) *mean_out = mean;
+    if (norm == Norm::Layer && lane == 0 && mean_out != nullptr) *mean_out = mean;
     if (lane == 0 && rstd_out != nullptr) *rstd_out = rstd;
 }
 
-// out[row] = layernorm(inp[row]); a grid-stride loop over rows, one warp per row.
-__global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, const floatX* inp,
-                                         const floatX* weight, const floatX* bias, int N, int C) {
+// out[row] = norm(inp[row]); a grid-stride loop over rows, one warp per row.
+template <Norm norm>
+__device__ void norm_forward_rows(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* weight,
+                                  const floatX* bias, int N, int C, float epsilon) {
     const int warps_per_block = blockDim.x / 32;
     const int lane = threadIdx.x % 32;
     // `row` is the same for all lanes of a warp, so whole warps leave the loop together and the
-    // shuffles inside layernorm_row always see all 32 lanes
+    // shuffles inside norm_row always see all 32 lanes
     for (int row = blockIdx.x * warps_per_block + threadIdx.x / 32; row < N; row += gridDim.x * warps_per_block) {
-        layernorm_row(out + (size_t)row * C, mean ? mean + row : nullptr, rstd ? rstd + row : nullptr,
-                      inp + (size_t)row * C, weight, bias, C, lane);
+        norm_row<norm>(out + (size_t)row * C, mean ? mean + row : nullptr, rstd ? rstd + row : nullptr,
+                       inp + (size_t)row * C, weight, bias, C, lane, epsilon);
     }
 }
 
-// residual = inp1 + inp2 (rounded to floatX, as it is stored), normed = layernorm(residual).
+__global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, const floatX* inp,
+                                         const floatX* weight, const floatX* bias, int N, int C) {
+    norm_forward_rows<Norm::Layer>(out, mean, rstd, inp, weight, bias, N, C, LAYERNORM_EPSILON);
+}
+__global__ void rmsnorm_forward_kernel(floatX* out, float* rstd, const floatX* inp, const floatX* weight, int N, int C,
+                                       float epsilon) {
+    norm_forward_rows<Norm::RMS>(out, nullptr, rstd, inp, weight, nullptr, N, C, epsilon);
+}
+
+// residual = inp1 + inp2 (rounded to floatX, as it is stored), normed = norm(residual).
 // The statistics are taken from the rounded residual, so that the backward pass, which only sees the
 // stored residual, differentiates exactly the function that was computed.
-__global__ void fused_residual_layernorm_forward_kernel(floatX* residual, floatX* normed, float* mean, float* rstd,
-                                                        const floatX* inp1, const floatX* inp2,
-                                                        const floatX* weight, const floatX* bias, int N, int C) {
+template <Norm norm>
+__device__ void residual_norm_rows(floatX* residual, floatX* normed, float* mean, float* rstd, const floatX* inp1,
+                                   const floatX* inp2, const floatX* weight, const floatX* bias, int N, int C,
+                                   float epsilon) {
     const int warps_per_block = blockDim.x / 32;
     const int lane = threadIdx.x % 32;
     for (int row = blockIdx.x * warps_per_block + threadIdx.x / 32; row < N; row += gridDim.x * warps_per_block) {
         const size_t offset = (size_t)row * C;
-        // Each lane writes the chunks that it alone reads back in layernorm_row (same lane-to-chunk
-        // mapping), so no synchronisation is needed between the two.
+        // Each lane writes the chunks that it alone reads back in norm_row (same lane-to-chunk mapping), so no
+        // synchronisation is needed between the two.
         for (int c = lane * x128::size; c < C; c += 32 * x128::size) {
             const x128 a = load128cs(inp1 + offset + c);
             const x128 b = load128cs(inp2 + offset + c);
@@ -126,8 +156,20 @@ __global__ void fused_residual_layernorm_forward_kernel(floatX* residual, floatX
             for (int k = 0; k < x128::size; k++) sum[k] = (floatX)((float)a[k] + (float)b[k]);
             store128(residual + offset + c, sum);
         }
-        layernorm_row(normed + offset, mean + row, rstd + row, residual + offset, weight, bias, C, lane);
+        norm_row<norm>(normed + offset, mean ? mean + row : nullptr, rstd + row, residual + offset, weight, bias, C,
+                       lane, epsilon);
     }
+}
+
+__global__ void fused_residual_layernorm_forward_kernel(floatX* residual, floatX* normed, float* mean, float* rstd,
+                                                        const floatX* inp1, const floatX* inp2,
+                                                        const floatX* weight, const floatX* bias, int N, int C) {
+    residual_norm_rows<Norm::Layer>(residual, normed, mean, rstd, inp1, inp2, weight, bias, N, C, LAYERNORM_EPSILON);
+}
+__global__ void fused_residual_rmsnorm_forward_kernel(floatX* residual, floatX* normed, float* rstd,
+                                                      const floatX* inp1, const floatX* inp2, const floatX* weight,
+                                                      int N, int C, float epsilon) {
+    residual_norm_rows<Norm::RMS>(residual, normed, nullptr, rstd, inp1, inp2, weight, nullptr, N, C, epsilon);
 }
 
 // out = inp1 + inp2, a grid-stride loop over 16-byte chunks
@@ -158,30 +200,35 @@ __device__ inline int layernorm_slice_index(int c) {
     return (pass * x128::size + k) * 32 + lane;
 }
 
-// dinp += layernorm backward (see the top of the file); this block's sums of dout*norm and dout over
-// its rows go to partials[0][blockIdx.x][0..C) and partials[1][blockIdx.x][0..C).
-// Dynamic shared memory: warps_per_block * 2 * layernorm_slice_width(C) floats.
-__global__ void layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp,
-                                          const floatX* weight, const float* mean, const float* rstd, int N, int C) {
+// The column sums a norm's backward pass adds up: dweight and dbias (layernorm), dweight (RMSNorm).
+__host__ __device__ constexpr int norm_column_sums(Norm norm) { return norm == Norm::Layer ? 2 : 1; }
+
+// dinp += the norm's backward pass (see the top of the file); this block's sums of dout*norm (dweight) and,
+// for layernorm, dout (dbias) over its rows go to partials[0][blockIdx.x][0..C) and partials[1][blockIdx.x][0..C).
+// Dynamic shared memory: warps_per_block * norm_column_sums(norm) * layernorm_slice_width(C) floats.
+template <Norm norm>
+__device__ void norm_backward_rows(floatX* dinp, float* partials, const floatX* dout, const floatX* inp,
+                                   const floatX* weight, const float* mean, const float* rstd, int N, int C) {
     DYNAMIC_SHARED(float, warp_sums);
+    constexpr int sums = norm_column_sums(norm);
     const int warps_per_block = blockDim.x / 32;
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     const int slice_width = layernorm_slice_width(C);
 
-    for (int i = threadIdx.x; i < warps_per_block * 2 * slice_width; i += blockDim.x) warp_sums[i] = 0.0f;
+    for (int i = threadIdx.x; i < warps_per_block * sums * slice_width; i += blockDim.x) warp_sums[i] = 0.0f;
     __syncthreads();  // the zeroing above crosses warp slices; no warp may add into a slice before it is clear
 
-    float* dweight_sum = warp_sums + (size_t)warp * 2 * slice_width;
-    float* dbias_sum = dweight_sum + slice_width;
+    float* dweight_sum = warp_sums + (size_t)warp * sums * slice_width;
+    float* dbias_sum = dweight_sum + slice_width;  // layernorm only
     for (int row = blockIdx.x * warps_per_block + warp; row < N; row += gridDim.x * warps_per_block) {
         const floatX* dout_row = dout + (size_t)row * C;
         const floatX* inp_row = inp + (size_t)row * C;
         floatX* dinp_row = dinp + (size_t)row * C;
-        const float row_mean = mean[row];
+        const float row_mean = norm == Norm::Layer ? mean[row] : 0.0f;
         const float row_rstd = rstd[row];
 
-        // first pass: the two row means the chain rule needs, and this row's share of dweight/dbias
+        // first pass: the row means the chain rule needs, and this row's share of dweight (and dbias)
         float sum_dnorm = 0.0f;
         float sum_dnorm_norm = 0.0f;
         for (int c = lane * x128::size; c < C; c += 32 * x128::size) {
@@ -189,16 +236,17 @@ __global__ void layernorm_backward_kernel(floatX* dinp, float* partials, const f
             const x128 x = load128(inp_row + c);
             const x128 w = load128(weight + c);
             for (int k = 0; k < x128::size; k++) {
-                const float norm = ((float)x[k] - row_mean) * row_rstd;
+                const float normed = ((float)x[k] - row_mean) * row_rstd;
                 const float dnorm = (float)g[k] * (float)w[k];
                 sum_dnorm += dnorm;
-                sum_dnorm_norm += dnorm * norm;
+                sum_dnorm_norm += dnorm * normed;
                 const int slot = layernorm_slice_index(c + k);
-                dweight_sum[slot] += (float)g[k] * norm;
-                dbias_sum[slot] += (float)g[k];
+                dweight_sum[slot] += (float)g[k] * normed;
+                if (norm == Norm::Layer) dbias_sum[slot] += (float)g[k];
             }
         }
-        const float mean_dnorm = warp_reduce_sum(sum_dnorm) / (float)C;
+        // RMSNorm's mean is not a function of x: no correction for it
+        const float mean_dnorm = norm == Norm::Layer ? warp_reduce_sum(sum_dnorm) / (float)C : 0.0f;
         const float mean_dnorm_norm = warp_reduce_sum(sum_dnorm_norm) / (float)C;
 
         // second pass: accumulate the input gradient
@@ -209,9 +257,9 @@ __global__ void layernorm_backward_kernel(floatX* dinp, float* partials, const f
             const x128 previous = load128(dinp_row + c);
             x128 result;
             for (int k = 0; k < x128::size; k++) {
-                const float norm = ((float)x[k] - row_mean) * row_rstd;
+                const float normed = ((float)x[k] - row_mean) * row_rstd;
                 const float dnorm = (float)g[k] * (float)w[k];
-                const float grad = row_rstd * (dnorm - mean_dnorm - norm * mean_dnorm_norm);
+                const float grad = row_rstd * (dnorm - mean_dnorm - normed * mean_dnorm_norm);
                 result[k] = (floatX)((float)previous[k] + grad);
             }
             store128(dinp_row + c, result);
@@ -220,14 +268,23 @@ __global__ void layernorm_backward_kernel(floatX* dinp, float* partials, const f
     __syncthreads();  // every warp's slice is complete before the block adds them up
 
     // add the warps' slices in warp order (fixed, hence deterministic); i < C is dweight, the rest dbias
-    for (int i = threadIdx.x; i < 2 * C; i += blockDim.x) {
+    for (int i = threadIdx.x; i < sums * C; i += blockDim.x) {
         const int which = i / C;
         const int column = i % C;
         const int slot = which * slice_width + layernorm_slice_index(column);
         float sum = 0.0f;
-        for (int w = 0; w < warps_per_block; w++) sum += warp_sums[(size_t)w * 2 * slice_width + slot];
+        for (int w = 0; w < warps_per_block; w++) sum += warp_sums[(size_t)w * sums * slice_width + slot];
         partials[((size_t)which * gridDim.x + blockIdx.x) * C + column] = sum;
     }
+}
+
+__global__ void layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp,
+                                          const floatX* weight, const float* mean, const float* rstd, int N, int C) {
+    norm_backward_rows<Norm::Layer>(dinp, partials, dout, inp, weight, mean, rstd, N, C);
+}
+__global__ void rmsnorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp,
+                                        const floatX* weight, const float* rstd, int N, int C) {
+    norm_backward_rows<Norm::RMS>(dinp, partials, dout, inp, weight, nullptr, rstd, N, C);
 }
 
 // ----------------------------------------------------------------------------
@@ -259,6 +316,23 @@ void layernorm_forward(floatX* out, float* mean, float* rstd, const floatX* inp,
     launch(layernorm_forward_kernel, grid, LAYERNORM_BLOCK_SIZE, 0, stream, out, mean, rstd, inp, weight, bias, N, C);
 }
 
+// RMSNorm: out = x * rstd * weight, rstd kept (may be null)
+void rmsnorm_forward(floatX* out, float* rstd, const floatX* inp, const floatX* weight, int N, int C, float epsilon,
+                     cudaStream_t stream) {
+    layernorm_check_width("rmsnorm_forward", C);
+    const int grid = grid_size_for(N, LAYERNORM_WARPS_PER_BLOCK);
+    launch(rmsnorm_forward_kernel, grid, LAYERNORM_BLOCK_SIZE, 0, stream, out, rstd, inp, weight, N, C, epsilon);
+}
+
+void fused_residual_rmsnorm_forward(floatX* residual, floatX* normed, float* rstd, const floatX* inp1,
+                                    const floatX* inp2, const floatX* weight, int N, int C, float epsilon,
+                                    cudaStream_t stream) {
+    layernorm_check_width("fused_residual_rmsnorm_forward", C);
+    const int grid = grid_size_for(N, LAYERNORM_WARPS_PER_BLOCK);
+    launch(fused_residual_rmsnorm_forward_kernel, grid, LAYERNORM_BLOCK_SIZE, 0, stream, residual, normed, rstd, inp1,
+           inp2, weight, N, C, epsilon);
+}
+
 void fused_residual_layernorm_forward(floatX* residual, floatX* normed, float* mean, float* rstd,
                                       const floatX* inp1, const floatX* inp2, const floatX* weight,
                                       const floatX* bias, int N, int C, cudaStream_t stream) {
@@ -276,32 +350,49 @@ inline int layernorm_backward_blocks(int N) {
     return needed < enough ? needed : enough;
 }
 
-// floats of scratch that layernorm_backward needs for N rows of C
+// floats of scratch that layernorm_backward (and rmsnorm_backward, which uses half) needs for N rows of C
 inline size_t layernorm_backward_scratch_floats(int N, int C) {
-    return (size_t)2 * C * layernorm_backward_blocks(N);
+    return (size_t)norm_column_sums(Norm::Layer) * C * layernorm_backward_blocks(N);
 }
 
-// dynamic shared memory of one backward block: each warp's two running sums over a slice of C
-inline size_t layernorm_backward_shared_bytes(int C) {
-    return (size_t)LAYERNORM_WARPS_PER_BLOCK * 2 * layernorm_slice_width(C) * sizeof(float);
+// dynamic shared memory of one backward block: each warp's running sums over a slice of C
+inline size_t layernorm_backward_shared_bytes(int C, Norm norm = Norm::Layer) {
+    return (size_t)LAYERNORM_WARPS_PER_BLOCK * norm_column_sums(norm) * layernorm_slice_width(C) * sizeof(float);
+}
+
+// The backward kernel's launch: shared memory checked and opted into, the block count that the scratch layout
+// assumes; returns that count.
+template <typename Kernel, typename... Args>
+inline int launch_norm_backward(const char* caller, Norm norm, Kernel kernel, int N, int C, cudaStream_t stream,
+                                Args... args) {
+    layernorm_check_width(caller, C);
+    const int blocks = layernorm_backward_blocks(N);
+    const size_t shared_bytes = layernorm_backward_shared_bytes(C, norm);
+    if (shared_bytes > device_properties().sharedMemPerBlockOptin) {
+        fprintf(stderr, "error: %s: C = %d needs %zu bytes of shared memory per block, the device allows %zu\n",
+                caller, C, shared_bytes, (size_t)device_properties().sharedMemPerBlockOptin);
+        exit(EXIT_FAILURE);
+    }
+    // at C=768 layernorm's is exactly the 48 KiB a kernel gets without asking: opt in whatever the size
+    opt_in_shared_memory(kernel, shared_bytes);
+    launch(kernel, blocks, LAYERNORM_BLOCK_SIZE, shared_bytes, stream, args...);
+    return blocks;
 }
 
 // scratch: layernorm_backward_scratch_floats(N, C) floats, contents on entry do not matter
 void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, float* scratch, const floatX* dout,
                         const floatX* inp, const floatX* weight, const float* mean, const float* rstd, int N, int C,
                         cudaStream_t stream) {
-    layernorm_check_width("layernorm_backward", C);
-    const int blocks = layernorm_backward_blocks(N);
-    const size_t shared_bytes = layernorm_backward_shared_bytes(C);
-    if (shared_bytes > device_properties().sharedMemPerBlockOptin) {
-        fprintf(stderr, "error: layernorm_backward: C = %d needs %zu bytes of shared memory per block, the device "
-                "allows %zu\n", C, shared_bytes, (size_t)device_properties().sharedMemPerBlockOptin);
-        exit(EXIT_FAILURE);
-    }
-    // at C=768 this is exactly the 48 KiB a kernel gets without asking: opt in whatever the size
-    opt_in_shared_memory(layernorm_backward_kernel, shared_bytes);
-    launch(layernorm_backward_kernel, blocks, LAYERNORM_BLOCK_SIZE, shared_bytes, stream, dinp, scratch, dout, inp,
-           weight, mean, rstd, N, C);
+    const int blocks = launch_norm_backward("layernorm_backward", Norm::Layer, layernorm_backward_kernel, N, C, stream,
+                                            dinp, scratch, dout, inp, weight, mean, rstd, N, C);
     add_column_partials(dweight, scratch, blocks, C, stream);
     add_column_partials(dbias, scratch + (size_t)blocks * C, blocks, C, stream);
+}
+
+// RMSNorm's: dinp and dweight accumulated; scratch as layernorm_backward's
+void rmsnorm_backward(floatX* dinp, floatX* dweight, float* scratch, const floatX* dout, const floatX* inp,
+                      const floatX* weight, const float* rstd, int N, int C, cudaStream_t stream) {
+    const int blocks = launch_norm_backward("rmsnorm_backward", Norm::RMS, rmsnorm_backward_kernel, N, C, stream, dinp,
+                                            scratch, dout, inp, weight, rstd, N, C);
+    add_column_partials(dweight, scratch, blocks, C, stream);
 }

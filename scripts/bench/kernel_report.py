@@ -41,6 +41,7 @@ KNOWN_BLOCK_SIZES = {
     "gelu_forward_kernel": 512, "gelu_backward_kernel": 512,
     "residual_forward_kernel": 256, "layernorm_forward_kernel": 256,
     "fused_residual_layernorm_forward_kernel": 256, "layernorm_backward_kernel": 256,
+    "rmsnorm_forward_kernel": 256, "fused_residual_rmsnorm_forward_kernel": 256, "rmsnorm_backward_kernel": 256,
     "encoder_forward_kernel": 256, "encoder_backward_wpe_kernel": 256, "encoder_backward_wte_pieces_kernel": 128,
     "encoder_backward_wte_combine_kernel": 256, "embedding_lookup_forward_kernel": 256,
     "position_embedding_forward_kernel": 256,
@@ -169,6 +170,7 @@ def role_of(name):
     if re.match(r"attention_backward_dkdv", name): return ("attention_dkdv", hs)
     if re.match(r"attention_backward_dq", name): return ("attention_dq", hs)
     if name == "layernorm_backward_kernel": return ("layernorm_backward", 0)
+    if name == "rmsnorm_backward_kernel": return ("rmsnorm_backward", 0)
     return None
 
 

@@ -37,6 +37,7 @@ int main() {
     print_attention<16>(), print_attention<32>(), print_attention<48>(), print_attention<64>();
     print_attention<80>(), print_attention<96>(), print_attention<112>(), print_attention<128>();
     printf("layernorm_backward 0 %zu\n", layernorm_backward_shared_bytes(768));
+    printf("rmsnorm_backward 0 %zu\n", layernorm_backward_shared_bytes(768, Norm::RMS));
 }
 EOF
 if g++ -std=c++17 -DLLMC_CPU -fopenmp "${precision_flag[@]}" -I. -x c++ "$work/shared_bytes.cpp" -o "$work/shared_bytes" \
