@@ -1,0 +1,83 @@
+/*
+Rotary position embedding (RoPE, Su et al. 2021), Llama's positions: instead of adding a learned position
+vector to the input, each query and key head vector is rotated by angles proportional to its token's
+position, so that q . k depends on the two positions only through their difference.
+
+A head vector of hs values is hs/2 pairs (x_2i, x_2i+1), adjacent elements as Meta's Llama reference pairs
+them. Pair i turns at the frequency
+    f_i = theta^(-2i / hs)                 theta = --rope-theta (500000 for Llama 3)
+and at position p by the angle a = p f_i:
+    out_2i   = x_2i cos a - x_2i+1 sin a
+    out_2i+1 = x_2i sin a + x_2i+1 cos a
+The backward pass is the transpose of that rotation, the rotation by -a:
+    dx_2i   =  dout_2i cos a + dout_2i+1 sin a
+    dx_2i+1 = -dout_2i sin a + dout_2i+1 cos a
+The angle is taken in fp32, as PyTorch's reference takes it (the fp32 product p * f_i, then its cosine and
+sine), whatever floatX is.
+
+The layout is the qkv matmul's output: each of the N = B T rows holds the query heads, then the key heads,
+then the value heads, hs values each (with grouped-query attention there are fewer key/value heads than
+query heads; under tensor parallelism a rank holds its share of each). RoPE turns the first
+q_heads + kv_heads heads of each row, in place, and leaves the values alone. The rows are one chunk of
+B sequences (llmc/parallel/context_parallel.h's SequenceChunk): row b T + t is at position
+first_position + t, so a context-parallel rank turns each of its chunks with that chunk's first position.
+
+What each launcher does:
+    rope_forward    qkv: the query and key heads rotated in place
+    rope_backward   dqkv: the query and key heads' gradients rotated back in place
+One thread per pair, a grid-stride loop; hs must be even.
+*/
+#pragma once
+
+#include "../cuda_common.cuh"
+#include "../utils.h"
+
+// ----------------------------------------------------------------------------
+// kernels
+
+// Rotates every (row, rotated head, pair) by `direction` (+1 forward, -1 backward) times its angle.
+__global__ void rope_kernel(floatX* qkv, int B, int T, int first_position, int rotated_heads, int row_width,
+                            int head_size, float theta, float direction) {
+    const int pairs = head_size / 2;
+    const GridStride share = grid_stride((size_t)B * T * rotated_heads * pairs);
+    for (size_t item = share.first; item < share.end; item += share.step) {
+        const int i = (int)(item % pairs);
+        const size_t head = item / pairs % rotated_heads;
+        const size_t row = item / pairs / rotated_heads;
+        const int position = first_position + (int)(row % T);
+        const float frequency = 1.0f / powf(theta, (float)(2 * i) / (float)head_size);
+        float sine, cosine;
+        sincosf((float)position * frequency, &sine, &cosine);
+        sine *= direction;
+        floatX* pair = qkv + row * row_width + head * head_size + 2 * i;
+        const float x0 = (float)pair[0], x1 = (float)pair[1];
+        pair[0] = (floatX)(x0 * cosine - x1 * sine);
+        pair[1] = (floatX)(x0 * sine + x1 * cosine);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// launchers
+
+inline void rope_launch(const char* caller, floatX* qkv, int B, int T, int first_position, int q_heads, int kv_heads,
+                        int head_size, float theta, float direction, cudaStream_t stream) {
+    if (head_size <= 0 || head_size % 2 != 0)
+        fatal("%s: the head size %d must be positive and even (RoPE turns pairs)", caller, head_size);
+    if (theta <= 1.0f) fatal("%s: theta %g must exceed 1", caller, theta);
+    const int rotated_heads = q_heads + kv_heads, row_width = (q_heads + 2 * kv_heads) * head_size;
+    const int block_size = 256;
+    launch(rope_kernel, grid_size_for((size_t)B * T * rotated_heads * (head_size / 2), block_size), block_size, 0,
+           stream, qkv, B, T, first_position, rotated_heads, row_width, head_size, theta, direction);
+}
+
+// qkv (B T rows of q_heads + 2 kv_heads heads of head_size): the query and key heads rotated in place
+void rope_forward(floatX* qkv, int B, int T, int first_position, int q_heads, int kv_heads, int head_size,
+                  float theta, cudaStream_t stream) {
+    rope_launch("rope_forward", qkv, B, T, first_position, q_heads, kv_heads, head_size, theta, +1.0f, stream);
+}
+
+// dqkv (as qkv): the gradients of the rotated query and key heads become those of the heads before RoPE
+void rope_backward(floatX* dqkv, int B, int T, int first_position, int q_heads, int kv_heads, int head_size,
+                   float theta, cudaStream_t stream) {
+    rope_launch("rope_backward", dqkv, B, T, first_position, q_heads, kv_heads, head_size, theta, -1.0f, stream);
+}
