@@ -14,6 +14,7 @@ precision, on the GPU or on the CPU device. With --bench it also times each kern
 #include "lab_attention.cuh"
 #include "lab_gelu.cuh"
 #include "lab_rope.cuh"
+#include "lab_swiglu.cuh"
 #include "lab_classifier.cuh"
 #include "lab_adamw.cuh"
 #include "lab_global_norm.cuh"
@@ -40,6 +41,7 @@ int main(int argc, char** argv) {
     lab_attention();
     lab_gelu();
     lab_rope();
+    lab_swiglu();
     lab_classifier();
     lab_adamw();
     lab_global_norm();

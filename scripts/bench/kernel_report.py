@@ -39,6 +39,7 @@ KNOWN_BLOCK_SIZES = {
     "sum_of_squares_partials_kernel": 512, "sum_partials_kernel": 256,
     "fused_classifier_kernel": 512,
     "gelu_forward_kernel": 512, "gelu_backward_kernel": 512, "rope_kernel": 256,
+    "swiglu_forward_kernel": 512, "swiglu_backward_kernel": 512,
     "residual_forward_kernel": 256, "layernorm_forward_kernel": 256,
     "fused_residual_layernorm_forward_kernel": 256, "layernorm_backward_kernel": 256,
     "rmsnorm_forward_kernel": 256, "fused_residual_rmsnorm_forward_kernel": 256, "rmsnorm_backward_kernel": 256,

@@ -1,0 +1,89 @@
+/*
+SwiGLU, Llama's MLP nonlinearity (Shazeer, "GLU Variants Improve Transformer", 2020). The MLP's first matmul
+gives each row 2H values, a gate g and an up-projection u (H each, the gate first); the nonlinearity joins them:
+    out = silu(g) * u,         silu(g) = g s,   s = sigmoid(g) = 1 / (1 + exp(-g))
+and the MLP's second matmul takes out (H per row) back to C. The backward pass, by the product rule:
+    dg = dout * u * silu'(g),  silu'(g) = s + g s (1 - s) = s (1 + g (1 - s))
+    du = dout * silu(g)
+exp(-g) overflowing to infinity for very negative g gives s = 0, the right limit of both.
+
+Layout: inp and dinp are (N, 2H) with row r's gate in [r 2H, r 2H + H) and its up-projection in
+[r 2H + H, r 2H + 2H); out and dout are (N, H). Under tensor parallelism H is a rank's share of the hidden
+units, the gate and up rows of the same units on the same rank.
+
+What each launcher does with its outputs:
+    swiglu_forward   out: overwritten
+    swiglu_backward  dinp: overwritten (both halves)
+Both are elementwise over 16-byte chunks of a row's H values: H % x128::size == 0 (8 in BF16, 4 in FP32).
+*/
+#pragma once
+
+#include "../cuda_common.cuh"
+#include "../utils.h"
+
+// ----------------------------------------------------------------------------
+// kernels
+
+__global__ void swiglu_forward_kernel(floatX* out, const floatX* inp, int N, int H) {
+    const int chunks_per_row = H / x128::size;
+    const GridStride chunks = grid_stride((size_t)N * chunks_per_row);
+    for (size_t chunk = chunks.first; chunk < chunks.end; chunk += chunks.step) {
+        const size_t row = chunk / chunks_per_row;
+        const size_t column = chunk % chunks_per_row * x128::size;
+        const x128 g = load128cs(inp + row * 2 * H + column);
+        const x128 u = load128cs(inp + row * 2 * H + H + column);
+        x128 result;
+        for (int k = 0; k < x128::size; k++) {
+            const float gk = (float)g[k];
+            const float s = 1.0f / (1.0f + expf(-gk));
+            result[k] = (floatX)(gk * s * (float)u[k]);
+        }
+        store128(out + row * H + column, result);
+    }
+}
+
+__global__ void swiglu_backward_kernel(floatX* dinp, const floatX* inp, const floatX* dout, int N, int H) {
+    const int chunks_per_row = H / x128::size;
+    const GridStride chunks = grid_stride((size_t)N * chunks_per_row);
+    for (size_t chunk = chunks.first; chunk < chunks.end; chunk += chunks.step) {
+        const size_t row = chunk / chunks_per_row;
+        const size_t column = chunk % chunks_per_row * x128::size;
+        const x128 g = load128cs(inp + row * 2 * H + column);
+        const x128 u = load128cs(inp + row * 2 * H + H + column);
+        const x128 d = load128cs(dout + row * H + column);
+        x128 dgate, dup;
+        for (int k = 0; k < x128::size; k++) {
+            const float gk = (float)g[k];
+            const float s = 1.0f / (1.0f + expf(-gk));
+            dgate[k] = (floatX)((float)d[k] * (float)u[k] * s * (1.0f + gk * (1.0f - s)));
+            dup[k] = (floatX)((float)d[k] * gk * s);
+        }
+        store128(dinp + row * 2 * H + column, dgate);
+        store128(dinp + row * 2 * H + H + column, dup);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// launchers
+
+inline void swiglu_check_shape(const char* caller, int N, int H) {
+    if (N <= 0 || H <= 0 || H % x128::size != 0)
+        fatal("%s: %d rows of H = %d: H must be a positive multiple of %d (16 bytes of %s)", caller, N, H, x128::size,
+              PRECISION_NAME);
+}
+
+constexpr int SWIGLU_BLOCK_SIZE = 512;
+
+// out (N, H) = silu(gate) * up, from inp (N, 2H)
+void swiglu_forward(floatX* out, const floatX* inp, int N, int H, cudaStream_t stream) {
+    swiglu_check_shape("swiglu_forward", N, H);
+    launch(swiglu_forward_kernel, grid_size_for((size_t)N * H / x128::size, SWIGLU_BLOCK_SIZE), SWIGLU_BLOCK_SIZE, 0,
+           stream, out, inp, N, H);
+}
+
+// dinp (N, 2H): the gradients of the gate and the up-projection, from inp (N, 2H) and dout (N, H)
+void swiglu_backward(floatX* dinp, const floatX* inp, const floatX* dout, int N, int H, cudaStream_t stream) {
+    swiglu_check_shape("swiglu_backward", N, H);
+    launch(swiglu_backward_kernel, grid_size_for((size_t)N * H / x128::size, SWIGLU_BLOCK_SIZE), SWIGLU_BLOCK_SIZE, 0,
+           stream, dinp, inp, dout, N, H);
+}
