@@ -244,9 +244,10 @@ struct PipelineRun {
     const std::vector<int>& head_of;    // the head record an action of the last stage uses (-1: none)
 };
 
-// Whether action i is the last of its list to add to wte's gradient: stage 0's B (the lookup), or on the
-// last stage the action that runs the LM head's weight gradient (its F, or its W under a split backward).
-// Under zbv one rank holds both stages and either may come last; the embedding chunk is done after it.
+// Whether action i is the last action of its microbatch, in its list, to add to wte's gradient: stage 0's B
+// (the lookup), or on the last stage the action that runs the LM head's weight gradient (its F, or its W
+// under a split backward). Under zbv one rank holds both stages and either may come last; the embedding
+// chunk's gradient for that microbatch is done after it (ZeRO-2 and 3 reduce it every microbatch).
 inline bool pipeline_adds_last_to_embeddings(const Pipeline& pipe, const PipelineRun& run, size_t i) {
     const int S = pipeline_stage_count(pipe);
     const PipelineAction::Kind head_weights =
@@ -254,6 +255,7 @@ inline bool pipeline_adds_last_to_embeddings(const Pipeline& pipe, const Pipelin
     for (size_t j = run.actions.size(); j-- > 0;) {
         const PipelineAction& a = run.actions[j];
         const int s = pipeline_model_stage(pipe, a);
+        if (a.microbatch != run.actions[i].microbatch) continue;
         if ((s == 0 && a.kind == PipelineAction::Backward) || (s == S - 1 && a.kind == head_weights)) return j == i;
     }
     return false;
