@@ -27,7 +27,7 @@ inline std::vector<double> reference_rotate(const std::vector<float>& qkv, const
     for (int row = 0; row < s.B * s.T; row++)
         for (int head = 0; head < s.q_heads + s.kv_heads; head++)
             for (int i = 0; i < s.head_size / 2; i++) {
-                const float frequency = 1.0f / powf(s.theta, (float)(2 * i) / (float)s.head_size);
+                const float frequency = (float)std::pow((double)s.theta, -2.0 * i / s.head_size);
                 const float angle = (float)(s.first_position + row % s.T) * frequency;
                 const double c = std::cos((double)angle), sn = direction * std::sin((double)angle);
                 const size_t at = (size_t)row * row_width + (size_t)head * s.head_size + 2 * i;

@@ -12,8 +12,10 @@ and at position p by the angle a = p f_i:
 The backward pass is the transpose of that rotation, the rotation by -a:
     dx_2i   =  dout_2i cos a + dout_2i+1 sin a
     dx_2i+1 = -dout_2i sin a + dout_2i+1 cos a
-The angle is taken in fp32, as PyTorch's reference takes it (the fp32 product p * f_i, then its cosine and
-sine), whatever floatX is.
+The angle is the fp32 product p * f_i, as PyTorch's reference takes it, then its cosine and sine, whatever
+floatX is. f_i itself is computed in double and rounded once to fp32, so that it is the same float on every
+device: an fp32 powf may be off by an ulp or two from one math library to another, and at position p the
+angle then moves by p times that (at p ~ 1000 about 1e-4 radians, far above fp32's rounding of the output).
 
 The layout is the qkv matmul's output: each of the N = B T rows holds the query heads, then the key heads,
 then the value heads, hs values each (with grouped-query attention there are fewer key/value heads than
@@ -45,7 +47,7 @@ __global__ void rope_kernel(floatX* qkv, int B, int T, int first_position, int r
         const size_t head = item / pairs % rotated_heads;
         const size_t row = item / pairs / rotated_heads;
         const int position = first_position + (int)(row % T);
-        const float frequency = 1.0f / powf(theta, (float)(2 * i) / (float)head_size);
+        const float frequency = (float)pow((double)theta, -2.0 * i / head_size);
         float sine, cosine;
         sincosf((float)position * frequency, &sine, &cosine);
         sine *= direction;
