@@ -80,12 +80,6 @@ struct ReferenceState {
     float loss = 0;
 };
 
-static float float_from_bits(int bits) {
-    float value;
-    memcpy(&value, &bits, sizeof(value));
-    return value;
-}
-
 static ReferenceState read_reference(const std::string& path, const GPT2Config& config, size_t num_params) {
     FILE* file = open_file(path, "rb");
     int header[256];
@@ -144,8 +138,9 @@ int main(int argc, char** argv) {
     const GPT2Config config = gpt2_read_config(model_path);
     const ParameterLayout layout(config);
     const ReferenceState ref = read_reference(state_path, config, layout.num_parameters);
-    printf("test_gpt: %s, %s, L=%d NH=%d C=%d V=%d, B=%d T=%d, %d steps\n", PRECISION_NAME, model_path.c_str(),
-           config.num_layers, config.num_heads, config.channels, config.vocab_size, ref.B, ref.T, ref.steps);
+    printf("test_gpt: %s, %s, %s L=%d NH=%d KV=%d C=%d H=%d V=%d, B=%d T=%d, %d steps\n", PRECISION_NAME,
+           model_path.c_str(), arch_name(config.arch), config.num_layers, config.num_heads, config.kv_heads,
+           config.channels, config.ffn_hidden, config.vocab_size, ref.B, ref.T, ref.steps);
 
     GPT2 model;
     gpt2_allocate(model, config, ref.B, ref.T);
@@ -180,6 +175,7 @@ int main(int argc, char** argv) {
             const std::vector<float> grads = download_as_float(model.grads, layout.total, model.stream);
             // one line per tensor kind: the worst layer
             for (int kind = 0; kind < NUM_TENSOR_KINDS; kind++) {
+                if (layout.elements(kind) == 0) continue;  // a tensor this architecture does not have
                 double worst = 0.0;
                 int worst_layer = 0;
                 size_t file_offset = 0;  // the reference's gradients are tensor-major (file order)

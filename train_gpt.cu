@@ -150,23 +150,34 @@ static std::string sample_text(ParallelContext& par, GPT2& model, const Tokenize
 // ----------------------------------------------------------------------------
 // setting up
 
-// The model's shape, from --model: a GPT-2 size, the custom shape flags, or a model file's header.
+// The model's shape, from --model: a GPT-2 or Llama 3 size, the custom shape flags, or a model file's header.
 static GPT2Config model_config(const Options& o) {
     GPT2Config config;
     if (o.model == "custom") {
+        if (o.arch != "gpt2" && o.arch != "llama") fatal("--arch %s: not gpt2 or llama", o.arch.c_str());
         config.num_layers = o.layers;
         config.num_heads = o.heads;
         config.channels = o.channels;
         config.vocab_size = o.vocab_size;
         config.padded_vocab_size = padded_vocab(o.vocab_size);
         config.max_seq_len = o.max_seq_len;
+        config = gpt2_shape(config);
+        if (o.arch == "llama") {
+            config.arch = Arch::Llama;
+            if (o.kv_heads > 0) config.kv_heads = o.kv_heads;
+            if (o.ffn_hidden > 0) config.ffn_hidden = o.ffn_hidden;
+            config.rope_theta = o.rope_theta;
+        } else if (o.kv_heads > 0 || o.ffn_hidden > 0) {
+            fatal("--kv-heads and --ffn-hidden shape a Llama block: add --arch llama");
+        }
         gpt2_validate_config(config, "--model custom");
-    } else if (gpt2_config_by_name(o.model, &config)) {
+    } else if (gpt2_config_by_name(o.model, &config) || llama_config_by_name(o.model, &config)) {
         gpt2_validate_config(config, "--model " + o.model);
     } else if (file_exists(o.model)) {
         config = gpt2_read_config(o.model);
     } else {
-        fatal("--model %s: not a model name (124M, 350M, 774M, 1558M, custom) nor an existing model file",
+        fatal("--model %s: not a model name (124M, 350M, 774M, 1558M, llama3-8B, llama3-70B, llama3-405B, custom) "
+              "nor an existing model file",
               o.model.c_str());
     }
     return config;
@@ -277,8 +288,7 @@ int main(int argc, char** argv) {
     // model FLOPs (llmc/planning/mfu.h) and hardware FLOPs, which count the recomputed forward passes too:
     // this rank's share
     const ParameterLayout whole_model(config);
-    const double flops_per_step = gpt2_flops_per_token((long long)whole_model.num_parameters, config.num_layers,
-                                                       config.channels, T) * par.layout.total_batch_size;
+    const double flops_per_step = model_flops_per_token(config, T) * par.layout.total_batch_size;
     const double hardware_flops_per_step = flops_per_step + recompute_extra_flops_per_token(
         par.layout.recompute, (double)whole_model.block_elements(), config.num_layers, config.channels, T) *
         par.layout.total_batch_size;

@@ -32,7 +32,7 @@ static void write_bytes(const std::string& path, const std::vector<uint8_t>& byt
 static GPT2Config tiny_config() {
     GPT2Config c;
     c.num_layers = 1, c.num_heads = 1, c.channels = 16, c.vocab_size = 5, c.padded_vocab_size = 128, c.max_seq_len = 4;
-    return c;
+    return gpt2_shape(c);
 }
 
 static void write_model_seeds(const std::string& directory) {

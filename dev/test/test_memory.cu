@@ -242,6 +242,7 @@ static void test_activations() {
     config.num_layers = 2;
     config.num_heads = 4;
     config.channels = 64;
+    config = gpt2_shape(config);
     shape.max_seq_len = config.max_seq_len;
     shape.multiprocessors = device_properties().multiProcessorCount;
     const bool is_bf16 = sizeof(floatX) == 2;
@@ -516,6 +517,7 @@ static void test_pipeline_parts() {
     config.num_layers = 8;
     config.num_heads = 4;
     config.channels = 64;
+    config = gpt2_shape(config);
     GPT2MemoryShape shape;
     shape.num_layers = config.num_layers;
     shape.channels = config.channels;
@@ -626,6 +628,7 @@ static void test_weight_records() {
     config.num_layers = 4;
     config.num_heads = 4;
     config.channels = 64;
+    config = gpt2_shape(config);
     shape.num_layers = config.num_layers;
     shape.max_seq_len = config.max_seq_len;
     shape.multiprocessors = device_properties().multiProcessorCount;
@@ -773,6 +776,7 @@ static void test_held_layouts() {
     config.num_layers = 4;
     config.num_heads = 4;
     config.channels = 64;
+    config = gpt2_shape(config);
     const int L = config.num_layers;
     const ParameterLayout model(config);  // the model file's
     // every element of the model: its kind and chunk (-1: padding)

@@ -38,6 +38,7 @@ static GPT2Config llama_class_config(int seq_len) {
     c.vocab_size = 50257;
     c.padded_vocab_size = padded_vocab(c.vocab_size);
     c.max_seq_len = seq_len;
+    c = gpt2_shape(c);
     gpt2_validate_config(c, "the 405B-class shape");
     return c;
 }
@@ -350,6 +351,7 @@ static void test_balanced_layers() {
     GPT2Config wide;
     wide.num_layers = 126, wide.channels = 16384, wide.num_heads = 128, wide.vocab_size = 50257;
     wide.padded_vocab_size = 50304, wide.max_seq_len = 8192;
+    wide = gpt2_shape(wide);
     Layout sixteen;
     sixteen.pp = 16, sixteen.seq_len = 8192;  // head = 0.236 layers: the last two stages give up one layer each
     check_true("126 layers over pp 16 at T 8192: fourteen 8s then 7, 7",
@@ -357,6 +359,7 @@ static void test_balanced_layers() {
     GPT2Config narrow;
     narrow.num_layers = 12, narrow.channels = 512, narrow.num_heads = 8, narrow.vocab_size = 50257;
     narrow.padded_vocab_size = 50304, narrow.max_seq_len = 256;
+    narrow = gpt2_shape(narrow);
     Layout four;
     four.pp = 4, four.seq_len = 256;  // head = 7.58 layers: the last stage holds one block and costs 8.58
     check_true("12 layers, C 512 over pp 4 at T 256: {4, 4, 3, 1}",

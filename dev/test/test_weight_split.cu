@@ -42,7 +42,7 @@ static GPT2Config small_config() {
     c.num_layers = 4;
     c.num_heads = 4;
     c.channels = 64;
-    return c;
+    return gpt2_shape(c);
 }
 
 constexpr int kBatch = 2, kSeq = 16, kMicrobatches = 2;

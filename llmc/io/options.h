@@ -17,7 +17,10 @@ the planner takes too.
 struct Options {
     // the model: a GPT-2 shape by name, a custom shape, or a model file
     std::string model;
+    std::string arch;  // custom: gpt2 or llama
     int layers = 0, heads = 0, channels = 0, vocab_size = 0, max_seq_len = 0, init_seed = 0;
+    int kv_heads = 0, ffn_hidden = 0;  // custom Llama (0: as many K/V heads as heads; 4 C)
+    float rope_theta = 0.0f;
     // the data
     std::string train_data, val_data, tokenizer;
     bool shuffle = true;
@@ -68,14 +71,21 @@ inline Options parse_options(int argc, char** argv) {
     Flags flags("train_gpt", "Trains GPT-2 on token shards (llm.c's format), on one GPU or on the CPU.");
     flags.heading("Model");
     std::string& model_name = flags.add_string("model", "124M",
-        "124M, 350M, 774M or 1558M (GPT-2 shapes, initialised from scratch), custom (the shape flags below), "
-        "or a model file in llm.c's format to start from");
+        "124M, 350M, 774M or 1558M (GPT-2 shapes), llama3-8B, llama3-70B or llama3-405B (Llama 3 shapes), all "
+        "initialised from scratch; custom (the shape flags below); or a model file (README: Model files)");
+    std::string& arch = flags.add_string("arch", "gpt2",
+        "custom: the block, gpt2 (LayerNorm, learned positions, GELU, tied head) or llama (RMSNorm, RoPE, "
+        "SwiGLU, grouped-query attention, no biases, untied head)");
     int& layers = flags.add_int("layers", 4, "custom: transformer blocks", 1, 1024);
     int& heads = flags.add_int("heads", 4, "custom: attention heads", 1, 1024);
     int& channels = flags.add_int("channels", 256, "custom: width of the residual stream", 8, 65536);
     int& vocab_size = flags.add_int("vocab-size", 50257, "custom: vocabulary size (GPT-2's tokenizer: 50257)", 1,
-                                    65536);
+                                    1 << 18);
     int& max_seq_len = flags.add_int("max-seq-len", 1024, "custom: positions the model can see", 1, 1 << 20);
+    int& kv_heads = flags.add_int("kv-heads", 0, "custom llama: K/V heads, a divisor of --heads (0: --heads)", 0, 1024);
+    int& ffn_hidden = flags.add_int("ffn-hidden", 0, "custom llama: the SwiGLU MLP's hidden units (0: 4 C)", 0,
+                                    1 << 20);
+    float& rope_theta = flags.add_float("rope-theta", 500000.0f, "custom llama: RoPE's base", 1.0f);
     int& init_seed = flags.add_int("init-seed", 42, "seed of the GPT-2 initialisation (from-scratch models)", 0);
     flags.heading("Data");
     std::string& train_data = flags.add_string("train-data", "data/classics_train*.bin", "training token shards (glob)");
@@ -193,6 +203,7 @@ inline Options parse_options(int argc, char** argv) {
     o.model = model_name;
     o.layers = layers, o.heads = heads, o.channels = channels, o.vocab_size = vocab_size;
     o.max_seq_len = max_seq_len, o.init_seed = init_seed;
+    o.arch = arch, o.kv_heads = kv_heads, o.ffn_hidden = ffn_hidden, o.rope_theta = rope_theta;
     o.train_data = train_data, o.val_data = val_data, o.tokenizer = tokenizer_path;
     o.shuffle = shuffle, o.data_seed = data_seed;
     Layout& l = o.layout;

@@ -219,14 +219,6 @@ inline void encoder_check_width(const char* caller, int C) {
     }
 }
 
-void encoder_forward(floatX* out, const int* tokens, const floatX* wte, const floatX* wpe, int B, int T, int C,
-                     cudaStream_t stream) {
-    encoder_check_width("encoder_forward", C);
-    const int block_size = 256;
-    const int grid = grid_size_for((size_t)B * T * C / x128::size, block_size);
-    launch(encoder_forward_kernel, grid, block_size, 0, stream, out, tokens, wte, wpe, B, T, C);
-}
-
 // Tensor parallelism, step 1 of the forward pass. tokens: N = B*T ids (device). wte_slice: this rank's
 // vocab_rows rows of wte, the first being token vocab_start. out (N, C): written, every row (zeros where the
 // token is not in the slice). The caller then sums the ranks' outputs (all-reduce or reduce-scatter).
@@ -243,6 +235,19 @@ void embedding_lookup_forward(floatX* out, const int* tokens, const floatX* wte_
     const int grid = grid_size_for((size_t)N * C / x128::size, block_size);
     launch(embedding_lookup_forward_kernel, grid, block_size, 0, stream, out, tokens, wte_slice, vocab_start,
            vocab_rows, N, C);
+}
+
+// wpe null: no position table (Llama's positions come from RoPE in attention), out = wte[tokens]
+void encoder_forward(floatX* out, const int* tokens, const floatX* wte, const floatX* wpe, int B, int T, int C,
+                     cudaStream_t stream) {
+    encoder_check_width("encoder_forward", C);
+    if (wpe == nullptr) {
+        embedding_lookup_forward(out, tokens, wte, 0, INT_MAX, B * T, C, stream);
+        return;
+    }
+    const int block_size = 256;
+    const int grid = grid_size_for((size_t)B * T * C / x128::size, block_size);
+    launch(encoder_forward_kernel, grid, block_size, 0, stream, out, tokens, wte, wpe, B, T, C);
 }
 
 // Tensor parallelism, step 2: out (rows, C) += the position rows, in place. Row i of out is row
@@ -332,10 +337,11 @@ void encoder_backward(floatX* dwte, floatX* dwpe, EncoderBackwardWorkspace* work
         exit(EXIT_FAILURE);
     }
 
-    // dwpe first: it needs no host work, so the device starts on it while the host sorts
+    // dwpe first (null: no position table): it needs no host work, so the device starts on it while the host sorts
     const int block_size = 256;
-    launch(encoder_backward_wpe_kernel, grid_size_for((size_t)T * C / x128::size, block_size), block_size, 0, stream,
-           dwpe, dout, B, T, C);
+    if (dwpe != nullptr)
+        launch(encoder_backward_wpe_kernel, grid_size_for((size_t)T * C / x128::size, block_size), block_size, 0,
+               stream, dwpe, dout, B, T, C);
 
     // group the slice's positions by token: sort (row of dwte, position) pairs, then cut at every change of
     // row. Subtracting vocab_start keeps the order, so the slice's positions come out exactly as in the

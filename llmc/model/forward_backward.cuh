@@ -1,14 +1,20 @@
 /*
-What GPT-2 computes (llmc/model/gpt2.cuh has the shapes): one block's forward and backward pass, and the
+What the model computes (llmc/model/gpt2.cuh has the shapes): one block's forward and backward pass, and the
 pieces of a step around the blocks, on this rank's part of the model.
 
-The network, for a batch of B sequences of T tokens:
-    x      = wte[tokens] + wpe[positions]                              gpt2_embed
-    for each of the L blocks:                                          block_forward
-        x  = x + attproj(attention(qkv(layernorm1(x))))
-        x  = x + fcproj(gelu(fc(layernorm2(x))))
-    logits = layernormf(x) @ wte^T                                     gpt2_head_forward
-    loss   = mean cross-entropy of softmax(logits[:, :V]) against the next tokens          gpt2_loss
+The network, for a batch of B sequences of T tokens, GPT-2's and, where it differs, Llama 3's:
+    x      = wte[tokens] + wpe[positions]          (Llama: wte[tokens])                gpt2_embed
+    for each of the L blocks:                                                          block_forward
+        x  = x + attproj(attention(qkv(norm1(x))))         (Llama: RoPE on q and k)
+        x  = x + fcproj(act(fc(norm2(x))))
+    logits = normf(x) @ wte^T                              (Llama: @ lmhead^T)         gpt2_head_forward
+    loss   = mean cross-entropy of softmax(logits[:, :V]) against the next tokens      gpt2_loss
+One block function serves both; the architecture chooses the op at four points (the section below):
+    norm       LayerNorm (GPT-2)                 | RMSNorm, x / sqrt(mean(x^2) + eps) * w (Llama)
+    positions  a learned table wpe, in the embeddings | RoPE: q and k turned by their position
+    act        GELU on 4C hidden units           | SwiGLU: silu(gate) * up, fc giving gate and up
+    K/V heads  as many as query heads            | fewer: grouped-query attention (attention_heads)
+and Llama has no biases (its BlockParams hold null there, which every kernel takes as "none").
 
 Every function takes the model and the parallel context (llmc/parallel/parallel_context.h), and the ranks
 talk only where the math puts them, each at a named call:
@@ -49,6 +55,59 @@ inline void chunk_gradient_done(GPT2& model, ParallelContext& par, int chunk) {
 }
 
 // ----------------------------------------------------------------------------
+// the four points where the architectures differ
+
+// LayerNorm or RMSNorm of N rows (RMSNorm keeps no mean and has no bias).
+inline void norm_forward(const GPT2Config& c, floatX* out, float* mean, float* rstd, const floatX* inp,
+                         const floatX* weight, const floatX* bias, int N, cudaStream_t stream) {
+    if (c.llama()) rmsnorm_forward(out, rstd, inp, weight, N, c.channels, c.norm_eps, stream);
+    else layernorm_forward(out, mean, rstd, inp, weight, bias, N, c.channels, stream);
+}
+// residual = inp1 + inp2, out = norm(residual)
+inline void fused_residual_norm_forward(const GPT2Config& c, floatX* residual, floatX* out, float* mean, float* rstd,
+                                        const floatX* inp1, const floatX* inp2, const floatX* weight,
+                                        const floatX* bias, int N, cudaStream_t stream) {
+    if (c.llama()) fused_residual_rmsnorm_forward(residual, out, rstd, inp1, inp2, weight, N, c.channels, c.norm_eps, stream);
+    else fused_residual_layernorm_forward(residual, out, mean, rstd, inp1, inp2, weight, bias, N, c.channels, stream);
+}
+// dinp, dweight (and dbias) += the norm's gradients
+inline void norm_backward(const GPT2Config& c, floatX* dinp, floatX* dweight, floatX* dbias, float* scratch,
+                          const floatX* dout, const floatX* inp, const floatX* weight, const float* mean,
+                          const float* rstd, int N, cudaStream_t stream) {
+    if (c.llama()) rmsnorm_backward(dinp, dweight, scratch, dout, inp, weight, rstd, N, c.channels, stream);
+    else layernorm_backward(dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd, N, c.channels, stream);
+}
+
+// Llama's positions: RoPE turns the query and key heads of qkv (this rank's, N rows) in place, forward or
+// (the transposed rotation) backward. Each cp chunk of rows sits at its own positions; GPT-2 took its
+// positions in with the embeddings and does nothing here.
+inline void positions_in_attention(const GPT2Config& c, const ParallelContext& par, floatX* qkv, int B, int T,
+                                   bool backward, cudaStream_t stream) {
+    if (!c.llama()) return;
+    const int q_heads = c.num_heads / par.tp.size, kv_heads = c.kv_heads / par.tp.size;
+    const size_t width = (size_t)(q_heads + 2 * kv_heads) * c.head_size();
+    for (const SequenceChunk& chunk : cp_sequence_chunks(par.cp, B, T)) {
+        floatX* rows = qkv + (size_t)chunk.first_row * width;
+        if (backward) rope_backward(rows, B, chunk.T, chunk.position, q_heads, kv_heads, c.head_size(), c.rope_theta, stream);
+        else rope_forward(rows, B, chunk.T, chunk.position, q_heads, kv_heads, c.head_size(), c.rope_theta, stream);
+    }
+}
+
+// The MLP's activation on N rows of this rank's H hidden units: GELU of fc's H outputs, or SwiGLU of its 2H
+// (silu(gate) * up; llmc/kernels/swiglu.cuh).
+inline void activation_forward(const GPT2Config& c, floatX* out, const floatX* fc_out, int N, int H,
+                               cudaStream_t stream) {
+    if (c.llama()) swiglu_forward(out, fc_out, N, H, stream);
+    else gelu_forward(out, fc_out, (size_t)N * H, stream);
+}
+// dfc_out (N x H or 2H) = the gradient of fc's output from dout (N x H); GELU's may work in place
+inline void activation_backward(const GPT2Config& c, floatX* dfc_out, const floatX* fc_out, const floatX* dout, int N,
+                                int H, cudaStream_t stream) {
+    if (c.llama()) swiglu_backward(dfc_out, fc_out, dout, N, H, stream);
+    else gelu_backward(dfc_out, fc_out, dout, (size_t)N * H, stream);
+}
+
+// ----------------------------------------------------------------------------
 // one block, forward and backward (N = B*T rows)
 //
 // Under tensor parallelism each rank runs the block on its heads and hidden units; tp_enter (f) and
@@ -63,35 +122,38 @@ inline void block_forward(GPT2& model, ParallelContext& par, int layer, const Bl
     cudaStream_t stream = model.stream;
     const BlockParams p = block_parameters(model, par, layer);
     const int N = B * T, C = c.channels, R = tp_rows(tp, N);
-    const int heads = c.num_heads / tp.size, attention = C / tp.size, hidden = 4 * C / tp.size;
-    // x + attproj(attention(qkv(layernorm1(x)))): qkv column-parallel (this rank's heads), attproj row-parallel
-    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.input, p.ln1w, p.ln1b, R, C, stream);
+    const int heads = c.num_heads / tp.size, attention = C / tp.size, qkv = c.qkv_channels() / tp.size;
+    const int hidden = c.ffn_hidden / tp.size, fc = c.fc_channels() / tp.size;
+    // x + attproj(attention(qkv(norm1(x)))): qkv column-parallel (this rank's heads), attproj row-parallel
+    norm_forward(c, a.ln1, a.ln1_mean, a.ln1_rstd, a.input, p.ln1w, p.ln1b, R, stream);
     const floatX* ln1 = tp_enter(tp, a.ln1, s.gathered, N, C, stream);
-    matmul_forward(a.qkv, ln1, p.qkvw, p.qkvb, N, C, 3 * attention, stream);
+    matmul_forward(a.qkv, ln1, p.qkvw, p.qkvb, N, C, qkv, stream);
+    positions_in_attention(c, par, a.qkv, B, T, /*backward=*/false, stream);
     cp_attention_forward(par.cp, a.atty, a.lse, a.qkv, B, T, attention, heads, stream);  // [cp ring or Ulysses]
     matmul_forward(s.projection, a.atty, p.attprojw, tp_row_parallel_bias(tp, p.attprojb), N, attention, C, stream);
     const floatX* attention_branch = tp_leave(tp, s.projection, N, C, stream);
-    fused_residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, a.input, attention_branch, p.ln2w,
-                                     p.ln2b, R, C, stream);
-    // + fcproj(gelu(fc(layernorm2(.)))): fc column-parallel (this rank's hidden units), fcproj row-parallel
+    fused_residual_norm_forward(c, a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, a.input, attention_branch, p.ln2w,
+                                p.ln2b, R, stream);
+    // + fcproj(act(fc(norm2(.)))): fc column-parallel (this rank's hidden units), fcproj row-parallel
     const floatX* ln2 = tp_enter(tp, a.ln2, s.gathered, N, C, stream);
-    matmul_forward(a.fch, ln2, p.fcw, p.fcb, N, C, hidden, stream);
-    gelu_forward(a.fch_gelu, a.fch, (size_t)N * hidden, stream);
+    matmul_forward(a.fch, ln2, p.fcw, p.fcb, N, C, fc, stream);
+    activation_forward(c, a.fch_gelu, a.fch, N, hidden, stream);
     matmul_forward(s.projection, a.fch_gelu, p.fcprojw, tp_row_parallel_bias(tp, p.fcprojb), N, hidden, C, stream);
     const floatX* mlp_branch = tp_leave(tp, s.projection, N, C, stream);
     residual_forward(a.output, a.residual2, mlp_branch, (size_t)R * C, stream);
 }
 
-// Selective recomputation (llmc/parallel/recompute.h): the layernorm and GELU outputs block_backward needs, which
-// the layer did not keep, computed again from what it kept: the same kernels on the same inputs, so the
-// same bits (the statistics are written again with the values they had).
+// Selective recomputation (llmc/parallel/recompute.h): the norm and activation outputs block_backward needs,
+// which the layer did not keep, computed again from what it kept: the same kernels on the same inputs, so
+// the same bits (the statistics are written again with the values they had).
 inline void block_recompute_selective(GPT2& model, const TensorParallel& tp, const BlockParams& p,
                                       const BlockActivations& a, int B, int T) {
+    const GPT2Config& c = model.config;
     cudaStream_t stream = model.stream;
-    const int N = B * T, C = model.config.channels, R = tp_rows(tp, N), hidden = 4 * C / tp.size;
-    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.input, p.ln1w, p.ln1b, R, C, stream);
-    layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2w, p.ln2b, R, C, stream);
-    gelu_forward(a.fch_gelu, a.fch, (size_t)N * hidden, stream);
+    const int N = B * T, R = tp_rows(tp, N), hidden = c.ffn_hidden / tp.size;
+    norm_forward(c, a.ln1, a.ln1_mean, a.ln1_rstd, a.input, p.ln1w, p.ln1b, R, stream);
+    norm_forward(c, a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2w, p.ln2b, R, stream);
+    activation_forward(c, a.fch_gelu, a.fch, N, hidden, stream);
 }
 
 // The backward pass in two halves (Qi et al. 2023, "Zero Bubble Pipeline Parallelism"). Every matmul
@@ -135,7 +197,8 @@ inline void block_backward(GPT2& model, ParallelContext& par, int layer, const B
     const BlockWeightRecord kept = w ? *w : BlockWeightRecord{};
     floatX* dresidual = a.dresidual;
     const int N = B * T, C = c.channels, R = tp_rows(tp, N);
-    const int heads = c.num_heads / tp.size, attention = C / tp.size, hidden = 4 * C / tp.size;
+    const int heads = c.num_heads / tp.size, attention = C / tp.size, qkv = c.qkv_channels() / tp.size;
+    const int hidden = c.ffn_hidden / tp.size, fc = c.fc_channels() / tp.size;
     // a matmul's weight gradients from its output gradient dout and input inp (IC -> OC features): now, or
     // (B) their operands kept
     auto weight_gradients = [&](floatX* dweight, floatX* dbias, const floatX* dout, floatX* kept_dout,
@@ -147,7 +210,7 @@ inline void block_backward(GPT2& model, ParallelContext& par, int layer, const B
         keep_for_weights(kept_dout, dout, (size_t)N * OC, stream);
         keep_for_weights(kept_inp, inp, (size_t)N * IC, stream);
     };
-    // where the layernorms' weight and bias gradients go: the chunk's, or (B) this microbatch's alone
+    // where the norms' weight and bias gradients go: the chunk's, or (B) this microbatch's alone
     floatX* dln1w = w ? kept.dlayernorm : g.ln1w;
     floatX* dln1b = w ? kept.dlayernorm + C : g.ln1b;
     floatX* dln2w = w ? kept.dlayernorm + 2 * C : g.ln2w;
@@ -155,31 +218,33 @@ inline void block_backward(GPT2& model, ParallelContext& par, int layer, const B
     if (w) cudaCheck(cudaMemsetAsync(kept.dlayernorm, 0, (size_t)4 * C * sizeof(floatX), stream));
     floatX* dhidden = w ? kept.dhidden : s.dhidden;  // (B) computed where W reads it
     floatX* dqkv = w ? kept.dqkv : s.dqkv;
-    // output = residual2 + fcproj(gelu(fc(ln2))): dresidual is the gradient of both terms
+    // output = residual2 + fcproj(act(fc(ln2))): dresidual is the gradient of both terms
     const floatX* dmlp = tp_leave_backward(tp, dresidual, w ? kept.dmlp : s.gathered, N, C, stream);
-    matmul_backward_input(dhidden, dmlp, p.fcprojw, N, hidden, C, stream);
+    floatX* dactivation = w && !c.llama() ? dhidden : s.dactivation;  // GELU's backward runs in place
+    matmul_backward_input(dactivation, dmlp, p.fcprojw, N, hidden, C, stream);
     weight_gradients(g.fcprojw, g.fcprojb, dmlp, kept.dmlp, a.fch_gelu, kept.fch_gelu, hidden, C);
-    gelu_backward(dhidden, a.fch, dhidden, (size_t)N * hidden, stream);
+    activation_backward(c, dhidden, a.fch, dactivation, N, hidden, stream);
     const floatX* ln2 = tp_enter(tp, a.ln2, w ? kept.ln2 : s.gathered, N, C, stream);  // gathered again under SP
-    matmul_backward_input(s.dchannels, dhidden, p.fcw, N, C, hidden, stream);
+    matmul_backward_input(s.dchannels, dhidden, p.fcw, N, C, fc, stream);
     const floatX* dln2 = tp_enter_backward(tp, s.dchannels, N, C, stream);  // summed beside the next line
-    weight_gradients(g.fcw, g.fcb, dhidden, kept.dhidden, ln2, kept.ln2, C, hidden);
+    weight_gradients(g.fcw, g.fcb, dhidden, kept.dhidden, ln2, kept.ln2, C, fc);
     tp_join(tp, stream);
-    layernorm_backward(dresidual, dln2w, dln2b, s.layernorm_scratch, dln2, a.residual2, p.ln2w, a.ln2_mean,
-                       a.ln2_rstd, R, C, stream);
+    norm_backward(c, dresidual, dln2w, dln2b, s.layernorm_scratch, dln2, a.residual2, p.ln2w, a.ln2_mean,
+                  a.ln2_rstd, R, stream);
     // residual2 = input + attproj(attention(qkv(ln1))): dresidual is now the gradient of residual2
     const floatX* dattention = tp_leave_backward(tp, dresidual, w ? kept.dattention : s.gathered, N, C, stream);
     matmul_backward_input(s.dchannels, dattention, p.attprojw, N, attention, C, stream);
     weight_gradients(g.attprojw, g.attprojb, dattention, kept.dattention, a.atty, kept.atty, attention, C);
     cp_attention_backward(par.cp, dqkv, s.attention_D, s.dchannels, a.qkv, a.atty, a.lse, B, T, attention, heads,
                           stream);  // [cp ring or Ulysses]
+    positions_in_attention(c, par, dqkv, B, T, /*backward=*/true, stream);
     const floatX* ln1 = tp_enter(tp, a.ln1, w ? kept.ln1 : s.gathered, N, C, stream);
-    matmul_backward_input(s.dchannels, dqkv, p.qkvw, N, C, 3 * attention, stream);
+    matmul_backward_input(s.dchannels, dqkv, p.qkvw, N, C, qkv, stream);
     const floatX* dln1 = tp_enter_backward(tp, s.dchannels, N, C, stream);  // summed beside the next line
-    weight_gradients(g.qkvw, g.qkvb, dqkv, kept.dqkv, ln1, kept.ln1, C, 3 * attention);
+    weight_gradients(g.qkvw, g.qkvb, dqkv, kept.dqkv, ln1, kept.ln1, C, qkv);
     tp_join(tp, stream);
-    layernorm_backward(dresidual, dln1w, dln1b, s.layernorm_scratch, dln1, a.input, p.ln1w, a.ln1_mean,
-                       a.ln1_rstd, R, C, stream);
+    norm_backward(c, dresidual, dln1w, dln1b, s.layernorm_scratch, dln1, a.input, p.ln1w, a.ln1_mean, a.ln1_rstd, R,
+                  stream);
 }
 
 // W: block `layer`'s parameter gradients from what its B kept in w: the four matmuls' dW += dY^T X and
@@ -187,19 +252,21 @@ inline void block_backward(GPT2& model, ParallelContext& par, int layer, const B
 // gradients added. The block's chunk gradient is asked for here, and only here.
 inline void block_weight_gradients(GPT2& model, ParallelContext& par, int layer, const BlockWeightRecord& w, int B,
                                    int T) {
-    const int N = B * T, C = model.config.channels;
-    const int attention = C / par.tp.size, hidden = 4 * C / par.tp.size;
+    const GPT2Config& c = model.config;
+    const int N = B * T, C = c.channels;
+    const int attention = C / par.tp.size, qkv = c.qkv_channels() / par.tp.size;
+    const int hidden = c.ffn_hidden / par.tp.size, fc = c.fc_channels() / par.tp.size;
     float* scratch = model.shared.matmul_scratch;
     cudaStream_t stream = model.stream;
     const BlockParams g = block_gradients(model, par, layer);
     matmul_backward_weights(g.fcprojw, g.fcprojb, scratch, w.dmlp, w.fch_gelu, N, hidden, C, stream);
-    matmul_backward_weights(g.fcw, g.fcb, scratch, w.dhidden, w.ln2, N, C, hidden, stream);
+    matmul_backward_weights(g.fcw, g.fcb, scratch, w.dhidden, w.ln2, N, C, fc, stream);
     matmul_backward_weights(g.attprojw, g.attprojb, scratch, w.dattention, w.atty, N, attention, C, stream);
-    matmul_backward_weights(g.qkvw, g.qkvb, scratch, w.dqkv, w.ln1, N, C, 3 * attention, stream);
+    matmul_backward_weights(g.qkvw, g.qkvb, scratch, w.dqkv, w.ln1, N, C, qkv, stream);
     residual_forward(g.ln2w, g.ln2w, w.dlayernorm + 2 * C, C, stream);
-    residual_forward(g.ln2b, g.ln2b, w.dlayernorm + 3 * C, C, stream);
+    if (g.ln2b) residual_forward(g.ln2b, g.ln2b, w.dlayernorm + 3 * C, C, stream);
     residual_forward(g.ln1w, g.ln1w, w.dlayernorm, C, stream);
-    residual_forward(g.ln1b, g.ln1b, w.dlayernorm + C, C, stream);
+    if (g.ln1b) residual_forward(g.ln1b, g.ln1b, w.dlayernorm + C, C, stream);
 }
 
 // ----------------------------------------------------------------------------
@@ -229,7 +296,7 @@ inline void check_token_ids(const int* tokens, size_t count, int vocab_size, con
             fatal("%s: token id %d at position %zu is outside the vocabulary [0, %d)", what, tokens[i], i, vocab_size);
 }
 
-// First stage: x = wte[tokens] + wpe[positions] into record.input (tokens: host ids).
+// First stage: x = wte[tokens] + wpe[positions] (Llama: wte[tokens]) into record.input (tokens: host ids).
 inline void gpt2_embed(GPT2& model, ParallelContext& par, StageActivations& record, const int* tokens, int B, int T) {
     const GPT2Config& c = model.config;
     const TensorParallel& tp = par.tp;
@@ -242,7 +309,7 @@ inline void gpt2_embed(GPT2& model, ParallelContext& par, StageActivations& reco
     record.tokens.assign(tokens, tokens + N);
     staged_upload(model.inputs_upload, model.inputs, tokens, N, model.stream);
     floatX* embeddings = zero_parameters_of(par.zero, model, 0);  // wte (this rank's rows under tp), then wpe
-    const floatX* wpe = embeddings + model.layout.offset(WPE);
+    const floatX* wpe = tensor_in_chunk(embeddings, model.layout, WPE);  // null: Llama, no position table
     // the positions of the rows: one chunk of all T without context parallelism (llmc/parallel/context_parallel.h)
     const std::vector<SequenceChunk> chunks = cp_sequence_chunks(par.cp, B, T);
     if (tp.size > 1) {  // all rows at once: under SP a tp slice of the rows may cut across the chunks
@@ -252,7 +319,7 @@ inline void gpt2_embed(GPT2& model, ParallelContext& par, StageActivations& reco
     }
     for (const SequenceChunk& chunk : chunks)
         encoder_forward(record.input + (size_t)chunk.first_row * C, model.inputs + chunk.first_row, embeddings,
-                        wpe + (size_t)chunk.position * C, B, chunk.T, C, model.stream);
+                        wpe ? wpe + (size_t)chunk.position * C : nullptr, B, chunk.T, C, model.stream);
 }
 
 // A stage of `layers` blocks runs on a record sized for the rank's longest stage (model.stage_layers).
@@ -268,19 +335,27 @@ inline void gpt2_stage_forward(GPT2& model, ParallelContext& par, StageActivatio
     for (int i = 0; i < layers; i++) block_forward(model, par, first_layer + i, stage_block(record, i, layers), B, T);
 }
 
-// Last stage: the final layernorm of the stage's output, then the logits (head.logits: N x Vp, or this
-// rank's Vp/tp columns under tensor parallelism).
+// The LM head's weights (Vp x C, this rank's Vp/tp rows under tp): wte for GPT-2, lmhead in the final chunk for
+// Llama; `chunk_of_head` gets a chunk's parameters or gradients.
+template <class ChunkBuffer>
+inline floatX* lm_head_in(const GPT2& model, ChunkBuffer&& chunk_of_head) {
+    if (model.config.tied_head()) return chunk_of_head(0);
+    return tensor_in_chunk(chunk_of_head(model.layout.num_chunks() - 1), model.layout, LMHEAD);
+}
+
+// Last stage: the final norm of the stage's output, then the logits (head.logits: N x Vp, or this rank's Vp/tp
+// columns under tensor parallelism).
 inline void gpt2_head_forward(GPT2& model, ParallelContext& par, const StageActivations& record, HeadRecord& head,
                               int B, int T) {
     const GPT2Config& c = model.config;
-    const int N = B * T, C = c.channels, L = c.num_layers;
-    floatX* final_layernorm = zero_parameters_of(par.zero, model, L + 1);  // lnfw, then lnfb
-    layernorm_forward(head.lnf, head.lnf_mean, head.lnf_rstd, record.output(), final_layernorm,
-                      final_layernorm + C, tp_rows(par.tp, N), C, model.stream);
-    // the LM head: column-parallel over the vocabulary (wte's rows), so f comes before it
+    const int N = B * T, C = c.channels, final_chunk = model.layout.num_chunks() - 1;
+    floatX* final_norm = zero_parameters_of(par.zero, model, final_chunk);  // lnfw, then lnfb (GPT-2)
+    norm_forward(c, head.lnf, head.lnf_mean, head.lnf_rstd, record.output(), final_norm,
+                 tensor_in_chunk(final_norm, model.layout, LNFB), tp_rows(par.tp, N), model.stream);
+    // the LM head: column-parallel over the vocabulary (its rows), so f comes before it
     const floatX* lnf = tp_enter(par.tp, head.lnf, model.shared.gathered, N, C, model.stream);
-    matmul_forward(head.logits, lnf, zero_parameters_of(par.zero, model, 0), nullptr, N, C,
-                   c.padded_vocab_size / par.tp.size, model.stream);
+    const floatX* lm_head = lm_head_in(model, [&](int chunk) { return zero_parameters_of(par.zero, model, chunk); });
+    matmul_forward(head.logits, lnf, lm_head, nullptr, N, C, c.padded_vocab_size / par.tp.size, model.stream);
 }
 
 // Cross-entropy of head.logits against `targets` (host ids). Adds the mean loss over the N positions to
@@ -303,19 +378,20 @@ inline void gpt2_loss(GPT2& model, ParallelContext& par, HeadRecord& head, const
     accumulate_mean_loss(model.loss_sum, model.losses, N, model.stream);
 }
 
-// logits = lnf @ wte^T: the LM head's share of dwte, dwte += dlogits^T lnf, lnf as the head read it (`lnf`:
-// gathered from the tp ranks under sequence parallelism).
+// logits = lnf @ head^T: the LM head's weight gradient, dhead += dlogits^T lnf (GPT-2: its share of dwte), lnf
+// as the head read it (`lnf`: gathered from the tp ranks under sequence parallelism).
 inline void head_weight_gradient(GPT2& model, ParallelContext& par, const HeadRecord& head, const floatX* lnf,
                                  int N) {
     const GPT2Config& c = model.config;
-    floatX* embedding_grads = zero_gradients_of(par.zero, model, 0);  // wte, then wpe
-    matmul_backward_weights(embedding_grads, nullptr, model.shared.matmul_scratch, head.logits, lnf, N, c.channels,
+    floatX* head_grads = lm_head_in(model, [&](int chunk) { return zero_gradients_of(par.zero, model, chunk); });
+    matmul_backward_weights(head_grads, nullptr, model.shared.matmul_scratch, head.logits, lnf, N, c.channels,
                             c.padded_vocab_size / par.tp.size, model.stream);
 }
 
-// Last stage, after gpt2_loss: the loss's gradient through the LM head and the final layernorm into
-// record.doutput (the final layernorm's gradient is then complete for this microbatch), and the head's share
-// of dwte, unless `weights_later` (a split backward: gpt2_head_weights adds it in the stage's W).
+// Last stage, after gpt2_loss: the loss's gradient through the LM head and the final norm into record.doutput,
+// and the head's weight gradient (GPT-2: its share of dwte), unless `weights_later` (a split backward:
+// gpt2_head_weights adds it in the stage's W). The final chunk's gradient is then complete for this
+// microbatch, unless it holds an untied head whose gradient comes in W.
 inline void gpt2_head_backward(GPT2& model, ParallelContext& par, StageActivations& record, const HeadRecord& head,
                                int B, int T, bool weights_later = false) {
     const GPT2Config& c = model.config;
@@ -325,26 +401,27 @@ inline void gpt2_head_backward(GPT2& model, ParallelContext& par, StageActivatio
     // the gradient of lnf (f's backward sums the tp ranks' shares of it); lnf gathered first, as no tp
     // collective may start while that sum runs
     const floatX* lnf = weights_later ? nullptr : tp_enter(tp, head.lnf, s.gathered, N, C, model.stream);
-    matmul_backward_input(s.dchannels, head.logits, zero_parameters_of(par.zero, model, 0), N, C,
-                          c.padded_vocab_size / tp.size, model.stream);
+    const floatX* lm_head = lm_head_in(model, [&](int chunk) { return zero_parameters_of(par.zero, model, chunk); });
+    matmul_backward_input(s.dchannels, head.logits, lm_head, N, C, c.padded_vocab_size / tp.size, model.stream);
     const floatX* dlnf = tp_enter_backward(tp, s.dchannels, N, C, model.stream);  // summed beside the next line
     if (!weights_later) head_weight_gradient(model, par, head, lnf, N);
     tp_join(tp, model.stream);
-    // lnf = layernorm(x_L): the residual stream's gradient starts here
-    floatX* final_grads = zero_gradients_of(par.zero, model, final_chunk);  // lnfw, then lnfb
+    // lnf = norm(x_L): the residual stream's gradient starts here
+    floatX* final_grads = zero_gradients_of(par.zero, model, final_chunk);  // lnfw, then lnfb (GPT-2)
     cudaCheck(cudaMemsetAsync(record.doutput, 0, (size_t)R * C * sizeof(floatX), model.stream));
-    layernorm_backward(record.doutput, final_grads, final_grads + C, s.layernorm_scratch, dlnf,
-                       record.output(), zero_parameters_of(par.zero, model, final_chunk), head.lnf_mean,
-                       head.lnf_rstd, R, C, model.stream);
-    chunk_gradient_done(model, par, final_chunk);
+    norm_backward(c, record.doutput, final_grads, tensor_in_chunk(final_grads, model.layout, LNFB),
+                  s.layernorm_scratch, dlnf, record.output(), zero_parameters_of(par.zero, model, final_chunk),
+                  head.lnf_mean, head.lnf_rstd, R, model.stream);
+    if (!weights_later || c.tied_head()) chunk_gradient_done(model, par, final_chunk);
 }
 
-// W of the last stage under a split backward: the head's share of dwte, from the record its F and the loss
-// filled and its B left as it was.
+// W of the last stage under a split backward: the head's weight gradient (GPT-2: its share of dwte), from the
+// record its F and the loss filled and its B left as it was. An untied head's chunk is then done.
 inline void gpt2_head_weights(GPT2& model, ParallelContext& par, const HeadRecord& head, int B, int T) {
     const int N = B * T;
     head_weight_gradient(model, par, head, tp_enter(par.tp, head.lnf, model.shared.gathered, N,
                                                     model.config.channels, model.stream), N);
+    if (!model.config.tied_head()) chunk_gradient_done(model, par, model.layout.num_chunks() - 1);
 }
 
 // The stage's blocks backwards: record.doutput, the gradient of the stage's output, becomes the gradient of
@@ -391,7 +468,7 @@ inline void gpt2_embed_backward(GPT2& model, ParallelContext& par, const StageAc
     const int C = c.channels;
     SharedBuffers& s = model.shared;
     floatX* embedding_grads = zero_gradients_of(par.zero, model, 0);  // wte, then wpe
-    floatX* dwpe = embedding_grads + model.layout.offset(WPE);
+    floatX* dwpe = tensor_in_chunk(embedding_grads, model.layout, WPE);  // null: Llama
     const std::vector<SequenceChunk> chunks = cp_sequence_chunks(par.cp, B, T);
     if (par.tp.size > 1) {  // every row's gradient first (gathered under SP), then chunk by chunk
         vocab_parallel_embedding_backward(par.tp, embedding_grads, dwpe, &s.encoder_workspace, record.doutput,
@@ -400,7 +477,7 @@ inline void gpt2_embed_backward(GPT2& model, ParallelContext& par, const StageAc
         return;
     }
     for (const SequenceChunk& chunk : chunks)
-        encoder_backward(embedding_grads, dwpe + (size_t)chunk.position * C, &s.encoder_workspace,
+        encoder_backward(embedding_grads, dwpe ? dwpe + (size_t)chunk.position * C : nullptr, &s.encoder_workspace,
                          record.doutput + (size_t)chunk.first_row * C, record.tokens.data() + chunk.first_row, B,
                          chunk.T, C, model.stream);
 }

@@ -57,6 +57,8 @@ data-parallel ranks are in llmc/parallel/zero.h.
 #include "../kernels/matmul.cuh"
 #include "../kernels/attention.cuh"
 #include "../kernels/gelu.cuh"
+#include "../kernels/rope.cuh"
+#include "../kernels/swiglu.cuh"
 #include "../kernels/fused_classifier.cuh"
 #include "../kernels/adamw.cuh"
 #include "../kernels/global_norm.cuh"
@@ -149,8 +151,9 @@ struct StageWeightRecord {
 struct SharedBuffers {
     floatX* projection;     // (N, C)   attproj / fcproj output (each tp rank's term), added to the residual
     floatX* dchannels;      // (N, C)   gradient of a layernorm output or of the attention output
-    floatX* dhidden;        // (N, 4C/tp) gradient of the MLP's hidden activations
-    floatX* dqkv;           // (N, 3C/tp)
+    floatX* dhidden;        // (N, fc/tp) gradient of fc's output (4C GELU inputs, or 2H SwiGLU gates and ups)
+    floatX* dactivation;    // (N, H/tp)  gradient of the activation's output (GELU: dhidden itself, in place)
+    floatX* dqkv;           // (N, Q/tp)
     floatX* gathered;       // (N, C)   sequence parallelism: rows gathered from the tp ranks (else null)
     float* softmax_stats;   // (4N)     tensor parallelism: the vocabulary-parallel loss's row statistics
     float* attention_D;     // (B, NH/tp, T) attention backward workspace
@@ -284,7 +287,9 @@ inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int
     const GPT2Config& c = model.config;
     const Recompute& r = part.recompute;
     const size_t N = (size_t)B * T, C = c.channels, layers = model.stage_layers, R = part.rows(N);
-    const size_t attention = C / part.tp, hidden = 4 * C / part.tp, heads = c.num_heads / part.tp;
+    const size_t attention = C / part.tp, qkv = c.qkv_channels() / part.tp, heads = c.num_heads / part.tp;
+    const size_t hidden = c.ffn_hidden / part.tp, fc = c.fc_channels() / part.tp;
+    const bool layernorm = !c.llama();  // RMSNorm keeps no mean
     auto buffer = [&](size_t count, size_t element_bytes, MemoryKind kind) {
         void* pointer = tracked_alloc<char>(count * element_bytes, kind);
         model.record_buffers.push_back(pointer);
@@ -297,16 +302,16 @@ inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int
         BlockActivations a{};
         const bool selective = r.policy == RecomputePolicy::Selective;
         a.ln1 = selective ? nullptr : values(R * C, kind);
-        a.ln1_mean = floats(R, kind);
+        a.ln1_mean = layernorm ? floats(R, kind) : nullptr;
         a.ln1_rstd = floats(R, kind);
-        a.qkv = values(N * 3 * attention, kind);
+        a.qkv = values(N * qkv, kind);
         a.atty = values(N * attention, kind);
         a.lse = floats(N * heads, kind);
         a.residual2 = values(R * C, kind);
         a.ln2 = selective ? nullptr : values(R * C, kind);
-        a.ln2_mean = floats(R, kind);
+        a.ln2_mean = layernorm ? floats(R, kind) : nullptr;
         a.ln2_rstd = floats(R, kind);
-        a.fch = values(N * hidden, kind);
+        a.fch = values(N * fc, kind);
         a.fch_gelu = selective ? nullptr : values(N * hidden, kind);
         a.output = with_output ? values(R * C, kind) : nullptr;
         return a;
@@ -352,11 +357,11 @@ inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int
         stage.blocks.resize(layers);
         for (BlockWeightRecord& w : stage.blocks) {
             w.ln1 = values(N * C, MemoryKind::Activations);
-            w.dqkv = values(N * 3 * attention, MemoryKind::Activations);
+            w.dqkv = values(N * qkv, MemoryKind::Activations);
             w.atty = values(N * attention, MemoryKind::Activations);
             w.dattention = values(N * C, MemoryKind::Activations);
             w.ln2 = values(N * C, MemoryKind::Activations);
-            w.dhidden = values(N * hidden, MemoryKind::Activations);
+            w.dhidden = values(N * fc, MemoryKind::Activations);
             w.fch_gelu = values(N * hidden, MemoryKind::Activations);
             w.dmlp = values(N * C, MemoryKind::Activations);
             w.dlayernorm = values(4 * C, MemoryKind::Activations);
@@ -383,7 +388,8 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, c
     const size_t P = model.layout.total;
     const size_t N = (size_t)B * T, C = config.channels;
     const size_t R = part.rows(N);                                         // rows of the residual stream
-    const size_t attention = C / part.tp, hidden = 4 * C / part.tp, heads = config.num_heads / part.tp;
+    const size_t qkv = config.qkv_channels() / part.tp, heads = config.num_heads / part.tp;
+    const size_t hidden = config.ffn_hidden / part.tp, fc = config.fc_channels() / part.tp;
 
     if (part.full_parameters) model.params = tracked_alloc<floatX>(P, MemoryKind::Parameters);
     if (part.full_gradients) {
@@ -414,13 +420,15 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, c
     SharedBuffers& s = model.shared;
     s.projection = tracked_alloc<floatX>(N * C, MemoryKind::Workspace);
     s.dchannels = tracked_alloc<floatX>(N * C, MemoryKind::Workspace);
-    s.dhidden = tracked_alloc<floatX>(N * hidden, MemoryKind::Workspace);
-    s.dqkv = tracked_alloc<floatX>(N * 3 * attention, MemoryKind::Workspace);
+    s.dhidden = tracked_alloc<floatX>(N * fc, MemoryKind::Workspace);
+    // SwiGLU's output gradient is half as wide as its input's; GELU's backward works in place
+    s.dactivation = config.llama() ? tracked_alloc<floatX>(N * hidden, MemoryKind::Workspace) : s.dhidden;
+    s.dqkv = tracked_alloc<floatX>(N * qkv, MemoryKind::Workspace);
     s.gathered = part.sequence_parallel ? tracked_alloc<floatX>(N * C, MemoryKind::Workspace) : nullptr;
     s.softmax_stats = part.tp > 1 && model.last_stage ? tracked_alloc<float>(4 * N, MemoryKind::Workspace) : nullptr;
     s.attention_D = tracked_alloc<float>(N * heads, MemoryKind::Workspace);
     // the widest matmul with a bias gradient: fc (4C/tp) or a row-parallel projection (C)
-    s.matmul_scratch = tracked_alloc<float>(matmul_backward_scratch_floats((int)N, (int)std::max(C, hidden)),
+    s.matmul_scratch = tracked_alloc<float>(matmul_backward_scratch_floats((int)N, (int)std::max(C, fc)),
                                             MemoryKind::Workspace);
     s.layernorm_scratch = tracked_alloc<float>(layernorm_backward_scratch_floats((int)R, (int)C), MemoryKind::Workspace);
     s.norm_scratch = tracked_alloc<float>(global_norm_scratch_count(), MemoryKind::Workspace);
@@ -438,6 +446,7 @@ inline void gpt2_free(GPT2& model) {
     cudaCheck(cudaFreeHost(model.results_host));
     for (void* p : model.record_buffers) tracked_free(p);
     SharedBuffers& s = model.shared;
+    if (s.dactivation != s.dhidden) tracked_free(s.dactivation);
     for (void* p : {(void*)s.projection, (void*)s.dchannels, (void*)s.dhidden, (void*)s.dqkv,
                     (void*)s.gathered, (void*)s.softmax_stats, (void*)s.attention_D, (void*)s.matmul_scratch, (void*)s.layernorm_scratch, (void*)s.norm_scratch})
         tracked_free(p);
@@ -463,11 +472,28 @@ inline std::vector<float> gpt2_get_parameters(const GPT2& model) {
 }
 
 // ----------------------------------------------------------------------------
-// model files (llm.c's format: 256 int32 header, then the tensors, tensor-major)
+// model files: a 256 int32 header, then the tensors, tensor-major (each tensor for every layer, then the next),
+// in TensorKind's order, those the architecture has. GPT-2's is llm.c's format; Llama's header has its own
+// magic number and four more fields (the README's "Model files" has the table):
+//   [0] magic  [1] version (3: fp32 values, 5: bf16)  [2] max_seq_len  [3] vocab  [4] layers  [5] heads
+//   [6] channels  [7] padded vocab;  Llama only: [8] K/V heads  [9] hidden units  [10] RoPE theta and
+//   [11] norm epsilon, as the bits of fp32 values
 
 constexpr int kModelMagic = 20240326;
+constexpr int kLlamaModelMagic = 20241125;
 constexpr int kModelVersionFP32 = 3;
 constexpr int kModelVersionBF16 = 5;
+
+inline float float_from_bits(int bits) {
+    float value;
+    memcpy(&value, &bits, 4);
+    return value;
+}
+inline int bits_of_float(float value) {
+    int bits;
+    memcpy(&bits, &value, 4);
+    return bits;
+}
 
 // Reads the header: the shape of the model in a file. The header must agree with the file's size, checked
 // here and only here, so that a corrupt or truncated file is refused before anything is allocated for the
@@ -477,8 +503,9 @@ inline GPT2Config gpt2_read_config(const std::string& path, int* version = nullp
     int header[256];
     read_exact(header, sizeof(int), 256, file, path, "the model header");
     close_file(file, path);
-    if (header[0] != kModelMagic)
-        fatal("%s is not a model file (magic number %d, expected %d)", path.c_str(), header[0], kModelMagic);
+    if (header[0] != kModelMagic && header[0] != kLlamaModelMagic)
+        fatal("%s is not a model file (magic number %d, expected %d for GPT-2 or %d for Llama)", path.c_str(),
+              header[0], kModelMagic, kLlamaModelMagic);
     if (header[1] != kModelVersionFP32 && header[1] != kModelVersionBF16)
         fatal("%s: unsupported model file version %d (3 = fp32, 5 = bf16)", path.c_str(), header[1]);
     if (version) *version = header[1];
@@ -489,12 +516,22 @@ inline GPT2Config gpt2_read_config(const std::string& path, int* version = nullp
     c.num_heads = header[5];
     c.channels = header[6];
     c.padded_vocab_size = header[7];
+    if (header[0] == kLlamaModelMagic) {
+        c.arch = Arch::Llama;
+        c.kv_heads = header[8];
+        c.ffn_hidden = header[9];
+        c.rope_theta = float_from_bits(header[10]);
+        c.norm_eps = float_from_bits(header[11]);
+    } else {
+        c = gpt2_shape(c);
+    }
     gpt2_validate_config(c, path);
 
     // The file is the header and then every parameter (ParameterLayout's num_parameters), counted here in
     // double: a corrupt header can claim a model whose size does not fit in size_t (12 C^2 per layer with C
     // near 2^31, times 2^31 layers), and must still be refused by name. tensor_elements itself cannot
-    // overflow for int dimensions (its largest product, 4 C^2, stays below 2^64). Exact below 2^53.
+    // overflow for int dimensions (its largest product, 3 C x 2^31 or 2 H x C, stays below 2^64). Exact
+    // below 2^53.
     double parameters = 0;
     for (int kind = 0; kind < NUM_TENSOR_KINDS; kind++)
         parameters += (double)tensor_elements(c, kind) * (tensor_kind_info(kind).per_layer ? c.num_layers : 1);
@@ -516,11 +553,12 @@ inline std::vector<float> gpt2_read_parameters(const std::string& path, const Pa
     int version = 0;
     const GPT2Config c = gpt2_read_config(path, &version);
     const GPT2Config& l = layout.config;
-    if (c.num_layers != l.num_layers || c.num_heads != l.num_heads || c.channels != l.channels ||
-        c.vocab_size != l.vocab_size || c.padded_vocab_size != l.padded_vocab_size || c.max_seq_len != l.max_seq_len)
-        fatal("%s holds a model of another shape (layers %d, heads %d, channels %d, vocab %d) than the one it is "
-              "read into (layers %d, heads %d, channels %d, vocab %d)", path.c_str(), c.num_layers, c.num_heads,
-              c.channels, c.vocab_size, l.num_layers, l.num_heads, l.channels, l.vocab_size);
+    if (!same_shape(c, l))
+        fatal("%s holds a model of another shape (%s, layers %d, heads %d, K/V heads %d, channels %d, hidden %d, "
+              "vocab %d) than the one it is read into (%s, layers %d, heads %d, K/V heads %d, channels %d, hidden %d, "
+              "vocab %d)", path.c_str(), arch_name(c.arch), c.num_layers, c.num_heads, c.kv_heads, c.channels,
+              c.ffn_hidden, c.vocab_size, arch_name(l.arch), l.num_layers, l.num_heads, l.kv_heads, l.channels,
+              l.ffn_hidden, l.vocab_size);
     FILE* file = open_file(path, "rb");
     if (fseek(file, 256 * sizeof(int), SEEK_SET) != 0) fatal("cannot seek in %s: %s", path.c_str(), strerror(errno));
     std::vector<float> values(layout.total);
@@ -548,7 +586,7 @@ inline std::vector<float> gpt2_read_parameters(const std::string& path, const Pa
 inline void gpt2_save(const ParameterLayout& layout, const std::vector<float>& values, const std::string& path) {
     const GPT2Config& c = layout.config;
     int header[256] = {0};
-    header[0] = kModelMagic;
+    header[0] = c.llama() ? kLlamaModelMagic : kModelMagic;
     header[1] = kModelVersionFP32;
     header[2] = c.max_seq_len;
     header[3] = c.vocab_size;
@@ -556,6 +594,12 @@ inline void gpt2_save(const ParameterLayout& layout, const std::vector<float>& v
     header[5] = c.num_heads;
     header[6] = c.channels;
     header[7] = c.padded_vocab_size;
+    if (c.llama()) {
+        header[8] = c.kv_heads;
+        header[9] = c.ffn_hidden;
+        header[10] = bits_of_float(c.rope_theta);
+        header[11] = bits_of_float(c.norm_eps);
+    }
     const std::string temporary = path + ".tmp";
     FILE* file = open_file(temporary, "wb");
     write_exact(header, sizeof(int), 256, file, temporary);
@@ -566,9 +610,10 @@ inline void gpt2_save(const ParameterLayout& layout, const std::vector<float>& v
     if (rename(temporary.c_str(), path.c_str()) != 0) fatal("cannot rename %s to %s", temporary.c_str(), path.c_str());
 }
 
-// GPT-2's initialisation: weights ~ normal(0, 0.02), the two projections that write into the residual
-// stream scaled down by 1/sqrt(2L) (so the stream's variance does not grow with depth), biases 0,
-// layernorm weights 1. `normal` is a function returning standard normal samples. Padded wte rows stay 0.
+// GPT-2's initialisation, Llama's too: weights ~ normal(0, 0.02), the two projections that write into the
+// residual stream scaled down by 1/sqrt(2L) (so the stream's variance does not grow with depth), biases 0,
+// norm weights 1. `normal` is a function returning standard normal samples. Padded rows of wte (and of an
+// untied LM head) stay 0.
 template <class NormalSource>
 std::vector<float> gpt2_initial_parameters(const ParameterLayout& layout, NormalSource&& normal) {
     const GPT2Config& c = layout.config;
@@ -579,7 +624,7 @@ std::vector<float> gpt2_initial_parameters(const ParameterLayout& layout, Normal
             for (size_t i = 0; i < count; i++) values[offset + i] = 1.0f;
         } else if (tensor_kind_info(kind).is_matrix) {
             const float std = (kind == ATTPROJW || kind == FCPROJW) ? residual_std : 0.02f;
-            const size_t used = kind == WTE ? (size_t)c.vocab_size * c.channels : count;
+            const size_t used = kind == WTE || kind == LMHEAD ? (size_t)c.vocab_size * c.channels : count;
             for (size_t i = 0; i < used; i++) values[offset + i] = std * normal();
         }
     });

@@ -7,6 +7,7 @@ slices each tensor-parallel rank keeps (tensor_slice) and the conversion between
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 #include "../utils.h"
@@ -18,16 +19,52 @@ slices each tensor-parallel rank keeps (tensor_slice) and the conversion between
 // below), so chunks and shards start 256 bytes apart in bf16.
 constexpr size_t kChunkPaddingElements = 128;
 
+// The two blocks the program knows. One block function (llmc/model/forward_backward.cuh) chooses the op at
+// four points by the architecture: the norm (LayerNorm | RMSNorm), the positions (a learned table wpe |
+// RoPE on q and k), the MLP (GELU | SwiGLU) and attention's K/V heads (= heads | fewer: grouped-query
+// attention). Llama has no biases and an LM head of its own; GPT-2's head is tied to wte.
+enum class Arch { GPT2, Llama };
+inline const char* arch_name(Arch arch) { return arch == Arch::Llama ? "llama" : "gpt2"; }
+
 struct GPT2Config {
-    int max_seq_len = 0;        // rows of wpe
+    Arch arch = Arch::GPT2;
+    int max_seq_len = 0;        // GPT-2: rows of wpe; Llama: the longest sequence RoPE is run at
     int vocab_size = 0;         // V: real tokens
     int padded_vocab_size = 0;  // Vp: rows of wte, V rounded up to a multiple of 128 (aligned matmuls)
     int num_layers = 0;
     int num_heads = 0;
     int channels = 0;
+    int kv_heads = 0;           // heads of K and V (GPT-2: num_heads; Llama: a divisor of it)
+    int ffn_hidden = 0;         // the MLP's hidden units (GPT-2: 4 C)
+    float rope_theta = 0.0f;    // Llama: RoPE's base
+    float norm_eps = 1e-5f;     // the norms' epsilon (GPT-2's layernorm: 1e-5, fixed in its kernels)
+
+    bool llama() const { return arch == Arch::Llama; }
+    bool tied_head() const { return arch == Arch::GPT2; }  // the LM head is wte
+    int head_size() const { return channels / num_heads; }
+    // width of the qkv projection's output: the query heads, then the K heads, then the V heads
+    int qkv_channels() const { return (num_heads + 2 * kv_heads) * head_size(); }
+    // width of fc's output: the hidden units (GELU), or the gate and the up projection (SwiGLU)
+    int fc_channels() const { return llama() ? 2 * ffn_hidden : ffn_hidden; }
 };
 
+// Two configurations describe the same model (the same tensors of the same sizes, the same computation).
+inline bool same_shape(const GPT2Config& a, const GPT2Config& b) {
+    return a.arch == b.arch && a.num_layers == b.num_layers && a.num_heads == b.num_heads && a.channels == b.channels &&
+           a.kv_heads == b.kv_heads && a.ffn_hidden == b.ffn_hidden && a.vocab_size == b.vocab_size &&
+           a.padded_vocab_size == b.padded_vocab_size && a.max_seq_len == b.max_seq_len &&
+           a.rope_theta == b.rope_theta && a.norm_eps == b.norm_eps;
+}
+
 inline int padded_vocab(int vocab_size) { return (vocab_size + 127) / 128 * 128; }
+
+// GPT-2's derived fields: as many K/V heads as heads, 4 C hidden units.
+inline GPT2Config gpt2_shape(GPT2Config c) {
+    c.arch = Arch::GPT2;
+    c.kv_heads = c.num_heads;
+    c.ffn_hidden = 4 * c.channels;
+    return c;
+}
 
 // The GPT-2 family by name ("124M" etc.; "d12" style depth names too), with GPT-2's vocabulary.
 inline bool gpt2_config_by_name(const std::string& name, GPT2Config* config) {
@@ -38,14 +75,44 @@ inline bool gpt2_config_by_name(const std::string& name, GPT2Config* config) {
     };
     for (const Named& n : family) {
         if (name == n.name || name == n.depth_name) {
-            config->max_seq_len = 1024;
-            config->vocab_size = 50257;
-            config->padded_vocab_size = 50304;
-            config->num_layers = n.layers;
-            config->num_heads = n.heads;
-            config->channels = n.channels;
+            GPT2Config c;
+            c.max_seq_len = 1024;
+            c.vocab_size = 50257;
+            c.padded_vocab_size = 50304;
+            c.num_layers = n.layers;
+            c.num_heads = n.heads;
+            c.channels = n.channels;
+            *config = gpt2_shape(c);
             return true;
         }
+    }
+    return false;
+}
+
+// Llama 3 by name (Meta's published shapes; Dubey et al. 2024, Table 3): 128,256 tokens, RoPE base 500,000,
+// 8 K/V heads, trained at 8K positions (the 405B layouts of the paper's Table 4 also at 128K).
+inline bool llama_config_by_name(const std::string& name, GPT2Config* config) {
+    struct Named { const char* name; int layers, heads, channels, ffn_hidden; };
+    static const Named family[] = {
+        {"llama3-8B", 32, 32, 4096, 14336}, {"llama3-70B", 80, 64, 8192, 28672},
+        {"llama3-405B", 126, 128, 16384, 53248},
+    };
+    for (const Named& n : family) {
+        if (name != n.name) continue;
+        GPT2Config c;
+        c.arch = Arch::Llama;
+        c.max_seq_len = 8192;
+        c.vocab_size = 128256;
+        c.padded_vocab_size = padded_vocab(c.vocab_size);
+        c.num_layers = n.layers;
+        c.num_heads = n.heads;
+        c.channels = n.channels;
+        c.kv_heads = 8;
+        c.ffn_hidden = n.ffn_hidden;
+        c.rope_theta = 500000.0f;
+        c.norm_eps = 1e-5f;
+        *config = c;
+        return true;
     }
     return false;
 }
@@ -53,11 +120,12 @@ inline bool gpt2_config_by_name(const std::string& name, GPT2Config* config) {
 // Refuses shapes the kernels cannot run, naming the problem (`source` says where the config came from).
 inline void gpt2_validate_config(const GPT2Config& c, const std::string& source) {
     auto refuse = [&](const char* problem) {
-        fatal("%s: invalid model shape (layers %d, heads %d, channels %d, vocab %d padded to %d, max_seq_len %d): "
-              "%s", source.c_str(), c.num_layers, c.num_heads, c.channels, c.vocab_size, c.padded_vocab_size,
-              c.max_seq_len, problem);
+        fatal("%s: invalid %s model shape (layers %d, heads %d, K/V heads %d, channels %d, hidden %d, vocab %d padded "
+              "to %d, max_seq_len %d): %s", source.c_str(), arch_name(c.arch), c.num_layers, c.num_heads, c.kv_heads,
+              c.channels, c.ffn_hidden, c.vocab_size, c.padded_vocab_size, c.max_seq_len, problem);
     };
-    if (c.num_layers <= 0 || c.num_heads <= 0 || c.channels <= 0 || c.vocab_size <= 0 || c.max_seq_len <= 0)
+    if (c.num_layers <= 0 || c.num_heads <= 0 || c.channels <= 0 || c.vocab_size <= 0 || c.max_seq_len <= 0 ||
+        c.kv_heads <= 0 || c.ffn_hidden <= 0)
         refuse("every dimension must be positive");
     if (c.padded_vocab_size < c.vocab_size || c.padded_vocab_size % 128 != 0)
         refuse("the padded vocabulary must be >= the vocabulary and a multiple of 128");
@@ -65,15 +133,23 @@ inline void gpt2_validate_config(const GPT2Config& c, const std::string& source)
     const int head_size = c.channels / c.num_heads;
     if (head_size % 16 != 0 || head_size > 128) refuse("the head size (channels / heads) must be 16, 32, ..., 128");
     if (c.channels % 8 != 0) refuse("channels must be a multiple of 8");
+    if (c.num_heads % c.kv_heads != 0) refuse("the K/V heads must divide the heads (query heads share them in groups)");
+    if (!c.llama() && (c.kv_heads != c.num_heads || c.ffn_hidden != 4 * c.channels))
+        refuse("GPT-2 has as many K/V heads as heads and 4 C hidden units");
+    if (c.llama() && c.ffn_hidden % 8 != 0) refuse("the hidden units must be a multiple of 8");
+    if (c.llama() && !(c.rope_theta > 1.0f && std::isfinite(c.rope_theta))) refuse("RoPE's theta must exceed 1");
+    if (!(c.norm_eps > 0.0f && c.norm_eps < 1.0f)) refuse("the norm epsilon must lie in (0, 1)");
 }
 
 // ----------------------------------------------------------------------------
 // parameter layout
 
-// The sixteen tensors, in the order of llm.c's model file. Per-layer tensors exist once per block.
+// The tensors, in the order of the model file. Per-layer tensors exist once per block. GPT-2 has the
+// first sixteen (llm.c's file); Llama has no wpe, no biases and no norm biases (they have 0 elements, so
+// they take no room anywhere and are left out of its file) and an LM head of its own, lmhead, last.
 enum TensorKind {
     WTE, WPE, LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB, LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB, LNFW, LNFB,
-    NUM_TENSOR_KINDS
+    LMHEAD, NUM_TENSOR_KINDS
 };
 struct TensorKindInfo {
     const char* name;
@@ -86,6 +162,7 @@ inline const TensorKindInfo& tensor_kind_info(int kind) {
         {"qkvw", true, true},      {"qkvb", true, false},      {"attprojw", true, true}, {"attprojb", true, false},
         {"ln2w", true, false},     {"ln2b", true, false},      {"fcw", true, true},    {"fcb", true, false},
         {"fcprojw", true, true},   {"fcprojb", true, false},   {"lnfw", false, false}, {"lnfb", false, false},
+        {"lmhead", false, true},
     };
     return info[kind];
 }
@@ -93,38 +170,48 @@ inline const TensorKindInfo& tensor_kind_info(int kind) {
 // Tensor parallelism (llmc/parallel/tensor_parallel.h) gives each of tp ranks a slice of some tensors:
 //   column-parallel (a slice of the output features): qkvw, qkvb (this rank's heads of q, k and v), fcw, fcb
 //   row-parallel (a slice of the input features):    attprojw, fcprojw
-//   vocabulary-parallel (a slice of the rows):         wte
-// and a whole copy of the others (the "replicated" ones: wpe, the layernorms, the row-parallel biases).
+//   vocabulary-parallel (a slice of the rows):         wte, lmhead
+// and a whole copy of the others (the "replicated" ones: wpe, the norms, the row-parallel biases).
 inline bool tensor_is_replicated(int kind) {
     return !(kind == WTE || kind == QKVW || kind == QKVB || kind == ATTPROJW || kind == FCW || kind == FCB ||
-             kind == FCPROJW);
+             kind == FCPROJW || kind == LMHEAD);
 }
 
 // elements of one instance of a tensor (one layer's, for per-layer tensors), whole or, under tp ranks,
-// one rank's slice
+// one rank's slice. With H = ffn_hidden and Q = qkv_channels (3C for GPT-2, C + 2 C kv_heads/heads for Llama):
+//   wte, lmhead Vp x C   qkvw Q x C   attprojw C x C   fcw H x C (GELU) or 2H x C (SwiGLU: gate, then up)
+//   fcprojw C x H        wpe max_seq_len x C (GPT-2)   biases and norm weights: their output width
 inline size_t tensor_elements(const GPT2Config& c, int kind, int tp = 1) {
-    const size_t C = c.channels;
-    size_t whole = C;  // layernorm weights and biases, attprojb, fcprojb
+    const size_t C = c.channels, H = c.ffn_hidden;
+    const bool gpt2 = !c.llama();
+    size_t whole = 0;
     switch (kind) {
         case WTE: whole = (size_t)c.padded_vocab_size * C; break;
-        case WPE: whole = (size_t)c.max_seq_len * C; break;
-        case QKVW: whole = 3 * C * C; break;
-        case QKVB: whole = 3 * C; break;
+        case WPE: whole = gpt2 ? (size_t)c.max_seq_len * C : 0; break;
+        case LN1W: case LN2W: case LNFW: whole = C; break;
+        case LN1B: case LN2B: case LNFB: case ATTPROJB: case FCPROJB: whole = gpt2 ? C : 0; break;
+        case QKVW: whole = (size_t)c.qkv_channels() * C; break;
+        case QKVB: whole = gpt2 ? (size_t)c.qkv_channels() : 0; break;
         case ATTPROJW: whole = C * C; break;
-        case FCW: case FCPROJW: whole = 4 * C * C; break;
-        case FCB: whole = 4 * C; break;
+        case FCW: whole = (size_t)c.fc_channels() * C; break;
+        case FCB: whole = gpt2 ? (size_t)c.fc_channels() : 0; break;
+        case FCPROJW: whole = C * H; break;
+        case LMHEAD: whole = c.tied_head() ? 0 : (size_t)c.padded_vocab_size * C; break;
     }
     return tensor_is_replicated(kind) ? whole : whole / tp;
 }
 
 // Where tp rank `rank`'s slice of tensor `kind` lies in the whole tensor (row-major, as in the model
 // file): runs of consecutive elements, in the order the slice stores them, which is increasing order.
-// With h = C/tp channels of attention and f = 4C/tp hidden units per rank:
-//   wte       rows [rank Vp/tp, (rank+1) Vp/tp): one run
-//   qkvw      rows [rank h, rank h + h) of each of the q, k and v blocks (3C x C): three runs; qkvb alike
-//   fcw       rows [rank f, rank f + f) (4C x C): one run; fcb alike
+// With h = C/tp channels of attention (and k = C kv_heads/heads / tp of K and of V each) and f = H/tp
+// hidden units per rank:
+//   wte, lmhead  rows [rank Vp/tp, (rank+1) Vp/tp): one run
+//   qkvw      rows [rank h, rank h + h) of the q block (C x C) and [rank k, rank k + k) of each of the k and
+//             v blocks: three runs; qkvb alike
+//   fcw       rows [rank f, rank f + f) (H x C): one run; SwiGLU's (2H x C) the same rows of the gate and of
+//             the up projection: two runs; fcb alike
 //   attprojw  columns [rank h, rank h + h) of each of its C rows (C x C): C runs
-//   fcprojw   columns [rank f, rank f + f) of each of its C rows (C x 4C): C runs
+//   fcprojw   columns [rank f, rank f + f) of each of its C rows (C x H): C runs
 //   the others, whole: one run
 struct SliceRun {
     size_t start;  // element of the whole tensor
@@ -133,26 +220,35 @@ struct SliceRun {
 inline std::vector<SliceRun> tensor_slice(const GPT2Config& c, int kind, int tp, int rank) {
     const size_t C = c.channels, local = tensor_elements(c, kind, tp);
     std::vector<SliceRun> runs;
+    if (local == 0) return runs;
     if (tensor_is_replicated(kind) || tp == 1) {
         runs.push_back({0, local});
     } else if (kind == QKVW || kind == QKVB) {
-        const size_t part = local / 3, whole_part = part * tp;  // one of q, k, v: this rank's, everyone's
-        for (size_t p = 0; p < 3; p++) runs.push_back({p * whole_part + rank * part, part});
+        // the q block is heads/(heads + 2 kv_heads) of the tensor, the k and v blocks kv_heads/(...) each
+        const size_t per_head = local / ((c.num_heads + 2 * c.kv_heads) / tp);  // one head's rows (x C)
+        const size_t q = per_head * (c.num_heads / tp), kv = per_head * (c.kv_heads / tp);
+        runs.push_back({rank * q, q});
+        runs.push_back({q * tp + rank * kv, kv});
+        runs.push_back({q * tp + kv * tp + rank * kv, kv});
+    } else if ((kind == FCW || kind == FCB) && c.llama()) {
+        const size_t half = local / 2;  // this rank's rows of the gate, and as many of the up projection
+        runs.push_back({rank * half, half});
+        runs.push_back({half * tp + rank * half, half});
     } else if (kind == ATTPROJW || kind == FCPROJW) {
         const size_t width = local / C, whole_width = width * tp;  // input features per row: mine, all
         for (size_t row = 0; row < C; row++) runs.push_back({row * whole_width + rank * width, width});
-    } else {  // wte, fcw, fcb: a block of rows
+    } else {  // wte, lmhead, GPT-2's fcw and fcb: a block of rows
         runs.push_back({rank * local, local});
     }
     return runs;
 }
 
 // Where each tensor of each layer sits in the one parameter buffer:
-//   [ embedding chunk: wte wpe ][ block 0: ln1w ... fcprojb ] ... [ block L-1 ][ final chunk: lnfw lnfb ]
+//   [ embedding chunk: wte wpe ][ block 0: ln1w ... fcprojb ] ... [ block L-1 ][ final chunk: lnfw lnfb lmhead ]
 // Under tensor parallelism the buffer holds tp rank `tp_rank`'s slices (tensor_slice), laid out the same
 // way. Under pipeline parallelism it holds only the chunks of this rank's stages (`held`, one flag per
 // chunk, from pipeline_held_chunks in llmc/parallel/pipeline_schedule.h): their blocks, the embedding chunk on the
-// first stage and on the last (whose LM head is tied to wte) and the final chunk on the last. A chunk not
+// first stage (and on the last, where the LM head is tied to wte) and the final chunk on the last. A chunk not
 // held takes no room: its size is 0 and its start is that of the next chunk held. Each chunk is padded with
 // zeros to a multiple of kChunkPaddingElements (128) * shards elements (ZeRO: every rank keeps 1/shards of
 // each chunk), so it splits into equal shards, and every chunk and shard starts a multiple of 256 bytes
@@ -183,7 +279,7 @@ struct ParameterLayout {
         if ((int)held.size() != num_chunks()) fatal("a parameter layout of %d chunks given %zu flags", num_chunks(), held.size());
         embedding_chunk = padded(elements(WTE) + elements(WPE));
         block_chunk = padded(block_elements());
-        final_chunk = padded(elements(LNFW) + elements(LNFB));
+        final_chunk = padded(elements(LNFW) + elements(LNFB) + elements(LMHEAD));
         for (int chunk = 0; chunk < num_chunks(); chunk++) {
             starts.push_back(total);
             total += chunk_size(chunk);
@@ -199,7 +295,7 @@ struct ParameterLayout {
         return block;
     }
     int num_chunks() const { return config.num_layers + 2; }
-    // chunk 0 is the embeddings, chunks 1..L the blocks, chunk L+1 the final layernorm
+    // chunk 0 is the embeddings, chunks 1..L the blocks, chunk L+1 the final norm (and an untied LM head)
     bool holds(int chunk) const { return held[chunk] != 0; }
     size_t chunk_start(int chunk) const { return starts[chunk]; }
     size_t chunk_size(int chunk) const {
@@ -223,15 +319,17 @@ struct ParameterLayout {
     }
     // Whether this buffer's copy of tensor `kind` counts in the model's gradient norm, where other ranks hold
     // copies of it: a tensor every tp rank holds whole (tensor_is_replicated) counts on tp rank 0 only, and
-    // the embeddings on the first pipeline stage only (the last stage's LM head holds a tied copy).
+    // the embeddings on the first pipeline stage only (a tied LM head's stage holds a copy).
     bool counts_in_norm(int kind) const {
         const bool tied_copy = (kind == WTE || kind == WPE) && !holds(1);
         return (tp_rank == 0 || !tensor_is_replicated(kind)) && !tied_copy;
     }
-    // calls fn(kind, layer, count) for every tensor instance held, in the model file's order
+    // calls fn(kind, layer, count) for every tensor instance held, in the model file's order (only the kinds
+    // the architecture has: none of 0 elements)
     template <class Function>
     void for_each_tensor_instance(Function&& fn) const {
         for (int kind = 0; kind < NUM_TENSOR_KINDS; kind++) {
+            if (elements(kind) == 0) continue;
             const int layers = tensor_kind_info(kind).per_layer ? config.num_layers : 1;
             for (int layer = 0; layer < layers; layer++)
                 if (holds(chunk_of(kind, layer))) fn(kind, layer, elements(kind));
@@ -278,13 +376,21 @@ void for_each_common_run(const ParameterLayout& from, const ParameterLayout& to,
     });
 }
 
-// One block's tensors, as pointers into its chunk of parameters (or gradients).
+// Tensor `kind` in the buffer of its chunk (`chunk` points at the chunk's start; any block's chunk for a
+// per-layer tensor: they are laid out alike), or null where the architecture has no such tensor.
+inline floatX* tensor_in_chunk(floatX* chunk, const ParameterLayout& layout, int kind) {
+    if (layout.elements(kind) == 0) return nullptr;
+    return chunk + (layout.offset(kind, 0) - layout.chunk_start(layout.chunk_of(kind, 0)));
+}
+
+// One block's tensors, as pointers into its chunk of parameters (or gradients); null where the
+// architecture has none (Llama's biases).
 struct BlockParams {
     floatX *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
 };
 // One block's tensors, given where the block's chunk starts.
 inline BlockParams block_params_in_chunk(floatX* chunk, const ParameterLayout& layout) {
-    auto at = [&](int kind) { return chunk + (layout.offset(kind, 0) - layout.block_start(0)); };
+    auto at = [&](int kind) { return tensor_in_chunk(chunk, layout, kind); };
     return BlockParams{at(LN1W), at(LN1B), at(QKVW), at(QKVB), at(ATTPROJW), at(ATTPROJB),
                        at(LN2W), at(LN2B), at(FCW),  at(FCB),  at(FCPROJW),  at(FCPROJB)};
 }

@@ -105,9 +105,11 @@ inline void tp_streams_destroy(TensorParallel& tp) {
 }
 
 // The one line that says why a model cannot be split over tp ranks ("" when it can). Heads divide (each
-// rank runs whole heads; then so do C and the 4C hidden units, C being heads x head size), and so does the
-// padded vocabulary, into slices of a whole number of 16-byte vectors (8 bf16) for the classifier
-// kernels; under SP, so does the sequence.
+// rank runs whole heads; then so do C and GPT-2's 4C hidden units, C being heads x head size), and so do the
+// K/V heads: each rank keeps the K/V heads of its query heads' groups. (Megatron also runs tp larger than the
+// K/V heads, each K/V head replicated on tp / kv_heads ranks and its gradient summed over them; that is
+// refused here.) Llama's hidden units and the padded vocabulary split into slices of a whole number of 16-byte
+// vectors (8 bf16) for the SwiGLU and classifier kernels; under SP, so does the sequence.
 inline std::string tp_layout_error(const GPT2Config& c, int tp, bool sequence_parallel, int seq_len) {
     char text[256] = "";
     if (tp < 1) {
@@ -118,6 +120,12 @@ inline std::string tp_layout_error(const GPT2Config& c, int tp, bool sequence_pa
     } else if (c.num_heads % tp != 0) {
         snprintf(text, sizeof(text), "%d attention heads cannot be split over tp %d: heads must be a multiple of tp",
                  c.num_heads, tp);
+    } else if (c.kv_heads % tp != 0) {
+        snprintf(text, sizeof(text), "%d K/V heads cannot be split over tp %d: tp must divide the K/V heads "
+                 "(replicating K/V heads over ranks is not supported)", c.kv_heads, tp);
+    } else if (c.llama() && c.ffn_hidden % (8 * tp) != 0) {
+        snprintf(text, sizeof(text), "%d hidden units cannot be split over tp %d: each rank's share must be a "
+                 "multiple of 8", c.ffn_hidden, tp);
     } else if (c.padded_vocab_size % (8 * tp) != 0) {
         snprintf(text, sizeof(text), "the padded vocabulary of %d rows cannot be split over tp %d: each rank's slice "
                  "must be a multiple of 8 rows", c.padded_vocab_size, tp);
@@ -234,6 +242,7 @@ inline void vocab_parallel_embedding_forward(const TensorParallel& tp, floatX* e
     floatX* mine = tp_leave(tp, lookups, N, C, stream);  // the sum over ranks: each token's row comes from one
     if (mine != encoded)
         cudaCheck(cudaMemcpyAsync(encoded, mine, (size_t)rows * C * sizeof(floatX), cudaMemcpyDeviceToDevice, stream));
+    if (wpe == nullptr) return;  // no position table (Llama: RoPE)
     const int first_row = tp.sequence_parallel ? tp.rank * rows : 0;  // encoded holds [first_row, first_row + rows)
     for (const SequenceChunk& chunk : chunks) {
         const int begin = std::max(first_row, chunk.first_row);
@@ -256,7 +265,8 @@ inline void vocab_parallel_embedding_backward(const TensorParallel& tp, floatX* 
     const floatX* dout = tp_leave_backward(tp, dencoded, gathered, B * T, C, stream);  // every row
     const int vocab_rows = Vp / tp.size;
     for (const SequenceChunk& chunk : chunks)
-        encoder_backward(dwte_slice, dwpe + (size_t)chunk.position * C, workspace, dout + (size_t)chunk.first_row * C,
+        encoder_backward(dwte_slice, dwpe ? dwpe + (size_t)chunk.position * C : nullptr, workspace,
+                         dout + (size_t)chunk.first_row * C,
                          tokens_host + chunk.first_row, B, chunk.T, C, stream, tp.rank * vocab_rows, vocab_rows);
 }
 
@@ -295,11 +305,10 @@ inline void tp_gather_logits_row(const TensorParallel& tp, floatX* out, const fl
 inline void tp_sum_sequence_parallel_gradients(const TensorParallel& tp, floatX* chunk_grads,
                                                const ParameterLayout& layout, int chunk, cudaStream_t stream) {
     if (!tp.sequence_parallel) return;
-    const int C = layout.config.channels;
     const size_t start = layout.chunk_start(chunk);
-    auto sum = [&](int weight_kind, int layer) {  // a weight and its bias, adjacent in the chunk
-        all_reduce(*tp.group, chunk_grads + (layout.offset(weight_kind, layer) - start), (size_t)2 * C,
-                   Reduction::Sum, stream);
+    auto sum = [&](int weight_kind, int layer) {  // a weight and its bias (if any), adjacent in the chunk
+        all_reduce(*tp.group, chunk_grads + (layout.offset(weight_kind, layer) - start),
+                   layout.elements(weight_kind) + layout.elements(weight_kind + 1), Reduction::Sum, stream);
     };
     if (chunk == layout.num_chunks() - 1) {
         sum(LNFW, 0);
@@ -322,7 +331,8 @@ inline double tp_bytes_per_step(const GPT2Config& c, int B, int T, int tp, bool 
         per_micro_step = (8 * L + 4) * share * N * C * s + loss;
     } else {
         per_micro_step = (10 * L + 5) * share * N * C * s + loss;
-        layernorm_gradients = 2 * share * (4 * C * L + 2 * C) * s * (zero_stage >= 2 ? accumulation_steps : 1);
+        const double per_norm = c.llama() ? C : 2 * C;  // a weight and a bias (RMSNorm: a weight)
+        layernorm_gradients = 2 * share * per_norm * (2 * L + 1) * s * (zero_stage >= 2 ? accumulation_steps : 1);
     }
     return per_micro_step * accumulation_steps + layernorm_gradients;
 }

@@ -103,6 +103,11 @@ struct GPT2MemoryShape {
     int cp = 1;                // ranks that split every sequence
     bool cp_ring = true;       // ring attention (else Ulysses)
     int cp_chunks = 2;         // chunks of the sequence per cp rank: 2 zigzag, 1 contiguous
+    // the block (llmc/model/forward_backward.cuh): GPT-2's, or Llama's RMSNorm (no mean kept), SwiGLU (fc gives
+    // 2 H values per row) and grouped-query attention (kv_heads K and V heads)
+    bool llama = false;
+    int kv_heads = 0;          // 0: num_heads
+    int ffn_hidden = 0;        // H, the MLP's hidden units; 0: 4 C
 };
 
 // What the formulas need to know of a run, from its layout (for the plan, and beside the memory a run
@@ -123,6 +128,9 @@ inline GPT2MemoryShape gpt2_memory_shape(const GPT2Config& config, const Layout&
     shape.cp = layout.cp;
     shape.cp_ring = layout.cp_mode == ContextParallelMode::Ring;
     shape.cp_chunks = cp_chunks_per_rank(layout.cp_split);
+    shape.llama = config.llama();
+    shape.kv_heads = config.kv_heads;
+    shape.ffn_hidden = config.ffn_hidden;
     return shape;
 }
 
@@ -139,26 +147,29 @@ struct ActivationBytes {
 };
 
 // With N = B*T rows, s = sizeof(floatX), f = 4 (fp32 statistics), i = 4 (int), and under tensor
-// parallelism over t ranks (t = 1 without): a rank's attention channels c = C/t, heads h = NH/t, hidden
-// units H = 4C/t, vocabulary columns v = Vp/t, and rows of the residual stream R = N/t under sequence
-// parallelism (else R = N); l layers per stage (L without pipeline parallelism), K stage records:
-//   per layer: floatX ln1, residual2, ln2, output 4RC; qkv 3Nc, atty Nc; fch, fch_gelu 2NH
-//              (t = 1: 16 NC s);  fp32 ln1 and ln2 mean/rstd 4R, attention lse N h
+// parallelism over t ranks (t = 1 without): a rank's attention channels c = C/t, heads h = NH/t, qkv columns
+// q = (NH + 2 KV) HS / t for KV K/V heads of HS channels (GPT-2: KV = NH, q = 3c), hidden units H = 4C/t
+// (Llama: its ffn_hidden / t), fc's output columns F = H (GELU) or 2H (SwiGLU: gate and up), vocabulary
+// columns v = Vp/t, and rows of the residual stream R = N/t under sequence parallelism (else R = N); n = 4
+// norm statistics per row (LayerNorm's mean and rstd, twice) or 2 (RMSNorm keeps rstd only); l layers per
+// stage (L without pipeline parallelism), K stage records:
+//   per layer: floatX ln1, residual2, ln2, output 4RC; qkv Nq, atty Nc; fch NF, fch_gelu NH
+//              (GPT-2, t = 1: 16 NC s);  fp32 norm statistics nR, attention lse N h
 //              selective recomputation keeps all but ln1, ln2 (RC each) and fch_gelu (NH), which one
 //              shared copy serves; full recomputation with a checkpoint every C blocks keeps ceil(l/C)
 //              outputs (RC) and shares min(C, l) whole records less one output (llmc/parallel/recompute.h)
 //   a record:  its l layers, and floatX input, doutput 2RC
 //   a weight-gradient record (W of them, schedules that split the backward pass into B and W), per layer:
 //              the four matmuls' inputs as the weight gradient reads them (gathered: N rows) and their output
-//              gradients, floatX ln1, ln2, dattention, dmlp 4NC, atty, dqkv 4Nc, fch_gelu, dhidden 2NH, and the
-//              layernorm gradients 4C (t = 1: (16 NC + 4C) s), whatever the recompute policy (they are copies)
+//              gradients, floatX ln1, ln2, dattention, dmlp 4NC, atty Nc, dqkv Nq, fch_gelu NH, dhidden NF, and
+//              the norm gradients 4C (GPT-2, t = 1: (16 NC + 4C) s), whatever the recompute policy (copies)
 //   model:     K records, W weight-gradient records of l layers; the last stage's E head records (floatX lnf
 //              RC, logits N v, fp32 lnf mean/rstd 2R each: one, or under a split backward as many as its
 //              microbatches between F and W), fp32 losses N, int targets N; the first stage's int inputs N
-//   workspace: floatX projection NC, dchannels NC, dhidden NH, dqkv 3Nc, and under sequence parallelism
-//              the gathered rows NC (t = 1: 9 NC s);
+//   workspace: floatX projection NC, dchannels NC, dhidden NF, SwiGLU's dactivation NH (GELU's is dhidden),
+//              dqkv Nq, and under sequence parallelism the gathered rows NC (GPT-2, t = 1: 9 NC s);
 //              fp32 attention_D N h, the vocabulary-parallel loss's statistics 4N (t > 1, last stage),
-//              matmul bias scratch ceil(N/64) max(C, H), layernorm scratch 2C min(ceil(R/8), 3 SMs), norm
+//              matmul bias scratch ceil(N/64) max(C, F), layernorm scratch 2C min(ceil(R/8), 3 SMs), norm
 //              scratch 4 SMs, the step's results 2 (loss, squared norm), the first stage's encoder partial
 //              rows (floor(N/64) + floor(N/65)) C and int encoder workspace 4N + 3 floor(N/65); the running
 //              loss sum, one double;
@@ -171,11 +182,15 @@ struct ActivationBytes {
 inline ActivationBytes gpt2_activation_bytes(const GPT2MemoryShape& shape, bool bf16) {
     const double s = bf16 ? 2 : 4, f = 4, i = 4;
     const double t = shape.tp, N = (double)shape.batch * shape.seq_len, C = shape.channels;
-    const double c = C / t, h = shape.num_heads / t, H = 4 * C / t, R = shape.sequence_parallel ? N / t : N;
+    const double c = C / t, h = shape.num_heads / t, R = shape.sequence_parallel ? N / t : N;
+    const double KV = shape.kv_heads > 0 ? shape.kv_heads : shape.num_heads;
+    const double q = (shape.num_heads + 2 * KV) * (C / shape.num_heads) / t;
+    const double H = (shape.ffn_hidden > 0 ? shape.ffn_hidden : 4 * C) / t, F = shape.llama ? 2 * H : H;
+    const double n = shape.llama ? 2 : 4;
     const double l = shape.stage_layers > 0 ? shape.stage_layers : shape.num_layers, K = shape.records;
     const double v = shape.padded_vocab / t, SMs = shape.multiprocessors;
     ActivationBytes a;
-    a.record = (4 * R * C + 4 * N * c + 2 * N * H) * s + (4 * R + N * h) * f;
+    a.record = (4 * R * C + N * q + N * c + N * F + N * H) * s + (n * R + N * h) * f;
     const double dropped = (2 * R * C + N * H) * s;  // selective: ln1, ln2, fch_gelu
     switch (shape.recompute.policy) {
         case RecomputePolicy::None:
@@ -193,7 +208,7 @@ inline ActivationBytes gpt2_activation_bytes(const GPT2MemoryShape& shape, bool 
         }
     }
     a.per_layer = a.kept_layers / l;
-    a.weight_record = (4 * N * C + 4 * N * c + 2 * N * H + 4 * C) * s;
+    a.weight_record = (4 * N * C + N * c + N * q + N * H + N * F + 4 * C) * s;
     const double head = shape.last_stage ? shape.heads * ((R * C + N * v) * s + 2 * R * f) + N * f + N * i : 0;
     a.activations = K * (a.kept_layers + 2 * R * C * s) + shape.weight_records * l * a.weight_record + head +
                     shape.outboxes * R * C * s + (shape.first_stage ? N * i : 0);
@@ -205,8 +220,9 @@ inline ActivationBytes gpt2_activation_bytes(const GPT2MemoryShape& shape, bool 
     const double encoder = shape.first_stage ? encoder_partial_rows * C * f + (4 * N + 3 * encoder_heavy_tokens) * i : 0;
     const double k = shape.cp_chunks;
     const double context = shape.cp == 1 ? 0 : shape.cp_ring ? 8 * N * c * s + N / k * (c * s + h * f) : 8 * N * c * s;
-    a.workspace = (2 * N * C + N * H + 3 * N * c + gathered) * s +
-                  (N * h + softmax_stats + bias_rows * std::max(C, H) + 2 * C * layernorm_blocks + 4 * SMs + 2) * f +
+    const double dactivation = shape.llama ? N * H : 0;
+    a.workspace = (2 * N * C + N * F + dactivation + N * q + gathered) * s +
+                  (N * h + softmax_stats + bias_rows * std::max(C, F) + 2 * C * layernorm_blocks + 4 * SMs + 2) * f +
                   encoder + sizeof(double) + a.recompute + context;
     return a;
 }

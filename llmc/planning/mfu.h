@@ -21,6 +21,9 @@ FLOPs per token of training (forward + backward), after PaLM (Chowdhery et al. 2
          lower triangle (about half). We keep PaLM's convention so that numbers compare with published
          MFU; the attention term is ~13% of the total for GPT-2 124M at T = 1024, so a causal count would
          read about 7% lower there.
+  Llama: the same formula, with N every parameter but wte, which is only looked up there (its LM head is a
+         tensor of its own, counted). Grouped-query attention shares K/V heads but every query head still
+         scores T keys, so the 12 * L * C * T term is unchanged; SwiGLU's three matrices are in N.
   Work the model does not need (recomputed activations, optimizer updates) is not model FLOPs: MFU
   measures useful work, not how busy the GPU was. (N as stored does include wte's padding rows V..Vp-1,
   47 * 768 parameters for GPT-2: 0.03%, not worth a special case.)
@@ -37,9 +40,17 @@ and MFU is then not reported. Variants with different clocks or unlisted numbers
 #include <string>
 #include <vector>
 #include "../utils.h"
+#include "../model/parameters.h"
 
 inline double gpt2_flops_per_token(long long num_parameters, int num_layers, int channels, int seq_len) {
     return 6.0 * (double)num_parameters + 12.0 * (double)num_layers * (double)channels * (double)seq_len;
+}
+
+// The formula for a model of this shape (the whole model, every parameter but a Llama's wte).
+inline double model_flops_per_token(const GPT2Config& c, int seq_len) {
+    const ParameterLayout whole(c);
+    const double looked_up_only = c.llama() ? (double)whole.elements(WTE) : 0.0;
+    return gpt2_flops_per_token((long long)(whole.num_parameters - looked_up_only), c.num_layers, c.channels, seq_len);
 }
 
 struct GpuPeak {

@@ -263,8 +263,7 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
     // the estimate (the cost model at the top of the file)
     const ParameterLayout whole(config);
     plan.tokens = (double)per_micro_step * m;
-    plan.model_flops = gpt2_flops_per_token((long long)whole.num_parameters, L, config.channels, l.seq_len) *
-                       plan.tokens;
+    plan.model_flops = model_flops_per_token(config, l.seq_len) * plan.tokens;
     plan.hardware_flops = plan.model_flops + recompute_extra_flops_per_token(l.recompute, (double)whole.block_elements(),
                                                                              L, config.channels, l.seq_len) * plan.tokens;
     // the mean pp rank's: uneven stages idle the others, which the simulated bubble counts
