@@ -131,14 +131,14 @@ data: $(DATA_FILES)
 $(DATA_FILES) &: data/prepare.py data/gpt2_bpe.py data/r_serialize.py
 	$(PYTHON) data/prepare.py
 
-# PyTorch reference states that test_gpt compares against (dev/test/gpt2_reference.py)
-build/ref/small_model.bin build/ref/small_state.bin &: dev/test/gpt2_reference.py
+# PyTorch reference states that test_gpt compares against (dev/test/model_reference.py)
+build/ref/small_model.bin build/ref/small_state.bin &: dev/test/model_reference.py
 	@mkdir -p build/ref
-	$(PYTHON) dev/test/gpt2_reference.py --config small --model-out build/ref/small_model.bin \
+	$(PYTHON) dev/test/model_reference.py --config small --model-out build/ref/small_model.bin \
 		--state-out build/ref/small_state.bin
-build/ref/124M_model.bin build/ref/124M_state.bin &: dev/test/gpt2_reference.py
+build/ref/124M_model.bin build/ref/124M_state.bin &: dev/test/model_reference.py
 	@mkdir -p build/ref
-	$(PYTHON) dev/test/gpt2_reference.py --config 124M --model-out build/ref/124M_model.bin \
+	$(PYTHON) dev/test/model_reference.py --config 124M --model-out build/ref/124M_model.bin \
 		--state-out build/ref/124M_state.bin
 REFERENCES := build/ref/small_state.bin build/ref/124M_state.bin
 

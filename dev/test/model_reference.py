@@ -98,11 +98,11 @@ def parse_args(argv):
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="""\
 examples:
-  /usr/bin/python3 dev/test/gpt2_reference.py --config small --model-out small.bin --state-out small_state.bin
-  /usr/bin/python3 dev/test/gpt2_reference.py --config 124M --tokens data/train_000000.bin \\
+  /usr/bin/python3 dev/test/model_reference.py --config small --model-out small.bin --state-out small_state.bin
+  /usr/bin/python3 dev/test/model_reference.py --config 124M --tokens data/train_000000.bin \\
       --model-out gpt2_124M.bin --state-out gpt2_124M_state.bin
-  /usr/bin/python3 dev/test/gpt2_reference.py --model gpt2_124M.bin --steps 0 --bench 5
-  /usr/bin/python3 dev/test/gpt2_reference.py --self-check
+  /usr/bin/python3 dev/test/model_reference.py --model gpt2_124M.bin --steps 0 --bench 5
+  /usr/bin/python3 dev/test/model_reference.py --self-check
 
 CPU speed: the best setting measured on 2 cores is OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE, plus
 OPENBLAS_CORETYPE=SkylakeX on CPUs with AVX-512 (/proc/cpuinfo lists avx512f; OpenBLAS 0.3.21 does not
