@@ -1,6 +1,6 @@
 /*
 Does train_gpt compute what PyTorch computes? This program loads a model file and a reference state
-written by dev/test/gpt2_reference.py (PyTorch, fp32, the same weights), runs the same batch through the
+written by dev/test/model_reference.py (PyTorch, fp32, the same weights), runs the same batch through the
 same steps, and compares tensor by tensor:
   - the logits and the loss of the first forward pass,
   - every parameter gradient of the first backward pass (one line per tensor kind, worst layer shown),
@@ -70,7 +70,7 @@ static double relative_error_in_norm(const float* ours, const float* reference, 
 }
 
 // ----------------------------------------------------------------------------
-// the reference state file (format in dev/test/gpt2_reference.py)
+// the reference state file (format in dev/test/model_reference.py)
 
 struct ReferenceState {
     int B = 0, T = 0, steps = 0;

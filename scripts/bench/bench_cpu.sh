@@ -28,7 +28,7 @@ run_ours() {  # run_ours BINARY NAME
 echo "GPT-2 124M training steps, B=4 T=64 (256 tokens), $OMP_NUM_THREADS threads, $(nproc) cores"
 fp32_ms=$(run_ours ./train_gpt_fp32_cpu fp32)
 bf16_ms=$(run_ours ./train_gpt_cpu bf16)
-torch_line=$(/usr/bin/python3 dev/test/gpt2_reference.py --model build/ref/124M_model.bin --batch-size 4 --seq-len 64 \
+torch_line=$(/usr/bin/python3 dev/test/model_reference.py --model build/ref/124M_model.bin --batch-size 4 --seq-len 64 \
     --steps 0 --bench "$((steps - 1))" | grep '^pytorch:')
 torch_ms=$(echo "$torch_line" | sed -E 's/pytorch: ([0-9.]+) ms.*/\1/')
 

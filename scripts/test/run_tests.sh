@@ -66,7 +66,7 @@ for layout in "--tp 2" "--tp 2 --sequence-parallel 1" "--cp 2" ""; do
         "${mpi_run[@]}" -np 2 build/test_weight_split $layout
 done
 run_suite "GPT-2 BPE encoder vs the npm package's" /usr/bin/python3 data/test_tokenizer.py
-run_suite "PyTorch reference self-check" /usr/bin/python3 dev/test/gpt2_reference.py --self-check
+run_suite "PyTorch references (GPT-2, Llama 3) self-check" /usr/bin/python3 dev/test/model_reference.py --self-check
 for size in small 124M; do
     reference=(--model build/ref/${size}_model.bin --state build/ref/${size}_state.bin)
     run_suite "GPT-2 $size vs PyTorch, CPU, FP32" ./test_gpt_fp32_cpu "${reference[@]}"

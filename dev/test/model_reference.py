@@ -1,0 +1,1192 @@
+#!/usr/bin/python3
+"""
+GPT-2 and Llama 3 references in PyTorch: the answers test_gpt.cu checks the CUDA trainer against.
+
+It builds (or loads) a model (--arch gpt2 or llama), runs a few training steps on one fixed batch in fp32
+and writes
+  - the model file (tensor-major, llm.c's layout), so the trainer starts from the very same weights;
+  - the reference state: inputs, targets, the logits, loss and every gradient of the first step, and the
+    loss and gradient norm of every step, so the trainer's forward, backward and AdamW can each be
+    compared on their own.
+
+The two models, written out in full so they can be read next to the CUDA kernels:
+
+  GPT-2 (--arch gpt2)
+    x      = wte[token] + wpe[position]                        embeddings, (B, T, C)
+    for each of the L blocks:
+        x  = x + attproj(attention(qkv(ln1(x))))               pre-LayerNorm: the residual stream x
+        x  = x + fcproj(gelu(fc(ln2(x))))                      itself is never normalised
+    logits = lnf(x) @ wte^T                                    the LM head is tied to the token embedding
+
+  Llama 3 (--arch llama)
+    x      = wte[token]                                        no position embedding: RoPE places tokens
+    for each of the L blocks:
+        x  = x + attproj(attention(rope(qkv(rmsnorm1(x)))))    no biases anywhere
+        x  = x + fcproj(swiglu(fc(rmsnorm2(x))))
+    logits = rmsnormf(x) @ lmhead^T                            an untied head, its own (Vp, C) tensor
+
+  both: loss = mean over the B*T positions of -log softmax(logits[:V])[target]
+
+  layernorm(x) = (x - mean) / sqrt(var + 1e-5) * w + b         biased variance over the C channels
+  rmsnorm(x)   = x / sqrt(mean(x^2) + eps) * w                 mean over the C channels; eps from the file
+  gelu(x)      = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))      the tanh approximation GPT-2 used
+  swiglu(gu)   = silu(gate) * up, silu(g) = g sigmoid(g)       gu's first F columns are the gate (fcw's rows
+                                                               0..F-1), the next F the up projection
+  attention    : each head has HS = C/NH channels. GPT-2: qkv is q, k, v (C channels each), NH heads each.
+                 Llama, grouped-query: qkv is q (NH heads), then k (KVH heads), then v (KVH heads), and
+                 query head h uses key/value head h // (NH/KVH). Per head softmax(q k^T / sqrt(HS)) with
+                 position t seeing positions <= t, times v; heads concatenated back into NH*HS = C channels.
+  rope         : every query and key head, adjacent pairs (x_2i, x_2i+1), i = 0..HS/2-1, turned by the angle
+                 a = t f_i at position t (0-based):  (x0, x1) -> (x0 cos a - x1 sin a, x0 sin a + x1 cos a).
+                 As llmc/kernels/rope.cuh computes them: f_i = theta^(-2i/HS) in float64 from the float32
+                 theta, rounded once to float32; a = float32(t) * f_i, a float32 product; cos a and sin a
+                 of that float32 angle (here in float64, then rounded to the model's precision).
+
+The vocabulary is padded from V to Vp (a multiple of 128) so the LM head matmul has friendly shapes.
+The padded rows of wte (and of Llama's lmhead) are zero, and their logits are left out of the softmax: they
+are not tokens. So they get no gradient, weight decay keeps them at zero, and the logits written for
+columns >= V are 0.
+
+Initialisation: the matrices (wte, wpe, qkvw, fcw, lmhead) ~ N(0, 0.02), except the two projections that
+write into the residual stream (attprojw, fcprojw) ~ N(0, 0.02 / sqrt(2L)), so the stream's variance does
+not grow with depth; biases 0, norm weights 1. Draws come from torch's CPU generator seeded with --seed,
+tensor by tensor in model-file order. Every parameter is then rounded to the nearest bf16 value, so one
+model file is exact for both the FP32 and the BF16 trainer.
+
+AdamW, per parameter w with gradient g at step t = 1, 2, ... (written out in AdamW.step below):
+    g = g * min(1, max_norm / ||g||)   (only with --grad-clip > 0; ||g|| is the global norm of all grads)
+    m = beta1 m + (1 - beta1) g ;  v = beta2 v + (1 - beta2) g^2
+    w = w - lr * ((m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps) + weight_decay * w)
+  weight decay only for the 2-D tensors: GPT-2's wte, wpe, qkvw, attprojw, fcw, fcprojw; Llama's wte,
+  qkvw, attprojw, fcw, fcprojw, lmhead.
+
+Files. Little-endian throughout; each starts with a header of 256 int32, the slots not listed are 0.
+
+  GPT-2 model file                            Llama model file
+  slot  value                                 slot  value
+  [0]   magic 20240326                        [0]   magic 20241125
+  [1]   version: 3 fp32 values, 5 bf16        [1]   version: 3 fp32 values, 5 bf16
+  [2]   max_seq_len maxT                      [2]   max_seq_len maxT
+  [3]   vocab_size V                          [3]   vocab_size V
+  [4]   num_layers L                          [4]   num_layers L
+  [5]   num_heads NH                          [5]   num_heads NH
+  [6]   channels C                            [6]   channels C
+  [7]   padded_vocab_size Vp                  [7]   padded_vocab_size Vp
+                                              [8]   kv_heads KVH (NH a multiple of it)
+                                              [9]   ffn_hidden F
+                                              [10]  rope_theta, the bits of a float32
+                                              [11]  norm_eps, the bits of a float32
+  then the tensors, tensor-major (a tensor for all L layers, then the next), in this order:
+  wte       (Vp, C)                           wte       (Vp, C)
+  wpe       (maxT, C)                         ln1w      (L, C)
+  ln1w ln1b (L, C)                            qkvw      (L, (NH + 2 KVH) HS, C)
+  qkvw      (L, 3C, C)                        attprojw  (L, C, C)
+  qkvb      (L, 3C)                           ln2w      (L, C)
+  attprojw  (L, C, C)                         fcw       (L, 2F, C)
+  attprojb  (L, C)                            fcprojw   (L, C, F)
+  ln2w ln2b (L, C)                            lnfw      (C)
+  fcw       (L, 4C, C)                        lmhead    (Vp, C)
+  fcb       (L, 4C)
+  fcprojw   (L, C, 4C)
+  fcprojb   (L, C)
+  lnfw lnfb (C)
+  Version 3 stores each value as a float32, version 5 as a bf16 (the top 16 bits of the float32).
+
+  Reference state file (both architectures; the model file beside it gives the shape)
+  slot     value
+  [0]      magic 20240327
+  [1]      version 2
+  [2] [3]  B, T
+  [4]      S, the number of steps
+  [5..10]  the bits of float32 learning rate, beta1, beta2, eps, weight decay, grad clip
+  [11]     the magic of the model file this state belongs to (20240326 GPT-2, 20241125 Llama)
+  [12]     P, the number of parameters (the gradient floats below)
+  then inputs (B, T) int32, targets (B, T) int32, logits (B, T, Vp) float32, the loss (1 float32),
+  the first step's gradients (P float32, the model file's tensors in its order and shapes), the losses of
+  the S steps (S float32) and their gradient norms before clipping (S float32).
+
+Run with Debian's Python (/usr/bin/python3, packages python3-torch python3-numpy libopenblas0).
+"""
+
+import argparse
+import math
+import os
+import struct
+import sys
+import tempfile
+import time
+
+GPT2_MAGIC = 20240326
+LLAMA_MAGIC = 20241125
+STATE_MAGIC = 20240327
+STATE_VERSION = 2
+SHARD_MAGIC = 20240520
+HEADER_INTS = 256
+
+CONFIGS = {
+    "small": dict(arch="gpt2", layers=2, heads=4, channels=64, vocab=500, max_seq_len=64,
+                  batch_size=3, seq_len=37, learning_rate=1e-3),
+    "124M": dict(arch="gpt2", layers=12, heads=12, channels=768, vocab=50257, max_seq_len=1024,
+                 batch_size=4, seq_len=64, learning_rate=1e-4),
+    # head size 16, two query heads per key/value head; F = 96, a multiple of 32 (the SwiGLU kernel reads
+    # its rows in 16-byte chunks)
+    "llama_small": dict(arch="llama", layers=2, heads=4, kv_heads=2, channels=64, ffn_hidden=96, vocab=500,
+                        max_seq_len=64, rope_theta=500000.0, norm_eps=1e-5,
+                        batch_size=3, seq_len=37, learning_rate=1e-3),
+    # Llama 3's proportions at GPT-2's width: head size 64, three query heads per key/value head,
+    # F = 8/3 C. The untied head doubles the 38.6M of the embedding, so 4 blocks make ~100M parameters.
+    "llama_100M": dict(arch="llama", layers=4, heads=12, kv_heads=4, channels=768, ffn_hidden=2048,
+                       vocab=50257, max_seq_len=1024, rope_theta=500000.0, norm_eps=1e-5,
+                       batch_size=4, seq_len=64, learning_rate=1e-4),
+}
+DEFAULT_CONFIG = {"gpt2": "small", "llama": "llama_small"}
+SHAPE_KEYS = {"gpt2": ("layers", "heads", "channels", "vocab", "max_seq_len"),
+              "llama": ("layers", "heads", "kv_heads", "channels", "ffn_hidden", "vocab", "max_seq_len",
+                        "rope_theta", "norm_eps")}
+
+# The parameter tensors in model-file order, in terms of L layers, C channels, Vp padded vocab, maxT
+# positions (GPT-2), KVH key/value heads and F hidden units (Llama).
+def parameter_shapes(config):
+    L, C, Vp = config["L"], config["C"], config["Vp"]
+    if config["arch"] == "gpt2":
+        return [
+            ("wte", (Vp, C)), ("wpe", (config["maxT"], C)),
+            ("ln1w", (L, C)), ("ln1b", (L, C)),
+            ("qkvw", (L, 3 * C, C)), ("qkvb", (L, 3 * C)),
+            ("attprojw", (L, C, C)), ("attprojb", (L, C)),
+            ("ln2w", (L, C)), ("ln2b", (L, C)),
+            ("fcw", (L, 4 * C, C)), ("fcb", (L, 4 * C)),
+            ("fcprojw", (L, C, 4 * C)), ("fcprojb", (L, C)),
+            ("lnfw", (C,)), ("lnfb", (C,)),
+        ]
+    HS, F = C // config["NH"], config["F"]
+    return [
+        ("wte", (Vp, C)),
+        ("ln1w", (L, C)),
+        ("qkvw", (L, (config["NH"] + 2 * config["KVH"]) * HS, C)),
+        ("attprojw", (L, C, C)),
+        ("ln2w", (L, C)),
+        ("fcw", (L, 2 * F, C)),
+        ("fcprojw", (L, C, F)),
+        ("lnfw", (C,)),
+        ("lmhead", (Vp, C)),
+    ]
+
+# The 2-D tensors, which get weight decay (wpe is GPT-2's only, lmhead Llama's only).
+DECAYED = {"wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw", "lmhead"}
+# The tensors with no layer dimension; every other tensor in a model file is (L, ...).
+UNLAYERED = {"wte", "wpe", "lnfw", "lnfb", "lmhead"}
+NORM_WEIGHTS = {"ln1w", "ln2w", "lnfw"}
+RESIDUAL_PROJECTIONS = {"attprojw", "fcprojw"}
+
+
+def fail(message):
+    """Every bad input ends here: one line naming the problem, exit status 1."""
+    sys.stdout.flush()
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def padded_vocab(V):
+    return (V + 127) // 128 * 128
+
+
+def as_float32(value):
+    """The float32 nearest to value, as a Python float: theta and eps travel as float32 in the model file,
+    so the config holds exactly what a file round trip gives back."""
+    return struct.unpack("<f", struct.pack("<f", value))[0]
+
+
+def gpt2_config(L, NH, C, V, maxT, Vp=None):
+    return dict(arch="gpt2", L=L, NH=NH, C=C, V=V, Vp=Vp if Vp is not None else padded_vocab(V), maxT=maxT)
+
+
+def llama_config(L, NH, KVH, C, F, V, maxT, theta=500000.0, eps=1e-5, Vp=None):
+    return dict(arch="llama", L=L, NH=NH, KVH=KVH, C=C, F=F, V=V, Vp=Vp if Vp is not None else padded_vocab(V),
+                maxT=maxT, theta=as_float32(theta), eps=as_float32(eps))
+
+
+def config_from(shape):
+    """A model config from a dict with the flag names of SHAPE_KEYS (a preset, or the parsed arguments)."""
+    s = shape if isinstance(shape, dict) else vars(shape)
+    if s["arch"] == "gpt2":
+        return gpt2_config(s["layers"], s["heads"], s["channels"], s["vocab"], s["max_seq_len"])
+    return llama_config(s["layers"], s["heads"], s["kv_heads"], s["channels"], s["ffn_hidden"], s["vocab"],
+                        s["max_seq_len"], s["rope_theta"], s["norm_eps"])
+
+
+def shape_problem(config):
+    """What makes this shape one the models (and the CUDA kernels) cannot take, or None."""
+    c = config
+    if min(c["L"], c["NH"], c["C"], c["V"], c["Vp"], c["maxT"]) <= 0 or c["Vp"] < c["V"]:
+        return "sizes must be positive and Vp >= V"
+    if c["C"] % c["NH"] != 0:
+        return f"channels {c['C']} is not divisible by heads {c['NH']}"
+    if c["arch"] == "llama":
+        if c["KVH"] <= 0 or c["NH"] % c["KVH"] != 0:
+            return f"heads {c['NH']} is not a multiple of kv_heads {c['KVH']}"
+        if (c["C"] // c["NH"]) % 2 != 0:
+            return f"the head size {c['C'] // c['NH']} is odd: RoPE turns pairs of channels"
+        if c["F"] <= 0:
+            return f"ffn_hidden {c['F']} must be positive"
+        if not c["theta"] > 1.0:      # also refuses NaN
+            return f"rope_theta {c['theta']} must exceed 1"
+        if not c["eps"] > 0.0:
+            return f"norm_eps {c['eps']} must be positive"
+    return None
+
+
+def describe(config):
+    c = config
+    text = f"L={c['L']} NH={c['NH']} "
+    if c["arch"] == "llama":
+        text += f"KVH={c['KVH']} "
+    text += f"C={c['C']} "
+    if c["arch"] == "llama":
+        text += f"F={c['F']} "
+    text += f"V={c['V']} Vp={c['Vp']} maxT={c['maxT']}"
+    if c["arch"] == "llama":
+        text += f" theta={c['theta']:g} eps={c['eps']:g}"
+    return ("GPT-2 " if c["arch"] == "gpt2" else "Llama ") + text
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        description="GPT-2 or Llama 3 in PyTorch (fp32): writes a model file and the reference state that "
+                    "test_gpt compares the CUDA trainer against, and times training steps for the CPU "
+                    "benchmark.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="""\
+examples:
+  /usr/bin/python3 dev/test/model_reference.py --config small --model-out small.bin --state-out small_state.bin
+  /usr/bin/python3 dev/test/model_reference.py --config 124M --tokens data/train_000000.bin \\
+      --model-out gpt2_124M.bin --state-out gpt2_124M_state.bin
+  /usr/bin/python3 dev/test/model_reference.py --config llama_small --model-out llama_small.bin \\
+      --state-out llama_small_state.bin
+  /usr/bin/python3 dev/test/model_reference.py --arch llama --layers 3 --kv-heads 1 --steps 2
+  /usr/bin/python3 dev/test/model_reference.py --model gpt2_124M.bin --steps 0 --bench 5
+  /usr/bin/python3 dev/test/model_reference.py --self-check
+
+CPU speed: the best setting measured on 2 cores is OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE, plus
+OPENBLAS_CORETYPE=SkylakeX on CPUs with AVX-512 (/proc/cpuinfo lists avx512f; OpenBLAS 0.3.21 does not
+recognise some of them and falls back to a kernel ~5x slower; never set it on a CPU without AVX-512).
+This script sets OMP_WAIT_POLICY=PASSIVE, and OPENBLAS_CORETYPE=SkylakeX when avx512f is present,
+whenever they are not already in the environment; torch uses OMP_NUM_THREADS threads (default 2).""")
+    model = parser.add_argument_group("model")
+    model.add_argument("--arch", choices=["gpt2", "llama"],
+                       help="the model: gpt2 (default) or llama; implied by --config and by --model's file")
+    model.add_argument("--config", choices=sorted(CONFIGS), default=None,
+                       help="preset shape: small (GPT-2, L=2, NH=4, C=64, V=500, maxT=64), 124M (GPT-2, "
+                            "L=12, NH=12, C=768, V=50257, maxT=1024), llama_small (L=2, NH=4, KVH=2, C=64, "
+                            "F=96, V=500, maxT=64) or llama_100M (L=4, NH=12, KVH=4, C=768, F=2048, V=50257, "
+                            "maxT=1024); default small, or llama_small with --arch llama")
+    model.add_argument("--layers", type=int, help="number of blocks L (overrides --config)")
+    model.add_argument("--heads", type=int, help="attention heads NH (overrides --config)")
+    model.add_argument("--channels", type=int, help="channels C (overrides --config)")
+    model.add_argument("--vocab", type=int, help="vocabulary size V; padded to a multiple of 128")
+    model.add_argument("--max-seq-len", type=int, help="longest sequence, maxT (GPT-2: positions in wpe)")
+    model.add_argument("--kv-heads", type=int, help="Llama: key/value heads KVH, dividing NH")
+    model.add_argument("--ffn-hidden", type=int, help="Llama: hidden units F of the SwiGLU MLP")
+    model.add_argument("--rope-theta", type=float, help="Llama: RoPE's base theta (default 500000)")
+    model.add_argument("--norm-eps", type=float, help="Llama: RMSNorm's epsilon (default 1e-5)")
+    model.add_argument("--model", metavar="PATH",
+                       help="load this model file (either architecture, version 3 fp32 or 5 bf16) instead "
+                            "of creating one")
+    model.add_argument("--seed", type=int, default=1337,
+                       help="seed of the initialisation and of the random batch (default 1337)")
+    model.add_argument("--model-out", metavar="PATH", help="write the model file here")
+    model.add_argument("--model-dtype", choices=["fp32", "bf16"], default="fp32",
+                       help="parameters in --model-out: fp32 (version 3, default) or bf16 (version 5); "
+                            "both hold the same values after the bf16 rounding")
+    batch = parser.add_argument_group("batch")
+    batch.add_argument("--batch-size", type=int, help="B (default 3 for the small configs, 4 for the others)")
+    batch.add_argument("--seq-len", type=int, help="T (default 37 for the small configs, 64 for the others)")
+    batch.add_argument("--tokens", metavar="SHARD",
+                       help="take the batch from the start of this token shard: inputs[b,t] = "
+                            "tokens[b*T+t], targets[b,t] = tokens[b*T+t+1]; default: random ids in [0, V)")
+    train = parser.add_argument_group("training")
+    train.add_argument("--steps", type=int, default=10, help="training steps on the batch (default 10)")
+    train.add_argument("--learning-rate", type=float,
+                       help="AdamW learning rate (default 1e-3 for the small configs, 1e-4 otherwise)")
+    train.add_argument("--beta1", type=float, default=0.9, help="AdamW beta1 (default 0.9)")
+    train.add_argument("--beta2", type=float, default=0.95, help="AdamW beta2 (default 0.95)")
+    train.add_argument("--eps", type=float, default=1e-8, help="AdamW epsilon (default 1e-8)")
+    train.add_argument("--weight-decay", type=float, default=0.1,
+                       help="decoupled weight decay of the 2-D tensors (default 0.1)")
+    train.add_argument("--grad-clip", type=float, default=0.0,
+                       help="clip the global gradient norm to this (default 0 = no clipping)")
+    output = parser.add_argument_group("output")
+    output.add_argument("--state-out", metavar="PATH", help="write the reference state file here")
+    output.add_argument("--bench", type=int, default=0, metavar="N",
+                        help="also time N training steps (forward, backward, AdamW) at this shape")
+    output.add_argument("--self-check", action="store_true",
+                        help="check this script's own math (attention, RoPE, both models against naive "
+                             "float64 versions, finite-difference gradients, AdamW, file round trips); "
+                             "exits non-zero on any failure")
+    args = parser.parse_args(argv)
+
+    llama_only = ("kv_heads", "ffn_hidden", "rope_theta", "norm_eps")
+    explicit = [k for k in SHAPE_KEYS["llama"] if getattr(args, k) is not None]
+    if args.model and (explicit or args.config or args.arch):
+        fail("--model takes the architecture and shape from the file: do not combine it with --arch, "
+             "--config or the shape flags (--layers, --heads, ...)")
+    if args.config and args.arch and CONFIGS[args.config]["arch"] != args.arch:
+        fail(f"--config {args.config} is a {CONFIGS[args.config]['arch']} shape, not --arch {args.arch}")
+    for key in ("layers", "heads", "channels", "vocab", "max_seq_len", "kv_heads", "ffn_hidden", "batch_size",
+                "seq_len"):
+        if getattr(args, key) is not None and getattr(args, key) <= 0:
+            fail(f"--{key.replace('_', '-')} must be positive, not {getattr(args, key)}")
+    if not args.model:
+        preset = CONFIGS[args.config or DEFAULT_CONFIG[args.arch or "gpt2"]]
+        args.arch = preset["arch"]
+        if args.arch == "gpt2" and any(k in explicit for k in llama_only):
+            fail("--kv-heads, --ffn-hidden, --rope-theta and --norm-eps are Llama's: add --arch llama")
+        for key in SHAPE_KEYS[args.arch]:
+            if getattr(args, key) is None:
+                setattr(args, key, preset[key])
+        problem = shape_problem(config_from(args))
+        if problem:
+            fail(problem)
+    if args.steps < 0 or args.bench < 0:
+        fail("--steps and --bench must not be negative")
+    if args.state_out and args.steps < 1:
+        fail("--state-out needs at least one step (--steps >= 1)")
+    if args.grad_clip < 0:
+        fail("--grad-clip must be >= 0")
+    return args
+
+
+def tune_cpu_environment():
+    """OpenBLAS and OpenMP read these when torch loads them, so this must run before `import torch`."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if "OPENBLAS_CORETYPE" not in os.environ:
+        try:
+            with open("/proc/cpuinfo") as f:
+                if " avx512f" in f.read():
+                    os.environ["OPENBLAS_CORETYPE"] = "SkylakeX"
+        except OSError:
+            pass
+
+
+# ----------------------------------------------------------------------------------------------------
+# the pieces of the models
+
+def layernorm(x, w, b):
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b, eps=1e-5)
+
+
+def rmsnorm(x, w, eps):
+    return x * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + eps) * w
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
+
+
+def swiglu(gate_up):
+    """(..., 2F) -> (..., F): the gate is the first F columns, the up projection the last F."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return gate * torch.sigmoid(gate) * up
+
+
+def causal_attention(q, k, v):
+    """q (B, NH, T, HS), k and v (B, KVH, T, HS) with NH a multiple of KVH -> (B, NH, T, HS). Query head h
+    reads key/value head h // (NH / KVH): consecutive query heads share one (repeat_interleave)."""
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+    T, HS = q.shape[2], q.shape[3]
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(HS))     # (B, NH, T, T)
+    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(diagonal=1)
+    scores = scores.masked_fill(future, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def causal_self_attention(qkv, NH):
+    """GPT-2's: qkv (B, T, 3C) -> (B, T, C). q, k, v are the three C-wide thirds; head h owns channels
+    h*HS .. h*HS+HS-1 of each."""
+    B, T, C3 = qkv.shape
+    C = C3 // 3
+    q, k, v = (t.view(B, T, NH, C // NH).transpose(1, 2) for t in qkv.split(C, dim=2))   # (B, NH, T, HS)
+    return causal_attention(q, k, v).transpose(1, 2).reshape(B, T, C)
+
+
+def rope_angles(T, HS, theta):
+    """The angles (T, HS/2) as llmc/kernels/rope.cuh computes them, so that the fp32 comparison is tight:
+    f_i = theta^(-2i/HS) in float64 (theta the float32 of the model file) rounded once to float32, and the
+    angle the float32 product float32(t) * f_i. At T ~ 1000 a float64 angle would differ by ~1e-4."""
+    frequencies = torch.tensor([theta ** (-2.0 * i / HS) for i in range(HS // 2)],
+                               dtype=torch.float64).to(torch.float32)
+    return torch.arange(T, dtype=torch.float32).unsqueeze(1) * frequencies
+
+
+def rope_tables(T, HS, theta, dtype):
+    """cos and sin of rope_angles, computed in float64 and rounded to dtype (the kernel's sincosf is
+    within an ulp or two of the rounded value)."""
+    angles = rope_angles(T, HS, theta).double()
+    return torch.cos(angles).to(dtype), torch.sin(angles).to(dtype)
+
+
+def rope(x, cos, sin):
+    """x (B, T, H, HS), each head's adjacent pairs (x_2i, x_2i+1) turned by the angle of (t, i)."""
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    cos, sin = cos[:, None, :], sin[:, None, :]                       # broadcast over the heads
+    return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2)
+
+
+def grouped_query_attention(qkv, NH, KVH, cos, sin):
+    """Llama's: qkv (B, T, (NH + 2 KVH) HS) -> (B, T, NH HS). RoPE turns the query and key heads."""
+    B, T, width = qkv.shape
+    HS = width // (NH + 2 * KVH)
+    q, k, v = qkv.split([NH * HS, KVH * HS, KVH * HS], dim=2)
+    q = rope(q.view(B, T, NH, HS), cos, sin).transpose(1, 2)        # (B, NH, T, HS)
+    k = rope(k.view(B, T, KVH, HS), cos, sin).transpose(1, 2)       # (B, KVH, T, HS)
+    v = v.view(B, T, KVH, HS).transpose(1, 2)
+    return causal_attention(q, k, v).transpose(1, 2).reshape(B, T, NH * HS)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the models
+
+def trainable(params):
+    """The tensors autograd and AdamW work on: the UNLAYERED ones and one tensor per layer per stacked
+    tensor ("qkvw.3" is layer 3 of qkvw). Each shares memory with params, so an update to one is an
+    update to the other, and each gets its own gradient (no per-step scatter into the stacked tensors)."""
+    w = {}
+    for name, tensor in params.items():
+        if name in UNLAYERED:
+            w[name] = tensor.detach().requires_grad_(True)
+        else:
+            for l in range(tensor.shape[0]):
+                w[f"{name}.{l}"] = tensor[l].detach().requires_grad_(True)
+    return w
+
+
+def forward(w, config, inputs, targets):
+    """w from trainable(). Returns the logits over all Vp columns, the mean cross-entropy over the first V
+    columns, and the looked-up token embeddings that backward() needs."""
+    L, NH, V = config["L"], config["NH"], config["V"]
+    B, T = inputs.shape
+    # The token lookup is kept out of autograd: its backward would zero-fill a second (Vp, C) gradient
+    # every step and add it to the LM head's. backward() scatters into wte.grad in place instead.
+    token_embeddings = w["wte"].detach()[inputs].requires_grad_(True)
+    linear = torch.nn.functional.linear
+    if config["arch"] == "gpt2":
+        x = token_embeddings + w["wpe"][:T]
+        for l in range(L):
+            h = layernorm(x, w[f"ln1w.{l}"], w[f"ln1b.{l}"])
+            y = causal_self_attention(linear(h, w[f"qkvw.{l}"], w[f"qkvb.{l}"]), NH)
+            x = x + linear(y, w[f"attprojw.{l}"], w[f"attprojb.{l}"])
+            h = layernorm(x, w[f"ln2w.{l}"], w[f"ln2b.{l}"])
+            h = gelu_tanh(linear(h, w[f"fcw.{l}"], w[f"fcb.{l}"]))
+            x = x + linear(h, w[f"fcprojw.{l}"], w[f"fcprojb.{l}"])
+        logits = layernorm(x, w["lnfw"], w["lnfb"]) @ w["wte"].t()             # (B, T, Vp)
+    else:
+        eps = config["eps"]
+        cos, sin = rope_tables(T, config["C"] // NH, config["theta"], w["wte"].dtype)
+        x = token_embeddings
+        for l in range(L):
+            h = rmsnorm(x, w[f"ln1w.{l}"], eps)
+            y = grouped_query_attention(linear(h, w[f"qkvw.{l}"]), NH, config["KVH"], cos, sin)
+            x = x + linear(y, w[f"attprojw.{l}"])
+            h = swiglu(linear(rmsnorm(x, w[f"ln2w.{l}"], eps), w[f"fcw.{l}"]))
+            x = x + linear(h, w[f"fcprojw.{l}"])
+        logits = rmsnorm(x, w["lnfw"], eps) @ w["lmhead"].t()                  # (B, T, Vp)
+    # the padded columns are not tokens: they take no part in the softmax
+    loss = torch.nn.functional.cross_entropy(logits[..., :V].reshape(B * T, V), targets.reshape(B * T))
+    return logits, loss, token_embeddings
+
+
+def backward(w, loss, token_embeddings, inputs):
+    """Gradients of loss into w[...].grad. wte's is, for each position, the gradient of its token's
+    embedding added to that token's row, plus (GPT-2, whose head is tied) the LM head's from autograd."""
+    loss.backward()
+    wte = w["wte"]
+    if wte.grad is None:            # Llama: only the lookup reads wte
+        wte.grad = torch.zeros_like(wte)
+    wte.grad.index_add_(0, inputs.reshape(-1), token_embeddings.grad.reshape(-1, wte.shape[1]))
+
+
+def stacked_grads(w, params):
+    """The gradients of trainable(params) in the shapes and order of the model file."""
+    return {name: w[name].grad if name in w else
+            torch.stack([w[f"{name}.{l}"].grad for l in range(tensor.shape[0])])
+            for name, tensor in params.items()}
+
+
+def init_params(config, seed, dtype):
+    generator = torch.Generator().manual_seed(seed)
+    residual_std = 0.02 / math.sqrt(2 * config["L"])
+    params = {}
+    for name, shape in parameter_shapes(config):
+        if name in NORM_WEIGHTS:
+            tensor = torch.ones(shape, dtype=torch.float32)
+        elif name in DECAYED:
+            std = residual_std if name in RESIDUAL_PROJECTIONS else 0.02
+            tensor = torch.empty(shape, dtype=torch.float32).normal_(0.0, std, generator=generator)
+        else:
+            tensor = torch.zeros(shape, dtype=torch.float32)
+        # one file for both trainers: every value exactly representable in bf16
+        tensor = tensor.to(torch.bfloat16).to(torch.float32)
+        params[name] = tensor
+    for name in ("wte", "lmhead"):
+        if name in params:
+            params[name][config["V"]:] = 0.0
+    return {name: t.to(dtype) for name, t in params.items()}
+
+
+# ----------------------------------------------------------------------------------------------------
+# files
+
+def f32_bits(value):
+    return struct.unpack("<i", struct.pack("<f", value))[0]
+
+
+def f32_from_bits(bits):
+    return struct.unpack("<f", struct.pack("<i", bits))[0]
+
+
+def model_magic(config):
+    return GPT2_MAGIC if config["arch"] == "gpt2" else LLAMA_MAGIC
+
+
+def write_model(path, params, config, dtype_name="fp32"):
+    c = config
+    header = np.zeros(HEADER_INTS, dtype=np.int32)
+    header[:8] = [model_magic(c), 3 if dtype_name == "fp32" else 5, c["maxT"], c["V"], c["L"], c["NH"], c["C"],
+                  c["Vp"]]
+    if c["arch"] == "llama":
+        header[8:12] = [c["KVH"], c["F"], f32_bits(c["theta"]), f32_bits(c["eps"])]
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        for name, _ in parameter_shapes(c):
+            values = params[name].detach().to(torch.float32).contiguous().numpy()
+            if dtype_name == "bf16":
+                # bf16 is the top half of an fp32; the values were rounded to bf16 already, so this is exact
+                values = (values.view(np.uint32) >> 16).astype(np.uint16)
+            f.write(values.tobytes())
+
+
+def read_model(path):
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            header = np.frombuffer(f.read(HEADER_INTS * 4), dtype=np.int32)
+            if header.size != HEADER_INTS:
+                fail(f"{path}: too short for a model header")
+            if header[0] not in (GPT2_MAGIC, LLAMA_MAGIC):
+                fail(f"{path}: bad magic {header[0]} (not a model file, expected {GPT2_MAGIC} for GPT-2 or "
+                     f"{LLAMA_MAGIC} for Llama)")
+            version = int(header[1])
+            if version not in (3, 5):
+                fail(f"{path}: unsupported version {version} (3 = fp32, 5 = bf16)")
+            maxT, V, L, NH, C, Vp = (int(v) for v in header[2:8])
+            if header[0] == GPT2_MAGIC:
+                config = gpt2_config(L, NH, C, V, maxT, Vp)
+            else:
+                config = llama_config(L, NH, int(header[8]), C, int(header[9]), V, maxT,
+                                      f32_from_bits(int(header[10])), f32_from_bits(int(header[11])), Vp)
+            problem = shape_problem(config)
+            if problem:
+                fail(f"{path}: inconsistent shape {describe(config)}: {problem}")
+            shapes = parameter_shapes(config)
+            count = sum(int(np.prod(s)) for _, s in shapes)
+            itemsize = 4 if version == 3 else 2
+            expected = HEADER_INTS * 4 + count * itemsize
+            if size != expected:
+                fail(f"{path}: {size} bytes, expected {expected} for this shape and version {version}")
+            raw = np.frombuffer(f.read(count * itemsize), dtype=np.float32 if version == 3 else np.uint16)
+    except OSError as e:
+        fail(f"cannot read {path}: {e.strerror}")
+    if version == 5:
+        raw = (raw.astype(np.uint32) << 16).view(np.float32)
+    params, offset = {}, 0
+    for name, shape in shapes:
+        n = int(np.prod(shape))
+        params[name] = torch.from_numpy(raw[offset:offset + n].copy()).view(shape)
+        offset += n
+    return params, config
+
+
+def read_tokens(path, count):
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            header = np.frombuffer(f.read(HEADER_INTS * 4), dtype=np.int32)
+            if header.size != HEADER_INTS or header[0] != SHARD_MAGIC:
+                fail(f"{path}: not a token shard (bad magic)")
+            if header[1] != 1:
+                fail(f"{path}: unsupported token shard version {header[1]}")
+            n = int(header[2])
+            if size != HEADER_INTS * 4 + 2 * n:
+                fail(f"{path}: {size} bytes but the header says {n} tokens ({HEADER_INTS * 4 + 2 * n} bytes)")
+            if n < count:
+                fail(f"{path}: {n} tokens, the batch needs {count} (B*T+1)")
+            return np.frombuffer(f.read(2 * count), dtype=np.uint16).astype(np.int64)
+    except OSError as e:
+        fail(f"cannot read {path}: {e.strerror}")
+
+
+def write_state(path, args, B, T, inputs, targets, logits, loss, grads, config, losses, norms):
+    shapes = parameter_shapes(config)
+    count = sum(int(np.prod(s)) for _, s in shapes)
+    if count >= 2 ** 31:
+        fail(f"{count} parameters do not fit the state header's int32")
+    header = np.zeros(HEADER_INTS, dtype=np.int32)
+    header[:5] = [STATE_MAGIC, STATE_VERSION, B, T, len(losses)]
+    header[5:11] = [f32_bits(v) for v in (args.learning_rate, args.beta1, args.beta2, args.eps,
+                                          args.weight_decay, args.grad_clip)]
+    # so that a reader can refuse a state next to a model file of the other architecture or shape
+    header[11:13] = [model_magic(config), count]
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(inputs.to(torch.int32).numpy().tobytes())
+        f.write(targets.to(torch.int32).numpy().tobytes())
+        f.write(logits.detach().to(torch.float32).contiguous().numpy().tobytes())
+        f.write(np.array([loss], dtype=np.float32).tobytes())
+        for name, _ in shapes:
+            f.write(grads[name].to(torch.float32).contiguous().numpy().tobytes())
+        f.write(np.array(losses, dtype=np.float32).tobytes())
+        f.write(np.array(norms, dtype=np.float32).tobytes())
+
+
+def read_state(path, config):
+    """The state file back as a dict (the self-check's round trip: the layout above, read independently)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    header = np.frombuffer(data[:HEADER_INTS * 4], dtype=np.int32)
+    B, T, S = (int(v) for v in header[2:5])
+    state = dict(magic=int(header[0]), version=int(header[1]), B=B, T=T, steps=S,
+                 hyper=[f32_from_bits(int(v)) for v in header[5:11]], model_magic=int(header[11]),
+                 count=int(header[12]))
+    pieces = [("inputs", np.int32, B * T), ("targets", np.int32, B * T),
+              ("logits", np.float32, B * T * config["Vp"]), ("loss", np.float32, 1),
+              ("grads", np.float32, state["count"]), ("losses", np.float32, S), ("norms", np.float32, S)]
+    offset = HEADER_INTS * 4
+    for name, dtype, n in pieces:
+        state[name] = np.frombuffer(data[offset:offset + 4 * n], dtype=dtype)
+        offset += 4 * n
+    state["trailing_bytes"] = len(data) - offset
+    return state
+
+
+# ----------------------------------------------------------------------------------------------------
+# training
+
+class AdamW:
+    # Walked in chunks that stay in cache, with two reused scratch buffers: whole-tensor temporaries
+    # (wte alone is 150 MiB at 124M) would make each step stream the parameters through memory ~10 times.
+    CHUNK = 1 << 20
+
+    def __init__(self, params, lr, beta1, beta2, eps, weight_decay):
+        self.params, self.lr, self.beta1, self.beta2, self.eps, self.wd = params, lr, beta1, beta2, eps, weight_decay
+        self.m = {name: torch.zeros_like(p) for name, p in params.items()}
+        self.v = {name: torch.zeros_like(p) for name, p in params.items()}
+        self.t = 0
+
+    def step(self, grad_scale=1.0):
+        self.t += 1
+        correction1 = 1.0 - self.beta1 ** self.t
+        correction2 = 1.0 - self.beta2 ** self.t
+        with torch.no_grad():
+            for name, param in self.params.items():
+                dtype = param.dtype
+                scratch = [torch.empty(self.CHUNK, dtype=dtype) for _ in range(2)]
+                flat = [t.view(-1) for t in (param, param.grad, self.m[name], self.v[name])]
+                for start in range(0, param.numel(), self.CHUNK):
+                    w, g, m, v = (t[start:start + self.CHUNK] for t in flat)
+                    denom, update = (s[:w.numel()] for s in scratch)
+                    if grad_scale != 1.0:
+                        g = g * grad_scale
+                    m.mul_(self.beta1).add_(g, alpha=1.0 - self.beta1)
+                    v.mul_(self.beta2).addcmul_(g, g, value=1.0 - self.beta2)
+                    torch.div(v, correction2, out=denom).sqrt_().add_(self.eps)      # sqrt(v_hat) + eps
+                    torch.div(m, correction1, out=update).div_(denom)                 # m_hat / denom
+                    if name.split(".")[0] in DECAYED:
+                        update.add_(w, alpha=self.wd)
+                    w.sub_(update, alpha=self.lr)
+
+
+def global_norm(w):
+    # summed in float64, a slice at a time: an fp32 sum over wte's 38M squares drifts by ~1e-5 relative
+    total = 0.0
+    for p in w.values():
+        for piece in p.grad.view(-1).split(1 << 20):
+            total += float(piece.double().square_().sum())
+    return math.sqrt(total)
+
+
+def train_step(params, w, config, inputs, targets, optimizer, grad_clip, keep=False):
+    """One forward, backward and AdamW update of w = trainable(params). Returns (loss, grad norm before
+    clipping) and, with keep, also the logits and the gradients (file order), taken before the update."""
+    for p in w.values():
+        p.grad = None
+    logits, loss, token_embeddings = forward(w, config, inputs, targets)
+    backward(w, loss, token_embeddings, inputs)
+    norm = global_norm(w)
+    kept = (logits.detach(), stacked_grads(w, params)) if keep else None
+    del logits
+    optimizer.step(grad_clip / norm if 0 < grad_clip < norm else 1.0)
+    return float(loss), norm, kept
+
+
+def make_batch(args, config):
+    B, T, V = args.batch_size, args.seq_len, config["V"]
+    if T > config["maxT"]:
+        fail(f"--seq-len {T} exceeds the model's max_seq_len {config['maxT']}")
+    if args.tokens:
+        tokens = torch.from_numpy(read_tokens(args.tokens, B * T + 1))
+        if int(tokens.max()) >= V:
+            fail(f"{args.tokens}: token id {int(tokens.max())} is outside the vocabulary (V = {V})")
+    else:
+        # a generator of its own, so the batch does not depend on whether the model was created or loaded
+        generator = torch.Generator().manual_seed(args.seed + 1)
+        tokens = torch.randint(0, V, (B * T + 1,), generator=generator)
+    rows = torch.arange(B).unsqueeze(1) * T + torch.arange(T).unsqueeze(0)     # (B, T): b*T + t
+    return tokens[rows], tokens[rows + 1]
+
+
+def run(args):
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
+    torch.use_deterministic_algorithms(True)
+
+    if args.model:
+        params, config = read_model(args.model)
+    else:
+        config = config_from(args)
+        params = init_params(config, args.seed, torch.float32)
+    # batch and learning-rate defaults: those of the preset with this exact shape, else of --config or the
+    # architecture's default preset
+    preset = CONFIGS[args.config or DEFAULT_CONFIG[config["arch"]]]
+    for candidate in CONFIGS.values():
+        if config_from(candidate) == config:
+            preset = candidate
+    for key in ("batch_size", "seq_len", "learning_rate"):
+        if getattr(args, key) is None:
+            setattr(args, key, preset[key])
+    count = sum(p.numel() for p in params.values())
+    print(f"model: {describe(config)}, {count:,} parameters "
+          f"({'loaded from ' + args.model if args.model else 'seed %d' % args.seed})")
+    if args.model_out:
+        write_model(args.model_out, params, config, args.model_dtype)
+        print(f"wrote {args.model_out}")
+
+    inputs, targets = make_batch(args, config)
+    B, T = inputs.shape
+    print(f"batch: B={B} T={T} from {args.tokens or 'random ids (seed %d)' % (args.seed + 1)}; "
+          f"lr={args.learning_rate:g} betas=({args.beta1:g}, {args.beta2:g}) eps={args.eps:g} "
+          f"wd={args.weight_decay:g} clip={args.grad_clip:g}; threads={torch.get_num_threads()}")
+
+    w = trainable(params)
+    optimizer = AdamW(w, args.learning_rate, args.beta1, args.beta2, args.eps, args.weight_decay)
+    losses, norms, first = [], [], None
+    start = time.perf_counter()
+    for step in range(args.steps):
+        loss, norm, kept = train_step(params, w, config, inputs, targets, optimizer, args.grad_clip,
+                                      keep=(step == 0 and args.state_out is not None))
+        if kept:
+            first = (kept[0], loss, kept[1])
+        losses.append(loss)
+        norms.append(norm)
+        print(f"step {step + 1:3d}/{args.steps}: loss {loss:.6f}  grad norm {norm:.6f}")
+    if args.steps:
+        elapsed = time.perf_counter() - start
+        print(f"{args.steps} steps in {elapsed:.2f} s: {1000 * elapsed / args.steps:.1f} ms/step")
+
+    if args.state_out:
+        logits, loss, grads = first
+        write_state(args.state_out, args, B, T, inputs, targets, logits, loss, grads, config, losses, norms)
+        print(f"wrote {args.state_out}")
+
+    if args.bench:
+        train_step(params, w, config, inputs, targets, optimizer, args.grad_clip)   # warm-up
+        start = time.perf_counter()
+        for _ in range(args.bench):
+            train_step(params, w, config, inputs, targets, optimizer, args.grad_clip)
+        seconds = (time.perf_counter() - start) / args.bench
+        print(f"pytorch: {1000 * seconds:.1f} ms/step, {B * T / seconds:.1f} tokens/s "
+              f"(B={B}, T={T}, {torch.get_num_threads()} threads, mean of {args.bench} steps)")
+
+
+# ----------------------------------------------------------------------------------------------------
+# self-check: the reference is only useful if it is right
+
+def naive_gpt2_loss(params, config, inputs, targets):
+    """GPT-2 with every operation spelled out element by element in float64 Python loops over positions,
+    independent of the vectorised code above. Tiny shapes only."""
+    L, NH, C, V = config["L"], config["NH"], config["C"], config["V"]
+    HS = C // NH
+    B, T = inputs.shape
+    P = {k: v.double() for k, v in params.items()}
+
+    def ln(row, w, b):
+        mean = row.sum() / C
+        var = ((row - mean) ** 2).sum() / C
+        return (row - mean) / math.sqrt(float(var) + 1e-5) * w + b
+
+    total = 0.0
+    for b in range(B):
+        x = [P["wte"][int(inputs[b, t])] + P["wpe"][t] for t in range(T)]
+        for l in range(L):
+            qkv = [P["qkvw"][l] @ ln(x[t], P["ln1w"][l], P["ln1b"][l]) + P["qkvb"][l] for t in range(T)]
+            out = []
+            for t in range(T):
+                y = torch.zeros(C, dtype=torch.float64)
+                for h in range(NH):
+                    q = qkv[t][h * HS:(h + 1) * HS]
+                    scores = [float((q * qkv[s][C + h * HS:C + (h + 1) * HS]).sum()) / math.sqrt(HS)
+                              for s in range(t + 1)]
+                    top = max(scores)
+                    weights = [math.exp(z - top) for z in scores]
+                    norm = sum(weights)
+                    for s in range(t + 1):
+                        y[h * HS:(h + 1) * HS] += weights[s] / norm * qkv[s][2 * C + h * HS:2 * C + (h + 1) * HS]
+                out.append(P["attprojw"][l] @ y + P["attprojb"][l])
+            x = [x[t] + out[t] for t in range(T)]
+            for t in range(T):
+                u = P["fcw"][l] @ ln(x[t], P["ln2w"][l], P["ln2b"][l]) + P["fcb"][l]
+                g = torch.tensor([0.5 * z * (1 + math.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z ** 3)))
+                                  for z in u.tolist()], dtype=torch.float64)
+                x[t] = x[t] + P["fcprojw"][l] @ g + P["fcprojb"][l]
+        for t in range(T):
+            logits = (P["wte"][:V] @ ln(x[t], P["lnfw"], P["lnfb"])).tolist()
+            top = max(logits)
+            lse = top + math.log(sum(math.exp(z - top) for z in logits))
+            total += lse - logits[int(targets[b, t])]
+    return total / (B * T)
+
+
+def naive_rope_angle(t, i, HS, theta):
+    """The kernel's angle for pair i at position t, scalar by scalar with numpy's float32."""
+    frequency = np.float32(theta ** (-2.0 * i / HS))
+    return float(np.float32(t) * frequency)
+
+
+def naive_llama_loss(params, config, inputs, targets):
+    """Llama with every operation spelled out element by element in float64 Python loops over positions,
+    pairs and heads, independent of the vectorised code above. Tiny shapes only."""
+    L, NH, KVH, C, F, V = (config[k] for k in ("L", "NH", "KVH", "C", "F", "V"))
+    eps, theta = config["eps"], config["theta"]
+    HS = C // NH
+    B, T = inputs.shape
+    P = {k: v.double() for k, v in params.items()}
+
+    def rms(row, w):
+        return row / math.sqrt(sum(z * z for z in row.tolist()) / C + eps) * w
+
+    def turned(head, t):
+        out = head.clone()
+        for i in range(HS // 2):
+            a = naive_rope_angle(t, i, HS, theta)
+            x0, x1 = float(head[2 * i]), float(head[2 * i + 1])
+            out[2 * i] = x0 * math.cos(a) - x1 * math.sin(a)
+            out[2 * i + 1] = x0 * math.sin(a) + x1 * math.cos(a)
+        return out
+
+    total = 0.0
+    for b in range(B):
+        x = [P["wte"][int(inputs[b, t])].clone() for t in range(T)]
+        for l in range(L):
+            qkv = [P["qkvw"][l] @ rms(x[t], P["ln1w"][l]) for t in range(T)]
+            q = [[turned(qkv[t][h * HS:(h + 1) * HS], t) for h in range(NH)] for t in range(T)]
+            k = [[turned(qkv[t][(NH + j) * HS:(NH + j + 1) * HS], t) for j in range(KVH)] for t in range(T)]
+            v = [[qkv[t][(NH + KVH + j) * HS:(NH + KVH + j + 1) * HS] for j in range(KVH)] for t in range(T)]
+            out = []
+            for t in range(T):
+                y = torch.zeros(C, dtype=torch.float64)
+                for h in range(NH):
+                    j = h * KVH // NH            # the key/value head of query head h
+                    scores = [float((q[t][h] * k[s][j]).sum()) / math.sqrt(HS) for s in range(t + 1)]
+                    top = max(scores)
+                    weights = [math.exp(z - top) for z in scores]
+                    norm = sum(weights)
+                    for s in range(t + 1):
+                        y[h * HS:(h + 1) * HS] += weights[s] / norm * v[s][j]
+                out.append(P["attprojw"][l] @ y)
+            x = [x[t] + out[t] for t in range(T)]
+            for t in range(T):
+                u = (P["fcw"][l] @ rms(x[t], P["ln2w"][l])).tolist()
+                hidden = torch.tensor([u[n] / (1 + math.exp(-u[n])) * u[F + n] for n in range(F)],
+                                      dtype=torch.float64)
+                x[t] = x[t] + P["fcprojw"][l] @ hidden
+        for t in range(T):
+            logits = (P["lmhead"][:V] @ rms(x[t], P["lnfw"])).tolist()
+            top = max(logits)
+            lse = top + math.log(sum(math.exp(z - top) for z in logits))
+            total += lse - logits[int(targets[b, t])]
+    return total / (B * T)
+
+
+class Checks:
+    """Counts and prints the self-check's results; g is the one generator its random inputs come from."""
+
+    def __init__(self):
+        self.passed, self.failed = 0, 0
+        self.g = torch.Generator().manual_seed(1)
+
+    def check(self, name, ok, detail=""):
+        self.passed += bool(ok)
+        self.failed += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {name}{': ' + detail if detail else ''}")
+
+    @staticmethod
+    def rel_err(a, b):
+        return float((a - b).abs().max() / max(float(b.abs().max()), 1e-30))
+
+
+def check_attention(c):
+    """Vectorised attention against an explicit loop over heads, queries and keys (float64): GPT-2's (as
+    many key/value heads as query heads) and grouped-query (query head h reads head h // group)."""
+    for NH, KVH in ((3, 3), (6, 2)):
+        B, T, HS = 2, 7, 5
+        q = torch.randn(B, NH, T, HS, generator=c.g, dtype=torch.float64)
+        k = torch.randn(B, KVH, T, HS, generator=c.g, dtype=torch.float64)
+        v = torch.randn(B, KVH, T, HS, generator=c.g, dtype=torch.float64)
+        ref = torch.zeros(B, NH, T, HS, dtype=torch.float64)
+        for b in range(B):
+            for h in range(NH):
+                j = h // (NH // KVH)
+                for t in range(T):
+                    s = torch.stack([(q[b, h, t] * k[b, j, u]).sum() / math.sqrt(HS) for u in range(t + 1)])
+                    p = torch.exp(s - s.max())
+                    p = p / p.sum()
+                    for u in range(t + 1):
+                        ref[b, h, t] += p[u] * v[b, j, u]
+        err = c.rel_err(causal_attention(q, k, v), ref)
+        c.check(f"attention vs loops, NH={NH} KVH={KVH} (float64)", err < 1e-12, f"max rel err {err:.2e}")
+        if NH == KVH:
+            qkv = torch.cat([t.transpose(1, 2).reshape(B, T, NH * HS) for t in (q, k, v)], dim=2)
+            err = c.rel_err(causal_self_attention(qkv, NH), ref.transpose(1, 2).reshape(B, T, NH * HS))
+            c.check("GPT-2's qkv split into heads vs loops (float64)", err < 1e-12, f"max rel err {err:.2e}")
+
+
+def check_rope(c):
+    """RoPE: the angles are the kernel's (float32 frequency, float32 product) to the bit, and the rotation
+    is the complex product (x_2i + i x_2i+1) e^(i a), Meta's way of writing it."""
+    T, HS, theta = 1000, 16, as_float32(500000.0)
+    cos32, sin32 = rope_tables(T, HS, theta, torch.float32)
+    cos64, sin64 = rope_tables(T, HS, theta, torch.float64)
+    angles = rope_angles(T, HS, theta)
+    spots = [(t, i) for t in (0, 1, 37, 999) for i in range(HS // 2)]
+    c.check("RoPE angles: the kernel's, float32 frequency times float32 position, to the bit",
+            all(float(angles[t, i]) == naive_rope_angle(t, i, HS, theta) for t, i in spots))
+    err = max(max(abs(float(cos64[t, i]) - math.cos(float(angles[t, i]))),
+                  abs(float(sin64[t, i]) - math.sin(float(angles[t, i])))) for t, i in spots)
+    c.check("RoPE tables: cos and sin of those angles (float64)", err < 1e-15, f"max abs err {err:.1e}")
+    c.check("RoPE tables in float32: float64's rounded", torch.equal(cos32, cos64.float()) and
+            torch.equal(sin32, sin64.float()))
+    x = torch.randn(2, T, 3, HS, generator=c.g, dtype=torch.float64)
+    turn = torch.complex(cos64, sin64)                                           # e^(i a), (T, HS/2)
+    as_complex = torch.view_as_complex(x.reshape(2, T, 3, HS // 2, 2).contiguous())
+    ref = torch.view_as_real(as_complex * turn[:, None, :]).reshape(x.shape)
+    err = c.rel_err(rope(x, cos64, sin64), ref)
+    c.check("RoPE on adjacent pairs vs the complex product (float64)", err < 1e-12, f"max rel err {err:.2e}")
+    # the point of RoPE: after turning, q . k depends on the positions only through their difference
+    # (to 1e-4: the float32 angles of positions t + 5 and t differ from 5 f_i by their rounding)
+    same = torch.randn(2, 1, 1, HS, generator=c.g, dtype=torch.float64).expand(2, T, 1, HS)   # q, k at every t
+    turned = rope(same, cos64, sin64)
+    dots = [float(turned[0, t + 5, 0] @ turned[1, t, 0]) for t in (0, 10, 100, 900)]
+    c.check("RoPE: q.k depends only on the offset", max(dots) - min(dots) < 1e-4 * abs(dots[0]), f"{dots}")
+
+
+def check_models(c):
+    """Both models against the element-by-element versions (float64, tiny shapes, weights made larger than
+    the init so every op matters, padded vocab rows non-zero to prove they are ignored), Llama with
+    grouped-query attention and with as many key/value heads as query heads; and their gradients against
+    finite differences."""
+    tiny = [("GPT-2", gpt2_config(L=2, NH=2, C=8, V=11, maxT=6), naive_gpt2_loss),
+            ("Llama KVH=2", llama_config(L=2, NH=4, KVH=2, C=16, F=12, V=11, maxT=6, theta=10000.0, eps=1e-5),
+             naive_llama_loss),
+            ("Llama KVH=NH", llama_config(L=2, NH=2, KVH=2, C=8, F=8, V=11, maxT=6, theta=10000.0, eps=1e-2),
+             naive_llama_loss)]
+    for label, config, naive in tiny:
+        params = init_params(config, seed=5, dtype=torch.float64)
+        for p in params.values():
+            p.add_(torch.randn(p.shape, generator=c.g, dtype=torch.float64) * 0.3)
+        inputs = torch.randint(0, config["V"], (2, 5), generator=c.g)
+        targets = torch.randint(0, config["V"], (2, 5), generator=c.g)
+        w = trainable(params)
+        _, loss, _ = forward(w, config, inputs, targets)
+        expected = naive(params, config, inputs, targets)
+        c.check(f"{label}: loss vs naive float64 model", abs(float(loss) - expected) < 1e-10 * abs(expected),
+                f"{float(loss):.12f} vs {expected:.12f}")
+
+        # gradients against central finite differences (float64), a few entries of every tensor; the
+        # padded vocab rows must get exactly zero gradient
+        _, loss, token_embeddings = forward(w, config, inputs, targets)
+        backward(w, loss, token_embeddings, inputs)
+        grads = stacked_grads(w, params)
+        worst, h = 0.0, 1e-6
+        with torch.no_grad():
+            for name, p in params.items():
+                flat, grad = p.view(-1), grads[name].reshape(-1)
+                rows = config["V"] if name in ("wte", "lmhead") else p.shape[0]     # entries that can matter
+                limit = rows * (p.numel() // p.shape[0])
+                indices = torch.randint(0, limit, (3,), generator=c.g).tolist()
+                if name == "wte":   # rows of tokens in the batch
+                    indices += [int(inputs[0, 0]) * config["C"] + 1, int(inputs[1, 2]) * config["C"] + 5]
+                for index in indices:
+                    saved = float(flat[index])
+                    flat[index] = saved + h
+                    plus = float(forward(w, config, inputs, targets)[1])
+                    flat[index] = saved - h
+                    minus = float(forward(w, config, inputs, targets)[1])
+                    flat[index] = saved
+                    numeric = (plus - minus) / (2 * h)
+                    worst = max(worst, abs(numeric - float(grad[index])) / max(abs(numeric), 1e-3))
+        c.check(f"{label}: gradients vs finite differences (float64, 3-5 entries per tensor)", worst < 1e-6,
+                f"worst rel err {worst:.2e}")
+        padded = [grads[n][config["V"]:] for n in ("wte", "lmhead") if n in grads]
+        c.check(f"{label}: padded vocab rows get zero gradient", all(bool((p == 0).all()) for p in padded))
+
+
+def check_init(c):
+    """The initialisation of the small presets: loss close to log(V) (the init logits are small, the
+    softmax nearly uniform), zero padded rows and logits, bf16-representable values, the two stds."""
+    for name in ("small", "llama_small"):
+        config = config_from(CONFIGS[name])
+        params = init_params(config, seed=1337, dtype=torch.float32)
+        inputs = torch.randint(0, 500, (3, 37), generator=c.g)
+        targets = torch.randint(0, 500, (3, 37), generator=c.g)
+        logits, loss, _ = forward(trainable(params), config, inputs, targets)
+        c.check(f"{name} init: loss ~ log(V)", abs(float(loss) - math.log(500)) < 0.05,
+                f"{float(loss):.4f} vs {math.log(500):.4f}")
+        c.check(f"{name} init: padded vocab rows and their logits are zero",
+                all(bool((params[n][500:] == 0).all()) for n in ("wte", "lmhead") if n in params) and
+                bool((logits[..., 500:] == 0).all()))
+        c.check(f"{name} init: every parameter is bf16-representable",
+                all(bool((p == p.to(torch.bfloat16).to(torch.float32)).all()) for p in params.values()))
+        stds = {n: float(params[n].std()) for n in ("qkvw", "fcprojw")}
+        c.check(f"{name} init: std 0.02 and 0.02/sqrt(2L)", abs(stds["qkvw"] - 0.02) < 0.002 and
+                abs(stds["fcprojw"] - 0.01) < 0.001, f"{stds}")
+        if config["arch"] == "llama":
+            c.check("llama_small init: norm weights 1, head untied",
+                    all(bool((params[n] == 1).all()) for n in NORM_WEIGHTS) and
+                    not torch.equal(params["lmhead"], params["wte"]))
+
+
+def check_adamw(c):
+    """The hand-written AdamW against torch.optim.AdamW (which decays first, then steps: the same math), on
+    Llama's tensors (GPT-2's differ only in which names are in DECAYED)."""
+    params = init_params(config_from(CONFIGS["llama_small"]), seed=2, dtype=torch.float64)
+    ours_params = {n: p.clone().requires_grad_(True) for n, p in params.items()}
+    twin = {n: p.clone().requires_grad_(True) for n, p in params.items()}
+    ours = AdamW(ours_params, 1e-3, 0.9, 0.95, 1e-8, 0.1)
+    theirs = torch.optim.AdamW([{"params": [twin[n] for n in twin if n in DECAYED], "weight_decay": 0.1},
+                                {"params": [twin[n] for n in twin if n not in DECAYED], "weight_decay": 0.0}],
+                               lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+    for scale in (1.0, 1.0, 0.25):   # the last step as if clipped: gradients scaled by 0.25
+        for n in ours_params:
+            grad = torch.randn(params[n].shape, generator=c.g, dtype=torch.float64)
+            ours_params[n].grad, twin[n].grad = grad.clone(), grad * scale
+        ours.step(scale)
+        theirs.step()
+    err = max(c.rel_err(ours_params[n].detach(), twin[n].detach()) for n in params)
+    c.check("AdamW vs torch.optim.AdamW (float64, 3 steps, one clipped)", err < 1e-12, f"max rel err {err:.2e}")
+
+
+def check_files(c, tmp, name):
+    """The model file (both versions) and the state file of one preset, written as the docstring lays them
+    out and read back."""
+    config = config_from(CONFIGS[name])
+    params = init_params(config, seed=3, dtype=torch.float32)
+    for dtype_name in ("fp32", "bf16"):
+        path = os.path.join(tmp, f"{name}_{dtype_name}.bin")
+        write_model(path, params, config, dtype_name)
+        loaded, loaded_config = read_model(path)
+        same = loaded_config == config and all(torch.equal(loaded[n], params[n]) for n in params)
+        c.check(f"{name}: model file round trip ({dtype_name})", same)
+
+    # the header slot by slot, read here with numpy rather than by read_model (the bf16 file is the last)
+    header = np.fromfile(path, dtype=np.int32, count=HEADER_INTS)
+    expected = [model_magic(config), 5] + [config[k] for k in ("maxT", "V", "L", "NH", "C", "Vp")]
+    if config["arch"] == "llama":
+        expected += [config["KVH"], config["F"], f32_bits(config["theta"]), f32_bits(config["eps"])]
+    c.check(f"{name}: model header slots", header[:len(expected)].tolist() == expected and
+            not header[len(expected):].any(), f"{header[:12].tolist()}")
+    # tensor-major: layer 1 of qkvw follows layer 0 of qkvw, not layer 0's next tensor
+    raw = np.fromfile(path, dtype=np.uint16, offset=HEADER_INTS * 4)
+    names = [n for n, _ in parameter_shapes(config)]
+    start = sum(params[n].numel() for n in names[:names.index("qkvw")]) + params["qkvw"][0].numel()
+    stored = torch.from_numpy((raw[start:start + 4].astype(np.uint32) << 16).view(np.float32))
+    c.check(f"{name}: qkvw is stored tensor-major (layer 1 right after layer 0)",
+            torch.equal(stored, params["qkvw"][1].reshape(-1)[:4]))
+
+    B, T = 2, 5
+    inputs = torch.randint(0, config["V"], (B, T), generator=c.g)
+    targets = torch.randint(0, config["V"], (B, T), generator=c.g)
+    w = trainable(params)
+    logits, loss, token_embeddings = forward(w, config, inputs, targets)
+    backward(w, loss, token_embeddings, inputs)
+    grads = stacked_grads(w, params)
+    hyper = argparse.Namespace(learning_rate=1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1,
+                               grad_clip=1.0)
+    path = os.path.join(tmp, f"{name}_state.bin")
+    write_state(path, hyper, B, T, inputs, targets, logits, float(loss), grads, config, [1.5, 2.5, 3.5],
+                [0.5, 0.25, 0.125])
+    s = read_state(path, config)
+    flat_grads = torch.cat([grads[n].reshape(-1) for n in names])
+    same = (s["magic"] == STATE_MAGIC and s["version"] == STATE_VERSION and (s["B"], s["T"], s["steps"]) == (B, T, 3)
+            and s["hyper"] == [as_float32(v) for v in (1e-3, 0.9, 0.95, 1e-8, 0.1, 1.0)]
+            and s["model_magic"] == model_magic(config) and s["count"] == flat_grads.numel()
+            and np.array_equal(s["inputs"], inputs.reshape(-1).numpy())
+            and np.array_equal(s["targets"], targets.reshape(-1).numpy())
+            and np.array_equal(s["logits"], logits.detach().reshape(-1).numpy())
+            and s["loss"][0] == np.float32(float(loss))
+            and np.array_equal(s["grads"], flat_grads.numpy())
+            and s["losses"].tolist() == [1.5, 2.5, 3.5] and s["norms"].tolist() == [0.5, 0.25, 0.125]
+            and s["trailing_bytes"] == 0)
+    c.check(f"{name}: state file round trip", same)
+
+
+def check_training(c, name):
+    """The same steps twice give the same bits (so a state file is reproducible), and they lower the loss."""
+    config = config_from(CONFIGS[name])
+    inputs = torch.randint(0, config["V"], (2, 5), generator=c.g)
+    targets = torch.randint(0, config["V"], (2, 5), generator=c.g)
+
+    def three_steps():
+        params = init_params(config, seed=7, dtype=torch.float32)
+        w = trainable(params)
+        optimizer = AdamW(w, 1e-3, 0.9, 0.95, 1e-8, 0.1)
+        out = [train_step(params, w, config, inputs, targets, optimizer, 1.0)[:2] for _ in range(3)]
+        return out, torch.cat([p.detach().view(-1) for p in params.values()])
+    first, second = three_steps(), three_steps()
+    c.check(f"{name}: 3 training steps are bitwise repeatable",
+            first[0] == second[0] and torch.equal(first[1], second[1]))
+    c.check(f"{name}: training lowers the loss", first[0][2][0] < first[0][0][0],
+            f"{[round(l, 4) for l, _ in first[0]]}")
+
+
+def self_check():
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
+    c = Checks()
+    check_attention(c)
+    check_rope(c)
+    check_models(c)
+    check_init(c)
+    check_adamw(c)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ("small", "llama_small"):
+            check_files(c, tmp, name)
+    for name in ("small", "llama_small"):
+        check_training(c, name)
+    print(f"{c.passed} passed, {c.failed} failed")
+    return c.failed == 0
+
+
+def main():
+    args = parse_args(sys.argv[1:])
+    tune_cpu_environment()
+    global torch, np
+    import numpy as np
+    import torch
+    if args.self_check:
+        sys.exit(0 if self_check() else 1)
+    run(args)
+
+
+if __name__ == "__main__":
+    main()
