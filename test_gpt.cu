@@ -86,6 +86,11 @@ static ReferenceState read_reference(const std::string& path, const GPT2Config& 
     read_exact(header, sizeof(int), 256, file, path, "the header");
     if (header[0] != 20240327) fatal("%s is not a reference state (magic %d, expected 20240327)", path.c_str(), header[0]);
     if (header[1] != 2) fatal("%s: unsupported reference state version %d (expected 2)", path.c_str(), header[1]);
+    // the model the state was computed for: its file's magic number (the architecture) and parameter count
+    const int magic = config.llama() ? kLlamaModelMagic : kModelMagic;
+    if (header[11] != magic || (size_t)(unsigned)header[12] != num_params)
+        fatal("%s was computed for another model (magic %d, %d parameters) than this one (magic %d, %zu parameters)",
+              path.c_str(), header[11], header[12], magic, num_params);
     ReferenceState s;
     s.B = header[2];
     s.T = header[3];

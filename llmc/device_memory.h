@@ -19,6 +19,7 @@ What a run will need, by formula, is llmc/planning/memory.h's; train_gpt prints 
 */
 #pragma once
 
+#include <cmath>
 #include <cstdio>
 #include <mutex>
 #include <string>
@@ -111,6 +112,17 @@ inline MemoryTotals memory_totals() {
 }
 
 // "12.0 MiB": bytes in binary units, three significant digits or so
+// A count with its thousands grouped: 405853388800 -> "405,853,388,800".
+inline std::string format_count(double count) {
+    std::string digits = std::to_string((long long)std::llround(count)), grouped;
+    const size_t first = digits[0] == '-' ? 1 : 0;
+    for (size_t i = 0; i < digits.size(); i++) {
+        if (i > first && (digits.size() - i) % 3 == 0) grouped += ',';
+        grouped += digits[i];
+    }
+    return grouped;
+}
+
 inline std::string format_bytes(double bytes) {
     const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
     int unit = 0;

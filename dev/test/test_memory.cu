@@ -537,7 +537,7 @@ static void test_pipeline_parts() {
                                           PipelineSchedule::Interleaved, PipelineSchedule::ZeroBubbleV}) {
             const int V = schedule == PipelineSchedule::Interleaved || schedule == PipelineSchedule::ZeroBubbleV ? 2 : 1;
             for (int r = 0; r < p; r++) {
-                ModelPart part = pipeline_model_part(schedule, r, p, V, m, std::vector<int>(p * V, L / (p * V)));
+                ModelPart part = pipeline_model_part(schedule, r, p, V, m, std::vector<int>(p * V, L / (p * V)), true);
                 int pool = 0;
                 pipeline_record_assignment(pipeline_actions(schedule, r, p, m, V), &pool);
                 std::string wrong;
@@ -803,7 +803,7 @@ static void test_held_layouts() {
                     for (int tp_rank = 0; tp_rank < tp && wrong.empty(); tp_rank++) {
                         const ParameterLayout part(config, shards, tp, tp_rank,
                                                    pipeline_held_chunks(schedule, pp_rank, p, V,
-                                                                        std::vector<int>(p * V, L / (p * V))));
+                                                                        std::vector<int>(p * V, L / (p * V)), true));
                         wrong = check_rank_layout(model, values, part, reads, assembled);
                         if (!wrong.empty())
                             wrong = "pp rank " + std::to_string(pp_rank) + " tp rank " + std::to_string(tp_rank) +

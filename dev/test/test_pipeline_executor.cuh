@@ -238,7 +238,7 @@ void test_held_chunks() {
     };
     // chunks: embeddings, blocks 0..8, final layernorm
     auto held = [&](PipelineSchedule schedule, int rank, int p, int V, const std::vector<int>& layers) {
-        return text(pipeline_held_chunks(schedule, rank, p, V, layers));
+        return text(pipeline_held_chunks(schedule, rank, p, V, layers, /*tied_head=*/true));
     };
     const PipelineSchedule loop = PipelineSchedule::OneFOneB, interleaved = PipelineSchedule::Interleaved,
                            v_shape = PipelineSchedule::ZeroBubbleV;

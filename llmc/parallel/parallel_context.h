@@ -108,9 +108,8 @@ inline void parallel_create(ParallelContext& par, const Layout& asked, const GPT
     const std::string pipeline_error = pipeline_layout_error(l.schedule, l.pp, l.pp_virtual, par.microbatches,
                                                              config.num_layers);
     if (!pipeline_error.empty()) fatal("%s", pipeline_error.c_str());
-    if (l.pp > 1 && !config.tied_head())
-        fatal("--pp %d: pipeline stages of a model with an untied LM head (--arch llama) are not supported yet", l.pp);
-    pipeline_create(par.pipe, par.mesh, l.schedule, l.pp_virtual, par.microbatches, pipeline_stage_split(config, l));
+    pipeline_create(par.pipe, par.mesh, l.schedule, l.pp_virtual, par.microbatches, pipeline_stage_split(config, l),
+                    config.tied_head());
     // (after the tp and pipeline checks, which name their flags; these add the cp axis's)
     mesh_check_model(par.mesh, config.num_layers, config.num_heads);
     cp_check_layout(l.cp, l.cp_mode, l.cp_split, T, config.num_heads, l.tp);
@@ -125,7 +124,7 @@ inline ModelPart model_part(const ParallelContext& par) {
     const Layout& l = par.layout;
     const Pipeline& pipe = par.pipe;
     ModelPart part = pipeline_model_part(l.schedule, pipe.rank, pipe.size, pipe.virtual_stages, pipe.microbatches,
-                                         pipe.stage_layers);
+                                         pipe.stage_layers, pipe.tied_head);
     part.tp = l.tp;
     part.tp_rank = par.tp.rank;
     part.sequence_parallel = l.sequence_parallel;

@@ -4,8 +4,9 @@ Pipeline parallelism: the executor that runs a schedule's actions on a model's s
 The pp ranks of the mesh (llmc/parallel/mesh.h) each hold V runs of consecutive layers, the model stages of
 llmc/parallel/pipeline_schedule.h (which stage sits on which rank) and llmc/parallel/pipeline_split.h (how many
 layers each stage holds: balanced by cost, or as --pp-layers lists them). The first stage also holds the
-embeddings, the last one the final layernorm, and the LM head, which is tied to wte: the last stage keeps its
-own copy of the embedding chunk (llmc/model/parameters.h's ParameterLayout holds only a rank's chunks). A step's
+embeddings, the last one the final norm and the LM head. GPT-2's head is tied to wte: its last stage keeps its
+own copy of the embedding chunk (llmc/model/parameters.h's ParameterLayout holds only a rank's chunks); Llama's
+is a tensor of its own in the final chunk, and wte stays on the first stage alone. A step's
 batch is cut into m microbatches, the gradient-accumulation micro-steps. The schedule says in which order a
 rank runs the passes of (microbatch, virtual stage); pipeline_step runs any such list:
 
@@ -40,7 +41,7 @@ The rank's side of the pipeline (its actions and records, the links to its neigh
 activations and gradients, and the bytes they send) is llmc/parallel/pipeline_links.h; a stage's pieces of
 the model (embed, blocks, head and loss, and their backward passes) are llmc/model/forward_backward.cuh's.
 
-The tied embeddings. wte gets a gradient on the first stage (the lookup) and on the last (the LM head).
+The tied embeddings (GPT-2). wte gets a gradient on the first stage (the lookup) and on the last (the LM head).
 Under zbv both are on rank 0, which adds the two into its one copy. Otherwise, after the step's data-parallel
 reductions, the two are added up over a two-rank group
 (pipeline_sum_tied_embedding); both copies then take the same AdamW step and stay equal, and the training matches one rank
@@ -245,7 +246,7 @@ struct PipelineRun {
 };
 
 // Whether action i is the last action of its microbatch, in its list, to add to wte's gradient: stage 0's B
-// (the lookup), or on the last stage the action that runs the LM head's weight gradient (its F, or its W
+// (the lookup), or on the last stage the action that runs a tied LM head's weight gradient (its F, or its W
 // under a split backward). Under zbv one rank holds both stages and either may come last; the embedding
 // chunk's gradient for that microbatch is done after it (ZeRO-2 and 3 reduce it every microbatch).
 inline bool pipeline_adds_last_to_embeddings(const Pipeline& pipe, const PipelineRun& run, size_t i) {
@@ -256,7 +257,8 @@ inline bool pipeline_adds_last_to_embeddings(const Pipeline& pipe, const Pipelin
         const PipelineAction& a = run.actions[j];
         const int s = pipeline_model_stage(pipe, a);
         if (a.microbatch != run.actions[i].microbatch) continue;
-        if ((s == 0 && a.kind == PipelineAction::Backward) || (s == S - 1 && a.kind == head_weights)) return j == i;
+        if ((s == 0 && a.kind == PipelineAction::Backward) || (s == S - 1 && a.kind == head_weights && pipe.tied_head))
+            return j == i;
     }
     return false;
 }

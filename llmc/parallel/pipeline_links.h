@@ -63,6 +63,7 @@ struct Pipeline {
     // the pairs (r, r+1) and (r-1, r), one communicator per link of a pair (pipeline_message_link: zbv's two
     // chunks have one each); p = 2: the same pair both ways
     std::vector<Communicator> next_links, previous_links;
+    bool tied_head = true;                  // the LM head is wte (GPT-2): the last stage holds a copy of it
     Communicator tied;                      // the first and the last stage's ranks, if two: wte's gradient
     // the step being measured
     bool measuring = false;
@@ -92,10 +93,10 @@ inline std::vector<std::vector<std::vector<PipelineMessage>>> pipeline_all_group
 // its stages (its records are sized for that stage), as many stage, weight and head records as its schedule
 // has passes in flight, and as many outboxes as its sends hold at once.
 inline ModelPart pipeline_model_part(PipelineSchedule schedule, int rank, int p, int V, int m,
-                                     const std::vector<int>& stage_layers) {
+                                     const std::vector<int>& stage_layers, bool tied_head) {
     ModelPart part;
     part.outboxes = pipeline_outboxes(pipeline_all_groups(schedule, p, V, m)[rank]);
-    part.held_chunks = pipeline_held_chunks(schedule, rank, p, V, stage_layers);
+    part.held_chunks = pipeline_held_chunks(schedule, rank, p, V, stage_layers, tied_head);
     for (int v = 0; v < V; v++)
         part.stage_layers = std::max(part.stage_layers, stage_layers[pipeline_model_stage(schedule, rank, v, p)]);
     part.records = pipeline_peak_activations(schedule, rank, p, m, V);
@@ -106,8 +107,9 @@ inline ModelPart pipeline_model_part(PipelineSchedule schedule, int rank, int p,
 
 // Every rank calls this together (the links are made by splitting the pp axis).
 inline void pipeline_create(Pipeline& pipe, Mesh& mesh, PipelineSchedule schedule, int V, int m,
-                            const std::vector<int>& stage_layers) {
+                            const std::vector<int>& stage_layers, bool tied_head) {
     pipe.schedule = schedule;
+    pipe.tied_head = tied_head;
     pipe.size = mesh.layout.sizes[PP];
     pipe.rank = mesh.coords[PP];
     pipe.virtual_stages = V;
@@ -157,8 +159,9 @@ inline void pipeline_create(Pipeline& pipe, Mesh& mesh, PipelineSchedule schedul
                 (r == low ? pipe.next_links[c] : pipe.previous_links[c]) = link;
             }
         if (p == 2) (r == 0 ? pipe.previous_links : pipe.next_links) = r == 0 ? pipe.next_links : pipe.previous_links;
-        // zbv holds the first and the last stage on rank 0: one copy of wte, nothing to add up
-        const bool holds_wte = pipe.last_stage_rank != 0 && (r == 0 || r == pipe.last_stage_rank);
+        // zbv holds the first and the last stage on rank 0: one copy of wte, nothing to add up; an untied head
+        // leaves wte on the first stage alone
+        const bool holds_wte = tied_head && pipe.last_stage_rank != 0 && (r == 0 || r == pipe.last_stage_rank);
         pipe.tied = comm_split(mesh.axis[PP], holds_wte ? 0 : kNotInGroup, r, "pp first and last stage");
     }
 }

@@ -134,11 +134,11 @@ inline std::vector<int> pipeline_stage_split(const GPT2Config& config, const Lay
     return l.pp_layers;
 }
 
-// Which of the L + 2 parameter chunks (llmc/model/parameters.h: embeddings, blocks 0..L-1, final layernorm) rank
-// `rank` holds: the blocks of its stages, the embedding chunk on the ranks of the first stage (the lookup)
-// and of the last (the LM head, tied to wte), the final layernorm on the last.
+// Which of the L + 2 parameter chunks (llmc/model/parameters.h: embeddings, blocks 0..L-1, final norm and an
+// untied LM head) rank `rank` holds: the blocks of its stages, the embedding chunk on the ranks of the first
+// stage (the lookup) and, when the LM head is tied to wte (GPT-2), of the last, the final chunk on the last.
 inline std::vector<char> pipeline_held_chunks(PipelineSchedule schedule, int rank, int p, int V,
-                                              const std::vector<int>& stage_layers) {
+                                              const std::vector<int>& stage_layers, bool tied_head) {
     const int L = pipeline_first_layer(stage_layers, (int)stage_layers.size());
     std::vector<char> held(L + 2, 0);
     for (int v = 0; v < V; v++) {
@@ -146,7 +146,8 @@ inline std::vector<char> pipeline_held_chunks(PipelineSchedule schedule, int ran
         const int first = pipeline_first_layer(stage_layers, s), end = first + stage_layers[s];
         for (int layer = first; layer < end; layer++) held[layer + 1] = 1;
         if (first == 0) held[0] = 1;
-        if (end == L) held[0] = held[L + 1] = 1;
+        if (end == L) held[L + 1] = 1;
+        if (end == L && tied_head) held[0] = 1;
     }
     return held;
 }

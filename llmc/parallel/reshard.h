@@ -89,7 +89,8 @@ inline void zero_read_shards(Zero& z, GPT2& model, const std::string& main_path,
         const int pp_rank = file / (saved_tp * saved_shards), t = file / saved_shards % saved_tp, k = file % saved_shards;
         const ParameterLayout saved(model.config, saved_shards, saved_tp, t,
                                     pipeline_held_chunks(saved_pipeline.schedule, pp_rank, saved_pp,
-                                                         saved_pipeline.virtual_stages, saved_pipeline.stage_layers));
+                                                         saved_pipeline.virtual_stages, saved_pipeline.stage_layers,
+                                                         model.config.tied_head()));
         const size_t saved_count = saved.total / saved_shards;
         const std::string path = shard_path(main_path, file);
         CheckpointReader reader(path);
@@ -148,7 +149,8 @@ inline std::vector<float> gather_whole_model(Communicator& model_group, const La
     size_t largest = 0;                  // the all-gather moves equal blocks: the largest part's size
     for (int member = 0; member < model_group.size; member++) {
         const std::vector<char> held = pipeline_held_chunks(parallel.schedule, member / layout.tp, parallel.pp,
-                                                            parallel.pp_virtual, stage_layers);
+                                                            parallel.pp_virtual, stage_layers,
+                                                            layout.config.tied_head());
         parts.emplace_back(layout.config, layout.shards, layout.tp, member % layout.tp, held);
         largest = std::max(largest, parts.back().total);
     }

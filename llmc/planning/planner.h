@@ -219,13 +219,14 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
     // memory and pp bytes, per pp rank
     plan.stage_layers = pipeline_stage_split(config, l);
     for (int r = 0; r < p; r++) {
-        const ModelPart part = pipeline_model_part(l.schedule, r, p, V, m, plan.stage_layers);
+        const ModelPart part = pipeline_model_part(l.schedule, r, p, V, m, plan.stage_layers, config.tied_head());
         const GPT2MemoryShape shape = gpt2_memory_shape(config, l, part);
         const ParameterLayout layout(config, shards, l.tp, 0, part.held_chunks);
         plan.shapes.push_back(shape);
         plan.stages.push_back(plan_training_memory(layout.total, l.zero_stage, gradient_ranks, shard_ranks, l.bf16, m,
                                                    &shape));
-        const double embedding = part.held_chunks[0] ? (double)layout.embedding_chunk / shards : 0.0;
+        // the tied embeddings' gradient, summed between the first and the last stage (GPT-2)
+        const double embedding = part.held_chunks[0] && config.tied_head() ? (double)layout.embedding_chunk / shards : 0.0;
         plan.pp_bytes.push_back(pipeline_bytes_per_step(l.schedule, r, p, V, m, activation_elements, s, embedding));
         if (plan.stages[r].total > plan.stages[plan.fullest_stage].total) plan.fullest_stage = r;
     }
@@ -358,12 +359,14 @@ inline void print_plan_estimate(const LayoutPlan& plan, const PlanHardware& hw, 
 inline void print_layout_plan(const GPT2Config& config, const LayoutPlan& plan, const PlanHardware& hw,
                               FILE* out = stdout) {
     const Layout& l = plan.layout;
-    fprintf(out, "plan: %d layers, %d channels, %d heads, %zu parameters (%zu on pp rank 0, tp rank 0); %d ranks = "
-            "%s; ZeRO stage %d (shard groups of %d), %d x %d tokens per data-parallel rank and micro-step, %d "
-            "micro-step(s); recompute %s; %s (GPT-2 architecture)\n", config.num_layers, config.channels,
-            config.num_heads, ParameterLayout(config).num_parameters,
-            ParameterLayout(config, 1, l.tp, 0, pipeline_held_chunks(l.schedule, 0, l.pp, l.pp_virtual, plan.stage_layers))
-                .num_parameters, l.ranks, plan_layout_name(plan).c_str(), l.zero_stage, plan.shard * l.cp,
+    fprintf(out, "plan: %s, %d layers, %d channels, %d heads (%d K/V), %d hidden, %s parameters (%s on pp rank 0, tp "
+            "rank 0); %d ranks = %s; ZeRO stage %d (shard groups of %d), %d x %d tokens per data-parallel rank and "
+            "micro-step, %d micro-step(s); recompute %s; %s\n", arch_name(config.arch), config.num_layers,
+            config.channels, config.num_heads, config.kv_heads, config.ffn_hidden,
+            format_count((double)ParameterLayout(config).num_parameters).c_str(),
+            format_count((double)ParameterLayout(config, 1, l.tp, 0, pipeline_held_chunks(l.schedule, 0, l.pp, l.pp_virtual,
+                                                                     plan.stage_layers, config.tied_head()))
+                .num_parameters).c_str(), l.ranks, plan_layout_name(plan).c_str(), l.zero_stage, plan.shard * l.cp,
             l.batch_size, l.seq_len, plan.accumulation, recompute_describe(l.recompute).c_str(),
             l.bf16 ? "BF16" : "FP32");
     if (l.cp > 1)
@@ -459,9 +462,10 @@ inline std::string plan_choices(const LayoutPlan& plan) {
 inline void print_plan_search(const GPT2Config& config, const PlanSearch& search, const Layout& base,
                               const PlanHardware& hw, int top, FILE* out = stdout) {
     const LayoutPlan* any = search.fitting.empty() ? nullptr : &search.fitting[0];
-    fprintf(out, "plan search: %d layers, %d channels, %d heads, %zu parameters (GPT-2 architecture, %s) on %d ranks "
-            "of %s, %d per node; B %d x T %d per data-parallel rank, %.0f tokens per step\n", config.num_layers,
-            config.channels, config.num_heads, ParameterLayout(config).num_parameters, base.bf16 ? "BF16" : "FP32",
+    fprintf(out, "plan search: %s, %d layers, %d channels, %d heads (%d K/V), %s parameters (%s) on %d ranks "
+            "of %s, %d per node; B %d x T %d per data-parallel rank, %.0f tokens per step\n", arch_name(config.arch),
+            config.num_layers, config.channels, config.num_heads, config.kv_heads,
+            format_count((double)ParameterLayout(config).num_parameters).c_str(), base.bf16 ? "BF16" : "FP32",
             base.ranks, format_bytes(hw.gpu_memory_bytes).c_str(), hw.gpus_per_node, base.batch_size, base.seq_len,
             any ? any->tokens : (double)base.total_batch_size);
     fprintf(out, "%d layouts considered: %d refused by the layout checks, %d too big, %zu fit; the %d fastest by "

@@ -67,10 +67,11 @@ for layout in "--tp 2" "--tp 2 --sequence-parallel 1" "--cp 2" ""; do
 done
 run_suite "GPT-2 BPE encoder vs the npm package's" /usr/bin/python3 data/test_tokenizer.py
 run_suite "PyTorch references (GPT-2, Llama 3) self-check" /usr/bin/python3 dev/test/model_reference.py --self-check
-for size in small 124M; do
+for size in small 124M llama_small llama_100M; do
     reference=(--model build/ref/${size}_model.bin --state build/ref/${size}_state.bin)
-    run_suite "GPT-2 $size vs PyTorch, CPU, FP32" ./test_gpt_fp32_cpu "${reference[@]}"
-    run_suite "GPT-2 $size vs PyTorch, CPU, BF16" ./test_gpt_cpu "${reference[@]}"
+    model=$([[ $size == llama* ]] && echo "Llama 3 ${size#llama_}" || echo "GPT-2 $size")
+    run_suite "$model vs PyTorch, CPU, FP32" ./test_gpt_fp32_cpu "${reference[@]}"
+    run_suite "$model vs PyTorch, CPU, BF16" ./test_gpt_cpu "${reference[@]}"
 done
 run_suite "training program: bad input and resume, CPU, FP32" bash scripts/test/test_train.sh ./train_gpt_fp32_cpu
 run_suite "training program: bad input and resume, CPU, BF16" bash scripts/test/test_train.sh ./train_gpt_cpu
@@ -98,10 +99,11 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     run_suite "kernel lab, GPU, BF16" ./kernel_lab
     run_suite "kernel lab, GPU, FP32" ./kernel_lab_fp32
     run_suite "communication layer and mesh, GPU (NCCL), 1 rank" "${mpi_run[@]}" -np 1 build/test_comm_gpu
-    for size in small 124M; do
+    for size in small 124M llama_small llama_100M; do
         reference=(--model build/ref/${size}_model.bin --state build/ref/${size}_state.bin)
-        run_suite "GPT-2 $size vs PyTorch, GPU, FP32" ./test_gpt_fp32 "${reference[@]}"
-        run_suite "GPT-2 $size vs PyTorch, GPU, BF16" ./test_gpt "${reference[@]}"
+        model=$([[ $size == llama* ]] && echo "Llama 3 ${size#llama_}" || echo "GPT-2 $size")
+        run_suite "$model vs PyTorch, GPU, FP32" ./test_gpt_fp32 "${reference[@]}"
+        run_suite "$model vs PyTorch, GPU, BF16" ./test_gpt "${reference[@]}"
     done
     run_suite "training program: bad input and resume, GPU, BF16" bash scripts/test/test_train.sh ./train_gpt
 else
