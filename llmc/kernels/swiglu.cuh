@@ -24,42 +24,57 @@ Both are elementwise over 16-byte chunks of a row's H values: H % x128::size == 
 // ----------------------------------------------------------------------------
 // kernels
 
-__global__ void swiglu_forward_kernel(floatX* out, const floatX* inp, int N, int H) {
+// Chunk c of the N H / x128::size that both kernels walk: x128::size hidden units of one row, each row H / x128::size
+// chunks. Where its gate and up-projection sit in the (N, 2H) tensors inp and dinp, where it sits in the (N, H)
+// tensors out and dout, and its gate and up values, read from inp: the layout above in one place, so that the
+// forward and the backward pass cannot disagree on it.
+struct SwigluChunk {
+    size_t gate_at, up_at;  // offsets in inp and dinp: the up-projection is H after the gate
+    size_t hidden_at;       // offset in out and dout
+    x128 gate, up;
+};
+
+__device__ __forceinline__ SwigluChunk swiglu_load_chunk(const floatX* inp, size_t chunk, int H) {
     const int chunks_per_row = H / x128::size;
-    const GridStride chunks = grid_stride((size_t)N * chunks_per_row);
+    const size_t row = chunk / chunks_per_row;
+    const size_t column = chunk % chunks_per_row * x128::size;
+    SwigluChunk c;
+    c.gate_at = row * 2 * H + column;
+    c.up_at = c.gate_at + H;
+    c.hidden_at = row * H + column;
+    c.gate = load128cs(inp + c.gate_at);
+    c.up = load128cs(inp + c.up_at);
+    return c;
+}
+
+__global__ void swiglu_forward_kernel(floatX* out, const floatX* inp, int N, int H) {
+    const GridStride chunks = grid_stride((size_t)N * (H / x128::size));
     for (size_t chunk = chunks.first; chunk < chunks.end; chunk += chunks.step) {
-        const size_t row = chunk / chunks_per_row;
-        const size_t column = chunk % chunks_per_row * x128::size;
-        const x128 g = load128cs(inp + row * 2 * H + column);
-        const x128 u = load128cs(inp + row * 2 * H + H + column);
+        const SwigluChunk c = swiglu_load_chunk(inp, chunk, H);
         x128 result;
         for (int k = 0; k < x128::size; k++) {
-            const float gk = (float)g[k];
+            const float gk = (float)c.gate[k];
             const float s = 1.0f / (1.0f + expf(-gk));
-            result[k] = (floatX)(gk * s * (float)u[k]);
+            result[k] = (floatX)(gk * s * (float)c.up[k]);
         }
-        store128(out + row * H + column, result);
+        store128(out + c.hidden_at, result);
     }
 }
 
 __global__ void swiglu_backward_kernel(floatX* dinp, const floatX* inp, const floatX* dout, int N, int H) {
-    const int chunks_per_row = H / x128::size;
-    const GridStride chunks = grid_stride((size_t)N * chunks_per_row);
+    const GridStride chunks = grid_stride((size_t)N * (H / x128::size));
     for (size_t chunk = chunks.first; chunk < chunks.end; chunk += chunks.step) {
-        const size_t row = chunk / chunks_per_row;
-        const size_t column = chunk % chunks_per_row * x128::size;
-        const x128 g = load128cs(inp + row * 2 * H + column);
-        const x128 u = load128cs(inp + row * 2 * H + H + column);
-        const x128 d = load128cs(dout + row * H + column);
+        const SwigluChunk c = swiglu_load_chunk(inp, chunk, H);
+        const x128 d = load128cs(dout + c.hidden_at);
         x128 dgate, dup;
         for (int k = 0; k < x128::size; k++) {
-            const float gk = (float)g[k];
+            const float gk = (float)c.gate[k];
             const float s = 1.0f / (1.0f + expf(-gk));
-            dgate[k] = (floatX)((float)d[k] * (float)u[k] * s * (1.0f + gk * (1.0f - s)));
+            dgate[k] = (floatX)((float)d[k] * (float)c.up[k] * s * (1.0f + gk * (1.0f - s)));
             dup[k] = (floatX)((float)d[k] * gk * s);
         }
-        store128(dinp + row * 2 * H + column, dgate);
-        store128(dinp + row * 2 * H + H + column, dup);
+        store128(dinp + c.gate_at, dgate);
+        store128(dinp + c.up_at, dup);
     }
 }
 

@@ -31,7 +31,7 @@ W as a block's do, and the last stage's F, B and W each match the other stages'.
 F, the head makes that F several blocks long, and every other stage waits for it once per microbatch.
 Before each action the rank exchanges, as one group, the receives this action needs and the sends of earlier
 results whose receiver is waiting for them by then (llmc/parallel/pipeline_links.h says why,
-pipeline_schedule.h's pipeline_message_groups which).
+pipeline_simulator.h's pipeline_message_groups which).
 
 Everything a backward pass needs from its forward pass is one stage record (llmc/model/gpt2.cuh's
 StageActivations). A rank keeps a pool of them, as many as its schedule has microbatches in flight:
@@ -67,6 +67,7 @@ bubble beside the formula and writes a Chrome trace (--trace, scripts/pipeline_t
 #include "../utils.h"
 #include "comm.h"
 #include "pipeline_links.h"
+#include "pipeline_simulator.h"
 #include "parallel_context.h"
 #include "../model/forward_backward.cuh"
 #include "../io/logger.h"

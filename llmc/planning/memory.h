@@ -95,7 +95,7 @@ struct GPT2MemoryShape {
     int stage_layers = 0;      // the most layers of any of this rank's stages (0: all L, one stage)
     int records = 1;           // stage records kept at once (the schedule's microbatches in flight)
     int weight_records = 0;    // weight-gradient records kept at once (schedules that split the backward pass)
-    int outboxes = 0;          // input gradients kept for sends held back (llmc/parallel/pipeline_schedule.h)
+    int outboxes = 0;          // input gradients kept for sends held back (llmc/parallel/pipeline_simulator.h)
     int heads = 1;             // head records kept at once on the last stage (schedules that split the backward)
     bool first_stage = true;   // holds the embeddings' lookup
     bool last_stage = true;    // holds the final layernorm, the LM head and the loss

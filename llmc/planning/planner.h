@@ -18,10 +18,11 @@ work:
     bytes per step      dp: the ZeRO stage's collectives (memory.h's communication row), tp: tensor_parallel.h
     on each axis        tp_bytes_per_step, pp: pipeline_links.h pipeline_bytes_per_step (the busiest pp rank),
                         cp: context_parallel.h cp_bytes_per_step
-    pipeline bubble     the schedule's lists (pipeline_schedule.h) simulated with each stage's own cost: a
-                        forward a third of the stage's FLOPs time, the backward two thirds (B and W a third
-                        each where the schedule splits it); the mean over the pp ranks of the time each
-                        is idle. Equal stages give pipeline_bubble_fraction, which --plan prints beside it.
+    pipeline bubble     the schedule's lists (pipeline_schedule.h) simulated (pipeline_simulator.h) with each
+                        stage's own cost: a forward a third of the stage's FLOPs time, the backward two thirds
+                        (B and W a third each where the schedule splits it); the mean over the pp ranks of the
+                        time each is idle. Equal stages give pipeline_bubble_fraction, which --plan prints beside
+                        it.
 Two corrections to those formulas, which each count a plain step of a whole model: under pp a rank runs
 L/pp layers, so the tp bytes are counted for its layers (with the embedding and LM head terms on every
 pp rank: an upper bound by 4 (t-1)/t N C s per micro-step); under --recompute full the backward pass runs
@@ -73,6 +74,7 @@ cuBLASLt's workspace and NCCL's buffers, which no formula here counts) is at mos
 #include "../parallel/layout.h"
 #include "../parallel/pipeline_links.h"
 #include "../parallel/pipeline_schedule.h"
+#include "../parallel/pipeline_simulator.h"
 #include "../parallel/pipeline_split.h"
 
 // what the plan does not count but a GPU needs: the CUDA context (~0.5 GiB), cuBLASLt's 32 MiB workspace,

@@ -101,6 +101,63 @@ def pp_bytes(schedule, p, V, m, B, seq_len, channels, max_seq_len, padded_vocab,
     return sent + 4 * (p - 1) // p + 8 * (p - 1) // p
 
 
+def trace_passes(path, rank=0):
+    """The forwards and backwards pipeline rank `rank` ran, in order, from a --trace file: (kind, virtual stage)
+    pairs, kind "F" or "B" (W passes, and the waits, left out)."""
+    with open(path) as trace:
+        events = json.load(trace)["traceEvents"]
+    return [(e["name"][0], e["args"]["virtual_stage"]) for e in events
+            if e.get("cat") == "work" and e["tid"] == rank and e["name"][0] in "FB"]
+
+
+def dp_bytes(schedule, p, V, m, stage_layers, zero, dp, channels, max_seq_len, padded_vocab, passes=None, rank=0,
+             value_bytes=4):
+    """The bytes pipeline rank `rank` sends per step to its data-parallel group (llmc/parallel/zero.h), in any step
+    but the first (the first finds chunks that the validation before it gathered), for dp ranks that share one copy
+    of the state (no HSDP, tp or cp). P: the rank's chunks (the embedding chunk on the first and on the last
+    stage's rank, its stages' blocks, the final layernorm chunk on the last stage's rank), each padded to a
+    multiple of 128 N elements (N = dp at ZeRO >= 1, else 1); m microbatches, s bytes per element:
+        ZeRO-0  each chunk all-reduced after the last microbatch:       2 (N-1)/N P s
+        ZeRO-1  reduce-scattered after the last, all-gathered after AdamW: 2 (N-1)/N P s
+        ZeRO-2  reduce-scattered after EVERY microbatch, then the all-gather:  (m + 1) (N-1)/N P s
+        ZeRO-3  reduce-scattered after every microbatch, and the gathers:  (m P + e + f + G b) (N-1)/N s
+    At ZeRO-3 the optimizer step leaves every gathered chunk stale: the embedding and the final layernorm chunk
+    (e and f elements, where held) are gathered once each, as their buffers hold nothing else; the blocks (b
+    elements each) share two buffers by parity, and G counts the times a pass asks for a block that its buffer
+    does not hold: a forward asks for its stage's blocks first to last, a backward last to first, a W for none
+    (no recomputation). `passes` gives the rank's forwards and backwards in order (trace_passes). zero.h also
+    gathers the next block ahead; that changes when a block arrives, not how often, as long as no pass ends beside
+    another block of its rank, which holds for rank 0 at p >= 2 (its stages' neighbours are on rank 1).
+    Plus the mean loss's all-reduce over the data-parallel ranks and, at ZeRO >= 1, the squared gradient norm's
+    over the shard group: 4 bytes each, 2 (N-1)/N of them rounded down.
+
+    With the embedding chunk reduced once per step instead of every microbatch, ZeRO-2 and 3 fall short by
+    (m - 1) (N-1)/N e s."""
+    N, S, s = dp, p * V, value_bytes
+    multiple = 128 * (N if zero >= 1 else 1)  # llmc/model/parameters.h pads each chunk to this
+    padded = lambda elements: -(-elements // multiple) * multiple
+    e, b, f = (padded(padded_vocab * channels + max_seq_len * channels), padded(12 * channels**2 + 13 * channels),
+               padded(2 * channels))
+    # the rank's model stages, by virtual stage (pipeline_stage_rank's placement), and their blocks (chunks 1..L)
+    stages = [(rank if v == 0 else 2 * p - 1 - rank) if schedule == "zbv" else v * p + rank for v in range(V)]
+    blocks = [list(range(sum(stage_layers[:stage]) + 1, sum(stage_layers[:stage + 1]) + 1)) for stage in stages]
+    once = [e] * (0 in stages or S - 1 in stages) + [f] * (S - 1 in stages)  # at ZeRO-3 gathered once per step
+    chunks = once + [b] * sum(len(stage_blocks) for stage_blocks in blocks)
+    P = sum(chunks)
+    all_reduce = lambda nbytes: 2 * nbytes * (N - 1) // N  # comm.h's ring_share, per call
+    small = all_reduce(4) * (2 if zero >= 1 else 1)  # the loss, and the norm at ZeRO >= 1
+    if zero == 0:
+        return sum(all_reduce(c * s) for c in chunks) + small
+    if zero <= 2:
+        return (2 if zero == 1 else m + 1) * (N - 1) * P // N * s + small
+    buffers, G = [None, None], 0  # the block each of the two block buffers holds
+    for kind, v in passes:
+        for chunk in blocks[v] if kind == "F" else reversed(blocks[v]):
+            G += buffers[chunk % 2] != chunk
+            buffers[chunk % 2] = chunk
+    return (m * P + sum(once) + G * b) * (N - 1) // N * s + small
+
+
 def cp_bytes_against_formula(work, name, theory):
     """The cp axis's bytes of the run's last step against the formula, within 0.1%.
     Returns whether they agree and the words for the ok/FAIL line."""

@@ -9,7 +9,11 @@
 # parallelism (and selective recomputation), with cp 2, and with full recomputation. For each: the bytes rank 0
 # sent on the pp axis in the last step against pipeline_bytes_per_step, exactly; the memory rank 0 held against
 # llmc/planning/memory.h's formula, exactly; the records in flight at each pp rank's peak against the schedule's
-# formula. Also: a checkpoint saved by an even split (pp 3, 3 layers each) resumed by an uneven one (zbv at
+# formula. With dp 2, also the bytes rank 0 sent to its data-parallel group in the last step against
+# scripts/test/layout_check.py's dp_bytes, exactly: ZeRO-3 reduces each of the rank's chunks every microbatch,
+# the embedding chunk included (reduced once per step, it would send (m - 1) e s / 2 too few, e its elements),
+# and gathers the blocks as often as the rank's order of passes, read from the run's trace, asks for them.
+# Also: a checkpoint saved by an even split (pp 3, 3 layers each) resumed by an uneven one (zbv at
 # pp 2: 4 stages in a V), and impossible splits refused with one error line. Every point-to-point send is synchronous
 # (MPI_Issend, llmc/parallel/comm.h), as NCCL's are.
 #   usage: scripts/test/test_pipeline_stages.sh ./train_gpt_fp32_cpu
@@ -34,19 +38,19 @@ layouts="pp2_auto_1f1b:2:2:1:--pp,2
          pp2_v2_list_interleaved:2:2:1:--pp,2,--pp-schedule,interleaved,--pp-virtual,2,--pp-layers,2+3+2+2
          zbh1_pp2:2:2:1:--pp,2,--pp-schedule,zb-h1
          zbh1_pp4:4:1:1:--pp,4,--pp-schedule,zb-h1,--trace,TRACE
-         zbh1_pp2_dp2_zero3:4:1:2:--pp,2,--pp-schedule,zb-h1,--zero,3
+         zbh1_pp2_dp2_zero3:4:1:2:--pp,2,--pp-schedule,zb-h1,--zero,3,--trace,TRACE
          zbh1_pp2_tp2_sp_selective:4:2:1:--pp,2,--pp-schedule,zb-h1,--tp,2,--sequence-parallel,--recompute,selective
          zbh1_pp2_cp2:4:2:1:--pp,2,--pp-schedule,zb-h1,--cp,2
          zbh1_pp2_full:2:2:1:--pp,2,--pp-schedule,zb-h1,--recompute,full,--recompute-every,2
          zbv_pp2:2:2:1:--pp,2,--pp-schedule,zbv
          zbv_pp4:4:1:1:--pp,4,--pp-schedule,zbv
-         zbv_pp2_dp2_zero3:4:1:2:--pp,2,--pp-schedule,zbv,--zero,3
+         zbv_pp2_dp2_zero3:4:1:2:--pp,2,--pp-schedule,zbv,--zero,3,--trace,TRACE
          zbv_pp2_tp2_sp_selective:4:2:1:--pp,2,--pp-schedule,zbv,--tp,2,--sequence-parallel,--recompute,selective
          zbv_pp2_cp2:4:2:1:--pp,2,--pp-schedule,zbv,--cp,2
          zbv_pp2_full:2:2:1:--pp,2,--pp-schedule,zbv,--recompute,full,--recompute-every,2"
 for layout in $layouts; do
     IFS=: read -r name ranks batch dp layout_flags <<<"$layout"
-    layout_flags=${layout_flags//TRACE/$work/trace.json}
+    layout_flags=${layout_flags//TRACE/$work/$name.trace.json}
     layout_flags=${layout_flags//,/ }
     run "$name" "$ranks" "$batch" "$dp" ${layout_flags//+/,}
 done
@@ -60,7 +64,8 @@ run resumed_uneven 2 2 1 --pp 2 --pp-schedule zbv --resume
 echo "pipeline stages of any size and zero-bubble schedules vs one rank ($binary)"
 PYTHONPATH="$(dirname "$0")" /usr/bin/python3 - "$work" $layouts >"$work/compare.out" <<'PYTHON' || true
 import json, sys
-from layout_check import compare_resumed, compare_run, events, memory_against_formula, pp_bytes, report, result
+from layout_check import (compare_resumed, compare_run, dp_bytes, events, memory_against_formula, pp_bytes, report,
+                          result, trace_passes)
 work, layouts = sys.argv[1], [l.split(":") for l in sys.argv[2:]]
 def flag(flags, name, default):
     return flags[flags.index(name) + 1] if name in flags else default
@@ -85,13 +90,21 @@ for name, ranks, batch, dp, flags in layouts:
         good = same_run and sent == theory and same_memory and peaks == formula and same_layout
         words = (f"{run_words}; pp axis sent {sent} B/step, formula {theory}; {memory_words}; peak records {peaks}, "
                  f"formula {formula}; layers per stage {pipeline['stage_layers']}")
+        if dp > 1:  # what rank 0 sent to neither its tp, pp nor cp group went to its data-parallel group
+            step = events(work, name, "step")[-1]
+            dp_sent = step["comm_bytes"] - step["tp_comm_bytes"] - step["pp_comm_bytes"] - step["cp_comm_bytes"]
+            passes = trace_passes(f"{work}/{name}.trace.json") if zero == 3 else None
+            dp_theory = dp_bytes(schedule, p, V, m, pipeline["stage_layers"], zero, dp, channels=64, max_seq_len=32,
+                                 padded_vocab=50304, passes=passes)
+            good &= dp_sent == dp_theory
+            words += f"; data-parallel group sent {dp_sent} B/step, formula {dp_theory}"
     except Exception as error:  # a run that failed left no log or no model
         good, words = False, f"no result ({error!r})"
     results.append(report(good, f"{name:26} {ranks} ranks, m {m}: {words}"))
 
 # zb-h1's trace: every pp rank's m forwards, m B and m W passes, as work
 try:
-    trace = json.load(open(f"{work}/trace.json"))
+    trace = json.load(open(f"{work}/zbh1_pp4.trace.json"))
     kinds = [sorted({e["name"][0] for e in trace["traceEvents"] if e.get("cat") == "work" and e["tid"] == r})
              for r in range(4)]
     counts = [len([e for e in trace["traceEvents"] if e.get("cat") == "work" and e["tid"] == r]) for r in range(4)]

@@ -1,0 +1,503 @@
+/*
+Every pipeline rank's action list played at once, without a model: the simulator of the time model that
+llmc/parallel/pipeline_schedule.h states, and the groups of sends and receives the executor issues between actions.
+
+Apart from the schedules because it answers another question. pipeline_schedule.h says what one rank runs, in
+which order, and which records it holds, from (schedule, rank, p, m, V) alone; nothing there looks at another
+rank. Everything here needs all p lists together: when an action can start, given the passes it waits for on
+other ranks (pipeline_simulate_actions); which messages the actions exchange, and in which group each send goes
+so that its receiver is already waiting (pipeline_message_groups places them by that simulated time); and whether
+those groups complete under NCCL's synchronous semantics (pipeline_check_message_groups) and how long they take
+(pipeline_simulate_groups). The executor takes its groups from here (llmc/parallel/pipeline_links.h), the
+measured step is replayed here (llmc/parallel/pipeline.h's pipeline_replay), the planner times a layout's
+bubble here (llmc/planning/planner.h), and dev/test/test_pipeline.cu checks every schedule's formulas against it.
+*/
+#pragma once
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+#include "../utils.h"
+#include "pipeline_schedule.h"
+
+// ----------------------------------------------------------------------------
+// the simulator
+
+// Runs the given per-rank action lists under pipeline_schedule.h's time model: each rank takes its actions in order,
+// each as soon as the rank is free and what it receives has arrived:
+//   forward  (j, s > 0)        after forward (j, s - 1) ended      (its input activations)
+//   backward (j, s < S - 1)    after backward (j, s + 1) ended     (the gradient of its output)
+//   backward (j, s)            after forward (j, s) ended          (its own activation record)
+//   weights  (j, s)            after backward (j, s) ended         (what its B kept)
+// forward_ms and backward_ms are one microbatch through one rank's L/p layers; an action takes 1/V of it;
+// lists that split the backward give B and W half of backward_ms each.
+// A message between two ranks arrives send_ms after the pass that sent it ended (none when p = 1: every
+// stage is on the one rank). Given `durations` (durations[r][i] for lists[r][i], in ms), each action takes its
+// own time instead (pipeline_replay: a measured step's).
+// Start times follow from these rules alone (the longest path to each action), so the order in which the
+// loop below visits the ranks changes nothing. When no rank can take its next action, the lists deadlock:
+// `problem` names what each waiting rank waits for. Lists that run but leave a pass out, run one twice,
+// or name a microbatch or virtual stage that does not exist, are reported there too.
+inline PipelineTimeline pipeline_simulate_actions(const std::vector<std::vector<PipelineAction>>& lists,
+                                                  PipelineSchedule schedule, int m, int V,
+                                                  double forward_ms, double backward_ms, double send_ms = 0,
+                                                  const std::vector<std::vector<double>>* durations = nullptr) {
+    PipelineTimeline timeline;
+    timeline.schedule = pipeline_schedule_name(schedule);
+    timeline.p = (int)lists.size();
+    timeline.m = m;
+    timeline.V = V;
+    timeline.ranks.resize(lists.size());
+    const int p = timeline.p, S = p * V;
+    // a message takes send_ms between ranks; zbv's two stages on rank p - 1 hand over in memory
+    auto arrives_after = [&](int from_stage, int to_stage) {
+        return pipeline_stage_rank(schedule, from_stage, p) == pipeline_stage_rank(schedule, to_stage, p) ? 0.0 : send_ms;
+    };
+    // end time of each pass (microbatch j, model stage s), or -1 while it has not run
+    std::vector<double> forward_end((size_t)m * S, -1.0), backward_end((size_t)m * S, -1.0),
+        weights_end((size_t)m * S, -1.0);
+    // lists with W actions split each backward into two halves: B and W take backward_ms / 2 each
+    bool split = false;
+    for (const std::vector<PipelineAction>& list : lists)
+        for (const PipelineAction& a : list) split |= a.kind == PipelineAction::Weights;
+    const double kind_ms[3] = {forward_ms, split ? backward_ms / 2 : backward_ms, backward_ms / 2};
+    const char* kind_letter[3] = {"F", "B", "W"};
+    auto at = [S](int j, int s) { return (size_t)j * S + s; };
+    auto stage_name = [&](const char* kind, int j, int s) {
+        return std::string(kind) + std::to_string(j) + " of stage " + std::to_string(s) + " (rank " +
+               std::to_string(pipeline_stage_rank(schedule, s, p)) +
+               (V > 1 ? ", virtual stage " + std::to_string(s / p) : "") + ")";
+    };
+    for (int r = 0; r < p; r++)
+        for (const PipelineAction& a : lists[r])
+            if (a.microbatch < 0 || a.microbatch >= m || a.virtual_stage < 0 || a.virtual_stage >= V) {
+                timeline.problem = "rank " + std::to_string(r) + " has " + pipeline_action_label(a, true) +
+                                   ": no such microbatch or virtual stage";
+                return timeline;
+            }
+
+    std::vector<size_t> next(p, 0);     // each rank's next action
+    std::vector<double> free_at(p, 0);  // when each rank finished its previous action
+    for (bool progressed = true; progressed;) {
+        progressed = false;
+        for (int r = 0; r < p; r++) {
+            while (next[r] < lists[r].size()) {
+                const PipelineAction& a = lists[r][next[r]];
+                const int j = a.microbatch, s = pipeline_model_stage(schedule, r, a.virtual_stage, p);
+                double ready = free_at[r];
+                std::vector<double>& done = a.kind == PipelineAction::Forward    ? forward_end
+                                            : a.kind == PipelineAction::Backward ? backward_end
+                                                                                 : weights_end;
+                if (done[at(j, s)] >= 0) {
+                    timeline.problem = "rank " + std::to_string(r) + " runs " + stage_name(kind_letter[a.kind], j, s) +
+                                       " twice";
+                    return timeline;
+                }
+                if (a.kind == PipelineAction::Forward) {
+                    if (s > 0 && forward_end[at(j, s - 1)] < 0) break;  // waits for its input
+                    if (s > 0) ready = std::max(ready, forward_end[at(j, s - 1)] + arrives_after(s - 1, s));
+                } else if (a.kind == PipelineAction::Weights) {
+                    if (backward_end[at(j, s)] < 0) break;  // its B has not run
+                    ready = std::max(ready, backward_end[at(j, s)]);
+                } else {
+                    if (forward_end[at(j, s)] < 0) break;  // its forward has not run
+                    if (s < S - 1 && backward_end[at(j, s + 1)] < 0) break;  // waits for its output's gradient
+                    ready = std::max(ready, forward_end[at(j, s)]);
+                    if (s < S - 1) ready = std::max(ready, backward_end[at(j, s + 1)] + arrives_after(s + 1, s));
+                }
+                const double duration = durations ? (*durations)[r][next[r]] : kind_ms[a.kind] / V;
+                done[at(j, s)] = ready + duration;
+                free_at[r] = ready + duration;
+                timeline.ranks[r].push_back({a, ready, ready + duration});
+                next[r]++;
+                progressed = true;
+            }
+        }
+    }
+
+    // deadlock: every rank that has actions left waits for a pass that has not run
+    std::string waits;
+    for (int r = 0; r < p; r++) {
+        if (next[r] == lists[r].size()) continue;
+        const PipelineAction& a = lists[r][next[r]];
+        const int j = a.microbatch, s = pipeline_model_stage(schedule, r, a.virtual_stage, p);
+        std::string what;
+        if (a.kind == PipelineAction::Forward) what = stage_name("F", j, s - 1);
+        else if (a.kind == PipelineAction::Weights) what = stage_name("B", j, s);
+        else if (forward_end[at(j, s)] < 0) what = stage_name("F", j, s);
+        else what = stage_name("B", j, s + 1);
+        waits += (waits.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " waits at " +
+                 pipeline_action_label(a, V > 1) + " for " + what;
+    }
+    if (!waits.empty()) {
+        timeline.problem = "deadlock: " + waits;
+        return timeline;
+    }
+    // every list ran to its end: was every pass there? (lists of forwards alone, as validation runs, have none
+    // of the others)
+    bool backwards = false;
+    for (const std::vector<PipelineAction>& list : lists)
+        for (const PipelineAction& a : list) backwards |= a.kind != PipelineAction::Forward;
+    for (int j = 0; j < m; j++)
+        for (int s = 0; s < S; s++) {
+            if (forward_end[at(j, s)] < 0) timeline.problem = stage_name("F", j, s) + " never ran";
+            else if (backwards && backward_end[at(j, s)] < 0) timeline.problem = stage_name("B", j, s) + " never ran";
+            else if (split && weights_end[at(j, s)] < 0) timeline.problem = stage_name("W", j, s) + " never ran";
+            if (!timeline.problem.empty()) return timeline;
+        }
+    pipeline_measure(timeline);
+    return timeline;
+}
+
+inline PipelineTimeline pipeline_simulate(PipelineSchedule schedule, int p, int m, int V, double forward_ms,
+                                          double backward_ms, double send_ms = 0) {
+    pipeline_check_layout(schedule, 0, p, m, V);
+    std::vector<std::vector<PipelineAction>> lists;
+    for (int r = 0; r < p; r++) lists.push_back(pipeline_actions(schedule, r, p, m, V));
+    return pipeline_simulate_actions(lists, schedule, m, V, forward_ms, backward_ms, send_ms);
+}
+
+// ----------------------------------------------------------------------------
+// the messages, in groups that NCCL can run
+
+/*
+NCCL's send and receive block the GPU until the peer arrives (a send completes only once its receiver has
+started receiving), and operations that must progress at the same time have to be in one group. Under 1F1B
+rank 0 sends activation j+1 and then waits for gradient j while rank 1 sends gradient j and then waits for
+activation j+1: issued one at a time, each send waits for a receive the other rank posts only after its own
+send. So the executor issues, before each action i of a rank, ONE group: the receives action i needs, and
+sends of earlier actions' results (and after the last action, the sends left). The group completes, sends
+included, before action i starts.
+
+Which sends go in which group. A send posted before its receiver gets to the receive blocks its rank until the
+receiver does. Sent right after the action that made it, a result can hold its rank up for long, or for ever:
+under zbv rank r runs up to 2(p - r) - 1 forwards before anything comes back, and under zb-h1 a W sits between
+a B and the next receive; there the ranks wait for each other, or for a busy peer, and the zero-bubble gain is
+lost. So pipeline_message_groups places each send by the schedule's own time model (free sends; a forward 1,
+a backward 2, B and W 1 each, over V): in the first group of its rank that starts no earlier than its receiver
+posts the receive. The receiver is then waiting already, and the group costs the sender nothing. 1F1B gets
+its classic "send the activations, receive the gradient" groups, and, timed with synchronous groups, every
+schedule takes its free-send time on (nearly) every layout of the grid (dev/test/test_pipeline.cu).
+
+A send held back reads a buffer that must still hold it. Activations stay in the sending stage's record until
+its backward, which cannot start before they have arrived. A gradient is left in the doutput of the record that
+its B then frees; when its send waits past the next forward that takes that record, B copies it to an outbox
+(one of a pool of B T C buffers, as many as the rank's sends hold at once, pipeline_outboxes), and the send
+reads the copy. pipeline_check_send_buffers proves both.
+
+pipeline_message_groups lists the groups; pipeline_check_message_groups runs every rank's groups under
+those synchronous semantics (a group completes when each of its operations' matching operations has been
+posted by the peer) and says whether they can deadlock; given `one_at_a_time` it runs each operation as a
+group of its own instead, the structure that deadlocks 1F1B (dev/test/test_pipeline.cu shows both, for every
+schedule). Messages between two ranks on one link are paired in the order they are issued (NCCL has no tags),
+so the check also requires the k-th send from rank a to rank b on a link to be the message b expects as its
+k-th receive from a on that link.
+*/
+struct PipelineMessage {
+    bool send;                 // this rank sends it (else receives it)
+    bool gradient;             // the gradient of a stage's input, going back (else a stage's output, forward)
+    int microbatch;
+    int from_stage, to_stage;  // model stages: to = from + 1 for activations, from - 1 for gradients
+    int peer;                  // the pipeline rank at the other end
+    int link;                  // which of the pair's links carries it: zbv's chunk (0 going down the ranks, 1
+                               // coming up), else 0
+    int action;                // in the rank's list: the action that made it (send) or needs it (receive)
+    int outbox = -1;           // a gradient sent from a copy (see pipeline_message_groups), else -1
+};
+
+// zbv sends both ways on both chunks: from rank r to r + 1 go chunk 0's activations and chunk 1's gradients,
+// issued in one order by r and received in another by r + 1. Messages on one link pair up in the order they
+// are issued, so each chunk has a link of its own, on which each direction carries one kind, in microbatch
+// order at both ends. The loops' stages all go the same way round, and one link per pair suffices.
+inline int pipeline_message_link(PipelineSchedule schedule, int from_stage, int p) {
+    return schedule == PipelineSchedule::ZeroBubbleV && from_stage >= p ? 1 : 0;
+}
+
+// Each message of the pipeline, once: who sends it and who receives it, and the actions that make and need it.
+inline void pipeline_messages_of(PipelineSchedule schedule, int rank, int p, int S, size_t i, const PipelineAction& a,
+                                 std::vector<PipelineMessage>* sends, std::vector<PipelineMessage>* receives) {
+    const int s = pipeline_model_stage(schedule, rank, a.virtual_stage, p), j = a.microbatch, at = (int)i;
+    auto to = [&](int stage) { return pipeline_stage_rank(schedule, stage, p); };
+    if (a.kind == PipelineAction::Forward && s < S - 1 && to(s + 1) != rank)
+        sends->push_back({true, false, j, s, s + 1, to(s + 1), pipeline_message_link(schedule, s, p), at});
+    if (a.kind == PipelineAction::Backward && s > 0 && to(s - 1) != rank)
+        sends->push_back({true, true, j, s, s - 1, to(s - 1), pipeline_message_link(schedule, s, p), at});
+    if (a.kind == PipelineAction::Forward && s > 0 && to(s - 1) != rank)
+        receives->push_back({false, false, j, s - 1, s, to(s - 1), pipeline_message_link(schedule, s - 1, p), at});
+    if (a.kind == PipelineAction::Backward && s < S - 1 && to(s + 1) != rank)
+        receives->push_back({false, true, j, s + 1, s, to(s + 1), pipeline_message_link(schedule, s + 1, p), at});
+}
+
+inline bool pipeline_same_message(const PipelineMessage& a, const PipelineMessage& b) {
+    return a.gradient == b.gradient && a.microbatch == b.microbatch && a.from_stage == b.from_stage &&
+           a.to_stage == b.to_stage;
+}
+
+// Every rank's groups (lists[r]: rank r's actions): groups[r][i] is issued before rank r's action i, and
+// groups[r][n] after its last. Within a group the sends come first, in the order their actions ran, then the
+// receives. A gradient whose send waits past the next forward that takes its record carries an outbox slot:
+// the lowest free one, busy from its B to the group that sends it.
+inline std::vector<std::vector<std::vector<PipelineMessage>>> pipeline_message_groups(
+    const std::vector<std::vector<PipelineAction>>& lists, PipelineSchedule schedule, int V) {
+    const int p = (int)lists.size(), S = p * V;
+    int m = 0;
+    for (const auto& list : lists)
+        for (const PipelineAction& a : list) m = std::max(m, a.microbatch + 1);
+    // the schedule's time model: when each action starts and ends with free sends
+    const PipelineTimeline model = pipeline_simulate_actions(lists, schedule, m, V, 1.0, 2.0);
+    if (!model.problem.empty())
+        fatal("pipeline %s: the lists do not run: %s", pipeline_schedule_name(schedule), model.problem.c_str());
+    // when each receive is posted: as its rank ends the action before the one that needs it
+    std::map<std::tuple<bool, int, int, int>, double> posted;  // (gradient, microbatch, from, to) -> time
+    auto key = [](const PipelineMessage& m) {
+        return std::make_tuple(m.gradient, m.microbatch, m.from_stage, m.to_stage);
+    };
+    std::vector<std::vector<std::vector<PipelineMessage>>> groups(p);
+    for (int r = 0; r < p; r++) {
+        groups[r].resize(lists[r].size() + 1);
+        for (size_t i = 0; i < lists[r].size(); i++) {
+            std::vector<PipelineMessage> sends, receives;
+            pipeline_messages_of(schedule, r, p, S, i, lists[r][i], &sends, &receives);
+            for (const PipelineMessage& receive : receives) {
+                posted[key(receive)] = i == 0 ? 0.0 : model.ranks[r][i - 1].end_ms;
+                groups[r][i].push_back(receive);
+            }
+        }
+    }
+    for (int r = 0; r < p; r++) {
+        const size_t n = lists[r].size();
+        int pool = 0;
+        const std::vector<int> record_of = pipeline_record_assignment(lists[r], &pool);
+        std::vector<std::vector<PipelineMessage>> sends_before(n + 1);
+        std::vector<size_t> outbox_busy_until;  // per slot: the group that sends its copy
+        for (size_t i = 0; i < n; i++) {
+            std::vector<PipelineMessage> sends, receives;
+            pipeline_messages_of(schedule, r, p, S, i, lists[r][i], &sends, &receives);
+            for (PipelineMessage send : sends) {
+                const double receiver_ready = posted.at(key(send));
+                size_t k = i + 1;
+                bool retaken = false;  // a forward takes the gradient's record before the send goes
+                for (; k < n && model.ranks[r][k].start_ms < receiver_ready; k++)
+                    retaken |= send.gradient && lists[r][k].kind == PipelineAction::Forward &&
+                               record_of[k] == record_of[i];
+                if (retaken) {
+                    size_t slot = 0;
+                    while (slot < outbox_busy_until.size() && outbox_busy_until[slot] > i) slot++;
+                    if (slot == outbox_busy_until.size()) outbox_busy_until.push_back(0);
+                    outbox_busy_until[slot] = k;
+                    send.outbox = (int)slot;
+                }
+                sends_before[k].push_back(send);
+            }
+        }
+        for (size_t k = 0; k <= n; k++)
+            groups[r][k].insert(groups[r][k].begin(), sends_before[k].begin(), sends_before[k].end());
+    }
+    return groups;
+}
+
+// The outboxes a rank's groups use at once (the pool's size).
+inline int pipeline_outboxes(const std::vector<std::vector<PipelineMessage>>& groups) {
+    int slots = 0;
+    for (const auto& group : groups)
+        for (const PipelineMessage& message : group) slots = std::max(slots, message.outbox + 1);
+    return slots;
+}
+
+// Whether every gradient send that a rank's groups hold back still finds its data (see above): "" if so,
+// else which send would read a refilled buffer. From its record: no forward of the last stage (which writes
+// doutput) takes the record and no receive refills its doutput before the send goes. From an outbox: no other
+// B fills that outbox before the send goes. record_of: the activation record of each action.
+inline std::string pipeline_check_send_buffers(const std::vector<PipelineAction>& actions,
+                                               const std::vector<std::vector<PipelineMessage>>& groups,
+                                               const std::vector<int>& record_of, PipelineSchedule schedule, int rank,
+                                               int p, int V) {
+    const int S = p * V;
+    auto what = [](const PipelineMessage& send) {
+        return "the gradient of microbatch " + std::to_string(send.microbatch) + " from stage " +
+               std::to_string(send.from_stage);
+    };
+    for (size_t g = 0; g < groups.size(); g++)
+        for (const PipelineMessage& send : groups[g]) {
+            if (!send.send || !send.gradient) continue;
+            const size_t made = send.action;
+            if (send.outbox >= 0) {
+                for (const std::vector<PipelineMessage>& group : groups)
+                    for (const PipelineMessage& other : group)
+                        if (other.send && other.outbox == send.outbox && other.action > (int)made &&
+                            other.action < (int)g)
+                            return what(send) + " is sent after another gradient refills its outbox";
+                continue;
+            }
+            const int record = record_of[made];
+            for (size_t q = made + 1; q < g; q++)
+                if (actions[q].kind == PipelineAction::Forward && record_of[q] == record &&
+                    pipeline_model_stage(schedule, rank, actions[q].virtual_stage, p) == S - 1)
+                    return what(send) + " is sent after the loss refills its record";
+            for (size_t q = made + 1; q <= g; q++)
+                for (const PipelineMessage& receive : groups[q])
+                    if (!receive.send && receive.gradient && record_of[receive.action] == record)
+                        return what(send) + " is sent after a receive refills its record";
+        }
+    return "";
+}
+
+inline std::string pipeline_message_label(const PipelineMessage& message) {
+    return std::string(message.gradient ? "gradient" : "activations") + " of microbatch " +
+           std::to_string(message.microbatch) + " from stage " + std::to_string(message.from_stage) + " to " +
+           std::to_string(message.to_stage);
+}
+
+// Where each operation's match is: the k-th send from rank a to rank b on a link pairs with the k-th receive
+// on b from a on that link. Fills match[rank][group][operation] with the peer's (group, operation); returns ""
+// or what is mispaired.
+struct PipelinePlace { int group, index; };
+inline std::string pipeline_match_messages(const std::vector<std::vector<std::vector<PipelineMessage>>>& lists,
+                                           std::vector<std::vector<std::vector<PipelinePlace>>>* match) {
+    const int p = (int)lists.size();
+    match->assign(p, {});
+    constexpr int kLinks = 2;  // per pair (pipeline_message_link)
+    auto channel = [p](int from, int to, int link) { return ((size_t)from * p + to) * kLinks + link; };
+    std::vector<std::vector<PipelinePlace>> sent((size_t)p * p * kLinks), received((size_t)p * p * kLinks);
+    for (int r = 0; r < p; r++) {
+        (*match)[r].resize(lists[r].size());
+        for (size_t g = 0; g < lists[r].size(); g++) {
+            (*match)[r][g].resize(lists[r][g].size());
+            for (size_t k = 0; k < lists[r][g].size(); k++) {
+                const PipelineMessage& message = lists[r][g][k];
+                if (message.peer < 0 || message.peer >= p || message.peer == r)
+                    return "rank " + std::to_string(r) + " has a message to no other rank";
+                if (message.link < 0 || message.link >= kLinks)
+                    return "rank " + std::to_string(r) + " has a message on no link";
+                (message.send ? sent[channel(r, message.peer, message.link)]
+                              : received[channel(message.peer, r, message.link)]).push_back({(int)g, (int)k});
+            }
+        }
+    }
+    for (int a = 0; a < p; a++)
+        for (int b = 0; b < p; b++)
+            for (int link = 0; link < kLinks; link++) {
+                const std::vector<PipelinePlace>&out_places = sent[channel(a, b, link)],
+                                             &in_places = received[channel(a, b, link)];
+                if (out_places.size() != in_places.size())
+                    return "rank " + std::to_string(a) + " sends " + std::to_string(out_places.size()) +
+                           " messages to rank " + std::to_string(b) + " on link " + std::to_string(link) +
+                           ", which receives " + std::to_string(in_places.size());
+                for (size_t k = 0; k < out_places.size(); k++) {
+                    const PipelinePlace out = out_places[k], in = in_places[k];
+                    const PipelineMessage &m_out = lists[a][out.group][out.index],
+                                          &m_in = lists[b][in.group][in.index];
+                    if (!pipeline_same_message(m_out, m_in))
+                        return "mismatched messages: rank " + std::to_string(a) + "'s send " + std::to_string(k) +
+                               " to rank " + std::to_string(b) + " is the " + pipeline_message_label(m_out) +
+                               ", its receive expects the " + pipeline_message_label(m_in);
+                    (*match)[a][out.group][out.index] = in;
+                    (*match)[b][in.group][in.index] = out;
+                }
+            }
+    return "";
+}
+
+// Whether every rank's groups (lists[r]: the group before each action and after the last) complete under
+// synchronous point-to-point semantics: "" if they do, else what deadlocks or is mispaired. A group completes
+// once every one of its operations' matching operations is posted, that is, once the peer has reached the
+// group that holds it; a rank reaches its next group when its current one completes (the action between takes
+// no part). With one_at_a_time each operation is a group of its own, in the same order.
+inline std::string pipeline_check_message_groups(std::vector<std::vector<std::vector<PipelineMessage>>> lists,
+                                                 bool one_at_a_time = false) {
+    const int p = (int)lists.size();
+    if (one_at_a_time)
+        for (auto& groups : lists) {
+            std::vector<std::vector<PipelineMessage>> alone;
+            for (const auto& group : groups)
+                for (const PipelineMessage& message : group) alone.push_back({message});
+            groups = alone;
+        }
+    std::vector<std::vector<std::vector<PipelinePlace>>> match;
+    const std::string mispaired = pipeline_match_messages(lists, &match);
+    if (!mispaired.empty()) return mispaired;
+    // run: every rank stands at (has posted) its first unfinished group
+    std::vector<size_t> at(p, 0);
+    for (bool progressed = true; progressed;) {
+        progressed = false;
+        for (int r = 0; r < p; r++)
+            while (at[r] < lists[r].size()) {
+                bool complete = true;
+                for (size_t k = 0; k < lists[r][at[r]].size(); k++) {
+                    const int peer = lists[r][at[r]][k].peer;
+                    complete &= (size_t)match[r][at[r]][k].group <= at[peer];  // posted (or done) by the peer
+                }
+                if (!complete) break;
+                at[r]++;
+                progressed = true;
+            }
+    }
+    std::string waits;
+    for (int r = 0; r < p; r++) {
+        if (at[r] == lists[r].size()) continue;
+        for (size_t k = 0; k < lists[r][at[r]].size(); k++) {
+            const PipelineMessage& message = lists[r][at[r]][k];
+            if ((size_t)match[r][at[r]][k].group <= at[message.peer]) continue;
+            waits += (waits.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " waits to " +
+                     (message.send ? "send" : "receive") + " the " + pipeline_message_label(message);
+            break;
+        }
+    }
+    return waits.empty() ? "" : "deadlock: " + waits;
+}
+
+// The lists timed as the executor runs them: before action i rank r posts groups[r][i] and waits until every
+// operation's match has been posted by its peer (synchronous sends, as NCCL's; a message itself takes no
+// time), then runs the action for durations[r][i]. The timeline holds each action and each wait, as a
+// measured run's does; `problem` says why the groups cannot run.
+inline PipelineTimeline pipeline_simulate_groups(const std::vector<std::vector<PipelineAction>>& actions,
+                                                 const std::vector<std::vector<std::vector<PipelineMessage>>>& groups,
+                                                 PipelineSchedule schedule, int m, int V,
+                                                 const std::vector<std::vector<double>>& durations) {
+    PipelineTimeline timeline;
+    timeline.schedule = pipeline_schedule_name(schedule);
+    timeline.p = (int)actions.size();
+    timeline.m = m;
+    timeline.V = V;
+    timeline.ranks.resize(actions.size());
+    const int p = timeline.p;
+    std::vector<std::vector<std::vector<PipelinePlace>>> match;
+    timeline.problem = pipeline_match_messages(groups, &match);
+    if (!timeline.problem.empty()) return timeline;
+    std::vector<size_t> at(p, 0);                  // the group each rank has posted
+    std::vector<std::vector<double>> posted(p);    // when each rank posted each of its groups
+    for (int r = 0; r < p; r++) posted[r].push_back(0.0);
+    for (bool progressed = true; progressed;) {
+        progressed = false;
+        for (int r = 0; r < p; r++)
+            while (at[r] < groups[r].size()) {
+                const size_t g = at[r];
+                double complete = posted[r][g];
+                bool ready = true;
+                for (size_t k = 0; k < groups[r][g].size() && ready; k++) {
+                    const int peer = groups[r][g][k].peer;
+                    const size_t their = match[r][g][k].group;
+                    ready = their <= at[peer];
+                    if (ready) complete = std::max(complete, posted[peer][their]);
+                }
+                if (!ready) break;
+                at[r]++;
+                progressed = true;
+                if (g == actions[r].size()) continue;  // the group after the last action
+                const PipelineAction& a = actions[r][g];
+                if (complete > posted[r][g]) timeline.ranks[r].push_back({a, posted[r][g], complete, true});
+                timeline.ranks[r].push_back({a, complete, complete + durations[r][g]});
+                posted[r].push_back(complete + durations[r][g]);
+            }
+    }
+    for (int r = 0; r < p; r++)
+        if (at[r] < groups[r].size()) {
+            timeline.problem = "deadlock: rank " + std::to_string(r) + " waits in its group before action " +
+                               std::to_string(at[r]);
+            return timeline;
+        }
+    pipeline_measure(timeline);
+    return timeline;
+}
