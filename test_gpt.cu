@@ -130,6 +130,29 @@ static std::vector<float> download_as_float(const T* device, size_t count, cudaS
     return std::vector<float>(raw.begin(), raw.end());
 }
 
+// Sampling's key/value cache (llmc/model/gpt2.cuh's KVCache): the logits of every position of one sequence,
+// computed one row at a time with the cache, against one forward pass of the whole sequence. Both passes do
+// the same arithmetic per row except for the order of additions inside a matmul of 1 row instead of T and
+// an attention over one block of keys instead of tiles, so the logits' tolerance applies (FP32 1e-5: rounding
+// only; BF16: the same stored roundings, so well inside the logits' 3e-2).
+static void check_cached_logits(GPT2& model, ParallelContext& par, const std::vector<int>& sequence) {
+    const int T = (int)sequence.size(), Vp = model.config.padded_vocab_size;
+    gpt2_forward(model, par, sequence.data(), 1, T);
+    const std::vector<float> whole = download_as_float(model.heads[0].logits, (size_t)T * Vp, model.stream);
+    kv_cache_allocate(model, T, 1);
+    model.cache.decoding = true;
+    double worst = 0.0;
+    for (int t = 0; t < T; t++) {
+        model.cache.position = t;
+        gpt2_forward(model, par, &sequence[t], 1, 1);
+        const std::vector<float> row = download_as_float(model.heads[0].logits, (size_t)Vp, model.stream);
+        worst = std::max(worst, relative_error_in_norm(row.data(), whole.data() + (size_t)t * Vp, Vp));
+    }
+    kv_cache_free(model);
+    report("logits with the key/value cache, " + std::to_string(T) + " positions (worst)", worst, kLogitsTolerance,
+           "rel err (norm)");
+}
+
 int main(int argc, char** argv) {
     std::string model_path, state_path;
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -210,6 +233,8 @@ int main(int argc, char** argv) {
         const float scale = (ref.grad_clip > 0 && norm > ref.grad_clip) ? ref.grad_clip / norm : 1.0f;
         zero_optimizer_step(par.zero, model, adamw, ref.learning_rate, step + 1, scale, 1234u + step);
     }
+    printf("sampling with the key/value cache, after the steps\n");
+    check_cached_logits(model, par, std::vector<int>(ref.inputs.begin(), ref.inputs.begin() + T));
     zero_free(par.zero);
     gpt2_free(model);
     printf("%d passed, %d failed\n", passed, failed);

@@ -108,31 +108,57 @@ static float validation_loss(ParallelContext& par, GPT2& model, DataLoader& val_
     return gpt2_read_results(model).loss;
 }
 
-// Samples `count` tokens after an end-of-text token, one full forward pass per token (simple, not fast:
-// there is no key/value cache). Each token is drawn from softmax(logits) with a random number from rng.
-// Every rank runs this together: the pipeline's stages pass the tokens through, and the last stage hands
-// the logits to the others, so every rank draws the same token (and its rng stays the same).
-static std::string sample_text(ParallelContext& par, GPT2& model, const Tokenizer& tokenizer, Rng& rng, int count) {
-    const GPT2Config& c = model.config;
+// The logits of the token after `tokens`, all Vp of them, on every rank's host, from one forward pass of the
+// whole sequence. Every rank runs it together: the pipeline's stages pass the rows through, and the last stage
+// hands the logits to the others. Context parallelism splits the positions into cp x chunks-per-rank chunks,
+// and sequence parallelism each cp rank's rows over the tp ranks: the sequence is padded to what they split
+// with end-of-text tokens after the last one, which the causal mask keeps from changing its last row's logits.
+// A cp rank's rows must divide into its chunks and into tp slices: a multiple of cp x lcm(chunks, tp). The
+// allocated max_seq (T/cp) is a multiple of both, so the padding never passes max_seq x cp.
+static void logits_of_whole_sequence(ParallelContext& par, GPT2& model, const std::vector<int>& tokens,
+                                     int end_of_text, floatX* logits) {
     const ContextParallel& cp = par.cp;
-    std::vector<int> tokens = {(int)tokenizer.end_of_text};
+    const int T = (int)tokens.size();
+    const int chunks = cp.size > 1 ? cp_chunks_per_rank(cp.split) : 1;
+    const int split = cp.size * std::lcm(chunks, par.tp.sequence_parallel ? par.tp.size : 1);
+    const int rows = (T + split - 1) / split * split;
+    std::vector<int> padded(tokens);
+    padded.resize(rows, end_of_text);
+    const std::vector<int> mine = cp_local_tokens(cp, padded.data(), 1, rows);
+    pipeline_forward_only(par, model, mine.data(), nullptr, 1, rows / cp.size);
+    logits_row_on_every_rank(par, model, T - 1, rows, logits);
+}
+
+// The same logits from one row's forward pass: the last token at its position, attending over the keys and
+// values the earlier tokens' passes left in the cache (llmc/model/gpt2.cuh's KVCache). One row runs whole on
+// every cp rank, and without sequence parallelism on the tp ranks (a row does not split); both are set back
+// after the pass.
+static void logits_from_cache(ParallelContext& par, GPT2& model, const std::vector<int>& tokens, floatX* logits) {
+    const bool sequence_parallel = par.tp.sequence_parallel;
+    par.tp.sequence_parallel = false;
+    model.cache.decoding = true;
+    model.cache.position = (int)tokens.size() - 1;
+    pipeline_forward_only(par, model, &tokens.back(), nullptr, 1, 1);
+    logits_row_on_every_rank(par, model, 0, 1, logits);
+    model.cache.decoding = false;
+    par.tp.sequence_parallel = sequence_parallel;
+}
+
+// Samples `count` tokens after an end-of-text token. Each token is drawn from softmax(logits) with a random
+// number from rng, the same on every rank (every rank has the logits), so the ranks' rngs stay the same. With
+// `cached`, each token costs one row's forward pass (its keys and values kept for the next ones); without,
+// the whole sequence's: the same logits up to the order of the additions, and the same text.
+static std::string sample_text(ParallelContext& par, GPT2& model, const Tokenizer& tokenizer, Rng& rng, int count,
+                               bool cached) {
+    const GPT2Config& c = model.config;
+    const int end_of_text = (int)tokenizer.end_of_text, longest = model.max_seq * par.cp.size;
+    std::vector<int> tokens = {end_of_text};
     std::vector<floatX> logits(c.padded_vocab_size);
     std::vector<double> probabilities(c.vocab_size);
-    while ((int)tokens.size() <= count && (int)tokens.size() <= model.max_seq * cp.size) {
-        const int T = (int)tokens.size();
-        // context parallelism splits the positions into cp x chunks-per-rank chunks, and sequence parallelism
-        // each cp rank's rows over the tp ranks: pad to what they split with end-of-text tokens after the last
-        // one, which the causal mask keeps from changing row T-1's logits. A cp rank's rows must divide into
-        // its chunks and into tp slices: a multiple of cp x lcm(chunks, tp). The allocated max_seq (T/cp) is a
-        // multiple of both, so the padding never passes max_seq x cp.
-        const int chunks = cp.size > 1 ? cp_chunks_per_rank(cp.split) : 1;
-        const int split = cp.size * std::lcm(chunks, par.tp.sequence_parallel ? par.tp.size : 1);
-        const int rows = (T + split - 1) / split * split;
-        std::vector<int> padded(tokens);
-        padded.resize(rows, (int)tokenizer.end_of_text);
-        const std::vector<int> mine = cp_local_tokens(cp, padded.data(), 1, rows);
-        pipeline_forward_only(par, model, mine.data(), nullptr, 1, rows / cp.size);
-        logits_row_on_every_rank(par, model, T - 1, rows, logits.data());
+    if (cached) kv_cache_allocate(model, std::min(count + 1, longest), par.tp.size);
+    while ((int)tokens.size() <= count && (int)tokens.size() <= longest) {
+        if (cached) logits_from_cache(par, model, tokens, logits.data());
+        else logits_of_whole_sequence(par, model, tokens, end_of_text, logits.data());
         double max_logit = -INFINITY, total = 0.0;
         for (int v = 0; v < c.vocab_size; v++) max_logit = std::max(max_logit, (double)(float)logits[v]);
         for (int v = 0; v < c.vocab_size; v++) total += probabilities[v] = exp((float)logits[v] - max_logit);
@@ -144,6 +170,7 @@ static std::string sample_text(ParallelContext& par, GPT2& model, const Tokenize
         }
         tokens.push_back(next);
     }
+    if (cached) kv_cache_free(model);
     return tokenizer_printable(&tokenizer, tokens.data() + 1, tokens.size() - 1);
 }
 
@@ -304,7 +331,7 @@ int main(int argc, char** argv) {
         // every rank computes the sample (at ZeRO-3 the forward pass gathers parameters from all ranks); only
         // the main rank's logger prints it
         if (options.sample_tokens > 0 && options.sample_every > 0 && step > first_step && step % options.sample_every == 0)
-            logger.sample(step, sample_text(par, model, tokenizer, sample_rng, options.sample_tokens));
+            logger.sample(step, sample_text(par, model, tokenizer, sample_rng, options.sample_tokens, options.sample_cache));
 
         const auto start = std::chrono::steady_clock::now();
         parallel_reset_traffic(par);
@@ -335,7 +362,7 @@ int main(int argc, char** argv) {
     if (options.val_every > 0 && first_step < options.steps)
         logger.val_loss(options.steps, validation_loss(par, model, val_loader, options.val_batches));
     if (options.sample_tokens > 0) {
-        logger.sample(options.steps, sample_text(par, model, tokenizer, sample_rng, options.sample_tokens));
+        logger.sample(options.steps, sample_text(par, model, tokenizer, sample_rng, options.sample_tokens, options.sample_cache));
         tokenizer_free(&tokenizer);
     }
     if (options.save_model) {

@@ -36,6 +36,7 @@ struct Options {
     float grad_clip = 0.0f;
     // evaluation, samples, checkpoints
     int val_every = 0, val_batches = 0, sample_every = 0, sample_tokens = 0;
+    bool sample_cache = true;
     int checkpoint_every = 0, keep_checkpoints = 0;
     std::string output_dir;
     bool save_model = true, resume = false;
@@ -117,6 +118,8 @@ inline Options parse_options(int argc, char** argv) {
     int& val_batches = flags.add_int("val-batches", 10, "batches per validation loss", 1);
     int& sample_every = flags.add_int("sample-every", 0, "print a text sample every N steps (0: only at the end)", 0);
     int& sample_tokens = flags.add_int("sample-tokens", 48, "tokens per sample (0: no samples)", 0);
+    bool& sample_cache = flags.add_bool("sample-cache", true,
+        "sample with a key/value cache (one token's forward pass per token); false: the whole sequence's");
     int& checkpoint_every = flags.add_int("checkpoint-every", 0, "checkpoint every N steps and at the end (0: never)",
                                           0);
     int& keep_checkpoints = flags.add_int("keep-checkpoints", 2, "checkpoints kept in the output directory", 1);
@@ -221,7 +224,7 @@ inline Options parse_options(int argc, char** argv) {
     o.adamw.beta1 = beta1, o.adamw.beta2 = beta2, o.adamw.eps = eps, o.adamw.weight_decay = weight_decay;
     o.grad_clip = grad_clip;
     o.val_every = val_every, o.val_batches = val_batches, o.sample_every = sample_every;
-    o.sample_tokens = sample_tokens, o.checkpoint_every = checkpoint_every, o.keep_checkpoints = keep_checkpoints;
+    o.sample_tokens = sample_tokens, o.sample_cache = sample_cache, o.checkpoint_every = checkpoint_every, o.keep_checkpoints = keep_checkpoints;
     o.output_dir = output_dir, o.save_model = save_model, o.resume = resume;
     o.collective_timeout = collective_timeout, o.check_replicas = check_replicas;
     o.plan_ranks = plan_ranks, o.search_ranks = search_ranks, o.plan_top = plan_top;

@@ -55,6 +55,17 @@ inline void chunk_gradient_done(GPT2& model, ParallelContext& par, int chunk) {
 }
 
 // ----------------------------------------------------------------------------
+// where this rank's rows sit in their sequences
+
+// The positions of this rank's N = B*T rows, as chunks of rows (llmc/parallel/context_parallel.h): one chunk of
+// whole sequences, a cp rank's one or two, or, while sampling with the key/value cache, the one row being
+// decoded, at the cache's position (every cp rank runs it whole: one row does not split).
+inline std::vector<SequenceChunk> row_positions(const GPT2& model, const ParallelContext& par, int B, int T) {
+    if (model.cache.decoding) return {SequenceChunk{0, model.cache.position, T}};
+    return cp_sequence_chunks(par.cp, B, T);
+}
+
+// ----------------------------------------------------------------------------
 // the four points where the architectures differ
 
 // LayerNorm or RMSNorm of N rows (RMSNorm keeps no mean and has no bias).
@@ -81,12 +92,13 @@ inline void norm_backward(const GPT2Config& c, floatX* dinp, floatX* dweight, fl
 // Llama's positions: RoPE turns the query and key heads of qkv (this rank's, N rows) in place, forward or
 // (the transposed rotation) backward. Each cp chunk of rows sits at its own positions; GPT-2 took its
 // positions in with the embeddings and does nothing here.
-inline void positions_in_attention(const GPT2Config& c, const ParallelContext& par, floatX* qkv, int B, int T,
+inline void positions_in_attention(const GPT2& model, const ParallelContext& par, floatX* qkv, int B, int T,
                                    bool backward, cudaStream_t stream) {
+    const GPT2Config& c = model.config;
     if (!c.llama()) return;
     const int q_heads = c.num_heads / par.tp.size, kv_heads = c.kv_heads / par.tp.size;
     const size_t width = (size_t)(q_heads + 2 * kv_heads) * c.head_size();
-    for (const SequenceChunk& chunk : cp_sequence_chunks(par.cp, B, T)) {
+    for (const SequenceChunk& chunk : row_positions(model, par, B, T)) {
         floatX* rows = qkv + (size_t)chunk.first_row * width;
         if (backward) rope_backward(rows, B, chunk.T, chunk.position, q_heads, kv_heads, c.head_size(), c.rope_theta, stream);
         else rope_forward(rows, B, chunk.T, chunk.position, q_heads, kv_heads, c.head_size(), c.rope_theta, stream);
@@ -107,6 +119,27 @@ inline void activation_backward(const GPT2Config& c, floatX* dfc_out, const floa
     else gelu_backward(dfc_out, fc_out, dout, (size_t)N * H, stream);
 }
 
+// This rank's heads: its tp share of the query heads and of the K/V heads (llmc/kernels/attention.cuh).
+inline AttentionHeads rank_attention_heads(const GPT2Config& c, const TensorParallel& tp) {
+    return attention_heads(c.num_heads / tp.size, c.kv_heads / tp.size, c.head_size());
+}
+
+// Sampling with the key/value cache (llmc/model/gpt2.cuh's KVCache), one row: its K and V heads (the qkv row's
+// columns after its query heads, already in the cache's packed layout) go into the cache at its position, then
+// its query heads attend over positions 0 .. position there: one query block against one key block, as ring
+// attention runs a pair.
+inline void cached_attention(GPT2& model, int layer, const BlockActivations& a, const AttentionHeads& heads) {
+    KVCache& cache = model.cache;
+    if (cache.position < 0 || cache.position >= cache.capacity)
+        fatal("the key/value cache holds %d positions, asked for position %d", cache.capacity, cache.position);
+    floatX* keys = cache.layers[layer];
+    const size_t row = 2 * (size_t)heads.kv_columns();
+    cudaCheck(cudaMemcpyAsync(keys + (size_t)cache.position * row, a.qkv + heads.q_columns(), row * sizeof(floatX),
+                              cudaMemcpyDeviceToDevice, model.stream));
+    attention_forward_pair(a.atty, a.lse, AttentionBlock{a.qkv, 1, cache.position},
+                           packed_key_values(keys, cache.position + 1, 0, heads), /*B=*/1, heads, model.stream);
+}
+
 // ----------------------------------------------------------------------------
 // one block, forward and backward (N = B*T rows)
 //
@@ -122,14 +155,16 @@ inline void block_forward(GPT2& model, ParallelContext& par, int layer, const Bl
     cudaStream_t stream = model.stream;
     const BlockParams p = block_parameters(model, par, layer);
     const int N = B * T, C = c.channels, R = tp_rows(tp, N);
-    const int heads = c.num_heads / tp.size, attention = C / tp.size, qkv = c.qkv_channels() / tp.size;
+    const int attention = C / tp.size, qkv = c.qkv_channels() / tp.size;
     const int hidden = c.ffn_hidden / tp.size, fc = c.fc_channels() / tp.size;
+    const AttentionHeads heads = rank_attention_heads(c, tp);
     // x + attproj(attention(qkv(norm1(x)))): qkv column-parallel (this rank's heads), attproj row-parallel
     norm_forward(c, a.ln1, a.ln1_mean, a.ln1_rstd, a.input, p.ln1w, p.ln1b, R, stream);
     const floatX* ln1 = tp_enter(tp, a.ln1, s.gathered, N, C, stream);
     matmul_forward(a.qkv, ln1, p.qkvw, p.qkvb, N, C, qkv, stream);
-    positions_in_attention(c, par, a.qkv, B, T, /*backward=*/false, stream);
-    cp_attention_forward(par.cp, a.atty, a.lse, a.qkv, B, T, attention, heads, stream);  // [cp ring or Ulysses]
+    positions_in_attention(model, par, a.qkv, B, T, /*backward=*/false, stream);
+    if (model.cache.decoding) cached_attention(model, layer, a, heads);  // sampling, one row
+    else cp_attention_forward(par.cp, a.atty, a.lse, a.qkv, B, T, heads, stream);  // [cp ring or Ulysses]
     matmul_forward(s.projection, a.atty, p.attprojw, tp_row_parallel_bias(tp, p.attprojb), N, attention, C, stream);
     const floatX* attention_branch = tp_leave(tp, s.projection, N, C, stream);
     fused_residual_norm_forward(c, a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, a.input, attention_branch, p.ln2w,
@@ -197,8 +232,9 @@ inline void block_backward(GPT2& model, ParallelContext& par, int layer, const B
     const BlockWeightRecord kept = w ? *w : BlockWeightRecord{};
     floatX* dresidual = a.dresidual;
     const int N = B * T, C = c.channels, R = tp_rows(tp, N);
-    const int heads = c.num_heads / tp.size, attention = C / tp.size, qkv = c.qkv_channels() / tp.size;
+    const int attention = C / tp.size, qkv = c.qkv_channels() / tp.size;
     const int hidden = c.ffn_hidden / tp.size, fc = c.fc_channels() / tp.size;
+    const AttentionHeads heads = rank_attention_heads(c, tp);
     // a matmul's weight gradients from its output gradient dout and input inp (IC -> OC features): now, or
     // (B) their operands kept
     auto weight_gradients = [&](floatX* dweight, floatX* dbias, const floatX* dout, floatX* kept_dout,
@@ -235,9 +271,9 @@ inline void block_backward(GPT2& model, ParallelContext& par, int layer, const B
     const floatX* dattention = tp_leave_backward(tp, dresidual, w ? kept.dattention : s.gathered, N, C, stream);
     matmul_backward_input(s.dchannels, dattention, p.attprojw, N, attention, C, stream);
     weight_gradients(g.attprojw, g.attprojb, dattention, kept.dattention, a.atty, kept.atty, attention, C);
-    cp_attention_backward(par.cp, dqkv, s.attention_D, s.dchannels, a.qkv, a.atty, a.lse, B, T, attention, heads,
+    cp_attention_backward(par.cp, dqkv, s.attention_D, s.dchannels, a.qkv, a.atty, a.lse, B, T, heads,
                           stream);  // [cp ring or Ulysses]
-    positions_in_attention(c, par, dqkv, B, T, /*backward=*/true, stream);
+    positions_in_attention(model, par, dqkv, B, T, /*backward=*/true, stream);
     const floatX* ln1 = tp_enter(tp, a.ln1, w ? kept.ln1 : s.gathered, N, C, stream);
     matmul_backward_input(s.dchannels, dqkv, p.qkvw, N, C, qkv, stream);
     const floatX* dln1 = tp_enter_backward(tp, s.dchannels, N, C, stream);  // summed beside the next line
@@ -311,7 +347,7 @@ inline void gpt2_embed(GPT2& model, ParallelContext& par, StageActivations& reco
     floatX* embeddings = zero_parameters_of(par.zero, model, 0);  // wte (this rank's rows under tp), then wpe
     const floatX* wpe = tensor_in_chunk(embeddings, model.layout, WPE);  // null: Llama, no position table
     // the positions of the rows: one chunk of all T without context parallelism (llmc/parallel/context_parallel.h)
-    const std::vector<SequenceChunk> chunks = cp_sequence_chunks(par.cp, B, T);
+    const std::vector<SequenceChunk> chunks = row_positions(model, par, B, T);
     if (tp.size > 1) {  // all rows at once: under SP a tp slice of the rows may cut across the chunks
         vocab_parallel_embedding_forward(tp, record.input, model.shared.projection, model.inputs, embeddings, wpe,
                                          chunks, B, T, C, c.padded_vocab_size, model.stream);
@@ -469,7 +505,7 @@ inline void gpt2_embed_backward(GPT2& model, ParallelContext& par, const StageAc
     SharedBuffers& s = model.shared;
     floatX* embedding_grads = zero_gradients_of(par.zero, model, 0);  // wte, then wpe
     floatX* dwpe = tensor_in_chunk(embedding_grads, model.layout, WPE);  // null: Llama
-    const std::vector<SequenceChunk> chunks = cp_sequence_chunks(par.cp, B, T);
+    const std::vector<SequenceChunk> chunks = row_positions(model, par, B, T);
     if (par.tp.size > 1) {  // every row's gradient first (gathered under SP), then chunk by chunk
         vocab_parallel_embedding_backward(par.tp, embedding_grads, dwpe, &s.encoder_workspace, record.doutput,
                                           s.gathered, record.tokens.data(), chunks, B, T, C, c.padded_vocab_size,

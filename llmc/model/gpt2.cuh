@@ -175,6 +175,20 @@ struct HeadRecord {
     floatX* logits = nullptr;    // (N, Vp/tp): logits after the forward pass, dlogits after the loss
 };
 
+// Sampling with a key/value cache: a token's forward pass at position t needs the keys and values of positions
+// 0..t of every layer, and those of 0..t-1 were computed by the earlier tokens' passes. So each pass keeps its
+// row's K and V, and a new token costs one row's forward pass (N = 1), its attention one query against t + 1
+// cached keys, instead of the whole sequence's. Per layer this rank runs: (capacity, 2 Ckv) rows, each its
+// K heads then its V heads (this rank's, under tp), the packed key/value layout of llmc/kernels/attention.cuh,
+// so that attention reads the cache as an ordinary key block. While `decoding`, the block appends to it and
+// attends over it, at `position` (llmc/model/forward_backward.cuh).
+struct KVCache {
+    bool decoding = false;
+    int position = 0;              // the position of the row being decoded
+    int capacity = 0;              // positions the cache holds
+    std::vector<floatX*> layers;   // per model layer: its cache, or null for a layer another pp rank runs
+};
+
 // What the host reads from the device once per step, in one copy (gpt2_read_results).
 struct StepResults {
     float loss;               // the mean loss (gpt2_mean_loss), averaged over ranks by llmc/parallel/zero.h
@@ -226,8 +240,25 @@ struct GPT2 {
     StepResults* results = nullptr;   // device
     StepResults* results_host = nullptr;  // pinned
     SharedBuffers shared{};
+    KVCache cache;                    // sampling's keys and values (kv_cache_allocate; empty otherwise)
     cudaStream_t stream = nullptr;    // non-blocking: created by gpt2_allocate, destroyed by gpt2_free
 };
+
+// A cache of `capacity` positions for the layers this rank holds (tp: its K/V heads), and its release. Booked
+// as "other" memory: not the training step's, which the memory report holds against its formulas.
+inline void kv_cache_allocate(GPT2& model, int capacity, int tp) {
+    const GPT2Config& c = model.config;
+    KVCache& cache = model.cache;
+    cache.capacity = capacity;
+    cache.layers.assign(c.num_layers, nullptr);
+    const size_t row = 2 * (size_t)c.kv_heads / tp * c.head_size();
+    for (int layer = 0; layer < c.num_layers; layer++)
+        if (model.layout.holds(layer + 1)) cache.layers[layer] = tracked_alloc<floatX>((size_t)capacity * row, MemoryKind::Other, "kv cache");
+}
+inline void kv_cache_free(GPT2& model) {
+    for (floatX* layer : model.cache.layers) tracked_free(layer);
+    model.cache = KVCache{};
+}
 
 inline void staged_upload_create(StagedUpload& upload, size_t capacity) {
     upload.capacity = capacity;
@@ -451,6 +482,7 @@ inline void gpt2_free(GPT2& model) {
                     (void*)s.gathered, (void*)s.softmax_stats, (void*)s.attention_D, (void*)s.matmul_scratch, (void*)s.layernorm_scratch, (void*)s.norm_scratch})
         tracked_free(p);
     if (model.first_stage) encoder_backward_workspace_free(&s.encoder_workspace);
+    kv_cache_free(model);
     cudaCheck(cudaStreamDestroy(model.stream));
     model = GPT2{};
 }

@@ -116,7 +116,7 @@ inline void parallel_create(ParallelContext& par, const Layout& asked, const GPT
     tp_check_context_parallel_rows(l.tp, l.sequence_parallel, T, l.cp);
 
     tp_streams_create(par.tp);
-    cp_create(par.cp, B, par.T_local, config.channels / l.tp, config.num_heads / l.tp);
+    cp_create(par.cp, B, par.T_local, attention_heads(config.num_heads / l.tp, config.kv_heads / l.tp, config.head_size()));
 }
 
 // The part of the model this rank holds and how it keeps it (llmc/model/gpt2.cuh's gpt2_allocate takes it).
@@ -172,13 +172,15 @@ inline void gradient_norm(ParallelContext& par, GPT2& model) {
 
 // The logits of position `position` (of a sequence of `rows` positions after the last forward pass of one
 // sequence), all Vp of them, on every rank's host: the last stage holds them, in tp column slices, on the
-// cp rank that holds the position; it hands them to its cp group, which hands them down the pipeline.
+// cp rank that holds the position; it hands them to its cp group, which hands them down the pipeline. (A
+// pass decoding one row with the key/value cache ran whole on every cp rank: each has the row.)
 inline void logits_row_on_every_rank(ParallelContext& par, GPT2& model, int position, int rows, floatX* out) {
     const int Vp = model.config.padded_vocab_size;
-    int row = 0;
-    const int holder = cp_owner_of_position(par.cp, position, rows, &row);  // the cp rank with the position
+    const bool every_cp_rank = par.cp.size == 1 || model.cache.decoding;
+    int row = position;
+    const int holder = every_cp_rank ? par.cp.rank : cp_owner_of_position(par.cp, position, rows, &row);
     if (model.last_stage && par.cp.rank == holder) tp_gather_logits_row(par.tp, out, model.heads[0].logits, row, Vp, model.stream);
-    if (par.cp.size > 1) broadcast_host(*par.cp.group, out, (size_t)Vp, holder, model.stream);
+    if (!every_cp_rank) broadcast_host(*par.cp.group, out, (size_t)Vp, holder, model.stream);
     pipeline_share_host_from_last_stage(par.pipe, out, (size_t)Vp, model.stream);
 }
 
