@@ -78,11 +78,12 @@ def pipeline_stage_rank(schedule, stage, p):
 
 
 def pp_bytes(schedule, p, V, m, B, seq_len, channels, max_seq_len, padded_vocab, tp=1, sp=False, shards=1, zero=0,
-             rank=0, value_bytes=4):
+             rank=0, value_bytes=4, tied_head=True):
     """The bytes pipeline rank `rank` sends per step (pipeline_bytes_per_step in llmc/parallel/pipeline_links.h): m a s
     for each of its stages whose next stage is on another rank (the activations), m a s for each whose previous
     stage is (the gradients), the tied embedding chunk's gradient e s (its shard at ZeRO >= 1) when the first and
-    the last stage are on different ranks and this is one of them, and the loss's broadcast and the norm's
+    the last stage are on different ranks and this is one of them (GPT-2; an untied head, Llama's, has none), and
+    the loss's broadcast and the norm's
     all-reduce (4 and 8 bytes, times (p-1)/p rounded down). a = B T C (/ tp under sequence parallelism)."""
     if p == 1:
         return 0
@@ -94,7 +95,7 @@ def pp_bytes(schedule, p, V, m, B, seq_len, channels, max_seq_len, padded_vocab,
         sent += m * a * s * (stage < S - 1 and pipeline_stage_rank(schedule, stage + 1, p) != rank)
         sent += m * a * s * (stage > 0 and pipeline_stage_rank(schedule, stage - 1, p) != rank)
     last = pipeline_stage_rank(schedule, S - 1, p)
-    if last != 0 and rank in (0, last):
+    if tied_head and last != 0 and rank in (0, last):
         multiple = 128 * shards  # llmc/model/parameters.h pads each chunk to this; tp slices wte's rows
         e = -(-(padded_vocab * channels // tp + max_seq_len * channels) // multiple) * multiple
         sent += e // (shards if zero >= 1 else 1) * s
