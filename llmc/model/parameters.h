@@ -90,7 +90,8 @@ inline bool gpt2_config_by_name(const std::string& name, GPT2Config* config) {
 }
 
 // Llama 3 by name (Meta's published shapes; Dubey et al. 2024, Table 3): 128,256 tokens, RoPE base 500,000,
-// 8 K/V heads, trained at 8K positions (the 405B layouts of the paper's Table 4 also at 128K).
+// 8 K/V heads; up to 128K positions (trained at 8K, then extended to 128K; the extension's rescaled RoPE
+// frequencies are not modelled here).
 inline bool llama_config_by_name(const std::string& name, GPT2Config* config) {
     struct Named { const char* name; int layers, heads, channels, ffn_hidden; };
     static const Named family[] = {
@@ -101,7 +102,7 @@ inline bool llama_config_by_name(const std::string& name, GPT2Config* config) {
         if (name != n.name) continue;
         GPT2Config c;
         c.arch = Arch::Llama;
-        c.max_seq_len = 8192;
+        c.max_seq_len = 131072;
         c.vocab_size = 128256;
         c.padded_vocab_size = padded_vocab(c.vocab_size);
         c.num_layers = n.layers;
