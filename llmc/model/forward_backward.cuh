@@ -68,7 +68,8 @@ inline void block_forward(GPT2& model, ParallelContext& par, int layer, const Bl
     layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.input, p.ln1w, p.ln1b, R, C, stream);
     const floatX* ln1 = tp_enter(tp, a.ln1, s.gathered, N, C, stream);
     matmul_forward(a.qkv, ln1, p.qkvw, p.qkvb, N, C, 3 * attention, stream);
-    cp_attention_forward(par.cp, a.atty, a.lse, a.qkv, B, T, attention, heads, stream);  // [cp ring or Ulysses]
+    cp_attention_forward(par.cp, a.atty, a.lse, a.qkv, B, T, AttentionHeads{heads, heads, attention / heads},
+                         stream);  // [cp ring or Ulysses]
     matmul_forward(s.projection, a.atty, p.attprojw, tp_row_parallel_bias(tp, p.attprojb), N, attention, C, stream);
     const floatX* attention_branch = tp_leave(tp, s.projection, N, C, stream);
     fused_residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, a.input, attention_branch, p.ln2w,
@@ -171,8 +172,8 @@ inline void block_backward(GPT2& model, ParallelContext& par, int layer, const B
     const floatX* dattention = tp_leave_backward(tp, dresidual, w ? kept.dattention : s.gathered, N, C, stream);
     matmul_backward_input(s.dchannels, dattention, p.attprojw, N, attention, C, stream);
     weight_gradients(g.attprojw, g.attprojb, dattention, kept.dattention, a.atty, kept.atty, attention, C);
-    cp_attention_backward(par.cp, dqkv, s.attention_D, s.dchannels, a.qkv, a.atty, a.lse, B, T, attention, heads,
-                          stream);  // [cp ring or Ulysses]
+    cp_attention_backward(par.cp, dqkv, s.attention_D, s.dchannels, a.qkv, a.atty, a.lse, B, T,
+                          AttentionHeads{heads, heads, attention / heads}, stream);  // [cp ring or Ulysses]
     const floatX* ln1 = tp_enter(tp, a.ln1, w ? kept.ln1 : s.gathered, N, C, stream);
     matmul_backward_input(s.dchannels, dqkv, p.qkvw, N, C, 3 * attention, stream);
     const floatX* dln1 = tp_enter_backward(tp, s.dchannels, N, C, stream);  // summed beside the next line

@@ -115,7 +115,9 @@ inline void parallel_create(ParallelContext& par, const Layout& asked, const GPT
     tp_check_context_parallel_rows(l.tp, l.sequence_parallel, T, l.cp);
 
     tp_streams_create(par.tp);
-    cp_create(par.cp, B, par.T_local, config.channels / l.tp, config.num_heads / l.tp);
+    // a tp rank's heads (the model's K/V heads are its query heads)
+    cp_create(par.cp, B, par.T_local,
+              AttentionHeads{config.num_heads / l.tp, config.num_heads / l.tp, config.channels / config.num_heads});
 }
 
 // The part of the model this rank holds and how it keeps it (llmc/model/gpt2.cuh's gpt2_allocate takes it).
