@@ -616,6 +616,30 @@ void lab_attention() {
     lab_attention_ring(uneven_split(150, 37, 29), 2, 150, mha(2, 64));
     lab_attention_ring(uneven_split(150, 70, 23), 1, 150, mha(3, 32));
 
+    // grouped-query attention: groups of 2, 3 and 4 query heads and one K/V head for all (multi-query); T
+    // past the tiles, head sizes 32 to 128, and the multi-tile shape again with its determinism check (the
+    // dK/dV blocks now walk several query heads into one accumulator). Then rings with grouped heads, whose
+    // packed key blocks are 2 Ckv columns wide.
+    lab_attention_shape(2, 37, AttentionHeads{4, 2, 64}, false);
+    lab_attention_shape(1, 97, AttentionHeads{4, 1, 32}, false);
+    lab_attention_shape(2, 70, AttentionHeads{6, 2, 48}, false);
+    lab_attention_shape(1, 130, AttentionHeads{8, 2, 128}, false);
+    lab_attention_shape(2, 256, AttentionHeads{4, 1, 64}, true);
+    lab_attention_ring(ring_split(2, 24, true), 2, 2 * 2 * 24, AttentionHeads{4, 2, 32});
+    lab_attention_ring(ring_split(4, 40, true), 1, 2 * 4 * 40, AttentionHeads{4, 1, 64});
+    lab_attention_ring(ring_split(2, 48, false), 2, 2 * 48, AttentionHeads{6, 2, 32});
+    lab_attention_ring(uneven_split(150, 37, 29), 2, 150, AttentionHeads{4, 2, 64});
+
+    // head geometries the kernels cannot run: one line, a non-zero exit
+    expect_failure("attention refuses 0 K/V heads", [] { attention_heads(4, 0, 64); },
+                   "at least one query head and one key/value head");
+    expect_failure("attention refuses 6 query heads over 4 K/V heads", [] { attention_heads(6, 4, 64); },
+                   "divide into groups");
+    expect_failure("attention refuses head size 40", [] { attention_heads(4, 2, 40); }, "head sizes");
+    expect_failure("attention_forward refuses 4 query heads over 3",
+                   [] { attention_forward(nullptr, nullptr, nullptr, 1, 8, AttentionHeads{4, 3, 32}, 0); },
+                   "divide into groups");
+
     if (lab.bench) {
 #ifdef LLMC_CPU
         lab_attention_bench(1, 256, mha(4, 64), "(CPU: B=1 T=256 NH=4 HS=64)");
