@@ -373,20 +373,26 @@ attention_backward_dkdv_mma_kernel(floatX* dkv_target, const floatX* dout, Atten
     if (ACCUMULATE && steps == 0) return;  // no query sees these keys: nothing to add
     const float scale = 1.0f / sqrtf((float)HS);
     const float scale_log2 = scale * kLog2e;
-    // step s is query step s % head_steps of query head g G + s / head_steps: head by head, in order
-    auto query_head_of_step = [&](int step) { return kv_head * pair.group + step / head_steps; };
-    auto first_query_of_step = [&](int step) { return query_start + (step % head_steps) * kBackwardStep; };
+    // step s is query step s % head_steps of the group's query head s / head_steps: head by head, in order
+    const int first_head = kv_head * pair.group;  // the group's query heads, from here on
+    const floatX* q_group = pair.q_head(b, first_head, HS);
+    const floatX* dout_group = dout + (size_t)b * Tq * C + first_head * HS;
+    const float* lse_group = lse + ((size_t)b * NH + first_head) * Tq;
+    const float* d_group = D + ((size_t)b * NH + first_head) * Tq;
+    auto first_query_of_step = [&](int step) {
+        return query_start + index_remainder(step, head_steps) * kBackwardStep;
+    };
 
     // queries, output gradients, lse and D of step `step` into buffer step % 2 (lse and D by plain stores:
     // they are read after the same barrier as the asynchronous copies)
     auto load_query_step = [&](int step) {
-        const int h = query_head_of_step(step);
+        const int head = index_quotient(step, head_steps);  // within the group
         const int first_query = first_query_of_step(step);
         const int buffer = step % 2;
-        const floatX* q_head = pair.q_head(b, h, HS);
-        const floatX* dout_head = dout + (size_t)b * Tq * C + h * HS;
-        const float* lse_head = lse + ((size_t)b * NH + h) * Tq;
-        const float* d_head = D + ((size_t)b * NH + h) * Tq;
+        const floatX* q_head = q_group + head * HS;
+        const floatX* dout_head = dout_group + head * HS;
+        const float* lse_head = lse_group + head * Tq;
+        const float* d_head = d_group + head * Tq;
         load_rows_async<HS, kBackwardStep>(q_steps + buffer * step_elements, q_head, qkv_row_stride, first_query, Tq);
         load_rows_async<HS, kBackwardStep>(dout_steps + buffer * step_elements, dout_head, C, first_query, Tq);
         if (threadIdx.x < kBackwardStep) {
