@@ -3,8 +3,11 @@ Kernel lab: fused causal attention (llmc/kernels/attention.cuh), forward and bac
 
 The reference forms each head's full T x T probability matrix in double precision (fine on the host at
 these sizes) and follows the textbook formulas, so it shares nothing with the kernels' tiling or online
-softmax. The backward pass is checked on its own: it gets the reference forward's out and lse as inputs
-(out rounded to floatX, as the kernel would store it), so a forward error cannot hide or cause a backward one.
+softmax. With grouped-query attention (fewer K/V heads than query heads) it reads K/V head h / G for query
+head h and adds the G heads' terms into the gradient of their shared K/V head, as the chain rule does for
+any tensor used G times; the kernels' per-group loop has no counterpart here. The backward pass is checked
+on its own: it gets the reference forward's out and lse as inputs (out rounded to floatX, as the kernel
+would store it), so a forward error cannot hide or cause a backward one.
 
 Ring attention's kernels (pairs of blocks, the merge, the accumulating pair backward) are checked against
 the whole-sequence kernels above, which the reference vouches for: a sequence is cut into query blocks and
@@ -12,9 +15,12 @@ key/value blocks, every query block visits every key block (partial forward, mer
 and lse must match attention_forward on the whole sequence; then the pair backward, accumulated over all
 pairs with D from the merged out, must match attention_backward on the whole sequence given the same
 merged out and lse (again so that a forward difference cannot show up as a backward one). Each ring runs
-twice: with its key blocks as qkv buffers (key_values_of) and as packed (B, Tk, 2C) copies of their k and v
+twice: with its key blocks as qkv buffers (key_values_of) and as packed (B, Tk, 2 Ckv) copies of their k and v
 columns with a packed dK/dV accumulator (packed_key_values, what context parallelism sends round the ring);
 both must match the whole sequence, and each other bit for bit.
+
+Shapes name their heads (NH query heads, KVH key/value heads, HS); the layouts are llmc/kernels/attention.cuh's:
+qkv rows of Cq + 2 Ckv columns (Cq = NH HS, Ckv = KVH HS), out and dout rows of Cq, lse (B, NH, T).
 */
 #pragma once
 
@@ -25,13 +31,13 @@ both must match the whole sequence, and each other bit for bit.
 // ----------------------------------------------------------------------------
 // reference
 
-// out (B, T, C) and lse (B, NH, T) from qkv (B, T, 3C)
+// out (B, T, Cq) and lse (B, NH, T) from qkv (B, T, Cq + 2 Ckv); query head h reads K/V head h / G
 // magnitude: the sum of the absolute terms behind each output, sum_j P[i][j] |V[j]| (what bounds the error
 // of rounding P to bf16 before its product with V)
-inline void attention_forward_reference(const std::vector<float>& qkv, int B, int T, int NH, int HS,
+inline void attention_forward_reference(const std::vector<float>& qkv, int B, int T, const AttentionHeads& heads,
                                         std::vector<double>& out, std::vector<double>& lse,
                                         std::vector<double>& magnitude) {
-    const int C = NH * HS;
+    const int NH = heads.q_heads, HS = heads.head_size, C = heads.q_columns(), W = heads.qkv_columns();
     const double scale = 1.0 / std::sqrt((double)HS);
     out.assign((size_t)B * T * C, 0.0);
     magnitude.assign((size_t)B * T * C, 0.0);
@@ -40,10 +46,11 @@ inline void attention_forward_reference(const std::vector<float>& qkv, int B, in
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++)
             for (int i = 0; i < T; i++) {
-                const float* q = &qkv[((size_t)b * T + i) * 3 * C + h * HS];
+                const int k_column = C + h / heads.group() * HS, v_column = k_column + heads.kv_columns();
+                const float* q = &qkv[((size_t)b * T + i) * W + h * HS];
                 double max_score = -INFINITY;
                 for (int j = 0; j <= i; j++) {
-                    const float* k = &qkv[((size_t)b * T + j) * 3 * C + C + h * HS];
+                    const float* k = &qkv[((size_t)b * T + j) * W + k_column];
                     double dot = 0.0;
                     for (int d = 0; d < HS; d++) dot += (double)q[d] * k[d];
                     scores[j] = scale * dot;
@@ -55,7 +62,7 @@ inline void attention_forward_reference(const std::vector<float>& qkv, int B, in
                 double* m = &magnitude[((size_t)b * T + i) * C + h * HS];
                 for (int j = 0; j <= i; j++) {
                     const double p = std::exp(scores[j] - max_score) / sum;
-                    const float* v = &qkv[((size_t)b * T + j) * 3 * C + 2 * C + h * HS];
+                    const float* v = &qkv[((size_t)b * T + j) * W + v_column];
                     for (int d = 0; d < HS; d++) {
                         o[d] += p * v[d];
                         m[d] += p * std::fabs(v[d]);
@@ -65,27 +72,31 @@ inline void attention_forward_reference(const std::vector<float>& qkv, int B, in
             }
 }
 
-// dqkv (B, T, 3C) from dout (B, T, C); `out` is the forward output as the backward kernel sees it (floatX),
-// used only for D = dout . out, exactly like the kernel. magnitude: the sums of absolute terms behind each
-// gradient (scale sum |dS| |K| for dQ, scale sum |dS| |Q| for dK, sum P |dO| for dV).
+// dqkv (B, T, Cq + 2 Ckv) from dout (B, T, Cq); `out` is the forward output as the backward kernel sees it
+// (floatX), used only for D = dout . out, exactly like the kernel. magnitude: the sums of absolute terms
+// behind each gradient (scale sum |dS| |K| for dQ, scale sum |dS| |Q| for dK, sum P |dO| for dV; for a K/V
+// head, over the query heads of its group too).
 inline void attention_backward_reference(const std::vector<float>& qkv, const std::vector<float>& dout,
-                                         const std::vector<float>& out, int B, int T, int NH, int HS,
+                                         const std::vector<float>& out, int B, int T, const AttentionHeads& heads,
                                          std::vector<double>& dqkv, std::vector<double>& magnitude) {
-    const int C = NH * HS;
+    const int NH = heads.q_heads, HS = heads.head_size, C = heads.q_columns(), W = heads.qkv_columns();
     const double scale = 1.0 / std::sqrt((double)HS);
-    dqkv.assign((size_t)B * T * 3 * C, 0.0);
-    magnitude.assign((size_t)B * T * 3 * C, 0.0);
+    dqkv.assign((size_t)B * T * W, 0.0);
+    magnitude.assign((size_t)B * T * W, 0.0);
     std::vector<double> P((size_t)T * T), dS((size_t)T * T);
-    auto q_at = [&](int b, int t) { return &qkv[((size_t)b * T + t) * 3 * C]; };
+    auto q_at = [&](int b, int t) { return &qkv[((size_t)b * T + t) * W]; };
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++) {
+            // q columns of query head h; k and v columns of its K/V head h / G (both at k_head + a column
+            // offset: k_head for K, k_head + Ckv for V)
             const int head = h * HS;
+            const int k_head = C + h / heads.group() * HS, v_head = k_head + heads.kv_columns();
             // P, the full causal softmax matrix of this head
             for (int i = 0; i < T; i++) {
                 double max_score = -INFINITY;
                 for (int j = 0; j <= i; j++) {
                     double dot = 0.0;
-                    for (int d = 0; d < HS; d++) dot += (double)q_at(b, i)[head + d] * q_at(b, j)[C + head + d];
+                    for (int d = 0; d < HS; d++) dot += (double)q_at(b, i)[head + d] * q_at(b, j)[k_head + d];
                     P[(size_t)i * T + j] = scale * dot;
                     max_score = std::max(max_score, scale * dot);
                 }
@@ -101,26 +112,26 @@ inline void attention_backward_reference(const std::vector<float>& qkv, const st
                 for (int d = 0; d < HS; d++) D += (double)g[d] * o[d];
                 for (int j = 0; j <= i; j++) {
                     double dP = 0.0;
-                    for (int d = 0; d < HS; d++) dP += (double)g[d] * q_at(b, j)[2 * C + head + d];
+                    for (int d = 0; d < HS; d++) dP += (double)g[d] * q_at(b, j)[v_head + d];
                     dS[(size_t)i * T + j] = P[(size_t)i * T + j] * (dP - D);
                 }
             }
-            // dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO
+            // dQ = scale dS K, dK += scale dS^T Q, dV += P^T dO (+=: the K/V head's gradient sums its group's)
             for (int i = 0; i < T; i++)
                 for (int j = 0; j <= i; j++) {
                     const double p = P[(size_t)i * T + j], ds = dS[(size_t)i * T + j];
                     const float* g = &dout[((size_t)b * T + i) * C + head];
-                    double* dq = &dqkv[((size_t)b * T + i) * 3 * C + head];
-                    double* dk = &dqkv[((size_t)b * T + j) * 3 * C + C + head];
-                    double* dv = &dqkv[((size_t)b * T + j) * 3 * C + 2 * C + head];
-                    double* mq = &magnitude[((size_t)b * T + i) * 3 * C + head];
-                    double* mk = &magnitude[((size_t)b * T + j) * 3 * C + C + head];
-                    double* mv = &magnitude[((size_t)b * T + j) * 3 * C + 2 * C + head];
+                    double* dq = &dqkv[((size_t)b * T + i) * W + head];
+                    double* dk = &dqkv[((size_t)b * T + j) * W + k_head];
+                    double* dv = &dqkv[((size_t)b * T + j) * W + v_head];
+                    double* mq = &magnitude[((size_t)b * T + i) * W + head];
+                    double* mk = &magnitude[((size_t)b * T + j) * W + k_head];
+                    double* mv = &magnitude[((size_t)b * T + j) * W + v_head];
                     for (int d = 0; d < HS; d++) {
-                        dq[d] += scale * ds * q_at(b, j)[C + head + d];
+                        dq[d] += scale * ds * q_at(b, j)[k_head + d];
                         dk[d] += scale * ds * q_at(b, i)[head + d];
                         dv[d] += p * g[d];
-                        mq[d] += scale * std::fabs(ds * q_at(b, j)[C + head + d]);
+                        mq[d] += scale * std::fabs(ds * q_at(b, j)[k_head + d]);
                         mk[d] += scale * std::fabs(ds * q_at(b, i)[head + d]);
                         mv[d] += p * std::fabs(g[d]);
                     }
@@ -128,45 +139,62 @@ inline void attention_backward_reference(const std::vector<float>& qkv, const st
         }
 }
 
-// columns [part*C, (part+1)*C) of a (rows, 3C) matrix: part 0 = q, 1 = k, 2 = v
+// where part 0 = q, 1 = k, 2 = v starts in a qkv row, and how many columns it has
+inline int attention_part_start(const AttentionHeads& heads, int part) {
+    return part == 0 ? 0 : heads.q_columns() + (part - 1) * heads.kv_columns();
+}
+inline int attention_part_width(const AttentionHeads& heads, int part) {
+    return part == 0 ? heads.q_columns() : heads.kv_columns();
+}
+
+// the columns of one part (0 = q, 1 = k, 2 = v) of a (rows, Cq + 2 Ckv) matrix
 template <class T>
-std::vector<T> attention_qkv_part(const std::vector<T>& qkv, int C, int part) {
-    const size_t rows = qkv.size() / (3 * (size_t)C);
-    std::vector<T> slice(rows * C);
+std::vector<T> attention_qkv_part(const std::vector<T>& qkv, const AttentionHeads& heads, int part) {
+    const size_t W = heads.qkv_columns(), rows = qkv.size() / W;
+    const int start = attention_part_start(heads, part), width = attention_part_width(heads, part);
+    std::vector<T> slice(rows * width);
     for (size_t r = 0; r < rows; r++)
-        for (int c = 0; c < C; c++) slice[r * C + c] = qkv[r * 3 * C + (size_t)part * C + c];
+        for (int c = 0; c < width; c++) slice[r * width + c] = qkv[r * W + start + c];
     return slice;
 }
 
 // qkv with q and k in [-3, 3] (scaled scores with a standard deviation of about 3, so the softmax is peaked
 // and the running maximum really moves from tile to tile) and v in [-1, 1]; rounded to floatX
-inline std::vector<float> attention_random_qkv(int B, int T, int C) {
-    std::vector<float> qkv = random_floats((size_t)B * T * 3 * C);
+inline std::vector<float> attention_random_qkv(int B, int T, const AttentionHeads& heads) {
+    const size_t W = heads.qkv_columns();
+    std::vector<float> qkv = random_floats((size_t)B * T * W);
     for (size_t r = 0; r < (size_t)B * T; r++)
-        for (int c = 0; c < 2 * C; c++) qkv[r * 3 * C + c] *= 3.0f;
+        for (int c = 0; c < heads.q_columns() + heads.kv_columns(); c++) qkv[r * W + c] *= 3.0f;
     return round_to_floatX(qkv);
+}
+
+// "(B=2 T=37 NH=4 KVH=2 HS=64)"
+inline std::string attention_shape_name(int B, int T, const AttentionHeads& heads) {
+    char text[96];
+    snprintf(text, sizeof(text), "(B=%d T=%d NH=%d KVH=%d HS=%d)", B, T, heads.q_heads, heads.kv_heads,
+             heads.head_size);
+    return text;
 }
 
 // ----------------------------------------------------------------------------
 // checks
 
-inline void lab_attention_shape(int B, int T, int NH, int HS, bool check_determinism) {
-    const int C = NH * HS;
-    char shape[96];
-    snprintf(shape, sizeof(shape), "(B=%d T=%d NH=%d HS=%d)", B, T, NH, HS);
+inline void lab_attention_shape(int B, int T, AttentionHeads heads, bool check_determinism) {
+    const int NH = heads.q_heads, C = heads.q_columns(), W = heads.qkv_columns();
+    const std::string shape = attention_shape_name(B, T, heads);
 
-    const std::vector<float> qkv = attention_random_qkv(B, T, C);
+    const std::vector<float> qkv = attention_random_qkv(B, T, heads);
     const std::vector<float> dout = round_to_floatX(random_floats((size_t)B * T * C));
     std::vector<double> out_ref, lse_ref, dqkv_ref, out_magnitude, dqkv_magnitude;
-    attention_forward_reference(qkv, B, T, NH, HS, out_ref, lse_ref, out_magnitude);
+    attention_forward_reference(qkv, B, T, heads, out_ref, lse_ref, out_magnitude);
     // what the backward kernel gets as its forward inputs: out stored as floatX, lse as fp32
     std::vector<float> out_seen(out_ref.begin(), out_ref.end());
     out_seen = round_to_floatX(out_seen);
     const std::vector<float> lse_seen(lse_ref.begin(), lse_ref.end());
-    attention_backward_reference(qkv, dout, out_seen, B, T, NH, HS, dqkv_ref, dqkv_magnitude);
+    attention_backward_reference(qkv, dout, out_seen, B, T, heads, dqkv_ref, dqkv_magnitude);
 
-    DeviceBuffer<floatX> qkv_d((size_t)B * T * 3 * C), out_d((size_t)B * T * C), dout_d((size_t)B * T * C);
-    DeviceBuffer<floatX> dqkv_d((size_t)B * T * 3 * C);
+    DeviceBuffer<floatX> qkv_d((size_t)B * T * W), out_d((size_t)B * T * C), dout_d((size_t)B * T * C);
+    DeviceBuffer<floatX> dqkv_d((size_t)B * T * W);
     DeviceBuffer<float> lse_d((size_t)B * NH * T), workspace_d((size_t)B * NH * T);
     qkv_d.upload(qkv);
     dout_d.upload(dout);
@@ -191,14 +219,14 @@ inline void lab_attention_shape(int B, int T, int NH, int HS, bool check_determi
     // forward
     out_d.poison();
     lse_d.poison();
-    attention_forward(out_d.ptr, lse_d.ptr, qkv_d.ptr, B, T, C, NH, 0);
+    attention_forward(out_d.ptr, lse_d.ptr, qkv_d.ptr, B, T, heads, 0);
     cudaCheck(cudaDeviceSynchronize());
     const std::vector<float> out_got = out_d.download();
     check_close(std::string("attention_forward out ") + shape, out_got, out_ref, atol, rtol, allowance(out_magnitude));
     check_close(std::string("attention_forward lse ") + shape, lse_d.download(), lse_ref, 2e-5, 1e-5);
     if (check_determinism) {
         out_d.poison();
-        attention_forward(out_d.ptr, lse_d.ptr, qkv_d.ptr, B, T, C, NH, 0);
+        attention_forward(out_d.ptr, lse_d.ptr, qkv_d.ptr, B, T, heads, 0);
         cudaCheck(cudaDeviceSynchronize());
         const std::vector<float> again = out_d.download();
         check_true(std::string("attention_forward deterministic ") + shape,
@@ -210,19 +238,19 @@ inline void lab_attention_shape(int B, int T, int NH, int HS, bool check_determi
     lse_d.upload(lse_seen);
     dqkv_d.poison();
     workspace_d.poison();
-    attention_backward(dqkv_d.ptr, workspace_d.ptr, dout_d.ptr, qkv_d.ptr, out_d.ptr, lse_d.ptr, B, T, C, NH, 0);
+    attention_backward(dqkv_d.ptr, workspace_d.ptr, dout_d.ptr, qkv_d.ptr, out_d.ptr, lse_d.ptr, B, T, heads, 0);
     cudaCheck(cudaDeviceSynchronize());
     const std::vector<float> dqkv_got = dqkv_d.download();
     const char* part_names[3] = {"dq", "dk", "dv"};
     const std::vector<double> dqkv_allowed = allowance(dqkv_magnitude);
     for (int part = 0; part < 3; part++)
         check_close(std::string("attention_backward ") + part_names[part] + " " + shape,
-                    attention_qkv_part(dqkv_got, C, part), attention_qkv_part(dqkv_ref, C, part), atol, rtol,
-                    attention_qkv_part(dqkv_allowed, C, part));
+                    attention_qkv_part(dqkv_got, heads, part), attention_qkv_part(dqkv_ref, heads, part), atol,
+                    rtol, attention_qkv_part(dqkv_allowed, heads, part));
     if (check_determinism) {
         dqkv_d.poison();
         workspace_d.poison();
-        attention_backward(dqkv_d.ptr, workspace_d.ptr, dout_d.ptr, qkv_d.ptr, out_d.ptr, lse_d.ptr, B, T, C, NH, 0);
+        attention_backward(dqkv_d.ptr, workspace_d.ptr, dout_d.ptr, qkv_d.ptr, out_d.ptr, lse_d.ptr, B, T, heads, 0);
         cudaCheck(cudaDeviceSynchronize());
         const std::vector<float> again = dqkv_d.download();
         check_true(std::string("attention_backward deterministic ") + shape,
@@ -295,56 +323,64 @@ inline void place_lse_rows(std::vector<float>& whole, const std::vector<float>& 
         std::copy_n(&part[(size_t)bh * rows], rows, &whole[(size_t)bh * T + first]);
 }
 // copies the columns of `parts` (0 = q, 1 = k, 2 = v) of a block's qkv-layout rows into the whole sequence's
-inline void place_qkv_parts(std::vector<float>& whole, const std::vector<float>& block, int B, int T, int C, int first,
-                            int rows, std::initializer_list<int> parts) {
+inline void place_qkv_parts(std::vector<float>& whole, const std::vector<float>& block, int B, int T,
+                            const AttentionHeads& heads, int first, int rows, std::initializer_list<int> parts) {
+    const size_t W = heads.qkv_columns();
     for (int b = 0; b < B; b++)
         for (int r = 0; r < rows; r++)
-            for (int part : parts)
-                std::copy_n(&block[((size_t)b * rows + r) * 3 * C + (size_t)part * C], C,
-                            &whole[((size_t)b * T + first + r) * 3 * C + (size_t)part * C]);
+            for (int part : parts) {
+                const int start = attention_part_start(heads, part);
+                std::copy_n(&block[((size_t)b * rows + r) * W + start], attention_part_width(heads, part),
+                            &whole[((size_t)b * T + first + r) * W + start]);
+            }
 }
 // qkv-layout rows with the columns of the parts not in `kept` (0 = q, 1 = k, 2 = v) replaced by `fill`
-inline std::vector<float> with_parts_filled(std::vector<float> rows, int C, std::initializer_list<int> kept, float fill) {
-    for (size_t r = 0; r < rows.size() / (3 * (size_t)C); r++)
+inline std::vector<float> with_parts_filled(std::vector<float> rows, const AttentionHeads& heads,
+                                            std::initializer_list<int> kept, float fill) {
+    const size_t W = heads.qkv_columns();
+    for (size_t r = 0; r < rows.size() / W; r++)
         for (int part = 0; part < 3; part++)
             if (std::find(kept.begin(), kept.end(), part) == kept.end())
-                std::fill_n(&rows[r * 3 * C + (size_t)part * C], C, fill);
+                std::fill_n(&rows[r * W + attention_part_start(heads, part)], attention_part_width(heads, part), fill);
     return rows;
 }
 
-// columns [C, 3C) of qkv-layout rows: the packed (rows, 2C) keys and values that a ring sends
-inline std::vector<float> packed_key_value_rows(const std::vector<float>& qkv_rows, int C) {
-    const size_t rows = qkv_rows.size() / (3 * (size_t)C);
-    std::vector<float> packed(rows * 2 * C);
-    for (size_t r = 0; r < rows; r++) std::copy_n(&qkv_rows[r * 3 * C + C], 2 * C, &packed[r * 2 * C]);
+// the k and v columns of qkv-layout rows: the packed (rows, 2 Ckv) keys and values that a ring sends
+inline std::vector<float> packed_key_value_rows(const std::vector<float>& qkv_rows, const AttentionHeads& heads) {
+    const size_t W = heads.qkv_columns(), rows = qkv_rows.size() / W, packed_width = 2 * heads.kv_columns();
+    std::vector<float> packed(rows * packed_width);
+    for (size_t r = 0; r < rows; r++)
+        std::copy_n(&qkv_rows[r * W + heads.q_columns()], packed_width, &packed[r * packed_width]);
     return packed;
 }
-// the reverse: packed (rows, 2C) rows as qkv-layout rows, with `fill` in their q columns
-inline std::vector<float> qkv_rows_of_packed(const std::vector<float>& packed, int C, float fill) {
-    const size_t rows = packed.size() / (2 * (size_t)C);
-    std::vector<float> qkv_rows(rows * 3 * C, fill);
-    for (size_t r = 0; r < rows; r++) std::copy_n(&packed[r * 2 * C], 2 * C, &qkv_rows[r * 3 * C + C]);
+// the reverse: packed (rows, 2 Ckv) rows as qkv-layout rows, with `fill` in their q columns
+inline std::vector<float> qkv_rows_of_packed(const std::vector<float>& packed, const AttentionHeads& heads,
+                                             float fill) {
+    const size_t W = heads.qkv_columns(), packed_width = 2 * heads.kv_columns(), rows = packed.size() / packed_width;
+    std::vector<float> qkv_rows(rows * W, fill);
+    for (size_t r = 0; r < rows; r++)
+        std::copy_n(&packed[r * packed_width], packed_width, &qkv_rows[r * W + heads.q_columns()]);
     return qkv_rows;
 }
 
-// What a ring computed, placed into whole-sequence arrays: the merged out (B, T, C) and lse (B, NH, T), and
-// dqkv (B, T, 3C) as the pair backward accumulated it.
+// What a ring computed, placed into whole-sequence arrays: the merged out (B, T, Cq) and lse (B, NH, T), and
+// dqkv (B, T, Cq + 2 Ckv) as the pair backward accumulated it.
 struct RingResult {
     std::vector<float> out, lse, dqkv;
 };
 
 // Runs the split's ring on qkv and dout: every query block meets every key block (partial forward, merge),
 // then D from each merged block and the pair backward of every pair. With packed_keys the key blocks are
-// (B, Tk, 2C) copies of their k and v columns and their dK, dV accumulate in that layout (what context
+// (B, Tk, 2 Ckv) copies of their k and v columns and their dK, dV accumulate in that layout (what context
 // parallelism sends round the ring); otherwise the key blocks are qkv buffers and dK, dV go to the k and v
 // columns of a dqkv buffer. Checks on the way that pairs which see nothing say so and that the pair backward
 // writes only where it should.
 inline RingResult run_ring(const RingSplit& split, const std::vector<float>& qkv, const std::vector<float>& dout,
-                           int B, int T, int NH, int HS, bool packed_keys, const std::string& shape) {
-    const int C = NH * HS;
+                           int B, int T, const AttentionHeads& heads, bool packed_keys, const std::string& shape) {
+    const int NH = heads.q_heads, C = heads.q_columns(), W = heads.qkv_columns();
     const float nan = NAN;
     const size_t nq = split.query_blocks.size(), nk = split.key_blocks.size();
-    const int key_width = packed_keys ? 2 * C : 3 * C;  // a key row's columns in either layout
+    const int key_width = packed_keys ? 2 * heads.kv_columns() : W;  // a key row's columns in either layout
 
     // The blocks on the device. Queries carry NaN in their k and v columns and keys (qkv layout) in their q
     // columns, so a kernel that read the wrong columns would show it; the gradient targets hold zeros where
@@ -352,8 +388,8 @@ inline RingResult run_ring(const RingSplit& split, const std::vector<float>& qkv
     std::vector<std::unique_ptr<DeviceBuffer<floatX>>> q_qkv, out, partial_out, block_dout, dq, keys, dkv;
     std::vector<std::unique_ptr<DeviceBuffer<float>>> lse, partial_lse, D;
     for (const auto& [first, rows] : split.query_blocks) {
-        q_qkv.emplace_back(new DeviceBuffer<floatX>((size_t)B * rows * 3 * C));
-        q_qkv.back()->upload(with_parts_filled(sequence_rows(qkv, B, T, 3 * C, first, rows), C, {0}, nan));
+        q_qkv.emplace_back(new DeviceBuffer<floatX>((size_t)B * rows * W));
+        q_qkv.back()->upload(with_parts_filled(sequence_rows(qkv, B, T, W, first, rows), heads, {0}, nan));
         out.emplace_back(new DeviceBuffer<floatX>((size_t)B * rows * C));
         out.back()->poison();
         partial_out.emplace_back(new DeviceBuffer<floatX>((size_t)B * rows * C));
@@ -364,28 +400,28 @@ inline RingResult run_ring(const RingSplit& split, const std::vector<float>& qkv
         block_dout.back()->upload(sequence_rows(dout, B, T, C, first, rows));
         D.emplace_back(new DeviceBuffer<float>((size_t)B * NH * rows));
         D.back()->poison();
-        dq.emplace_back(new DeviceBuffer<floatX>((size_t)B * rows * 3 * C));
-        dq.back()->upload(with_parts_filled(std::vector<float>((size_t)B * rows * 3 * C, 0.0f), C, {0}, nan));
+        dq.emplace_back(new DeviceBuffer<floatX>((size_t)B * rows * W));
+        dq.back()->upload(with_parts_filled(std::vector<float>((size_t)B * rows * W, 0.0f), heads, {0}, nan));
     }
     for (const auto& [first, rows] : split.key_blocks) {
         const std::vector<float> key_rows =
-            with_parts_filled(sequence_rows(qkv, B, T, 3 * C, first, rows), C, {1, 2}, nan);
+            with_parts_filled(sequence_rows(qkv, B, T, W, first, rows), heads, {1, 2}, nan);
         keys.emplace_back(new DeviceBuffer<floatX>((size_t)B * rows * key_width));
-        keys.back()->upload(packed_keys ? packed_key_value_rows(key_rows, C) : key_rows);
+        keys.back()->upload(packed_keys ? packed_key_value_rows(key_rows, heads) : key_rows);
         dkv.emplace_back(new DeviceBuffer<floatX>((size_t)B * rows * key_width));
         if (packed_keys) dkv.back()->zero();
-        else dkv.back()->upload(with_parts_filled(std::vector<float>((size_t)B * rows * 3 * C, 0.0f), C, {1, 2}, nan));
+        else dkv.back()->upload(with_parts_filled(std::vector<float>((size_t)B * rows * W, 0.0f), heads, {1, 2}, nan));
     }
     auto query_block = [&](size_t i) {
         return AttentionBlock{q_qkv[i]->ptr, split.query_blocks[i].second, split.query_blocks[i].first};
     };
     auto key_block = [&](size_t j) {
         const auto [first, rows] = split.key_blocks[j];
-        return packed_keys ? packed_key_values(keys[j]->ptr, rows, first, C)
-                           : key_values_of(AttentionBlock{keys[j]->ptr, rows, first}, C);
+        return packed_keys ? packed_key_values(keys[j]->ptr, rows, first, heads)
+                           : key_values_of(AttentionBlock{keys[j]->ptr, rows, first}, heads);
     };
     // dK, dV of key block j go where its keys are: the packed buffer as it is, or the k columns of dqkv
-    auto dkv_target = [&](size_t j) { return packed_keys ? dkv[j]->ptr : dkv[j]->ptr + C; };
+    auto dkv_target = [&](size_t j) { return packed_keys ? dkv[j]->ptr : dkv[j]->ptr + heads.q_columns(); };
 
     // forward: each query block meets every key block and merges; a pair that sees nothing must say so
     bool empty_rows_ok = true;
@@ -394,7 +430,7 @@ inline RingResult run_ring(const RingSplit& split, const std::vector<float>& qkv
         for (int j : split.visits[i]) {
             partial_out[i]->poison();
             partial_lse[i]->poison();
-            attention_forward_pair(partial_out[i]->ptr, partial_lse[i]->ptr, query_block(i), key_block(j), B, C, NH, 0);
+            attention_forward_pair(partial_out[i]->ptr, partial_lse[i]->ptr, query_block(i), key_block(j), B, heads, 0);
             if (split.key_blocks[j].first > split.query_blocks[i].first + split.query_blocks[i].second - 1) {
                 cudaCheck(cudaDeviceSynchronize());
                 empty_pairs++;
@@ -402,14 +438,14 @@ inline RingResult run_ring(const RingSplit& split, const std::vector<float>& qkv
                 for (float v : partial_lse[i]->download()) empty_rows_ok = empty_rows_ok && v == -INFINITY;
             }
             attention_merge(out[i]->ptr, lse[i]->ptr, partial_out[i]->ptr, partial_lse[i]->ptr, B,
-                            split.query_blocks[i].second, C, NH, 0);
+                            split.query_blocks[i].second, heads, 0);
         }
     cudaCheck(cudaDeviceSynchronize());
     if (empty_pairs > 0)
         check_true(std::string("attention_forward_pair masked pairs ") + shape, empty_rows_ok,
                    std::to_string(empty_pairs) + " pairs: out 0, lse -inf");
     RingResult result{std::vector<float>((size_t)B * T * C), std::vector<float>((size_t)B * NH * T),
-                      std::vector<float>((size_t)B * T * 3 * C)};
+                      std::vector<float>((size_t)B * T * W)};
     for (size_t i = 0; i < nq; i++) {
         const auto [first, rows] = split.query_blocks[i];
         place_sequence_rows(result.out, out[i]->download(), B, T, C, first, rows);
@@ -418,29 +454,31 @@ inline RingResult run_ring(const RingSplit& split, const std::vector<float>& qkv
 
     // backward: D from each merged block, every pair adds its dQ, dK, dV
     for (size_t i = 0; i < nq; i++) {
-        attention_backward_preprocess(D[i]->ptr, block_dout[i]->ptr, out[i]->ptr, B, split.query_blocks[i].second, C,
-                                      NH, 0);
+        attention_backward_preprocess(D[i]->ptr, block_dout[i]->ptr, out[i]->ptr, B, split.query_blocks[i].second,
+                                      heads, 0);
         for (int j : split.visits[i])
             attention_backward_pair(dq[i]->ptr, dkv_target(j), D[i]->ptr, block_dout[i]->ptr, lse[i]->ptr,
-                                    query_block(i), key_block(j), B, C, NH, 0);
+                                    query_block(i), key_block(j), B, heads, 0);
     }
     cudaCheck(cudaDeviceSynchronize());
     bool other_columns_untouched = true;
     auto untouched = [&](const std::vector<float>& rows, std::initializer_list<int> parts) {
         for (int part : parts)
-            for (float v : attention_qkv_part(rows, C, part)) other_columns_untouched = other_columns_untouched && std::isnan(v);
+            for (float v : attention_qkv_part(rows, heads, part))
+                other_columns_untouched = other_columns_untouched && std::isnan(v);
     };
     for (size_t i = 0; i < nq; i++) {
         const auto [first, rows] = split.query_blocks[i];
         const std::vector<float> got = dq[i]->download();
         untouched(got, {1, 2});
-        place_qkv_parts(result.dqkv, got, B, T, C, first, rows, {0});
+        place_qkv_parts(result.dqkv, got, B, T, heads, first, rows, {0});
     }
     for (size_t j = 0; j < nk; j++) {
         const auto [first, rows] = split.key_blocks[j];
-        const std::vector<float> got = packed_keys ? qkv_rows_of_packed(dkv[j]->download(), C, nan) : dkv[j]->download();
+        const std::vector<float> got =
+            packed_keys ? qkv_rows_of_packed(dkv[j]->download(), heads, nan) : dkv[j]->download();
         if (!packed_keys) untouched(got, {0});  // (a packed buffer has no other columns)
-        place_qkv_parts(result.dqkv, got, B, T, C, first, rows, {1, 2});
+        place_qkv_parts(result.dqkv, got, B, T, heads, first, rows, {1, 2});
     }
     check_true(std::string("attention_backward_pair writes only its columns ") + shape, other_columns_untouched,
                packed_keys ? "dq: q columns" : "dq: q columns, dkv: k and v columns");
@@ -450,27 +488,26 @@ inline RingResult run_ring(const RingSplit& split, const std::vector<float>& qkv
 // The ring with key blocks as qkv buffers and again with packed key blocks, each against the whole sequence's
 // forward and backward; and the two rings against each other: they compute the same products in the same
 // order, so they must agree bit for bit.
-inline void lab_attention_ring(const RingSplit& split, int B, int T, int NH, int HS) {
-    const int C = NH * HS;
-    char dims[96];
-    snprintf(dims, sizeof(dims), "(B=%d T=%d NH=%d HS=%d)", B, T, NH, HS);
+inline void lab_attention_ring(const RingSplit& split, int B, int T, AttentionHeads heads) {
+    const int NH = heads.q_heads, C = heads.q_columns(), W = heads.qkv_columns();
+    const std::string dims = attention_shape_name(B, T, heads);
     const std::string shape = split.name + " " + dims, packed_shape = split.name + " packed kv " + dims;
-    const std::vector<float> qkv = attention_random_qkv(B, T, C);
+    const std::vector<float> qkv = attention_random_qkv(B, T, heads);
     const std::vector<float> dout = round_to_floatX(random_floats((size_t)B * T * C));
     const size_t blocks = std::max(split.query_blocks.size(), split.key_blocks.size());
 
-    const RingResult ring = run_ring(split, qkv, dout, B, T, NH, HS, false, shape);
-    const RingResult packed = run_ring(split, qkv, dout, B, T, NH, HS, true, packed_shape);
+    const RingResult ring = run_ring(split, qkv, dout, B, T, heads, false, shape);
+    const RingResult packed = run_ring(split, qkv, dout, B, T, heads, true, packed_shape);
 
     // the whole sequence
-    DeviceBuffer<floatX> qkv_d((size_t)B * T * 3 * C), out_d((size_t)B * T * C), dout_d((size_t)B * T * C);
-    DeviceBuffer<floatX> dqkv_d((size_t)B * T * 3 * C);
+    DeviceBuffer<floatX> qkv_d((size_t)B * T * W), out_d((size_t)B * T * C), dout_d((size_t)B * T * C);
+    DeviceBuffer<floatX> dqkv_d((size_t)B * T * W);
     DeviceBuffer<float> lse_d((size_t)B * NH * T), workspace_d((size_t)B * NH * T);
     qkv_d.upload(qkv);
     dout_d.upload(dout);
     out_d.poison();
     lse_d.poison();
-    attention_forward(out_d.ptr, lse_d.ptr, qkv_d.ptr, B, T, C, NH, 0);
+    attention_forward(out_d.ptr, lse_d.ptr, qkv_d.ptr, B, T, heads, 0);
     cudaCheck(cudaDeviceSynchronize());
     const std::vector<float> whole_out = out_d.download(), whole_lse = lse_d.download();
 
@@ -491,8 +528,8 @@ inline void lab_attention_ring(const RingSplit& split, int B, int T, int NH, int
         if (kBF16) {
             const double per_magnitude = (4.0 + (double)blocks) / 256.0;
             std::vector<double> out_ref, lse_ref, dqkv_ref, out_magnitude, dqkv_magnitude;
-            attention_forward_reference(qkv, B, T, NH, HS, out_ref, lse_ref, out_magnitude);
-            attention_backward_reference(qkv, dout, result.out, B, T, NH, HS, dqkv_ref, dqkv_magnitude);
+            attention_forward_reference(qkv, B, T, heads, out_ref, lse_ref, out_magnitude);
+            attention_backward_reference(qkv, dout, result.out, B, T, heads, dqkv_ref, dqkv_magnitude);
             for (size_t i = 0; i < out_allowed.size(); i++) out_allowed[i] = per_magnitude * out_magnitude[i];
             for (size_t i = 0; i < dqkv_allowed.size(); i++) dqkv_allowed[i] = per_magnitude * dqkv_magnitude[i];
         }
@@ -500,7 +537,7 @@ inline void lab_attention_ring(const RingSplit& split, int B, int T, int NH, int
         lse_d.upload(result.lse);
         dqkv_d.poison();
         workspace_d.poison();
-        attention_backward(dqkv_d.ptr, workspace_d.ptr, dout_d.ptr, qkv_d.ptr, out_d.ptr, lse_d.ptr, B, T, C, NH, 0);
+        attention_backward(dqkv_d.ptr, workspace_d.ptr, dout_d.ptr, qkv_d.ptr, out_d.ptr, lse_d.ptr, B, T, heads, 0);
         cudaCheck(cudaDeviceSynchronize());
         const std::vector<float> whole_dqkv = dqkv_d.download();
         check_close("ring attention out " + label, result.out, to_double(whole_out), atol, rtol, out_allowed);
@@ -508,8 +545,9 @@ inline void lab_attention_ring(const RingSplit& split, int B, int T, int NH, int
         const char* part_names[3] = {"dq", "dk", "dv"};
         for (int part = 0; part < 3; part++)
             check_close(std::string("ring attention ") + part_names[part] + " " + label,
-                        attention_qkv_part(result.dqkv, C, part), to_double(attention_qkv_part(whole_dqkv, C, part)),
-                        atol, rtol, attention_qkv_part(dqkv_allowed, C, part));
+                        attention_qkv_part(result.dqkv, heads, part),
+                        to_double(attention_qkv_part(whole_dqkv, heads, part)), atol, rtol,
+                        attention_qkv_part(dqkv_allowed, heads, part));
     };
     compare_with_whole(ring, shape);
     compare_with_whole(packed, packed_shape);
@@ -522,29 +560,32 @@ inline void lab_attention_ring(const RingSplit& split, int B, int T, int NH, int
                "out, lse, dq, dk, dv: same bits");
 }
 
-inline void lab_attention_bench(int B, int T, int NH, int HS, const char* label) {
-    const int C = NH * HS;
-    DeviceBuffer<floatX> qkv_d((size_t)B * T * 3 * C), out_d((size_t)B * T * C), dout_d((size_t)B * T * C);
-    DeviceBuffer<floatX> dqkv_d((size_t)B * T * 3 * C);
+inline void lab_attention_bench(int B, int T, AttentionHeads heads, const char* label) {
+    const int NH = heads.q_heads, HS = heads.head_size, C = heads.q_columns(), W = heads.qkv_columns();
+    DeviceBuffer<floatX> qkv_d((size_t)B * T * W), out_d((size_t)B * T * C), dout_d((size_t)B * T * C);
+    DeviceBuffer<floatX> dqkv_d((size_t)B * T * W);
     DeviceBuffer<float> lse_d((size_t)B * NH * T), workspace_d((size_t)B * NH * T);
-    qkv_d.upload(attention_random_qkv(B, T, C));
+    qkv_d.upload(attention_random_qkv(B, T, heads));
     dout_d.upload(random_floats((size_t)B * T * C));
-    // causal: half of the T x T scores, two matmuls (QK^T and PV) of 2*HS flops per score
+    // causal: half of the T x T scores of each query head, two matmuls (QK^T and PV) of 2*HS flops per score
     const double forward_flops = 4.0 * B * NH * (double)T * T * HS / 2;
     // backward counted as 2.5x the forward (the usual convention: 5 matmuls against the forward's 2; the
     // recomputation of S and dP in the dQ pass is not counted as useful work)
     const double backward_flops = 2.5 * forward_flops;
     char name[96];
     snprintf(name, sizeof(name), "attention_forward %s", label);
-    report_bench(name, time_ms([&] { attention_forward(out_d.ptr, lse_d.ptr, qkv_d.ptr, B, T, C, NH, 0); }), 0,
+    report_bench(name, time_ms([&] { attention_forward(out_d.ptr, lse_d.ptr, qkv_d.ptr, B, T, heads, 0); }), 0,
                  forward_flops);
     snprintf(name, sizeof(name), "attention_backward %s", label);
     report_bench(name, time_ms([&] {
                      attention_backward(dqkv_d.ptr, workspace_d.ptr, dout_d.ptr, qkv_d.ptr, out_d.ptr, lse_d.ptr,
-                                        B, T, C, NH, 0);
+                                        B, T, heads, 0);
                  }),
                  0, backward_flops);
 }
+
+// multi-head attention: as many K/V heads as query heads
+inline AttentionHeads mha(int heads, int head_size) { return AttentionHeads{heads, heads, head_size}; }
 
 void lab_attention() {
     if (!family_selected("attention")) return;
@@ -552,36 +593,60 @@ void lab_attention() {
     // one or two tiles; every head size the launchers accept (16 .. 128; the larger ones need more than
     // 48 KiB of shared memory in some kernel), 32, 64 and 128 across several tiles; one larger shape that
     // walks 4 to 8 tiles and also checks that two runs give the same bits
-    lab_attention_shape(1, 1, 1, 32, false);
-    lab_attention_shape(2, 37, 3, 64, false);
-    lab_attention_shape(1, 64, 2, 16, false);
-    lab_attention_shape(1, 50, 2, 128, false);
-    lab_attention_shape(2, 33, 2, 48, false);
-    lab_attention_shape(1, 40, 1, 80, false);    // the remaining head sizes of the dispatch, one head each
-    lab_attention_shape(1, 70, 1, 96, false);
-    lab_attention_shape(1, 45, 1, 112, false);
-    lab_attention_shape(1, 97, 2, 32, false);    // 32, 64 and 128 over tiles that end past T
-    lab_attention_shape(1, 130, 1, 128, false);
-    lab_attention_shape(2, 128, 2, 64, false);
-    lab_attention_shape(2, 256, 4, 64, true);
+    lab_attention_shape(1, 1, mha(1, 32), false);
+    lab_attention_shape(2, 37, mha(3, 64), false);
+    lab_attention_shape(1, 64, mha(2, 16), false);
+    lab_attention_shape(1, 50, mha(2, 128), false);
+    lab_attention_shape(2, 33, mha(2, 48), false);
+    lab_attention_shape(1, 40, mha(1, 80), false);    // the remaining head sizes of the dispatch, one head each
+    lab_attention_shape(1, 70, mha(1, 96), false);
+    lab_attention_shape(1, 45, mha(1, 112), false);
+    lab_attention_shape(1, 97, mha(2, 32), false);    // 32, 64 and 128 over tiles that end past T
+    lab_attention_shape(1, 130, mha(1, 128), false);
+    lab_attention_shape(2, 128, mha(2, 64), false);
+    lab_attention_shape(2, 256, mha(4, 64), true);
     // ring attention: zigzag and contiguous splits over 2 and 4 ranks, chunks of 24 and 40 rows (not
     // multiples of either tile size), head sizes 32 and 64; and query and key blocks cut at different places
-    lab_attention_ring(ring_split(2, 24, true), 2, 2 * 2 * 24, 2, 32);
-    lab_attention_ring(ring_split(2, 40, true), 1, 2 * 2 * 40, 3, 64);
-    lab_attention_ring(ring_split(4, 24, true), 2, 2 * 4 * 24, 2, 64);
-    lab_attention_ring(ring_split(4, 40, true), 1, 2 * 4 * 40, 2, 32);
-    lab_attention_ring(ring_split(2, 48, false), 2, 2 * 48, 2, 64);
-    lab_attention_ring(ring_split(4, 80, false), 1, 4 * 80, 2, 32);
-    lab_attention_ring(uneven_split(150, 37, 29), 2, 150, 2, 64);
-    lab_attention_ring(uneven_split(150, 70, 23), 1, 150, 3, 32);
+    lab_attention_ring(ring_split(2, 24, true), 2, 2 * 2 * 24, mha(2, 32));
+    lab_attention_ring(ring_split(2, 40, true), 1, 2 * 2 * 40, mha(3, 64));
+    lab_attention_ring(ring_split(4, 24, true), 2, 2 * 4 * 24, mha(2, 64));
+    lab_attention_ring(ring_split(4, 40, true), 1, 2 * 4 * 40, mha(2, 32));
+    lab_attention_ring(ring_split(2, 48, false), 2, 2 * 48, mha(2, 64));
+    lab_attention_ring(ring_split(4, 80, false), 1, 4 * 80, mha(2, 32));
+    lab_attention_ring(uneven_split(150, 37, 29), 2, 150, mha(2, 64));
+    lab_attention_ring(uneven_split(150, 70, 23), 1, 150, mha(3, 32));
+
+    // grouped-query attention: groups of 2, 3 and 4 query heads and one K/V head for all (multi-query); T
+    // past the tiles, head sizes 32 to 128, and the multi-tile shape again with its determinism check (the
+    // dK/dV blocks now walk several query heads into one accumulator). Then rings with grouped heads, whose
+    // packed key blocks are 2 Ckv columns wide.
+    lab_attention_shape(2, 37, AttentionHeads{4, 2, 64}, false);
+    lab_attention_shape(1, 97, AttentionHeads{4, 1, 32}, false);
+    lab_attention_shape(2, 70, AttentionHeads{6, 2, 48}, false);
+    lab_attention_shape(1, 130, AttentionHeads{8, 2, 128}, false);
+    lab_attention_shape(2, 256, AttentionHeads{4, 1, 64}, true);
+    lab_attention_ring(ring_split(2, 24, true), 2, 2 * 2 * 24, AttentionHeads{4, 2, 32});
+    lab_attention_ring(ring_split(4, 40, true), 1, 2 * 4 * 40, AttentionHeads{4, 1, 64});
+    lab_attention_ring(ring_split(2, 48, false), 2, 2 * 48, AttentionHeads{6, 2, 32});
+    lab_attention_ring(uneven_split(150, 37, 29), 2, 150, AttentionHeads{4, 2, 64});
+
+    // head geometries the kernels cannot run: one line, a non-zero exit
+    expect_failure("attention refuses 0 K/V heads", [] { attention_heads(4, 0, 64); },
+                   "at least one query head and one key/value head");
+    expect_failure("attention refuses 6 query heads over 4 K/V heads", [] { attention_heads(6, 4, 64); },
+                   "divide into groups");
+    expect_failure("attention refuses head size 40", [] { attention_heads(4, 2, 40); }, "head sizes");
+    expect_failure("attention_forward refuses 4 query heads over 3",
+                   [] { attention_forward(nullptr, nullptr, nullptr, 1, 8, AttentionHeads{4, 3, 32}, 0); },
+                   "divide into groups");
 
     if (lab.bench) {
 #ifdef LLMC_CPU
-        lab_attention_bench(1, 256, 4, 64, "(CPU: B=1 T=256 NH=4 HS=64)");
+        lab_attention_bench(1, 256, mha(4, 64), "(CPU: B=1 T=256 NH=4 HS=64)");
         // what one layer of a small GPT-2 124M training run on the CPU sees (batch 4, sequence 64)
-        lab_attention_bench(4, 64, 12, 64, "(CPU: B=4 T=64 NH=12 HS=64)");
+        lab_attention_bench(4, 64, mha(12, 64), "(CPU: B=4 T=64 NH=12 HS=64)");
 #else
-        lab_attention_bench(8, 1024, 12, 64, "(B=8 T=1024 NH=12 HS=64)");
+        lab_attention_bench(8, 1024, mha(12, 64), "(B=8 T=1024 NH=12 HS=64)");
 #endif
     }
 }

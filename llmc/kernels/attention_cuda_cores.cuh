@@ -11,6 +11,9 @@ not a multiple of 32) load as zeros, are masked out of the softmax and are never
 blocks (ring attention; AttentionPair in llmc/kernels/attention.cuh) the same holds with Tq, Tk and the position
 offset: the tile ranges come from the pair, and the mask, applied in every tile, from AttentionPair::sees;
 key and value rows (and their dK, dV) are pair.kv_row_stride apart (a qkv buffer's k, v columns or packed).
+With grouped-query attention a forward or dQ block belongs to a query head and reads its group's K/V head
+(pair.kv_head_of); a dK/dV block belongs to a K/V head and walks the query tiles of each query head of its
+group in turn, adding all of them into the same accumulators.
 
 Each step of a kernel is two small matrix products between 32-row tiles staged in shared memory (fp32):
   scores:       a 32 x 32 tile of S (and dP), each entry a dot product of length HS;
@@ -225,14 +228,14 @@ __global__ void attention_forward_kernel(floatX* out, float* lse, AttentionPair 
     float* p_tile = v_tile + row_tile_floats<HS>();      // (32, 33) exp(S - m) of the current tile
 
     const int query_tile = gridDim.x - 1 - blockIdx.x;
-    const int h = blockIdx.y;
+    const int h = blockIdx.y;                         // the query head; it reads K/V head h / G
     const int b = blockIdx.z;
-    const int C = NH * HS;
-    const size_t qkv_row_stride = 3 * (size_t)C;      // query rows
+    const int C = NH * HS;                            // out's row
+    const size_t qkv_row_stride = pair.q_row_stride;  // query rows
     const size_t kv_row_stride = pair.kv_row_stride;  // key and value rows
-    const floatX* q_head = pair.q_head(b, h, NH, HS);
-    const floatX* k_head = pair.k_head(b, h, HS);
-    const floatX* v_head = k_head + C;
+    const floatX* q_head = pair.q_head(b, h, HS);
+    const floatX* k_head = pair.k_head(b, pair.kv_head_of(h), HS);
+    const floatX* v_head = k_head + pair.v_offset;
     const int row = threadIdx.x / kThreadsPerRow;        // this thread's query row within the tile
     const int quarter = threadIdx.x % kThreadsPerRow;    // which of the row's 4 threads
     const int first_column = quarter * kScoresPerThread; // its 8 keys within each key tile
@@ -297,10 +300,11 @@ __global__ void attention_forward_kernel(floatX* out, float* lse, AttentionPair 
 }
 
 // ----------------------------------------------------------------------------
-// backward: dK and dV (D comes from llmc/kernels/attention.cuh's preprocessing kernel). Block (key tile, h, b).
-// Query tiles from the first query that sees the tile's first key (the diagonal for self-attention) to the
-// end: for each,
-// recompute P and dP for the 32 x 32 tile, then dV += P^T dO and dK += dS^T Q (scaled once at the end).
+// backward: dK and dV (D comes from llmc/kernels/attention.cuh's preprocessing kernel). Block (key tile, K/V
+// head g, b). For each query head of the group (g G .. g G + G - 1, in that order), query tiles from the
+// first query that sees the tile's first key (the diagonal for self-attention) to the end: for each,
+// recompute that head's P and dP for the 32 x 32 tile, then dV += P^T dO and dK += dS^T Q (scaled once at
+// the end) into the same accumulators: the group sum of the header comment, in a fixed order.
 // Scores step, thread (row, quarter): query row `row` of the query tile against keys 8*quarter ..
 // 8*quarter+7 of this block (the block's own K and V are the column tiles). Accumulation step: key row
 // `row`, dims of its quarter.
@@ -320,18 +324,14 @@ __global__ void attention_backward_dkdv_kernel(floatX* dkv_target, const floatX*
     float* d_tile = lse_tile + kAttentionTile;               // (32) D of the current queries
 
     const int key_tile = blockIdx.x;
-    const int h = blockIdx.y;
+    const int kv_head = blockIdx.y;                   // g: its query heads are g G .. g G + G - 1
     const int b = blockIdx.z;
-    const int C = NH * HS;
-    const size_t qkv_row_stride = 3 * (size_t)C;      // query rows
+    const int C = NH * HS;                            // dout's row
+    const size_t qkv_row_stride = pair.q_row_stride;  // query rows
     const size_t kv_row_stride = pair.kv_row_stride;  // key and value rows, and their dK, dV
     const int Tq = pair.Tq, Tk = pair.Tk;
-    const floatX* q_head = pair.q_head(b, h, NH, HS);
-    const floatX* k_head = pair.k_head(b, h, HS);
-    const floatX* v_head = k_head + C;
-    const floatX* dout_head = dout + (size_t)b * Tq * C + h * HS;
-    const float* lse_head = lse + ((size_t)b * NH + h) * Tq;
-    const float* d_head = D + ((size_t)b * NH + h) * Tq;
+    const floatX* k_head = pair.k_head(b, kv_head, HS);
+    const floatX* v_head = k_head + pair.v_offset;
     const int row = threadIdx.x / kThreadsPerRow;        // scores: query row; accumulation: key row
     const int quarter = threadIdx.x % kThreadsPerRow;
     const int first_column = quarter * kScoresPerThread; // scores: this thread's 8 keys within the tile
@@ -346,32 +346,38 @@ __global__ void attention_backward_dkdv_kernel(floatX* dkv_target, const floatX*
     float dk[dims_per_thread], dv[dims_per_thread];     // key row `row`, this thread's dims
     for (int j = 0; j < dims_per_thread; j++) { dk[j] = 0.0f; dv[j] = 0.0f; }
 
-    for (int first_query = query_start; first_query < Tq; first_query += kAttentionTile) {
-        load_tile_to_shared<HS, TileLayout::Rows>(q_tile, q_head, qkv_row_stride, first_query, Tq);
-        load_tile_to_shared<HS, TileLayout::Rows>(dout_tile, dout_head, C, first_query, Tq);
-        if (threadIdx.x < kAttentionTile) {
-            const int query = first_query + threadIdx.x;
-            lse_tile[threadIdx.x] = query < Tq ? lse_head[query] : 0.0f;
-            d_tile[threadIdx.x] = query < Tq ? d_head[query] : 0.0f;
-        }
-        __syncthreads();  // Q, dO, lse, D of this query tile (and, the first time, K and V) are complete
+    for (int h = kv_head * pair.group; h < (kv_head + 1) * pair.group; h++) {
+        const floatX* q_head = pair.q_head(b, h, HS);
+        const floatX* dout_head = dout + (size_t)b * Tq * C + h * HS;
+        const float* lse_head = lse + ((size_t)b * NH + h) * Tq;
+        const float* d_head = D + ((size_t)b * NH + h) * Tq;
+        for (int first_query = query_start; first_query < Tq; first_query += kAttentionTile) {
+            load_tile_to_shared<HS, TileLayout::Rows>(q_tile, q_head, qkv_row_stride, first_query, Tq);
+            load_tile_to_shared<HS, TileLayout::Rows>(dout_tile, dout_head, C, first_query, Tq);
+            if (threadIdx.x < kAttentionTile) {
+                const int query = first_query + threadIdx.x;
+                lse_tile[threadIdx.x] = query < Tq ? lse_head[query] : 0.0f;
+                d_tile[threadIdx.x] = query < Tq ? d_head[query] : 0.0f;
+            }
+            __syncthreads();  // Q, dO, lse, D of this query tile (and, the first time, K and V) are complete
 
-        // S and dP of query `row` against keys first_column .. first_column+7
-        float s[kScoresPerThread], dp[kScoresPerThread];
-        for (int i = 0; i < kScoresPerThread; i++) { s[i] = 0.0f; dp[i] = 0.0f; }
-        add_tile_dot_products<HS>(s, q_tile, k_tile, dp, dout_tile, v_tile, row, first_column);
-        const int query = first_query + row;
-        for (int i = 0; i < kScoresPerThread; i++) {
-            const int local_key = first_column + i;
-            const float p = pair.sees(query, first_key + local_key) ? expf(s[i] * scale - lse_tile[row]) : 0.0f;
-            p_tile[local_key * kColumnStride + row] = p;
-            ds_tile[local_key * kColumnStride + row] = p * (dp[i] - d_tile[row]);
-        }
-        __syncthreads();  // P^T and dS^T are complete (a key row's entries come from all 32 query rows)
+            // S and dP of query `row` against keys first_column .. first_column+7
+            float s[kScoresPerThread], dp[kScoresPerThread];
+            for (int i = 0; i < kScoresPerThread; i++) { s[i] = 0.0f; dp[i] = 0.0f; }
+            add_tile_dot_products<HS>(s, q_tile, k_tile, dp, dout_tile, v_tile, row, first_column);
+            const int query = first_query + row;
+            for (int i = 0; i < kScoresPerThread; i++) {
+                const int local_key = first_column + i;
+                const float p = pair.sees(query, first_key + local_key) ? expf(s[i] * scale - lse_tile[row]) : 0.0f;
+                p_tile[local_key * kColumnStride + row] = p;
+                ds_tile[local_key * kColumnStride + row] = p * (dp[i] - d_tile[row]);
+            }
+            __syncthreads();  // P^T and dS^T are complete (a key row's entries come from all 32 query rows)
 
-        add_weighted_rows<HS>(dv, p_tile, row, dout_tile, quarter);
-        add_weighted_rows<HS>(dk, ds_tile, row, q_tile, quarter);
-        __syncthreads();  // everyone is done with this Q, dO tile (and P^T, dS^T) before the next overwrites them
+            add_weighted_rows<HS>(dv, p_tile, row, dout_tile, quarter);
+            add_weighted_rows<HS>(dk, ds_tile, row, q_tile, quarter);
+            __syncthreads();  // everyone is done with this Q, dO tile (and P^T, dS^T) before the next overwrites them
+        }
     }
 
     // stage dK and dV in the (now free) Q and dO tiles for coalesced stores
@@ -382,15 +388,15 @@ __global__ void attention_backward_dkdv_kernel(floatX* dkv_target, const floatX*
         dv_row[j] = dv[j];
     }
     __syncthreads();  // the dK and dV tiles are staged
-    floatX* dk_head = dkv_target + (size_t)b * Tk * kv_row_stride + h * HS;
+    floatX* dk_head = dkv_target + (size_t)b * Tk * kv_row_stride + kv_head * HS;
     store_row_tile_from_shared<HS>(dk_head, kv_row_stride, q_tile, first_key, Tk, ACCUMULATE);
-    store_row_tile_from_shared<HS>(dk_head + C, kv_row_stride, dout_tile, first_key, Tk, ACCUMULATE);
+    store_row_tile_from_shared<HS>(dk_head + pair.v_offset, kv_row_stride, dout_tile, first_key, Tk, ACCUMULATE);
 }
 
 // ----------------------------------------------------------------------------
-// backward: dQ. Block (query tile, h, b). Key tiles from the start to the last one a row of the tile sees
-// (the diagonal for self-attention): recompute P and
-// dP, then dQ += dS K (scaled once at the end).
+// backward: dQ. Block (query tile, query head h, b), reading K/V head h / G. Key tiles from the start to
+// the last one a row of the tile sees (the diagonal for self-attention): recompute P and dP, then
+// dQ += dS K (scaled once at the end).
 // Scores step, thread (row, quarter): key row `row` of the key tile against queries 8*quarter ..
 // 8*quarter+7 of this block (the block's own Q and dO are the column tiles). Accumulation step: query row
 // `row`, dims of its quarter.
@@ -409,13 +415,13 @@ __global__ void attention_backward_dq_kernel(floatX* dq_target, const floatX* do
     const int query_tile = gridDim.x - 1 - blockIdx.x;       // longest blocks first
     const int h = blockIdx.y;
     const int b = blockIdx.z;
-    const int C = NH * HS;
-    const size_t qkv_row_stride = 3 * (size_t)C;      // query rows, and their dQ
+    const int C = NH * HS;                            // dout's row
+    const size_t qkv_row_stride = pair.q_row_stride;  // query rows, and their dQ
     const size_t kv_row_stride = pair.kv_row_stride;  // key and value rows
     const int Tq = pair.Tq, Tk = pair.Tk;
-    const floatX* q_head = pair.q_head(b, h, NH, HS);
-    const floatX* k_head = pair.k_head(b, h, HS);
-    const floatX* v_head = k_head + C;
+    const floatX* q_head = pair.q_head(b, h, HS);
+    const floatX* k_head = pair.k_head(b, pair.kv_head_of(h), HS);
+    const floatX* v_head = k_head + pair.v_offset;
     const floatX* dout_head = dout + (size_t)b * Tq * C + h * HS;
     const int row = threadIdx.x / kThreadsPerRow;        // scores: key row; accumulation: query row
     const int quarter = threadIdx.x % kThreadsPerRow;
@@ -496,15 +502,17 @@ void launch_attention_forward(floatX* out, float* lse, const AttentionPair& pair
 }
 
 // the dK/dV and dQ kernels, once D is in place: dK, dV into dkv_target in the keys' layout (pair.kv_row_stride
-// per row, dV C after dK), dQ into the q columns of dq_target (B, Tq, 3C), written or (ACCUMULATE) added
+// per row, dV pair.v_offset after dK), dQ into the q columns of dq_target (rows of pair.q_row_stride), written
+// or (ACCUMULATE) added. dK/dV: a block per key tile and K/V head; dQ: per query tile and query head.
 template <int HS, bool ACCUMULATE>
 void launch_attention_backward(floatX* dq_target, floatX* dkv_target, const float* D, const floatX* dout,
-                               const AttentionPair& pair, const float* lse, int B, int NH, cudaStream_t stream) {
+                               const AttentionPair& pair, const float* lse, int B, int NH, int KVH,
+                               cudaStream_t stream) {
     const size_t dkdv_bytes = attention_dkdv_shared_bytes<HS>();
     const size_t dq_bytes = attention_dq_shared_bytes<HS>();
     opt_in_shared_memory(attention_backward_dkdv_kernel<HS, ACCUMULATE>, dkdv_bytes);
     opt_in_shared_memory(attention_backward_dq_kernel<HS, ACCUMULATE>, dq_bytes);
-    launch(attention_backward_dkdv_kernel<HS, ACCUMULATE>, dim3(ceil_div(pair.Tk, kAttentionTile), NH, B),
+    launch(attention_backward_dkdv_kernel<HS, ACCUMULATE>, dim3(ceil_div(pair.Tk, kAttentionTile), KVH, B),
            dim3(kAttentionThreads), dkdv_bytes, stream, dkv_target, dout, pair, lse, D, NH);
     launch(attention_backward_dq_kernel<HS, ACCUMULATE>, dim3(ceil_div(pair.Tq, kAttentionTile), NH, B),
            dim3(kAttentionThreads), dq_bytes, stream, dq_target, dout, pair, lse, D, NH);

@@ -35,10 +35,13 @@ Pairs of blocks (ring attention): every kernel takes an AttentionPair (llmc/kern
 keys may come from different buffers at a position offset, with key and value rows (and their dK, dV)
 pair.kv_row_stride apart (a qkv buffer's k, v columns or packed k, v rows); the step ranges come from the
 pair (entirely masked steps are never visited) and the mask, applied in every step, from
-AttentionPair::sees. The dK/dV and dQ kernels can add to their target instead of overwriting it: the
-staged bf16 result and the target's value are summed in fp32 at the store (two roundings per
-accumulation, the price of keeping the accumulators' register budget, hence occupancy, exactly as in the
-overwriting case).
+AttentionPair::sees. Grouped-query attention only changes which heads a block reads: the forward and dQ
+blocks belong to a query head and read the K/V head of its group (pair.kv_head_of), a dK/dV block belongs to a
+K/V head and runs the query steps of its group's query heads one head after another (v sits pair.v_offset
+after k, in the keys and in their gradients). The dK/dV and dQ kernels can add to their target instead of
+overwriting it: the staged bf16 result and the target's value are summed in fp32 at the store (two
+roundings per accumulation, the price of keeping the accumulators' register budget, hence occupancy,
+exactly as in the overwriting case).
 
 Scores are kept in log2 units: s * log2(e) / sqrt(HS), so each exponential is one exp2 (a single instruction
 on the GPU); lse is converted back to the natural log on the way out and in.
@@ -183,9 +186,10 @@ __device__ __forceinline__ int fragment_row(int e) { return (threadIdx.x % 32) /
 __device__ __forceinline__ int fragment_column(int n, int e) { return 8 * n + 2 * (threadIdx.x % 4) + e % 2; }
 
 // ----------------------------------------------------------------------------
-// forward: block (query tile of 64, h, b), the longest blocks (last query tiles) first. Key steps of 64 from
-// key 0 to the last key a row of the tile sees (the diagonal for self-attention; llmc/kernels/attention.cuh's
-// AttentionPair in general). Warp w: query rows 16 w .. 16 w + 15 of the tile.
+// forward: block (query tile of 64, query head h, b), reading K/V head h / G; the longest blocks (last query
+// tiles) first. Key steps of 64 from key 0 to the last key a row of the tile sees (the diagonal for
+// self-attention; llmc/kernels/attention.cuh's AttentionPair in general). Warp w: query rows 16 w .. 16 w + 15
+// of the tile.
 
 template <int HS>
 __global__ void __launch_bounds__(kMmaAttentionThreads)
@@ -197,15 +201,15 @@ attention_forward_mma_kernel(floatX* out, float* lse, AttentionPair pair, int NH
     floatX* v_tiles = k_tiles + 2 * tile_elements;                         // two buffers of value steps
 
     const int query_tile = gridDim.x - 1 - blockIdx.x;
-    const int h = blockIdx.y;
+    const int h = blockIdx.y;                         // the query head; it reads K/V head h / G
     const int b = blockIdx.z;
-    const int C = NH * HS;
-    const size_t qkv_row_stride = 3 * (size_t)C;      // query rows
+    const int C = NH * HS;                            // out's row
+    const size_t qkv_row_stride = pair.q_row_stride;  // query rows
     const size_t kv_row_stride = pair.kv_row_stride;  // key and value rows
     const int Tq = pair.Tq, Tk = pair.Tk;
-    const floatX* q_head = pair.q_head(b, h, NH, HS);
-    const floatX* k_head = pair.k_head(b, h, HS);
-    const floatX* v_head = k_head + C;
+    const floatX* q_head = pair.q_head(b, h, HS);
+    const floatX* k_head = pair.k_head(b, pair.kv_head_of(h), HS);
+    const floatX* v_head = k_head + pair.v_offset;
     const int warp_row = 16 * (threadIdx.x / 32);  // the warp's first row within the tile
     const int first_query = query_tile * kMmaBlockRows;
     const float scale_log2 = kLog2e / sqrtf((float)HS);
@@ -330,10 +334,13 @@ attention_forward_mma_kernel(floatX* out, float* lse, AttentionPair pair, int NH
 }
 
 // ----------------------------------------------------------------------------
-// backward, dK and dV: block (key tile of 64, h, b), the longest blocks (first key tiles) first. Query
-// steps of 32 from the first query that sees the tile's first key (the tile's first key itself for
-// self-attention) to the end. Warp w: key rows 16 w .. 16 w + 15. Everything is
-// computed transposed (keys as rows), so that the block's own keys are the rows of every accumulator.
+// backward, dK and dV: block (key tile of 64, K/V head g, b), the longest blocks (first key tiles) first. For
+// each query head of the group (g G .. g G + G - 1, in that order), query steps of 32 from the first query
+// that sees the tile's first key (the tile's first key itself for self-attention) to the end: one sequence
+// of G x (steps per head) steps, so the double buffering runs on from one head's last step into the next
+// head's first, and every head's terms land in the same dK, dV accumulators in a fixed order (the group
+// sum of llmc/kernels/attention.cuh). Warp w: key rows 16 w .. 16 w + 15. Everything is computed transposed
+// (keys as rows), so that the block's own keys are the rows of every accumulator.
 
 template <int HS, bool ACCUMULATE>
 __global__ void __launch_bounds__(kMmaAttentionThreads)
@@ -350,31 +357,42 @@ attention_backward_dkdv_mma_kernel(floatX* dkv_target, const floatX* dout, Atten
     float* d_steps = lse_steps + 2 * kBackwardStep;                              // [2][32]
 
     const int key_tile = blockIdx.x;
-    const int h = blockIdx.y;
+    const int kv_head = blockIdx.y;                   // g: its query heads are g G .. g G + G - 1
     const int b = blockIdx.z;
-    const int C = NH * HS;
-    const size_t qkv_row_stride = 3 * (size_t)C;      // query rows
+    const int C = NH * HS;                            // dout's row
+    const size_t qkv_row_stride = pair.q_row_stride;  // query rows
     const size_t kv_row_stride = pair.kv_row_stride;  // key and value rows, and their dK, dV
     const int Tq = pair.Tq, Tk = pair.Tk;
-    const floatX* q_head = pair.q_head(b, h, NH, HS);
-    const floatX* k_head = pair.k_head(b, h, HS);
-    const floatX* v_head = k_head + C;
-    const floatX* dout_head = dout + (size_t)b * Tq * C + h * HS;
-    const float* lse_head = lse + ((size_t)b * NH + h) * Tq;
-    const float* d_head = D + ((size_t)b * NH + h) * Tq;
+    const floatX* k_head = pair.k_head(b, kv_head, HS);
+    const floatX* v_head = k_head + pair.v_offset;
     const int warp_row = 16 * (threadIdx.x / 32);
     const int first_key = key_tile * kMmaBlockRows;
     const int query_start = pair.first_query_seeing(first_key);
-    const int steps = query_start < Tq ? ceil_div(Tq - query_start, kBackwardStep) : 0;
+    const int head_steps = query_start < Tq ? ceil_div(Tq - query_start, kBackwardStep) : 0;  // per query head
+    const int steps = pair.group * head_steps;
     if (ACCUMULATE && steps == 0) return;  // no query sees these keys: nothing to add
     const float scale = 1.0f / sqrtf((float)HS);
     const float scale_log2 = scale * kLog2e;
+    // step s is query step s % head_steps of the group's query head s / head_steps: head by head, in order
+    const int first_head = kv_head * pair.group;  // the group's query heads, from here on
+    const floatX* q_group = pair.q_head(b, first_head, HS);
+    const floatX* dout_group = dout + (size_t)b * Tq * C + first_head * HS;
+    const float* lse_group = lse + ((size_t)b * NH + first_head) * Tq;
+    const float* d_group = D + ((size_t)b * NH + first_head) * Tq;
+    auto first_query_of_step = [&](int step) {
+        return query_start + index_remainder(step, head_steps) * kBackwardStep;
+    };
 
     // queries, output gradients, lse and D of step `step` into buffer step % 2 (lse and D by plain stores:
     // they are read after the same barrier as the asynchronous copies)
     auto load_query_step = [&](int step) {
-        const int first_query = query_start + step * kBackwardStep;
+        const int head = index_quotient(step, head_steps);  // within the group
+        const int first_query = first_query_of_step(step);
         const int buffer = step % 2;
+        const floatX* q_head = q_group + head * HS;
+        const floatX* dout_head = dout_group + head * HS;
+        const float* lse_head = lse_group + head * Tq;
+        const float* d_head = d_group + head * Tq;
         load_rows_async<HS, kBackwardStep>(q_steps + buffer * step_elements, q_head, qkv_row_stride, first_query, Tq);
         load_rows_async<HS, kBackwardStep>(dout_steps + buffer * step_elements, dout_head, C, first_query, Tq);
         if (threadIdx.x < kBackwardStep) {
@@ -425,7 +443,7 @@ attention_backward_dkdv_mma_kernel(floatX* dkv_target, const floatX* dout, Atten
         }
 
         // P^T = exp(S^T scale - lse) where visible, dS^T = P^T (dP^T - D)
-        const int first_query = query_start + step * kBackwardStep;
+        const int first_query = first_query_of_step(step);
         #pragma unroll
         for (int n = 0; n < kBackwardStep / 8; n++)
             #pragma unroll
@@ -461,15 +479,15 @@ attention_backward_dkdv_mma_kernel(floatX* dkv_target, const floatX* dout, Atten
     stage_accumulators<HS>(k_tile, warp_row, dk, scale, scale);
     stage_accumulators<HS>(v_tile, warp_row, dv, 1.0f, 1.0f);
     __syncthreads();
-    floatX* dk_head = dkv_target + (size_t)b * Tk * kv_row_stride + h * HS;
+    floatX* dk_head = dkv_target + (size_t)b * Tk * kv_row_stride + kv_head * HS;
     store_rows<HS, kMmaBlockRows>(dk_head, kv_row_stride, k_tile, first_key, Tk, ACCUMULATE);
-    store_rows<HS, kMmaBlockRows>(dk_head + C, kv_row_stride, v_tile, first_key, Tk, ACCUMULATE);
+    store_rows<HS, kMmaBlockRows>(dk_head + pair.v_offset, kv_row_stride, v_tile, first_key, Tk, ACCUMULATE);
 }
 
 // ----------------------------------------------------------------------------
-// backward, dQ: block (query tile of 64, h, b), the longest blocks (last query tiles) first. Key steps of
-// 32 from 0 to the last key a row of the tile sees (the diagonal for self-attention). Warp w: query rows
-// 16 w .. 16 w + 15.
+// backward, dQ: block (query tile of 64, query head h, b), reading K/V head h / G; the longest blocks (last
+// query tiles) first. Key steps of 32 from 0 to the last key a row of the tile sees (the diagonal for
+// self-attention). Warp w: query rows 16 w .. 16 w + 15.
 
 template <int HS, bool ACCUMULATE>
 __global__ void __launch_bounds__(kMmaAttentionThreads)
@@ -486,13 +504,13 @@ attention_backward_dq_mma_kernel(floatX* dq_target, const floatX* dout, Attentio
     const int query_tile = gridDim.x - 1 - blockIdx.x;
     const int h = blockIdx.y;
     const int b = blockIdx.z;
-    const int C = NH * HS;
-    const size_t qkv_row_stride = 3 * (size_t)C;      // query rows, and their dQ
+    const int C = NH * HS;                            // dout's row
+    const size_t qkv_row_stride = pair.q_row_stride;  // query rows, and their dQ
     const size_t kv_row_stride = pair.kv_row_stride;  // key and value rows
     const int Tq = pair.Tq, Tk = pair.Tk;
-    const floatX* q_head = pair.q_head(b, h, NH, HS);
-    const floatX* k_head = pair.k_head(b, h, HS);
-    const floatX* v_head = k_head + C;
+    const floatX* q_head = pair.q_head(b, h, HS);
+    const floatX* k_head = pair.k_head(b, pair.kv_head_of(h), HS);
+    const floatX* v_head = k_head + pair.v_offset;
     const floatX* dout_head = dout + (size_t)b * Tq * C + h * HS;
     const int warp_row = 16 * (threadIdx.x / 32);
     const int first_query = query_tile * kMmaBlockRows;
@@ -617,15 +635,17 @@ void launch_attention_forward(floatX* out, float* lse, const AttentionPair& pair
 }
 
 // the dK/dV and dQ kernels, once D is in place: dK, dV into dkv_target in the keys' layout (pair.kv_row_stride
-// per row, dV C after dK), dQ into the q columns of dq_target (B, Tq, 3C), written or (ACCUMULATE) added
+// per row, dV pair.v_offset after dK), dQ into the q columns of dq_target (rows of pair.q_row_stride), written
+// or (ACCUMULATE) added. dK/dV: a block per key tile and K/V head; dQ: per query tile and query head.
 template <int HS, bool ACCUMULATE>
 void launch_attention_backward(floatX* dq_target, floatX* dkv_target, const float* D, const floatX* dout,
-                               const AttentionPair& pair, const float* lse, int B, int NH, cudaStream_t stream) {
+                               const AttentionPair& pair, const float* lse, int B, int NH, int KVH,
+                               cudaStream_t stream) {
     constexpr size_t dkdv_bytes = attention_dkdv_shared_bytes<HS>();
     constexpr size_t dq_bytes = attention_dq_shared_bytes<HS>();
     opt_in_shared_memory(attention_backward_dkdv_mma_kernel<HS, ACCUMULATE>, dkdv_bytes);
     opt_in_shared_memory(attention_backward_dq_mma_kernel<HS, ACCUMULATE>, dq_bytes);
-    launch(attention_backward_dkdv_mma_kernel<HS, ACCUMULATE>, dim3(ceil_div(pair.Tk, kMmaBlockRows), NH, B),
+    launch(attention_backward_dkdv_mma_kernel<HS, ACCUMULATE>, dim3(ceil_div(pair.Tk, kMmaBlockRows), KVH, B),
            dim3(kMmaAttentionThreads), dkdv_bytes, stream, dkv_target, dout, pair, lse, D, NH);
     launch(attention_backward_dq_mma_kernel<HS, ACCUMULATE>, dim3(ceil_div(pair.Tq, kMmaBlockRows), NH, B),
            dim3(kMmaAttentionThreads), dq_bytes, stream, dq_target, dout, pair, lse, D, NH);

@@ -39,7 +39,9 @@ computes attention of its queries against it:
 Each (query chunk, key chunk) pair gives a partial output and log-sum-exp over its keys, merged into the
 running result (attention_merge: the exact softmax over the union). Under zigzag a pair is the diagonal,
 wholly visible or wholly masked (skipped). The next block travels on a stream of its own while the
-compute stream works on the one in hand. Only the k and v columns travel, packed as (B, Tc, 2C).
+compute stream works on the one in hand. Only the k and v columns travel, packed as (B, Tc, 2 Ckv'): the
+K/V heads alone, so with grouped-query attention (fewer K/V heads than query heads, llmc/kernels/attention.cuh)
+the blocks, and the ring's bytes, shrink with them.
 The backward pass uses the merged lse and D = rowsum(dO * O) of the merged output, so every pair's
 gradient is exact on its own (attention_backward_pair): dQ accumulates where the queries are, and dK, dV
 of a block accumulate in a buffer that travels with the block, visits every rank, and comes home after
@@ -47,17 +49,23 @@ cp passes.
 
 Ulysses (--cp-mode ulysses; Jacobs et al. 2023). An all-to-all turns the qkv rows from "my T/cp positions,
 all heads" into "all T positions, my heads / cp": attention then runs on whole sequences with no mask
-offsets at all, and another all-to-all turns its output back. Heads (per tp rank) must divide by cp. The
-backward pass sends dO to the heads' owners (and O again, for D), and dqkv back.
+offsets at all, and another all-to-all turns its output back. cp rank d gets part d of the query heads
+and part d of the K/V heads, so both (per tp rank) must divide by cp; then a query head and the K/V head
+of its group land on the same rank (query heads d NH'/cp .. read K/V heads from d KVH'/cp on, as
+NH'/cp = G KVH'/cp), and each rank runs grouped attention with NH'/cp and KVH'/cp heads. The backward
+pass sends dO to the heads' owners (and O again, for D), and dqkv back.
 
-Bytes sent per rank and micro-step on the cp axis (s = sizeof(floatX), N = B T/cp rows per rank, C' = C/tp
-the channels this tp rank's heads have, l the layers a rank runs, F the forward passes per layer: 2 under
---recompute full, which runs every block forward again before its backward pass, else 1):
-  ring      a block of K/V is N 2C' values; forward: cp-1 passes of it; backward: cp-1 passes of the block
-            and cp of its gradient                                  ((cp-1) F + 2cp - 1) l 2 N C' s
-  ulysses   an all-to-all of n values sends (cp-1)/cp n; forward: qkv (3 N C') and the output (N C');
-            backward: dO and O (N C' each) and dqkv (3 N C')       (4 F + 5) l (cp-1)/cp N C' s
-cp_bytes_per_step is this formula; the layout test compares it with the bytes counted.
+Bytes sent per rank and micro-step on the cp axis (s = sizeof(floatX), N = B T/cp rows per rank, Cq' and
+Ckv' the columns of this tp rank's query heads and of its key (or value) heads, W' = Cq' + 2 Ckv' a qkv row,
+l the layers a rank runs, F the forward passes per layer: 2 under --recompute full, which runs every block
+forward again before its backward pass, else 1):
+  ring      a block of K/V is N 2 Ckv' values; forward: cp-1 passes of it; backward: cp-1 passes of the
+            block and cp of its gradient                            ((cp-1) F + 2cp - 1) l 2 N Ckv' s
+  ulysses   an all-to-all of n values sends (cp-1)/cp n; forward: qkv (N W') and the output (N Cq');
+            backward: dO and O (N Cq' each) and dqkv (N W')     ((F + 1) W' + (F + 2) Cq') l (cp-1)/cp N s
+Without grouping (Ckv' = Cq' = C', W' = 3 C') these are ((cp-1) F + 2cp - 1) l 2 N C' s and
+(4 F + 5) l (cp-1)/cp N C' s. cp_bytes_per_step is this formula; the layout test compares it with the bytes
+counted.
 */
 #pragma once
 
@@ -132,15 +140,15 @@ struct ContextParallel {
     // ring: the blocks travel on `stream`, beside the attention on the compute stream
     cudaStream_t stream = nullptr;
     cudaEvent_t block_ready = nullptr, block_arrived = nullptr;
-    floatX* key_values[2] = {};    // (N, 2C') the K/V block in hand and the one arriving
-    floatX* dkey_values[2] = {};   // (N, 2C') their gradients, travelling with them in the backward pass
-    floatX* partial_out = nullptr; // (B Tc, C') one pair's output, before it is merged
+    floatX* key_values[2] = {};    // (N, 2 Ckv') the K/V block in hand and the one arriving
+    floatX* dkey_values[2] = {};   // (N, 2 Ckv') their gradients, travelling with them in the backward pass
+    floatX* partial_out = nullptr; // (B Tc, Cq') one pair's output, before it is merged
     float* partial_lse = nullptr;  // (B, NH', Tc)
     // ulysses: the all-to-all's messages, and the head-sharded output and its gradient
-    floatX* message_out = nullptr; // (N, 3C')
-    floatX* message_in = nullptr;  // (N, 3C')
-    floatX* heads_out = nullptr;   // (B T, C'/cp)
-    floatX* heads_dout = nullptr;  // (B T, C'/cp)
+    floatX* message_out = nullptr; // (N, W') (W' = Cq' + 2 Ckv', a qkv row)
+    floatX* message_in = nullptr;  // (N, W')
+    floatX* heads_out = nullptr;   // (B T, Cq'/cp)
+    floatX* heads_dout = nullptr;  // (B T, Cq'/cp)
     // measuring (cp_begin_measuring): events around this rank's attention kernels, in (start, end) pairs;
     // the ring's waits fall outside them. Mutable: the passes get the group as const and only add marks.
     bool measuring = false;
@@ -210,27 +218,48 @@ inline SequenceSplit cp_split_from_name(const std::string& name) {
 }
 
 // ----------------------------------------------------------------------------
-// the group's buffers and stream (B sequences of T_local rows, C' channels and NH' heads per tp rank)
+// the group's buffers and stream (B sequences of T_local rows; `heads` the head geometry of a tp rank)
 
-inline void cp_create(ContextParallel& cp, int B, int T_local, int channels, int heads) {
+// Ulysses hands each cp rank part of the query heads and the same part of the K/V heads: one line saying
+// why it cannot ("" when it can).
+inline std::string ulysses_heads_error(int cp, const AttentionHeads& heads) {
+    char text[256];
+    text[0] = '\0';
+    if (heads.q_heads % cp != 0 || heads.kv_heads % cp != 0)
+        snprintf(text, sizeof(text), "Ulysses cp %d must divide the %d query heads and the %d key/value heads of "
+                 "each tp rank", cp, heads.q_heads, heads.kv_heads);
+    return text;
+}
+inline void ulysses_check_heads(int cp, const AttentionHeads& heads) {
+    const std::string error = ulysses_heads_error(cp, heads);
+    if (!error.empty()) fatal("%s", error.c_str());
+}
+
+inline void cp_create(ContextParallel& cp, int B, int T_local, AttentionHeads heads) {
     if (cp.size == 1) return;
-    const size_t N = (size_t)B * T_local, C = channels;
+    check_attention_heads(heads);
+    const size_t N = (size_t)B * T_local;
     if (cp.mode == ContextParallelMode::Ring) {
         cudaCheck(cudaStreamCreateWithFlags(&cp.stream, cudaStreamNonBlocking));
         cudaCheck(cudaEventCreateWithFlags(&cp.block_ready, cudaEventDisableTiming));
         cudaCheck(cudaEventCreateWithFlags(&cp.block_arrived, cudaEventDisableTiming));
+        const size_t block = N * 2 * heads.kv_columns();  // packed K/V rows: the K/V heads only
         for (int i = 0; i < 2; i++) {
-            cp.key_values[i] = tracked_alloc<floatX>(N * 2 * C, MemoryKind::Workspace, "ring K/V blocks");
-            cp.dkey_values[i] = tracked_alloc<floatX>(N * 2 * C, MemoryKind::Workspace, "ring dK/dV blocks");
+            cp.key_values[i] = tracked_alloc<floatX>(block, MemoryKind::Workspace, "ring K/V blocks");
+            cp.dkey_values[i] = tracked_alloc<floatX>(block, MemoryKind::Workspace, "ring dK/dV blocks");
         }
         const size_t chunk_rows = N / cp_chunks_per_rank(cp.split);
-        cp.partial_out = tracked_alloc<floatX>(chunk_rows * C, MemoryKind::Workspace, "ring partial output");
-        cp.partial_lse = tracked_alloc<float>(chunk_rows * heads, MemoryKind::Workspace, "ring partial lse");
+        cp.partial_out = tracked_alloc<floatX>(chunk_rows * heads.q_columns(), MemoryKind::Workspace,
+                                               "ring partial output");
+        cp.partial_lse = tracked_alloc<float>(chunk_rows * heads.q_heads, MemoryKind::Workspace, "ring partial lse");
     } else {
-        cp.message_out = tracked_alloc<floatX>(N * 3 * C, MemoryKind::Workspace, "ulysses messages");
-        cp.message_in = tracked_alloc<floatX>(N * 3 * C, MemoryKind::Workspace, "ulysses messages");
-        cp.heads_out = tracked_alloc<floatX>(N * C, MemoryKind::Workspace, "ulysses head-sharded output");
-        cp.heads_dout = tracked_alloc<floatX>(N * C, MemoryKind::Workspace, "ulysses head-sharded output gradient");
+        ulysses_check_heads(cp.size, heads);
+        cp.message_out = tracked_alloc<floatX>(N * heads.qkv_columns(), MemoryKind::Workspace, "ulysses messages");
+        cp.message_in = tracked_alloc<floatX>(N * heads.qkv_columns(), MemoryKind::Workspace, "ulysses messages");
+        cp.heads_out = tracked_alloc<floatX>(N * heads.q_columns(), MemoryKind::Workspace,
+                                             "ulysses head-sharded output");
+        cp.heads_dout = tracked_alloc<floatX>(N * heads.q_columns(), MemoryKind::Workspace,
+                                              "ulysses head-sharded output gradient");
     }
 }
 
@@ -311,54 +340,60 @@ inline void cp_ring_arrived(const ContextParallel& cp, cudaStream_t stream) {
     cudaCheck(cudaStreamWaitEvent(stream, cp.block_arrived, 0));
 }
 
-// The k and v columns of qkv (N, 3C) packed into kv (N, 2C), or (unpack) dk, dv from dkv into dqkv's.
-inline void cp_pack_key_values(floatX* kv, const floatX* qkv, size_t N, int C, cudaStream_t stream) {
-    cudaCheck(cudaMemcpy2DAsync(kv, 2 * C * sizeof(floatX), qkv + C, 3 * C * sizeof(floatX), 2 * C * sizeof(floatX),
-                                N, cudaMemcpyDeviceToDevice, stream));
+// The k and v columns of qkv (N, Cq' + 2 Ckv') packed into kv (N, 2 Ckv'), or (unpack) dk, dv from dkv into
+// dqkv's.
+inline void cp_pack_key_values(floatX* kv, const floatX* qkv, size_t N, const AttentionHeads& heads,
+                               cudaStream_t stream) {
+    const size_t packed = 2 * heads.kv_columns() * sizeof(floatX), row = heads.qkv_columns() * sizeof(floatX);
+    cudaCheck(cudaMemcpy2DAsync(kv, packed, qkv + heads.q_columns(), row, packed, N, cudaMemcpyDeviceToDevice, stream));
 }
-inline void cp_unpack_key_values(floatX* dqkv, const floatX* dkv, size_t N, int C, cudaStream_t stream) {
-    cudaCheck(cudaMemcpy2DAsync(dqkv + C, 3 * C * sizeof(floatX), dkv, 2 * C * sizeof(floatX), 2 * C * sizeof(floatX),
-                                N, cudaMemcpyDeviceToDevice, stream));
+inline void cp_unpack_key_values(floatX* dqkv, const floatX* dkv, size_t N, const AttentionHeads& heads,
+                                 cudaStream_t stream) {
+    const size_t packed = 2 * heads.kv_columns() * sizeof(floatX), row = heads.qkv_columns() * sizeof(floatX);
+    cudaCheck(cudaMemcpy2DAsync(dqkv + heads.q_columns(), row, dkv, packed, packed, N, cudaMemcpyDeviceToDevice,
+                                stream));
 }
 
 // Calls fn(query chunk, key chunk) for every pair of this rank's query chunks and the chunks of rank
 // `source`'s block in which some query sees some key.
 template <class Function>
 void cp_for_each_visible_pair(const ContextParallel& cp, int source, int B, int T_local, const floatX* qkv,
-                              const floatX* kv, int C, Function&& fn) {
+                              const floatX* kv, const AttentionHeads& heads, Function&& fn) {
     const std::vector<SequenceChunk> queries = cp_sequence_chunks(cp, B, T_local);
     const std::vector<SequenceChunk> keys = cp_chunks_of_rank(cp, source, B, T_local);
+    const size_t qkv_row = heads.qkv_columns(), kv_row = 2 * heads.kv_columns();
     for (int q = 0; q < (int)queries.size(); q++)
         for (int k = 0; k < (int)keys.size(); k++) {
             if (keys[k].position > queries[q].position + queries[q].T - 1) continue;  // wholly masked
-            fn(q, queries[q], AttentionBlock{qkv + (size_t)queries[q].first_row * 3 * C, queries[q].T, queries[q].position},
-               k, packed_key_values(kv + (size_t)keys[k].first_row * 2 * C, keys[k].T, keys[k].position, C));
+            fn(q, queries[q], AttentionBlock{qkv + queries[q].first_row * qkv_row, queries[q].T, queries[q].position},
+               k, packed_key_values(kv + keys[k].first_row * kv_row, keys[k].T, keys[k].position, heads));
         }
 }
 
-// out (N, C), lse (chunks B, NH, Tc) over every position up to each row's, from this rank's qkv (N, 3C).
+// out (N, Cq'), lse (chunks B, NH', Tc) over every position up to each row's, from this rank's qkv
+// (N, Cq' + 2 Ckv').
 inline void ring_attention_forward(const ContextParallel& cp, floatX* out, float* lse, const floatX* qkv, int B,
-                                   int T_local, int C, int NH, cudaStream_t stream) {
-    const size_t N = (size_t)B * T_local;
+                                   int T_local, AttentionHeads heads, cudaStream_t stream) {
+    const size_t N = (size_t)B * T_local, block = N * 2 * heads.kv_columns();
     const int chunks = cp_chunks_per_rank(cp.split), Tc = T_local / chunks;
     std::vector<bool> started(chunks, false);
     int in_hand = 0;
-    cp_pack_key_values(cp.key_values[in_hand], qkv, N, C, stream);
+    cp_pack_key_values(cp.key_values[in_hand], qkv, N, heads, stream);
     for (int step = 0; step < cp.size; step++) {
         const int source = (cp.rank - step + cp.size) % cp.size;  // whose block is in hand
         const bool more = step + 1 < cp.size;
-        if (more) cp_ring_pass(cp, cp.key_values[in_hand], cp.key_values[1 - in_hand], N * 2 * C, stream);
+        if (more) cp_ring_pass(cp, cp.key_values[in_hand], cp.key_values[1 - in_hand], block, stream);
         cp_mark(cp, stream);
-        cp_for_each_visible_pair(cp, source, B, T_local, qkv, cp.key_values[in_hand], C,
+        cp_for_each_visible_pair(cp, source, B, T_local, qkv, cp.key_values[in_hand], heads,
                                  [&](int q, const SequenceChunk& chunk, AttentionBlock queries, int, KeyValueBlock keys) {
-            floatX* chunk_out = out + (size_t)chunk.first_row * C;
-            float* chunk_lse = lse + (size_t)q * B * NH * Tc;
+            floatX* chunk_out = out + (size_t)chunk.first_row * heads.q_columns();
+            float* chunk_lse = lse + (size_t)q * B * heads.q_heads * Tc;
             if (!started[q]) {
-                attention_forward_pair(chunk_out, chunk_lse, queries, keys, B, C, NH, stream);
+                attention_forward_pair(chunk_out, chunk_lse, queries, keys, B, heads, stream);
                 started[q] = true;
             } else {
-                attention_forward_pair(cp.partial_out, cp.partial_lse, queries, keys, B, C, NH, stream);
-                attention_merge(chunk_out, chunk_lse, cp.partial_out, cp.partial_lse, B, Tc, C, NH, stream);
+                attention_forward_pair(cp.partial_out, cp.partial_lse, queries, keys, B, heads, stream);
+                attention_merge(chunk_out, chunk_lse, cp.partial_out, cp.partial_lse, B, Tc, heads, stream);
             }
         });
         cp_mark(cp, stream);
@@ -369,56 +404,80 @@ inline void ring_attention_forward(const ContextParallel& cp, floatX* out, float
     }
 }
 
-// dqkv (N, 3C) is overwritten with the gradient of this rank's qkv; D: workspace of chunks B NH Tc floats.
+// dqkv (N, Cq' + 2 Ckv') is overwritten with the gradient of this rank's qkv; D: workspace of chunks B NH' Tc
+// floats.
 inline void ring_attention_backward(const ContextParallel& cp, floatX* dqkv, float* D, const floatX* dout,
-                                    const floatX* qkv, const floatX* out, const float* lse, int B, int T_local, int C,
-                                    int NH, cudaStream_t stream) {
-    const size_t N = (size_t)B * T_local;
+                                    const floatX* qkv, const floatX* out, const float* lse, int B, int T_local,
+                                    AttentionHeads heads, cudaStream_t stream) {
+    const size_t N = (size_t)B * T_local, block = N * 2 * heads.kv_columns();
     const int chunks = cp_chunks_per_rank(cp.split), Tc = T_local / chunks;
+    const size_t chunk_lse = (size_t)B * heads.q_heads * Tc;  // lse and D values of one query chunk
     // the chunks are (chunks B) sequences of Tc rows as far as D's row sums go
-    attention_backward_preprocess(D, dout, out, chunks * B, Tc, C, NH, stream);
-    cudaCheck(cudaMemsetAsync(dqkv, 0, N * 3 * C * sizeof(floatX), stream));  // dQ accumulates here
+    attention_backward_preprocess(D, dout, out, chunks * B, Tc, heads, stream);
+    cudaCheck(cudaMemsetAsync(dqkv, 0, N * heads.qkv_columns() * sizeof(floatX), stream));  // dQ accumulates here
     int in_hand = 0;
-    cp_pack_key_values(cp.key_values[in_hand], qkv, N, C, stream);
-    cudaCheck(cudaMemsetAsync(cp.dkey_values[in_hand], 0, N * 2 * C * sizeof(floatX), stream));
+    cp_pack_key_values(cp.key_values[in_hand], qkv, N, heads, stream);
+    cudaCheck(cudaMemsetAsync(cp.dkey_values[in_hand], 0, block * sizeof(floatX), stream));
     for (int step = 0; step < cp.size; step++) {
         const int source = (cp.rank - step + cp.size) % cp.size;
-        if (step + 1 < cp.size) cp_ring_pass(cp, cp.key_values[in_hand], cp.key_values[1 - in_hand], N * 2 * C, stream);
+        if (step + 1 < cp.size) cp_ring_pass(cp, cp.key_values[in_hand], cp.key_values[1 - in_hand], block, stream);
         cp_mark(cp, stream);
-        cp_for_each_visible_pair(cp, source, B, T_local, qkv, cp.key_values[in_hand], C,
+        cp_for_each_visible_pair(cp, source, B, T_local, qkv, cp.key_values[in_hand], heads,
                                  [&](int q, const SequenceChunk& chunk, AttentionBlock queries, int k, KeyValueBlock keys) {
             const size_t row_of_key = (size_t)k * B * Tc;  // the key chunk's first row in the block
-            attention_backward_pair(dqkv + (size_t)chunk.first_row * 3 * C, cp.dkey_values[in_hand] + row_of_key * 2 * C,
-                                    D + (size_t)q * B * NH * Tc, dout + (size_t)chunk.first_row * C,
-                                    lse + (size_t)q * B * NH * Tc, queries, keys, B, C, NH, stream);
+            attention_backward_pair(dqkv + (size_t)chunk.first_row * heads.qkv_columns(),
+                                    cp.dkey_values[in_hand] + row_of_key * 2 * heads.kv_columns(), D + q * chunk_lse,
+                                    dout + (size_t)chunk.first_row * heads.q_columns(), lse + q * chunk_lse, queries,
+                                    keys, B, heads, stream);
         });
         cp_mark(cp, stream);
         // the block's gradient moves on with it (after the last step it arrives home); the stream that
         // carried the block carries it too, so the ring's messages keep one order on every rank
-        cp_ring_pass(cp, cp.dkey_values[in_hand], cp.dkey_values[1 - in_hand], N * 2 * C, stream);
+        cp_ring_pass(cp, cp.dkey_values[in_hand], cp.dkey_values[1 - in_hand], block, stream);
         cp_ring_arrived(cp, stream);
         in_hand = 1 - in_hand;
     }
-    cp_unpack_key_values(dqkv, cp.dkey_values[in_hand], N, C, stream);
+    cp_unpack_key_values(dqkv, cp.dkey_values[in_hand], N, heads, stream);
 }
 
 // ----------------------------------------------------------------------------
 // Ulysses: all-to-alls between "my rows, all heads" and "all rows, my heads"
 //
-// A row of `groups` column groups (qkv: q, k, v; the output: one), each of cp parts of w = C'/cp columns:
-// rank d's heads are part d of every group. The message for rank d holds, for each of the sender's rows in
-// order, its part d of each group: message[d][row][group][0..w).
+// A row of `groups` column groups (qkv: q, k, v; the output: one), each cut into cp parts, one per rank:
+// the first group's parts `first` columns wide, the others' `rest` (qkv: Cq'/cp and Ckv'/cp, so that rank d
+// gets part d of the query heads and part d of the K/V heads; without grouping first = rest). Rank d's heads
+// are part d of every group. The message for rank d holds, for each of the sender's rows in order, its part
+// d of each group: message[d][row][0 .. first + (groups - 1) rest), which is a qkv (or output) row of the
+// head geometry rank d runs.
+struct UlyssesRow {
+    int groups;
+    int first;  // columns of one part of group 0
+    int rest;   // columns of one part of each further group
+    __host__ __device__ int part_columns() const { return first + (groups - 1) * rest; }  // one rank's share
+};
+inline UlyssesRow ulysses_qkv_row(const AttentionHeads& heads, int cp) {
+    return UlyssesRow{3, heads.q_columns() / cp, heads.kv_columns() / cp};
+}
+inline UlyssesRow ulysses_output_row(const AttentionHeads& heads, int cp) {
+    return UlyssesRow{1, heads.q_columns() / cp, 0};
+}
 
-// message[d][r][g][j] <-> sequence[r][g][d w + j] (to_message: sequence -> message)
-__global__ void ulysses_sequence_message_kernel(floatX* message, floatX* sequence, int rows, int groups, int w,
-                                                int cp, bool to_message) {
-    const size_t vectors = (size_t)cp * rows * groups * w / x128::size;
+// message[d][r][c] <-> sequence[r][column of part d's column c] (to_message: sequence -> message)
+__global__ void ulysses_sequence_message_kernel(floatX* message, floatX* sequence, int rows, UlyssesRow row, int cp,
+                                                bool to_message) {
+    const size_t part = row.part_columns(), sequence_row = (size_t)cp * part;
+    const size_t vectors = (size_t)cp * rows * part / x128::size;
     const GridStride share = grid_stride(vectors);
     for (size_t v = share.first; v < share.end; v += share.step) {
         const size_t index = v * x128::size;
-        const size_t j = index % w, g = index / w % groups, r = index / ((size_t)w * groups) % rows;
-        const size_t d = index / ((size_t)w * groups * rows);
-        floatX* in_sequence = sequence + (r * groups + g) * cp * w + d * w + j;
+        const size_t c = index % part, r = index / part % rows, d = index / (part * rows);
+        // group 0 spans sequence columns [0, cp first), group g >= 1 [cp first + (g-1) cp rest, ...); part d
+        // of a group starts d parts into it (a vector never crosses a part: both widths are multiples of HS)
+        const size_t column = c < (size_t)row.first
+                                  ? d * row.first + c
+                                  : (size_t)cp * row.first + (c - row.first) / row.rest * cp * row.rest +
+                                        d * row.rest + (c - row.first) % row.rest;
+        floatX* in_sequence = sequence + r * sequence_row + column;
         if (to_message) store128(message + index, load128(in_sequence));
         else store128(in_sequence, load128(message + index));
     }
@@ -443,11 +502,12 @@ __global__ void ulysses_heads_message_kernel(floatX* message, floatX* heads, int
     }
 }
 
-inline void ulysses_sequence_message(floatX* message, floatX* sequence, int rows, int groups, int w, int cp,
+inline void ulysses_sequence_message(floatX* message, floatX* sequence, int rows, UlyssesRow row, int cp,
                                      bool to_message, cudaStream_t stream) {
     const int block_size = 256;
-    launch(ulysses_sequence_message_kernel, grid_size_for((size_t)cp * rows * groups * w / x128::size, block_size),
-           block_size, 0, stream, message, sequence, rows, groups, w, cp, to_message);
+    launch(ulysses_sequence_message_kernel,
+           grid_size_for((size_t)cp * rows * row.part_columns() / x128::size, block_size), block_size, 0, stream,
+           message, sequence, rows, row, cp, to_message);
 }
 inline void ulysses_heads_message(floatX* message, floatX* heads, int B, int T_local, int width, int cp,
                                   SequenceSplit split, bool to_message, cudaStream_t stream) {
@@ -456,87 +516,99 @@ inline void ulysses_heads_message(floatX* message, floatX* heads, int B, int T_l
            block_size, 0, stream, message, heads, B, T_local, width, cp, split, to_message);
 }
 
-// sequence (N, groups C') -> heads (B T, groups C'/cp): this rank's heads of every row of the sequence
-inline void ulysses_to_heads(const ContextParallel& cp, floatX* heads, floatX* sequence, int B, int T_local, int groups,
-                             int C, cudaStream_t stream) {
-    const int rows = B * T_local, w = C / cp.size;
-    const size_t per_rank = (size_t)rows * groups * w;
-    ulysses_sequence_message(cp.message_out, sequence, rows, groups, w, cp.size, true, stream);
+// sequence (N, cp part) -> heads (B T, part): this rank's heads of every row of the sequence
+inline void ulysses_to_heads(const ContextParallel& cp, floatX* heads, floatX* sequence, int B, int T_local,
+                             UlyssesRow row, cudaStream_t stream) {
+    const int rows = B * T_local;
+    const size_t per_rank = (size_t)rows * row.part_columns();
+    ulysses_sequence_message(cp.message_out, sequence, rows, row, cp.size, true, stream);
     all_to_all(*cp.group, cp.message_in, cp.message_out, per_rank, stream);
-    ulysses_heads_message(cp.message_in, heads, B, T_local, groups * w, cp.size, cp.split, false, stream);
+    ulysses_heads_message(cp.message_in, heads, B, T_local, row.part_columns(), cp.size, cp.split, false, stream);
 }
-// heads (B T, groups C'/cp) -> sequence (N, groups C'): every head of this rank's rows
+// heads (B T, part) -> sequence (N, cp part): every head of this rank's rows
 inline void ulysses_to_sequence(const ContextParallel& cp, floatX* sequence, floatX* heads, int B, int T_local,
-                                int groups, int C, cudaStream_t stream) {
-    const int rows = B * T_local, w = C / cp.size;
-    const size_t per_rank = (size_t)rows * groups * w;
-    ulysses_heads_message(cp.message_out, heads, B, T_local, groups * w, cp.size, cp.split, true, stream);
+                                UlyssesRow row, cudaStream_t stream) {
+    const int rows = B * T_local;
+    const size_t per_rank = (size_t)rows * row.part_columns();
+    ulysses_heads_message(cp.message_out, heads, B, T_local, row.part_columns(), cp.size, cp.split, true, stream);
     all_to_all(*cp.group, cp.message_in, cp.message_out, per_rank, stream);
-    ulysses_sequence_message(cp.message_in, sequence, rows, groups, w, cp.size, false, stream);
+    ulysses_sequence_message(cp.message_in, sequence, rows, row, cp.size, false, stream);
 }
 
-// qkv (N, 3C') in: this rank's rows; out: its heads' q, k, v of every row (B T, 3C'/cp), kept that way for
-// the backward pass. out (N, C') this rank's rows; lse (B, NH'/cp, T) its heads'.
+// the heads one cp rank runs: its part of the query heads and of the K/V heads
+inline AttentionHeads ulysses_rank_heads(const ContextParallel& cp, const AttentionHeads& heads) {
+    ulysses_check_heads(cp.size, heads);
+    return AttentionHeads{heads.q_heads / cp.size, heads.kv_heads / cp.size, heads.head_size};
+}
+
+// qkv (N, W') in: this rank's rows; out: its heads' q, k, v of every row (B T, W'/cp), kept that way for the
+// backward pass. out (N, Cq') this rank's rows; lse (B, NH'/cp, T) its heads'.
 inline void ulysses_attention_forward(const ContextParallel& cp, floatX* out, float* lse, floatX* qkv, int B,
-                                      int T_local, int C, int NH, cudaStream_t stream) {
-    const int T = T_local * cp.size, C_heads = C / cp.size, NH_heads = NH / cp.size;
+                                      int T_local, AttentionHeads heads, cudaStream_t stream) {
+    const int T = T_local * cp.size;
+    const AttentionHeads mine = ulysses_rank_heads(cp, heads);
     // in place: the rows leave qkv for the message before the heads come back into it (as many values)
-    ulysses_to_heads(cp, qkv, qkv, B, T_local, 3, C, stream);
+    ulysses_to_heads(cp, qkv, qkv, B, T_local, ulysses_qkv_row(heads, cp.size), stream);
     cp_mark(cp, stream);
-    attention_forward(cp.heads_out, lse, qkv, B, T, C_heads, NH_heads, stream);
+    attention_forward(cp.heads_out, lse, qkv, B, T, mine, stream);
     cp_mark(cp, stream);
-    ulysses_to_sequence(cp, out, cp.heads_out, B, T_local, 1, C, stream);
+    ulysses_to_sequence(cp, out, cp.heads_out, B, T_local, ulysses_output_row(heads, cp.size), stream);
 }
 
-// dqkv (N, 3C') overwritten; qkv and lse as the forward pass left them, out and dout this rank's rows.
+// dqkv (N, W') overwritten; qkv and lse as the forward pass left them, out and dout this rank's rows.
 inline void ulysses_attention_backward(const ContextParallel& cp, floatX* dqkv, float* D, const floatX* dout,
                                        const floatX* qkv, const floatX* out, const float* lse, int B, int T_local,
-                                       int C, int NH, cudaStream_t stream) {
-    const int T = T_local * cp.size, C_heads = C / cp.size, NH_heads = NH / cp.size;
+                                       AttentionHeads heads, cudaStream_t stream) {
+    const int T = T_local * cp.size;
+    const AttentionHeads mine = ulysses_rank_heads(cp, heads);
+    const UlyssesRow output_row = ulysses_output_row(heads, cp.size);
     // (the kernels move values either way, so they take non-const pointers; these two are only read)
-    ulysses_to_heads(cp, cp.heads_dout, const_cast<floatX*>(dout), B, T_local, 1, C, stream);
-    ulysses_to_heads(cp, cp.heads_out, const_cast<floatX*>(out), B, T_local, 1, C, stream);
+    ulysses_to_heads(cp, cp.heads_dout, const_cast<floatX*>(dout), B, T_local, output_row, stream);
+    ulysses_to_heads(cp, cp.heads_out, const_cast<floatX*>(out), B, T_local, output_row, stream);
     // dqkv holds the head-sharded gradient first (as many values), then, in place, this rank's rows of it
     cp_mark(cp, stream);
-    attention_backward(dqkv, D, cp.heads_dout, qkv, cp.heads_out, lse, B, T, C_heads, NH_heads, stream);
+    attention_backward(dqkv, D, cp.heads_dout, qkv, cp.heads_out, lse, B, T, mine, stream);
     cp_mark(cp, stream);
-    ulysses_to_sequence(cp, dqkv, dqkv, B, T_local, 3, C, stream);
+    ulysses_to_sequence(cp, dqkv, dqkv, B, T_local, ulysses_qkv_row(heads, cp.size), stream);
 }
 
 // ----------------------------------------------------------------------------
-// attention on this rank's rows, whatever the layout (one rank: the plain kernels)
+// attention on this rank's rows, whatever the layout (one rank: the plain kernels); `heads` those of this
+// tp rank
 
 inline void cp_attention_forward(const ContextParallel& cp, floatX* out, float* lse, floatX* qkv, int B, int T_local,
-                                 int C, int NH, cudaStream_t stream) {
+                                 AttentionHeads heads, cudaStream_t stream) {
     if (cp.size == 1) {
         cp_mark(cp, stream);
-        attention_forward(out, lse, qkv, B, T_local, C, NH, stream);
+        attention_forward(out, lse, qkv, B, T_local, heads, stream);
         cp_mark(cp, stream);
-    } else if (cp.mode == ContextParallelMode::Ring) ring_attention_forward(cp, out, lse, qkv, B, T_local, C, NH, stream);
-    else ulysses_attention_forward(cp, out, lse, qkv, B, T_local, C, NH, stream);
+    } else if (cp.mode == ContextParallelMode::Ring) ring_attention_forward(cp, out, lse, qkv, B, T_local, heads, stream);
+    else ulysses_attention_forward(cp, out, lse, qkv, B, T_local, heads, stream);
 }
 
 inline void cp_attention_backward(const ContextParallel& cp, floatX* dqkv, float* D, const floatX* dout,
-                                  const floatX* qkv, const floatX* out, const float* lse, int B, int T_local, int C,
-                                  int NH, cudaStream_t stream) {
+                                  const floatX* qkv, const floatX* out, const float* lse, int B, int T_local,
+                                  AttentionHeads heads, cudaStream_t stream) {
     if (cp.size == 1) {
         cp_mark(cp, stream);
-        attention_backward(dqkv, D, dout, qkv, out, lse, B, T_local, C, NH, stream);
+        attention_backward(dqkv, D, dout, qkv, out, lse, B, T_local, heads, stream);
         cp_mark(cp, stream);
     } else if (cp.mode == ContextParallelMode::Ring)
-        ring_attention_backward(cp, dqkv, D, dout, qkv, out, lse, B, T_local, C, NH, stream);
-    else ulysses_attention_backward(cp, dqkv, D, dout, qkv, out, lse, B, T_local, C, NH, stream);
+        ring_attention_backward(cp, dqkv, D, dout, qkv, out, lse, B, T_local, heads, stream);
+    else ulysses_attention_backward(cp, dqkv, D, dout, qkv, out, lse, B, T_local, heads, stream);
 }
 
 // ----------------------------------------------------------------------------
 // the formula of the header comment: bytes this rank sends on the cp axis per step (m micro-steps, `layers`
-// blocks on this rank, forward_passes F per block and micro-step)
+// blocks on this rank, forward_passes F per block and micro-step; `heads` those of one tp rank)
 
-inline double cp_bytes_per_step(ContextParallelMode mode, int cp, int B, int T, int channels_per_tp_rank, int layers,
-                                 int forward_passes, int micro_steps, size_t value_bytes) {
+inline double cp_bytes_per_step(ContextParallelMode mode, int cp, int B, int T, const AttentionHeads& heads,
+                                 int layers, int forward_passes, int micro_steps, size_t value_bytes) {
     if (cp == 1) return 0.0;
-    const double N = (double)B * T / cp, C = channels_per_tp_rank, F = forward_passes;
-    const double per_layer = mode == ContextParallelMode::Ring ? ((cp - 1) * F + 2 * cp - 1) * 2 * N * C
-                                                               : (4 * F + 5) * (cp - 1) / (double)cp * N * C;
+    const double N = (double)B * T / cp, F = forward_passes;
+    const double Cq = heads.q_columns(), Ckv = heads.kv_columns(), W = heads.qkv_columns();
+    const double per_layer = mode == ContextParallelMode::Ring
+                                 ? ((cp - 1) * F + 2 * cp - 1) * 2 * N * Ckv
+                                 : ((F + 1) * W + (F + 2) * Cq) * (cp - 1) / (double)cp * N;
     return per_layer * layers * micro_steps * value_bytes;
 }

@@ -116,7 +116,8 @@ inline void parallel_create(ParallelContext& par, const Layout& asked, const GPT
     tp_check_context_parallel_rows(l.tp, l.sequence_parallel, T, l.cp);
 
     tp_streams_create(par.tp);
-    cp_create(par.cp, B, par.T_local, attention_heads(config.num_heads / l.tp, config.kv_heads / l.tp, config.head_size()));
+    cp_create(par.cp, B, par.T_local,
+              attention_heads(config.num_heads / l.tp, config.kv_heads / l.tp, config.head_size()));
 }
 
 // The part of the model this rank holds and how it keeps it (llmc/model/gpt2.cuh's gpt2_allocate takes it).

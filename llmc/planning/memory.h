@@ -174,8 +174,9 @@ struct ActivationBytes {
 //              rows (floor(N/64) + floor(N/65)) C and int encoder workspace 4N + 3 floor(N/65); the running
 //              loss sum, one double;
 //              under context parallelism (cp > 1): ring attention's K/V blocks and their gradients, two of
-//              each, 8 N c, and one chunk's partial output (N/k) c and lse (N/k) h, k the chunks per rank;
-//              or Ulysses' two messages 6 N c and the head-sharded output and its gradient 2 N c
+//              each, of the K/V heads only, 8 N kv (kv = KV HS / t, GPT-2: c), and one chunk's partial output
+//              (N/k) c and lse (N/k) h, k the chunks per rank; or Ulysses' two messages 2 N q and the
+//              head-sharded output and its gradient 2 N c
 // (the constants 64, 8, 3 and 4 are those of llmc/kernels/matmul.cuh, layernorm.cuh and cuda_common.cuh's
 // grid_size_for, 64 and 65 = 64 + 1 those of llmc/kernels/encoder.cuh; pinned host staging and read-back buffers
 // are host memory and not counted)
@@ -219,7 +220,9 @@ inline ActivationBytes gpt2_activation_bytes(const GPT2MemoryShape& shape, bool 
     const double softmax_stats = t > 1 && shape.last_stage ? 4 * N : 0;
     const double encoder = shape.first_stage ? encoder_partial_rows * C * f + (4 * N + 3 * encoder_heavy_tokens) * i : 0;
     const double k = shape.cp_chunks;
-    const double context = shape.cp == 1 ? 0 : shape.cp_ring ? 8 * N * c * s + N / k * (c * s + h * f) : 8 * N * c * s;
+    const double kv = KV * (C / shape.num_heads) / t;  // a tp rank's K (or V) columns
+    const double context = shape.cp == 1 ? 0 : shape.cp_ring ? 8 * N * kv * s + N / k * (c * s + h * f)
+                                                             : 2 * N * q * s + 2 * N * c * s;
     const double dactivation = shape.llama ? N * H : 0;
     a.workspace = (2 * N * C + N * F + dactivation + N * q + gathered) * s +
                   (N * h + softmax_stats + bias_rows * std::max(C, F) + 2 * C * layernorm_blocks + 4 * SMs + 2) * f +

@@ -257,7 +257,9 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
         for (int v = 0; v < V; v++) layers += plan.stage_layers[pipeline_model_stage(l.schedule, r, v, p)];
         most_layers = std::max(most_layers, layers);
     }
-    plan.bytes[PLAN_CP] = cp_bytes_per_step(l.cp_mode, l.cp, l.batch_size, l.seq_len, config.channels / l.tp, most_layers,
+    // a tp rank's query and K/V heads
+    const AttentionHeads tp_rank_heads{config.num_heads / l.tp, config.kv_heads / l.tp, config.head_size()};
+    plan.bytes[PLAN_CP] = cp_bytes_per_step(l.cp_mode, l.cp, l.batch_size, l.seq_len, tp_rank_heads, most_layers,
                                             l.recompute.policy == RecomputePolicy::Full ? 2 : 1, m, (size_t)s);
     const int spans[kPlanAxes] = {l.ranks, l.tp, l.tp * l.cp * l.pp, l.tp * l.cp};
     plan.bubble_formula = pipeline_bubble_fraction(l.schedule, p, m, V);

@@ -6,11 +6,14 @@ Per kernel (.entry) and architecture: registers, static and dynamic shared memor
 theoretical occupancy from ptxas -v; tensor-core (HMMA), FP32 fused multiply-add (FFMA) and shared-load
 instruction counts from the PTX, or from the SASS when cuobjdump is there. Then a roofline estimate of one
 GPT-2 124M training step on an H100 SXM, and the checks: no kernel spills, and in the BF16 build every
-attention forward/backward kernel issues HMMA. Prints `N passed, M failed`; exits 1 on any failure.
+attention forward/backward kernel issues HMMA, and so do the kernels a grouped-query attention case (Llama 3
+8B's heads on one GPU: 32 query heads over 8 K/V heads of 128) launches. Prints `N passed, M failed`; exits 1
+on any failure.
 
     kernel_report.py WORK_DIR PRECISION ARCH...
 WORK_DIR holds sm_<arch>/ptxas.txt, sm_<arch>/*.ptx, optionally sm_<arch>/sass.txt, and shared_bytes.txt
-(lines "role head_size bytes" from the launchers' own size functions; absent if the probe did not build).
+(lines "role head_size bytes" from the launchers' own size functions, and "gqa q_heads kv_heads head_size
+group" from llmc/kernels/attention.cuh's attention_heads; absent if the probe did not build).
 """
 import glob
 import os
@@ -158,9 +161,22 @@ def dynamic_shared_bytes():
         return None
     table = {}
     for line in open(path):
+        if line.startswith("gqa "):
+            continue
         role, hs, size = line.split()
         table[(role, int(hs))] = int(size)
     return table
+
+
+def gqa_heads():
+    """(q_heads, kv_heads, head_size, group) of the grouped-query case, as the probe's attention_heads accepted
+    them, and whether the probe said so (otherwise the same numbers, unchecked)."""
+    path = os.path.join(work, "shared_bytes.txt")
+    if os.path.exists(path):
+        for line in open(path):
+            if line.startswith("gqa "):
+                return tuple(int(x) for x in line.split()[1:5]), True
+    return (32, 8, 128, 4), False
 
 
 def role_of(name):
@@ -193,6 +209,7 @@ def occupancy(limits, registers, shared_bytes, threads):
 passed, spills, without_hmma = 0, [], {}  # without_hmma: (arch, kernel family) -> [(kernel, FFMA count)]
 dynamic = dynamic_shared_bytes()
 attention_hmma = {}  # (arch, role) -> whether every such kernel issues HMMA
+attention_kernels = {}  # arch -> [(name, role, head size, accumulate, HMMA, FFMA)] of attention's kernels
 have_sass = all(os.path.exists(os.path.join(work, f"sm_{a}", "sass.txt")) for a in archs)
 print(f"kernel report: {precision} build of dev/lab/kernel_lab.cu, nvcc -O3, instruction counts from "
       + ("SASS (cuobjdump -sass: HMMA, FFMA, LDS/LDSM)" if have_sass else
@@ -222,6 +239,9 @@ for arch in archs:
         code = ptx.get(mangled, {})
         threads = code.get("threads") or KNOWN_BLOCK_SIZES.get(re.sub(r"<.*", "", name))
         role = role_of(name)
+        if role is not None and role[0].startswith("attention"):
+            attention_kernels.setdefault(arch, []).append(
+                (name, role[0], role[1], "true" in name, counts["hmma"], counts["ffma"]))
         dyn = 0
         dyn_text = "0"
         if role is not None:
@@ -260,6 +280,47 @@ for arch in archs:
                 without_hmma.setdefault(family, []).append((name, counts["ffma"]))
             else:
                 passed += 1
+
+# ----------------------------------------------------------------------------------------------------
+# grouped-query attention: the kernels are the same templates (the group is a run-time argument of the
+# launchers, llmc/kernels/attention.cuh), so the case is the set of instances its launchers run at its head
+# size, with the grids they launch; in the BF16 build each must issue HMMA
+
+(gqa_q, gqa_kv, gqa_hs, gqa_group), gqa_checked = gqa_heads()
+tile = 64 if precision == "BF16" else 32  # rows a block owns (attention_tensor_cores.cuh, attention_cuda_cores.cuh)
+gqa_failures = []
+print(f"\ngrouped-query attention: {gqa_q} query heads over {gqa_kv} K/V heads of {gqa_hs} (group {gqa_group}; Llama 3 "
+      f"8B on one GPU" + ("" if gqa_checked else ", not confirmed by attention_heads: the probe did not build")
+      + "): the kernels its launchers run")
+gqa_launches = [  # (role, ACCUMULATE, what runs it, grid)
+    ("attention_forward", False, "attention_forward(_pair)", f"(T/{tile}, {gqa_q} query heads, B)"),
+    ("attention_dkdv", False, "attention_backward",
+     f"(T/{tile}, {gqa_kv} K/V heads, B), each block over the query tiles of {gqa_group} query heads"),
+    ("attention_dq", False, "attention_backward", f"(T/{tile}, {gqa_q} query heads, B)"),
+    ("attention_dkdv", True, "attention_backward_pair (ring)",
+     f"(Tk/{tile}, {gqa_kv} K/V heads, B), each block over the query tiles of {gqa_group} query heads"),
+    ("attention_dq", True, "attention_backward_pair (ring)", f"(Tq/{tile}, {gqa_q} query heads, B)"),
+]
+for arch in archs:
+    print(f"  sm_{arch}")
+    missing, without = [], []
+    for role, accumulate, caller, grid in gqa_launches:
+        found = [k for k in attention_kernels.get(arch, [])
+                 if k[1] == role and k[2] == gqa_hs and (role == "attention_forward" or k[3] == accumulate)]
+        if not found:
+            missing.append(f"{role}<{gqa_hs}{', true' if accumulate else ''}>")
+            continue
+        name, _, _, _, hmma, ffma = found[0]
+        print(f"    {name:<46} HMMA {hmma:>5} FFMA {ffma:>6}   {caller}: grid {grid}")
+        if hmma == 0:
+            without.append(name)
+    if precision == "BF16":
+        if missing or without:
+            gqa_failures.append(f"sm_{arch} grouped-query case: " + "; ".join(
+                ([f"no kernel {', '.join(missing)}"] if missing else []) +
+                ([f"0 HMMA in {', '.join(without)}: attention runs on the FP32 cores"] if without else [])))
+        else:
+            passed += 1
 
 # ----------------------------------------------------------------------------------------------------
 # roofline: GPT-2 124M, B=16, T=1024, one training step on an H100 SXM
@@ -352,10 +413,10 @@ print(f"  step: {step * 1e3:.1f} ms at best -> {BT / step:,.0f} tokens/s, MFU {1
 
 # ----------------------------------------------------------------------------------------------------
 # verdict: one check per kernel and architecture for spills, one per attention kernel for HMMA
-failed = len(spills) + sum(len(kernels) for kernels in without_hmma.values())
+failed = len(spills) + sum(len(kernels) for kernels in without_hmma.values()) + len(gqa_failures)
 print("\nchecks: no kernel spills registers" + ("; every attention forward, dK/dV and dQ kernel issues HMMA "
-                                                "(tensor cores)" if precision == "BF16" else
-                                                " (FP32 build: no tensor-core check)"))
+                                                "(tensor cores), those of the grouped-query case included"
+                                                if precision == "BF16" else " (FP32 build: no tensor-core check)"))
 for spill in spills:
     print(f"  FAIL {spill}")
 for (arch, family), kernels in sorted(without_hmma.items()):
@@ -364,11 +425,16 @@ for (arch, family), kernels in sorted(without_hmma.items()):
     ffma = [f for _, f in kernels]
     print(f"  FAIL sm_{arch} {label}: 0 HMMA in {len(kernels)} kernel(s), {min(ffma)}-{max(ffma)} FFMA each: "
           f"attention runs on the FP32 cores")
+for failure in gqa_failures:
+    print(f"  FAIL {failure}")
 print(f"{passed} passed, {failed} failed")
 if failed:
     reasons = []
     if spills: reasons.append(f"{len(spills)} kernel(s) spill registers")
     if without_hmma:
-        reasons.append(f"{failed - len(spills)} attention kernel(s) have no HMMA (tensor-core) instructions")
+        reasons.append(f"{failed - len(spills) - len(gqa_failures)} attention kernel(s) have no HMMA (tensor-core) "
+                       f"instructions")
+    if gqa_failures:
+        reasons.append("the grouped-query case does not run on tensor cores")
     print("error: kernel report: " + "; ".join(reasons), file=sys.stderr)
     sys.exit(1)

@@ -4,7 +4,8 @@
 # memory, spills, theoretical occupancy, and the tensor-core (HMMA), FFMA and shared-load instruction
 # counts; then a roofline estimate of a GPT-2 124M training step on an H100 (scripts/bench/kernel_report.py
 # holds the arithmetic and the model). Fails on any register spill, and in the BF16 build on an attention
-# forward/backward kernel without HMMA. Ends with `N passed, M failed`.
+# forward/backward kernel without HMMA, or when the kernels a grouped-query attention case launches (Llama 3
+# 8B's heads: 32 query heads over 8 K/V heads of 128) have none. Ends with `N passed, M failed`.
 #   usage: scripts/bench/kernel_report.sh [BF16|FP32]       (GPU_ARCH="80 90" by default, as the Makefile)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,7 +23,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 # The dynamic shared memory each launcher asks for at GPT-2 124M (C = 768), from the launchers' own size
-# functions, built for the CPU (a second). If they change name the report says "static only".
+# functions, built for the CPU (a second). If they change name the report says "static only". Also the
+# grouped-query case's heads, through the launchers' own check (attention_heads refuses what they cannot run).
 cat >"$work/shared_bytes.cpp" <<'EOF'
 #include <cstdio>
 #include "llmc/kernels/attention.cuh"
@@ -38,6 +40,8 @@ int main() {
     print_attention<80>(), print_attention<96>(), print_attention<112>(), print_attention<128>();
     printf("layernorm_backward 0 %zu\n", layernorm_backward_shared_bytes(768));
     printf("rmsnorm_backward 0 %zu\n", layernorm_backward_shared_bytes(768, Norm::RMS));
+    const AttentionHeads gqa = attention_heads(32, 8, 128);
+    printf("gqa %d %d %d %d\n", gqa.q_heads, gqa.kv_heads, gqa.head_size, gqa.group());
 }
 EOF
 if g++ -std=c++17 -DLLMC_CPU -fopenmp "${precision_flag[@]}" -I. -x c++ "$work/shared_bytes.cpp" -o "$work/shared_bytes" \

@@ -51,21 +51,23 @@ def parameter_error(mine, reference):
     return float(np.linalg.norm(mine - reference) / np.linalg.norm(reference))
 
 
-def cp_bytes(flags, batch, layers, channels, seq_len, micro_steps, value_bytes=4):
+def cp_bytes(flags, batch, layers, channels, seq_len, micro_steps, value_bytes=4, kv_channels=None):
     """The bytes rank 0 sends on the cp axis per step, llmc/parallel/context_parallel.h's formula, for a layout given
     as its list of flags (--cp, --tp, --pp, --cp-mode ulysses, --recompute full) and B rows per data-parallel
-    rank: N = B T / cp rows per rank and micro-step, C' = C/tp, l = L/pp layers, F forward passes per layer
-    (2 under full recomputation);
-        ring     ((cp-1) F + 2cp - 1) l 2 N C' s       ulysses  (4 F + 5) l (cp-1)/cp N C' s
+    rank: N = B T / cp rows per rank and micro-step, Cq' = C/tp the columns of a tp rank's query heads, Ckv' those
+    of its key (or value) heads (kv_channels / tp; kv_channels = C when there are as many K/V heads as query
+    heads), W' = Cq' + 2 Ckv', l = L/pp layers, F forward passes per layer (2 under full recomputation);
+        ring     ((cp-1) F + 2cp - 1) l 2 N Ckv' s     ulysses  ((F + 1) W' + (F + 2) Cq') l (cp-1)/cp N s
     per micro-step."""
     value = lambda flag, default: int(flags[flags.index(flag) + 1]) if flag in flags else default
     cp, tp, pp = value("--cp", 1), value("--tp", 1), value("--pp", 1)
     F = 2 if "full" in flags else 1
-    N, c, l = batch * seq_len / cp, channels / tp, layers / pp
+    kv_channels = channels if kv_channels is None else kv_channels
+    N, cq, ckv, l = batch * seq_len / cp, channels / tp, kv_channels / tp, layers / pp
     if "ulysses" in flags:
-        per_layer = (4 * F + 5) * (cp - 1) / cp * N * c
+        per_layer = ((F + 1) * (cq + 2 * ckv) + (F + 2) * cq) * (cp - 1) / cp * N
     else:
-        per_layer = ((cp - 1) * F + 2 * cp - 1) * 2 * N * c
+        per_layer = ((cp - 1) * F + 2 * cp - 1) * 2 * N * ckv
     return micro_steps * l * per_layer * value_bytes
 
 
