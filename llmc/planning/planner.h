@@ -151,6 +151,11 @@ inline std::string plan_layout_error(const GPT2Config& config, const Layout& l) 
     if (!error.empty()) return error;
     error = cp_layout_error(l.cp, l.cp_mode, l.cp_split, l.seq_len, config.num_heads, l.tp);
     if (!error.empty()) return error;
+    if (l.cp > 1 && l.cp_mode == ContextParallelMode::Ulysses) {  // the K/V heads split over cp too
+        error = ulysses_heads_error(l.cp, AttentionHeads{config.num_heads / l.tp, config.kv_heads / l.tp,
+                                                         config.head_size()});
+        if (!error.empty()) return error;
+    }
     return tp_context_parallel_rows_error(l.tp, l.sequence_parallel, l.seq_len, l.cp);
 }
 
