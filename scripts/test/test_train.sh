@@ -111,6 +111,9 @@ expect_error "unknown schedule" "lr-schedule" lr-schedule=linear
 expect_error "sequence longer than the model's positions" "--seq-len 64 exceeds" seq-len=64
 expect_error "heads that do not divide channels" "divisible by heads" heads=3
 expect_error "total batch not a multiple of B*T" "total-batch-size" total-batch-size=100
+expect_error "K/V heads that do not divide the heads" "K/V heads must divide the heads" arch=llama kv-heads=3
+expect_error "K/V heads for a GPT-2 block" "add --arch llama" kv-heads=2
+expect_error "an architecture that does not exist" "--arch bert: not gpt2 or llama" arch=bert
 # a micro-batch no device holds: the first activation, B*T*C = 2,048,000,000 x 256 values, is 1.91 TiB in
 # fp32 (976.56 GiB in bf16); the line names the category, the size and the device's memory
 if [[ $binary == *fp32* ]]; then activation_size="1.91 TiB"; else activation_size="976.56 GiB"; fi
