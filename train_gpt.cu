@@ -1,9 +1,10 @@
 /*
-Trains GPT-2 on one GPU, on many, or on the CPU. Read train_step, then main, as the story of a run:
+Trains GPT-2 or Llama 3 (--arch llama) on one GPU, on many, or on the CPU. Read train_step, then main, as the
+story of a run:
 
     train_step   the step's microbatches forward and backward, in the order of the pipeline schedule (one
                  rank: one after the other; gradients accumulate, and each chunk's gradient is averaged over
-                 the data-parallel ranks as soon as the last microbatch has finished it) -> the tied
+                 the data-parallel ranks as soon as the last microbatch has finished it) -> GPT-2's tied
                  embeddings' gradients summed over the first and last stage -> gradient norm -> clip -> AdamW
     main         options -> parallel context (which rank holds which slice on every axis) -> model (this
                  rank's part) -> data -> [resume] -> for each step: [validation loss, sample] train_step, log,
@@ -20,6 +21,7 @@ Where each part lives (llmc/):
     mpirun -np 4 ./train_gpt_cpu ... --cp 2 --zero 1   (2 ranks split each sequence, 2 replicas share ZeRO-1)
     ./train_gpt_cpu --model custom --layers 4 --heads 4 --channels 256 --seq-len 64 --steps 300
     ./train_gpt --model 124M --batch-size 16 --seq-len 1024 --total-batch-size 524288      (a GPU)
+    ./train_gpt_cpu --model custom --arch llama --heads 4 --kv-heads 2 --channels 64 ...  (a grouped-query Llama)
     ./train_gpt_cpu --model 1558M --seq-len 1024 --plan-search 64 --gpu-memory 80   (planning: no GPU, no MPI)
 */
 #include <chrono>
@@ -311,6 +313,9 @@ int main(int argc, char** argv) {
         if (par.main_rank) printf("resumed from %s at step %d\n", path.c_str(), first_step);
     }
     Logger logger(options.output_dir, options.resume, par.main_rank);
+    auto sample = [&](int step) {
+        logger.sample(step, sample_text(par, model, tokenizer, sample_rng, options.sample_tokens, options.sample_cache));
+    };
     logger.config(options.flags_json);
     // model FLOPs (llmc/planning/mfu.h) and hardware FLOPs, which count the recomputed forward passes too:
     // this rank's share
@@ -331,7 +336,7 @@ int main(int argc, char** argv) {
         // every rank computes the sample (at ZeRO-3 the forward pass gathers parameters from all ranks); only
         // the main rank's logger prints it
         if (options.sample_tokens > 0 && options.sample_every > 0 && step > first_step && step % options.sample_every == 0)
-            logger.sample(step, sample_text(par, model, tokenizer, sample_rng, options.sample_tokens, options.sample_cache));
+            sample(step);
 
         const auto start = std::chrono::steady_clock::now();
         parallel_reset_traffic(par);
@@ -362,7 +367,7 @@ int main(int argc, char** argv) {
     if (options.val_every > 0 && first_step < options.steps)
         logger.val_loss(options.steps, validation_loss(par, model, val_loader, options.val_batches));
     if (options.sample_tokens > 0) {
-        logger.sample(options.steps, sample_text(par, model, tokenizer, sample_rng, options.sample_tokens, options.sample_cache));
+        sample(options.steps);
         tokenizer_free(&tokenizer);
     }
     if (options.save_model) {
