@@ -14,7 +14,10 @@ built and each group's members are listed (gathered through the group itself) an
 from this rank only along the group's axes. Layouts and models that cannot work are run in a forked
 child (which makes no MPI call) and must stop with one line and a non-zero status. Launcher detection
 is a function of the environment: a table of environments (mpirun, srun steps, sbatch scripts, torchrun,
-contradictions) is checked against the launcher, ranks and error each must give.
+contradictions) is checked against the launcher, ranks and error each must give. On 2 and 4 ranks the world
+is also a cp group for grouped-query attention (fewer K/V heads than query heads) through the ring and
+Ulysses, against the whole sequences on one rank: the message layouts of llmc/parallel/context_parallel.h
+with K/V heads of their own width, which the model's runs (as many K/V heads as query heads) do not reach.
 Each rank checks; rank 0 prints the sum over ranks as `N passed, M failed`.
 */
 #include <string>
@@ -533,6 +536,101 @@ static void test_file_bootstrap(Communicator& world) {
     if (world.rank == 0) remove(path.c_str());
 }
 
+// ----------------------------------------------------------------------------
+// grouped-query attention over the cp axis (llmc/parallel/context_parallel.h): every rank holds the same whole
+// sequences and computes attention on them alone, then each runs its rows through the ring or Ulysses with
+// fewer K/V heads than query heads. Ulysses runs the same kernels per head on whole sequences, so its out and
+// dqkv rows must equal the whole-sequence ones bit for bit; the ring merges partial results (rounded to
+// floatX in a BF16 build), so its rows must agree within 2% of the largest value of each part, far below
+// what reading another head's keys or values would give.
+
+// rows of a batch of B sequences of T rows (width values each) that this cp rank holds, chunk-major
+static std::vector<float> cp_rows_of(const ContextParallel& cp, const std::vector<float>& whole, int B, int T,
+                                     int width) {
+    const int T_local = T / cp.size;
+    std::vector<float> local((size_t)B * T_local * width);
+    for (const SequenceChunk& chunk : cp_sequence_chunks(cp, B, T_local))
+        for (int b = 0; b < B; b++)
+            std::copy_n(&whole[((size_t)b * T + chunk.position) * width], (size_t)chunk.T * width,
+                        &local[((size_t)chunk.first_row + (size_t)b * chunk.T) * width]);
+    return local;
+}
+
+// the largest |got - want| over the columns [first, first + width) of rows `row_width` wide, relative to the
+// largest |want| there
+static double relative_difference(const std::vector<float>& got, const std::vector<float>& want, int row_width,
+                                  int first, int width) {
+    double difference = 0.0, largest = 0.0;
+    for (size_t r = 0; r < got.size() / row_width; r++)
+        for (int c = first; c < first + width; c++) {
+            const size_t i = r * row_width + c;
+            difference = std::max(difference, std::fabs((double)got[i] - want[i]));
+            largest = std::max(largest, std::fabs((double)want[i]));
+        }
+    return largest > 0.0 ? difference / largest : difference;
+}
+
+static void test_grouped_attention(Communicator& world, ContextParallelMode mode, SequenceSplit split,
+                                   AttentionHeads heads) {
+    const int B = 2, T = 2 * world.size * 24;  // zigzag chunks of 24 rows (not a multiple of either tile)
+    const int W = heads.qkv_columns(), Cq = heads.q_columns();
+    const std::string name = std::string(cp_mode_name(mode)) + " " + cp_split_name(split) + " cp " +
+                             std::to_string(world.size) + ", " + std::to_string(heads.q_heads) + " query heads over " +
+                             std::to_string(heads.kv_heads) + " K/V heads";
+    lab.seed = 20250;  // the same sequences on every rank
+    std::vector<float> qkv = random_floats((size_t)B * T * W);
+    for (size_t r = 0; r < (size_t)B * T; r++)
+        for (int c = 0; c < Cq + heads.kv_columns(); c++) qkv[r * W + c] *= 3.0f;  // peaked softmax, as the lab's
+    qkv = round_to_floatX(qkv);
+    const std::vector<float> dout = round_to_floatX(random_floats((size_t)B * T * Cq));
+
+    // the whole sequences on this rank alone
+    Buffer<floatX> qkv_d(qkv), dout_d(dout), out_d((size_t)B * T * Cq), dqkv_d((size_t)B * T * W);
+    Buffer<float> lse_d((size_t)B * heads.q_heads * T), D_d((size_t)B * heads.q_heads * T);
+    attention_forward(out_d.ptr, lse_d.ptr, qkv_d.ptr, B, T, heads, nullptr);
+    attention_backward(dqkv_d.ptr, D_d.ptr, dout_d.ptr, qkv_d.ptr, out_d.ptr, lse_d.ptr, B, T, heads, nullptr);
+
+    // this rank's rows over the cp axis
+    ContextParallel cp;
+    cp.size = world.size;
+    cp.rank = world.rank;
+    cp.mode = mode;
+    cp.split = split;
+    cp.group = &world;
+    const int T_local = T / cp.size;
+    const size_t N = (size_t)B * T_local;
+    cp_create(cp, B, T_local, heads);
+    const std::vector<float> want_out = cp_rows_of(cp, out_d.download(), B, T, Cq);
+    const std::vector<float> want_dqkv = cp_rows_of(cp, dqkv_d.download(), B, T, W);
+    Buffer<floatX> local_qkv(cp_rows_of(cp, qkv, B, T, W)), local_dout(cp_rows_of(cp, dout, B, T, Cq));
+    Buffer<floatX> local_out(N * Cq), local_dqkv(N * W);
+    Buffer<float> local_lse(N * heads.q_heads), local_D(N * heads.q_heads);
+    cp_attention_forward(cp, local_out.ptr, local_lse.ptr, local_qkv.ptr, B, T_local, heads, nullptr);
+    cp_attention_backward(cp, local_dqkv.ptr, local_D.ptr, local_dout.ptr, local_qkv.ptr, local_out.ptr,
+                          local_lse.ptr, B, T_local, heads, nullptr);
+    const std::vector<float> got_out = local_out.download(), got_dqkv = local_dqkv.download();
+    cp_destroy(cp);
+
+    if (mode == ContextParallelMode::Ulysses) {
+        check_equal("grouped attention out, " + name, got_out, want_out);
+        check_equal("grouped attention dqkv, " + name, got_dqkv, want_dqkv);
+        return;
+    }
+    const double tolerance = 2e-2;
+    const struct { const char* part; const std::vector<float>& got; const std::vector<float>& want; int row, first,
+                   width; } parts[] = {
+        {"out", got_out, want_out, Cq, 0, Cq},
+        {"dq", got_dqkv, want_dqkv, W, 0, Cq},
+        {"dk", got_dqkv, want_dqkv, W, Cq, heads.kv_columns()},
+        {"dv", got_dqkv, want_dqkv, W, Cq + heads.kv_columns(), heads.kv_columns()},
+    };
+    for (const auto& p : parts) {
+        const double difference = relative_difference(p.got, p.want, p.row, p.first, p.width);
+        check(std::string("grouped attention ") + p.part + ", " + name, difference <= tolerance,
+              "largest difference " + std::to_string(difference) + " of the largest value (tolerance 2%)");
+    }
+}
+
 int main() {
     Communicator world = comm_init_world();
     world_rank = world.rank;
@@ -578,6 +676,17 @@ int main() {
                   evens.size == 0 && evens.mpi == MPI_COMM_NULL);
         }
         comm_destroy(evens);
+    }
+    // grouped-query attention over the cp axis: the world as one cp group
+    if (world.size == 2 || world.size == 4) {
+        if (world.rank == 0) printf("grouped-query attention over cp %d (ring, Ulysses)\n", world.size);
+        const int cp = world.size;
+        test_grouped_attention(world, ContextParallelMode::Ring, SequenceSplit::Zigzag, AttentionHeads{4, 1, 16});
+        test_grouped_attention(world, ContextParallelMode::Ring, SequenceSplit::Contiguous, AttentionHeads{4, 2, 32});
+        test_grouped_attention(world, ContextParallelMode::Ulysses, SequenceSplit::Zigzag,
+                               AttentionHeads{4 * cp, cp, 16});
+        test_grouped_attention(world, ContextParallelMode::Ulysses, SequenceSplit::Contiguous,
+                               AttentionHeads{2 * cp, cp, 32});
     }
     std::string table = mesh_describe(mesh_layout(1, 2, 1, 1, 2));
     check("the printed layout lists every rank's coordinates",
