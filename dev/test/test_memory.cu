@@ -271,6 +271,42 @@ static void test_activations() {
         gpt2_free(model);
         check_equal("all freed, stage " + std::to_string(stage), in_use(), before);
     }
+    // a Llama of the same size (2 K/V heads, 96 hidden units): its blocks' buffers and chunks (no wpe, an untied
+    // LM head in the final chunk), which the ZeRO-2 and -3 working buffers are sized by
+    {
+        GPT2Config llama = config;
+        llama.arch = Arch::Llama;
+        llama.kv_heads = 2;
+        llama.ffn_hidden = 96;
+        llama.rope_theta = 10000.0f;
+        gpt2_validate_config(llama, "the Llama memory test");
+        GPT2MemoryShape llama_shape = shape;
+        llama_shape.llama = true;
+        llama_shape.kv_heads = llama.kv_heads;
+        llama_shape.ffn_hidden = llama.ffn_hidden;
+        const ActivationBytes llama_here = gpt2_activation_bytes(llama_shape, is_bf16);
+        const size_t P_llama = ParameterLayout(llama, 1).total;
+        for (int stage = 0; stage <= 3; stage++) {
+            const double before = in_use();
+            GPT2 model;
+            ModelPart whole;
+            whole.full_gradients = stage < 2;
+            whole.full_parameters = stage < 3;
+            gpt2_allocate(model, llama, llama_shape.batch, llama_shape.seq_len, whole);
+            const double model_bytes = in_use() - before;
+            Zero zero;
+            zero_init(zero, stage, nullptr, model, std::vector<float>(P_llama, 0.01f));
+            const double all_bytes = in_use() - before;
+            const MemoryPlan p = plan_training_memory(P_llama, stage, 1, 1, is_bf16, 1, &llama_shape);
+            const double s = sizeof(floatX);
+            check_equal("Llama: gpt2_allocate bytes, stage " + std::to_string(stage), model_bytes,
+                        (stage < 3 ? s * P_llama : 0) + (stage < 2 ? s * P_llama : 0) + llama_here.activations +
+                            llama_here.workspace);
+            check_equal("Llama: gpt2_allocate + zero_init bytes, stage " + std::to_string(stage), all_bytes, p.total);
+            zero_free(zero);
+            gpt2_free(model);
+        }
+    }
     // a tensor-parallel rank's slices (llmc/parallel/tensor_parallel.h), with and without sequence parallelism:
     // allocating needs no other rank, so rank 0 of tp 2 and 4 stands in for all of them
     for (int tp_size : {2, 4}) {

@@ -136,6 +136,20 @@ inline GPT2MemoryShape gpt2_memory_shape(const GPT2Config& config, const Layout&
     return shape;
 }
 
+// The model shape a memory shape describes (for the parameter chunks' sizes; the vocabulary is its padded size).
+inline GPT2Config gpt2_memory_shape_config(const GPT2MemoryShape& shape) {
+    GPT2Config c;
+    c.arch = shape.llama ? Arch::Llama : Arch::GPT2;
+    c.num_layers = shape.num_layers;
+    c.channels = shape.channels;
+    c.num_heads = shape.num_heads;
+    c.kv_heads = shape.kv_heads > 0 ? shape.kv_heads : shape.num_heads;
+    c.ffn_hidden = shape.ffn_hidden > 0 ? shape.ffn_hidden : 4 * shape.channels;
+    c.vocab_size = c.padded_vocab_size = shape.padded_vocab;
+    c.max_seq_len = shape.max_seq_len;
+    return c;
+}
+
 struct ActivationBytes {
     double record = 0;       // one block's whole activation record (what recompute none keeps per layer)
     double per_layer = 0;    // what the forward pass keeps per layer under the recompute policy (full: per
@@ -547,13 +561,11 @@ inline MemoryPlan plan_training_memory(size_t num_parameters, int zero_stage, in
         p.gradients_formula += plan_format(" + %.0f P / %d (the averaged shard)", s, n);
     }
     if (zero_stage >= 2 && shape) {  // chunk-sized buffers, padded as ParameterLayout pads them
-        const double multiple = (double)kChunkPaddingElements * N;
-        auto padded = [&](double count) { return std::ceil(count / multiple) * multiple; };
-        // a tp rank's chunks (llmc/model/parameters.h): wte's rows and the matmuls split t ways, the rest whole
-        const double C = shape->channels, t = shape->tp;
-        const double embedding = padded(((double)shape->padded_vocab / t + shape->max_seq_len) * C);
-        const double block = padded(12 * C * C / t + 6 * C + 7 * C / t);
-        const double final = padded(2 * C);
+        // a tp rank's chunks (llmc/model/parameters.h): wte's rows (and Llama's LM head's) and the matmuls split t
+        // ways, the rest whole; GPT-2: (Vp/t + max_seq_len) C, 12 C^2/t + 6C + 7C/t and 2C elements
+        const ParameterLayout chunks_of(gpt2_memory_shape_config(*shape), n, shape->tp);
+        const double embedding = (double)chunks_of.embedding_chunk, block = (double)chunks_of.block_chunk;
+        const double final = (double)chunks_of.final_chunk;
         const double chunks = (embedding + 2 * block + final) * s;
         const double largest_shard = std::max({embedding, block, final}) / N * s;
         p.gradients += chunks + largest_shard;
