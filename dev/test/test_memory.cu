@@ -703,6 +703,55 @@ static void test_pipeline_parts() {
         }
 }
 
+// ZeRO-2 and -3 on a pipeline rank: the working buffers and the gathered chunks of the chunks it holds (the
+// embedding chunk on the first stage, and on the last where GPT-2's LM head is wte; the final chunk on the last),
+// allocated by gpt2_allocate and zero_init, against the plan's total for the rank's shape. Two ranks of 1f1b, a
+// GPT-2 and a Llama of 4 layers.
+static void test_pipeline_zero_buffers() {
+    printf("ZeRO-2 and -3 working buffers on a pipeline rank\n");
+    GPT2Config gpt2;
+    gpt2.max_seq_len = 24;
+    gpt2.vocab_size = 100;
+    gpt2.padded_vocab_size = 128;
+    gpt2.num_layers = 4;
+    gpt2.num_heads = 4;
+    gpt2.channels = 64;
+    gpt2 = gpt2_shape(gpt2);
+    GPT2Config llama = gpt2;
+    llama.arch = Arch::Llama;
+    llama.kv_heads = 2;
+    llama.ffn_hidden = 96;
+    llama.rope_theta = 10000.0f;
+    const bool is_bf16 = sizeof(floatX) == 2;
+    const int p = 2, m = 2;
+    for (const GPT2Config& config : {gpt2, llama}) {
+        Layout layout;
+        layout.pp = p, layout.batch_size = 2, layout.seq_len = 16;
+        layout.multiprocessors = device_properties().multiProcessorCount;
+        const std::vector<int> stages(p, config.num_layers / p);
+        for (int stage = 2; stage <= 3; stage++)
+            for (int r = 0; r < p; r++) {
+                ModelPart part = pipeline_model_part(PipelineSchedule::OneFOneB, r, p, 1, m, stages, config.tied_head());
+                part.full_gradients = false;
+                part.full_parameters = stage < 3;
+                const GPT2MemoryShape shape = gpt2_memory_shape(config, layout, part);
+                const size_t P = ParameterLayout(config, 1, 1, 0, part.held_chunks).total;
+                const double before = (double)cudacpu::allocations().in_use;
+                GPT2 model;
+                gpt2_allocate(model, config, shape.batch, shape.seq_len, part);
+                Zero zero;
+                zero_init(zero, stage, nullptr, model, std::vector<float>(P, 0.01f));
+                const double bytes = (double)cudacpu::allocations().in_use - before;
+                const MemoryPlan plan = plan_training_memory(P, stage, 1, 1, is_bf16, m, &shape);
+                check_equal(std::string(arch_name(config.arch)) + " 1f1b p=2 rank " + std::to_string(r) + ", stage " +
+                                std::to_string(stage) + ": gpt2_allocate + zero_init bytes == the plan's total",
+                            bytes, plan.total);
+                zero_free(zero);
+                gpt2_free(model);
+            }
+    }
+}
+
 // ----------------------------------------------------------------------------
 // (g2) weight-gradient records (schedules that split the backward pass into B and W), counted by hand for the
 // shape of (d): L = 2, C = 64, NH = 4, N = 32 rows, per layer and record
@@ -958,6 +1007,7 @@ int main() {
     test_korthikanti_llama();
     test_matmul_alignment();
     test_pipeline_parts();
+    test_pipeline_zero_buffers();
     test_weight_records();
     test_held_layouts();
     printf("%d passed, %d failed\n", lab.passed, lab.failed);

@@ -25,8 +25,8 @@ per chunk).
 With a model shape the plan also counts the buffers llmc/parallel/zero.h keeps beyond the paper's formula:
   stage 1: the averaged gradient shard, s P/N, that the full gradient is reduce-scattered into;
   stages 2, 3: the working buffers chunk gradients are computed in before they are reduce-scattered (the
-           embedding chunk, two block chunks and the final chunk, padded as ParameterLayout pads them)
-           and one largest shard that receives a reduce-scatter;
+           embedding chunk, two block chunks and the final chunk, padded as ParameterLayout pads them; a
+           pipeline rank only those of the chunks it holds) and one largest shard that receives a reduce-scatter;
   stage 3: as many again for the gathered parameters of the chunks being worked on.
 
 Communication, bytes this rank sends per optimizer step under the ring algorithms whose counts
@@ -563,18 +563,24 @@ inline MemoryPlan plan_training_memory(size_t num_parameters, int zero_stage, in
     if (zero_stage >= 2 && shape) {  // chunk-sized buffers, padded as ParameterLayout pads them
         // a tp rank's chunks (llmc/model/parameters.h): wte's rows (and Llama's LM head's) and the matmuls split t
         // ways, the rest whole; GPT-2: (Vp/t + max_seq_len) C, 12 C^2/t + 6C + 7C/t and 2C elements
+        // A pipeline rank sizes its embedding and final buffers by the chunks it holds (llmc/parallel/zero.h's
+        // working_buffer_sizes): the embedding chunk on the first stage (and on the last, where the LM head is
+        // wte), the final chunk on the last; none elsewhere.
         const ParameterLayout chunks_of(gpt2_memory_shape_config(*shape), n, shape->tp);
-        const double embedding = (double)chunks_of.embedding_chunk, block = (double)chunks_of.block_chunk;
-        const double final = (double)chunks_of.final_chunk;
+        const bool holds_embedding = shape->first_stage || (shape->last_stage && !shape->llama);
+        const double embedding = holds_embedding ? (double)chunks_of.embedding_chunk : 0.0;
+        const double block = (double)chunks_of.block_chunk;
+        const double final = shape->last_stage ? (double)chunks_of.final_chunk : 0.0;
         const double chunks = (embedding + 2 * block + final) * s;
         const double largest_shard = std::max({embedding, block, final}) / N * s;
         p.gradients += chunks + largest_shard;
-        p.gradients_formula += plan_format(" + %s working buffers (embedding chunk, 2 block chunks, final chunk, "
-                                           "1 shard)", format_bytes(chunks + largest_shard).c_str());
+        p.gradients_formula += plan_format(" + %s working buffers (%s2 block chunks%s, 1 shard)",
+                                           format_bytes(chunks + largest_shard).c_str(),
+                                           embedding > 0 ? "embedding chunk, " : "", final > 0 ? ", final chunk" : "");
         if (zero_stage == 3) {
             p.parameters += chunks;
-            p.parameters_formula += plan_format(" + %s gathered chunks (embedding, 2 blocks, final)",
-                                                format_bytes(chunks).c_str());
+            p.parameters_formula += plan_format(" + %s gathered chunks (%s2 blocks%s)", format_bytes(chunks).c_str(),
+                                                embedding > 0 ? "embedding, " : "", final > 0 ? ", final" : "");
         }
     }
 
