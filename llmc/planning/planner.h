@@ -17,7 +17,10 @@ work:
                         records in flight and the embedding / LM head); "fits" takes the largest
     bytes per step      dp: the ZeRO stage's collectives (memory.h's communication row), tp: tensor_parallel.h
     on each axis        tp_bytes_per_step, pp: pipeline_links.h pipeline_bytes_per_step (the busiest pp rank),
-                        cp: context_parallel.h cp_bytes_per_step
+                        cp: context_parallel.h cp_bytes_per_step, whose C' is the channels of the heads that
+                        travel: the ring carries K and V alone, so a model with grouped K/V heads passes
+                        kv_heads HS / tp columns of each (Llama 3 405B: 1/16 of C/tp); Ulysses' all-to-alls
+                        carry q as well and are counted with C/tp (for grouped K/V an upper bound)
     pipeline bubble     the schedule's lists (pipeline_schedule.h) simulated (pipeline_simulator.h) with each
                         stage's own cost: a forward a third of the stage's FLOPs time, the backward two thirds
                         (B and W a third each where the schedule splits it); the mean over the pp ranks of the
@@ -257,7 +260,10 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
         for (int v = 0; v < V; v++) layers += plan.stage_layers[pipeline_model_stage(l.schedule, r, v, p)];
         most_layers = std::max(most_layers, layers);
     }
-    plan.bytes[PLAN_CP] = cp_bytes_per_step(l.cp_mode, l.cp, l.batch_size, l.seq_len, config.channels / l.tp, most_layers,
+    // the ring carries the K and V heads, grouped or not; Ulysses' all-to-alls q too (see the top of the file)
+    const int cp_channels = l.cp_mode == ContextParallelMode::Ring ? config.kv_heads * config.head_size() / l.tp
+                                                                    : config.channels / l.tp;
+    plan.bytes[PLAN_CP] = cp_bytes_per_step(l.cp_mode, l.cp, l.batch_size, l.seq_len, cp_channels, most_layers,
                                             l.recompute.policy == RecomputePolicy::Full ? 2 : 1, m, (size_t)s);
     const int spans[kPlanAxes] = {l.ranks, l.tp, l.tp * l.cp * l.pp, l.tp * l.cp};
     plan.bubble_formula = pipeline_bubble_fraction(l.schedule, p, m, V);
