@@ -169,9 +169,9 @@ static void test_by_hand() {
                    plan.bubble >= low - 1e-12 && plan.bubble <= high + 1e-12 && plan.bubble >= plan.bubble_formula,
                    std::to_string(low) + " <= " + std::to_string(plan.bubble) + " <= " + std::to_string(high));
     }
-    const double stretched = (plan.compute_seconds + plan.axis_seconds[PLAN_TP] + plan.axis_seconds[PLAN_CP] +
+    const double stretched = (plan.compute_seconds + plan.axis_seconds[PLAN_TP] + plan.shown_cp_seconds +
                               plan.axis_seconds[PLAN_PP]) / (1 - plan.bubble) + plan.exposed_dp_seconds;
-    check_true("step == (compute + tp + cp + pp) / (1 - bubble) + exposed dp",
+    check_true("step == (compute + tp + cp shown + pp) / (1 - bubble) + exposed dp",
                std::fabs(plan.step_seconds - stretched) <= 1e-12 * stretched, describe(plan.step_seconds, stretched));
 
     // Llama 3 405B's 126 layers over Meta's 16 stages: balanced by cost, each stage's share printed
