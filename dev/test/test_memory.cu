@@ -271,6 +271,42 @@ static void test_activations() {
         gpt2_free(model);
         check_equal("all freed, stage " + std::to_string(stage), in_use(), before);
     }
+    // a Llama of the same size (2 K/V heads, 96 hidden units): its blocks' buffers and chunks (no wpe, an untied
+    // LM head in the final chunk), which the ZeRO-2 and -3 working buffers are sized by
+    {
+        GPT2Config llama = config;
+        llama.arch = Arch::Llama;
+        llama.kv_heads = 2;
+        llama.ffn_hidden = 96;
+        llama.rope_theta = 10000.0f;
+        gpt2_validate_config(llama, "the Llama memory test");
+        GPT2MemoryShape llama_shape = shape;
+        llama_shape.llama = true;
+        llama_shape.kv_heads = llama.kv_heads;
+        llama_shape.ffn_hidden = llama.ffn_hidden;
+        const ActivationBytes llama_here = gpt2_activation_bytes(llama_shape, is_bf16);
+        const size_t P_llama = ParameterLayout(llama, 1).total;
+        for (int stage = 0; stage <= 3; stage++) {
+            const double before = in_use();
+            GPT2 model;
+            ModelPart whole;
+            whole.full_gradients = stage < 2;
+            whole.full_parameters = stage < 3;
+            gpt2_allocate(model, llama, llama_shape.batch, llama_shape.seq_len, whole);
+            const double model_bytes = in_use() - before;
+            Zero zero;
+            zero_init(zero, stage, nullptr, model, std::vector<float>(P_llama, 0.01f));
+            const double all_bytes = in_use() - before;
+            const MemoryPlan p = plan_training_memory(P_llama, stage, 1, 1, is_bf16, 1, &llama_shape);
+            const double s = sizeof(floatX);
+            check_equal("Llama: gpt2_allocate bytes, stage " + std::to_string(stage), model_bytes,
+                        (stage < 3 ? s * P_llama : 0) + (stage < 2 ? s * P_llama : 0) + llama_here.activations +
+                            llama_here.workspace);
+            check_equal("Llama: gpt2_allocate + zero_init bytes, stage " + std::to_string(stage), all_bytes, p.total);
+            zero_free(zero);
+            gpt2_free(model);
+        }
+    }
     // a tensor-parallel rank's slices (llmc/parallel/tensor_parallel.h), with and without sequence parallelism:
     // allocating needs no other rank, so rank 0 of tp 2 and 4 stands in for all of them
     for (int tp_size : {2, 4}) {
@@ -387,6 +423,85 @@ static void test_korthikanti_shapes() {
     }
     // the 124M table as --plan prints it
     GPT2MemoryShape plan_shape = table2_shape(12, 768, 12, 16, 1024, 4);
+    plan_shape.sequence_parallel = true;
+    print_korthikanti_table2(plan_shape, true);
+}
+
+// Llama's block against the adapted Table 2 (llmc/planning/memory.h), a small shape by hand: s = 8, b = 2, h = 32,
+// a = 4, 2 K/V heads of 8 channels (k = 16), f = 48 hidden units, t = 2; sbh = 512, sbk = 256, sbf = 768,
+// a s^2 b = 512, asb = 64, sb = 16. Replicated 8sbh = 4096, split sb(4h + 4k + 6f) = 2048 + 1024 + 4608 = 7680
+// (whole 11776), attention matrix 2as^2b = 1024:
+//   row                  adapted Table 2                  corrections (lse 4asb/t, rstd 8sb)    corrected
+//   no parallelism (t=1) 11776 + 1024 = 12800             -1024 +256 +128 = -640                 12160
+//   tensor parallel      4096 + 7680/2 + 1024/2 = 8448    -512 +128 +128 = -256                  8192
+//   tensor + sequence    (11776 + 1024)/2 = 6400          -512 +128 +64 = -320                   6080
+//   tp + selective       4096 + 3840 = 7936               +128 +128 = +256                       8192
+//   tp + sp + selective  11776/2 = 5888                   +128 +64 = +192                        6080
+//   full recompute       2*512 = 1024                     none                                   1024
+//   ours: selective      from 7936                        +256, then -(2048 + 2*768/2) = -2816   5376
+//   ours: selective + sp from 5888                        +192, then -(1024 + 768) = -1792       4288
+// And our buffers (N = 16 rows, C = 32, q = (4 + 2*2) 8/t columns of qkv, fc 2H/t, H/t), BF16:
+//   none, tp 2:  (4NC 2048 + qkv 16*32 512 + atty 16*16 256 + fch 16*48 768 + product 16*24 384) * 2 = 7936
+//                + (rstd 2N + lse N NH/2) * 4 = (32 + 32) * 4 = 256                              = 8192
+//   none, tp 1:  (2048 + 1024 + 512 + 1536 + 768) * 2 = 11776 + (32 + 64) * 4 = 384              = 12160
+//   sp, tp 2:    (4 N/2 C 1024 + 512 + 256 + 768 + 384) * 2 = 5888 + (16 + 32) * 4 = 192           = 6080
+//   selective:   8192 - (ln1, ln2 2NC 1024 + product 384) * 2 = 5376;  + sp: 6080 - (512 + 384) * 2 = 4288
+static GPT2MemoryShape table2_llama_shape(int layers, int channels, int heads, int kv_heads, int hidden, int batch,
+                                          int seq_len, int tp) {
+    GPT2MemoryShape shape = table2_shape(layers, channels, heads, batch, seq_len, tp);
+    shape.llama = true;
+    shape.kv_heads = kv_heads;
+    shape.ffn_hidden = hidden;
+    shape.padded_vocab = 128256;
+    return shape;
+}
+
+static void test_korthikanti_llama() {
+    printf("Korthikanti et al. Table 2 adapted to Llama's block, a small shape by hand (s=8 b=2 h=32 a=4 k=16 f=48 "
+           "t=2) and Llama 3's shapes\n");
+    const GPT2MemoryShape shape = table2_llama_shape(2, 32, 4, 2, 48, 2, 8, 2);
+    const double table[kNumTable2Rows] = {12800, 8448, 6400, 7936, 5888, 1024, 7936, 5888};
+    const double corrected[kNumTable2Rows] = {12160, 8192, 6080, 8192, 6080, 1024, 5376, 4288};
+    for (int r = 0; r < kNumTable2Rows; r++) {
+        const Table2Value v = korthikanti_table2((Table2Row)r, shape);
+        check_equal(std::string("Llama by hand: adapted Table 2, ") + v.name, v.table, table[r]);
+        check_equal(std::string("Llama by hand: corrected, ") + v.name, v.corrected, corrected[r]);
+        check_equal(std::string("Llama by hand: ours, ") + v.name, gpt2_activation_bytes(v.ours, true).per_layer,
+                    corrected[r]);
+    }
+    const Table2Value tp = korthikanti_table2(Table2Row::TensorParallel, shape);
+    check_true("Llama by hand: no dropout masks, softmax output 2as^2b/t, lse 4asb/t, rstd 8sb",
+               tp.dropout_masks == 0 && tp.attention_matrix == -512 && tp.log_sum_exp == 128 &&
+                   tp.layernorm_statistics == 128,
+               describe(tp.attention_matrix, -512));
+    check_equal("Llama by hand: our selective's outputs (ln1, ln2, the product)",
+                korthikanti_table2(Table2Row::OursSelective, shape).selective_outputs, -2816);
+
+    // Llama 3's shapes at 8K positions, b = 1 (tp up to the 8 K/V heads), and an odd one: every row equal
+    struct Case { const char* name; GPT2MemoryShape shape; };
+    std::vector<Case> cases;
+    for (int tp : {1, 2, 4, 8})
+        cases.push_back({"llama3-8B s=8192", table2_llama_shape(32, 4096, 32, 8, 14336, 1, 8192, tp)});
+    cases.push_back({"llama3-70B s=8192", table2_llama_shape(80, 8192, 64, 8, 28672, 1, 8192, 8)});
+    for (int tp : {1, 8})
+        cases.push_back({"llama3-405B s=8192", table2_llama_shape(126, 16384, 128, 8, 53248, 1, 8192, tp)});
+    for (int tp : {1, 3})
+        cases.push_back({"odd L=3 C=96 NH=6 KV=3 H=264 B=3 T=42", table2_llama_shape(3, 96, 6, 3, 264, 3, 42, tp)});
+    for (const Case& c : cases) {
+        int equal = 0;
+        std::string differing;
+        for (int r = 0; r < kNumTable2Rows; r++) {
+            const Table2Value v = korthikanti_table2((Table2Row)r, c.shape);
+            const double ours = gpt2_activation_bytes(v.ours, true).per_layer;
+            const bool corrected_matters = r == (int)Table2Row::FullRecompute || v.table != ours;
+            if (v.corrected == ours && corrected_matters) equal++;
+            else differing += std::string(" ") + v.name + " (" + describe(ours, v.corrected) + ")";
+        }
+        check_true(std::string(c.name) + " tp " + std::to_string(c.shape.tp) + ": corrected adapted Table 2 == ours, "
+                   "every row", equal == kNumTable2Rows, differing);
+    }
+    // the 405B table as --plan prints it
+    GPT2MemoryShape plan_shape = table2_llama_shape(126, 16384, 128, 8, 53248, 1, 8192, 8);
     plan_shape.sequence_parallel = true;
     print_korthikanti_table2(plan_shape, true);
 }
@@ -586,6 +701,55 @@ static void test_pipeline_parts() {
                 check_true(name, wrong.empty(), wrong);
             }
         }
+}
+
+// ZeRO-2 and -3 on a pipeline rank: the working buffers and the gathered chunks of the chunks it holds (the
+// embedding chunk on the first stage, and on the last where GPT-2's LM head is wte; the final chunk on the last),
+// allocated by gpt2_allocate and zero_init, against the plan's total for the rank's shape. Two ranks of 1f1b, a
+// GPT-2 and a Llama of 4 layers.
+static void test_pipeline_zero_buffers() {
+    printf("ZeRO-2 and -3 working buffers on a pipeline rank\n");
+    GPT2Config gpt2;
+    gpt2.max_seq_len = 24;
+    gpt2.vocab_size = 100;
+    gpt2.padded_vocab_size = 128;
+    gpt2.num_layers = 4;
+    gpt2.num_heads = 4;
+    gpt2.channels = 64;
+    gpt2 = gpt2_shape(gpt2);
+    GPT2Config llama = gpt2;
+    llama.arch = Arch::Llama;
+    llama.kv_heads = 2;
+    llama.ffn_hidden = 96;
+    llama.rope_theta = 10000.0f;
+    const bool is_bf16 = sizeof(floatX) == 2;
+    const int p = 2, m = 2;
+    for (const GPT2Config& config : {gpt2, llama}) {
+        Layout layout;
+        layout.pp = p, layout.batch_size = 2, layout.seq_len = 16;
+        layout.multiprocessors = device_properties().multiProcessorCount;
+        const std::vector<int> stages(p, config.num_layers / p);
+        for (int stage = 2; stage <= 3; stage++)
+            for (int r = 0; r < p; r++) {
+                ModelPart part = pipeline_model_part(PipelineSchedule::OneFOneB, r, p, 1, m, stages, config.tied_head());
+                part.full_gradients = false;
+                part.full_parameters = stage < 3;
+                const GPT2MemoryShape shape = gpt2_memory_shape(config, layout, part);
+                const size_t P = ParameterLayout(config, 1, 1, 0, part.held_chunks).total;
+                const double before = (double)cudacpu::allocations().in_use;
+                GPT2 model;
+                gpt2_allocate(model, config, shape.batch, shape.seq_len, part);
+                Zero zero;
+                zero_init(zero, stage, nullptr, model, std::vector<float>(P, 0.01f));
+                const double bytes = (double)cudacpu::allocations().in_use - before;
+                const MemoryPlan plan = plan_training_memory(P, stage, 1, 1, is_bf16, m, &shape);
+                check_equal(std::string(arch_name(config.arch)) + " 1f1b p=2 rank " + std::to_string(r) + ", stage " +
+                                std::to_string(stage) + ": gpt2_allocate + zero_init bytes == the plan's total",
+                            bytes, plan.total);
+                zero_free(zero);
+                gpt2_free(model);
+            }
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -840,8 +1004,10 @@ int main() {
     test_activations();
     test_korthikanti_by_hand();
     test_korthikanti_shapes();
+    test_korthikanti_llama();
     test_matmul_alignment();
     test_pipeline_parts();
+    test_pipeline_zero_buffers();
     test_weight_records();
     test_held_layouts();
     printf("%d passed, %d failed\n", lab.passed, lab.failed);

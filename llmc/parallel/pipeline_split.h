@@ -89,8 +89,11 @@ inline int pipeline_first_layer(const std::vector<int>& stage_layers, int stage)
 /*
 The layers of each of the S = pp V model stages. A given --pp-layers list is checked (count S, each >= 1, sum L).
 Auto balances the compute: FLOPs per token, forward + backward (the backward twice the forward):
-  one block:        72 C^2 (the four matmuls, 12 C^2 weights) + 12 C T (attention's scores and mixing)
-  LM head + loss:   6 C Vp (the tied head's matmul) + 10 Vp (softmax, loss and their gradient, a few per logit)
+  one block:        6 W for the four matmuls' W weights (GPT-2: 12 C^2, so 72 C^2; Llama: C (C + 2k) + C^2 + 3 C H
+                    with k = C kv_heads / heads the channels of K and of V, H the SwiGLU's hidden units)
+                    + 12 C T (attention's scores and mixing)
+  LM head + loss:   6 C Vp (the LM head's matmul, tied or not) + 10 Vp (softmax, loss and their gradient, a few
+                    per logit)
   embedding lookup: ~0 (a gather and a scatter-add of C values per token)
 so the first stage's extra is 0 and the last's is head / block in layer-equivalents (zbv: the ranks' totals
 balanced, pipeline_balanced_v_layers). Memory is not balanced:
@@ -99,7 +102,8 @@ the planner reports each stage's (the first stage holds the most activation reco
 // The FLOP counts above, per token of a sequence of T.
 inline double pipeline_block_flops_per_token(const GPT2Config& config, int T) {
     const double C = config.channels;
-    return 72 * C * C + 12 * C * T;
+    const double weights = C * config.qkv_channels() + C * C + C * config.fc_channels() + (double)config.ffn_hidden * C;
+    return 6 * weights + 12 * C * T;
 }
 inline double pipeline_head_flops_per_token(const GPT2Config& config) {
     const double C = config.channels, Vp = config.padded_vocab_size;

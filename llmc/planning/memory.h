@@ -25,8 +25,8 @@ per chunk).
 With a model shape the plan also counts the buffers llmc/parallel/zero.h keeps beyond the paper's formula:
   stage 1: the averaged gradient shard, s P/N, that the full gradient is reduce-scattered into;
   stages 2, 3: the working buffers chunk gradients are computed in before they are reduce-scattered (the
-           embedding chunk, two block chunks and the final chunk, padded as ParameterLayout pads them)
-           and one largest shard that receives a reduce-scatter;
+           embedding chunk, two block chunks and the final chunk, padded as ParameterLayout pads them; a
+           pipeline rank only those of the chunks it holds) and one largest shard that receives a reduce-scatter;
   stage 3: as many again for the gathered parameters of the chunks being worked on.
 
 Communication, bytes this rank sends per optimizer step under the ring algorithms whose counts
@@ -47,14 +47,14 @@ per step, i.e. gradient accumulation):
 With A = 1, stages 0-2 send the same 2 (N-1)/N P s and stage 3 half as much again, as the paper says.
 comm.h rounds each call down to whole bytes; the plan does not (a few bytes per call).
 
-Activations (optional, GPT-2 only): the exact sizes of the buffers gpt2_allocate makes for micro-batches
+Activations (optional; GPT-2's block or Llama's): the exact sizes of the buffers gpt2_allocate makes for micro-batches
 of B x T (llmc/model/gpt2.cuh), see gpt2_activation_bytes below, split into what the forward pass keeps for the
 backward pass ("activations") and the buffers every layer reuses ("workspace"). Two small scratch
 buffers are sized by the device's multiprocessor count, which the shape carries so that the plan needs
 no device. Not counted: cuBLASLt's 32 MiB workspace (GPU build), NCCL's own buffers, and the CUDA
 context (a few hundred MiB that no allocation call sees). korthikanti_table2 sets the per-layer count beside
-Table 2 of Korthikanti et al. (2022), corrected term by term for these kernels, and print_korthikanti_table2
-shows the two side by side (--plan prints it).
+Table 2 of Korthikanti et al. (2022), or for a Llama shape beside that table adapted to Llama's block, corrected
+term by term for these kernels, and print_korthikanti_table2 shows the two side by side (--plan prints it).
 */
 #pragma once
 
@@ -63,9 +63,11 @@ shows the two side by side (--plan prints it).
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 #include "../cuda_common.cuh"
 #include "../device_memory.h"
 #include "../model/parameters.h"
@@ -132,6 +134,20 @@ inline GPT2MemoryShape gpt2_memory_shape(const GPT2Config& config, const Layout&
     shape.kv_heads = config.kv_heads;
     shape.ffn_hidden = config.ffn_hidden;
     return shape;
+}
+
+// The model shape a memory shape describes (for the parameter chunks' sizes; the vocabulary is its padded size).
+inline GPT2Config gpt2_memory_shape_config(const GPT2MemoryShape& shape) {
+    GPT2Config c;
+    c.arch = shape.llama ? Arch::Llama : Arch::GPT2;
+    c.num_layers = shape.num_layers;
+    c.channels = shape.channels;
+    c.num_heads = shape.num_heads;
+    c.kv_heads = shape.kv_heads > 0 ? shape.kv_heads : shape.num_heads;
+    c.ffn_hidden = shape.ffn_hidden > 0 ? shape.ffn_hidden : 4 * shape.channels;
+    c.vocab_size = c.padded_vocab_size = shape.padded_vocab;
+    c.max_seq_len = shape.max_seq_len;
+    return c;
 }
 
 struct ActivationBytes {
@@ -270,6 +286,35 @@ so both selective rows, corrected, are our recompute none (for them attention_ma
 selective goes further and drops ln1, ln2 and fch_gelu (QKV input, fc input, fc projection input): that is
 the selective_outputs term of our own two rows, which start from their selective rows. Their full row
 keeps the layer's input, 2 sbh, as our full does with --recompute-every 1 (nothing to correct).
+
+Llama's block, counted their way. The same buffers hold the Llama block's activations at other widths
+(k = h kv_heads / a the channels of K and of V each, f = ffn_hidden the MLP's hidden units), and the block
+has no dropout, so the adapted count, term by term, is:
+    attention  QKV input 2sbh                          ln1 (R, C)            replicated
+               Q 2sbh, K and V 2sbk each: 2sb(h + 2k)  qkv (N, (h + 2k)/t)   split
+               softmax output 2as^2b, which is also    -- not stored (flash attention: lse 4asb/t)
+               the input of attention over V
+               output projection input 2sbh            atty (N, C/t)         split
+    MLP        fc input 2sbh                           ln2 (R, C)            replicated
+               gate and up outputs 2 x 2sbf            fch (N, 2f/t)         split (SiLU's input and the
+                                                                             other factor of the product)
+               their product, the down projection's    fch_gelu (N, f/t)     split
+               input 2sbf
+    RMSNorms   their inputs 4sbh                       residual2, output     replicated
+               (statistics: not in their count)        rstd only, fp32: 8sb
+that is 8sbh replicated (GPT-2's 10 less the two dropout masks) and sb(4h + 4k + 6f) split (GPT-2's 24 sbh),
+plus the attention matrix 2as^2b (GPT-2's 5as^2b less the mask and the dropout output):
+    no parallelism                          sb (12h + 4k + 6f) + 2as^2b
+    tensor parallel                         8sbh + sb (4h + 4k + 6f)/t + 2as^2b/t
+    tensor + sequence parallel              sb/t (12h + 4k + 6f + 2as)
+    tensor parallel + selective             8sbh + sb (4h + 4k + 6f)/t
+    tensor + sequence parallel + selective  sb/t (12h + 4k + 6f)
+    full recomputation                      2 sbh
+The corrections are GPT-2's with Llama's terms: no dropout masks to take away; attention_matrix - 2as^2b/t;
+log_sum_exp + 4asb/t (a query heads: every one of them scores the keys); layernorm_statistics + 8sb (+ 8sb/t
+under sequence parallelism), the rstd of both RMSNorms; our selective's outputs - 4sbh (ln1, ln2; /t under
+sequence parallelism) - 2sbf/t (the product). With k = h and f = 4h, 2sbf/t is GPT-2's 8sbh/t, and the
+other terms are GPT-2's less what the block lacks.
 */
 enum class Table2Row {
     NoParallelism,
@@ -285,7 +330,7 @@ constexpr int kNumTable2Rows = 8;
 
 struct Table2Value {
     const char* name = "";               // "tensor + sequence parallel"
-    const char* formula = "";            // Table 2's formula; our rows: the row they start from
+    const char* formula = "";            // Table 2's formula (Llama: adapted); our rows: the row they start from
     const char* corrected_formula = "";  // the formula after the corrections
     bool in_table = true;                // false: one of our rows
     double table = 0;                    // Table 2's bytes per layer (our rows: the row they start from)
@@ -299,13 +344,22 @@ struct Table2Value {
 };
 
 // The row's value for the shape's s = seq_len, b = batch, h = channels, a = num_heads, t = tp (t = 1 for the
-// no-parallelism row), in 2-byte activations whatever the build. Each product is formed before it is
-// divided by t, so with h and a multiples of t (and s b too under sequence parallelism), as a tp layout
-// needs, every value is a whole number and exact in a double.
+// no-parallelism row), and for a Llama shape k = kv_heads h / a and f = ffn_hidden, in 2-byte activations
+// whatever the build: GPT-2's Table 2, or its adaptation to Llama's block (above). Each product is formed
+// before it is divided by t, so with h, a, k and f multiples of t (and s b too under sequence parallelism),
+// as a tp layout needs, every value is a whole number and exact in a double.
 inline Table2Value korthikanti_table2(Table2Row row, const GPT2MemoryShape& shape) {
     const double s = shape.seq_len, b = shape.batch, h = shape.channels, a = shape.num_heads;
+    const bool llama = shape.llama;
+    const double k = (shape.kv_heads > 0 ? shape.kv_heads : shape.num_heads) * (h / a);
+    const double f = shape.ffn_hidden > 0 ? shape.ffn_hidden : 4 * h;
     const double t = row == Table2Row::NoParallelism ? 1 : shape.tp;
-    const double sbh = s * b * h, attention = 5 * a * s * s * b;
+    const double sbh = s * b * h, sbf = s * b * f;
+    // what tp replicates (the inputs of the norms and of the matmuls that take the residual stream, and
+    // GPT-2's dropout masks), what it splits, and the attention core's s x s matrices
+    const double replicated = llama ? 8 * sbh : 10 * sbh;
+    const double split = llama ? 4 * sbh + 4 * s * b * k + 6 * sbf : 24 * sbh;
+    const double whole = replicated + split, attention = (llama ? 2 : 5) * a * s * s * b;
     Table2Value v;
     v.ours = shape;
     v.ours.tp = (int)t;
@@ -314,35 +368,37 @@ inline Table2Value korthikanti_table2(Table2Row row, const GPT2MemoryShape& shap
     switch (row) {
         case Table2Row::NoParallelism:
             v.name = "no parallelism";
-            v.formula = "sbh (34 + 5as/h)";
-            v.corrected_formula = "32sbh + 16sb + 4asb";
-            v.table = 34 * sbh + attention;
+            v.formula = llama ? "sb (12h + 4k + 6f) + 2as^2b" : "sbh (34 + 5as/h)";
+            v.corrected_formula = llama ? "sb (12h + 4k + 6f + 8 + 4a)" : "32sbh + 16sb + 4asb";
+            v.table = whole + attention;
             break;
         case Table2Row::TensorParallel:
             v.name = "tensor parallel";
-            v.formula = "sbh (10 + 24/t + 5as/(ht))";
-            v.corrected_formula = "sbh (8 + 24/t) + 16sb + 4asb/t";
-            v.table = 10 * sbh + 24 * sbh / t + attention / t;
+            v.formula = llama ? "8sbh + sb (4h + 4k + 6f)/t + 2as^2b/t" : "sbh (10 + 24/t + 5as/(ht))";
+            v.corrected_formula = llama ? "8sbh + sb (4h + 4k + 6f)/t + 8sb + 4asb/t"
+                                        : "sbh (8 + 24/t) + 16sb + 4asb/t";
+            v.table = replicated + split / t + attention / t;
             break;
         case Table2Row::TensorSequenceParallel:
             v.name = "tensor + sequence parallel";
-            v.formula = "sbh/t (34 + 5as/h)";
-            v.corrected_formula = "sb/t (32h + 16 + 4a)";
-            v.table = (34 * sbh + attention) / t;
+            v.formula = llama ? "sb/t (12h + 4k + 6f + 2as)" : "sbh/t (34 + 5as/h)";
+            v.corrected_formula = llama ? "sb/t (12h + 4k + 6f + 8 + 4a)" : "sb/t (32h + 16 + 4a)";
+            v.table = (whole + attention) / t;
             sequence_parallel = true;
             break;
         case Table2Row::TensorParallelSelective:
             v.name = "tp + selective";
-            v.formula = "sbh (10 + 24/t)";
-            v.corrected_formula = "sbh (8 + 24/t) + 16sb + 4asb/t";
-            v.table = 10 * sbh + 24 * sbh / t;
+            v.formula = llama ? "8sbh + sb (4h + 4k + 6f)/t" : "sbh (10 + 24/t)";
+            v.corrected_formula = llama ? "8sbh + sb (4h + 4k + 6f)/t + 8sb + 4asb/t"
+                                        : "sbh (8 + 24/t) + 16sb + 4asb/t";
+            v.table = replicated + split / t;
             selective = true;
             break;
         case Table2Row::TensorSequenceParallelSelective:
             v.name = "tp + sp + selective";
-            v.formula = "sbh/t 34";
-            v.corrected_formula = "sb/t (32h + 16 + 4a)";
-            v.table = 34 * sbh / t;
+            v.formula = llama ? "sb/t (12h + 4k + 6f)" : "sbh/t 34";
+            v.corrected_formula = llama ? "sb/t (12h + 4k + 6f + 8 + 4a)" : "sb/t (32h + 16 + 4a)";
+            v.table = whole / t;
             sequence_parallel = selective = true;
             break;
         case Table2Row::FullRecompute:
@@ -358,55 +414,76 @@ inline Table2Value korthikanti_table2(Table2Row row, const GPT2MemoryShape& shap
             sequence_parallel = row == Table2Row::OursSelectiveSequenceParallel;
             v.name = sequence_parallel ? "ours: selective + sp" : "ours: selective";
             v.formula = sequence_parallel ? "(from tp + sp + selective)" : "(from tp + selective)";
-            v.corrected_formula = sequence_parallel ? "sb/t (20h + 16 + 4a)" : "sbh (4 + 16/t) + 16sb + 4asb/t";
+            v.corrected_formula = llama ? sequence_parallel ? "sb/t (8h + 4k + 4f + 8 + 4a)"
+                                                            : "4sbh + sb (4h + 4k + 4f)/t + 8sb + 4asb/t"
+                                        : sequence_parallel ? "sb/t (20h + 16 + 4a)" : "sbh (4 + 16/t) + 16sb + 4asb/t";
             v.in_table = false;
-            v.table = sequence_parallel ? 34 * sbh / t : 10 * sbh + 24 * sbh / t;
+            v.table = sequence_parallel ? whole / t : replicated + split / t;
             selective = true;
             // ln1 (QKV input) and ln2 (fc input), 2sbh each, replicated or split by sequence parallelism;
-            // fch_gelu (fc projection input) 8sbh/t
-            v.selective_outputs = -((sequence_parallel ? 4 * sbh / t : 4 * sbh) + 8 * sbh / t);
+            // fch_gelu (fc projection input: GELU's output, or SwiGLU's product) 2sbf/t, GPT-2's 8sbh/t
+            v.selective_outputs = -((sequence_parallel ? 4 * sbh / t : 4 * sbh) + 2 * sbf / t);
             v.ours.recompute = Recompute{RecomputePolicy::Selective, 1};
             break;
     }
     v.ours.sequence_parallel = sequence_parallel;
-    v.dropout_masks = sequence_parallel ? -2 * sbh / t : -2 * sbh;
+    v.dropout_masks = llama ? 0 : sequence_parallel ? -2 * sbh / t : -2 * sbh;
     v.attention_matrix = selective ? 0 : -attention / t;
     v.log_sum_exp = 4 * a * s * b / t;
-    v.layernorm_statistics = sequence_parallel ? 16 * s * b / t : 16 * s * b;
+    const double statistics = (llama ? 8 : 16) * s * b;  // fp32: RMSNorm's rstd, or layernorm's mean and rstd
+    v.layernorm_statistics = sequence_parallel ? statistics / t : statistics;
     v.corrected = v.table + v.dropout_masks + v.attention_matrix + v.log_sum_exp + v.layernorm_statistics +
                   v.selective_outputs;
     return v;
 }
 
-// The table for one shape: each row's Table 2 value, the corrected value and gpt2_activation_bytes' per_layer
-// for the run the row describes, all in 2-byte activations as the paper counts (bf16_build false adds what
-// the FP32 build's sizes are). Of our two rows, the one matching shape.sequence_parallel is printed.
+// The table for one shape: each row's Table 2 value (a Llama shape: the adapted count), the corrected value and
+// gpt2_activation_bytes' per_layer for the run the row describes, all in 2-byte activations as the paper
+// counts (bf16_build false adds what the FP32 build's sizes are). Of our two rows, the one matching
+// shape.sequence_parallel is printed.
 inline void print_korthikanti_table2(const GPT2MemoryShape& shape, bool bf16_build, FILE* out = stdout) {
-    fprintf(out, "per-layer activations, Korthikanti et al. Table 2: bytes per layer and rank, 2-byte activations "
-            "(s=%d b=%d h=%d a=%d t=%d)%s\n", shape.seq_len, shape.batch, shape.channels, shape.num_heads, shape.tp,
-            bf16_build ? "" : "; this FP32 build's 4-byte activations double every term but the fp32 log-sum-exp "
-                              "and layernorm statistics");
-    fprintf(out, "  %-27s %-27s %10s  %-31s %10s %13s  %s\n", "row", "Table 2", "bytes", "corrected for our kernels",
-            "bytes", "ours", "(our run)");
+    const bool llama = shape.llama;
+    std::vector<Table2Value> rows;
+    int formula_width = 27, corrected_width = 31;  // GPT-2's longest formulas, and a space
     for (int r = 0; r < kNumTable2Rows; r++) {
         const Table2Row row = (Table2Row)r;
         if ((row == Table2Row::OursSelective && shape.sequence_parallel) ||
             (row == Table2Row::OursSelectiveSequenceParallel && !shape.sequence_parallel))
             continue;
-        const Table2Value v = korthikanti_table2(row, shape);
+        rows.push_back(korthikanti_table2(row, shape));
+        formula_width = std::max(formula_width, (int)strlen(rows.back().formula) + 1);
+        corrected_width = std::max(corrected_width, (int)strlen(rows.back().corrected_formula) + 1);
+    }
+    char widths[64] = "";  // a Llama shape's k and f
+    if (llama)
+        snprintf(widths, sizeof(widths), " k=%d f=%d",
+                 (shape.kv_heads > 0 ? shape.kv_heads : shape.num_heads) * (shape.channels / shape.num_heads),
+                 shape.ffn_hidden > 0 ? shape.ffn_hidden : 4 * shape.channels);
+    fprintf(out, "per-layer activations, Korthikanti et al. Table 2%s: bytes per layer and rank, 2-byte activations "
+            "(s=%d b=%d h=%d a=%d%s t=%d)%s\n", llama ? " adapted to Llama's block (K/V heads, SwiGLU, RMSNorm, no "
+            "dropout)" : "", shape.seq_len, shape.batch, shape.channels, shape.num_heads, widths, shape.tp,
+            bf16_build ? "" : "; this FP32 build's 4-byte activations double every term but the fp32 log-sum-exp "
+                              "and norm statistics");
+    fprintf(out, "  %-27s %-*s %10s  %-*s %10s %13s  %s\n", "row", formula_width, llama ? "Table 2 adapted" : "Table 2",
+            "bytes", corrected_width, "corrected for our kernels", "bytes", "ours", "(our run)");
+    for (const Table2Value& v : rows) {
         const double ours = gpt2_activation_bytes(v.ours, true).per_layer;
         const RecomputePolicy policy = v.ours.recompute.policy;
         const std::string run = std::string(policy == RecomputePolicy::None        ? "none"
                                             : policy == RecomputePolicy::Selective ? "selective"
                                                                                    : "full, every 1") +
                                 ", tp " + std::to_string(v.ours.tp) + (v.ours.sequence_parallel && v.ours.tp > 1 ? " + sp" : "");
-        fprintf(out, "  %-27s %-27s %10s  %-31s %10s %s %10s  (%s)\n", v.name, v.formula,
-                v.in_table ? format_bytes(v.table).c_str() : "-", v.corrected_formula,
+        fprintf(out, "  %-27s %-*s %10s  %-*s %10s %s %10s  (%s)\n", v.name, formula_width, v.formula,
+                v.in_table ? format_bytes(v.table).c_str() : "-", corrected_width, v.corrected_formula,
                 format_bytes(v.corrected).c_str(), ours == v.corrected ? "==" : "!=", format_bytes(ours).c_str(),
                 run.c_str());
     }
-    fprintf(out, "  corrected = Table 2 - dropout masks 2sbh (/t with sp) - attention matrices 5as^2b/t (not under "
-            "selective) + fp32 log-sum-exp 4asb/t + fp32 layernorm mean, rstd 16sb (/t with sp)\n");
+    if (llama)
+        fprintf(out, "  corrected = adapted Table 2 - softmax output 2as^2b/t (not under selective) + fp32 log-sum-exp "
+                "4asb/t + fp32 RMSNorm rstd 8sb (/t with sp)\n");
+    else
+        fprintf(out, "  corrected = Table 2 - dropout masks 2sbh (/t with sp) - attention matrices 5as^2b/t (not under "
+                "selective) + fp32 log-sum-exp 4asb/t + fp32 layernorm mean, rstd 16sb (/t with sp)\n");
 }
 
 // ----------------------------------------------------------------------------
@@ -487,22 +564,26 @@ inline MemoryPlan plan_training_memory(size_t num_parameters, int zero_stage, in
         p.gradients_formula += plan_format(" + %.0f P / %d (the averaged shard)", s, n);
     }
     if (zero_stage >= 2 && shape) {  // chunk-sized buffers, padded as ParameterLayout pads them
-        const double multiple = (double)kChunkPaddingElements * N;
-        auto padded = [&](double count) { return std::ceil(count / multiple) * multiple; };
-        // a tp rank's chunks (llmc/model/parameters.h): wte's rows and the matmuls split t ways, the rest whole
-        const double C = shape->channels, t = shape->tp;
-        const double embedding = padded(((double)shape->padded_vocab / t + shape->max_seq_len) * C);
-        const double block = padded(12 * C * C / t + 6 * C + 7 * C / t);
-        const double final = padded(2 * C);
+        // a tp rank's chunks (llmc/model/parameters.h): wte's rows (and Llama's LM head's) and the matmuls split t
+        // ways, the rest whole; GPT-2: (Vp/t + max_seq_len) C, 12 C^2/t + 6C + 7C/t and 2C elements
+        // A pipeline rank sizes its embedding and final buffers by the chunks it holds (llmc/parallel/zero.h's
+        // working_buffer_sizes): the embedding chunk on the first stage (and on the last, where the LM head is
+        // wte), the final chunk on the last; none elsewhere.
+        const ParameterLayout chunks_of(gpt2_memory_shape_config(*shape), n, shape->tp);
+        const bool holds_embedding = shape->first_stage || (shape->last_stage && !shape->llama);
+        const double embedding = holds_embedding ? (double)chunks_of.embedding_chunk : 0.0;
+        const double block = (double)chunks_of.block_chunk;
+        const double final = shape->last_stage ? (double)chunks_of.final_chunk : 0.0;
         const double chunks = (embedding + 2 * block + final) * s;
         const double largest_shard = std::max({embedding, block, final}) / N * s;
         p.gradients += chunks + largest_shard;
-        p.gradients_formula += plan_format(" + %s working buffers (embedding chunk, 2 block chunks, final chunk, "
-                                           "1 shard)", format_bytes(chunks + largest_shard).c_str());
+        p.gradients_formula += plan_format(" + %s working buffers (%s2 block chunks%s, 1 shard)",
+                                           format_bytes(chunks + largest_shard).c_str(),
+                                           embedding > 0 ? "embedding chunk, " : "", final > 0 ? ", final chunk" : "");
         if (zero_stage == 3) {
             p.parameters += chunks;
-            p.parameters_formula += plan_format(" + %s gathered chunks (embedding, 2 blocks, final)",
-                                                format_bytes(chunks).c_str());
+            p.parameters_formula += plan_format(" + %s gathered chunks (%s2 blocks%s)", format_bytes(chunks).c_str(),
+                                                embedding > 0 ? "embedding, " : "", final > 0 ? ", final" : "");
         }
     }
 

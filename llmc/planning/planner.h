@@ -17,7 +17,9 @@ work:
                         records in flight and the embedding / LM head); "fits" takes the largest
     bytes per step      dp: the ZeRO stage's collectives (memory.h's communication row), tp: tensor_parallel.h
     on each axis        tp_bytes_per_step, pp: pipeline_links.h pipeline_bytes_per_step (the busiest pp rank),
-                        cp: context_parallel.h cp_bytes_per_step
+                        cp: context_parallel.h cp_bytes_per_step, from a tp rank's heads: the ring carries K
+                        and V alone, so a model with grouped K/V heads passes kv_heads HS / tp columns of
+                        each (Llama 3 405B: 1/16 of C/tp); Ulysses' all-to-alls carry q, k and v rows
     pipeline bubble     the schedule's lists (pipeline_schedule.h) simulated (pipeline_simulator.h) with each
                         stage's own cost: a forward a third of the stage's FLOPs time, the backward two thirds
                         (B and W a third each where the schedule splits it); the mean over the pp ranks of the
@@ -41,14 +43,18 @@ The cost model of the estimated step time (one step, seconds; each term printed 
                 tp cp <= it; pp: tp cp pp <= it; dp: all ranks <= it), InfiniBand otherwise (a ring over
                 nodes runs at one GPU's network bandwidth). Defaults: H100 SXM: NVLink 4, 450 GB/s per
                 direction per GPU; InfiniBand NDR 400 Gb/s = 50 GB/s per GPU; peak 989 TFLOP/s (dense BF16)
-    step      = (compute + tp + cp + pp) / (1 - bubble)  +  max(0, dp - compute)
+    cp shown  = the part of the cp axis's time that attention does not hide (ring; below), or all of it (Ulysses)
+    step      = (compute + tp + cp shown + pp) / (1 - bubble)  +  max(0, dp - compute)
 Overlap: dp (the gradient all-reduce or reduce-scatter, the ZeRO all-gathers) runs on its own stream
 while the blocks compute (llmc/parallel/zero.h reduces each chunk as soon as its gradient is final, ZeRO-3 gathers
-ahead), so only the part longer than the compute shows. tp, cp and pp are counted in full: a tp all-reduce
-sits between two matmuls that need it (only f's backward overlaps, with the weight gradient), a pp send is
-the next stage's input, and ring attention hides its K/V passes only when a block's attention outlasts its
-transfer; counting them whole makes the estimate an upper bound for those axes. The pipeline's idle
-time stretches all of a microbatch's work, communication on the critical path included: / (1 - bubble).
+ahead), so only the part longer than the compute shows. tp and pp are counted in full: a tp all-reduce
+sits between two matmuls that need it (only f's backward overlaps, with the weight gradient), and a pp send is
+the next stage's input; counting them whole makes the estimate an upper bound for those axes. Ring attention
+passes the next K/V block on a stream of its own while the compute stream works on the block in hand
+(llmc/parallel/context_parallel.h), so only a transfer longer than its step's attention shows
+(plan_cp_shown_seconds); Ulysses' all-to-alls sit between the qkv matmul, attention and the output projection,
+each waiting for the other, and show whole. The pipeline's idle time stretches all of a microbatch's work,
+communication on the critical path included: / (1 - bubble).
 Not modelled: the efficiency lost by small matmuls at large tp or small B T, kernel launch overheads,
 the optimizer step, contention of several axes for one link. The ranking is for comparing layouts, not
 a promise of seconds; --efficiency sets the fraction of peak a well-fed matmul reaches.
@@ -123,6 +129,7 @@ struct LayoutPlan {
     // the estimate (seconds per step)
     double tokens = 0, model_flops = 0, hardware_flops = 0;  // per step, all ranks
     double compute_seconds = 0, axis_seconds[kPlanAxes] = {}, exposed_dp_seconds = 0, step_seconds = 0;
+    double shown_cp_seconds = 0;  // the part of axis_seconds[PLAN_CP] that attention does not hide
     double mfu = 0;
     Layout layout;
 };
@@ -206,6 +213,36 @@ inline double plan_simulated_bubble(PipelineSchedule schedule, int p, int m, int
     return idle / p;
 }
 
+/*
+The cp axis's time that the ring does not hide. Ring attention (llmc/parallel/context_parallel.h) starts passing
+the next K/V block on its own stream before it computes the attention of the block in hand, and waits for it
+before the next step, so a step lasts max(transfer, attention) and only the excess shows. In the backward pass
+the block's dK/dV buffer sets out after the step's attention has added to it, and the next step adds to the
+buffer that arrives: that pass waits whole, as does the last one, which brings the gradient home. Per layer and
+microbatch, with t the time of one block (N rows of 2 k values, k = kv_heads HS / tp, on the cp link) and a one
+step's attention forward as the compute term charges it:
+    forward   F (cp - 1) max(0, t - a)          (F = 2 under --recompute full, which reruns the ring)
+    backward  (cp - 1) max(0, t - 2a) + cp t    (the backward's attention: twice the forward's)
+    a = 4 c N^2 / (peak x efficiency)           (c = C/tp this rank's query channels, N = B T/cp rows)
+The compute term counts attention as PaLM does, 4 C T FLOPs per token and layer forward (llmc/planning/mfu.h): a
+rank's N rows against T keys, 4 c N T. The zigzag split gives each of the cp steps the same share of the causal
+mask's visible pairs (of another rank's block two of the four chunk pairs; of the rank's own, the pair below the
+diagonal and half of each diagonal pair), so one step is 1/cp of it: 4 c N^2. With a = 0 the lines add up to
+cp_bytes_per_step's ((cp - 1) F + 2 cp - 1) blocks, cp_seconds. The contiguous split's steps are not equal (the
+last cp rank sees every block whole, the first none): not modelled, as the compute term does not model it.
+Ulysses: nothing to hide behind, all of cp_seconds shows.
+*/
+inline double plan_cp_shown_seconds(const GPT2Config& config, const Layout& l, int layers, int microbatches,
+                                    double cp_seconds, double link_bytes_per_second, double flops_per_second) {
+    if (l.cp == 1 || l.cp_mode != ContextParallelMode::Ring) return cp_seconds;
+    const double s = l.bf16 ? 2 : 4, kv_channels = (double)config.kv_heads * config.head_size() / l.tp;
+    const double N = (double)l.batch_size * l.seq_len / l.cp, c = (double)config.channels / l.tp, cp = l.cp;
+    const double F = l.recompute.policy == RecomputePolicy::Full ? 2 : 1;
+    const double t = N * 2 * kv_channels * s / link_bytes_per_second, a = 4 * c * N * N / flops_per_second;
+    const double per_layer = F * (cp - 1) * std::max(0.0, t - a) + (cp - 1) * std::max(0.0, t - 2 * a) + cp * t;
+    return per_layer * layers * microbatches;
+}
+
 inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const PlanHardware& hw) {
     LayoutPlan plan;
     plan.layout = l;
@@ -284,7 +321,11 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
                                                                       : hw.nvlink_bytes_per_second);
     }
     plan.exposed_dp_seconds = std::max(0.0, plan.axis_seconds[PLAN_DP] - plan.compute_seconds);
-    plan.step_seconds = (plan.compute_seconds + plan.axis_seconds[PLAN_TP] + plan.axis_seconds[PLAN_CP] +
+    plan.shown_cp_seconds = plan_cp_shown_seconds(config, l, most_layers, m, plan.axis_seconds[PLAN_CP],
+                                                  plan.crosses_nodes[PLAN_CP] ? hw.infiniband_bytes_per_second
+                                                                              : hw.nvlink_bytes_per_second,
+                                                  rate);
+    plan.step_seconds = (plan.compute_seconds + plan.axis_seconds[PLAN_TP] + plan.shown_cp_seconds +
                          plan.axis_seconds[PLAN_PP]) / (1.0 - plan.bubble) + plan.exposed_dp_seconds;
     plan.mfu = plan.model_flops / l.ranks / plan.step_seconds / hw.peak_flops;
     return plan;
@@ -353,12 +394,15 @@ inline void print_plan_communication(const LayoutPlan& plan, const PlanHardware&
 
 // The estimate, term by term.
 inline void print_plan_estimate(const LayoutPlan& plan, const PlanHardware& hw, FILE* out = stdout) {
-    fprintf(out, "estimated step %.3f s = (compute %.3f + tp %.3f + cp %.3f + pp %.3f) / (1 - bubble %.3f) + dp not "
+    const std::string cp_hidden = plan.axis_seconds[PLAN_CP] > plan.shown_cp_seconds
+                                      ? plan_format(" (of %.3f; attention hides the rest)", plan.axis_seconds[PLAN_CP])
+                                      : "";
+    fprintf(out, "estimated step %.3f s = (compute %.3f + tp %.3f + cp %.3f%s + pp %.3f) / (1 - bubble %.3f) + dp not "
             "hidden by compute %.3f; MFU %.1f%% (%.3g tokens per step, %.3g model FLOPs, %.3g with recomputation; "
             "peak %.0f TFLOP/s x efficiency %.2f; llmc/planning/planner.h's cost model)\n", plan.step_seconds,
-            plan.compute_seconds, plan.axis_seconds[PLAN_TP], plan.axis_seconds[PLAN_CP], plan.axis_seconds[PLAN_PP],
-            plan.bubble, plan.exposed_dp_seconds, 100 * plan.mfu, plan.tokens, plan.model_flops, plan.hardware_flops,
-            hw.peak_flops / 1e12, hw.efficiency);
+            plan.compute_seconds, plan.axis_seconds[PLAN_TP], plan.shown_cp_seconds, cp_hidden.c_str(),
+            plan.axis_seconds[PLAN_PP], plan.bubble, plan.exposed_dp_seconds, 100 * plan.mfu, plan.tokens,
+            plan.model_flops, plan.hardware_flops, hw.peak_flops / 1e12, hw.efficiency);
     fprintf(out, "fits in %s per GPU: %s (the fullest pp rank, %d: %s + %s reserved for the CUDA context, cuBLASLt "
             "and NCCL)\n", format_bytes(hw.gpu_memory_bytes).c_str(), plan.fits ? "yes" : "NO", plan.fullest_stage,
             format_bytes(plan.peak_bytes).c_str(), format_bytes(kPlanReserveBytes).c_str());
@@ -480,7 +524,8 @@ inline void print_plan_search(const GPT2Config& config, const PlanSearch& search
     fprintf(out, "%d layouts considered: %d refused by the layout checks, %d too big, %zu fit; the %d fastest by "
             "the estimated step time (memory: the fullest pp rank; bytes: per step and rank; "
             "llmc/planning/planner.h: compute at %.0f TFLOP/s x %.2f, NVLink %.0f GB/s within a node, "
-            "InfiniBand %.0f GB/s across; dp hidden behind compute, tp/cp/pp not; stretched by the bubble):\n",
+            "InfiniBand %.0f GB/s across; dp hidden behind compute, the cp ring's passes behind attention, tp/pp "
+            "not; stretched by the bubble):\n",
             search.considered, search.refused, search.too_big, search.fitting.size(),
             std::min(top, (int)search.fitting.size()), hw.peak_flops / 1e12, hw.efficiency,
             hw.nvlink_bytes_per_second / 1e9, hw.infiniband_bytes_per_second / 1e9);
