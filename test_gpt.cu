@@ -170,7 +170,7 @@ int main(int argc, char** argv) {
     const ReferenceState ref = read_reference(state_path, config, layout.num_parameters);
     printf("test_gpt: %s, %s, %s L=%d NH=%d KV=%d C=%d H=%d V=%d, B=%d T=%d, %d steps\n", PRECISION_NAME,
            model_path.c_str(), arch_name(config.arch), config.num_layers, config.num_heads, config.kv_heads,
-           config.channels, config.ffn_hidden, config.vocab_size, ref.B, ref.T, ref.steps);
+           config.channels, (int)config.hidden(), config.vocab_size, ref.B, ref.T, ref.steps);
 
     GPT2 model;
     gpt2_allocate(model, config, ref.B, ref.T);

@@ -194,7 +194,7 @@ static GPT2Config model_config(const Options& o) {
         if (o.arch == "llama") {
             config.arch = Arch::Llama;
             if (o.kv_heads > 0) config.kv_heads = o.kv_heads;
-            if (o.ffn_hidden > 0) config.ffn_hidden = o.ffn_hidden;
+            config.ffn_hidden = o.ffn_hidden > 0 ? o.ffn_hidden : 4 * o.channels;
             config.rope_theta = o.rope_theta;
         } else if (o.kv_heads > 0 || o.ffn_hidden > 0) {
             fatal("--kv-heads and --ffn-hidden shape a Llama block: add --arch llama");

@@ -283,7 +283,8 @@ static void test_by_hand() {
         const double want = (15 * 2 + 31) * block_bytes * layers * m;
         check_true("cp ring bytes: K/V heads only, 61 blocks of N x 256 values per layer and microbatch",
                    plan.bytes[PLAN_CP] == want, describe(plan.bytes[PLAN_CP], want));
-        const double every_head = cp_bytes_per_step(ContextParallelMode::Ring, 16, 1, 131072, 2048, 8, 2, 16, 2);
+        const double every_head = cp_bytes_per_step(ContextParallelMode::Ring, 16, 1, 131072, AttentionHeads{16, 16, 128},
+                                                    8, 2, 16, 2);
         check_true("cp ring bytes: 1/16 of what every head's K and V would send",
                    plan.bytes[PLAN_CP] * 16 == every_head, describe(plan.bytes[PLAN_CP] * 16, every_head));
         // the part attention does not hide: a block takes t = 4 MiB / 50 GB/s = 84 us, one step's attention
@@ -310,16 +311,25 @@ static void test_by_hand() {
                    std::fabs(instant_plan.shown_cp_seconds - instant_plan.axis_seconds[PLAN_CP]) <=
                        1e-12 * instant_plan.axis_seconds[PLAN_CP],
                    describe(instant_plan.shown_cp_seconds, instant_plan.axis_seconds[PLAN_CP]));
-        Layout ulysses = meta_layout(16384, 131072, 8, RecomputePolicy::Full);  // 128 heads / tp 8 = 16 over cp 8
+        // Ulysses splits a tp rank's heads over cp: 128 query heads / tp 8 = 16 split over cp 8, but the 8 K/V heads
+        // leave one per tp rank, which cp 8 cannot split: refused, with the line the trainer prints
+        Layout ulysses = meta_layout(16384, 131072, 8, RecomputePolicy::Full);
         ulysses.cp_mode = ContextParallelMode::Ulysses;
         ulysses.total_batch_size *= 2;  // dp 16
         const LayoutPlan u = plan_layout(long_config, ulysses, hw);
-        check_true("Ulysses: counted with C/tp channels, all of it shown",
-                   u.error.empty() &&
-                       u.bytes[PLAN_CP] == cp_bytes_per_step(ContextParallelMode::Ulysses, 8, 1, 131072, 2048, 8, 2,
-                                                             u.accumulation, 2) &&
-                       u.shown_cp_seconds == u.axis_seconds[PLAN_CP],
-                   u.error.empty() ? describe(u.shown_cp_seconds, u.axis_seconds[PLAN_CP]) : u.error);
+        check_true("Ulysses cp 8 on a tp rank's one K/V head: refused",
+                   u.error == ulysses_heads_error(8, AttentionHeads{16, 1, 128}) && !u.error.empty(), u.error);
+        // at tp 1 each rank holds the 8 K/V heads, which cp 8 splits: counted from the heads, all of it shown
+        Layout wide = ulysses;
+        wide.tp = 1, wide.sequence_parallel = false;
+        wide.total_batch_size *= 8;  // 16 microbatches of dp 128, as the interleaved schedule needs
+        const LayoutPlan w = plan_layout(long_config, wide, hw);
+        check_true("Ulysses cp 8 at tp 1: counted from the query and K/V heads, all of it shown",
+                   w.error.empty() &&
+                       w.bytes[PLAN_CP] == cp_bytes_per_step(ContextParallelMode::Ulysses, 8, 1, 131072,
+                                                             AttentionHeads{128, 8, 128}, 8, 2, w.accumulation, 2) &&
+                       w.shown_cp_seconds == w.axis_seconds[PLAN_CP],
+                   w.error.empty() ? describe(w.shown_cp_seconds, w.axis_seconds[PLAN_CP]) : w.error);
     }
 
     // Llama 3 405B's 126 layers over 16 stages of 1f1b, balanced by cost (the LM head ~0.6 of a layer): each

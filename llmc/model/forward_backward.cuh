@@ -156,7 +156,7 @@ inline void block_forward(GPT2& model, ParallelContext& par, int layer, const Bl
     const BlockParams p = block_parameters(model, par, layer);
     const int N = B * T, C = c.channels, R = tp_rows(tp, N);
     const int attention = C / tp.size, qkv = c.qkv_channels() / tp.size;
-    const int hidden = c.ffn_hidden / tp.size, fc = c.fc_channels() / tp.size;
+    const int hidden = c.hidden() / tp.size, fc = c.fc_channels() / tp.size;
     const AttentionHeads heads = rank_attention_heads(c, tp);
     // x + attproj(attention(qkv(norm1(x)))): qkv column-parallel (this rank's heads), attproj row-parallel
     norm_forward(c, a.ln1, a.ln1_mean, a.ln1_rstd, a.input, p.ln1w, p.ln1b, R, stream);
@@ -185,7 +185,7 @@ inline void block_recompute_selective(GPT2& model, const TensorParallel& tp, con
                                       const BlockActivations& a, int B, int T) {
     const GPT2Config& c = model.config;
     cudaStream_t stream = model.stream;
-    const int N = B * T, R = tp_rows(tp, N), hidden = c.ffn_hidden / tp.size;
+    const int N = B * T, R = tp_rows(tp, N), hidden = c.hidden() / tp.size;
     norm_forward(c, a.ln1, a.ln1_mean, a.ln1_rstd, a.input, p.ln1w, p.ln1b, R, stream);
     norm_forward(c, a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2w, p.ln2b, R, stream);
     activation_forward(c, a.fch_gelu, a.fch, N, hidden, stream);
@@ -233,7 +233,7 @@ inline void block_backward(GPT2& model, ParallelContext& par, int layer, const B
     floatX* dresidual = a.dresidual;
     const int N = B * T, C = c.channels, R = tp_rows(tp, N);
     const int attention = C / tp.size, qkv = c.qkv_channels() / tp.size;
-    const int hidden = c.ffn_hidden / tp.size, fc = c.fc_channels() / tp.size;
+    const int hidden = c.hidden() / tp.size, fc = c.fc_channels() / tp.size;
     const AttentionHeads heads = rank_attention_heads(c, tp);
     // a matmul's weight gradients from its output gradient dout and input inp (IC -> OC features): now, or
     // (B) their operands kept
@@ -291,7 +291,7 @@ inline void block_weight_gradients(GPT2& model, ParallelContext& par, int layer,
     const GPT2Config& c = model.config;
     const int N = B * T, C = c.channels;
     const int attention = C / par.tp.size, qkv = c.qkv_channels() / par.tp.size;
-    const int hidden = c.ffn_hidden / par.tp.size, fc = c.fc_channels() / par.tp.size;
+    const int hidden = c.hidden() / par.tp.size, fc = c.fc_channels() / par.tp.size;
     float* scratch = model.shared.matmul_scratch;
     cudaStream_t stream = model.stream;
     const BlockParams g = block_gradients(model, par, layer);

@@ -319,7 +319,7 @@ inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int
     const Recompute& r = part.recompute;
     const size_t N = (size_t)B * T, C = c.channels, layers = model.stage_layers, R = part.rows(N);
     const size_t attention = C / part.tp, qkv = c.qkv_channels() / part.tp, heads = c.num_heads / part.tp;
-    const size_t hidden = c.ffn_hidden / part.tp, fc = c.fc_channels() / part.tp;
+    const size_t hidden = c.hidden() / part.tp, fc = c.fc_channels() / part.tp;
     const bool layernorm = !c.llama();  // RMSNorm keeps no mean
     auto buffer = [&](size_t count, size_t element_bytes, MemoryKind kind) {
         void* pointer = tracked_alloc<char>(count * element_bytes, kind);
@@ -420,7 +420,7 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, c
     const size_t N = (size_t)B * T, C = config.channels;
     const size_t R = part.rows(N);                                         // rows of the residual stream
     const size_t qkv = config.qkv_channels() / part.tp, heads = config.num_heads / part.tp;
-    const size_t hidden = config.ffn_hidden / part.tp, fc = config.fc_channels() / part.tp;
+    const size_t hidden = config.hidden() / part.tp, fc = config.fc_channels() / part.tp;
 
     if (part.full_parameters) model.params = tracked_alloc<floatX>(P, MemoryKind::Parameters);
     if (part.full_gradients) {
@@ -586,11 +586,11 @@ inline std::vector<float> gpt2_read_parameters(const std::string& path, const Pa
     const GPT2Config c = gpt2_read_config(path, &version);
     const GPT2Config& l = layout.config;
     if (!same_shape(c, l))
-        fatal("%s holds a model of another shape (%s, layers %d, heads %d, K/V heads %d, channels %d, hidden %d, "
-              "vocab %d) than the one it is read into (%s, layers %d, heads %d, K/V heads %d, channels %d, hidden %d, "
+        fatal("%s holds a model of another shape (%s, layers %d, heads %d, K/V heads %d, channels %d, hidden %zu, "
+              "vocab %d) than the one it is read into (%s, layers %d, heads %d, K/V heads %d, channels %d, hidden %zu, "
               "vocab %d)", path.c_str(), arch_name(c.arch), c.num_layers, c.num_heads, c.kv_heads, c.channels,
-              c.ffn_hidden, c.vocab_size, arch_name(l.arch), l.num_layers, l.num_heads, l.kv_heads, l.channels,
-              l.ffn_hidden, l.vocab_size);
+              c.hidden(), c.vocab_size, arch_name(l.arch), l.num_layers, l.num_heads, l.kv_heads, l.channels,
+              l.hidden(), l.vocab_size);
     FILE* file = open_file(path, "rb");
     if (fseek(file, 256 * sizeof(int), SEEK_SET) != 0) fatal("cannot seek in %s: %s", path.c_str(), strerror(errno));
     std::vector<float> values(layout.total);

@@ -35,17 +35,21 @@ struct GPT2Config {
     int num_heads = 0;
     int channels = 0;
     int kv_heads = 0;           // heads of K and V (GPT-2: num_heads; Llama: a divisor of it)
-    int ffn_hidden = 0;         // the MLP's hidden units (GPT-2: 4 C)
+    int ffn_hidden = 0;         // Llama: the MLP's hidden units (GPT-2: 0, its 4 C are hidden())
     float rope_theta = 0.0f;    // Llama: RoPE's base
     float norm_eps = 1e-5f;     // the norms' epsilon (GPT-2's layernorm: 1e-5, fixed in its kernels)
 
     bool llama() const { return arch == Arch::Llama; }
     bool tied_head() const { return arch == Arch::GPT2; }  // the LM head is wte
     int head_size() const { return channels / num_heads; }
+    // (in size_t: a model file's header may claim dimensions whose products overflow an int, and is refused by
+    // its size, gpt2_read_config)
     // width of the qkv projection's output: the query heads, then the K heads, then the V heads
-    int qkv_channels() const { return (num_heads + 2 * kv_heads) * head_size(); }
-    // width of fc's output: the hidden units (GELU), or the gate and the up projection (SwiGLU)
-    int fc_channels() const { return llama() ? 2 * ffn_hidden : ffn_hidden; }
+    size_t qkv_channels() const { return ((size_t)num_heads + 2 * (size_t)kv_heads) * head_size(); }
+    // the MLP's hidden units, and the width of fc's output: the hidden units (GELU), or the gate and the up
+    // projection (SwiGLU)
+    size_t hidden() const { return llama() ? (size_t)ffn_hidden : 4 * (size_t)channels; }
+    size_t fc_channels() const { return llama() ? 2 * hidden() : hidden(); }
 };
 
 // Two configurations describe the same model (the same tensors of the same sizes, the same computation).
@@ -58,11 +62,10 @@ inline bool same_shape(const GPT2Config& a, const GPT2Config& b) {
 
 inline int padded_vocab(int vocab_size) { return (vocab_size + 127) / 128 * 128; }
 
-// GPT-2's derived fields: as many K/V heads as heads, 4 C hidden units.
+// GPT-2's derived field: as many K/V heads as heads.
 inline GPT2Config gpt2_shape(GPT2Config c) {
     c.arch = Arch::GPT2;
     c.kv_heads = c.num_heads;
-    c.ffn_hidden = 4 * c.channels;
     return c;
 }
 
@@ -121,12 +124,12 @@ inline bool llama_config_by_name(const std::string& name, GPT2Config* config) {
 // Refuses shapes the kernels cannot run, naming the problem (`source` says where the config came from).
 inline void gpt2_validate_config(const GPT2Config& c, const std::string& source) {
     auto refuse = [&](const char* problem) {
-        fatal("%s: invalid %s model shape (layers %d, heads %d, K/V heads %d, channels %d, hidden %d, vocab %d padded "
+        fatal("%s: invalid %s model shape (layers %d, heads %d, K/V heads %d, channels %d, hidden %zu, vocab %d padded "
               "to %d, max_seq_len %d): %s", source.c_str(), arch_name(c.arch), c.num_layers, c.num_heads, c.kv_heads,
-              c.channels, c.ffn_hidden, c.vocab_size, c.padded_vocab_size, c.max_seq_len, problem);
+              c.channels, c.hidden(), c.vocab_size, c.padded_vocab_size, c.max_seq_len, problem);
     };
     if (c.num_layers <= 0 || c.num_heads <= 0 || c.channels <= 0 || c.vocab_size <= 0 || c.max_seq_len <= 0 ||
-        c.kv_heads <= 0 || c.ffn_hidden <= 0)
+        c.kv_heads <= 0 || (c.llama() && c.ffn_hidden <= 0))
         refuse("every dimension must be positive");
     if (c.padded_vocab_size < c.vocab_size || c.padded_vocab_size % 128 != 0)
         refuse("the padded vocabulary must be >= the vocabulary and a multiple of 128");
@@ -135,7 +138,7 @@ inline void gpt2_validate_config(const GPT2Config& c, const std::string& source)
     if (head_size % 16 != 0 || head_size > 128) refuse("the head size (channels / heads) must be 16, 32, ..., 128");
     if (c.channels % 8 != 0) refuse("channels must be a multiple of 8");
     if (c.num_heads % c.kv_heads != 0) refuse("the K/V heads must divide the heads (query heads share them in groups)");
-    if (!c.llama() && (c.kv_heads != c.num_heads || c.ffn_hidden != 4 * c.channels))
+    if (!c.llama() && (c.kv_heads != c.num_heads || c.ffn_hidden != 0))
         refuse("GPT-2 has as many K/V heads as heads and 4 C hidden units");
     if (c.llama() && c.ffn_hidden % 8 != 0) refuse("the hidden units must be a multiple of 8");
     if (c.llama() && !(c.rope_theta > 1.0f && std::isfinite(c.rope_theta))) refuse("RoPE's theta must exceed 1");
@@ -183,7 +186,7 @@ inline bool tensor_is_replicated(int kind) {
 //   wte, lmhead Vp x C   qkvw Q x C   attprojw C x C   fcw H x C (GELU) or 2H x C (SwiGLU: gate, then up)
 //   fcprojw C x H        wpe max_seq_len x C (GPT-2)   biases and norm weights: their output width
 inline size_t tensor_elements(const GPT2Config& c, int kind, int tp = 1) {
-    const size_t C = c.channels, H = c.ffn_hidden;
+    const size_t C = c.channels, H = c.hidden();
     const bool gpt2 = !c.llama();
     size_t whole = 0;
     switch (kind) {
@@ -191,11 +194,11 @@ inline size_t tensor_elements(const GPT2Config& c, int kind, int tp = 1) {
         case WPE: whole = gpt2 ? (size_t)c.max_seq_len * C : 0; break;
         case LN1W: case LN2W: case LNFW: whole = C; break;
         case LN1B: case LN2B: case LNFB: case ATTPROJB: case FCPROJB: whole = gpt2 ? C : 0; break;
-        case QKVW: whole = (size_t)c.qkv_channels() * C; break;
-        case QKVB: whole = gpt2 ? (size_t)c.qkv_channels() : 0; break;
+        case QKVW: whole = c.qkv_channels() * C; break;
+        case QKVB: whole = gpt2 ? c.qkv_channels() : 0; break;
         case ATTPROJW: whole = C * C; break;
-        case FCW: whole = (size_t)c.fc_channels() * C; break;
-        case FCB: whole = gpt2 ? (size_t)c.fc_channels() : 0; break;
+        case FCW: whole = c.fc_channels() * C; break;
+        case FCB: whole = gpt2 ? c.fc_channels() : 0; break;
         case FCPROJW: whole = C * H; break;
         case LMHEAD: whole = c.tied_head() ? 0 : (size_t)c.padded_vocab_size * C; break;
     }

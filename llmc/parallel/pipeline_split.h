@@ -102,7 +102,7 @@ the planner reports each stage's (the first stage holds the most activation reco
 // The FLOP counts above, per token of a sequence of T.
 inline double pipeline_block_flops_per_token(const GPT2Config& config, int T) {
     const double C = config.channels;
-    const double weights = C * config.qkv_channels() + C * C + C * config.fc_channels() + (double)config.ffn_hidden * C;
+    const double weights = C * config.qkv_channels() + C * C + C * config.fc_channels() + (double)config.hidden() * C;
     return 6 * weights + 12 * C * T;
 }
 inline double pipeline_head_flops_per_token(const GPT2Config& config) {

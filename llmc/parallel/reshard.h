@@ -250,7 +250,7 @@ inline int load_checkpoint(const std::string& path, long long step, GPT2& model,
     if (!same_shape(saved, model.config))
         fatal("%s holds a model of another shape (%s, layers %d, heads %d, K/V heads %d, channels %d, hidden %d, "
               "vocab %d) than --model asks for", path.c_str(), saved.arch == Arch::Llama ? "llama" : "gpt2",
-              saved.num_layers, saved.num_heads, saved.kv_heads, saved.channels, saved.ffn_hidden, saved.vocab_size);
+              saved.num_layers, saved.num_heads, saved.kv_heads, saved.channels, (int)saved.hidden(), saved.vocab_size);
     if (reader.read_value<int>("precision_bytes") != (int)sizeof(floatX))
         fatal("%s was written by a build of another precision than this %s build", path.c_str(), PRECISION_NAME);
     const int shards = reader.read_value<int>("shards");

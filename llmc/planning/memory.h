@@ -132,7 +132,7 @@ inline GPT2MemoryShape gpt2_memory_shape(const GPT2Config& config, const Layout&
     shape.cp_chunks = cp_chunks_per_rank(layout.cp_split);
     shape.llama = config.llama();
     shape.kv_heads = config.kv_heads;
-    shape.ffn_hidden = config.ffn_hidden;
+    shape.ffn_hidden = (int)config.hidden();
     return shape;
 }
 
@@ -144,7 +144,7 @@ inline GPT2Config gpt2_memory_shape_config(const GPT2MemoryShape& shape) {
     c.channels = shape.channels;
     c.num_heads = shape.num_heads;
     c.kv_heads = shape.kv_heads > 0 ? shape.kv_heads : shape.num_heads;
-    c.ffn_hidden = shape.ffn_hidden > 0 ? shape.ffn_hidden : 4 * shape.channels;
+    c.ffn_hidden = shape.llama ? shape.ffn_hidden : 0;
     c.vocab_size = c.padded_vocab_size = shape.padded_vocab;
     c.max_seq_len = shape.max_seq_len;
     return c;

@@ -415,7 +415,7 @@ inline void print_layout_plan(const GPT2Config& config, const LayoutPlan& plan, 
     fprintf(out, "plan: %s, %d layers, %d channels, %d heads (%d K/V), %d hidden, %s parameters (%s on pp rank 0, tp "
             "rank 0); %d ranks = %s; ZeRO stage %d (shard groups of %d), %d x %d tokens per data-parallel rank and "
             "micro-step, %d micro-step(s); recompute %s; %s\n", arch_name(config.arch), config.num_layers,
-            config.channels, config.num_heads, config.kv_heads, config.ffn_hidden,
+            config.channels, config.num_heads, config.kv_heads, (int)config.hidden(),
             format_count((double)ParameterLayout(config).num_parameters).c_str(),
             format_count((double)ParameterLayout(config, 1, l.tp, 0, pipeline_held_chunks(l.schedule, 0, l.pp, l.pp_virtual,
                                                                      plan.stage_layers, config.tied_head()))
