@@ -246,67 +246,48 @@ static void test_activations() {
     shape.max_seq_len = config.max_seq_len;
     shape.multiprocessors = device_properties().multiProcessorCount;
     const bool is_bf16 = sizeof(floatX) == 2;
-    const ActivationBytes here = gpt2_activation_bytes(shape, is_bf16);
     auto in_use = [] { return (double)cudacpu::allocations().in_use; };
-    const size_t P = ParameterLayout(config, 1).total;
-    for (int stage = 0; stage <= 3; stage++) {
-        const double before = in_use();
-        GPT2 model;
-        ModelPart whole;  // one rank's whole model, kept as ZeRO's stage keeps it
-        whole.full_gradients = stage < 2;
-        whole.full_parameters = stage < 3;
-        gpt2_allocate(model, config, shape.batch, shape.seq_len, whole);
-        const double model_bytes = in_use() - before;
-        Zero zero;
-        zero_init(zero, stage, nullptr, model, std::vector<float>(P, 0.01f));
-        const double all_bytes = in_use() - before;
-        const MemoryPlan p = plan_training_memory(P, stage, 1, 1, is_bf16, 1, &shape);
-        // the model: full parameters below stage 3, full gradients below stage 2, activations, workspace
-        const double s = sizeof(floatX);
-        check_equal("gpt2_allocate bytes, stage " + std::to_string(stage), model_bytes,
-                    (stage < 3 ? s * P : 0) + (stage < 2 ? s * P : 0) + here.activations + here.workspace);
-        // everything: the plan's total
-        check_equal("gpt2_allocate + zero_init bytes, stage " + std::to_string(stage), all_bytes, p.total);
-        zero_free(zero);
-        gpt2_free(model);
-        check_equal("all freed, stage " + std::to_string(stage), in_use(), before);
-    }
-    // a Llama of the same size (2 K/V heads, 96 hidden units): its blocks' buffers and chunks (no wpe, an untied
-    // LM head in the final chunk), which the ZeRO-2 and -3 working buffers are sized by
-    {
-        GPT2Config llama = config;
-        llama.arch = Arch::Llama;
-        llama.kv_heads = 2;
-        llama.ffn_hidden = 96;
-        llama.rope_theta = 10000.0f;
-        gpt2_validate_config(llama, "the Llama memory test");
-        GPT2MemoryShape llama_shape = shape;
-        llama_shape.llama = true;
-        llama_shape.kv_heads = llama.kv_heads;
-        llama_shape.ffn_hidden = llama.ffn_hidden;
-        const ActivationBytes llama_here = gpt2_activation_bytes(llama_shape, is_bf16);
-        const size_t P_llama = ParameterLayout(llama, 1).total;
+    // one rank's whole model at each ZeRO stage: what gpt2_allocate and zero_init allocate against the plan
+    auto check_stages = [&](const GPT2Config& model_config, const GPT2MemoryShape& model_shape, const std::string& name) {
+        const ActivationBytes expected = gpt2_activation_bytes(model_shape, is_bf16);
+        const size_t P = ParameterLayout(model_config, 1).total;
         for (int stage = 0; stage <= 3; stage++) {
             const double before = in_use();
             GPT2 model;
-            ModelPart whole;
+            ModelPart whole;  // one rank's whole model, kept as ZeRO's stage keeps it
             whole.full_gradients = stage < 2;
             whole.full_parameters = stage < 3;
-            gpt2_allocate(model, llama, llama_shape.batch, llama_shape.seq_len, whole);
+            gpt2_allocate(model, model_config, model_shape.batch, model_shape.seq_len, whole);
             const double model_bytes = in_use() - before;
             Zero zero;
-            zero_init(zero, stage, nullptr, model, std::vector<float>(P_llama, 0.01f));
+            zero_init(zero, stage, nullptr, model, std::vector<float>(P, 0.01f));
             const double all_bytes = in_use() - before;
-            const MemoryPlan p = plan_training_memory(P_llama, stage, 1, 1, is_bf16, 1, &llama_shape);
+            const MemoryPlan p = plan_training_memory(P, stage, 1, 1, is_bf16, 1, &model_shape);
+            // the model: full parameters below stage 3, full gradients below stage 2, activations, workspace
             const double s = sizeof(floatX);
-            check_equal("Llama: gpt2_allocate bytes, stage " + std::to_string(stage), model_bytes,
-                        (stage < 3 ? s * P_llama : 0) + (stage < 2 ? s * P_llama : 0) + llama_here.activations +
-                            llama_here.workspace);
-            check_equal("Llama: gpt2_allocate + zero_init bytes, stage " + std::to_string(stage), all_bytes, p.total);
+            check_equal(name + "gpt2_allocate bytes, stage " + std::to_string(stage), model_bytes,
+                        (stage < 3 ? s * P : 0) + (stage < 2 ? s * P : 0) + expected.activations + expected.workspace);
+            // everything: the plan's total
+            check_equal(name + "gpt2_allocate + zero_init bytes, stage " + std::to_string(stage), all_bytes, p.total);
             zero_free(zero);
             gpt2_free(model);
+            check_equal(name + "all freed, stage " + std::to_string(stage), in_use(), before);
         }
-    }
+    };
+    check_stages(config, shape, "");
+    // a Llama of the same size (2 K/V heads, 96 hidden units): its blocks' buffers and chunks (no wpe, an untied
+    // LM head in the final chunk), which the ZeRO-2 and -3 working buffers are sized by
+    GPT2Config llama = config;
+    llama.arch = Arch::Llama;
+    llama.kv_heads = 2;
+    llama.ffn_hidden = 96;
+    llama.rope_theta = 10000.0f;
+    gpt2_validate_config(llama, "the Llama memory test");
+    GPT2MemoryShape llama_shape = shape;
+    llama_shape.llama = true;
+    llama_shape.kv_heads = llama.kv_heads;
+    llama_shape.ffn_hidden = llama.ffn_hidden;
+    check_stages(llama, llama_shape, "Llama: ");
     // a tensor-parallel rank's slices (llmc/parallel/tensor_parallel.h), with and without sequence parallelism:
     // allocating needs no other rank, so rank 0 of tp 2 and 4 stands in for all of them
     for (int tp_size : {2, 4}) {
