@@ -7,7 +7,7 @@
 # memory equal to llmc/planning/memory.h's formula to the byte, and the bytes rank 0 sent per step on each
 # axis equal to the axis's formula, which counts K/V heads apart from query heads: the cp ring carries K/V
 # blocks of the 2 K/V heads only, half of what 4 would carry. A checkpoint saved by tp 2 x pp 2 is resumed by
-# dp 2 x cp 2. Sampling with the key/value cache gives the text the whole-sequence passes give, token for
+# dp 2 x cp 2, and the single rank's model.bin (a Llama model file) is loaded and trained on by cp 2 x tp 2. Sampling with the key/value cache gives the text the whole-sequence passes give, token for
 # token, on one rank and under tp + sp, cp and pp.
 #   usage: scripts/test/test_llama_layouts.sh ./train_gpt_fp32_cpu
 set -u
@@ -42,6 +42,10 @@ run_layout saved 4 8 --tp 2 --pp 2 --checkpoint-every 3 --keep-checkpoints 5
 mkdir -p "$work/resumed" && cp "$work"/saved/checkpoint_3* "$work/resumed/"
 run_layout resumed 4 4 --cp 2 --zero 1 --resume
 
+# the single rank's model.bin (the Llama model file) loaded and trained on: by one rank, and by cp 2 x tp 2
+run_layout from_file_one 1 8 --model "$work/one/model.bin" --steps 2
+run_layout from_file_cp2_tp2 4 8 --model "$work/one/model.bin" --steps 2 --cp 2 --tp 2
+
 # sampling without the cache: the same text as with it (every run above sampled with it)
 samples="one:1:8: tp2_sp:2:8:--tp,2,--sequence-parallel cp2_ring:2:8:--cp,2 pp2_1f1b:2:8:--pp,2"
 for sample in $samples; do
@@ -52,8 +56,8 @@ done
 echo "Llama 3 layouts vs one rank ($binary)"
 PYTHONPATH="$(dirname "$0")" /usr/bin/python3 - "$work" "$samples" $layouts >"$work/compare.out" <<'EOF' || true
 import sys
-from layout_check import (compare_resumed, compare_run, cp_bytes, cp_bytes_against_formula, events,
-                          memory_against_formula, pp_bytes, report, result)
+from layout_check import (compare_continued, compare_resumed, compare_run, cp_bytes, cp_bytes_against_formula,
+                          events, memory_against_formula, pp_bytes, report, result)
 work, samples, layouts = sys.argv[1], sys.argv[2].split(), [l.split(":") for l in sys.argv[3:]]
 L, C, NH, KV, H, Vp, T, A, s = 2, 64, 4, 2, 96, 50304, 16, 2, 4
 HS = C // NH
@@ -120,6 +124,8 @@ try:
     results.append(compare_resumed(work, "resumed", "one", 3, what))
 except Exception as error:
     results.append(report(False, f"{what}: no result ({error})"))
+results.append(compare_continued(work, "from_file_cp2_tp2", "from_file_one", 2,
+                                 "model.bin of one rank (a Llama model file) loaded by cp 2 x tp 2"))
 for sample in samples:
     name = sample.split(":")[0]
     cached = [e["text"] for e in events(work, name, "sample")]
