@@ -27,6 +27,28 @@ The two models, written out in full so they can be read next to the CUDA kernels
 
   both: loss = mean over the B*T positions of -log softmax(logits[:V])[target]
 
+  Mixture of experts (--experts E > 0, either architecture): every block's MLP becomes, on h = ln2(x) or
+  rmsnorm2(x), for the N = B*T rows (row n = b*T + t):
+    p, lse = softmax and logsumexp of h @ routerw^T            (E columns), in fp32
+    e_0..e_K-1 = the K experts of largest p[n], in descending p, ties to the smaller index
+    w_k    = p[n, e_k] / (p[n, e_0] + ... + p[n, e_K-1])       renormalised over the K chosen
+    mlp(h) = shared(h) + sum over the kept k of w_k expert_{e_k}(h)
+    expert_e(v) = expertprojw[e] @ act(expertfcw[e] @ v), act GPT-2's gelu or Llama's swiglu, H hidden units
+                 (H = 4C for GPT-2, F for Llama); shared is one such MLP of S*H hidden units in fcw and
+                 fcprojw (absent when S = 0). No MLP biases in an MoE model.
+    capacity   : with --capacity-factor cf > 0, each expert keeps cap = ceil(cf T K / E) assignments per
+                 sequence; visited in the order (t, then k), an assignment is dropped once cap of its
+                 sequence's assignments to that expert were kept (the other weights stay as they are).
+                 cf = 0: nothing is dropped.
+  and the loss whose gradient training takes grows two router terms per layer:
+    total = loss + alpha * sum over layers of aux + beta * sum over layers of zloss
+    aux   = (1/B) sum_b E sum_e f[b,e] P[b,e]    f[b,e] the share of sequence b's T*K assignments routed
+                                                 to e (before drops; a constant, no gradient), P[b,e] the
+                                                 mean of p[b*T+t, e] over its T positions; 1 when balanced
+    zloss = (1/N) sum_n lse[n]^2
+  with alpha = --moe-aux-loss (0.01) and beta = --moe-z-loss (0.001). The loss reported for each step is
+  the cross-entropy alone.
+
   layernorm(x) = (x - mean) / sqrt(var + 1e-5) * w + b         biased variance over the C channels
   rmsnorm(x)   = x / sqrt(mean(x^2) + eps) * w                 mean over the C channels; eps from the file
   gelu(x)      = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))      the tanh approximation GPT-2 used
@@ -47,18 +69,19 @@ The padded rows of wte (and of Llama's lmhead) are zero, and their logits are le
 are not tokens. So they get no gradient, weight decay keeps them at zero, and the logits written for
 columns >= V are 0.
 
-Initialisation: the matrices (wte, wpe, qkvw, fcw, lmhead) ~ N(0, 0.02), except the two projections that
-write into the residual stream (attprojw, fcprojw) ~ N(0, 0.02 / sqrt(2L)), so the stream's variance does
-not grow with depth; biases 0, norm weights 1. Draws come from torch's CPU generator seeded with --seed,
-tensor by tensor in model-file order. Every parameter is then rounded to the nearest bf16 value, so one
-model file is exact for both the FP32 and the BF16 trainer.
+Initialisation: the matrices (wte, wpe, qkvw, fcw, lmhead, routerw, expertfcw) ~ N(0, 0.02), except the
+projections that write into the residual stream (attprojw, fcprojw, expertprojw) ~ N(0, 0.02 / sqrt(2L)),
+so the stream's variance does not grow with depth; biases 0, norm weights 1. Draws come from torch's CPU
+generator seeded with --seed, tensor by tensor in model-file order. Every parameter is then rounded to the
+nearest bf16 value, so one model file is exact for both the FP32 and the BF16 trainer.
 
 AdamW, per parameter w with gradient g at step t = 1, 2, ... (written out in AdamW.step below):
     g = g * min(1, max_norm / ||g||)   (only with --grad-clip > 0; ||g|| is the global norm of all grads)
     m = beta1 m + (1 - beta1) g ;  v = beta2 v + (1 - beta2) g^2
     w = w - lr * ((m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps) + weight_decay * w)
   weight decay only for the 2-D tensors: GPT-2's wte, wpe, qkvw, attprojw, fcw, fcprojw; Llama's wte,
-  qkvw, attprojw, fcw, fcprojw, lmhead.
+  qkvw, attprojw, fcw, fcprojw, lmhead; and an MoE model's routerw, expertfcw, expertprojw (2-D per layer
+  and per expert).
 
 Files. Little-endian throughout; each starts with a header of 256 int32, the slots not listed are 0.
 
@@ -76,20 +99,29 @@ Files. Little-endian throughout; each starts with a header of 256 int32, the slo
                                               [9]   ffn_hidden F
                                               [10]  rope_theta, the bits of a float32
                                               [11]  norm_eps, the bits of a float32
+  [12]  experts E (0: a dense model)          [12]  experts E (0: a dense model)
+  [13]  experts_per_token K (0 if dense)      [13]  experts_per_token K (0 if dense)
+  [14]  shared_experts S (0 if dense)         [14]  shared_experts S (0 if dense)
   then the tensors, tensor-major (a tensor for all L layers, then the next), in this order:
   wte       (Vp, C)                           wte       (Vp, C)
   wpe       (maxT, C)                         ln1w      (L, C)
   ln1w ln1b (L, C)                            qkvw      (L, (NH + 2 KVH) HS, C)
   qkvw      (L, 3C, C)                        attprojw  (L, C, C)
   qkvb      (L, 3C)                           ln2w      (L, C)
-  attprojw  (L, C, C)                         fcw       (L, 2F, C)
-  attprojb  (L, C)                            fcprojw   (L, C, F)
-  ln2w ln2b (L, C)                            lnfw      (C)
-  fcw       (L, 4C, C)                        lmhead    (Vp, C)
-  fcb       (L, 4C)
-  fcprojw   (L, C, 4C)
-  fcprojb   (L, C)
+  attprojw  (L, C, C)                         fcw       (L, 2F, C)             MoE: (L, 2SF, C)
+  attprojb  (L, C)                            fcprojw   (L, C, F)              MoE: (L, C, SF)
+  ln2w ln2b (L, C)                            routerw   (L, E, C)              MoE only
+  fcw       (L, 4C, C)   MoE: (L, 4SC, C)     expertfcw (L, E, 2F, C)          MoE only
+  fcb       (L, 4C)      dense only           expertprojw (L, E, C, F)         MoE only
+  fcprojw   (L, C, 4C)   MoE: (L, C, 4SC)     lnfw      (C)
+  fcprojb   (L, C)       dense only           lmhead    (Vp, C)
+  routerw   (L, E, C)          MoE only
+  expertfcw (L, E, 4C, C)      MoE only
+  expertprojw (L, E, C, 4C)    MoE only
   lnfw lnfb (C)
+  A tensor of 0 elements is absent: an MoE model has no fcb and fcprojb, and with S = 0 no fcw and fcprojw
+  either; a dense model has none of the MoE tensors. Llama's fcw and expertfcw rows are [gate; up], each
+  half SF (or F) rows.
   Version 3 stores each value as a float32, version 5 as a bf16 (the top 16 bits of the float32).
 
   Reference state file (both architectures; the model file beside it gives the shape)
@@ -138,46 +170,68 @@ CONFIGS = {
     "llama_100M": dict(arch="llama", layers=4, heads=12, kv_heads=4, channels=768, ffn_hidden=2048,
                        vocab=50257, max_seq_len=1024, rope_theta=500000.0, norm_eps=1e-5,
                        batch_size=4, seq_len=64, learning_rate=1e-4),
+    # the small shapes with a mixture-of-experts MLP: 4 experts, 2 per token, 1 shared expert
+    "moe_small": dict(arch="gpt2", layers=2, heads=4, channels=64, vocab=500, max_seq_len=64,
+                      experts=4, experts_per_token=2, shared_experts=1,
+                      batch_size=3, seq_len=37, learning_rate=1e-3),
+    "llama_moe_small": dict(arch="llama", layers=2, heads=4, kv_heads=2, channels=64, ffn_hidden=96, vocab=500,
+                            max_seq_len=64, rope_theta=500000.0, norm_eps=1e-5,
+                            experts=4, experts_per_token=2, shared_experts=1,
+                            batch_size=3, seq_len=37, learning_rate=1e-3),
 }
 DEFAULT_CONFIG = {"gpt2": "small", "llama": "llama_small"}
-SHAPE_KEYS = {"gpt2": ("layers", "heads", "channels", "vocab", "max_seq_len"),
+# the mixture-of-experts shape, for both architectures; a preset without these keys is dense (0 experts)
+MOE_KEYS = ("experts", "experts_per_token", "shared_experts")
+SHAPE_KEYS = {"gpt2": ("layers", "heads", "channels", "vocab", "max_seq_len") + MOE_KEYS,
               "llama": ("layers", "heads", "kv_heads", "channels", "ffn_hidden", "vocab", "max_seq_len",
-                        "rope_theta", "norm_eps")}
+                        "rope_theta", "norm_eps") + MOE_KEYS}
 
 # The parameter tensors in model-file order, in terms of L layers, C channels, Vp padded vocab, maxT
-# positions (GPT-2), KVH key/value heads and F hidden units (Llama).
+# positions (GPT-2), KVH key/value heads and F hidden units (Llama), and E experts and S shared experts
+# of H hidden units each (MoE). A tensor of 0 elements is absent from the file, so it is left out here:
+# MoE's MLP biases, fcw and fcprojw when S = 0, and all the MoE tensors of a dense model.
 def parameter_shapes(config):
-    L, C, Vp = config["L"], config["C"], config["Vp"]
+    L, C, Vp, E = config["L"], config["C"], config["Vp"], config["E"]
     if config["arch"] == "gpt2":
-        return [
+        H = 4 * C                                  # hidden units of an expert (of the dense MLP)
+        D = config["S"] * H if E else H            # hidden units of fcw/fcprojw: the shared experts if MoE
+        bias = 0 if E else 1                       # MoE models have no MLP biases
+        shapes = [
             ("wte", (Vp, C)), ("wpe", (config["maxT"], C)),
             ("ln1w", (L, C)), ("ln1b", (L, C)),
             ("qkvw", (L, 3 * C, C)), ("qkvb", (L, 3 * C)),
             ("attprojw", (L, C, C)), ("attprojb", (L, C)),
             ("ln2w", (L, C)), ("ln2b", (L, C)),
-            ("fcw", (L, 4 * C, C)), ("fcb", (L, 4 * C)),
-            ("fcprojw", (L, C, 4 * C)), ("fcprojb", (L, C)),
+            ("fcw", (L, D, C)), ("fcb", (L, bias * D)),
+            ("fcprojw", (L, C, D)), ("fcprojb", (L, bias * C)),
+            ("routerw", (L, E, C)), ("expertfcw", (L, E, H, C)), ("expertprojw", (L, E, C, H)),
             ("lnfw", (C,)), ("lnfb", (C,)),
         ]
-    HS, F = C // config["NH"], config["F"]
-    return [
-        ("wte", (Vp, C)),
-        ("ln1w", (L, C)),
-        ("qkvw", (L, (config["NH"] + 2 * config["KVH"]) * HS, C)),
-        ("attprojw", (L, C, C)),
-        ("ln2w", (L, C)),
-        ("fcw", (L, 2 * F, C)),
-        ("fcprojw", (L, C, F)),
-        ("lnfw", (C,)),
-        ("lmhead", (Vp, C)),
-    ]
+    else:
+        H = config["F"]
+        D = config["S"] * H if E else H
+        HS = C // config["NH"]
+        shapes = [
+            ("wte", (Vp, C)),
+            ("ln1w", (L, C)),
+            ("qkvw", (L, (config["NH"] + 2 * config["KVH"]) * HS, C)),
+            ("attprojw", (L, C, C)),
+            ("ln2w", (L, C)),
+            ("fcw", (L, 2 * D, C)),                # SwiGLU: D gate rows, then D up rows
+            ("fcprojw", (L, C, D)),
+            ("routerw", (L, E, C)), ("expertfcw", (L, E, 2 * H, C)), ("expertprojw", (L, E, C, H)),
+            ("lnfw", (C,)),
+            ("lmhead", (Vp, C)),
+        ]
+    return [(name, shape) for name, shape in shapes if math.prod(shape) > 0]
 
-# The 2-D tensors, which get weight decay (wpe is GPT-2's only, lmhead Llama's only).
-DECAYED = {"wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw", "lmhead"}
+# The 2-D tensors, which get weight decay (wpe is GPT-2's only, lmhead Llama's only; the expert tensors
+# are 2-D per layer and expert).
+DECAYED = {"wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw", "lmhead", "routerw", "expertfcw", "expertprojw"}
 # The tensors with no layer dimension; every other tensor in a model file is (L, ...).
 UNLAYERED = {"wte", "wpe", "lnfw", "lnfb", "lmhead"}
 NORM_WEIGHTS = {"ln1w", "ln2w", "lnfw"}
-RESIDUAL_PROJECTIONS = {"attprojw", "fcprojw"}
+RESIDUAL_PROJECTIONS = {"attprojw", "fcprojw", "expertprojw"}
 
 
 def fail(message):
@@ -197,22 +251,25 @@ def as_float32(value):
     return struct.unpack("<f", struct.pack("<f", value))[0]
 
 
-def gpt2_config(L, NH, C, V, maxT, Vp=None):
-    return dict(arch="gpt2", L=L, NH=NH, C=C, V=V, Vp=Vp if Vp is not None else padded_vocab(V), maxT=maxT)
+def gpt2_config(L, NH, C, V, maxT, Vp=None, E=0, K=0, S=0):
+    """E experts, K of them per token, S shared experts: E = 0 is the dense model."""
+    return dict(arch="gpt2", L=L, NH=NH, C=C, V=V, Vp=Vp if Vp is not None else padded_vocab(V), maxT=maxT,
+                E=E, K=K, S=S)
 
 
-def llama_config(L, NH, KVH, C, F, V, maxT, theta=500000.0, eps=1e-5, Vp=None):
+def llama_config(L, NH, KVH, C, F, V, maxT, theta=500000.0, eps=1e-5, Vp=None, E=0, K=0, S=0):
     return dict(arch="llama", L=L, NH=NH, KVH=KVH, C=C, F=F, V=V, Vp=Vp if Vp is not None else padded_vocab(V),
-                maxT=maxT, theta=as_float32(theta), eps=as_float32(eps))
+                maxT=maxT, theta=as_float32(theta), eps=as_float32(eps), E=E, K=K, S=S)
 
 
 def config_from(shape):
     """A model config from a dict with the flag names of SHAPE_KEYS (a preset, or the parsed arguments)."""
     s = shape if isinstance(shape, dict) else vars(shape)
+    E, K, S = (s.get(key) or 0 for key in MOE_KEYS)          # a dense preset has no MoE keys
     if s["arch"] == "gpt2":
-        return gpt2_config(s["layers"], s["heads"], s["channels"], s["vocab"], s["max_seq_len"])
+        return gpt2_config(s["layers"], s["heads"], s["channels"], s["vocab"], s["max_seq_len"], E=E, K=K, S=S)
     return llama_config(s["layers"], s["heads"], s["kv_heads"], s["channels"], s["ffn_hidden"], s["vocab"],
-                        s["max_seq_len"], s["rope_theta"], s["norm_eps"])
+                        s["max_seq_len"], s["rope_theta"], s["norm_eps"], E=E, K=K, S=S)
 
 
 def shape_problem(config):
@@ -233,6 +290,13 @@ def shape_problem(config):
             return f"rope_theta {c['theta']} must exceed 1"
         if not c["eps"] > 0.0:
             return f"norm_eps {c['eps']} must be positive"
+    E, K, S = c["E"], c["K"], c["S"]
+    if E < 0 or S < 0:
+        return f"experts {E} and shared_experts {S} must not be negative"
+    if E == 0 and (K != 0 or S != 0):
+        return f"a dense model (experts 0) has no experts_per_token ({K}) or shared_experts ({S})"
+    if E > 0 and not 1 <= K <= E:
+        return f"experts_per_token {K} must be between 1 and experts {E}"
     return None
 
 
@@ -247,6 +311,8 @@ def describe(config):
     text += f"V={c['V']} Vp={c['Vp']} maxT={c['maxT']}"
     if c["arch"] == "llama":
         text += f" theta={c['theta']:g} eps={c['eps']:g}"
+    if c["E"]:
+        text += f" E={c['E']} K={c['K']} S={c['S']}"
     return ("GPT-2 " if c["arch"] == "gpt2" else "Llama ") + text
 
 
@@ -264,6 +330,9 @@ examples:
   /usr/bin/python3 dev/test/model_reference.py --config llama_small --model-out llama_small.bin \\
       --state-out llama_small_state.bin
   /usr/bin/python3 dev/test/model_reference.py --arch llama --layers 3 --kv-heads 1 --steps 2
+  /usr/bin/python3 dev/test/model_reference.py --config moe_small --capacity-factor 1.0 \\
+      --model-out moe_small.bin --state-out moe_small_state.bin
+  /usr/bin/python3 dev/test/model_reference.py --arch llama --experts 8 --experts-per-token 2 --steps 2
   /usr/bin/python3 dev/test/model_reference.py --model gpt2_124M.bin --steps 0 --bench 5
   /usr/bin/python3 dev/test/model_reference.py --self-check
 
@@ -278,8 +347,10 @@ whenever they are not already in the environment; torch uses OMP_NUM_THREADS thr
     model.add_argument("--config", choices=sorted(CONFIGS), default=None,
                        help="preset shape: small (GPT-2, L=2, NH=4, C=64, V=500, maxT=64), 124M (GPT-2, "
                             "L=12, NH=12, C=768, V=50257, maxT=1024), llama_small (L=2, NH=4, KVH=2, C=64, "
-                            "F=96, V=500, maxT=64) or llama_100M (L=4, NH=12, KVH=4, C=768, F=2048, V=50257, "
-                            "maxT=1024); default small, or llama_small with --arch llama")
+                            "F=96, V=500, maxT=64), llama_100M (L=4, NH=12, KVH=4, C=768, F=2048, V=50257, "
+                            "maxT=1024), moe_small and llama_moe_small (small and llama_small with E=4 "
+                            "experts, K=2 per token, S=1 shared); default small, or llama_small with "
+                            "--arch llama")
     model.add_argument("--layers", type=int, help="number of blocks L (overrides --config)")
     model.add_argument("--heads", type=int, help="attention heads NH (overrides --config)")
     model.add_argument("--channels", type=int, help="channels C (overrides --config)")
@@ -289,6 +360,13 @@ whenever they are not already in the environment; torch uses OMP_NUM_THREADS thr
     model.add_argument("--ffn-hidden", type=int, help="Llama: hidden units F of the SwiGLU MLP")
     model.add_argument("--rope-theta", type=float, help="Llama: RoPE's base theta (default 500000)")
     model.add_argument("--norm-eps", type=float, help="Llama: RMSNorm's epsilon (default 1e-5)")
+    model.add_argument("--experts", type=int, metavar="E",
+                       help="mixture of experts: E routed experts in every block's MLP (default 0: the dense "
+                            "MLP)")
+    model.add_argument("--experts-per-token", type=int, metavar="K",
+                       help="MoE: the K experts each token is routed to")
+    model.add_argument("--shared-experts", type=int, metavar="S",
+                       help="MoE: S shared experts every token goes through, one MLP of S*H hidden units")
     model.add_argument("--model", metavar="PATH",
                        help="load this model file (either architecture, version 3 fp32 or 5 bf16) instead "
                             "of creating one")
@@ -315,21 +393,29 @@ whenever they are not already in the environment; torch uses OMP_NUM_THREADS thr
                        help="decoupled weight decay of the 2-D tensors (default 0.1)")
     train.add_argument("--grad-clip", type=float, default=0.0,
                        help="clip the global gradient norm to this (default 0 = no clipping)")
+    train.add_argument("--moe-aux-loss", type=float, default=0.01, metavar="ALPHA",
+                       help="MoE: weight of the load-balancing loss in the total (default 0.01)")
+    train.add_argument("--moe-z-loss", type=float, default=0.001, metavar="BETA",
+                       help="MoE: weight of the router z-loss in the total (default 0.001)")
+    train.add_argument("--capacity-factor", type=float, default=0.0, metavar="CF",
+                       help="MoE: each expert keeps ceil(CF T K / E) assignments per sequence, the rest are "
+                            "dropped (default 0: dropless)")
     output = parser.add_argument_group("output")
     output.add_argument("--state-out", metavar="PATH", help="write the reference state file here")
     output.add_argument("--bench", type=int, default=0, metavar="N",
                         help="also time N training steps (forward, backward, AdamW) at this shape")
     output.add_argument("--self-check", action="store_true",
-                        help="check this script's own math (attention, RoPE, both models against naive "
-                             "float64 versions, finite-difference gradients, AdamW, file round trips); "
-                             "exits non-zero on any failure")
+                        help="check this script's own math (attention, RoPE, both models with and without "
+                             "experts against naive float64 versions, finite-difference gradients, the MoE "
+                             "layer's routing, capacity and losses, AdamW, file round trips); exits non-zero "
+                             "on any failure")
     args = parser.parse_args(argv)
 
     llama_only = ("kv_heads", "ffn_hidden", "rope_theta", "norm_eps")
     explicit = [k for k in SHAPE_KEYS["llama"] if getattr(args, k) is not None]
     if args.model and (explicit or args.config or args.arch):
         fail("--model takes the architecture and shape from the file: do not combine it with --arch, "
-             "--config or the shape flags (--layers, --heads, ...)")
+             "--config or the shape flags (--layers, --heads, --experts, ...)")
     if args.config and args.arch and CONFIGS[args.config]["arch"] != args.arch:
         fail(f"--config {args.config} is a {CONFIGS[args.config]['arch']} shape, not --arch {args.arch}")
     for key in ("layers", "heads", "channels", "vocab", "max_seq_len", "kv_heads", "ffn_hidden", "batch_size",
@@ -343,7 +429,7 @@ whenever they are not already in the environment; torch uses OMP_NUM_THREADS thr
             fail("--kv-heads, --ffn-hidden, --rope-theta and --norm-eps are Llama's: add --arch llama")
         for key in SHAPE_KEYS[args.arch]:
             if getattr(args, key) is None:
-                setattr(args, key, preset[key])
+                setattr(args, key, preset.get(key, 0) if key in MOE_KEYS else preset[key])
         problem = shape_problem(config_from(args))
         if problem:
             fail(problem)
@@ -353,6 +439,9 @@ whenever they are not already in the environment; torch uses OMP_NUM_THREADS thr
         fail("--state-out needs at least one step (--steps >= 1)")
     if args.grad_clip < 0:
         fail("--grad-clip must be >= 0")
+    for key in ("moe_aux_loss", "moe_z_loss", "capacity_factor"):
+        if not (math.isfinite(getattr(args, key)) and getattr(args, key) >= 0):
+            fail(f"--{key.replace('_', '-')} must be a finite number >= 0, not {getattr(args, key)}")
     return args
 
 
@@ -447,6 +536,102 @@ def grouped_query_attention(qkv, NH, KVH, cos, sin):
 
 
 # ----------------------------------------------------------------------------------------------------
+# the mixture-of-experts MLP
+
+def route(z, K):
+    """The router on its logits z (N, E): p = softmax(z) and lse = logsumexp(z) in fp32 (a float64 z stays
+    float64), each row's K experts (N, K) in descending p with ties to the smaller index, and their weights
+    p / (sum of the K chosen p). torch.topk does not promise an order for equal values, so the rule is
+    spelled out: a stable ascending sort of -p keeps equal values in index order."""
+    z = z.to(torch.promote_types(z.dtype, torch.float32))
+    p = torch.softmax(z, dim=-1)
+    lse = torch.logsumexp(z, dim=-1)
+    experts = torch.sort(-p.detach(), dim=-1, stable=True).indices[:, :K]
+    chosen = p.gather(1, experts)
+    return p, lse, experts, chosen / chosen.sum(dim=1, keepdim=True)
+
+
+def capacity(cf, T, K, E):
+    """The assignments an expert keeps per sequence, ceil(cf T K / E), cf taken as a float32, the ceiling of
+    the exact quotient: cf * T * K is exact in float64, and a quotient that is not an integer lies at least
+    ulp(cf) / E from one, far beyond float64's rounding of it (for any T K below 2^29). Float32 arithmetic
+    could give one less: cf = 1.1, T = 10, K = 1, E = 11 is exactly 1.0000000217, but 1.0 in float32."""
+    return math.ceil(as_float32(cf) * T * K / E)
+
+
+def kept_assignments(experts, B, T, E, cf):
+    """(N, K) bools: which of experts' (N, K) assignments the capacity keeps (all of them with cf = 0).
+    Within a sequence, visited in the order (t, then k), an assignment to e is dropped once cap of the
+    sequence's assignments to e were kept, that is when cap or more came before it (those before were kept
+    up to cap)."""
+    N, K = experts.shape
+    if cf == 0:
+        return torch.ones(N, K, dtype=torch.bool)
+    onehot = torch.nn.functional.one_hot(experts.reshape(B, T * K), E)      # (B, T*K, E), (t, k) order
+    before = ((onehot.cumsum(dim=1) - onehot) * onehot).sum(dim=2)         # earlier ones to the same expert
+    return (before < capacity(cf, T, K, E)).reshape(N, K)
+
+
+def balance_loss(p, experts, B, T, E):
+    """The sequence-wise load-balancing loss (1/B) sum_b E sum_e f[b,e] P[b,e] and the routed counts (B, E).
+    f[b,e] = routed[b,e] / (T K), the share of sequence b's assignments that went to e before any drop, is
+    a count: it carries no gradient. P[b,e] is the mean of p[., e] over the sequence's T rows."""
+    K = experts.shape[1]
+    routed = torch.nn.functional.one_hot(experts.reshape(B, T * K), E).sum(dim=1)          # (B, E)
+    f = routed.to(p.dtype) / (T * K)
+    P = p.reshape(B, T, E).mean(dim=1)
+    return (E * (f * P).sum(dim=1)).mean(), routed
+
+
+def moe_mlp(h, w, l, config, capacity_factor):
+    """Block l's mixture-of-experts MLP on h (B, T, C), w from trainable(). Returns mlp(h) (B, T, C) and the
+    layer's router numbers: aux and z (the two losses, tensors with gradients), routed (E,) (the
+    assignments per expert over all sequences, before drops) and dropped (the dropped assignments)."""
+    B, T, C = h.shape
+    E, K, S = config["E"], config["K"], config["S"]
+    linear = torch.nn.functional.linear
+    act = gelu_tanh if config["arch"] == "gpt2" else swiglu
+    rows = h.reshape(B * T, C)                                                  # row n = b*T + t
+    p, lse, experts, weights = route(linear(rows, w[f"routerw.{l}"]), K)
+    kept = kept_assignments(experts, B, T, E, capacity_factor)
+    if S:
+        out = linear(act(linear(rows, w[f"fcw.{l}"])), w[f"fcprojw.{l}"])       # the shared experts
+    else:
+        out = torch.zeros_like(rows)
+    for e in range(E):
+        n, k = torch.nonzero((experts == e) & kept, as_tuple=True)    # the rows e serves, in which slot
+        y = linear(act(linear(rows.index_select(0, n), w[f"expertfcw.{l}"][e])), w[f"expertprojw.{l}"][e])
+        out = out.index_add(0, n, weights[n, k].unsqueeze(1).to(y.dtype) * y)
+    aux, routed = balance_loss(p, experts, B, T, E)
+    return out.reshape(B, T, C), dict(aux=aux, z=lse.square().mean(), routed=routed.sum(dim=0),
+                                      dropped=int((~kept).sum()))
+
+
+def router_summary(layers):
+    """The router numbers of all layers as training uses them: aux and z summed over the layers (tensors),
+    routed (L, E) and dropped summed over the layers. None for a dense model."""
+    if not layers:
+        return None
+    return dict(aux=sum(r["aux"] for r in layers), z=sum(r["z"] for r in layers),
+                routed=torch.stack([r["routed"] for r in layers]), dropped=sum(r["dropped"] for r in layers))
+
+
+class MoeTraining:
+    """The training options of an MoE model, as float32: alpha and beta weigh the aux and z losses in the
+    total, capacity_factor > 0 caps each expert per sequence (0: no drops). A dense model has no use for
+    them."""
+
+    def __init__(self, alpha=0.01, beta=0.001, capacity_factor=0.0):
+        self.alpha, self.beta = as_float32(alpha), as_float32(beta)
+        self.capacity_factor = as_float32(capacity_factor)
+
+    def total(self, loss, router):
+        """What training differentiates: the cross-entropy plus alpha times the aux losses and beta times the
+        z-losses of all layers (just the cross-entropy for a dense model)."""
+        return loss if router is None else loss + self.alpha * router["aux"] + self.beta * router["z"]
+
+
+# ----------------------------------------------------------------------------------------------------
 # the models
 
 def trainable(params):
@@ -463,10 +648,12 @@ def trainable(params):
     return w
 
 
-def forward(w, config, inputs, targets):
+def forward(w, config, inputs, targets, capacity_factor=0.0):
     """w from trainable(). Returns the logits over all Vp columns, the mean cross-entropy over the first V
-    columns, and the looked-up token embeddings that backward() needs."""
+    columns, the looked-up token embeddings that backward() needs, and an MoE model's router numbers
+    (router_summary; None for a dense model)."""
     L, NH, V = config["L"], config["NH"], config["V"]
+    layers = []                     # each MoE block's router numbers
     B, T = inputs.shape
     # The token lookup is kept out of autograd: its backward would zero-fill a second (Vp, C) gradient
     # every step and add it to the LM head's. backward() scatters into wte.grad in place instead.
@@ -479,8 +666,13 @@ def forward(w, config, inputs, targets):
             y = causal_self_attention(linear(h, w[f"qkvw.{l}"], w[f"qkvb.{l}"]), NH)
             x = x + linear(y, w[f"attprojw.{l}"], w[f"attprojb.{l}"])
             h = layernorm(x, w[f"ln2w.{l}"], w[f"ln2b.{l}"])
-            h = gelu_tanh(linear(h, w[f"fcw.{l}"], w[f"fcb.{l}"]))
-            x = x + linear(h, w[f"fcprojw.{l}"], w[f"fcprojb.{l}"])
+            if config["E"]:
+                y, router = moe_mlp(h, w, l, config, capacity_factor)
+                layers.append(router)
+                x = x + y
+            else:
+                h = gelu_tanh(linear(h, w[f"fcw.{l}"], w[f"fcb.{l}"]))
+                x = x + linear(h, w[f"fcprojw.{l}"], w[f"fcprojb.{l}"])
         logits = layernorm(x, w["lnfw"], w["lnfb"]) @ w["wte"].t()             # (B, T, Vp)
     else:
         eps = config["eps"]
@@ -490,17 +682,24 @@ def forward(w, config, inputs, targets):
             h = rmsnorm(x, w[f"ln1w.{l}"], eps)
             y = grouped_query_attention(linear(h, w[f"qkvw.{l}"]), NH, config["KVH"], cos, sin)
             x = x + linear(y, w[f"attprojw.{l}"])
-            h = swiglu(linear(rmsnorm(x, w[f"ln2w.{l}"], eps), w[f"fcw.{l}"]))
-            x = x + linear(h, w[f"fcprojw.{l}"])
+            h = rmsnorm(x, w[f"ln2w.{l}"], eps)
+            if config["E"]:
+                y, router = moe_mlp(h, w, l, config, capacity_factor)
+                layers.append(router)
+                x = x + y
+            else:
+                h = swiglu(linear(h, w[f"fcw.{l}"]))
+                x = x + linear(h, w[f"fcprojw.{l}"])
         logits = rmsnorm(x, w["lnfw"], eps) @ w["lmhead"].t()                  # (B, T, Vp)
     # the padded columns are not tokens: they take no part in the softmax
     loss = torch.nn.functional.cross_entropy(logits[..., :V].reshape(B * T, V), targets.reshape(B * T))
-    return logits, loss, token_embeddings
+    return logits, loss, token_embeddings, router_summary(layers)
 
 
 def backward(w, loss, token_embeddings, inputs):
-    """Gradients of loss into w[...].grad. wte's is, for each position, the gradient of its token's
-    embedding added to that token's row, plus (GPT-2, whose head is tied) the LM head's from autograd."""
+    """Gradients of loss (for an MoE model the total) into w[...].grad. wte's is, for each position, the
+    gradient of its token's embedding added to that token's row, plus (GPT-2, whose head is tied) the LM
+    head's from autograd."""
     loss.backward()
     wte = w["wte"]
     if wte.grad is None:            # Llama: only the lookup reads wte
@@ -558,6 +757,7 @@ def write_model(path, params, config, dtype_name="fp32"):
                   c["Vp"]]
     if c["arch"] == "llama":
         header[8:12] = [c["KVH"], c["F"], f32_bits(c["theta"]), f32_bits(c["eps"])]
+    header[12:15] = [c["E"], c["K"], c["S"]]                  # 0 0 0 for a dense model
     with open(path, "wb") as f:
         f.write(header.tobytes())
         for name, _ in parameter_shapes(c):
@@ -582,11 +782,13 @@ def read_model(path):
             if version not in (3, 5):
                 fail(f"{path}: unsupported version {version} (3 = fp32, 5 = bf16)")
             maxT, V, L, NH, C, Vp = (int(v) for v in header[2:8])
+            E, K, S = (int(v) for v in header[12:15])
             if header[0] == GPT2_MAGIC:
-                config = gpt2_config(L, NH, C, V, maxT, Vp)
+                config = gpt2_config(L, NH, C, V, maxT, Vp, E, K, S)
             else:
                 config = llama_config(L, NH, int(header[8]), C, int(header[9]), V, maxT,
-                                      f32_from_bits(int(header[10])), f32_from_bits(int(header[11])), Vp)
+                                      f32_from_bits(int(header[10])), f32_from_bits(int(header[11])), Vp,
+                                      E, K, S)
             problem = shape_problem(config)
             if problem:
                 fail(f"{path}: inconsistent shape {describe(config)}: {problem}")
@@ -717,15 +919,25 @@ def global_norm(w):
     return math.sqrt(total)
 
 
-def train_step(params, w, config, inputs, targets, optimizer, grad_clip, keep=False):
-    """One forward, backward and AdamW update of w = trainable(params). Returns (loss, grad norm before
-    clipping) and, with keep, also the logits and the gradients (file order), taken before the update."""
+def router_numbers(router):
+    """The router numbers as plain numbers, for printing (None for a dense model)."""
+    if router is None:
+        return None
+    return dict(aux=float(router["aux"]), z=float(router["z"]), routed=router["routed"].numpy(),
+                dropped=router["dropped"])
+
+
+def train_step(params, w, config, inputs, targets, optimizer, grad_clip, keep=False, moe=MoeTraining()):
+    """One forward, backward and AdamW update of w = trainable(params); an MoE model trains on the total of
+    moe (MoeTraining). Returns (loss, grad norm before clipping), the loss the cross-entropy, and, with keep,
+    also the logits, the router numbers (router_numbers) and the gradients (file order), taken before the
+    update."""
     for p in w.values():
         p.grad = None
-    logits, loss, token_embeddings = forward(w, config, inputs, targets)
-    backward(w, loss, token_embeddings, inputs)
+    logits, loss, token_embeddings, router = forward(w, config, inputs, targets, moe.capacity_factor)
+    backward(w, moe.total(loss, router), token_embeddings, inputs)
     norm = global_norm(w)
-    kept = (logits.detach(), stacked_grads(w, params)) if keep else None
+    kept = (logits.detach(), router_numbers(router), stacked_grads(w, params)) if keep else None
     del logits
     optimizer.step(grad_clip / norm if 0 < grad_clip < norm else 1.0)
     return float(loss), norm, kept
@@ -778,15 +990,27 @@ def run(args):
           f"lr={args.learning_rate:g} betas=({args.beta1:g}, {args.beta2:g}) eps={args.eps:g} "
           f"wd={args.weight_decay:g} clip={args.grad_clip:g}; threads={torch.get_num_threads()}")
 
+    if config["E"]:
+        print(f"experts: E={config['E']} K={config['K']} S={config['S']}; aux loss weight "
+              f"{args.moe_aux_loss:g}, z loss weight {args.moe_z_loss:g}, capacity factor "
+              + (f"{args.capacity_factor:g} (cap {capacity(args.capacity_factor, T, config['K'], config['E'])} "
+                 f"per expert per sequence)" if args.capacity_factor else "0 (dropless)"))
+
     w = trainable(params)
     optimizer = AdamW(w, args.learning_rate, args.beta1, args.beta2, args.eps, args.weight_decay)
+    moe = MoeTraining(args.moe_aux_loss, args.moe_z_loss, args.capacity_factor)
     losses, norms, first = [], [], None
     start = time.perf_counter()
     for step in range(args.steps):
         loss, norm, kept = train_step(params, w, config, inputs, targets, optimizer, args.grad_clip,
-                                      keep=(step == 0 and args.state_out is not None))
+                                      keep=(step == 0 and (args.state_out is not None or config["E"] > 0)),
+                                      moe=moe)
         if kept:
-            first = (kept[0], loss, kept[1])
+            first = (kept[0], loss, kept[1], kept[2])
+            if kept[1] is not None:
+                r = kept[1]
+                print(f"router, first forward: aux loss {r['aux']:.6f}  z loss {r['z']:.6f}  routed "
+                      f"{r['routed'].tolist()} (per layer, per expert)  dropped {r['dropped']}")
         losses.append(loss)
         norms.append(norm)
         print(f"step {step + 1:3d}/{args.steps}: loss {loss:.6f}  grad norm {norm:.6f}")
@@ -795,15 +1019,15 @@ def run(args):
         print(f"{args.steps} steps in {elapsed:.2f} s: {1000 * elapsed / args.steps:.1f} ms/step")
 
     if args.state_out:
-        logits, loss, grads = first
+        logits, loss, _, grads = first
         write_state(args.state_out, args, B, T, inputs, targets, logits, loss, grads, config, losses, norms)
         print(f"wrote {args.state_out}")
 
     if args.bench:
-        train_step(params, w, config, inputs, targets, optimizer, args.grad_clip)   # warm-up
+        train_step(params, w, config, inputs, targets, optimizer, args.grad_clip, moe=moe)   # warm-up
         start = time.perf_counter()
         for _ in range(args.bench):
-            train_step(params, w, config, inputs, targets, optimizer, args.grad_clip)
+            train_step(params, w, config, inputs, targets, optimizer, args.grad_clip, moe=moe)
         seconds = (time.perf_counter() - start) / args.bench
         print(f"pytorch: {1000 * seconds:.1f} ms/step, {B * T / seconds:.1f} tokens/s "
               f"(B={B}, T={T}, {torch.get_num_threads()} threads, mean of {args.bench} steps)")
@@ -1007,14 +1231,14 @@ def check_models(c):
         inputs = torch.randint(0, config["V"], (2, 5), generator=c.g)
         targets = torch.randint(0, config["V"], (2, 5), generator=c.g)
         w = trainable(params)
-        _, loss, _ = forward(w, config, inputs, targets)
+        _, loss, _, _ = forward(w, config, inputs, targets)
         expected = naive(params, config, inputs, targets)
         c.check(f"{label}: loss vs naive float64 model", abs(float(loss) - expected) < 1e-10 * abs(expected),
                 f"{float(loss):.12f} vs {expected:.12f}")
 
         # gradients against central finite differences (float64), a few entries of every tensor; the
         # padded vocab rows must get exactly zero gradient
-        _, loss, token_embeddings = forward(w, config, inputs, targets)
+        _, loss, token_embeddings, _ = forward(w, config, inputs, targets)
         backward(w, loss, token_embeddings, inputs)
         grads = stacked_grads(w, params)
         worst, h = 0.0, 1e-6
@@ -1049,7 +1273,7 @@ def check_init(c):
         params = init_params(config, seed=1337, dtype=torch.float32)
         inputs = torch.randint(0, 500, (3, 37), generator=c.g)
         targets = torch.randint(0, 500, (3, 37), generator=c.g)
-        logits, loss, _ = forward(trainable(params), config, inputs, targets)
+        logits, loss, _, _ = forward(trainable(params), config, inputs, targets)
         c.check(f"{name} init: loss ~ log(V)", abs(float(loss) - math.log(500)) < 0.05,
                 f"{float(loss):.4f} vs {math.log(500):.4f}")
         c.check(f"{name} init: padded vocab rows and their logits are zero",
@@ -1117,7 +1341,7 @@ def check_files(c, tmp, name):
     inputs = torch.randint(0, config["V"], (B, T), generator=c.g)
     targets = torch.randint(0, config["V"], (B, T), generator=c.g)
     w = trainable(params)
-    logits, loss, token_embeddings = forward(w, config, inputs, targets)
+    logits, loss, token_embeddings, _ = forward(w, config, inputs, targets)
     backward(w, loss, token_embeddings, inputs)
     grads = stacked_grads(w, params)
     hyper = argparse.Namespace(learning_rate=1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1,
