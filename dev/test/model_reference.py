@@ -127,15 +127,20 @@ Files. Little-endian throughout; each starts with a header of 256 int32, the slo
   Reference state file (both architectures; the model file beside it gives the shape)
   slot     value
   [0]      magic 20240327
-  [1]      version 2
+  [1]      version 3
   [2] [3]  B, T
-  [4]      S, the number of steps
+  [4]      the number of steps
   [5..10]  the bits of float32 learning rate, beta1, beta2, eps, weight decay, grad clip
   [11]     the magic of the model file this state belongs to (20240326 GPT-2, 20241125 Llama)
   [12]     P, the number of parameters (the gradient floats below)
-  then inputs (B, T) int32, targets (B, T) int32, logits (B, T, Vp) float32, the loss (1 float32),
-  the first step's gradients (P float32, the model file's tensors in its order and shapes), the losses of
-  the S steps (S float32) and their gradient norms before clipping (S float32).
+  [13..15] the bits of float32 alpha (--moe-aux-loss), beta (--moe-z-loss), capacity factor (0: dropless)
+  then inputs (B, T) int32, targets (B, T) int32, logits (B, T, Vp) float32, the loss (1 float32, the
+  cross-entropy), the first forward's router numbers: aux loss and z loss (1 float32 each, summed over the
+  layers without alpha and beta; 0 and 0 for a dense model), the routed counts (L*E int32, per layer per
+  expert, summed over the batch's sequences, before drops; none for a dense model) and the dropped
+  assignments summed over the layers (1 int32); then the first step's gradients (P float32, the model
+  file's tensors in its order and shapes, the gradients of the total), the losses of the steps (one
+  float32 each) and their gradient norms before clipping (one float32 each).
 
 Run with Debian's Python (/usr/bin/python3, packages python3-torch python3-numpy libopenblas0).
 """
@@ -151,7 +156,7 @@ import time
 GPT2_MAGIC = 20240326
 LLAMA_MAGIC = 20241125
 STATE_MAGIC = 20240327
-STATE_VERSION = 2
+STATE_VERSION = 3
 SHARD_MAGIC = 20240520
 HEADER_INTS = 256
 
@@ -552,10 +557,11 @@ def route(z, K):
 
 
 def capacity(cf, T, K, E):
-    """The assignments an expert keeps per sequence, ceil(cf T K / E), cf taken as a float32, the ceiling of
-    the exact quotient: cf * T * K is exact in float64, and a quotient that is not an integer lies at least
-    ulp(cf) / E from one, far beyond float64's rounding of it (for any T K below 2^29). Float32 arithmetic
-    could give one less: cf = 1.1, T = 10, K = 1, E = 11 is exactly 1.0000000217, but 1.0 in float32."""
+    """The assignments an expert keeps per sequence, ceil(cf T K / E), cf taken as the float32 that the
+    state file stores, the ceiling of the exact quotient: cf * T * K is exact in float64, and a quotient
+    that is not an integer lies at least ulp(cf) / E from one, far beyond float64's rounding of it (for any
+    T K below 2^29). Float32 arithmetic could give one less: cf = 1.1, T = 10, K = 1, E = 11 is exactly
+    1.0000000217, but 1.0 in float32."""
     return math.ceil(as_float32(cf) * T * K / E)
 
 
@@ -608,8 +614,8 @@ def moe_mlp(h, w, l, config, capacity_factor):
 
 
 def router_summary(layers):
-    """The router numbers of all layers as training uses them: aux and z summed over the layers (tensors),
-    routed (L, E) and dropped summed over the layers. None for a dense model."""
+    """The router numbers of all layers as training and the state file use them: aux and z summed over the
+    layers (tensors), routed (L, E) and dropped summed over the layers. None for a dense model."""
     if not layers:
         return None
     return dict(aux=sum(r["aux"] for r in layers), z=sum(r["z"] for r in layers),
@@ -617,9 +623,9 @@ def router_summary(layers):
 
 
 class MoeTraining:
-    """The training options of an MoE model, as float32: alpha and beta weigh the aux and z losses in the
-    total, capacity_factor > 0 caps each expert per sequence (0: no drops). A dense model has no use for
-    them."""
+    """The training options of an MoE model, as float32 like the state file holds them: alpha and beta
+    weigh the aux and z losses in the total, capacity_factor > 0 caps each expert per sequence (0: no
+    drops). A dense model has no use for them."""
 
     def __init__(self, alpha=0.01, beta=0.001, capacity_factor=0.0):
         self.alpha, self.beta = as_float32(alpha), as_float32(beta)
@@ -830,7 +836,9 @@ def read_tokens(path, count):
         fail(f"cannot read {path}: {e.strerror}")
 
 
-def write_state(path, args, B, T, inputs, targets, logits, loss, grads, config, losses, norms):
+def write_state(path, args, B, T, inputs, targets, logits, loss, router, grads, config, losses, norms):
+    """router: the first forward's router numbers as plain numbers (aux, z, routed (L, E), dropped), or None
+    for a dense model (0, 0, no counts, 0)."""
     shapes = parameter_shapes(config)
     count = sum(int(np.prod(s)) for _, s in shapes)
     if count >= 2 ** 31:
@@ -841,12 +849,17 @@ def write_state(path, args, B, T, inputs, targets, logits, loss, grads, config, 
                                           args.weight_decay, args.grad_clip)]
     # so that a reader can refuse a state next to a model file of the other architecture or shape
     header[11:13] = [model_magic(config), count]
+    header[13:16] = [f32_bits(v) for v in (args.moe_aux_loss, args.moe_z_loss, args.capacity_factor)]
+    if router is None:
+        router = dict(aux=0.0, z=0.0, routed=np.zeros((config["L"], config["E"])), dropped=0)
     with open(path, "wb") as f:
         f.write(header.tobytes())
         f.write(inputs.to(torch.int32).numpy().tobytes())
         f.write(targets.to(torch.int32).numpy().tobytes())
         f.write(logits.detach().to(torch.float32).contiguous().numpy().tobytes())
-        f.write(np.array([loss], dtype=np.float32).tobytes())
+        f.write(np.array([loss, router["aux"], router["z"]], dtype=np.float32).tobytes())
+        f.write(np.asarray(router["routed"], dtype=np.int32).tobytes())
+        f.write(np.array([router["dropped"]], dtype=np.int32).tobytes())
         for name, _ in shapes:
             f.write(grads[name].to(torch.float32).contiguous().numpy().tobytes())
         f.write(np.array(losses, dtype=np.float32).tobytes())
@@ -861,9 +874,11 @@ def read_state(path, config):
     B, T, S = (int(v) for v in header[2:5])
     state = dict(magic=int(header[0]), version=int(header[1]), B=B, T=T, steps=S,
                  hyper=[f32_from_bits(int(v)) for v in header[5:11]], model_magic=int(header[11]),
-                 count=int(header[12]))
+                 count=int(header[12]), moe=[f32_from_bits(int(v)) for v in header[13:16]])
     pieces = [("inputs", np.int32, B * T), ("targets", np.int32, B * T),
               ("logits", np.float32, B * T * config["Vp"]), ("loss", np.float32, 1),
+              ("aux", np.float32, 1), ("z", np.float32, 1), ("routed", np.int32, config["L"] * config["E"]),
+              ("dropped", np.int32, 1),
               ("grads", np.float32, state["count"]), ("losses", np.float32, S), ("norms", np.float32, S)]
     offset = HEADER_INTS * 4
     for name, dtype, n in pieces:
@@ -920,7 +935,7 @@ def global_norm(w):
 
 
 def router_numbers(router):
-    """The router numbers as plain numbers, for printing (None for a dense model)."""
+    """The router numbers as plain numbers, for printing and the state file (None for a dense model)."""
     if router is None:
         return None
     return dict(aux=float(router["aux"]), z=float(router["z"]), routed=router["routed"].numpy(),
@@ -1019,8 +1034,9 @@ def run(args):
         print(f"{args.steps} steps in {elapsed:.2f} s: {1000 * elapsed / args.steps:.1f} ms/step")
 
     if args.state_out:
-        logits, loss, _, grads = first
-        write_state(args.state_out, args, B, T, inputs, targets, logits, loss, grads, config, losses, norms)
+        logits, loss, router, grads = first
+        write_state(args.state_out, args, B, T, inputs, targets, logits, loss, router, grads, config, losses,
+                    norms)
         print(f"wrote {args.state_out}")
 
     if args.bench:
@@ -1327,8 +1343,11 @@ def check_files(c, tmp, name):
     expected = [model_magic(config), 5] + [config[k] for k in ("maxT", "V", "L", "NH", "C", "Vp")]
     if config["arch"] == "llama":
         expected += [config["KVH"], config["F"], f32_bits(config["theta"]), f32_bits(config["eps"])]
+    else:
+        expected += [0, 0, 0, 0]
+    expected += [config["E"], config["K"], config["S"]]
     c.check(f"{name}: model header slots", header[:len(expected)].tolist() == expected and
-            not header[len(expected):].any(), f"{header[:12].tolist()}")
+            not header[len(expected):].any(), f"{header[:15].tolist()}")
     # tensor-major: layer 1 of qkvw follows layer 0 of qkvw, not layer 0's next tensor
     raw = np.fromfile(path, dtype=np.uint16, offset=HEADER_INTS * 4)
     names = [n for n, _ in parameter_shapes(config)]
@@ -1340,28 +1359,36 @@ def check_files(c, tmp, name):
     B, T = 2, 5
     inputs = torch.randint(0, config["V"], (B, T), generator=c.g)
     targets = torch.randint(0, config["V"], (B, T), generator=c.g)
-    w = trainable(params)
-    logits, loss, token_embeddings, _ = forward(w, config, inputs, targets)
-    backward(w, loss, token_embeddings, inputs)
-    grads = stacked_grads(w, params)
     hyper = argparse.Namespace(learning_rate=1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1,
-                               grad_clip=1.0)
+                               grad_clip=1.0, moe_aux_loss=0.01, moe_z_loss=0.001, capacity_factor=1.0)
+    w = trainable(params)
+    logits, loss, token_embeddings, router = forward(w, config, inputs, targets, hyper.capacity_factor)
+    backward(w, MoeTraining(0.01, 0.001, 1.0).total(loss, router), token_embeddings, inputs)
+    grads = stacked_grads(w, params)
     path = os.path.join(tmp, f"{name}_state.bin")
-    write_state(path, hyper, B, T, inputs, targets, logits, float(loss), grads, config, [1.5, 2.5, 3.5],
-                [0.5, 0.25, 0.125])
+    numbers = router_numbers(router)
+    write_state(path, hyper, B, T, inputs, targets, logits, float(loss), numbers, grads, config,
+                [1.5, 2.5, 3.5], [0.5, 0.25, 0.125])
     s = read_state(path, config)
     flat_grads = torch.cat([grads[n].reshape(-1) for n in names])
+    if numbers is None:                 # what a dense model's state holds
+        numbers = dict(aux=0.0, z=0.0, routed=np.zeros(0, dtype=np.int32), dropped=0)
     same = (s["magic"] == STATE_MAGIC and s["version"] == STATE_VERSION and (s["B"], s["T"], s["steps"]) == (B, T, 3)
             and s["hyper"] == [as_float32(v) for v in (1e-3, 0.9, 0.95, 1e-8, 0.1, 1.0)]
             and s["model_magic"] == model_magic(config) and s["count"] == flat_grads.numel()
+            and s["moe"] == [as_float32(v) for v in (0.01, 0.001, 1.0)]
             and np.array_equal(s["inputs"], inputs.reshape(-1).numpy())
             and np.array_equal(s["targets"], targets.reshape(-1).numpy())
             and np.array_equal(s["logits"], logits.detach().reshape(-1).numpy())
             and s["loss"][0] == np.float32(float(loss))
+            and s["aux"][0] == np.float32(numbers["aux"]) and s["z"][0] == np.float32(numbers["z"])
+            and np.array_equal(s["routed"], numbers["routed"].reshape(-1))
+            and s["dropped"][0] == numbers["dropped"]
             and np.array_equal(s["grads"], flat_grads.numpy())
             and s["losses"].tolist() == [1.5, 2.5, 3.5] and s["norms"].tolist() == [0.5, 0.25, 0.125]
             and s["trailing_bytes"] == 0)
-    c.check(f"{name}: state file round trip", same)
+    c.check(f"{name}: state file round trip", same,
+            "" if numbers["dropped"] == 0 else f"with {numbers['dropped']} dropped assignments")
 
 
 def check_training(c, name):
