@@ -1052,13 +1052,59 @@ def run(args):
 # ----------------------------------------------------------------------------------------------------
 # self-check: the reference is only useful if it is right
 
-def naive_gpt2_loss(params, config, inputs, targets):
+def naive_moe(rows, P, l, config, act, B, cap, stats):
+    """One sequence's MoE MLP at block l, token by token in float64 Python: rows are the sequence's T
+    normalised vectors in order, act the activation of one hidden vector, cap the capacity per expert (None:
+    dropless). Adds the sequence's share of the router numbers to stats (aux, z, routed, dropped). Returns
+    the T outputs."""
+    E, K, S, C = config["E"], config["K"], config["S"], config["C"]
+    T = len(rows)
+    routed, kept, mean_p, outs = [0] * E, [0] * E, [0.0] * E, []
+    for row in rows:                                   # t in order, then k in order: the capacity's visit
+        z = (P["routerw"][l] @ row).tolist()
+        top = max(z)
+        exps = [math.exp(v - top) for v in z]
+        p = [v / sum(exps) for v in exps]
+        stats["z"] += (top + math.log(sum(exps))) ** 2 / (B * T)
+        chosen = sorted(range(E), key=lambda e: (-p[e], e))[:K]          # descending p, ties by index
+        chosen_sum = sum(p[e] for e in chosen)
+        out = P["fcprojw"][l] @ act(P["fcw"][l] @ row) if S else torch.zeros(C, dtype=torch.float64)
+        for e in chosen:
+            routed[e] += 1
+            if cap is not None and kept[e] == cap:
+                stats["dropped"] += 1
+                continue
+            kept[e] += 1
+            out = out + p[e] / chosen_sum * (P["expertprojw"][l][e] @ act(P["expertfcw"][l][e] @ row))
+        for e in range(E):
+            mean_p[e] += p[e] / T
+        outs.append(out)
+    stats["aux"] += E * sum(routed[e] / (T * K) * mean_p[e] for e in range(E)) / B
+    for e in range(E):
+        stats["routed"][l][e] += routed[e]
+    return outs
+
+
+def naive_stats(config, T, capacity_factor):
+    """The capacity of naive_moe and an empty stats for it."""
+    E, K = config["E"], config["K"]
+    cap = capacity(capacity_factor, T, K, E) if E and capacity_factor > 0 else None
+    return cap, dict(aux=0.0, z=0.0, routed=[[0] * E for _ in range(config["L"])], dropped=0)
+
+
+def naive_gpt2_loss(params, config, inputs, targets, capacity_factor=0.0, stats=None):
     """GPT-2 with every operation spelled out element by element in float64 Python loops over positions,
-    independent of the vectorised code above. Tiny shapes only."""
+    independent of the vectorised code above. Tiny shapes only. An MoE model's router numbers go into
+    stats (a dict) when given."""
     L, NH, C, V = config["L"], config["NH"], config["C"], config["V"]
     HS = C // NH
     B, T = inputs.shape
     P = {k: v.double() for k, v in params.items()}
+    cap, router = naive_stats(config, T, capacity_factor)
+
+    def gelu(u):
+        return torch.tensor([0.5 * z * (1 + math.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z ** 3)))
+                             for z in u.tolist()], dtype=torch.float64)
 
     def ln(row, w, b):
         mean = row.sum() / C
@@ -1084,6 +1130,11 @@ def naive_gpt2_loss(params, config, inputs, targets):
                         y[h * HS:(h + 1) * HS] += weights[s] / norm * qkv[s][2 * C + h * HS:2 * C + (h + 1) * HS]
                 out.append(P["attprojw"][l] @ y + P["attprojb"][l])
             x = [x[t] + out[t] for t in range(T)]
+            if config["E"]:
+                rows = [ln(x[t], P["ln2w"][l], P["ln2b"][l]) for t in range(T)]
+                out = naive_moe(rows, P, l, config, gelu, B, cap, router)
+                x = [x[t] + out[t] for t in range(T)]
+                continue
             for t in range(T):
                 u = P["fcw"][l] @ ln(x[t], P["ln2w"][l], P["ln2b"][l]) + P["fcb"][l]
                 g = torch.tensor([0.5 * z * (1 + math.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z ** 3)))
@@ -1094,6 +1145,8 @@ def naive_gpt2_loss(params, config, inputs, targets):
             top = max(logits)
             lse = top + math.log(sum(math.exp(z - top) for z in logits))
             total += lse - logits[int(targets[b, t])]
+    if stats is not None:
+        stats.update(router)
     return total / (B * T)
 
 
@@ -1103,14 +1156,20 @@ def naive_rope_angle(t, i, HS, theta):
     return float(np.float32(t) * frequency)
 
 
-def naive_llama_loss(params, config, inputs, targets):
+def naive_llama_loss(params, config, inputs, targets, capacity_factor=0.0, stats=None):
     """Llama with every operation spelled out element by element in float64 Python loops over positions,
-    pairs and heads, independent of the vectorised code above. Tiny shapes only."""
+    pairs and heads, independent of the vectorised code above. Tiny shapes only. An MoE model's router
+    numbers go into stats (a dict) when given."""
     L, NH, KVH, C, F, V = (config[k] for k in ("L", "NH", "KVH", "C", "F", "V"))
     eps, theta = config["eps"], config["theta"]
     HS = C // NH
     B, T = inputs.shape
     P = {k: v.double() for k, v in params.items()}
+    cap, router = naive_stats(config, T, capacity_factor)
+
+    def swiglu_row(u):
+        u, H = u.tolist(), len(u) // 2             # H gate values, then H up values
+        return torch.tensor([u[n] / (1 + math.exp(-u[n])) * u[H + n] for n in range(H)], dtype=torch.float64)
 
     def rms(row, w):
         return row / math.sqrt(sum(z * z for z in row.tolist()) / C + eps) * w
@@ -1145,6 +1204,11 @@ def naive_llama_loss(params, config, inputs, targets):
                         y[h * HS:(h + 1) * HS] += weights[s] / norm * v[s][j]
                 out.append(P["attprojw"][l] @ y)
             x = [x[t] + out[t] for t in range(T)]
+            if config["E"]:
+                rows = [rms(x[t], P["ln2w"][l]) for t in range(T)]
+                out = naive_moe(rows, P, l, config, swiglu_row, B, cap, router)
+                x = [x[t] + out[t] for t in range(T)]
+                continue
             for t in range(T):
                 u = (P["fcw"][l] @ rms(x[t], P["ln2w"][l])).tolist()
                 hidden = torch.tensor([u[n] / (1 + math.exp(-u[n])) * u[F + n] for n in range(F)],
@@ -1155,7 +1219,12 @@ def naive_llama_loss(params, config, inputs, targets):
             top = max(logits)
             lse = top + math.log(sum(math.exp(z - top) for z in logits))
             total += lse - logits[int(targets[b, t])]
+    if stats is not None:
+        stats.update(router)
     return total / (B * T)
+
+
+SMALL_PRESETS = ("small", "llama_small", "moe_small", "llama_moe_small")
 
 
 class Checks:
@@ -1233,31 +1302,59 @@ def check_rope(c):
 def check_models(c):
     """Both models against the element-by-element versions (float64, tiny shapes, weights made larger than
     the init so every op matters, padded vocab rows non-zero to prove they are ignored), Llama with
-    grouped-query attention and with as many key/value heads as query heads; and their gradients against
-    finite differences."""
-    tiny = [("GPT-2", gpt2_config(L=2, NH=2, C=8, V=11, maxT=6), naive_gpt2_loss),
+    grouped-query attention and with as many key/value heads as query heads, both with experts (with and
+    without capacity drops and shared experts); and their gradients against finite differences (of the
+    total, with router terms weighted up so that they matter)."""
+    tiny = [("GPT-2", gpt2_config(L=2, NH=2, C=8, V=11, maxT=6), naive_gpt2_loss, 0.0),
             ("Llama KVH=2", llama_config(L=2, NH=4, KVH=2, C=16, F=12, V=11, maxT=6, theta=10000.0, eps=1e-5),
-             naive_llama_loss),
+             naive_llama_loss, 0.0),
             ("Llama KVH=NH", llama_config(L=2, NH=2, KVH=2, C=8, F=8, V=11, maxT=6, theta=10000.0, eps=1e-2),
-             naive_llama_loss)]
-    for label, config, naive in tiny:
+             naive_llama_loss, 0.0),
+            ("GPT-2 MoE E=4 K=2 S=1 capacity 0.5", gpt2_config(L=2, NH=2, C=8, V=11, maxT=6, E=4, K=2, S=1),
+             naive_gpt2_loss, 0.5),
+            ("Llama MoE E=3 K=2 S=0 dropless", llama_config(L=2, NH=4, KVH=2, C=16, F=12, V=11, maxT=6,
+                                                            theta=10000.0, eps=1e-5, E=3, K=2, S=0),
+             naive_llama_loss, 0.0),
+            ("Llama MoE E=4 K=1 S=2 capacity 1", llama_config(L=2, NH=2, KVH=1, C=8, F=6, V=11, maxT=6,
+                                                              theta=10000.0, eps=1e-5, E=4, K=1, S=2),
+             naive_llama_loss, 1.0)]
+    for label, config, naive, capacity_factor in tiny:
+        moe = MoeTraining(alpha=0.5, beta=0.1, capacity_factor=capacity_factor)
         params = init_params(config, seed=5, dtype=torch.float64)
         for p in params.values():
             p.add_(torch.randn(p.shape, generator=c.g, dtype=torch.float64) * 0.3)
         inputs = torch.randint(0, config["V"], (2, 5), generator=c.g)
         targets = torch.randint(0, config["V"], (2, 5), generator=c.g)
         w = trainable(params)
-        _, loss, _, _ = forward(w, config, inputs, targets)
-        expected = naive(params, config, inputs, targets)
+        _, loss, _, router = forward(w, config, inputs, targets, capacity_factor)
+        stats = {}
+        expected = naive(params, config, inputs, targets, capacity_factor, stats)
         c.check(f"{label}: loss vs naive float64 model", abs(float(loss) - expected) < 1e-10 * abs(expected),
                 f"{float(loss):.12f} vs {expected:.12f}")
+        if config["E"]:
+            same = (abs(float(router["aux"]) - stats["aux"]) < 1e-10 * stats["aux"]
+                    and abs(float(router["z"]) - stats["z"]) < 1e-10 * stats["z"]
+                    and router["routed"].tolist() == stats["routed"] and router["dropped"] == stats["dropped"]
+                    and (router["dropped"] > 0) == (capacity_factor > 0))
+            c.check(f"{label}: aux loss, z loss, routed counts and drops vs naive", same,
+                    f"aux {float(router['aux']):.10f} vs {stats['aux']:.10f}, z {float(router['z']):.10f} vs "
+                    f"{stats['z']:.10f}, routed {router['routed'].tolist()} vs {stats['routed']}, dropped "
+                    f"{router['dropped']} vs {stats['dropped']}")
+        else:
+            c.check(f"{label}: a dense model has no router numbers", router is None)
 
         # gradients against central finite differences (float64), a few entries of every tensor; the
-        # padded vocab rows must get exactly zero gradient
-        _, loss, token_embeddings, _ = forward(w, config, inputs, targets)
+        # padded vocab rows must get exactly zero gradient. Steps of 1e-5: the rounding of the loss (~1e-15
+        # of a total of ~5 with the router terms) over 2h stays ~1e-10, and the h^2 term about as small.
+        # An MoE model's routing is piecewise constant: such steps do not move these random points across
+        # a tie.
+        def total():
+            _, loss, token_embeddings, router = forward(w, config, inputs, targets, capacity_factor)
+            return moe.total(loss, router), token_embeddings
+        loss, token_embeddings = total()
         backward(w, loss, token_embeddings, inputs)
         grads = stacked_grads(w, params)
-        worst, h = 0.0, 1e-6
+        worst, h = 0.0, 1e-5
         with torch.no_grad():
             for name, p in params.items():
                 flat, grad = p.view(-1), grads[name].reshape(-1)
@@ -1269,9 +1366,9 @@ def check_models(c):
                 for index in indices:
                     saved = float(flat[index])
                     flat[index] = saved + h
-                    plus = float(forward(w, config, inputs, targets)[1])
+                    plus = float(total()[0])
                     flat[index] = saved - h
-                    minus = float(forward(w, config, inputs, targets)[1])
+                    minus = float(total()[0])
                     flat[index] = saved
                     numeric = (plus - minus) / (2 * h)
                     worst = max(worst, abs(numeric - float(grad[index])) / max(abs(numeric), 1e-3))
@@ -1281,10 +1378,218 @@ def check_models(c):
         c.check(f"{label}: padded vocab rows get zero gradient", all(bool((p == 0).all()) for p in padded))
 
 
+def check_moe_routing(c):
+    """The tie rule: descending p, equal p in index order (torch.topk promises no order for ties), against
+    Python's sort by (-p, e) on logits full of ties; and the renormalised weights."""
+    z = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0], [0.0] * 5, [2.0, 2.0, 5.0, 2.0, 5.0]], dtype=torch.float64)
+    picks = [route(z, K)[2].tolist() for K in (2, 3)]
+    c.check("MoE tie rule by hand: equal p go in index order", picks == [[[1, 2], [0, 1], [2, 4]],
+                                                                        [[1, 2, 4], [0, 1, 2], [2, 4, 0]]],
+            f"{picks}")
+    E, ok = 6, True
+    for dtype in (torch.float32, torch.float64):
+        z = torch.randint(0, 3, (300, E), generator=c.g).to(dtype)              # about 2 equal values per row
+        for K in range(1, E + 1):
+            p, _, experts, weights = route(z, K)
+            for n in range(z.shape[0]):
+                ok &= experts[n].tolist() == sorted(range(E), key=lambda e: (-float(p[n, e]), e))[:K]
+            chosen = p.gather(1, experts)
+            ok &= bool(torch.equal(weights, chosen / chosen.sum(dim=1, keepdim=True)))
+            ok &= bool((weights.sum(dim=1) - 1).abs().max() < 1e-6)
+    c.check("MoE top-K vs sorted by (-p, expert) on 300 rows of tied logits, K = 1..6, fp32 and float64; "
+            "weights renormalised", ok)
+
+
+def check_moe_capacity(c):
+    """The capacity: the exact ceiling, the vectorised drops against a visit in the order (t, then k), and
+    a hand-made case through the layer (every token to expert 0, counts reset per sequence)."""
+    caps = [capacity(1.0, 37, 2, 4), capacity(1.25, 32, 2, 4), capacity(1.1, 10, 1, 11), capacity(0.01, 5, 1, 8)]
+    c.check("MoE capacity: ceil(cf T K / E) exactly, cf a float32", caps == [19, 20, 2, 1], f"{caps}")
+
+    ok, drops = True, 0
+    for cf in (0.5, 1.0, 1.5, 0.0):
+        B, T, E, K = 3, 9, 5, 2
+        experts = route(torch.randn(B * T, E, generator=c.g, dtype=torch.float64), K)[2]
+        kept = kept_assignments(experts, B, T, E, cf)
+        cap = capacity(cf, T, K, E) if cf else None
+        for b in range(B):
+            count = [0] * E
+            for t in range(T):
+                for k in range(K):
+                    e = int(experts[b * T + t, k])
+                    keep = cap is None or count[e] < cap
+                    count[e] += keep
+                    ok &= bool(kept[b * T + t, k]) == keep
+        drops += int((~kept).sum())
+    c.check("MoE capacity drops vs a visit in (t, k) order (3 capacity factors and dropless)", ok and drops > 0,
+            f"{drops} drops")
+
+    # B=2 sequences of T=4, E=2, K=1, cf=1: cap 2. A zero router gives p = (0.5, 0.5): by the tie rule
+    # every token goes to expert 0, with weight 1; tokens 2 and 3 of each sequence are dropped.
+    config = gpt2_config(L=1, NH=1, C=4, V=5, maxT=4, E=2, K=1, S=1)
+    h = torch.randn(2, 4, 4, generator=c.g, dtype=torch.float64)
+    w = {"routerw.0": torch.zeros(2, 4, dtype=torch.float64)}
+    for name in ("fcw", "fcprojw", "expertfcw", "expertprojw"):
+        shape = dict(parameter_shapes(config))[name][1:]
+        w[f"{name}.0"] = torch.randn(shape, generator=c.g, dtype=torch.float64)
+    out, router = moe_mlp(h, w, 0, config, 1.0)
+    linear = torch.nn.functional.linear
+    shared = linear(gelu_tanh(linear(h, w["fcw.0"])), w["fcprojw.0"])
+    expert0 = linear(gelu_tanh(linear(h, w["expertfcw.0"][0])), w["expertprojw.0"][0])
+    expected = shared + torch.tensor([1.0, 1.0, 0.0, 0.0], dtype=torch.float64)[None, :, None] * expert0
+    c.check("MoE capacity through the layer: 2 of 4 kept per sequence, dropped tokens get the shared "
+            "experts only, routed counts before drops",
+            router["dropped"] == 4 and router["routed"].tolist() == [8, 0] and c.rel_err(out, expected) < 1e-15,
+            f"dropped {router['dropped']}, routed {router['routed'].tolist()}")
+
+
+def check_moe_losses(c):
+    """The aux loss is 1 for a perfectly balanced router (f = P = 1/E), also 1 whenever p is uniform
+    whatever the counts, larger when unbalanced, E when every token goes to one expert with p = 1; the
+    z-loss is the mean of lse^2."""
+    B, T, E = 2, 8, 4
+
+    def aux_of(z, K):
+        p, _, experts, _ = route(z, K)
+        return float(balance_loss(p, experts, B, T, E)[0])
+    t = torch.arange(B * T) % E
+    onehot = torch.nn.functional.one_hot
+    balanced = [aux_of((4.0 * onehot(t, E) + 2.0 * onehot((t + 1) % E, E)).double(), K) for K in (1, 2)]
+    c.check("MoE aux loss of a balanced router (each expert 1/E of the assignments and of p) is 1",
+            max(abs(a - 1) for a in balanced) < 1e-12, f"K=1 {balanced[0]!r}, K=2 {balanced[1]!r}")
+    uniform = aux_of(torch.zeros(B * T, E, dtype=torch.float64), 2)
+    c.check("MoE aux loss with uniform p is 1 although experts 0 and 1 take every assignment",
+            abs(uniform - 1) < 1e-12, f"{uniform!r}")
+    leaning = aux_of(torch.randn(B * T, E, generator=c.g, dtype=torch.float64) + 2.0 * onehot(torch.zeros(
+        B * T, dtype=torch.long), E), 2)
+    collapsed = aux_of(100.0 * onehot(torch.zeros(B * T, dtype=torch.long), E).double(), 1)
+    c.check("MoE aux loss of unbalanced routers: > 1, and E when one expert takes everything with p = 1",
+            leaning > 1.1 and abs(collapsed - E) < 1e-12, f"leaning to expert 0: {leaning:.4f}, "
+            f"collapsed: {collapsed!r}")
+    z = torch.randn(B * T, E, generator=c.g, dtype=torch.float64) * 3
+    config = gpt2_config(L=1, NH=1, C=E, V=5, maxT=T, E=E, K=2, S=0)
+    w = {"routerw.0": torch.eye(E, dtype=torch.float64),
+         "expertfcw.0": torch.zeros(E, 4 * E, E, dtype=torch.float64),
+         "expertprojw.0": torch.zeros(E, E, 4 * E, dtype=torch.float64)}
+    _, router = moe_mlp(z.view(B, T, E), w, 0, config, 0.0)               # the router's logits are z
+    expected = sum(math.log(sum(math.exp(v) for v in row)) ** 2 for row in z.tolist()) / (B * T)
+    c.check("MoE z-loss: mean over the rows of logsumexp(z)^2",
+            abs(float(router["z"]) - expected) < 1e-12 * expected, f"{float(router['z']):.12f} vs {expected:.12f}")
+
+
+def moe_layer_inputs(c, config, B, T, scale):
+    """Random float64 h (B, T, C) and the layer-0 tensors of an MoE block (file names, no layer dim)."""
+    h = torch.randn(B, T, config["C"], generator=c.g, dtype=torch.float64)
+    shapes = [(n, s[1:]) for n, s in parameter_shapes(config)
+              if n in ("fcw", "fcprojw", "routerw", "expertfcw", "expertprojw")]
+    tensors = [torch.randn(shape, generator=c.g, dtype=torch.float64) * scale for _, shape in shapes]
+    return h, [n for n, _ in shapes], tensors
+
+
+def check_moe_gradcheck(c):
+    """torch.autograd.gradcheck (float64) of the MoE layer alone: mlp(h), aux and z as functions of h and of
+    all its weights. Top-K and the drops are piecewise constant, so the point must be away from ties: the
+    K-th and (K+1)-th largest p of every row differ by far more than gradcheck's steps can move them."""
+    cases = [("GPT-2, E=4 K=2 S=1, capacity 0.75", gpt2_config(L=1, NH=1, C=6, V=5, maxT=8, E=4, K=2, S=1), 0.75),
+             ("Llama, E=3 K=2 S=2, dropless", llama_config(L=1, NH=2, KVH=1, C=6, F=5, V=5, maxT=8, E=3, K=2, S=2),
+              0.0),
+             ("Llama, E=5 K=1 S=0, capacity 1", llama_config(L=1, NH=2, KVH=1, C=6, F=4, V=5, maxT=8, E=5, K=1,
+                                                            S=0), 1.0)]
+    for label, config, cf in cases:
+        B, T, K = 2, 6, config["K"]
+        h, names, tensors = moe_layer_inputs(c, config, B, T, scale=0.7)
+        h.requires_grad_(True)
+        for t in tensors:
+            t.requires_grad_(True)
+
+        def layer(h, *tensors):
+            out, router = moe_mlp(h, {f"{n}.0": t for n, t in zip(names, tensors)}, 0, config, cf)
+            return out, router["aux"], router["z"]
+        p = torch.softmax(h.detach().reshape(B * T, -1) @ tensors[names.index("routerw")].detach().t(), dim=-1)
+        ranked = p.sort(dim=-1, descending=True).values
+        gap = float((ranked[:, K - 1] - ranked[:, K]).min())
+        _, router = moe_mlp(h.detach(), {f"{n}.0": t.detach() for n, t in zip(names, tensors)}, 0, config, cf)
+        passed = torch.autograd.gradcheck(layer, (h, *tensors), eps=1e-6, atol=1e-8, rtol=1e-6,
+                                          raise_exception=False)
+        c.check(f"MoE layer gradcheck, {label} (float64)", passed and gap > 1e-3 and
+                (router["dropped"] > 0) == (cf > 0), f"smallest top-K gap {gap:.3f}, {router['dropped']} dropped")
+
+
+def check_moe_spec_gradients(c):
+    """The router's gradient as the CUDA kernels compute it (combine, renormalisation, aux, softmax and z-loss
+    steps written out) against autograd's, for d(sum dout . mlp + a aux + b zloss)/dz with given expert
+    outputs."""
+    B, T, E, K, C = 2, 7, 5, 3, 4
+    N, a, b = B * T, 0.3, 0.2
+    z = torch.randn(N, E, generator=c.g, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(N, K, C, generator=c.g, dtype=torch.float64)               # the experts' outputs per slot
+    dout = torch.randn(N, C, generator=c.g, dtype=torch.float64)
+    for cf in (0.0, 0.6):
+        z.grad = None
+        p, lse, experts, weights = route(z, K)
+        kept = kept_assignments(experts, B, T, E, cf)
+        out = (kept[:, :, None] * weights[:, :, None] * y).sum(dim=1)
+        aux, routed = balance_loss(p, experts, B, T, E)
+        ((out * dout).sum() + a * aux + b * lse.square().mean()).backward()
+        with torch.no_grad():
+            dw = kept * (y * dout[:, None, :]).sum(dim=2)                      # (N, K); dropped: 0
+            s = p.gather(1, experts).sum(dim=1, keepdim=True)
+            dp = torch.zeros(N, E, dtype=torch.float64)
+            dp.scatter_add_(1, experts, (dw - (dw * weights).sum(dim=1, keepdim=True)) / s)
+            f = routed.double() / (T * K)                                      # (B, E)
+            dp += (a / B) * E * f.repeat_interleave(T, dim=0) / T
+            dz = p * (dp - (p * dp).sum(dim=1, keepdim=True))
+            dz += (b / N) * 2 * lse[:, None] * p
+        c.check(f"MoE router gradient: the kernels' formulas vs autograd "
+                f"({'capacity %g' % cf if cf else 'dropless'})",
+                c.rel_err(dz, z.grad) < 1e-13 and (int((~kept).sum()) > 0) == (cf > 0),
+                f"max rel err {c.rel_err(dz, z.grad):.1e}, {int((~kept).sum())} dropped")
+
+
+def check_dense_unchanged(c):
+    """E = 0 is the dense model as it was before the MoE layer: the same tensors in the same order and no MoE
+    header slots, and a few training steps of small and llama_small give the losses and gradient norms
+    recorded with the script before experts existed (to 1e-6: another BLAS may round differently; here
+    they agree to the bit)."""
+    for name in ("small", "llama_small", "124M", "llama_100M"):
+        config = config_from(CONFIGS[name])
+        L, C, Vp, maxT = config["L"], config["C"], config["Vp"], config["maxT"]
+        if config["arch"] == "gpt2":
+            before = [("wte", (Vp, C)), ("wpe", (maxT, C)), ("ln1w", (L, C)), ("ln1b", (L, C)),
+                      ("qkvw", (L, 3 * C, C)), ("qkvb", (L, 3 * C)), ("attprojw", (L, C, C)), ("attprojb", (L, C)),
+                      ("ln2w", (L, C)), ("ln2b", (L, C)), ("fcw", (L, 4 * C, C)), ("fcb", (L, 4 * C)),
+                      ("fcprojw", (L, C, 4 * C)), ("fcprojb", (L, C)), ("lnfw", (C,)), ("lnfb", (C,))]
+        else:
+            HS, F = C // config["NH"], config["F"]
+            before = [("wte", (Vp, C)), ("ln1w", (L, C)),
+                      ("qkvw", (L, (config["NH"] + 2 * config["KVH"]) * HS, C)), ("attprojw", (L, C, C)),
+                      ("ln2w", (L, C)), ("fcw", (L, 2 * F, C)), ("fcprojw", (L, C, F)),
+                      ("lnfw", (C,)), ("lmhead", (Vp, C))]
+        c.check(f"{name} (dense): the tensors of the model file as before the MoE layer",
+                parameter_shapes(config) == before and (config["E"], config["K"], config["S"]) == (0, 0, 0))
+    recorded = {"small": [(6.1614179611206055, 6.667221818082044), (5.506646156311035, 4.011066711864838),
+                          (5.202295780181885, 3.2833614748957958)],
+                "llama_small": [(6.244335651397705, 4.907777945798072), (5.838030815124512, 4.028617547687663),
+                                (5.568377494812012, 3.357865754280531)]}
+    for name, expected in recorded.items():
+        config = config_from(CONFIGS[name])
+        generator = torch.Generator().manual_seed(11)
+        inputs = torch.randint(0, config["V"], (2, 5), generator=generator)
+        targets = torch.randint(0, config["V"], (2, 5), generator=generator)
+        params = init_params(config, seed=7, dtype=torch.float32)
+        w = trainable(params)
+        optimizer = AdamW(w, 1e-3, 0.9, 0.95, 1e-8, 0.1)
+        got = [train_step(params, w, config, inputs, targets, optimizer, 1.0, moe=MoeTraining(0.5, 0.5, 1.0))[:2]
+               for _ in range(3)]
+        err = max(abs(x - y) / abs(y) for pair, want in zip(got, expected) for x, y in zip(pair, want))
+        c.check(f"{name} (dense, MoE options ignored): 3 steps' losses and gradient norms as recorded before "
+                f"the MoE layer", err < 1e-6, "bitwise" if got == expected else f"max rel diff {err:.1e}")
+
+
 def check_init(c):
     """The initialisation of the small presets: loss close to log(V) (the init logits are small, the
     softmax nearly uniform), zero padded rows and logits, bf16-representable values, the two stds."""
-    for name in ("small", "llama_small"):
+    for name in SMALL_PRESETS:
         config = config_from(CONFIGS[name])
         params = init_params(config, seed=1337, dtype=torch.float32)
         inputs = torch.randint(0, 500, (3, 37), generator=c.g)
@@ -1300,8 +1605,13 @@ def check_init(c):
         stds = {n: float(params[n].std()) for n in ("qkvw", "fcprojw")}
         c.check(f"{name} init: std 0.02 and 0.02/sqrt(2L)", abs(stds["qkvw"] - 0.02) < 0.002 and
                 abs(stds["fcprojw"] - 0.01) < 0.001, f"{stds}")
+        if config["E"]:
+            stds = {n: float(params[n].std()) for n in ("routerw", "expertfcw", "expertprojw")}
+            c.check(f"{name} init: router and experts std 0.02, expert projections 0.02/sqrt(2L)",
+                    abs(stds["routerw"] - 0.02) < 0.002 and abs(stds["expertfcw"] - 0.02) < 0.002 and
+                    abs(stds["expertprojw"] - 0.01) < 0.001, f"{stds}")
         if config["arch"] == "llama":
-            c.check("llama_small init: norm weights 1, head untied",
+            c.check(f"{name} init: norm weights 1, head untied",
                     all(bool((params[n] == 1).all()) for n in NORM_WEIGHTS) and
                     not torch.equal(params["lmhead"], params["wte"]))
 
@@ -1392,16 +1702,18 @@ def check_files(c, tmp, name):
 
 
 def check_training(c, name):
-    """The same steps twice give the same bits (so a state file is reproducible), and they lower the loss."""
+    """The same steps twice give the same bits (so a state file is reproducible), and they lower the loss.
+    moe_small trains with a capacity factor that drops assignments."""
     config = config_from(CONFIGS[name])
     inputs = torch.randint(0, config["V"], (2, 5), generator=c.g)
     targets = torch.randint(0, config["V"], (2, 5), generator=c.g)
+    moe = MoeTraining(capacity_factor=1.0 if name == "moe_small" else 0.0)
 
     def three_steps():
         params = init_params(config, seed=7, dtype=torch.float32)
         w = trainable(params)
         optimizer = AdamW(w, 1e-3, 0.9, 0.95, 1e-8, 0.1)
-        out = [train_step(params, w, config, inputs, targets, optimizer, 1.0)[:2] for _ in range(3)]
+        out = [train_step(params, w, config, inputs, targets, optimizer, 1.0, moe=moe)[:2] for _ in range(3)]
         return out, torch.cat([p.detach().view(-1) for p in params.values()])
     first, second = three_steps(), three_steps()
     c.check(f"{name}: 3 training steps are bitwise repeatable",
@@ -1417,12 +1729,18 @@ def self_check():
     check_attention(c)
     check_rope(c)
     check_models(c)
+    check_moe_routing(c)
+    check_moe_capacity(c)
+    check_moe_losses(c)
+    check_moe_gradcheck(c)
+    check_moe_spec_gradients(c)
+    check_dense_unchanged(c)
     check_init(c)
     check_adamw(c)
     with tempfile.TemporaryDirectory() as tmp:
-        for name in ("small", "llama_small"):
+        for name in SMALL_PRESETS:
             check_files(c, tmp, name)
-    for name in ("small", "llama_small"):
+    for name in SMALL_PRESETS:
         check_training(c, name)
     print(f"{c.passed} passed, {c.failed} failed")
     return c.failed == 0
