@@ -15,6 +15,7 @@ precision, on the GPU or on the CPU device. With --bench it also times each kern
 #include "lab_gelu.cuh"
 #include "lab_rope.cuh"
 #include "lab_swiglu.cuh"
+#include "lab_moe.cuh"
 #include "lab_classifier.cuh"
 #include "lab_adamw.cuh"
 #include "lab_global_norm.cuh"
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
     lab_gelu();
     lab_rope();
     lab_swiglu();
+    lab_moe();
     lab_classifier();
     lab_adamw();
     lab_global_norm();
