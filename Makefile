@@ -139,8 +139,14 @@ build/ref/%_model.bin build/ref/%_state.bin: dev/test/model_reference.py
 	@mkdir -p build/ref
 	$(PYTHON) dev/test/model_reference.py --config $* --model-out build/ref/$*_model.bin \
 		--state-out build/ref/$*_state.bin
-REFERENCES := $(foreach preset,small 124M llama_small llama_100M,\
-                build/ref/$(preset)_model.bin build/ref/$(preset)_state.bin)
+# The mixture-of-experts presets (moe_small: GPT-2's block, llama_moe_small: Llama's, 4 experts, 2 per token,
+# 1 shared), and Llama's without the shared expert under a capacity factor of 0.5, which drops assignments.
+build/ref/llama_moe_capacity_model.bin build/ref/llama_moe_capacity_state.bin &: dev/test/model_reference.py
+	@mkdir -p build/ref
+	$(PYTHON) dev/test/model_reference.py --config llama_moe_small --shared-experts 0 --capacity-factor 0.5 \
+		--model-out build/ref/llama_moe_capacity_model.bin --state-out build/ref/llama_moe_capacity_state.bin
+REFERENCE_MODELS := small 124M llama_small llama_100M moe_small llama_moe_small llama_moe_capacity
+REFERENCES := $(foreach preset,$(REFERENCE_MODELS),build/ref/$(preset)_model.bin build/ref/$(preset)_state.bin)
 
 # train: the README's first command
 train:

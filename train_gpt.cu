@@ -176,6 +176,31 @@ static std::string sample_text(ParallelContext& par, GPT2& model, const Tokenize
     return tokenizer_printable(&tokenizer, tokens.data() + 1, tokens.size() - 1);
 }
 
+// A mixture of experts' routing over the step just run, on the main rank's log: the losses and the rows per
+// (layer, expert) summed over every rank (each rank routed its own rows, each layer on one pipeline stage;
+// counts travel as floats, exact below 2^24 per step), the losses then divided by the step's sequences and
+// rows. Then the counts start again.
+static void log_expert_routing(ParallelContext& par, GPT2& model, Logger& logger, int step) {
+    MoETraining& moe = model.moe;
+    const Layout& l = par.layout;
+    std::vector<float> totals(2);
+    copy_to_host(totals.data(), moe.loss_sums, 2, model.stream);
+    for (long long count : moe.tokens) totals.push_back((float)count);
+    totals.push_back((float)moe.dropped);
+    float* device = tracked_alloc<float>(totals.size(), MemoryKind::Other, "expert statistics");
+    copy_to_device(device, totals.data(), totals.size(), model.stream);
+    all_reduce(par.world, device, totals.size(), Reduction::Sum, model.stream);
+    copy_to_host(totals.data(), device, totals.size(), model.stream);
+    tracked_free(device);
+    const double sequences = (double)l.batch_size * par.microbatches * par.dp_size, rows = sequences * l.seq_len;
+    std::vector<long long> tokens(totals.begin() + 2, totals.end() - 1);
+    logger.experts(step, (float)(totals[0] / sequences), (float)(totals[1] / rows), tokens, model.config.experts,
+                   (long long)totals.back());
+    cudaCheck(cudaMemsetAsync(moe.loss_sums, 0, 2 * sizeof(float), model.stream));
+    std::fill(moe.tokens.begin(), moe.tokens.end(), 0);
+    moe.dropped = 0;
+}
+
 // ----------------------------------------------------------------------------
 // setting up
 
@@ -198,6 +223,13 @@ static GPT2Config model_config(const Options& o) {
             config.rope_theta = o.rope_theta;
         } else if (o.kv_heads > 0 || o.ffn_hidden > 0) {
             fatal("--kv-heads and --ffn-hidden shape a Llama block: add --arch llama");
+        }
+        if (o.experts > 0) {
+            config.experts = o.experts;
+            config.experts_per_token = o.experts_per_token;
+            config.shared_experts = o.shared_experts;
+        } else if (o.shared_experts > 0) {
+            fatal("--shared-experts sits beside routed experts: add --experts");
         }
         gpt2_validate_config(config, "--model custom");
     } else if (gpt2_config_by_name(o.model, &config) || llama_config_by_name(o.model, &config)) {
@@ -250,6 +282,9 @@ static void print_run(const ParallelContext& par, const GPT2& model) {
            config.num_heads, config.channels, config.vocab_size, config.padded_vocab_size,
            ParameterLayout(config).num_parameters);
     if (l.tp > 1 || l.pp > 1) printf(", %zu on this rank", model.layout.num_parameters);
+    if (config.moe())
+        printf("; %d experts (%d per token, %d shared) per block, %.0f parameters active per token",
+               config.experts, config.experts_per_token, config.shared_experts, active_parameters(config));
     printf("\n");
     if (l.pp > 1) {
         std::string layers;
@@ -281,6 +316,9 @@ int main(int argc, char** argv) {
     const int B = par.layout.batch_size, T = par.layout.seq_len;
     GPT2 model;
     gpt2_allocate(model, config, B, par.T_local, model_part(par));
+    model.moe.aux_coefficient = options.moe_aux_loss;
+    model.moe.z_coefficient = options.moe_z_loss;
+    model.moe.capacity_factor = options.capacity_factor;
     zero_init(par.zero, par.layout.zero_stage, &par.mesh, model, initial_parameters(options, model));
     if (par.main_rank) print_run(par, model);
 
@@ -352,6 +390,7 @@ int main(int argc, char** argv) {
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         logger.step(step + 1, results.loss, options.schedule.at(step), sqrtf(results.grad_norm_squared), seconds,
                     parallel_traffic(par));
+        if (config.moe()) log_expert_routing(par, model, logger, step + 1);
         if (last && par.cp.size > 1) cp_report_attention_balance(par.cp, logger, par.main_rank, model.stream);
         if (measured) pipeline_report_timeline(par, model, logger, options.trace);
 

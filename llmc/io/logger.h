@@ -252,6 +252,24 @@ public:
         write(json);
     }
 
+    // A mixture of experts' routing over a step: the load-balancing and z-losses (sums over layers of their
+    // means), the rows each expert ran (tokens: layers x experts, row-major) and the assignments dropped.
+    void experts(long long step, float aux_loss, float z_loss, const std::vector<long long>& tokens, int experts,
+                 long long dropped) {
+        if (!enabled_) return;
+        printf("experts: aux loss %.6f | z loss %.4f | dropped %lld\n", aux_loss, z_loss, dropped);
+        fflush(stdout);
+        std::string layers = "[";
+        for (size_t i = 0; i < tokens.size(); i++) {
+            if (i % experts == 0) layers += i == 0 ? "[" : "], [";
+            else layers += ", ";
+            layers += std::to_string(tokens[i]);
+        }
+        layers += tokens.empty() ? "]" : "]]";
+        write(JsonLine("experts").integer("step", step).number("aux_loss", aux_loss).number("z_loss", z_loss)
+                  .integer("dropped", dropped).raw("tokens", layers));
+    }
+
     void val_loss(long long step, float loss) {
         if (!enabled_) return;
         printf("val loss %.6f at step %lld\n", loss, step);

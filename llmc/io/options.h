@@ -21,6 +21,8 @@ struct Options {
     int layers = 0, heads = 0, channels = 0, vocab_size = 0, max_seq_len = 0, init_seed = 0;
     int kv_heads = 0, ffn_hidden = 0;  // custom Llama (0: as many K/V heads as heads; 4 C)
     float rope_theta = 0.0f;
+    int experts = 0, experts_per_token = 0, shared_experts = 0;  // custom mixture of experts (0 experts: dense)
+    float moe_aux_loss = 0.0f, moe_z_loss = 0.0f, capacity_factor = 0.0f;  // training a mixture of experts
     // the data
     std::string train_data, val_data, tokenizer;
     bool shuffle = true;
@@ -87,7 +89,23 @@ inline Options parse_options(int argc, char** argv) {
     int& ffn_hidden = flags.add_int("ffn-hidden", 0, "custom llama: the SwiGLU MLP's hidden units (0: 4 C)", 0,
                                     1 << 20);
     float& rope_theta = flags.add_float("rope-theta", 500000.0f, "custom llama: RoPE's base", 1.0f);
+    int& experts = flags.add_int("experts", 0,
+        "custom: a mixture of experts in every block's MLP, of this many experts (0: a dense MLP)", 0, 256);
+    int& experts_per_token = flags.add_int("experts-per-token", 2, "custom, with --experts: experts each token goes to "
+                                           "(top-K of the router)", 1, 16);
+    int& shared_experts = flags.add_int("shared-experts", 0, "custom, with --experts: experts every token goes to",
+                                        0, 256);
     int& init_seed = flags.add_int("init-seed", 42, "seed of the GPT-2 initialisation (from-scratch models)", 0);
+    flags.heading("Mixture of experts (a model with experts)");
+    float& moe_aux_loss = flags.add_float("moe-aux-loss", 0.01f,
+        "weight of the load-balancing loss (per sequence: experts x sum over experts of the share of its tokens "
+        "routed there x their mean router probability) in the gradient", 0.0f, 100.0f);
+    float& moe_z_loss = flags.add_float("moe-z-loss", 0.001f,
+        "weight of the router z-loss (the mean squared log-sum-exp of the router's logits) in the gradient", 0.0f,
+        100.0f);
+    float& capacity_factor = flags.add_float("capacity-factor", 0.0f,
+        "at most ceil(factor x T x experts-per-token / experts) tokens per expert and sequence, the later ones "
+        "dropped and counted (0: dropless)", 0.0f, 1000.0f);
     flags.heading("Data");
     std::string& train_data = flags.add_string("train-data", "data/classics_train*.bin", "training token shards (glob)");
     std::string& val_data = flags.add_string("val-data", "data/classics_val*.bin", "validation token shards (glob)");
@@ -207,6 +225,8 @@ inline Options parse_options(int argc, char** argv) {
     o.layers = layers, o.heads = heads, o.channels = channels, o.vocab_size = vocab_size;
     o.max_seq_len = max_seq_len, o.init_seed = init_seed;
     o.arch = arch, o.kv_heads = kv_heads, o.ffn_hidden = ffn_hidden, o.rope_theta = rope_theta;
+    o.experts = experts, o.experts_per_token = experts_per_token, o.shared_experts = shared_experts;
+    o.moe_aux_loss = moe_aux_loss, o.moe_z_loss = moe_z_loss, o.capacity_factor = capacity_factor;
     o.train_data = train_data, o.val_data = val_data, o.tokenizer = tokenizer_path;
     o.shuffle = shuffle, o.data_seed = data_seed;
     Layout& l = o.layout;

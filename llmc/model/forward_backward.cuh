@@ -9,7 +9,7 @@ The network, for a batch of B sequences of T tokens, GPT-2's and, where it diffe
         x  = x + fcproj(act(fc(norm2(x))))
     logits = normf(x) @ wte^T                              (Llama: @ lmhead^T)         gpt2_head_forward
     loss   = mean cross-entropy of softmax(logits[:, :V]) against the next tokens      gpt2_loss
-One block function serves both; the architecture chooses the op at four points (the section below):
+One block function serves both; the architecture chooses the op at four points (llmc/model/architecture.cuh):
     norm       LayerNorm (GPT-2)                 | RMSNorm, x / sqrt(mean(x^2) + eps) * w (Llama)
     positions  a learned table wpe, in the embeddings | RoPE: q and k turned by their position
     act        GELU on 4C hidden units           | SwiGLU: silu(gate) * up, fc giving gate and up
@@ -30,6 +30,8 @@ With one rank each of them does nothing but hand back the model's own buffers.
 #include <string>
 #include <vector>
 #include "gpt2.cuh"
+#include "architecture.cuh"
+#include "moe.cuh"
 #include "../parallel/parallel_context.h"
 
 // ----------------------------------------------------------------------------
@@ -52,92 +54,6 @@ inline void chunk_gradient_done(GPT2& model, ParallelContext& par, int chunk) {
     tp_sum_sequence_parallel_gradients(par.tp, zero_unreduced_gradient(par.zero, model, chunk), model.layout, chunk,
                                        model.stream);
     zero_reduce_chunk(par.zero, model, chunk);
-}
-
-// ----------------------------------------------------------------------------
-// where this rank's rows sit in their sequences
-
-// The positions of this rank's N = B*T rows, as chunks of rows (llmc/parallel/context_parallel.h): one chunk of
-// whole sequences, a cp rank's one or two, or, while sampling with the key/value cache, the one row being
-// decoded, at the cache's position (every cp rank runs it whole: one row does not split).
-inline std::vector<SequenceChunk> row_positions(const GPT2& model, const ParallelContext& par, int B, int T) {
-    if (model.cache.decoding) return {SequenceChunk{0, model.cache.position, T}};
-    return cp_sequence_chunks(par.cp, B, T);
-}
-
-// ----------------------------------------------------------------------------
-// the four points where the architectures differ
-
-// LayerNorm or RMSNorm of N rows (RMSNorm keeps no mean and has no bias).
-inline void norm_forward(const GPT2Config& c, floatX* out, float* mean, float* rstd, const floatX* inp,
-                         const floatX* weight, const floatX* bias, int N, cudaStream_t stream) {
-    if (c.llama()) rmsnorm_forward(out, rstd, inp, weight, N, c.channels, c.norm_eps, stream);
-    else layernorm_forward(out, mean, rstd, inp, weight, bias, N, c.channels, stream);
-}
-// residual = inp1 + inp2, out = norm(residual)
-inline void fused_residual_norm_forward(const GPT2Config& c, floatX* residual, floatX* out, float* mean, float* rstd,
-                                        const floatX* inp1, const floatX* inp2, const floatX* weight,
-                                        const floatX* bias, int N, cudaStream_t stream) {
-    if (c.llama()) fused_residual_rmsnorm_forward(residual, out, rstd, inp1, inp2, weight, N, c.channels, c.norm_eps, stream);
-    else fused_residual_layernorm_forward(residual, out, mean, rstd, inp1, inp2, weight, bias, N, c.channels, stream);
-}
-// dinp, dweight (and dbias) += the norm's gradients
-inline void norm_backward(const GPT2Config& c, floatX* dinp, floatX* dweight, floatX* dbias, float* scratch,
-                          const floatX* dout, const floatX* inp, const floatX* weight, const float* mean,
-                          const float* rstd, int N, cudaStream_t stream) {
-    if (c.llama()) rmsnorm_backward(dinp, dweight, scratch, dout, inp, weight, rstd, N, c.channels, stream);
-    else layernorm_backward(dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd, N, c.channels, stream);
-}
-
-// Llama's positions: RoPE turns the query and key heads of qkv (this rank's, N rows) in place, forward or
-// (the transposed rotation) backward. Each cp chunk of rows sits at its own positions; GPT-2 took its
-// positions in with the embeddings and does nothing here.
-inline void positions_in_attention(const GPT2& model, const ParallelContext& par, floatX* qkv, int B, int T,
-                                   bool backward, cudaStream_t stream) {
-    const GPT2Config& c = model.config;
-    if (!c.llama()) return;
-    const int q_heads = c.num_heads / par.tp.size, kv_heads = c.kv_heads / par.tp.size;
-    const size_t width = (size_t)(q_heads + 2 * kv_heads) * c.head_size();
-    for (const SequenceChunk& chunk : row_positions(model, par, B, T)) {
-        floatX* rows = qkv + (size_t)chunk.first_row * width;
-        if (backward) rope_backward(rows, B, chunk.T, chunk.position, q_heads, kv_heads, c.head_size(), c.rope_theta, stream);
-        else rope_forward(rows, B, chunk.T, chunk.position, q_heads, kv_heads, c.head_size(), c.rope_theta, stream);
-    }
-}
-
-// The MLP's activation on N rows of this rank's H hidden units: GELU of fc's H outputs, or SwiGLU of its 2H
-// (silu(gate) * up; llmc/kernels/swiglu.cuh).
-inline void activation_forward(const GPT2Config& c, floatX* out, const floatX* fc_out, int N, int H,
-                               cudaStream_t stream) {
-    if (c.llama()) swiglu_forward(out, fc_out, N, H, stream);
-    else gelu_forward(out, fc_out, (size_t)N * H, stream);
-}
-// dfc_out (N x H or 2H) = the gradient of fc's output from dout (N x H); GELU's may work in place
-inline void activation_backward(const GPT2Config& c, floatX* dfc_out, const floatX* fc_out, const floatX* dout, int N,
-                                int H, cudaStream_t stream) {
-    if (c.llama()) swiglu_backward(dfc_out, fc_out, dout, N, H, stream);
-    else gelu_backward(dfc_out, fc_out, dout, (size_t)N * H, stream);
-}
-
-// This rank's heads: its tp share of the query heads and of the K/V heads (llmc/kernels/attention.cuh).
-inline AttentionHeads rank_attention_heads(const GPT2Config& c, const TensorParallel& tp) {
-    return attention_heads(c.num_heads / tp.size, c.kv_heads / tp.size, c.head_size());
-}
-
-// Sampling with the key/value cache (llmc/model/gpt2.cuh's KVCache), one row: its K and V heads (the qkv row's
-// columns after its query heads, already in the cache's packed layout) go into the cache at its position, then
-// its query heads attend over positions 0 .. position there: one query block against one key block, as ring
-// attention runs a pair.
-inline void cached_attention(GPT2& model, int layer, const BlockActivations& a, const AttentionHeads& heads) {
-    KVCache& cache = model.cache;
-    if (cache.position < 0 || cache.position >= cache.capacity)
-        fatal("the key/value cache holds %d positions, asked for position %d", cache.capacity, cache.position);
-    floatX* keys = cache.layers[layer];
-    const size_t row = 2 * (size_t)heads.kv_columns();
-    cudaCheck(cudaMemcpyAsync(keys + (size_t)cache.position * row, a.qkv + heads.q_columns(), row * sizeof(floatX),
-                              cudaMemcpyDeviceToDevice, model.stream));
-    attention_forward_pair(a.atty, a.lse, AttentionBlock{a.qkv, 1, cache.position},
-                           packed_key_values(keys, cache.position + 1, 0, heads), /*B=*/1, heads, model.stream);
 }
 
 // ----------------------------------------------------------------------------
@@ -169,11 +85,18 @@ inline void block_forward(GPT2& model, ParallelContext& par, int layer, const Bl
     const floatX* attention_branch = tp_leave(tp, s.projection, N, C, stream);
     fused_residual_norm_forward(c, a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, a.input, attention_branch, p.ln2w,
                                 p.ln2b, R, stream);
-    // + fcproj(act(fc(norm2(.)))): fc column-parallel (this rank's hidden units), fcproj row-parallel
+    // + fcproj(act(fc(norm2(.)))): fc column-parallel (this rank's hidden units), fcproj row-parallel; in a
+    // mixture of experts that is the shared experts' (if any), and the routed experts' weighted sum is added
     const floatX* ln2 = tp_enter(tp, a.ln2, s.gathered, N, C, stream);
-    matmul_forward(a.fch, ln2, p.fcw, p.fcb, N, C, fc, stream);
-    activation_forward(c, a.fch_gelu, a.fch, N, hidden, stream);
-    matmul_forward(s.projection, a.fch_gelu, p.fcprojw, tp_row_parallel_bias(tp, p.fcprojb), N, hidden, C, stream);
+    if (hidden > 0) {
+        matmul_forward(a.fch, ln2, p.fcw, p.fcb, N, C, fc, stream);
+        activation_forward(c, a.fch_gelu, a.fch, N, hidden, stream);
+        matmul_forward(s.projection, a.fch_gelu, p.fcprojw, tp_row_parallel_bias(tp, p.fcprojb), N, hidden, C, stream);
+    }
+    if (c.moe()) {
+        moe_forward(model, p, a, hidden > 0 ? s.routed_output : s.projection, ln2, B, T);
+        if (hidden > 0) residual_forward(s.projection, s.projection, s.routed_output, (size_t)N * C, stream);
+    }
     const floatX* mlp_branch = tp_leave(tp, s.projection, N, C, stream);
     residual_forward(a.output, a.residual2, mlp_branch, (size_t)R * C, stream);
 }
@@ -188,7 +111,8 @@ inline void block_recompute_selective(GPT2& model, const TensorParallel& tp, con
     const int N = B * T, R = tp_rows(tp, N), hidden = c.hidden() / tp.size;
     norm_forward(c, a.ln1, a.ln1_mean, a.ln1_rstd, a.input, p.ln1w, p.ln1b, R, stream);
     norm_forward(c, a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2w, p.ln2b, R, stream);
-    activation_forward(c, a.fch_gelu, a.fch, N, hidden, stream);
+    if (hidden > 0) activation_forward(c, a.fch_gelu, a.fch, N, hidden, stream);
+    if (c.moe()) moe_recompute_selective(model, a);
 }
 
 // The backward pass in two halves (Qi et al. 2023, "Zero Bubble Pipeline Parallelism"). Every matmul
@@ -257,13 +181,19 @@ inline void block_backward(GPT2& model, ParallelContext& par, int layer, const B
     // output = residual2 + fcproj(act(fc(ln2))): dresidual is the gradient of both terms
     const floatX* dmlp = tp_leave_backward(tp, dresidual, w ? kept.dmlp : s.gathered, N, C, stream);
     floatX* dactivation = w && !c.llama() ? dhidden : s.dactivation;  // GELU's backward runs in place
-    matmul_backward_input(dactivation, dmlp, p.fcprojw, N, hidden, C, stream);
-    weight_gradients(g.fcprojw, g.fcprojb, dmlp, kept.dmlp, a.fch_gelu, kept.fch_gelu, hidden, C);
-    activation_backward(c, dhidden, a.fch, dactivation, N, hidden, stream);
+    if (hidden > 0) {
+        matmul_backward_input(dactivation, dmlp, p.fcprojw, N, hidden, C, stream);
+        weight_gradients(g.fcprojw, g.fcprojb, dmlp, kept.dmlp, a.fch_gelu, kept.fch_gelu, hidden, C);
+        activation_backward(c, dhidden, a.fch, dactivation, N, hidden, stream);
+    }
     const floatX* ln2 = tp_enter(tp, a.ln2, w ? kept.ln2 : s.gathered, N, C, stream);  // gathered again under SP
-    matmul_backward_input(s.dchannels, dhidden, p.fcw, N, C, fc, stream);
+    if (hidden > 0) matmul_backward_input(s.dchannels, dhidden, p.fcw, N, C, fc, stream);
+    else cudaCheck(cudaMemsetAsync(s.dchannels, 0, (size_t)N * C * sizeof(floatX), stream));
+    // a mixture of experts (whole backward only; one tp rank: moe_layout_error): the routed experts' and the
+    // router's share of ln2's gradient, added to the shared experts'
+    if (c.moe()) moe_backward(model, p, g, a, s.dchannels, ln2, dmlp, layer, B, T);
     const floatX* dln2 = tp_enter_backward(tp, s.dchannels, N, C, stream);  // summed beside the next line
-    weight_gradients(g.fcw, g.fcb, dhidden, kept.dhidden, ln2, kept.ln2, C, fc);
+    if (hidden > 0) weight_gradients(g.fcw, g.fcb, dhidden, kept.dhidden, ln2, kept.ln2, C, fc);
     tp_join(tp, stream);
     norm_backward(c, dresidual, dln2w, dln2b, s.layernorm_scratch, dln2, a.residual2, p.ln2w, a.ln2_mean,
                   a.ln2_rstd, R, stream);

@@ -47,6 +47,7 @@ data-parallel ranks are in llmc/parallel/zero.h.
 */
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -59,6 +60,7 @@ data-parallel ranks are in llmc/parallel/zero.h.
 #include "../kernels/gelu.cuh"
 #include "../kernels/rope.cuh"
 #include "../kernels/swiglu.cuh"
+#include "../kernels/moe.cuh"
 #include "../kernels/fused_classifier.cuh"
 #include "../kernels/adamw.cuh"
 #include "../kernels/global_norm.cuh"
@@ -90,6 +92,19 @@ struct BlockActivations {
     floatX* fch;        // (N, 4C/tp) fc output, before GELU
     floatX* fch_gelu;   // (N, 4C/tp)
     floatX* output;     // (R, C)   the block's output: the next block's input
+    // a mixture of experts (llmc/model/moe.cuh), E experts, K per token, M = N K assignments, He hidden units
+    // per expert (fch and fch_gelu above: the shared experts')
+    float* router_probs;     // (N, E)   softmax of the router's logits
+    float* router_lse;       // (N)      their log-sum-exp (the z-loss)
+    int* routed_experts;     // (N, K)   each row's experts, best first
+    float* routed_weights;   // (N, K)   their renormalised weights
+    int* routed_slots;       // (N, K)   each assignment's row among the expert-sorted rows (-1: dropped)
+    int* routed_counts;      // (B, E)   assignments of each sequence to each expert, before drops
+    int* expert_rows;        // (E)      host: rows each expert runs (kept assignments), sorted by expert
+    floatX* expert_input;    // (M, C)   the rows sorted by expert
+    floatX* expert_fch;      // (M, He or 2He) the experts' fc outputs
+    floatX* expert_act;      // (M, He)  their activations
+    floatX* expert_output;   // (M, C)   the experts' outputs, before the weighted sum
 };
 
 // One microbatch's pass through one pipeline stage of consecutive layers (without pipeline parallelism:
@@ -161,6 +176,27 @@ struct SharedBuffers {
     float* layernorm_scratch;
     float* norm_scratch;
     EncoderBackwardWorkspace encoder_workspace;
+    // a mixture of experts (E experts, M = N K assignments, He hidden units per expert)
+    floatX* router_logits;     // (N, E)  the router's logits, then their gradient
+    float* router_dprobs;      // (N, E)  the gradient of the router's probabilities
+    float* routed_dweights;    // (M)     the gradient of the assignments' weights
+    int* expert_rows;          // (E)     device: rows per expert, before they go to the host
+    floatX* routed_output;     // (N, C)  the experts' weighted sum; in backward, the routed rows' input gradient
+    floatX* expert_doutput;    // (M, C)  the experts' output gradients, then their input gradients
+    floatX* expert_dfch;       // (M, He or 2He)
+    floatX* expert_dact;       // (M, He) SwiGLU's output gradient (GELU works in place: expert_dfch)
+};
+
+// What a mixture of experts does besides the block's arithmetic: its training settings, and what it measures
+// over a step for the log (llmc/model/moe.cuh).
+struct MoETraining {
+    float aux_coefficient = 0.0f;   // alpha: the load-balancing loss's weight in the total loss
+    float z_coefficient = 0.0f;     // beta: the router z-loss's
+    float capacity_factor = 0.0f;   // > 0: at most ceil(cf T K / E) assignments per expert and sequence
+    float loss_scale = 0.0f;        // dloss of the step: 1 / (this rank's rows per microbatch x microbatches)
+    float* loss_sums = nullptr;     // device: the aux loss and the z-loss added up since moe_read_statistics
+    std::vector<long long> tokens;  // host: rows each (layer, expert) ran since moe_read_statistics (L x E)
+    long long dropped = 0;          // host: assignments dropped by the capacity since then
 };
 
 // The last stage's LM head for one microbatch: what the loss and the head's backward pass need. The backward
@@ -226,6 +262,7 @@ struct GPT2 {
     // and records share (gpt2_allocate_records), which the backward pass fills again before use
     std::vector<StageActivations> records;
     std::vector<void*> record_buffers;  // every buffer the records point to, each once
+    std::vector<void*> host_buffers;    // the records' pinned host buffers
     // the pool of weight-gradient records (a schedule that splits the backward pass; empty otherwise)
     std::vector<StageWeightRecord> weight_records;
     std::vector<floatX*> outboxes;  // R x C each: a stage's input gradient, kept for a send held back
@@ -241,6 +278,7 @@ struct GPT2 {
     StepResults* results_host = nullptr;  // pinned
     SharedBuffers shared{};
     KVCache cache;                    // sampling's keys and values (kv_cache_allocate; empty otherwise)
+    MoETraining moe;                  // a mixture of experts' settings and statistics
     cudaStream_t stream = nullptr;    // non-blocking: created by gpt2_allocate, destroyed by gpt2_free
 };
 
@@ -328,6 +366,12 @@ inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int
     };
     auto values = [&](size_t count, MemoryKind kind) { return (floatX*)buffer(count, sizeof(floatX), kind); };
     auto floats = [&](size_t count, MemoryKind kind) { return (float*)buffer(count, sizeof(float), kind); };
+    auto host_ints = [&](size_t count) {  // pinned, for copies the host waits for
+        int* pointer = nullptr;
+        cudaCheck(cudaMallocHost(&pointer, count * sizeof(int)));
+        model.host_buffers.push_back(pointer);
+        return pointer;
+    };
     // one layer's whole record; `kind` for every buffer but those the policy shares
     auto record = [&](MemoryKind kind, bool with_output) {
         BlockActivations a{};
@@ -345,6 +389,20 @@ inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int
         a.fch = values(N * fc, kind);
         a.fch_gelu = selective ? nullptr : values(N * hidden, kind);
         a.output = with_output ? values(R * C, kind) : nullptr;
+        if (c.moe()) {
+            const size_t E = c.experts, K = c.experts_per_token, M = N * K;
+            a.router_probs = floats(N * E, kind);
+            a.router_lse = floats(N, kind);
+            a.routed_experts = (int*)buffer(M, sizeof(int), kind);
+            a.routed_weights = floats(M, kind);
+            a.routed_slots = (int*)buffer(M, sizeof(int), kind);
+            a.routed_counts = (int*)buffer((size_t)B * E, sizeof(int), kind);
+            a.expert_rows = host_ints(E);
+            a.expert_input = values(M * C, kind);
+            a.expert_fch = values(M * c.expert_fc_channels(), kind);
+            a.expert_act = values(M * c.expert_hidden(), kind);
+            a.expert_output = values(M * C, kind);
+        }
         return a;
     };
     std::vector<BlockActivations> shared;  // full: the segment's records
@@ -458,12 +516,28 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, c
     s.gathered = part.sequence_parallel ? tracked_alloc<floatX>(N * C, MemoryKind::Workspace) : nullptr;
     s.softmax_stats = part.tp > 1 && model.last_stage ? tracked_alloc<float>(4 * N, MemoryKind::Workspace) : nullptr;
     s.attention_D = tracked_alloc<float>(N * heads, MemoryKind::Workspace);
-    // the widest matmul with a bias gradient: fc (4C/tp) or a row-parallel projection (C)
-    s.matmul_scratch = tracked_alloc<float>(matmul_backward_scratch_floats((int)N, (int)std::max(C, fc)),
+    // the widest matmul with a bias gradient: qkv (3C/tp), fc (4C/tp) or a row-parallel projection (C); in a
+    // mixture of experts fc may be narrower than qkv, or absent
+    s.matmul_scratch = tracked_alloc<float>(matmul_backward_scratch_floats((int)N, (int)std::max({C, fc, qkv})),
                                             MemoryKind::Workspace);
     s.layernorm_scratch = tracked_alloc<float>(layernorm_backward_scratch_floats((int)R, (int)C), MemoryKind::Workspace);
     s.norm_scratch = tracked_alloc<float>(global_norm_scratch_count(), MemoryKind::Workspace);
     if (model.first_stage) encoder_backward_workspace_create(&s.encoder_workspace, (int)N, (int)C);
+    if (config.moe()) {
+        const size_t E = config.experts, M = N * config.experts_per_token;
+        s.router_logits = tracked_alloc<floatX>(N * E, MemoryKind::Workspace);
+        s.router_dprobs = tracked_alloc<float>(N * E, MemoryKind::Workspace);
+        s.routed_dweights = tracked_alloc<float>(M, MemoryKind::Workspace);
+        s.expert_rows = tracked_alloc<int>(E, MemoryKind::Workspace);
+        s.routed_output = tracked_alloc<floatX>(N * C, MemoryKind::Workspace);
+        s.expert_doutput = tracked_alloc<floatX>(M * C, MemoryKind::Workspace);
+        s.expert_dfch = tracked_alloc<floatX>(M * config.expert_fc_channels(), MemoryKind::Workspace);
+        s.expert_dact = config.llama() ? tracked_alloc<floatX>(M * config.expert_hidden(), MemoryKind::Workspace)
+                                       : s.expert_dfch;
+        model.moe.loss_sums = tracked_alloc<float>(2, MemoryKind::Workspace);
+        cudaCheck(cudaMemsetAsync(model.moe.loss_sums, 0, 2 * sizeof(float), model.stream));
+        model.moe.tokens.assign((size_t)config.num_layers * E, 0);
+    }
 }
 
 inline void gpt2_free(GPT2& model) {
@@ -476,8 +550,13 @@ inline void gpt2_free(GPT2& model) {
     staged_upload_free(model.targets_upload);
     cudaCheck(cudaFreeHost(model.results_host));
     for (void* p : model.record_buffers) tracked_free(p);
+    for (void* p : model.host_buffers) cudaCheck(cudaFreeHost(p));
     SharedBuffers& s = model.shared;
     if (s.dactivation != s.dhidden) tracked_free(s.dactivation);
+    if (s.expert_dact != s.expert_dfch) tracked_free(s.expert_dact);
+    for (void* p : {(void*)s.router_logits, (void*)s.router_dprobs, (void*)s.routed_dweights, (void*)s.expert_rows,
+                    (void*)s.routed_output, (void*)s.expert_doutput, (void*)s.expert_dfch, (void*)model.moe.loss_sums})
+        tracked_free(p);
     for (void* p : {(void*)s.projection, (void*)s.dchannels, (void*)s.dhidden, (void*)s.dqkv,
                     (void*)s.gathered, (void*)s.softmax_stats, (void*)s.attention_D, (void*)s.matmul_scratch, (void*)s.layernorm_scratch, (void*)s.norm_scratch})
         tracked_free(p);
@@ -509,7 +588,8 @@ inline std::vector<float> gpt2_get_parameters(const GPT2& model) {
 // magic number and four more fields (the README's "Model files" has the table):
 //   [0] magic  [1] version (3: fp32 values, 5: bf16)  [2] max_seq_len  [3] vocab  [4] layers  [5] heads
 //   [6] channels  [7] padded vocab;  Llama only: [8] K/V heads  [9] hidden units  [10] RoPE theta and
-//   [11] norm epsilon, as the bits of fp32 values
+//   [11] norm epsilon, as the bits of fp32 values;  both: [12] experts  [13] experts per token  [14] shared
+//   experts (0: a dense MLP)
 
 constexpr int kModelMagic = 20240326;
 constexpr int kLlamaModelMagic = 20241125;
@@ -548,6 +628,9 @@ inline GPT2Config gpt2_read_config(const std::string& path, int* version = nullp
     c.num_heads = header[5];
     c.channels = header[6];
     c.padded_vocab_size = header[7];
+    c.experts = header[12];
+    c.experts_per_token = header[13];
+    c.shared_experts = header[14];
     if (header[0] == kLlamaModelMagic) {
         c.arch = Arch::Llama;
         c.kv_heads = header[8];
@@ -632,6 +715,9 @@ inline void gpt2_save(const ParameterLayout& layout, const std::vector<float>& v
         header[10] = bits_of_float(c.rope_theta);
         header[11] = bits_of_float(c.norm_eps);
     }
+    header[12] = c.experts;
+    header[13] = c.experts_per_token;
+    header[14] = c.shared_experts;
     const std::string temporary = path + ".tmp";
     FILE* file = open_file(temporary, "wb");
     write_exact(header, sizeof(int), 256, file, temporary);
@@ -655,7 +741,7 @@ std::vector<float> gpt2_initial_parameters(const ParameterLayout& layout, Normal
         if (kind == LN1W || kind == LN2W || kind == LNFW) {
             for (size_t i = 0; i < count; i++) values[offset + i] = 1.0f;
         } else if (tensor_kind_info(kind).is_matrix) {
-            const float std = (kind == ATTPROJW || kind == FCPROJW) ? residual_std : 0.02f;
+            const float std = (kind == ATTPROJW || kind == FCPROJW || kind == EXPERTPROJW) ? residual_std : 0.02f;
             const size_t used = kind == WTE || kind == LMHEAD ? (size_t)c.vocab_size * c.channels : count;
             for (size_t i = 0; i < used; i++) values[offset + i] = std * normal();
         }

@@ -1,5 +1,5 @@
 /*
-GPT-2's shape and where its parameters live: the configuration, the sixteen kinds of tensors, and the
+GPT-2's shape and where its parameters live: the configuration, the kinds of tensors, and the
 layer-major parameter buffer (ParameterLayout) that every part of the program indexes, including the
 slices each tensor-parallel rank keeps (tensor_slice) and the conversion between any two layouts
 (for_each_common_run, parameters_in_layout), which model files and checkpoints go through.
@@ -38,6 +38,11 @@ struct GPT2Config {
     int ffn_hidden = 0;         // Llama: the MLP's hidden units (GPT-2: 0, its 4 C are hidden())
     float rope_theta = 0.0f;    // Llama: RoPE's base
     float norm_eps = 1e-5f;     // the norms' epsilon (GPT-2's layernorm: 1e-5, fixed in its kernels)
+    // mixture of experts (llmc/model/moe.cuh; 0 experts: a dense MLP): every block's MLP routes each token to
+    // its top experts_per_token of `experts` MLPs, beside `shared_experts` MLPs that every token goes through
+    int experts = 0;
+    int experts_per_token = 0;
+    int shared_experts = 0;
 
     bool llama() const { return arch == Arch::Llama; }
     bool tied_head() const { return arch == Arch::GPT2; }  // the LM head is wte
@@ -46,9 +51,14 @@ struct GPT2Config {
     // its size, gpt2_read_config)
     // width of the qkv projection's output: the query heads, then the K heads, then the V heads
     size_t qkv_channels() const { return ((size_t)num_heads + 2 * (size_t)kv_heads) * head_size(); }
-    // the MLP's hidden units, and the width of fc's output: the hidden units (GELU), or the gate and the up
-    // projection (SwiGLU)
-    size_t hidden() const { return llama() ? (size_t)ffn_hidden : 4 * (size_t)channels; }
+    bool moe() const { return experts > 0; }
+    // one MLP's hidden units (a dense block's, or one expert's), and the width of its fc's output: the hidden
+    // units (GELU), or the gate and the up projection (SwiGLU)
+    size_t expert_hidden() const { return llama() ? (size_t)ffn_hidden : 4 * (size_t)channels; }
+    size_t expert_fc_channels() const { return llama() ? 2 * expert_hidden() : expert_hidden(); }
+    // the hidden units of the MLP in fcw and fcprojw: the dense MLP's, or, in a mixture of experts, the shared
+    // experts' together (S of them act as one MLP of S times the hidden units: their outputs add up)
+    size_t hidden() const { return moe() ? (size_t)shared_experts * expert_hidden() : expert_hidden(); }
     size_t fc_channels() const { return llama() ? 2 * hidden() : hidden(); }
 };
 
@@ -57,7 +67,8 @@ inline bool same_shape(const GPT2Config& a, const GPT2Config& b) {
     return a.arch == b.arch && a.num_layers == b.num_layers && a.num_heads == b.num_heads && a.channels == b.channels &&
            a.kv_heads == b.kv_heads && a.ffn_hidden == b.ffn_hidden && a.vocab_size == b.vocab_size &&
            a.padded_vocab_size == b.padded_vocab_size && a.max_seq_len == b.max_seq_len &&
-           a.rope_theta == b.rope_theta && a.norm_eps == b.norm_eps;
+           a.rope_theta == b.rope_theta && a.norm_eps == b.norm_eps && a.experts == b.experts &&
+           a.experts_per_token == b.experts_per_token && a.shared_experts == b.shared_experts;
 }
 
 inline int padded_vocab(int vocab_size) { return (vocab_size + 127) / 128 * 128; }
@@ -143,18 +154,28 @@ inline void gpt2_validate_config(const GPT2Config& c, const std::string& source)
     if (c.llama() && c.ffn_hidden % 8 != 0) refuse("the hidden units must be a multiple of 8");
     if (c.llama() && !(c.rope_theta > 1.0f && std::isfinite(c.rope_theta))) refuse("RoPE's theta must exceed 1");
     if (!(c.norm_eps > 0.0f && c.norm_eps < 1.0f)) refuse("the norm epsilon must lie in (0, 1)");
+    if (c.experts < 0 || c.shared_experts < 0 || c.experts_per_token < 0)
+        refuse("experts, experts per token and shared experts cannot be negative");
+    if (c.moe() && (c.experts_per_token < 1 || c.experts_per_token > c.experts || c.experts > 256 ||
+                    c.experts_per_token > 16))
+        refuse("a token goes to 1 .. min(16, experts) of at most 256 experts");
+    if (!c.moe() && (c.experts_per_token != 0 || c.shared_experts != 0))
+        refuse("experts per token and shared experts need experts");
 }
 
 // ----------------------------------------------------------------------------
 // parameter layout
 
 // The tensors, in the order of the model file. Per-layer tensors exist once per block. GPT-2 has the
-// first sixteen (llm.c's file); Llama has no wpe, no biases and no norm biases (they have 0 elements, so
-// they take no room anywhere and are left out of its file) and an LM head of its own, lmhead, last.
+// sixteen of llm.c's file; Llama has no wpe, no biases and no norm biases (they have 0 elements, so they take
+// no room anywhere and are left out of its file) and an LM head of its own, lmhead, last. A mixture of
+// experts adds the router and the experts' two matrices to each block, and has no MLP biases; its fcw and
+// fcprojw are the shared experts' (none without them).
 enum TensorKind {
-    WTE, WPE, LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB, LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB, LNFW, LNFB,
-    LMHEAD, NUM_TENSOR_KINDS
+    WTE, WPE, LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB, LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB,
+    ROUTERW, EXPERTFCW, EXPERTPROJW, LNFW, LNFB, LMHEAD, NUM_TENSOR_KINDS
 };
+constexpr int kFirstBlockKind = LN1W, kLastBlockKind = EXPERTPROJW;  // a block's chunk: these, in order
 struct TensorKindInfo {
     const char* name;
     bool per_layer;
@@ -165,8 +186,8 @@ inline const TensorKindInfo& tensor_kind_info(int kind) {
         {"wte", false, true},      {"wpe", false, true},       {"ln1w", true, false},  {"ln1b", true, false},
         {"qkvw", true, true},      {"qkvb", true, false},      {"attprojw", true, true}, {"attprojb", true, false},
         {"ln2w", true, false},     {"ln2b", true, false},      {"fcw", true, true},    {"fcb", true, false},
-        {"fcprojw", true, true},   {"fcprojb", true, false},   {"lnfw", false, false}, {"lnfb", false, false},
-        {"lmhead", false, true},
+        {"fcprojw", true, true},   {"fcprojb", true, false},   {"routerw", true, true}, {"expertfcw", true, true},
+        {"expertprojw", true, true}, {"lnfw", false, false},   {"lnfb", false, false}, {"lmhead", false, true},
     };
     return info[kind];
 }
@@ -175,7 +196,9 @@ inline const TensorKindInfo& tensor_kind_info(int kind) {
 //   column-parallel (a slice of the output features): qkvw, qkvb (this rank's heads of q, k and v), fcw, fcb
 //   row-parallel (a slice of the input features):    attprojw, fcprojw
 //   vocabulary-parallel (a slice of the rows):         wte, lmhead
-// and a whole copy of the others (the "replicated" ones: wpe, the norms, the row-parallel biases).
+// and a whole copy of the others (the "replicated" ones: wpe, the norms, the row-parallel biases, the router).
+// (A mixture of experts does not run under tp yet: tp_layout_error refuses it, so the experts' matrices
+// have no slices.)
 inline bool tensor_is_replicated(int kind) {
     return !(kind == WTE || kind == QKVW || kind == QKVB || kind == ATTPROJW || kind == FCW || kind == FCB ||
              kind == FCPROJW || kind == LMHEAD);
@@ -185,21 +208,27 @@ inline bool tensor_is_replicated(int kind) {
 // one rank's slice. With H = ffn_hidden and Q = qkv_channels (3C for GPT-2, C + 2 C kv_heads/heads for Llama):
 //   wte, lmhead Vp x C   qkvw Q x C   attprojw C x C   fcw H x C (GELU) or 2H x C (SwiGLU: gate, then up)
 //   fcprojw C x H        wpe max_seq_len x C (GPT-2)   biases and norm weights: their output width
+// and in a mixture of E experts of He hidden units each (fcw and fcprojw: the shared experts', H = S He):
+//   routerw E x C        expertfcw E x He x C (GELU) or E x 2He x C (SwiGLU)   expertprojw E x C x He
 inline size_t tensor_elements(const GPT2Config& c, int kind, int tp = 1) {
-    const size_t C = c.channels, H = c.hidden();
-    const bool gpt2 = !c.llama();
+    const size_t C = c.channels, H = c.hidden(), E = c.experts;
+    const bool gpt2 = !c.llama(), mlp_biases = gpt2 && !c.moe();
     size_t whole = 0;
     switch (kind) {
         case WTE: whole = (size_t)c.padded_vocab_size * C; break;
         case WPE: whole = gpt2 ? (size_t)c.max_seq_len * C : 0; break;
         case LN1W: case LN2W: case LNFW: whole = C; break;
-        case LN1B: case LN2B: case LNFB: case ATTPROJB: case FCPROJB: whole = gpt2 ? C : 0; break;
+        case LN1B: case LN2B: case LNFB: case ATTPROJB: whole = gpt2 ? C : 0; break;
+        case FCPROJB: whole = mlp_biases ? C : 0; break;
         case QKVW: whole = c.qkv_channels() * C; break;
         case QKVB: whole = gpt2 ? c.qkv_channels() : 0; break;
         case ATTPROJW: whole = C * C; break;
         case FCW: whole = c.fc_channels() * C; break;
-        case FCB: whole = gpt2 ? c.fc_channels() : 0; break;
+        case FCB: whole = mlp_biases ? c.fc_channels() : 0; break;
         case FCPROJW: whole = C * H; break;
+        case ROUTERW: whole = E * C; break;
+        case EXPERTFCW: whole = E * c.expert_fc_channels() * C; break;
+        case EXPERTPROJW: whole = E * C * c.expert_hidden(); break;
         case LMHEAD: whole = c.tied_head() ? 0 : (size_t)c.padded_vocab_size * C; break;
     }
     return tensor_is_replicated(kind) ? whole : whole / tp;
@@ -295,7 +324,7 @@ struct ParameterLayout {
     // parameters of one block in this buffer (its chunk without the padding)
     size_t block_elements() const {
         size_t block = 0;
-        for (int kind = LN1W; kind <= FCPROJB; kind++) block += elements(kind);
+        for (int kind = kFirstBlockKind; kind <= kLastBlockKind; kind++) block += elements(kind);
         return block;
     }
     int num_chunks() const { return config.num_layers + 2; }
@@ -308,7 +337,9 @@ struct ParameterLayout {
     }
     size_t block_start(int layer) const { return chunk_start(layer + 1); }
     // the chunk that holds tensor `kind` of `layer`
-    int chunk_of(int kind, int layer) const { return kind < LN1W ? 0 : kind > FCPROJB ? num_chunks() - 1 : layer + 1; }
+    int chunk_of(int kind, int layer) const {
+        return kind < kFirstBlockKind ? 0 : kind > kLastBlockKind ? num_chunks() - 1 : layer + 1;
+    }
     // the chunk that holds element `offset` of the buffer: the last chunk starting at or before it (chunks
     // not held start where the next chunk held does, so they come before it)
     int chunk_of_offset(size_t offset) const {
@@ -317,7 +348,7 @@ struct ParameterLayout {
     // offset of tensor `kind` of `layer` (layer ignored for the embedding and final tensors)
     size_t offset(int kind, int layer = 0) const {
         size_t start = chunk_start(chunk_of(kind, layer));
-        int first = kind < LN1W ? WTE : kind > FCPROJB ? LNFW : LN1W;
+        int first = kind < kFirstBlockKind ? WTE : kind > kLastBlockKind ? LNFW : kFirstBlockKind;
         for (int k = first; k < kind; k++) start += elements(k);
         return start;
     }
@@ -341,7 +372,7 @@ struct ParameterLayout {
     }
 };
 
-// A tensor instance's place in the model file's order (0 .. 12 L + 3), whichever chunks a layout holds:
+// A tensor instance's place in the model file's order (every kind counted, those of 0 elements too), whichever chunks a layout holds:
 // seeds per tensor (AdamW's stochastic rounding) follow it, so every layout rounds a tensor alike.
 inline int tensor_file_index(const GPT2Config& c, int kind, int layer) {
     int index = 0;
@@ -391,12 +422,14 @@ inline floatX* tensor_in_chunk(floatX* chunk, const ParameterLayout& layout, int
 // architecture has none (Llama's biases).
 struct BlockParams {
     floatX *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
+    floatX *routerw, *expertfcw, *expertprojw;  // a mixture of experts (null in a dense block)
 };
 // One block's tensors, given where the block's chunk starts.
 inline BlockParams block_params_in_chunk(floatX* chunk, const ParameterLayout& layout) {
     auto at = [&](int kind) { return tensor_in_chunk(chunk, layout, kind); };
     return BlockParams{at(LN1W), at(LN1B), at(QKVW), at(QKVB), at(ATTPROJW), at(ATTPROJB),
-                       at(LN2W), at(LN2B), at(FCW),  at(FCB),  at(FCPROJW),  at(FCPROJB)};
+                       at(LN2W), at(LN2B), at(FCW),  at(FCB),  at(FCPROJW),  at(FCPROJB),
+                       at(ROUTERW), at(EXPERTFCW), at(EXPERTPROJW)};
 }
 
 // The values of `from` (host, in its layout) rearranged into the layout `to`: the parameters `to` holds

@@ -64,6 +64,20 @@ inline int micro_step_tokens(int batch_size, int seq_len, int ranks) {
 // Every rank of the launcher (mpirun, srun, torchrun; one rank without) calls this together. Stops with one
 // line naming the flag if the layout cannot run this model on these ranks. From here on a rank that waits
 // longer than `collective_timeout` seconds in one collective ends the job (llmc/parallel/watchdog.h).
+// A mixture of experts (llmc/model/moe.cuh) runs where each rank holds whole sequences and whole experts and
+// the backward pass is whole. The axes that would split an expert (tp), a sequence's balance loss and
+// capacity (cp), or the experts' backward pass into B and W (zb-h1, zbv) are refused by name ("": it runs).
+inline std::string moe_layout_error(const GPT2Config& c, const Layout& l) {
+    if (!c.moe()) return "";
+    if (l.tp > 1) return "--tp " + std::to_string(l.tp) + ": a mixture of experts runs at tp 1 (its experts are not split)";
+    if (l.cp > 1) return "--cp " + std::to_string(l.cp) + ": a mixture of experts runs at cp 1 (its balance loss and "
+                         "capacity count whole sequences)";
+    if (pipeline_splits_backward(l.schedule))
+        return std::string("--pp-schedule ") + pipeline_schedule_name(l.schedule) +
+               ": a mixture of experts runs under schedules with a whole backward pass (gpipe, 1f1b, interleaved)";
+    return "";
+}
+
 inline void parallel_create(ParallelContext& par, const Layout& asked, const GPT2Config& config,
                             const std::string& nccl_init_file, double collective_timeout) {
     par.layout = asked;
@@ -88,6 +102,8 @@ inline void parallel_create(ParallelContext& par, const Layout& asked, const GPT
 
     const int B = l.batch_size, T = l.seq_len;
     if (T > config.max_seq_len) fatal("--seq-len %d exceeds the model's %d positions", T, config.max_seq_len);
+    const std::string moe_error = moe_layout_error(config, l);
+    if (!moe_error.empty()) fatal("%s", moe_error.c_str());
     tp_check_layout(config, l.tp, l.sequence_parallel, T);
     par.cp.size = l.cp;
     par.cp.rank = par.mesh.coords[CP];

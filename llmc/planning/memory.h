@@ -109,7 +109,9 @@ struct GPT2MemoryShape {
     // 2 H values per row) and grouped-query attention (kv_heads K and V heads)
     bool llama = false;
     int kv_heads = 0;          // 0: num_heads
-    int ffn_hidden = 0;        // H, the MLP's hidden units; 0: 4 C
+    int ffn_hidden = 0;        // H, the MLP's hidden units; 0: 4 C (a mixture of experts: the shared experts')
+    // a mixture of experts (llmc/model/moe.cuh): E experts of He hidden units each, K per token
+    int experts = 0, experts_per_token = 0, expert_hidden = 0;
 };
 
 // What the formulas need to know of a run, from its layout (for the plan, and beside the memory a run
@@ -133,6 +135,9 @@ inline GPT2MemoryShape gpt2_memory_shape(const GPT2Config& config, const Layout&
     shape.llama = config.llama();
     shape.kv_heads = config.kv_heads;
     shape.ffn_hidden = (int)config.hidden();
+    shape.experts = config.experts;
+    shape.experts_per_token = config.experts_per_token;
+    shape.expert_hidden = config.moe() ? (int)config.expert_hidden() : 0;
     return shape;
 }
 
@@ -144,7 +149,11 @@ inline GPT2Config gpt2_memory_shape_config(const GPT2MemoryShape& shape) {
     c.channels = shape.channels;
     c.num_heads = shape.num_heads;
     c.kv_heads = shape.kv_heads > 0 ? shape.kv_heads : shape.num_heads;
-    c.ffn_hidden = shape.llama ? shape.ffn_hidden : 0;
+    c.experts = shape.experts;
+    c.experts_per_token = shape.experts_per_token;
+    if (c.moe() && c.llama()) c.ffn_hidden = shape.expert_hidden;
+    else c.ffn_hidden = shape.llama ? shape.ffn_hidden : 0;
+    if (c.moe()) c.shared_experts = shape.ffn_hidden / shape.expert_hidden;
     c.vocab_size = c.padded_vocab_size = shape.padded_vocab;
     c.max_seq_len = shape.max_seq_len;
     return c;
@@ -185,7 +194,7 @@ struct ActivationBytes {
 //   workspace: floatX projection NC, dchannels NC, dhidden NF, SwiGLU's dactivation NH (GELU's is dhidden),
 //              dqkv Nq, and under sequence parallelism the gathered rows NC (GPT-2, t = 1: 9 NC s);
 //              fp32 attention_D N h, the vocabulary-parallel loss's statistics 4N (t > 1, last stage),
-//              matmul bias scratch ceil(N/64) max(C, F), layernorm scratch 2C min(ceil(R/8), 3 SMs), norm
+//              matmul bias scratch ceil(N/64) max(C, F, q), layernorm scratch 2C min(ceil(R/8), 3 SMs), norm
 //              scratch 4 SMs, the step's results 2 (loss, squared norm), the first stage's encoder partial
 //              rows (floor(N/64) + floor(N/65)) C and int encoder workspace 4N + 3 floor(N/65); the running
 //              loss sum, one double;
@@ -193,6 +202,13 @@ struct ActivationBytes {
 //              each, of the K/V heads only, 8 N kv (kv = KV HS / t, GPT-2: c), and one chunk's partial output
 //              (N/k) c and lse (N/k) h, k the chunks per rank; or Ulysses' two messages 2 N q and the
 //              head-sharded output and its gradient 2 N c
+//   a mixture of experts (E experts, K per token, M = N K assignments, He hidden units per expert, Fe = He
+//   or 2 He; H and F above are then the shared experts'), under tp 1:
+//   per layer: floatX expert_input, expert_output 2 MC, expert_fch M Fe, expert_act M He; fp32 router_probs
+//              NE, router_lse N, routed_weights M; int routed_experts, routed_slots 2M, routed_counts BE
+//              (whatever the recompute policy keeps of a layer, it keeps these whole or not at all)
+//   workspace: floatX router_logits NE, routed_output NC, expert_doutput MC, expert_dfch M Fe, SwiGLU's
+//              expert_dact M He; fp32 router_dprobs NE, routed_dweights M, loss_sums 2; int expert_rows E
 // (the constants 64, 8, 3 and 4 are those of llmc/kernels/matmul.cuh, layernorm.cuh and cuda_common.cuh's
 // grid_size_for, 64 and 65 = 64 + 1 those of llmc/kernels/encoder.cuh; pinned host staging and read-back buffers
 // are host memory and not counted)
@@ -202,12 +218,16 @@ inline ActivationBytes gpt2_activation_bytes(const GPT2MemoryShape& shape, bool 
     const double c = C / t, h = shape.num_heads / t, R = shape.sequence_parallel ? N / t : N;
     const double KV = shape.kv_heads > 0 ? shape.kv_heads : shape.num_heads;
     const double q = (shape.num_heads + 2 * KV) * (C / shape.num_heads) / t;
-    const double H = (shape.ffn_hidden > 0 ? shape.ffn_hidden : 4 * C) / t, F = shape.llama ? 2 * H : H;
+    const bool moe = shape.experts > 0;
+    const double H = (shape.ffn_hidden > 0 || moe ? shape.ffn_hidden : 4 * C) / t, F = shape.llama ? 2 * H : H;
+    const double E = shape.experts, M = N * shape.experts_per_token, He = shape.expert_hidden;
+    const double Fe = shape.llama ? 2 * He : He;
     const double n = shape.llama ? 2 : 4;
     const double l = shape.stage_layers > 0 ? shape.stage_layers : shape.num_layers, K = shape.records;
     const double v = shape.padded_vocab / t, SMs = shape.multiprocessors;
     ActivationBytes a;
     a.record = (4 * R * C + N * q + N * c + N * F + N * H) * s + (n * R + N * h) * f;
+    if (moe) a.record += (2 * M * C + M * Fe + M * He) * s + (N * E + N + M) * f + (2 * M + shape.batch * E) * i;
     const double dropped = (2 * R * C + N * H) * s;  // selective: ln1, ln2, fch_gelu
     switch (shape.recompute.policy) {
         case RecomputePolicy::None:
@@ -240,8 +260,10 @@ inline ActivationBytes gpt2_activation_bytes(const GPT2MemoryShape& shape, bool 
     const double context = shape.cp == 1 ? 0 : shape.cp_ring ? 8 * N * kv * s + N / k * (c * s + h * f)
                                                              : 2 * N * q * s + 2 * N * c * s;
     const double dactivation = shape.llama ? N * H : 0;
-    a.workspace = (2 * N * C + N * F + dactivation + N * q + gathered) * s +
-                  (N * h + softmax_stats + bias_rows * std::max(C, F) + 2 * C * layernorm_blocks + 4 * SMs + 2) * f +
+    const double experts = moe ? (N * E + N * C + M * C + M * Fe + (shape.llama ? M * He : 0)) * s +
+                                 (N * E + M + 2) * f + E * i : 0;
+    a.workspace = experts + (2 * N * C + N * F + dactivation + N * q + gathered) * s +
+                  (N * h + softmax_stats + bias_rows * std::max({C, F, q}) + 2 * C * layernorm_blocks + 4 * SMs + 2) * f +
                   encoder + sizeof(double) + a.recompute + context;
     return a;
 }

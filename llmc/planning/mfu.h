@@ -36,6 +36,7 @@ and MFU is then not reported. Variants with different clocks or unlisted numbers
 */
 #pragma once
 
+#include <algorithm>
 #include <cctype>
 #include <string>
 #include <vector>
@@ -46,11 +47,22 @@ inline double gpt2_flops_per_token(long long num_parameters, int num_layers, int
     return 6.0 * (double)num_parameters + 12.0 * (double)num_layers * (double)channels * (double)seq_len;
 }
 
-// The formula for a model of this shape (the whole model, every parameter but a Llama's wte).
+// The parameters a token meets: all of them, but in a mixture of experts only the K experts it is routed to
+// of the E in each block (the router and the shared experts it meets whole). Mixtral's 47B have 13B active.
+inline double active_parameters(const GPT2Config& c) {
+    const ParameterLayout whole(c);
+    const double idle_experts_per_layer = (double)(c.experts - c.experts_per_token) / std::max(c.experts, 1) *
+                                          (double)(whole.elements(EXPERTFCW) + whole.elements(EXPERTPROJW));
+    return (double)whole.num_parameters - idle_experts_per_layer * c.num_layers;
+}
+
+// The formula for a model of this shape (the whole model, every active parameter but a Llama's wte).
+// A mixture of experts counts the FLOPs of its active parameters: what the token needed (a dropped
+// assignment's, too: the capacity is a shortcut the run takes, not less work the model asked for).
 inline double model_flops_per_token(const GPT2Config& c, int seq_len) {
     const ParameterLayout whole(c);
     const double looked_up_only = c.llama() ? (double)whole.elements(WTE) : 0.0;
-    return gpt2_flops_per_token((long long)(whole.num_parameters - looked_up_only), c.num_layers, c.channels, seq_len);
+    return gpt2_flops_per_token((long long)(active_parameters(c) - looked_up_only), c.num_layers, c.channels, seq_len);
 }
 
 struct GpuPeak {

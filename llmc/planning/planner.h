@@ -136,6 +136,7 @@ struct LayoutPlan {
 
 // One line saying why the layout cannot run (empty: it can), the checks the trainer makes, in its order.
 inline std::string plan_layout_error(const GPT2Config& config, const Layout& l) {
+    if (config.moe()) return "--plan: the planner does not count a mixture of experts' memory and traffic yet";
     std::string error = tp_layout_error(config, l.tp, l.sequence_parallel, l.seq_len);
     if (!error.empty()) return error;
     if (l.ranks % (l.tp * l.pp * l.cp) != 0)

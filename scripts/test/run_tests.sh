@@ -67,9 +67,19 @@ for layout in "--tp 2" "--tp 2 --sequence-parallel 1" "--cp 2" ""; do
 done
 run_suite "GPT-2 BPE encoder vs the npm package's" /usr/bin/python3 data/test_tokenizer.py
 run_suite "PyTorch references (GPT-2, Llama 3) self-check" /usr/bin/python3 dev/test/model_reference.py --self-check
-for size in small 124M llama_small llama_100M; do
+reference_models="small 124M llama_small llama_100M moe_small llama_moe_small llama_moe_capacity"
+model_name() {  # the suite's words for a reference preset
+    case $1 in
+        moe_small) echo "GPT-2 small with experts" ;;
+        llama_moe_small) echo "Llama 3 small with experts" ;;
+        llama_moe_capacity) echo "Llama 3 small with experts, capacity factor 0.5" ;;
+        llama_*) echo "Llama 3 ${1#llama_}" ;;
+        *) echo "GPT-2 $1" ;;
+    esac
+}
+for size in $reference_models; do
     reference=(--model build/ref/${size}_model.bin --state build/ref/${size}_state.bin)
-    model=$([[ $size == llama* ]] && echo "Llama 3 ${size#llama_}" || echo "GPT-2 $size")
+    model=$(model_name "$size")
     run_suite "$model vs PyTorch, CPU, FP32" ./test_gpt_fp32_cpu "${reference[@]}"
     run_suite "$model vs PyTorch, CPU, BF16" ./test_gpt_cpu "${reference[@]}"
 done
@@ -88,6 +98,8 @@ run_suite "N-D layouts (dp, pp, cp, tp, ZeRO, recompute) vs one rank, CPU, FP32"
     bash scripts/test/test_nd_layouts.sh ./train_gpt_fp32_cpu
 run_suite "Llama 3 (grouped-query attention) through every axis vs one rank, CPU, FP32" \
     bash scripts/test/test_llama_layouts.sh ./train_gpt_fp32_cpu
+run_suite "mixture of experts through dp, ZeRO, pp and recompute vs one rank, CPU, FP32" \
+    bash scripts/test/test_moe_layouts.sh ./train_gpt_fp32_cpu
 run_suite "the README's guided tour: every command" bash scripts/test/test_tour.sh
 run_suite "faults: a stalled rank, mixed or interrupted checkpoints, bit flips, a killed rank moved, CPU, FP32" \
     bash scripts/test/test_faults.sh ./train_gpt_fp32_cpu
@@ -101,9 +113,9 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     run_suite "kernel lab, GPU, BF16" ./kernel_lab
     run_suite "kernel lab, GPU, FP32" ./kernel_lab_fp32
     run_suite "communication layer and mesh, GPU (NCCL), 1 rank" "${mpi_run[@]}" -np 1 build/test_comm_gpu
-    for size in small 124M llama_small llama_100M; do
+    for size in $reference_models; do
         reference=(--model build/ref/${size}_model.bin --state build/ref/${size}_state.bin)
-        model=$([[ $size == llama* ]] && echo "Llama 3 ${size#llama_}" || echo "GPT-2 $size")
+        model=$(model_name "$size")
         run_suite "$model vs PyTorch, GPU, FP32" ./test_gpt_fp32 "${reference[@]}"
         run_suite "$model vs PyTorch, GPU, BF16" ./test_gpt "${reference[@]}"
     done

@@ -1,0 +1,153 @@
+/*
+The mixture-of-experts MLP: the block's MLP (llmc/model/forward_backward.cuh) as experts, where a dense block
+runs one MLP on every row. E experts, each an MLP of He hidden units like the dense one (GELU, or
+SwiGLU for Llama; no biases), and S shared experts that every row goes through. A router sends each row
+to K of the experts:
+
+    z      = h @ routerw^T                  h = norm2(x), N rows; z: N x E logits
+    p      = softmax(z)                     (fp32)
+    e_1..K = the K experts of largest p     (ties: the smaller index; best first)
+    w_k    = p[e_k] / sum_j p[e_j]          (renormalised over the chosen)
+    mlp(h) = shared(h) + sum_k w_k expert_{e_k}(h)
+
+Each expert runs on the rows sent to it, gathered into one block of consecutive rows (permute), with two
+ordinary matmuls; the weighted sum takes each row's K results back (unpermute). Everything is in a fixed
+order (the rows sorted by expert, then by row and k; the sum in k order), so the result does not depend
+on how many rows a rank holds, and a layout equals one rank.
+
+Two losses keep the router healthy, both added to the cross-entropy's gradient (the reported loss is the
+cross-entropy alone; the log shows them apart):
+  - load balancing (Switch Transformer, GShard), per sequence of T rows: with f_e the share of the
+    sequence's T K assignments that went to e (a count: no gradient) and P_e the mean of p_e over its rows,
+    aux = E sum_e f_e P_e, which is 1 when routing is uniform and grows as it concentrates. Per sequence
+    (not per batch, as in DeepSeek-V3's sequence-wise loss) so that it is the same whatever the batch split.
+  - the router z-loss (ST-MoE): the mean over rows of logsumexp(z)^2, which keeps the logits small.
+  total = cross-entropy + alpha sum_layers mean_sequences aux + beta sum_layers mean_rows lse^2
+
+A capacity factor cf > 0 bounds the rows an expert takes from a sequence at ceil(cf T K / E): the
+assignments beyond it, visiting the sequence's rows in order, are dropped (they add nothing; the row keeps
+its other experts and its residual). Without it (the default) nothing is dropped.
+
+Where the numbers live: the router's and the experts' weights in the block's chunk (llmc/model/parameters.h:
+routerw, expertfcw, expertprojw; the shared experts are fcw and fcprojw); the routing and the experts'
+activations in the block's record (llmc/model/gpt2.cuh's BlockActivations); the kernels in
+llmc/kernels/moe.cuh, the expert matmuls through llmc/kernels/matmul.cuh, one per expert on its rows.
+*/
+#pragma once
+
+#include <cmath>
+#include <vector>
+#include "gpt2.cuh"
+#include "architecture.cuh"
+
+// The most assignments an expert takes from one sequence of T rows (0: no limit).
+inline int moe_capacity(const GPT2Config& c, float capacity_factor, int T) {
+    if (capacity_factor <= 0.0f) return 0;
+    return (int)std::ceil((double)capacity_factor * T * c.experts_per_token / c.experts);
+}
+
+// Calls fn(expert, first_row, rows) for every expert with rows, its rows the block [first_row, + rows) of
+// the expert-sorted rows (a.expert_rows, on the host).
+template <class Function>
+void for_each_expert(const GPT2Config& c, const int* expert_rows, Function&& fn) {
+    size_t first = 0;
+    for (int e = 0; e < c.experts; e++) {
+        if (expert_rows[e] > 0) fn(e, first, expert_rows[e]);
+        first += expert_rows[e];
+    }
+}
+
+// One expert's weights in the block's chunk (parameters or gradients): its fc (He or 2He rows of C) and its
+// projection (C rows of He).
+inline floatX* expert_fc(const GPT2Config& c, floatX* expertfcw, int e) {
+    return expertfcw + (size_t)e * c.expert_fc_channels() * c.channels;
+}
+inline floatX* expert_projection(const GPT2Config& c, floatX* expertprojw, int e) {
+    return expertprojw + (size_t)e * c.channels * c.expert_hidden();
+}
+
+// The routed half of the MLP on h (N = B T rows, this rank's): routing, the experts, and their weighted sum
+// into `out` (N x C). The experts' row counts come to the host, which launches each expert's matmuls: the one
+// point in a step where the host waits for the device mid-pass.
+inline void moe_forward(GPT2& model, const BlockParams& p, const BlockActivations& a, floatX* out, const floatX* h,
+                        int B, int T) {
+    const GPT2Config& c = model.config;
+    SharedBuffers& s = model.shared;
+    cudaStream_t stream = model.stream;
+    const int N = B * T, C = c.channels, E = c.experts, K = c.experts_per_token;
+    const int He = (int)c.expert_hidden(), fc = (int)c.expert_fc_channels();
+    // sampling decodes one row at a time: it keeps every assignment (a capacity counts a whole sequence)
+    const int capacity = model.cache.decoding ? 0 : moe_capacity(c, model.moe.capacity_factor, T);
+    matmul_forward(s.router_logits, h, p.routerw, nullptr, N, C, E, stream);
+    moe_router_forward(a.router_probs, a.router_lse, a.routed_experts, a.routed_weights, s.router_logits, N, E, K,
+                       stream);
+    moe_dispatch_plan(a.routed_slots, s.expert_rows, a.routed_counts, a.routed_experts, B, T, K, E, capacity, stream);
+    cudaCheck(cudaMemcpyAsync(a.expert_rows, s.expert_rows, E * sizeof(int), cudaMemcpyDeviceToHost, stream));
+    moe_permute_forward(a.expert_input, h, a.routed_slots, N, K, C, stream);
+    cudaCheck(cudaStreamSynchronize(stream));  // the rows per expert, on the host
+    for_each_expert(c, a.expert_rows, [&](int e, size_t first, int rows) {
+        floatX* fch = a.expert_fch + first * fc;
+        floatX* act = a.expert_act + first * He;
+        matmul_forward(fch, a.expert_input + first * C, expert_fc(c, p.expertfcw, e), nullptr, rows, C, fc, stream);
+        activation_forward(c, act, fch, rows, He, stream);
+        matmul_forward(a.expert_output + first * C, act, expert_projection(c, p.expertprojw, e), nullptr, rows, He, C,
+                       stream);
+    });
+    moe_unpermute_forward(out, a.expert_output, a.routed_slots, a.routed_weights, N, K, C, stream);
+}
+
+// Selective recomputation: the experts' activations again from their fc outputs, which the record kept.
+inline void moe_recompute_selective(const GPT2& model, const BlockActivations& a) {
+    const GPT2Config& c = model.config;
+    for_each_expert(c, a.expert_rows, [&](int, size_t first, int rows) {
+        activation_forward(c, a.expert_act + first * c.expert_hidden(), a.expert_fch + first * c.expert_fc_channels(),
+                           rows, (int)c.expert_hidden(), model.stream);
+    });
+}
+
+// The routed half's backward pass: from dout (N x C, the gradient of the MLP's output) the gradient of h
+// added to dh (N x C: the shared experts' share of it, or 0), the experts' and the router's weight gradients (+=) into g, and the two
+// losses' values added to model.moe.loss_sums. A row's h gradient is its K experts' input gradients plus
+// the router's, in that order.
+inline void moe_backward(GPT2& model, const BlockParams& p, const BlockParams& g, const BlockActivations& a,
+                         floatX* dh, const floatX* h, const floatX* dout, int layer, int B, int T) {
+    const GPT2Config& c = model.config;
+    SharedBuffers& s = model.shared;
+    MoETraining& moe = model.moe;
+    cudaStream_t stream = model.stream;
+    const int N = B * T, C = c.channels, E = c.experts, K = c.experts_per_token;
+    const int He = (int)c.expert_hidden(), fc = (int)c.expert_fc_channels();
+    // the weighted sum: each expert output's gradient, and each weight's
+    moe_unpermute_backward(s.expert_doutput, s.routed_dweights, dout, a.expert_output, a.routed_slots,
+                           a.routed_weights, N, K, C, stream);
+    // each expert, on its rows: the two matmuls and the activation backwards; its rows' input gradients
+    // overwrite their output gradients, which nothing reads after
+    for_each_expert(c, a.expert_rows, [&](int e, size_t first, int rows) {
+        floatX* doutput = s.expert_doutput + first * C;
+        matmul_backward(s.expert_dact, expert_projection(c, g.expertprojw, e), nullptr, s.matmul_scratch, doutput,
+                        a.expert_act + first * He, expert_projection(c, p.expertprojw, e), rows, He, C, stream);
+        activation_backward(c, s.expert_dfch, a.expert_fch + first * fc, s.expert_dact, rows, He, stream);
+        matmul_backward(doutput, expert_fc(c, g.expertfcw, e), nullptr, s.matmul_scratch, s.expert_dfch,
+                        a.expert_input + first * C, expert_fc(c, p.expertfcw, e), rows, C, fc, stream);
+    });
+    moe_permute_backward(s.routed_output, s.expert_doutput, a.routed_slots, N, K, C, stream);
+    residual_forward(dh, dh, s.routed_output, (size_t)N * C, stream);
+    // the router: the losses' gradients on p, with the weights' through the renormalisation and the softmax.
+    // dloss weighs a row's loss (1 / rows of the step on this rank): a sequence's aux loss weighs T times it.
+    const float aux_scale = moe.aux_coefficient * moe.loss_scale * T, z_scale = moe.z_coefficient * moe.loss_scale;
+    moe_aux_loss_forward(moe.loss_sums, moe.loss_sums + 1, a.router_probs, a.router_lse, a.routed_counts, B, T, E, K,
+                         stream);
+    moe_aux_loss_backward(s.router_dprobs, a.routed_counts, B, T, E, K, aux_scale, stream);
+    moe_router_backward(s.router_logits, s.router_dprobs, a.router_probs, a.router_lse, a.routed_experts,
+                        a.routed_weights, s.routed_dweights, N, E, K, z_scale, stream);
+    matmul_backward(s.routed_output, g.routerw, nullptr, s.matmul_scratch, s.router_logits, h, p.routerw, N, C, E,
+                    stream);
+    residual_forward(dh, dh, s.routed_output, (size_t)N * C, stream);
+    // what the log reports: the rows each expert ran, and the assignments dropped
+    long long kept = 0;
+    for (int e = 0; e < E; e++) {
+        moe.tokens[(size_t)layer * E + e] += a.expert_rows[e];
+        kept += a.expert_rows[e];
+    }
+    moe.dropped += (long long)N * K - kept;
+}
