@@ -232,13 +232,14 @@ static GPT2Config model_config(const Options& o) {
             fatal("--shared-experts sits beside routed experts: add --experts");
         }
         gpt2_validate_config(config, "--model custom");
-    } else if (gpt2_config_by_name(o.model, &config) || llama_config_by_name(o.model, &config)) {
+    } else if (gpt2_config_by_name(o.model, &config) || llama_config_by_name(o.model, &config) ||
+               moe_config_by_name(o.model, &config)) {
         gpt2_validate_config(config, "--model " + o.model);
     } else if (file_exists(o.model)) {
         config = gpt2_read_config(o.model);
     } else {
-        fatal("--model %s: not a model name (124M, 350M, 774M, 1558M, llama3-8B, llama3-70B, llama3-405B, custom) "
-              "nor an existing model file",
+        fatal("--model %s: not a model name (124M, 350M, 774M, 1558M, llama3-8B, llama3-70B, llama3-405B, "
+              "mixtral-8x7B-like, deepseek-v3-like, custom) nor an existing model file",
               o.model.c_str());
     }
     return config;

@@ -14,6 +14,8 @@ hand-worked numbers (no GPU, no MPI ranks: the planner allocates nothing):
       the parameter counts of Llama 3 8B, 70B and 405B, exact in 64 bits.
   (c) --plan-search for GPT-2 1558M on 64 ranks of 80 GB: at least one layout, each of them fits, re-plans
       to the same numbers, fastest first; at 16 GB some layouts are left out for their size.
+  (d) mixtures of experts by name (test_experts): Mixtral 8x7B's counts, total and active, a plan that fits,
+      MFU from the active FLOPs; DeepSeek-V3's shape needs expert parallelism.
 Korthikanti et al.'s Table 2 (and its adaptation to Llama's block) and the ZeRO paper's Figure 1 are checked in
 dev/test/test_memory.cu (test_paper, test_korthikanti_by_hand, test_korthikanti_shapes, test_korthikanti_llama;
 scripts/test/run_tests.sh runs both suites); here the adapted Table 2's rows are checked once more at the 405B
@@ -530,7 +532,42 @@ static void test_balanced_layers() {
                std::to_string(grid_failures) + " splits wrong");
 }
 
+// (d) Mixtures of experts by name: Mixtral 8x7B's shape in our block has exactly its published 46.7B
+// parameters and 12.9B active; planned on 64 GPUs (dp 8 x pp 8, ZeRO-1, selective) it fits in 80 GB and its MFU
+// counts the active FLOPs. The DeepSeek-V3-like shape does not fit on 2048 GPUs at ZeRO-3 without expert
+// parallelism: a block's 256 experts (11.3B parameters) are gathered whole. tp and cp refuse a mixture of experts.
+static void test_experts() {
+    GPT2Config mixtral, deepseek;
+    if (!moe_config_by_name("mixtral-8x7B-like", &mixtral) || !moe_config_by_name("deepseek-v3-like", &deepseek))
+        fatal("the mixture-of-experts names are missing");
+    const double total = (double)ParameterLayout(mixtral).num_parameters, active = active_parameters(mixtral);
+    check_true("mixtral-8x7B-like: 46,702,792,704 parameters", total == 46702792704.0, describe(total, 46702792704.0));
+    check_true("mixtral-8x7B-like: 12,879,925,248 active (2 of 8 experts)", active == 12879925248.0,
+               describe(active, 12879925248.0));
+    Layout l;
+    l.ranks = 64, l.pp = 8, l.zero_stage = 1, l.batch_size = 1, l.seq_len = 4096, l.total_batch_size = 1 << 20;
+    l.recompute.policy = RecomputePolicy::Selective;
+    l.bf16 = true;
+    const LayoutPlan plan = plan_layout(mixtral, l, PlanHardware{});
+    check_true("mixtral-8x7B-like on dp 8 x pp 8, ZeRO-1, selective: fits in 80 GiB", plan.error.empty() && plan.fits,
+               plan.error);
+    const double flops = 6 * (active - (double)ParameterLayout(mixtral).elements(WTE)) + 12.0 * 32 * 4096 * 4096;
+    check_true("mixtral-8x7B-like: model FLOPs per token from the active parameters (6 N + 12 L C T, N without wte)",
+               plan.model_flops == flops * plan.tokens, describe(plan.model_flops, flops * plan.tokens));
+    Layout big = l;
+    big.ranks = 2048, big.pp = 16, big.zero_stage = 3, big.total_batch_size = 1 << 24;
+    big.recompute.policy = RecomputePolicy::Full;
+    const LayoutPlan deep = plan_layout(deepseek, big, PlanHardware{});
+    check_true("deepseek-v3-like on dp 128 x pp 16, ZeRO-3, full recompute: does not fit without expert parallelism",
+               deep.error.empty() && !deep.fits, deep.error);
+    Layout tp = l;
+    tp.tp = 2, tp.pp = 4;
+    check_true("a mixture of experts at tp 2: refused", plan_layout_error(mixtral, tp).find("tp 1") != std::string::npos,
+               plan_layout_error(mixtral, tp));
+}
+
 int main() {
+    test_experts();
     test_balanced_layers();
     Table4Result results[3];
     for (int i = 0; i < 3; i++) results[i] = check_llama(kTable4[i]);

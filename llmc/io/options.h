@@ -74,8 +74,8 @@ inline Options parse_options(int argc, char** argv) {
     Flags flags("train_gpt", "Trains GPT-2 on token shards (llm.c's format), on one GPU or on the CPU.");
     flags.heading("Model");
     std::string& model_name = flags.add_string("model", "124M",
-        "124M, 350M, 774M or 1558M (GPT-2 shapes), llama3-8B, llama3-70B or llama3-405B (Llama 3 shapes), all "
-        "initialised from scratch; custom (the shape flags below); or a model file (README: Model files)");
+        "124M, 350M, 774M or 1558M (GPT-2 shapes), llama3-8B, llama3-70B or llama3-405B (Llama 3 shapes), "
+        "mixtral-8x7B-like or deepseek-v3-like (mixtures of experts in the Llama block), all initialised from scratch; custom (the shape flags below); or a model file (README: Model files)");
     std::string& arch = flags.add_string("arch", "gpt2",
         "custom: the block, gpt2 (LayerNorm, learned positions, GELU, tied head) or llama (RMSNorm, RoPE, "
         "SwiGLU, grouped-query attention, no biases, untied head)");

@@ -132,6 +132,47 @@ inline bool llama_config_by_name(const std::string& name, GPT2Config* config) {
     return false;
 }
 
+// Two mixtures of experts by name, in our Llama block (for --plan, or from scratch). "-like": our block where
+// theirs differs.
+//   mixtral-8x7B-like  Mistral's shape (Jiang et al. 2024): 32 layers, 32 heads over 8 K/V heads, 8 SwiGLU
+//                      experts of 14,336 units, top 2, vocabulary 32,000, RoPE base 1e6: exactly its 46.7B
+//                      parameters, 12.9B active.
+//   deepseek-v3-like   DeepSeek-V3's MoE (DeepSeek-AI 2024): 61 layers of C = 7168, 256 experts of 2048 units, top
+//                      8, 1 shared expert, vocabulary 129,280. Where ours differs: grouped-query attention (56
+//                      heads of 128 over 8 K/V heads) instead of multi-head latent attention, every layer's MLP a
+//                      mixture (theirs: the first 3 dense), softmax routing with the balance loss instead of
+//                      sigmoid scores with bias-adjusted balancing, and no multi-token prediction: 699.5B
+//                      parameters, 33.3B active (theirs: 671B, 37B).
+inline bool moe_config_by_name(const std::string& name, GPT2Config* config) {
+    struct Named { const char* name; int layers, heads, kv_heads, channels, ffn_hidden, experts, per_token, shared,
+                   vocab, max_seq_len; float rope_theta; };
+    static const Named family[] = {
+        {"mixtral-8x7B-like", 32, 32, 8, 4096, 14336, 8, 2, 0, 32000, 32768, 1e6f},
+        {"deepseek-v3-like", 61, 56, 8, 7168, 2048, 256, 8, 1, 129280, 163840, 10000.0f},
+    };
+    for (const Named& n : family) {
+        if (name != n.name) continue;
+        GPT2Config c;
+        c.arch = Arch::Llama;
+        c.max_seq_len = n.max_seq_len;
+        c.vocab_size = n.vocab;
+        c.padded_vocab_size = padded_vocab(c.vocab_size);
+        c.num_layers = n.layers;
+        c.num_heads = n.heads;
+        c.kv_heads = n.kv_heads;
+        c.channels = n.channels;
+        c.ffn_hidden = n.ffn_hidden;
+        c.rope_theta = n.rope_theta;
+        c.norm_eps = 1e-5f;
+        c.experts = n.experts;
+        c.experts_per_token = n.per_token;
+        c.shared_experts = n.shared;
+        *config = c;
+        return true;
+    }
+    return false;
+}
+
 // Refuses shapes the kernels cannot run, naming the problem (`source` says where the config came from).
 inline void gpt2_validate_config(const GPT2Config& c, const std::string& source) {
     auto refuse = [&](const char* problem) {

@@ -99,10 +99,14 @@ so the first stage's extra is 0 and the last's is head / block in layer-equivale
 balanced, pipeline_balanced_v_layers). Memory is not balanced:
 the planner reports each stage's (the first stage holds the most activation records under 1f1b).
 */
-// The FLOP counts above, per token of a sequence of T.
+// The FLOP counts above, per token of a sequence of T. A mixture of experts' MLP weighs as much as what a token
+// meets: the shared experts, its K routed ones and the router (E x C).
 inline double pipeline_block_flops_per_token(const GPT2Config& config, int T) {
     const double C = config.channels;
-    const double weights = C * config.qkv_channels() + C * C + C * config.fc_channels() + (double)config.hidden() * C;
+    double weights = C * config.qkv_channels() + C * C + C * config.fc_channels() + (double)config.hidden() * C;
+    if (config.moe())
+        weights += (double)config.experts_per_token * C * (config.expert_fc_channels() + config.expert_hidden()) +
+                   (double)config.experts * C;
     return 6 * weights + 12 * C * T;
 }
 inline double pipeline_head_flops_per_token(const GPT2Config& config) {

@@ -136,8 +136,9 @@ struct LayoutPlan {
 
 // One line saying why the layout cannot run (empty: it can), the checks the trainer makes, in its order.
 inline std::string plan_layout_error(const GPT2Config& config, const Layout& l) {
-    if (config.moe()) return "--plan: the planner does not count a mixture of experts' memory and traffic yet";
-    std::string error = tp_layout_error(config, l.tp, l.sequence_parallel, l.seq_len);
+    std::string error = moe_layout_error(config, l);
+    if (!error.empty()) return error;
+    error = tp_layout_error(config, l.tp, l.sequence_parallel, l.seq_len);
     if (!error.empty()) return error;
     if (l.ranks % (l.tp * l.pp * l.cp) != 0)
         return plan_format("--plan %d ranks are not a multiple of --pp %d x --cp %d x --tp %d", l.ranks, l.pp, l.cp,
@@ -413,10 +414,17 @@ inline void print_plan_estimate(const LayoutPlan& plan, const PlanHardware& hw, 
 inline void print_layout_plan(const GPT2Config& config, const LayoutPlan& plan, const PlanHardware& hw,
                               FILE* out = stdout) {
     const Layout& l = plan.layout;
-    fprintf(out, "plan: %s, %d layers, %d channels, %d heads (%d K/V), %d hidden, %s parameters (%s on pp rank 0, tp "
+    char mlp[160];
+    if (config.moe())
+        snprintf(mlp, sizeof(mlp), "%d experts of %zu hidden (%d per token, %d shared; %s parameters active)",
+                 config.experts, config.expert_hidden(), config.experts_per_token, config.shared_experts,
+                 format_count(active_parameters(config)).c_str());
+    else
+        snprintf(mlp, sizeof(mlp), "%zu hidden", config.hidden());
+    fprintf(out, "plan: %s, %d layers, %d channels, %d heads (%d K/V), %s, %s parameters (%s on pp rank 0, tp "
             "rank 0); %d ranks = %s; ZeRO stage %d (shard groups of %d), %d x %d tokens per data-parallel rank and "
             "micro-step, %d micro-step(s); recompute %s; %s\n", arch_name(config.arch), config.num_layers,
-            config.channels, config.num_heads, config.kv_heads, (int)config.hidden(),
+            config.channels, config.num_heads, config.kv_heads, mlp,
             format_count((double)ParameterLayout(config).num_parameters).c_str(),
             format_count((double)ParameterLayout(config, 1, l.tp, 0, pipeline_held_chunks(l.schedule, 0, l.pp, l.pp_virtual,
                                                                      plan.stage_layers, config.tied_head()))
@@ -430,7 +438,11 @@ inline void print_layout_plan(const GPT2Config& config, const LayoutPlan& plan, 
     print_plan_communication(plan, hw, out);
     if (l.pp > 1) print_pipeline_plan(plan, out);
     print_plan_estimate(plan, hw, out);
-    print_korthikanti_table2(plan.shapes[0], l.bf16, out);  // in 2-byte activations, as the paper counts
+    if (config.moe())  // Table 2 counts one dense MLP per layer
+        fprintf(out, "per-layer activations: Korthikanti et al.'s Table 2 has no experts; llmc/planning/memory.h counts "
+                     "them (the routed rows, K per token, through each expert's fc, activation and projection)\n");
+    else
+        print_korthikanti_table2(plan.shapes[0], l.bf16, out);  // in 2-byte activations, as the paper counts
 }
 
 // ----------------------------------------------------------------------------

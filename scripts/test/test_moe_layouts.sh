@@ -104,5 +104,5 @@ expect_refused "zb-h1" "a mixture of experts runs under schedules with a whole b
 expect_refused "shared experts without experts" "--shared-experts sits beside routed experts" 1 --shared-experts 1
 expect_refused "more experts per token than experts" "a token goes to 1 .. min(16, experts)" 1 --experts 2 \
     --experts-per-token 3
-expect_refused "--plan" "the planner does not count a mixture of experts" 1 "${experts[@]}" --plan 8
+expect_refused "--plan at tp 2" "a mixture of experts runs at tp 1" 1 "${experts[@]}" --plan 8 --tp 2
 finish
