@@ -535,7 +535,8 @@ static void test_balanced_layers() {
 // (d) Mixtures of experts by name: Mixtral 8x7B's shape in our block has exactly its published 46.7B
 // parameters and 12.9B active; planned on 64 GPUs (dp 8 x pp 8, ZeRO-1, selective) it fits in 80 GB and its MFU
 // counts the active FLOPs. The DeepSeek-V3-like shape does not fit on 2048 GPUs at ZeRO-3 without expert
-// parallelism: a block's 256 experts (11.3B parameters) are gathered whole. tp and cp refuse a mixture of experts.
+// parallelism: a block's 256 experts (11.3B parameters) are gathered whole. Under tp each tp rank routes whole
+// sequences, so tp must divide the batch.
 static void test_experts() {
     GPT2Config mixtral, deepseek;
     if (!moe_config_by_name("mixtral-8x7B-like", &mixtral) || !moe_config_by_name("deepseek-v3-like", &deepseek))
@@ -562,7 +563,11 @@ static void test_experts() {
                deep.error.empty() && !deep.fits, deep.error);
     Layout tp = l;
     tp.tp = 2, tp.pp = 4;
-    check_true("a mixture of experts at tp 2: refused", plan_layout_error(mixtral, tp).find("tp 1") != std::string::npos,
+    check_true("a mixture of experts at tp 2 with B 1: refused (each tp rank routes whole sequences)",
+               plan_layout_error(mixtral, tp).find("tp must divide the batch") != std::string::npos,
+               plan_layout_error(mixtral, tp));
+    tp.batch_size = 2;
+    check_true("a mixture of experts at tp 2 with B 2: planned", plan_layout_error(mixtral, tp).empty(),
                plan_layout_error(mixtral, tp));
 }
 

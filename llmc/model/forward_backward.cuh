@@ -47,12 +47,13 @@ inline BlockParams block_gradients(GPT2& model, ParallelContext& par, int layer)
 // Chunk c's gradient is complete for this microbatch: the final layernorm after the LM head's backward pass,
 // each block after its own, the embeddings after the last of the lookup's and the LM head's shares (on one
 // rank: final layernorm, blocks L-1 .. 0, embeddings). When ZeRO reduces it now (the step's last
-// microbatch; every microbatch at stages 2 and 3), sequence parallelism first adds up the tp ranks' shares
-// of its layernorm gradients, on the compute stream, the only stream that talks to the tp group.
+// microbatch; every microbatch at stages 2 and 3), the tp ranks' shares of its partial gradients are added up
+// first (SP's layernorms, a mixture of experts' router and experts), on the compute stream, the only stream
+// that talks to the tp group.
 inline void chunk_gradient_done(GPT2& model, ParallelContext& par, int chunk) {
     if (!zero_reduces_now(par.zero)) return;
-    tp_sum_sequence_parallel_gradients(par.tp, zero_unreduced_gradient(par.zero, model, chunk), model.layout, chunk,
-                                       model.stream);
+    tp_sum_partial_gradients(par.tp, zero_unreduced_gradient(par.zero, model, chunk), model.layout, chunk,
+                             model.stream);
     zero_reduce_chunk(par.zero, model, chunk);
 }
 
@@ -93,10 +94,7 @@ inline void block_forward(GPT2& model, ParallelContext& par, int layer, const Bl
         activation_forward(c, a.fch_gelu, a.fch, N, hidden, stream);
         matmul_forward(s.projection, a.fch_gelu, p.fcprojw, tp_row_parallel_bias(tp, p.fcprojb), N, hidden, C, stream);
     }
-    if (c.moe()) {
-        moe_forward(model, p, a, hidden > 0 ? s.routed_output : s.projection, ln2, B, T);
-        if (hidden > 0) residual_forward(s.projection, s.projection, s.routed_output, (size_t)N * C, stream);
-    }
+    if (c.moe()) moe_add_routed_output(model, tp, p, a, s.projection, /*shared=*/hidden > 0, ln2, B, T);
     const floatX* mlp_branch = tp_leave(tp, s.projection, N, C, stream);
     residual_forward(a.output, a.residual2, mlp_branch, (size_t)R * C, stream);
 }
@@ -180,6 +178,16 @@ inline void block_backward(GPT2& model, ParallelContext& par, int layer, const B
     floatX* dqkv = w ? kept.dqkv : s.dqkv;
     // output = residual2 + fcproj(act(fc(ln2))): dresidual is the gradient of both terms
     const floatX* dmlp = tp_leave_backward(tp, dresidual, w ? kept.dmlp : s.gathered, N, C, stream);
+    // a mixture of experts (whole backward only: moe_layout_error): the routed experts' and the router's share of
+    // ln2's gradient on this tp rank's sequences, into dchannels, before ln2 is gathered again where dmlp may be
+    // (under SP this rank's sequences are its own rows of ln2)
+    if (c.moe()) {
+        cudaCheck(cudaMemsetAsync(s.dchannels, 0, (size_t)N * C * sizeof(floatX), stream));
+        const MoERows rows = moe_rows(tp, B, T, C);
+        if (rows.sequences > 0)
+            moe_backward(model, p, g, a, s.dchannels + rows.offset, a.ln2 + (tp.sequence_parallel ? 0 : rows.offset),
+                         dmlp + rows.offset, layer, rows.sequences, T);
+    }
     floatX* dactivation = w && !c.llama() ? dhidden : s.dactivation;  // GELU's backward runs in place
     if (hidden > 0) {
         matmul_backward_input(dactivation, dmlp, p.fcprojw, N, hidden, C, stream);
@@ -187,11 +195,12 @@ inline void block_backward(GPT2& model, ParallelContext& par, int layer, const B
         activation_backward(c, dhidden, a.fch, dactivation, N, hidden, stream);
     }
     const floatX* ln2 = tp_enter(tp, a.ln2, w ? kept.ln2 : s.gathered, N, C, stream);  // gathered again under SP
-    if (hidden > 0) matmul_backward_input(s.dchannels, dhidden, p.fcw, N, C, fc, stream);
-    else cudaCheck(cudaMemsetAsync(s.dchannels, 0, (size_t)N * C * sizeof(floatX), stream));
-    // a mixture of experts (whole backward only; one tp rank: moe_layout_error): the routed experts' and the
-    // router's share of ln2's gradient, added to the shared experts'
-    if (c.moe()) moe_backward(model, p, g, a, s.dchannels, ln2, dmlp, layer, B, T);
+    if (hidden > 0 && c.moe()) {  // the shared experts' share added to the routed one
+        matmul_backward_input(s.routed_output, dhidden, p.fcw, N, C, fc, stream);
+        residual_forward(s.dchannels, s.dchannels, s.routed_output, (size_t)N * C, stream);
+    } else if (hidden > 0) {
+        matmul_backward_input(s.dchannels, dhidden, p.fcw, N, C, fc, stream);
+    }
     const floatX* dln2 = tp_enter_backward(tp, s.dchannels, N, C, stream);  // summed beside the next line
     if (hidden > 0) weight_gradients(g.fcw, g.fcb, dhidden, kept.dhidden, ln2, kept.ln2, C, fc);
     tp_join(tp, stream);

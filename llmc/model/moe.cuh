@@ -96,6 +96,34 @@ inline void moe_forward(GPT2& model, const BlockParams& p, const BlockActivation
     moe_unpermute_forward(out, a.expert_output, a.routed_slots, a.routed_weights, N, K, C, stream);
 }
 
+// The sequences a tp rank routes (llmc/parallel/tensor_parallel.h): B/tp of them, from sequence rank B/tp, at
+// `offset` values into an N x C buffer; while sampling (one sequence) tp rank 0 routes it alone.
+struct MoERows {
+    int sequences;
+    size_t offset;
+};
+inline MoERows moe_rows(const TensorParallel& tp, int B, int T, int C) {
+    if (B % tp.size != 0) return MoERows{tp.rank == 0 ? B : 0, 0};
+    const int sequences = B / tp.size;
+    return MoERows{sequences, (size_t)tp.rank * sequences * T * C};
+}
+
+// The routed experts' output for this tp rank's sequences of h (N x C) into out (N x C): added to the shared
+// experts' partial sum there, or (no shared experts) written, with 0 for the rows of the other tp ranks, so that
+// g's sum over the ranks holds each row's output once.
+inline void moe_add_routed_output(GPT2& model, const TensorParallel& tp, const BlockParams& p,
+                                  const BlockActivations& a, floatX* out, bool shared, const floatX* h, int B, int T) {
+    const int C = model.config.channels;
+    const size_t N = (size_t)B * T;
+    const MoERows rows = moe_rows(tp, B, T, C);
+    const size_t count = (size_t)rows.sequences * T * C;
+    if (!shared && count < N * C) cudaCheck(cudaMemsetAsync(out, 0, N * C * sizeof(floatX), model.stream));
+    if (rows.sequences == 0) return;
+    floatX* routed = shared ? model.shared.routed_output : out + rows.offset;
+    moe_forward(model, p, a, routed, h + rows.offset, rows.sequences, T);
+    if (shared) residual_forward(out + rows.offset, out + rows.offset, routed, count, model.stream);
+}
+
 // Selective recomputation: the experts' activations again from their fc outputs, which the record kept.
 inline void moe_recompute_selective(const GPT2& model, const BlockActivations& a) {
     const GPT2Config& c = model.config;
@@ -106,7 +134,7 @@ inline void moe_recompute_selective(const GPT2& model, const BlockActivations& a
 }
 
 // The routed half's backward pass: from dout (N x C, the gradient of the MLP's output) the gradient of h
-// added to dh (N x C: the shared experts' share of it, or 0), the experts' and the router's weight gradients (+=) into g, and the two
+// added to dh (N x C), the experts' and the router's weight gradients (+=) into g, and the two
 // losses' values added to model.moe.loss_sums. A row's h gradient is its K experts' input gradients plus
 // the router's, in that order.
 inline void moe_backward(GPT2& model, const BlockParams& p, const BlockParams& g, const BlockActivations& a,

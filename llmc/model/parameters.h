@@ -237,9 +237,8 @@ inline const TensorKindInfo& tensor_kind_info(int kind) {
 //   column-parallel (a slice of the output features): qkvw, qkvb (this rank's heads of q, k and v), fcw, fcb
 //   row-parallel (a slice of the input features):    attprojw, fcprojw
 //   vocabulary-parallel (a slice of the rows):         wte, lmhead
-// and a whole copy of the others (the "replicated" ones: wpe, the norms, the row-parallel biases, the router).
-// (A mixture of experts does not run under tp yet: tp_layout_error refuses it, so the experts' matrices
-// have no slices.)
+// and a whole copy of the others (the "replicated" ones: wpe, the norms, the row-parallel biases, and a mixture
+// of experts' router and experts, which each tp rank runs whole on its share of the sequences).
 inline bool tensor_is_replicated(int kind) {
     return !(kind == WTE || kind == QKVW || kind == QKVB || kind == ATTPROJW || kind == FCW || kind == FCB ||
              kind == FCPROJW || kind == LMHEAD);

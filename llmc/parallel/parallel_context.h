@@ -64,12 +64,15 @@ inline int micro_step_tokens(int batch_size, int seq_len, int ranks) {
 // Every rank of the launcher (mpirun, srun, torchrun; one rank without) calls this together. Stops with one
 // line naming the flag if the layout cannot run this model on these ranks. From here on a rank that waits
 // longer than `collective_timeout` seconds in one collective ends the job (llmc/parallel/watchdog.h).
-// A mixture of experts (llmc/model/moe.cuh) runs where each rank holds whole sequences and whole experts and
-// the backward pass is whole. The axes that would split an expert (tp), a sequence's balance loss and
-// capacity (cp), or the experts' backward pass into B and W (zb-h1, zbv) are refused by name ("": it runs).
+// A mixture of experts (llmc/model/moe.cuh) runs where each rank routes whole sequences through whole experts
+// and the backward pass is whole: under tp each tp rank takes B/tp of the sequences (so tp must divide B). The
+// axes that would split a sequence's balance loss and capacity (cp) or the experts' backward pass into B and W
+// (zb-h1, zbv) are refused by name ("": it runs).
 inline std::string moe_layout_error(const GPT2Config& c, const Layout& l) {
     if (!c.moe()) return "";
-    if (l.tp > 1) return "--tp " + std::to_string(l.tp) + ": a mixture of experts runs at tp 1 (its experts are not split)";
+    if (l.batch_size % l.tp != 0)
+        return "--batch-size " + std::to_string(l.batch_size) + " with --tp " + std::to_string(l.tp) +
+               ": each tp rank routes whole sequences through the experts, so tp must divide the batch";
     if (l.cp > 1) return "--cp " + std::to_string(l.cp) + ": a mixture of experts runs at cp 1 (its balance loss and "
                          "capacity count whole sequences)";
     if (pipeline_splits_backward(l.schedule))

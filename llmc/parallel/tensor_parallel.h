@@ -31,9 +31,16 @@ An all-reduce IS a reduce-scatter then an all-gather, so SP sends the same bytes
 gathers a layernorm's output again for the weight gradient instead of keeping the gathered copy: two
 more all-gathers per block. The layernorm parameters (and lnf's) then see only their rank's rows: their
 gradients are partial sums, added over the tp group before the data-parallel reduction
-(tp_sum_sequence_parallel_gradients). Under context parallelism the N rows are the cp rank's B T/cp (T/cp
+(tp_sum_partial_gradients). Under context parallelism the N rows are the cp rank's B T/cp (T/cp
 divisible by tp), kept in chunks of positions (llmc/parallel/context_parallel.h): a slice may start inside a chunk
 or straddle two, which only the embedding's position rows notice.
+
+A mixture of experts (llmc/model/moe.cuh). The router and the experts are not split: every tp rank holds them
+whole and routes its own B/tp of the sequences, the rows [r N/tp, (r+1) N/tp) (the rows SP gives it), through
+them, adding their outputs to its partial sum before g (the shared experts split like fc); g's sum then
+holds every row's routed output once. Their gradients are partial sums over the ranks' sequences, added
+over the tp group before the data-parallel reduction, as SP's layernorm gradients are
+(tp_sum_partial_gradients). No extra collective runs in the passes.
 
 Vocabulary parallelism. wte is split by rows: rank r owns tokens [r Vp/tp, (r+1) Vp/tp).
     embedding  each rank looks up the tokens it owns and writes 0 for the others; the sum over ranks (an
@@ -60,6 +67,8 @@ of an n-element whole (t-1)/t n s):
                loss (as above)                                         + 2 (t-1)/t 3N 4
                per optimizer step (per micro-step at ZeRO 2-3, which reduces the gradients every
                micro-step): all-reduce of the layernorm gradients       + 2 (t-1)/t (4 C L + 2 C) s
+  experts      per optimizer step (per micro-step at ZeRO 2-3): all-reduce of the router's and the experts'
+               gradients (E experts of fc and He units: E C (1 + fc + He) per layer)  + 2 (t-1)/t E C (1 + fc + He) L s
 tp_bytes_per_step below is this formula; the layout test compares it with the bytes counted.
 */
 #pragma once
@@ -300,12 +309,20 @@ inline void tp_gather_logits_row(const TensorParallel& tp, floatX* out, const fl
 // ----------------------------------------------------------------------------
 // gradients and parameters of replicated tensors
 
-// Under SP, the layernorms' weight and bias gradients in a chunk's gradient (ln1 and ln2 of a block, lnf)
-// are each rank's share: replaced by their sum over the tp group. Call once per reduction of the chunk.
-inline void tp_sum_sequence_parallel_gradients(const TensorParallel& tp, floatX* chunk_grads,
-                                               const ParameterLayout& layout, int chunk, cudaStream_t stream) {
-    if (!tp.sequence_parallel) return;
+// The gradients in a chunk's gradient that are each tp rank's share, replaced by their sum over the tp group:
+// under SP the layernorms' weights and biases (ln1 and ln2 of a block, lnf), and a mixture of experts' router
+// and experts (each rank's sequences). Call once per reduction of the chunk.
+inline void tp_sum_partial_gradients(const TensorParallel& tp, floatX* chunk_grads, const ParameterLayout& layout,
+                                     int chunk, cudaStream_t stream) {
+    if (tp.size == 1) return;
     const size_t start = layout.chunk_start(chunk);
+    const bool block = chunk > 0 && chunk < layout.num_chunks() - 1;
+    if (block && layout.config.moe()) {  // routerw, expertfcw, expertprojw: adjacent at the chunk's end
+        const size_t first = layout.offset(ROUTERW, chunk - 1) - start;
+        const size_t count = layout.elements(ROUTERW) + layout.elements(EXPERTFCW) + layout.elements(EXPERTPROJW);
+        all_reduce(*tp.group, chunk_grads + first, count, Reduction::Sum, stream);
+    }
+    if (!tp.sequence_parallel) return;
     auto sum = [&](int weight_kind, int layer) {  // a weight and its bias (if any), adjacent in the chunk
         all_reduce(*tp.group, chunk_grads + (layout.offset(weight_kind, layer) - start),
                    layout.elements(weight_kind) + layout.elements(weight_kind + 1), Reduction::Sum, stream);
@@ -334,5 +351,9 @@ inline double tp_bytes_per_step(const GPT2Config& c, int B, int T, int tp, bool 
         const double per_norm = c.llama() ? C : 2 * C;  // a weight and a bias (RMSNorm: a weight)
         layernorm_gradients = 2 * share * per_norm * (2 * L + 1) * s * (zero_stage >= 2 ? accumulation_steps : 1);
     }
-    return per_micro_step * accumulation_steps + layernorm_gradients;
+    const double reductions = zero_stage >= 2 ? accumulation_steps : 1;
+    const double expert_gradients = c.moe() ? 2 * share * (double)c.experts * C *
+                                                  (1.0 + c.expert_fc_channels() + c.expert_hidden()) * L * s * reductions
+                                            : 0.0;
+    return per_micro_step * accumulation_steps + layernorm_gradients + expert_gradients;
 }

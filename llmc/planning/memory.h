@@ -203,7 +203,8 @@ struct ActivationBytes {
 //              (N/k) c and lse (N/k) h, k the chunks per rank; or Ulysses' two messages 2 N q and the
 //              head-sharded output and its gradient 2 N c
 //   a mixture of experts (E experts, K per token, M = N K assignments, He hidden units per expert, Fe = He
-//   or 2 He; H and F above are then the shared experts'), under tp 1:
+//   or 2 He; H and F above are then the shared experts'; the experts are whole on every tp rank, which routes
+//   N/t of the rows, but the records are sized for all N):
 //   per layer: floatX expert_input, expert_output 2 MC, expert_fch M Fe, expert_act M He; fp32 router_probs
 //              NE, router_lse N, routed_weights M; int routed_experts, routed_slots 2M, routed_counts BE
 //              (whatever the recompute policy keeps of a layer, it keeps these whole or not at all)
