@@ -96,7 +96,7 @@ inline void moe_forward(GPT2& model, const BlockParams& p, const BlockActivation
     moe_unpermute_forward(out, a.expert_output, a.routed_slots, a.routed_weights, N, K, C, stream);
 }
 
-// The sequences a tp rank routes (llmc/parallel/tensor_parallel.h): B/tp of them, from sequence rank B/tp, at
+// The sequences a tp rank routes (llmc/parallel/tensor_parallel.h): B/tp of them, from sequence rank x B/tp, at
 // `offset` values into an N x C buffer; while sampling (one sequence) tp rank 0 routes it alone.
 struct MoERows {
     int sequences;
