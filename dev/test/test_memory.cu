@@ -1,8 +1,8 @@
 /*
 Tests of llmc/planning/memory.h: the books kept by tracked_alloc / tracked_free, and the memory plan's arithmetic
 checked against numbers worked out by hand, against the ZeRO paper, and (CPU build) against what
-gpt2_allocate and zero_init really allocate (a pipeline rank's part of the model and the weight-gradient
-records included), and the per-layer activations against Table 2 of Korthikanti et al. (2022); and the
+gpt2_allocate and zero_init really allocate (GPT-2, Llama and both with experts; a pipeline rank's part of the
+model and the weight-gradient records included), and the per-layer activations against Table 2 of Korthikanti et al. (2022); and the
 parameter layouts: operand alignment, and the layouts that hold a pipeline rank's chunks. Prints
 `N passed, M failed`.
 */
@@ -288,6 +288,29 @@ static void test_activations() {
     llama_shape.kv_heads = llama.kv_heads;
     llama_shape.ffn_hidden = llama.ffn_hidden;
     check_stages(llama, llama_shape, "Llama: ");
+    // mixtures of experts (llmc/model/moe.cuh): 4 experts, 2 per token; GPT-2's block with no shared expert (no
+    // fcw at all: the bias-gradient scratch is then as wide as qkv, 3C), Llama's with one (fcw of 96 units)
+    GPT2Config gpt2_moe = config;
+    gpt2_moe.experts = 4;
+    gpt2_moe.experts_per_token = 2;
+    gpt2_validate_config(gpt2_moe, "the GPT-2 mixture-of-experts memory test");
+    GPT2MemoryShape gpt2_moe_shape = shape;
+    gpt2_moe_shape.experts = 4;
+    gpt2_moe_shape.experts_per_token = 2;
+    gpt2_moe_shape.expert_hidden = 4 * config.channels;
+    gpt2_moe_shape.ffn_hidden = 0;
+    check_stages(gpt2_moe, gpt2_moe_shape, "GPT-2 with experts: ");
+    GPT2Config llama_moe = llama;
+    llama_moe.experts = 4;
+    llama_moe.experts_per_token = 2;
+    llama_moe.shared_experts = 1;
+    gpt2_validate_config(llama_moe, "the Llama mixture-of-experts memory test");
+    GPT2MemoryShape llama_moe_shape = llama_shape;
+    llama_moe_shape.experts = 4;
+    llama_moe_shape.experts_per_token = 2;
+    llama_moe_shape.expert_hidden = llama.ffn_hidden;
+    llama_moe_shape.ffn_hidden = llama.ffn_hidden;  // one shared expert
+    check_stages(llama_moe, llama_moe_shape, "Llama with experts: ");
     // a tensor-parallel rank's slices (llmc/parallel/tensor_parallel.h), with and without sequence parallelism:
     // allocating needs no other rank, so rank 0 of tp 2 and 4 stands in for all of them
     for (int tp_size : {2, 4}) {
