@@ -288,28 +288,22 @@ static void test_activations() {
     llama_shape.kv_heads = llama.kv_heads;
     llama_shape.ffn_hidden = llama.ffn_hidden;
     check_stages(llama, llama_shape, "Llama: ");
-    // mixtures of experts (llmc/model/moe.cuh): 4 experts, 2 per token; GPT-2's block with no shared expert (no
-    // fcw at all: the bias-gradient scratch is then as wide as qkv, 3C), Llama's with one (fcw of 96 units)
-    GPT2Config gpt2_moe = config;
-    gpt2_moe.experts = 4;
-    gpt2_moe.experts_per_token = 2;
-    gpt2_validate_config(gpt2_moe, "the GPT-2 mixture-of-experts memory test");
-    GPT2MemoryShape gpt2_moe_shape = shape;
-    gpt2_moe_shape.experts = 4;
-    gpt2_moe_shape.experts_per_token = 2;
-    gpt2_moe_shape.expert_hidden = 4 * config.channels;
-    gpt2_moe_shape.ffn_hidden = 0;
+    // mixtures of experts (llmc/model/moe.cuh): the block's MLP as 4 experts, 2 per token, beside `shared` shared
+    // experts of the block's own hidden units; GPT-2's with none (no fcw at all: the bias-gradient scratch is then
+    // as wide as qkv, 3C), Llama's with one (fcw of 96 units)
+    auto with_experts = [](GPT2Config c, GPT2MemoryShape m, int shared) {
+        const int expert_hidden = c.llama() ? c.ffn_hidden : 4 * c.channels;
+        c.experts = m.experts = 4;
+        c.experts_per_token = m.experts_per_token = 2;
+        c.shared_experts = shared;
+        m.expert_hidden = expert_hidden;
+        m.ffn_hidden = shared * expert_hidden;
+        gpt2_validate_config(c, "the mixture-of-experts memory test");
+        return std::make_pair(c, m);
+    };
+    const auto [gpt2_moe, gpt2_moe_shape] = with_experts(config, shape, 0);
     check_stages(gpt2_moe, gpt2_moe_shape, "GPT-2 with experts: ");
-    GPT2Config llama_moe = llama;
-    llama_moe.experts = 4;
-    llama_moe.experts_per_token = 2;
-    llama_moe.shared_experts = 1;
-    gpt2_validate_config(llama_moe, "the Llama mixture-of-experts memory test");
-    GPT2MemoryShape llama_moe_shape = llama_shape;
-    llama_moe_shape.experts = 4;
-    llama_moe_shape.experts_per_token = 2;
-    llama_moe_shape.expert_hidden = llama.ffn_hidden;
-    llama_moe_shape.ffn_hidden = llama.ffn_hidden;  // one shared expert
+    const auto [llama_moe, llama_moe_shape] = with_experts(llama, llama_shape, 1);
     check_stages(llama_moe, llama_moe_shape, "Llama with experts: ");
     // a tensor-parallel rank's slices (llmc/parallel/tensor_parallel.h), with and without sequence parallelism:
     // allocating needs no other rank, so rank 0 of tp 2 and 4 stands in for all of them

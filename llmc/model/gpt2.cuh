@@ -194,10 +194,10 @@ struct MoETraining {
     float z_coefficient = 0.0f;     // beta: the router z-loss's
     float capacity_factor = 0.0f;   // > 0: at most ceil(cf T K / E) assignments per expert and sequence
     float loss_scale = 0.0f;        // dloss of the step: 1 / (this rank's rows per microbatch x microbatches)
-    float* loss_sums = nullptr;     // device: the aux loss and the z-loss added up since moe_read_statistics
-    std::vector<long long> tokens;  // host: rows each (layer, expert) ran since moe_read_statistics (L x E)
+    float* loss_sums = nullptr;     // device: the aux loss and the z-loss added up since the log read them
+    std::vector<long long> tokens;  // host: rows each (layer, expert) ran since then (L x E)
     long long dropped = 0;          // host: assignments dropped by the capacity since then
-};
+};                                  // (train_gpt.cu's log_expert_routing reads and clears the three)
 
 // The last stage's LM head for one microbatch: what the loss and the head's backward pass need. The backward
 // pass through the head runs right after the loss (one rank; pipeline schedules that keep the backward whole),
