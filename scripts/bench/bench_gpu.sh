@@ -94,6 +94,10 @@ EOF
         nsys=""
     fi
 fi
+if [[ $binary != *_cpu && -z $nsys && -n ${BENCH_MODEL:-} ]]; then
+    echo "time per kernel class: not estimated (no nsys here, and the estimate knows only the default model)"
+    exit 0
+fi
 if [[ $binary != *_cpu && -z $nsys ]]; then
     kernel_steps=0
     source_note="no nsys here: attention and matmuls from the rates ./kernel_lab --bench measures at 124M shapes"
