@@ -250,6 +250,27 @@ void test_collectives(Communicator& comm, const std::string& group_name) {
         check(label + "all_to_all bytes = (n-1) * block", comm.bytes_sent == (uint64_t)(n - 1) * count * s);
     }
 
+    // all-to-all with blocks of any size (the dispatch of routed tokens): rank r sends (r + 2p) % 5 elements to
+    // rank p, some of them none, element i of the block being contribution(r, 100 p + i)
+    {
+        auto block = [](int from, int to) { return (size_t)((from + 2 * to) % 5); };
+        std::vector<size_t> send_counts(n), receive_counts(n);
+        std::vector<float> mine, want;
+        uint64_t expected_bytes = 0;
+        for (int p = 0; p < n; p++) {
+            send_counts[p] = block(me, p);
+            receive_counts[p] = block(p, me);
+            for (size_t i = 0; i < send_counts[p]; i++) mine.push_back(contribution<T>(me, 100 * p + i));
+            for (size_t i = 0; i < receive_counts[p]; i++) want.push_back(contribution<T>(p, 100 * me + i));
+            if (p != me) expected_bytes += send_counts[p] * s;
+        }
+        Buffer<T> in(mine), out(want.size());
+        comm.bytes_sent = 0;
+        all_to_all_v(comm, out.ptr, receive_counts, in.ptr, send_counts, stream);
+        check_equal(label + "all_to_all_v: blocks of 0-4 elements", out.download(), want);
+        check(label + "all_to_all_v bytes = the blocks sent to the other ranks", comm.bytes_sent == expected_bytes);
+    }
+
     comm.bytes_sent = 0;
     barrier(comm, stream);
     check(label + "barrier sends nothing", comm.bytes_sent == 0);

@@ -21,6 +21,9 @@ The operations, with `count` in elements and every buffer in device memory of T 
   send_recv(comm, send_data, send_peer, recv_data, recv_peer, count, stream)
                                                    a send and a receive at once: a ring shift cannot deadlock
   all_to_all(comm, out, in, count, stream)         block p of in goes to rank p; block p of out came from p
+  all_to_all_v(comm, out, receive_counts, in, send_counts, stream)
+                                                   the same with blocks of any size (host counts, one per
+                                                   peer, laid out one after the other): routed tokens
   barrier(comm, stream)                            returns when every rank got there (the stream drained)
 The reductions (op): Sum; Average, which means sum / size; Max, the elementwise maximum. The CPU build
 sums and then divides; NCCL (ncclAvg) may fold the division in elsewhere, so the two can differ in the
@@ -47,6 +50,7 @@ in fp32: the count describes the algorithm, so CPU runs predict GPU traffic):
   send_and_receive count*s per send       (a receive counts nothing: the sender pays)
   send_recv       count*s
   all_to_all      (n-1) * count*s         one block to each other rank; its own block is a local copy
+  all_to_all_v    sum of send_counts[p] s over the other ranks p
   barrier         0                       synchronisation, not data
 Fractions are rounded down to whole bytes, once per call. A single rank (n = 1) sends nothing.
 
@@ -373,6 +377,52 @@ void all_to_all(Communicator& comm, T* out, const T* in, size_t count, cudaStrea
     for (int peer = 0; peer < comm.size; peer++) {
         ncclCheck(ncclSend(in + (size_t)peer * count, count, nccl_type<T>(), peer, comm.nccl, stream));
         ncclCheck(ncclRecv(out + (size_t)peer * count, count, nccl_type<T>(), peer, comm.nccl, stream));
+    }
+    ncclCheck(ncclGroupEnd());
+    watch_enqueued(comm.watch, comm.rank, "all-to-all", -1, stream);
+#endif
+}
+
+// Blocks of any size: send_counts[p] elements of `in` (the blocks one after the other, in peer order) go to rank
+// p, and receive_counts[p] elements from rank p land in `out`, also one after the other. Each rank must
+// receive from p what p sends to it (exchange the counts first, with all_to_all). The counts are host values,
+// read when the call is issued.
+template <typename T>
+void all_to_all_v(Communicator& comm, T* out, const std::vector<size_t>& receive_counts, const T* in,
+                  const std::vector<size_t>& send_counts, cudaStream_t stream) {
+    if ((int)send_counts.size() != comm.size || (int)receive_counts.size() != comm.size)
+        fatal("all_to_all_v: %zu send and %zu receive counts for a group of %d", send_counts.size(),
+              receive_counts.size(), comm.size);
+    for (int peer = 0; peer < comm.size; peer++)
+        if (peer != comm.rank) comm.bytes_sent += send_counts[peer] * sizeof(T);
+#ifdef LLMC_CPU
+    std::vector<int> sends(comm.size), receives(comm.size), send_offsets(comm.size), receive_offsets(comm.size);
+    size_t send_at = 0, receive_at = 0;
+    for (int peer = 0; peer < comm.size; peer++) {
+        sends[peer] = mpi_count(send_counts[peer]);
+        receives[peer] = mpi_count(receive_counts[peer]);
+        send_offsets[peer] = mpi_count(send_at);
+        receive_offsets[peer] = mpi_count(receive_at);
+        send_at += send_counts[peer];
+        receive_at += receive_counts[peer];
+    }
+    const MPI_Comm group = comm.mpi;
+    const int watch = comm.watch, me = comm.rank;
+    cudacpu::on_stream(stream, [=] {
+        CollectiveWait wait(watch, me, "all-to-all");
+        mpiCheck(MPI_Alltoallv(in, sends.data(), send_offsets.data(), mpi_raw_type<T>(), out, receives.data(),
+                               receive_offsets.data(), mpi_raw_type<T>(), group));
+    });
+#else
+    ncclCheck(ncclGroupStart());
+    size_t send_at = 0, receive_at = 0;
+    for (int peer = 0; peer < comm.size; peer++) {
+        if (send_counts[peer] > 0)
+            ncclCheck(ncclSend(in + send_at, send_counts[peer], nccl_type<T>(), peer, comm.nccl, stream));
+        if (receive_counts[peer] > 0)
+            ncclCheck(ncclRecv(out + receive_at, receive_counts[peer], nccl_type<T>(), peer, comm.nccl, stream));
+        send_at += send_counts[peer];
+        receive_at += receive_counts[peer];
     }
     ncclCheck(ncclGroupEnd());
     watch_enqueued(comm.watch, comm.rank, "all-to-all", -1, stream);
