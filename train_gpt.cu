@@ -320,7 +320,7 @@ int main(int argc, char** argv) {
     model.moe.aux_coefficient = options.moe_aux_loss;
     model.moe.z_coefficient = options.moe_z_loss;
     model.moe.capacity_factor = options.capacity_factor;
-    zero_init(par.zero, par.layout.zero_stage, &par.mesh, model, initial_parameters(options, model));
+    zero_init(par.zero, par.layout.zero_stage, &par.mesh, model, initial_parameters(options, model), &par.ep);
     if (par.main_rank) print_run(par, model);
 
     // ---- data: each data-parallel rank reads its own rows of every global batch
@@ -412,7 +412,7 @@ int main(int argc, char** argv) {
     }
     if (options.save_model) {
         // collectives: the ZeRO-3 gathers, and the stages' and tp ranks' parts put together into the whole model
-        const std::vector<float> values = gather_whole_model(par.mesh.model, par.layout, model.layout,
+        const std::vector<float> values = gather_whole_model(whole_model_group(par), par.layout, model.layout,
                                                              zero_parameters(par.zero, model), model.stream);
         const std::string path = options.output_dir + "/model.bin";
         if (par.main_rank) {

@@ -407,6 +407,20 @@ inline void check_reference_gradient(int E, int K) {
                worst < 1e-8, detail);
 }
 
+// moe_scale: each value times the factor in fp32, rounded once to floatX; a count no block size divides
+inline void check_scale() {
+    for (float factor : {0.5f, 1.0f / 3.0f}) {
+        const std::vector<float> values = round_to_floatX(random_floats(12345, -4.0f, 4.0f));
+        std::vector<double> ref(values.size());
+        for (size_t i = 0; i < values.size(); i++) ref[i] = (double)(float)(floatX)(values[i] * factor);
+        DeviceBuffer<floatX> d_values(values.size());
+        d_values.upload(values);
+        moe_scale(d_values.ptr, factor, values.size(), 0);
+        cudaCheck(cudaDeviceSynchronize());
+        check_close("moe_scale by " + std::to_string(factor), d_values.download(), ref, 0.0, 0.0);
+    }
+}
+
 inline void check_bad_input() {
     expect_failure("moe_router_forward refuses E > 256",
                    [] { moe_router_forward(nullptr, nullptr, nullptr, nullptr, nullptr, 4, 257, 2, 0); },
@@ -491,6 +505,7 @@ void lab_moe() {
     moe_lab::check_reference_gradient(7, 3);
     moe_lab::check_reference_gradient(5, 5);
     moe_lab::check_reference_gradient(9, 1);
+    moe_lab::check_scale();
     moe_lab::check_bad_input();
     if (lab.bench) {
 #ifdef LLMC_CPU

@@ -137,7 +137,7 @@ private:
 // Bytes a rank sent to other ranks during a step: all of them, and those to its tp group, to the other
 // pipeline stages (activations, gradients, tied embeddings) and to its cp group (key/value blocks, all-to-alls).
 struct StepTraffic {
-    long long total = 0, tp = 0, pp = 0, cp = 0;
+    long long total = 0, tp = 0, pp = 0, cp = 0, ep = 0;
 };
 
 struct StepStats {
@@ -157,6 +157,7 @@ struct StepStats {
     long long tp_comm_bytes = 0;  // ... of them, to its tensor-parallel group
     long long pp_comm_bytes = 0;  // ... to the other pipeline stages (activations, gradients, tied embeddings)
     long long cp_comm_bytes = 0;  // ... to its context-parallel group (key/value blocks, all-to-alls)
+    long long ep_comm_bytes = 0;  // ... to its expert-parallel group (routing counts, routed rows)
 };
 
 class Logger {
@@ -209,6 +210,7 @@ public:
         stats.tp_comm_bytes = traffic.tp;
         stats.pp_comm_bytes = traffic.pp;
         stats.cp_comm_bytes = traffic.cp;
+        stats.ep_comm_bytes = traffic.ep;
         step(stats);
     }
 
@@ -248,6 +250,7 @@ public:
         json.integer("tp_comm_bytes", s.tp_comm_bytes);
         json.integer("pp_comm_bytes", s.pp_comm_bytes);
         json.integer("cp_comm_bytes", s.cp_comm_bytes);
+        json.integer("ep_comm_bytes", s.ep_comm_bytes);
         json.number("eta_s", eta_seconds);
         write(json);
     }

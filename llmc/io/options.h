@@ -173,6 +173,9 @@ inline Options parse_options(int argc, char** argv) {
     std::string& trace_path = flags.add_string("trace", "",
         "write the last step's timeline of the pipeline's forward and backward passes and waits as a Chrome trace "
         "(chrome://tracing, ui.perfetto.dev; scripts/pipeline_timeline.py draws it)");
+    int& ep_size = flags.add_int("ep", 1,
+        "expert parallelism: a mixture of experts' experts split over groups of this many consecutive "
+        "data-parallel ranks, the routed rows moved to their experts and back by all-to-alls (ZeRO 0)", 1, 4096);
     int& cp_size = flags.add_int("cp", 1,
         "context parallelism: ranks that split every sequence (each holds T/cp positions); the world is "
         "data-parallel x pp x cp x tp ranks", 1, 4096);
@@ -231,7 +234,7 @@ inline Options parse_options(int argc, char** argv) {
     o.shuffle = shuffle, o.data_seed = data_seed;
     Layout& l = o.layout;
     l.recompute = recompute_from_flags(recompute_policy, recompute_every);
-    l.tp = tp_size, l.pp = pp_size, l.cp = cp_size, l.sequence_parallel = sequence_parallel;
+    l.tp = tp_size, l.pp = pp_size, l.cp = cp_size, l.sequence_parallel = sequence_parallel, l.ep = ep_size;
     l.cp_mode = cp_mode_from_name(cp_mode_flag), l.cp_split = cp_split_from_name(cp_split_flag);
     l.schedule = pipeline_schedule_from_name(pp_schedule), l.pp_virtual = pp_virtual;
     if (l.schedule == PipelineSchedule::ZeroBubbleV && pp_virtual == 1) l.pp_virtual = 2;  // the V's two stages

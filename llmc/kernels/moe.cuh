@@ -50,6 +50,7 @@ What each launcher does with its outputs (all overwritten unless said otherwise)
     moe_aux_loss_forward    aux_sum, z_sum: ACCUMULATED (+=), one fp32 scalar each
     moe_aux_loss_backward   dprobs (N, E)
     moe_router_backward     dlogits (N, E); dprobs is read only
+    moe_scale               data (count), in place: data *= factor (expert parallelism's 1/ep, below)
 E <= 256 (one warp holds a row's logits, 8 per lane), 1 <= K <= E; the row kernels need C % x128::size == 0.
 Nothing here uses atomics or depends on the order in which threads run: every sum has a fixed order.
 */
@@ -432,6 +433,15 @@ __global__ void moe_aux_loss_backward_kernel(float* dprobs, const int* routed_co
 }
 
 // ----------------------------------------------------------------------------
+// expert parallelism: an expert's weight gradient sums the rows of ep data-parallel ranks, so the average
+// over its replicas is ep times the mean over all dp ranks; data *= factor (= 1/ep) makes it that mean
+
+__global__ void moe_scale_kernel(floatX* data, float factor, size_t count) {
+    const GridStride items = grid_stride(count);
+    for (size_t i = items.first; i < items.end; i += items.step) data[i] = (floatX)((float)data[i] * factor);
+}
+
+// ----------------------------------------------------------------------------
 // launchers
 
 inline void moe_check_experts(const char* caller, int E, int K) {
@@ -514,6 +524,13 @@ void moe_unpermute_backward(floatX* dexpert_out, float* dweights, const floatX* 
     moe_check_width("moe_unpermute_backward", C);
     launch(moe_unpermute_backward_kernel, grid_size_for(N, MOE_WARPS_PER_BLOCK), MOE_BLOCK_SIZE, 0, stream,
            dexpert_out, dweights, dout, expert_out, slots, weights, N, K, C);
+}
+
+// data[i] = data[i] * factor in fp32, rounded once to floatX, for i < count
+void moe_scale(floatX* data, float factor, size_t count, cudaStream_t stream) {
+    if (count == 0) return;
+    launch(moe_scale_kernel, grid_size_for((long long)count, MOE_BLOCK_SIZE), MOE_BLOCK_SIZE, 0, stream, data, factor,
+           count);
 }
 
 // The aux loss's value and the z-loss's: aux_sum += sum_b E * sum_e f[b,e] P[b,e]; z_sum += sum_n lse[n]^2 (fp32

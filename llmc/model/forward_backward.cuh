@@ -94,7 +94,7 @@ inline void block_forward(GPT2& model, ParallelContext& par, int layer, const Bl
         activation_forward(c, a.fch_gelu, a.fch, N, hidden, stream);
         matmul_forward(s.projection, a.fch_gelu, p.fcprojw, tp_row_parallel_bias(tp, p.fcprojb), N, hidden, C, stream);
     }
-    if (c.moe()) moe_add_routed_output(model, tp, p, a, s.projection, /*shared=*/hidden > 0, ln2, B, T);
+    if (c.moe()) moe_add_routed_output(model, tp, par.ep, p, a, s.projection, /*shared=*/hidden > 0, ln2, B, T);
     const floatX* mlp_branch = tp_leave(tp, s.projection, N, C, stream);
     residual_forward(a.output, a.residual2, mlp_branch, (size_t)R * C, stream);
 }
@@ -102,15 +102,15 @@ inline void block_forward(GPT2& model, ParallelContext& par, int layer, const Bl
 // Selective recomputation (llmc/parallel/recompute.h): the norm and activation outputs block_backward needs,
 // which the layer did not keep, computed again from what it kept: the same kernels on the same inputs, so
 // the same bits (the statistics are written again with the values they had).
-inline void block_recompute_selective(GPT2& model, const TensorParallel& tp, const BlockParams& p,
-                                      const BlockActivations& a, int B, int T) {
+inline void block_recompute_selective(GPT2& model, const TensorParallel& tp, const ExpertParallel& ep,
+                                      const BlockParams& p, const BlockActivations& a, int B, int T) {
     const GPT2Config& c = model.config;
     cudaStream_t stream = model.stream;
     const int N = B * T, R = tp_rows(tp, N), hidden = c.hidden() / tp.size;
     norm_forward(c, a.ln1, a.ln1_mean, a.ln1_rstd, a.input, p.ln1w, p.ln1b, R, stream);
     norm_forward(c, a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2w, p.ln2b, R, stream);
     if (hidden > 0) activation_forward(c, a.fch_gelu, a.fch, N, hidden, stream);
-    if (c.moe()) moe_recompute_selective(model, a);
+    if (c.moe()) moe_recompute_selective(model, ep, a);
 }
 
 // The backward pass in two halves (Qi et al. 2023, "Zero Bubble Pipeline Parallelism"). Every matmul
@@ -149,7 +149,7 @@ inline void block_backward(GPT2& model, ParallelContext& par, int layer, const B
     SharedBuffers& s = model.shared;
     cudaStream_t stream = model.stream;
     const BlockParams p = block_parameters(model, par, layer);
-    if (par.layout.recompute.policy == RecomputePolicy::Selective) block_recompute_selective(model, tp, p, a, B, T);
+    if (par.layout.recompute.policy == RecomputePolicy::Selective) block_recompute_selective(model, tp, par.ep, p, a, B, T);
     const BlockParams g = w ? BlockParams{} : block_gradients(model, par, layer);
     const BlockWeightRecord kept = w ? *w : BlockWeightRecord{};
     floatX* dresidual = a.dresidual;
@@ -185,7 +185,7 @@ inline void block_backward(GPT2& model, ParallelContext& par, int layer, const B
         cudaCheck(cudaMemsetAsync(s.dchannels, 0, (size_t)N * C * sizeof(floatX), stream));
         const MoERows rows = moe_rows(tp, B, T, C);
         if (rows.sequences > 0)
-            moe_backward(model, p, g, a, s.dchannels + rows.offset, a.ln2 + (tp.sequence_parallel ? 0 : rows.offset),
+            moe_backward(model, par.ep, p, g, a, s.dchannels + rows.offset, a.ln2 + (tp.sequence_parallel ? 0 : rows.offset),
                          dmlp + rows.offset, layer, rows.sequences, T);
     }
     floatX* dactivation = w && !c.llama() ? dhidden : s.dactivation;  // GELU's backward runs in place

@@ -100,11 +100,13 @@ struct BlockActivations {
     float* routed_weights;   // (N, K)   their renormalised weights
     int* routed_slots;       // (N, K)   each assignment's row among the expert-sorted rows (-1: dropped)
     int* routed_counts;      // (B, E)   assignments of each sequence to each expert, before drops
-    int* expert_rows;        // (E)      host: rows each expert runs (kept assignments), sorted by expert
-    floatX* expert_input;    // (M, C)   the rows sorted by expert
-    floatX* expert_fch;      // (M, He or 2He) the experts' fc outputs
-    floatX* expert_act;      // (M, He)  their activations
-    floatX* expert_output;   // (M, C)   the experts' outputs, before the weighted sum
+    // under expert parallelism (ep ranks; llmc/parallel/expert_parallel.h) this rank's experts run the rows of
+    // the whole ep group: up to ep M of them
+    int* expert_rows;        // (ep, E)  host: rows each expert runs (kept assignments), per ep rank
+    floatX* expert_input;    // (ep M, C) the rows this rank's experts run, sorted by expert
+    floatX* expert_fch;      // (ep M, He or 2He) the experts' fc outputs
+    floatX* expert_act;      // (ep M, He) their activations
+    floatX* expert_output;   // (M, C)   this rank's rows' expert outputs, before the weighted sum
 };
 
 // One microbatch's pass through one pipeline stage of consecutive layers (without pipeline parallelism:
@@ -182,9 +184,12 @@ struct SharedBuffers {
     float* routed_dweights;    // (M)     the gradient of the assignments' weights
     int* expert_rows;          // (E)     device: rows per expert, before they go to the host
     floatX* routed_output;     // (N, C)  the experts' weighted sum; in backward, the routed rows' input gradient
-    floatX* expert_doutput;    // (M, C)  the experts' output gradients, then their input gradients
-    floatX* expert_dfch;       // (M, He or 2He)
-    floatX* expert_dact;       // (M, He) SwiGLU's output gradient (GELU works in place: expert_dfch)
+    floatX* expert_doutput;    // (ep M, C) the experts' output gradients, then their input gradients
+    floatX* expert_dfch;       // (ep M, He or 2He)
+    floatX* expert_dact;       // (ep M, He) SwiGLU's output gradient (GELU works in place: expert_dfch)
+    floatX* expert_dispatch;   // (M, C)  expert parallelism: this rank's sorted rows (or their gradients) as
+                               //         they leave and come home (null at ep 1)
+    floatX* expert_exchange;   // (ep M, C) ... and as they arrive, in source order (null at ep 1)
 };
 
 // What a mixture of experts does besides the block's arithmetic: its training settings, and what it measures
@@ -338,6 +343,8 @@ struct ModelPart {
     // tensor parallelism: this rank's slice of every matmul; sequence parallelism: its 1/tp of the rows
     int tp = 1, tp_rank = 0;
     bool sequence_parallel = false;
+    // expert parallelism: this rank's experts of a mixture of experts (E/ep), which run the ep group's rows
+    int ep = 1, ep_rank = 0;
     // ZeRO: chunks padded for `shards` shards; whole parameters below stage 3, whole gradients below stage 2
     int shards = 1;
     bool full_parameters = true, full_gradients = true;
@@ -390,17 +397,17 @@ inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int
         a.fch_gelu = selective ? nullptr : values(N * hidden, kind);
         a.output = with_output ? values(R * C, kind) : nullptr;
         if (c.moe()) {
-            const size_t E = c.experts, K = c.experts_per_token, M = N * K;
+            const size_t E = c.experts, K = c.experts_per_token, M = N * K, G = part.ep;
             a.router_probs = floats(N * E, kind);
             a.router_lse = floats(N, kind);
             a.routed_experts = (int*)buffer(M, sizeof(int), kind);
             a.routed_weights = floats(M, kind);
             a.routed_slots = (int*)buffer(M, sizeof(int), kind);
             a.routed_counts = (int*)buffer((size_t)B * E, sizeof(int), kind);
-            a.expert_rows = host_ints(E);
-            a.expert_input = values(M * C, kind);
-            a.expert_fch = values(M * c.expert_fc_channels(), kind);
-            a.expert_act = values(M * c.expert_hidden(), kind);
+            a.expert_rows = host_ints(G * E);
+            a.expert_input = values(G * M * C, kind);
+            a.expert_fch = values(G * M * c.expert_fc_channels(), kind);
+            a.expert_act = values(G * M * c.expert_hidden(), kind);
             a.expert_output = values(M * C, kind);
         }
         return a;
@@ -467,7 +474,7 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, c
     if (T > config.max_seq_len) fatal("sequence length %d exceeds the model's maximum %d", T, config.max_seq_len);
     matmul_setup();  // cuBLASLt's handle and workspace, before any step (llmc/kernels/matmul.cuh says why)
     model.config = config;
-    model.layout = ParameterLayout(config, part.shards, part.tp, part.tp_rank, part.held_chunks);
+    model.layout = ParameterLayout(config, part.shards, part.tp, part.tp_rank, part.held_chunks, part.ep, part.ep_rank);
     model.max_batch = B;
     model.max_seq = T;
     model.stage_layers = part.stage_layers > 0 ? part.stage_layers : config.num_layers;
@@ -524,16 +531,18 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, c
     s.norm_scratch = tracked_alloc<float>(global_norm_scratch_count(), MemoryKind::Workspace);
     if (model.first_stage) encoder_backward_workspace_create(&s.encoder_workspace, (int)N, (int)C);
     if (config.moe()) {
-        const size_t E = config.experts, M = N * config.experts_per_token;
+        const size_t E = config.experts, M = N * config.experts_per_token, G = part.ep;
         s.router_logits = tracked_alloc<floatX>(N * E, MemoryKind::Workspace);
         s.router_dprobs = tracked_alloc<float>(N * E, MemoryKind::Workspace);
         s.routed_dweights = tracked_alloc<float>(M, MemoryKind::Workspace);
         s.expert_rows = tracked_alloc<int>(E, MemoryKind::Workspace);
         s.routed_output = tracked_alloc<floatX>(N * C, MemoryKind::Workspace);
-        s.expert_doutput = tracked_alloc<floatX>(M * C, MemoryKind::Workspace);
-        s.expert_dfch = tracked_alloc<floatX>(M * config.expert_fc_channels(), MemoryKind::Workspace);
-        s.expert_dact = config.llama() ? tracked_alloc<floatX>(M * config.expert_hidden(), MemoryKind::Workspace)
+        s.expert_doutput = tracked_alloc<floatX>(G * M * C, MemoryKind::Workspace);
+        s.expert_dfch = tracked_alloc<floatX>(G * M * config.expert_fc_channels(), MemoryKind::Workspace);
+        s.expert_dact = config.llama() ? tracked_alloc<floatX>(G * M * config.expert_hidden(), MemoryKind::Workspace)
                                        : s.expert_dfch;
+        s.expert_dispatch = G > 1 ? tracked_alloc<floatX>(M * C, MemoryKind::Workspace) : nullptr;
+        s.expert_exchange = G > 1 ? tracked_alloc<floatX>(G * M * C, MemoryKind::Workspace) : nullptr;
         model.moe.loss_sums = tracked_alloc<float>(2, MemoryKind::Workspace);
         cudaCheck(cudaMemsetAsync(model.moe.loss_sums, 0, 2 * sizeof(float), model.stream));
         model.moe.tokens.assign((size_t)config.num_layers * E, 0);
@@ -555,7 +564,8 @@ inline void gpt2_free(GPT2& model) {
     if (s.dactivation != s.dhidden) tracked_free(s.dactivation);
     if (s.expert_dact != s.expert_dfch) tracked_free(s.expert_dact);
     for (void* p : {(void*)s.router_logits, (void*)s.router_dprobs, (void*)s.routed_dweights, (void*)s.expert_rows,
-                    (void*)s.routed_output, (void*)s.expert_doutput, (void*)s.expert_dfch, (void*)model.moe.loss_sums})
+                    (void*)s.routed_output, (void*)s.expert_doutput, (void*)s.expert_dfch, (void*)s.expert_dispatch,
+                    (void*)s.expert_exchange, (void*)model.moe.loss_sums})
         tracked_free(p);
     for (void* p : {(void*)s.projection, (void*)s.dchannels, (void*)s.dhidden, (void*)s.dqkv,
                     (void*)s.gathered, (void*)s.softmax_stats, (void*)s.attention_D, (void*)s.matmul_scratch, (void*)s.layernorm_scratch, (void*)s.norm_scratch})

@@ -31,7 +31,9 @@ its other experts and its residual). Without it (the default) nothing is dropped
 Where the numbers live: the router's and the experts' weights in the block's chunk (llmc/model/parameters.h:
 routerw, expertfcw, expertprojw; the shared experts are fcw and fcprojw); the routing and the experts'
 activations in the block's record (llmc/model/gpt2.cuh's BlockActivations); the kernels in
-llmc/kernels/moe.cuh, the expert matmuls through llmc/kernels/matmul.cuh, one per expert on its rows.
+llmc/kernels/moe.cuh, the expert matmuls through llmc/kernels/matmul.cuh, one per expert on its rows. Under
+expert parallelism (llmc/parallel/expert_parallel.h) a rank holds E/ep of the experts, and the sorted rows
+travel to the rank of their expert and back between the permute and the unpermute.
 */
 #pragma once
 
@@ -39,6 +41,7 @@ llmc/kernels/moe.cuh, the expert matmuls through llmc/kernels/matmul.cuh, one pe
 #include <vector>
 #include "gpt2.cuh"
 #include "architecture.cuh"
+#include "../parallel/expert_parallel.h"
 
 // The most assignments an expert takes from one sequence of T rows (0: no limit).
 inline int moe_capacity(const GPT2Config& c, float capacity_factor, int T) {
@@ -46,19 +49,13 @@ inline int moe_capacity(const GPT2Config& c, float capacity_factor, int T) {
     return (int)std::ceil((double)capacity_factor * T * c.experts_per_token / c.experts);
 }
 
-// Calls fn(expert, first_row, rows) for every expert with rows, its rows the block [first_row, + rows) of
-// the expert-sorted rows (a.expert_rows, on the host).
-template <class Function>
-void for_each_expert(const GPT2Config& c, const int* expert_rows, Function&& fn) {
-    size_t first = 0;
-    for (int e = 0; e < c.experts; e++) {
-        if (expert_rows[e] > 0) fn(e, first, expert_rows[e]);
-        first += expert_rows[e];
-    }
+// The rows per expert of every ep rank of the group (a.expert_rows, on the host, gathered by moe_forward).
+inline ExpertCounts expert_counts(const GPT2Config& c, const ExpertParallel& ep, const BlockActivations& a) {
+    return ExpertCounts{a.expert_rows, c.experts, ep.size, ep.rank};
 }
 
 // One expert's weights in the block's chunk (parameters or gradients): its fc (He or 2He rows of C) and its
-// projection (C rows of He).
+// projection (C rows of He). e counts this rank's experts (all of them without expert parallelism).
 inline floatX* expert_fc(const GPT2Config& c, floatX* expertfcw, int e) {
     return expertfcw + (size_t)e * c.expert_fc_channels() * c.channels;
 }
@@ -68,9 +65,11 @@ inline floatX* expert_projection(const GPT2Config& c, floatX* expertprojw, int e
 
 // The routed half of the MLP on h (N = B T rows, this rank's): routing, the experts, and their weighted sum
 // into `out` (N x C). The experts' row counts come to the host, which launches each expert's matmuls: the one
-// point in a step where the host waits for the device mid-pass.
-inline void moe_forward(GPT2& model, const BlockParams& p, const BlockActivations& a, floatX* out, const floatX* h,
-                        int B, int T) {
+// point in a step where the host waits for the device mid-pass. Under expert parallelism the sorted rows go
+// to their experts' ranks (ep_dispatch) and their outputs come back (ep_combine); this rank's experts run
+// the rows of the whole ep group.
+inline void moe_forward(GPT2& model, ExpertParallel& ep, const BlockParams& p, const BlockActivations& a, floatX* out,
+                        const floatX* h, int B, int T) {
     const GPT2Config& c = model.config;
     SharedBuffers& s = model.shared;
     cudaStream_t stream = model.stream;
@@ -82,17 +81,25 @@ inline void moe_forward(GPT2& model, const BlockParams& p, const BlockActivation
     moe_router_forward(a.router_probs, a.router_lse, a.routed_experts, a.routed_weights, s.router_logits, N, E, K,
                        stream);
     moe_dispatch_plan(a.routed_slots, s.expert_rows, a.routed_counts, a.routed_experts, B, T, K, E, capacity, stream);
-    cudaCheck(cudaMemcpyAsync(a.expert_rows, s.expert_rows, E * sizeof(int), cudaMemcpyDeviceToHost, stream));
-    moe_permute_forward(a.expert_input, h, a.routed_slots, N, K, C, stream);
+    int* my_rows = a.expert_rows + (size_t)ep.rank * E;
+    cudaCheck(cudaMemcpyAsync(my_rows, s.expert_rows, E * sizeof(int), cudaMemcpyDeviceToHost, stream));
+    // this rank's rows sorted by expert: where its experts run them (one rank), or ready to travel
+    floatX* sorted = ep.size > 1 ? s.expert_dispatch : a.expert_input;
+    moe_permute_forward(sorted, h, a.routed_slots, N, K, C, stream);
     cudaCheck(cudaStreamSynchronize(stream));  // the rows per expert, on the host
-    for_each_expert(c, a.expert_rows, [&](int e, size_t first, int rows) {
+    ep_share_counts(ep, a.expert_rows, E, stream);
+    const ExpertCounts counts = expert_counts(c, ep, a);
+    if (ep.size > 1) ep_dispatch(ep, counts, a.expert_input, sorted, s.expert_exchange, C, stream);
+    floatX* expert_output = ep.size > 1 ? s.expert_doutput : a.expert_output;  // (the rows' own rank's, at ep 1)
+    for_each_local_expert(counts, [&](int e, size_t first, int rows) {
         floatX* fch = a.expert_fch + first * fc;
         floatX* act = a.expert_act + first * He;
         matmul_forward(fch, a.expert_input + first * C, expert_fc(c, p.expertfcw, e), nullptr, rows, C, fc, stream);
         activation_forward(c, act, fch, rows, He, stream);
-        matmul_forward(a.expert_output + first * C, act, expert_projection(c, p.expertprojw, e), nullptr, rows, He, C,
+        matmul_forward(expert_output + first * C, act, expert_projection(c, p.expertprojw, e), nullptr, rows, He, C,
                        stream);
     });
+    if (ep.size > 1) ep_combine(ep, counts, a.expert_output, expert_output, s.expert_exchange, C, stream);
     moe_unpermute_forward(out, a.expert_output, a.routed_slots, a.routed_weights, N, K, C, stream);
 }
 
@@ -111,7 +118,7 @@ inline MoERows moe_rows(const TensorParallel& tp, int B, int T, int C) {
 // The routed experts' output for this tp rank's sequences of h (N x C) into out (N x C): added to the shared
 // experts' partial sum there, or (no shared experts) written, with 0 for the rows of the other tp ranks, so that
 // g's sum over the ranks holds each row's output once.
-inline void moe_add_routed_output(GPT2& model, const TensorParallel& tp, const BlockParams& p,
+inline void moe_add_routed_output(GPT2& model, const TensorParallel& tp, ExpertParallel& ep, const BlockParams& p,
                                   const BlockActivations& a, floatX* out, bool shared, const floatX* h, int B, int T) {
     const int C = model.config.channels;
     const size_t N = (size_t)B * T;
@@ -120,14 +127,14 @@ inline void moe_add_routed_output(GPT2& model, const TensorParallel& tp, const B
     if (!shared && count < N * C) cudaCheck(cudaMemsetAsync(out, 0, N * C * sizeof(floatX), model.stream));
     if (rows.sequences == 0) return;
     floatX* routed = shared ? model.shared.routed_output : out + rows.offset;
-    moe_forward(model, p, a, routed, h + rows.offset, rows.sequences, T);
+    moe_forward(model, ep, p, a, routed, h + rows.offset, rows.sequences, T);
     if (shared) residual_forward(out + rows.offset, out + rows.offset, routed, count, model.stream);
 }
 
 // Selective recomputation: the experts' activations again from their fc outputs, which the record kept.
-inline void moe_recompute_selective(const GPT2& model, const BlockActivations& a) {
+inline void moe_recompute_selective(const GPT2& model, const ExpertParallel& ep, const BlockActivations& a) {
     const GPT2Config& c = model.config;
-    for_each_expert(c, a.expert_rows, [&](int, size_t first, int rows) {
+    for_each_local_expert(expert_counts(c, ep, a), [&](int, size_t first, int rows) {
         activation_forward(c, a.expert_act + first * c.expert_hidden(), a.expert_fch + first * c.expert_fc_channels(),
                            rows, (int)c.expert_hidden(), model.stream);
     });
@@ -136,21 +143,26 @@ inline void moe_recompute_selective(const GPT2& model, const BlockActivations& a
 // The routed half's backward pass: from dout (N x C, the gradient of the MLP's output) the gradient of h
 // added to dh (N x C), the experts' and the router's weight gradients (+=) into g, and the two
 // losses' values added to model.moe.loss_sums. A row's h gradient is its K experts' input gradients plus
-// the router's, in that order.
-inline void moe_backward(GPT2& model, const BlockParams& p, const BlockParams& g, const BlockActivations& a,
-                         floatX* dh, const floatX* h, const floatX* dout, int layer, int B, int T) {
+// the router's, in that order. Under expert parallelism the output gradients travel to the experts and the
+// input gradients back, as the rows did in the forward pass.
+inline void moe_backward(GPT2& model, ExpertParallel& ep, const BlockParams& p, const BlockParams& g,
+                         const BlockActivations& a, floatX* dh, const floatX* h, const floatX* dout, int layer, int B,
+                         int T) {
     const GPT2Config& c = model.config;
     SharedBuffers& s = model.shared;
     MoETraining& moe = model.moe;
     cudaStream_t stream = model.stream;
     const int N = B * T, C = c.channels, E = c.experts, K = c.experts_per_token;
     const int He = (int)c.expert_hidden(), fc = (int)c.expert_fc_channels();
-    // the weighted sum: each expert output's gradient, and each weight's
-    moe_unpermute_backward(s.expert_doutput, s.routed_dweights, dout, a.expert_output, a.routed_slots,
-                           a.routed_weights, N, K, C, stream);
+    // the weighted sum: each expert output's gradient (this rank's rows, sorted by expert), and each weight's
+    floatX* sorted = ep.size > 1 ? s.expert_dispatch : s.expert_doutput;
+    moe_unpermute_backward(sorted, s.routed_dweights, dout, a.expert_output, a.routed_slots, a.routed_weights, N, K,
+                           C, stream);
+    const ExpertCounts counts = expert_counts(c, ep, a);
+    if (ep.size > 1) ep_dispatch(ep, counts, s.expert_doutput, sorted, s.expert_exchange, C, stream);
     // each expert, on its rows: the two matmuls and the activation backwards; its rows' input gradients
     // overwrite their output gradients, which nothing reads after
-    for_each_expert(c, a.expert_rows, [&](int e, size_t first, int rows) {
+    for_each_local_expert(counts, [&](int e, size_t first, int rows) {
         floatX* doutput = s.expert_doutput + first * C;
         matmul_backward(s.expert_dact, expert_projection(c, g.expertprojw, e), nullptr, s.matmul_scratch, doutput,
                         a.expert_act + first * He, expert_projection(c, p.expertprojw, e), rows, He, C, stream);
@@ -158,7 +170,8 @@ inline void moe_backward(GPT2& model, const BlockParams& p, const BlockParams& g
         matmul_backward(doutput, expert_fc(c, g.expertfcw, e), nullptr, s.matmul_scratch, s.expert_dfch,
                         a.expert_input + first * C, expert_fc(c, p.expertfcw, e), rows, C, fc, stream);
     });
-    moe_permute_backward(s.routed_output, s.expert_doutput, a.routed_slots, N, K, C, stream);
+    if (ep.size > 1) ep_combine(ep, counts, sorted, s.expert_doutput, s.expert_exchange, C, stream);
+    moe_permute_backward(s.routed_output, sorted, a.routed_slots, N, K, C, stream);
     residual_forward(dh, dh, s.routed_output, (size_t)N * C, stream);
     // the router: the losses' gradients on p, with the weights' through the renormalisation and the softmax.
     // dloss weighs a row's loss (1 / rows of the step on this rank): a sequence's aux loss weighs T times it.
@@ -174,8 +187,9 @@ inline void moe_backward(GPT2& model, const BlockParams& p, const BlockParams& g
     // what the log reports: the rows each expert ran, and the assignments dropped
     long long kept = 0;
     for (int e = 0; e < E; e++) {
-        moe.tokens[(size_t)layer * E + e] += a.expert_rows[e];
-        kept += a.expert_rows[e];
+        const int rows = a.expert_rows[(size_t)ep.rank * E + e];  // this rank's rows, wherever they ran
+        moe.tokens[(size_t)layer * E + e] += rows;
+        kept += rows;
     }
     moe.dropped += (long long)N * K - kept;
 }

@@ -244,13 +244,18 @@ inline bool tensor_is_replicated(int kind) {
              kind == FCPROJW || kind == LMHEAD);
 }
 
+// Expert parallelism (llmc/parallel/expert_parallel.h) gives each of ep ranks E/ep of the experts: a block of
+// consecutive experts of expertfcw and expertprojw (rank r the experts [r E/ep, (r+1) E/ep)). Every other
+// tensor, the router included, is whole on every ep rank.
+inline bool tensor_is_expert(int kind) { return kind == EXPERTFCW || kind == EXPERTPROJW; }
+
 // elements of one instance of a tensor (one layer's, for per-layer tensors), whole or, under tp ranks,
-// one rank's slice. With H = ffn_hidden and Q = qkv_channels (3C for GPT-2, C + 2 C kv_heads/heads for Llama):
+// one rank's slice (under ep ranks, the experts' tensors: one rank's experts). With H = ffn_hidden and Q = qkv_channels (3C for GPT-2, C + 2 C kv_heads/heads for Llama):
 //   wte, lmhead Vp x C   qkvw Q x C   attprojw C x C   fcw H x C (GELU) or 2H x C (SwiGLU: gate, then up)
 //   fcprojw C x H        wpe max_seq_len x C (GPT-2)   biases and norm weights: their output width
 // and in a mixture of E experts of He hidden units each (fcw and fcprojw: the shared experts', H = S He):
 //   routerw E x C        expertfcw E x He x C (GELU) or E x 2He x C (SwiGLU)   expertprojw E x C x He
-inline size_t tensor_elements(const GPT2Config& c, int kind, int tp = 1) {
+inline size_t tensor_elements(const GPT2Config& c, int kind, int tp = 1, int ep = 1) {
     const size_t C = c.channels, H = c.hidden(), E = c.experts;
     const bool gpt2 = !c.llama(), mlp_biases = gpt2 && !c.moe();
     size_t whole = 0;
@@ -271,6 +276,7 @@ inline size_t tensor_elements(const GPT2Config& c, int kind, int tp = 1) {
         case EXPERTPROJW: whole = E * C * c.expert_hidden(); break;
         case LMHEAD: whole = c.tied_head() ? 0 : (size_t)c.padded_vocab_size * C; break;
     }
+    if (tensor_is_expert(kind)) return whole / ep;
     return tensor_is_replicated(kind) ? whole : whole / tp;
 }
 
@@ -285,16 +291,20 @@ inline size_t tensor_elements(const GPT2Config& c, int kind, int tp = 1) {
 //             the up projection: two runs; fcb alike
 //   attprojw  columns [rank h, rank h + h) of each of its C rows (C x C): C runs
 //   fcprojw   columns [rank f, rank f + f) of each of its C rows (C x H): C runs
+//   the experts' tensors, by ep rank: experts [ep_rank E/ep, (ep_rank+1) E/ep): one run
 //   the others, whole: one run
 struct SliceRun {
     size_t start;  // element of the whole tensor
     size_t count;
 };
-inline std::vector<SliceRun> tensor_slice(const GPT2Config& c, int kind, int tp, int rank) {
-    const size_t C = c.channels, local = tensor_elements(c, kind, tp);
+inline std::vector<SliceRun> tensor_slice(const GPT2Config& c, int kind, int tp, int rank, int ep = 1,
+                                          int ep_rank = 0) {
+    const size_t C = c.channels, local = tensor_elements(c, kind, tp, ep);
     std::vector<SliceRun> runs;
     if (local == 0) return runs;
-    if (tensor_is_replicated(kind) || tp == 1) {
+    if (tensor_is_expert(kind)) {
+        runs.push_back({ep_rank * local, local});
+    } else if (tensor_is_replicated(kind) || tp == 1) {
         runs.push_back({0, local});
     } else if (kind == QKVW || kind == QKVB) {
         // the q block is heads/(heads + 2 kv_heads) of the tensor, the k and v blocks kv_heads/(...) each
@@ -333,6 +343,7 @@ struct ParameterLayout {
     GPT2Config config;
     int shards = 1;
     int tp = 1, tp_rank = 0;     // the tensor-parallel slice this buffer holds
+    int ep = 1, ep_rank = 0;     // the experts this buffer holds (expert parallelism)
     size_t embedding_chunk = 0;  // elements of each kind of chunk, padding included
     size_t block_chunk = 0;
     size_t final_chunk = 0;
@@ -344,8 +355,8 @@ struct ParameterLayout {
     ParameterLayout() = default;
     // held_chunks: one flag per chunk (num_chunks()); empty: the whole model
     explicit ParameterLayout(const GPT2Config& c, int num_shards = 1, int tp_size = 1, int tp_index = 0,
-                             const std::vector<char>& held_chunks = {})
-        : config(c), shards(num_shards), tp(tp_size), tp_rank(tp_index) {
+                             const std::vector<char>& held_chunks = {}, int ep_size = 1, int ep_index = 0)
+        : config(c), shards(num_shards), tp(tp_size), tp_rank(tp_index), ep(ep_size), ep_rank(ep_index) {
         const size_t multiple = kChunkPaddingElements * (size_t)shards;
         auto padded = [&](size_t count) { return (count + multiple - 1) / multiple * multiple; };
         held = held_chunks.empty() ? std::vector<char>(num_chunks(), 1) : held_chunks;
@@ -360,7 +371,9 @@ struct ParameterLayout {
         for_each_tensor_instance([&](int, int, size_t count) { num_parameters += count; });
     }
     // elements of one instance of tensor `kind` in this buffer
-    size_t elements(int kind) const { return tensor_elements(config, kind, tp); }
+    size_t elements(int kind) const { return tensor_elements(config, kind, tp, ep); }
+    // tp rank `tp_rank`'s slice of tensor `kind`, of ep rank `ep_rank`'s experts (tensor_slice)
+    std::vector<SliceRun> slice(int kind) const { return tensor_slice(config, kind, tp, tp_rank, ep, ep_rank); }
     // parameters of one block in this buffer (its chunk without the padding)
     size_t block_elements() const {
         size_t block = 0;
@@ -393,11 +406,13 @@ struct ParameterLayout {
         return start;
     }
     // Whether this buffer's copy of tensor `kind` counts in the model's gradient norm, where other ranks hold
-    // copies of it: a tensor every tp rank holds whole (tensor_is_replicated) counts on tp rank 0 only, and
-    // the embeddings on the first pipeline stage only (a tied LM head's stage holds a copy).
+    // copies of it: a tensor every tp rank holds whole (tensor_is_replicated) counts on tp rank 0 only, one
+    // every ep rank holds whole (all but the experts) on ep rank 0 only, and the embeddings on the first
+    // pipeline stage only (a tied LM head's stage holds a copy).
     bool counts_in_norm(int kind) const {
         const bool tied_copy = (kind == WTE || kind == WPE) && !holds(1);
-        return (tp_rank == 0 || !tensor_is_replicated(kind)) && !tied_copy;
+        return (tp_rank == 0 || !tensor_is_replicated(kind)) && (ep_rank == 0 || tensor_is_expert(kind)) &&
+               !tied_copy;
     }
     // calls fn(kind, layer, count) for every tensor instance held, in the model file's order (only the kinds
     // the architecture has: none of 0 elements)
@@ -428,7 +443,8 @@ void for_each_tensor_in_file_order(const ParameterLayout& layout, Function&& fn)
 
 // Calls fn(from_offset, to_offset, count) for every run of parameters that both buffers hold: `from`'s
 // elements [from_offset, + count) are `to`'s [to_offset, + count). The two layouts may differ in tp size
-// and rank, in the chunks they hold (pipeline stages) and in shards (padding is never part of a run). This
+// and rank, in the experts they hold (ep size and rank), in the chunks they hold (pipeline stages) and in
+// shards (padding is never part of a run). This
 // one function converts between the model file (the whole model, tp = 1) and a rank's part of it, and
 // re-slices checkpoints saved on another layout.
 template <class Function>
@@ -436,8 +452,8 @@ void for_each_common_run(const ParameterLayout& from, const ParameterLayout& to,
     for_each_tensor_in_file_order(from, [&](int kind, int layer, size_t from_tensor, size_t) {
         if (!to.holds(to.chunk_of(kind, layer))) return;
         const size_t to_tensor = to.offset(kind, layer);
-        const std::vector<SliceRun> a = tensor_slice(from.config, kind, from.tp, from.tp_rank);
-        const std::vector<SliceRun> b = tensor_slice(to.config, kind, to.tp, to.tp_rank);
+        const std::vector<SliceRun> a = from.slice(kind);
+        const std::vector<SliceRun> b = to.slice(kind);
         size_t i = 0, j = 0, a_local = 0, b_local = 0;  // runs are in increasing order: merge them
         while (i < a.size() && j < b.size()) {
             const size_t first = std::max(a[i].start, b[j].start);

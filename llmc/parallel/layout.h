@@ -7,6 +7,8 @@ The layout of a run: how its ranks split the work, one struct for the trainer an
     pp   pipeline stages of consecutive layers, run in the order of `schedule` (llmc/parallel/pipeline.h)
     cp   ranks that split every sequence (llmc/parallel/context_parallel.h)
     tp   ranks that split every matmul (llmc/parallel/tensor_parallel.h), with sequence_parallel their rows too
+    ep   ranks that split a mixture of experts' experts (llmc/parallel/expert_parallel.h): groups of ep
+         consecutive dp ranks, so not a factor of the world of its own
 plus what a rank keeps (ZeRO stage, recompute policy) and the batch: B x T tokens per data-parallel rank
 and micro-step, total_batch_size tokens per optimizer step; the micro-steps of a step are the pipeline's
 microbatches. train_gpt fills it from the flags (llmc/io/options.h) and builds the parallel context from
@@ -25,6 +27,7 @@ struct Layout {
     int ranks = 1;                        // the world (the planner's --plan N; the launcher's, when training)
     int tp = 1, pp = 1, cp = 1;           // dp = ranks / (tp pp cp)
     bool sequence_parallel = false;
+    int ep = 1;                           // expert parallelism: dp ranks per expert group
     ContextParallelMode cp_mode = ContextParallelMode::Ring;
     SequenceSplit cp_split = SequenceSplit::Zigzag;
     PipelineSchedule schedule = PipelineSchedule::OneFOneB;

@@ -6,6 +6,7 @@ The parallel context: this rank's place on every axis of the mesh, built once fr
       -> tp   this rank's slice of every matmul and the stream f's backward runs on   tensor_parallel.h
          cp   its positions of every sequence, the ring's buffers and stream          context_parallel.h
          pipe its pipeline stages, schedule, records and links                        pipeline_links.h
+         ep   its experts, and the group its routed rows travel in                    expert_parallel.h
          zero its shards of the parameters, gradients and optimizer state             zero.h
               (set up once the model is allocated: zero_init)
 The model (llmc/model/gpt2.cuh) holds tensors and activations only; every pass that needs to talk to other
@@ -28,6 +29,7 @@ the bytes sent per axis.
 #include "tensor_parallel.h"
 #include "context_parallel.h"
 #include "pipeline_links.h"
+#include "expert_parallel.h"
 #include "zero.h"
 #include "../model/gpt2.cuh"
 #include "../io/logger.h"
@@ -43,6 +45,7 @@ struct ParallelContext {
     TensorParallel tp;
     ContextParallel cp;
     Pipeline pipe;
+    ExpertParallel ep;
     Zero zero;
 
     ParallelContext() = default;
@@ -107,6 +110,9 @@ inline void parallel_create(ParallelContext& par, const Layout& asked, const GPT
     if (T > config.max_seq_len) fatal("--seq-len %d exceeds the model's %d positions", T, config.max_seq_len);
     const std::string moe_error = moe_layout_error(config, l);
     if (!moe_error.empty()) fatal("%s", moe_error.c_str());
+    const std::string ep_error = ep_layout_error(config.experts, l);
+    if (!ep_error.empty()) fatal("%s", ep_error.c_str());
+    if (l.ep > 1) ep_create(par.ep, par.world, par.mesh, l.ep);
     tp_check_layout(config, l.tp, l.sequence_parallel, T);
     par.cp.size = l.cp;
     par.cp.rank = par.mesh.coords[CP];
@@ -148,6 +154,8 @@ inline ModelPart model_part(const ParallelContext& par) {
     part.tp = l.tp;
     part.tp_rank = par.tp.rank;
     part.sequence_parallel = l.sequence_parallel;
+    part.ep = par.ep.size;
+    part.ep_rank = par.ep.rank;
     part.shards = zero_shard_count(l.zero_stage, &par.mesh);
     part.full_parameters = l.zero_stage < 3;
     part.full_gradients = l.zero_stage < 2;
@@ -157,6 +165,7 @@ inline ModelPart model_part(const ParallelContext& par) {
 
 inline void parallel_destroy(ParallelContext& par) {
     zero_free(par.zero);
+    ep_destroy(par.ep);
     tp_streams_destroy(par.tp);
     cp_destroy(par.cp);
     pipeline_free(par.pipe);
@@ -182,11 +191,12 @@ inline void mean_loss_on_every_rank(ParallelContext& par, GPT2& model, int count
 // model.results->grad_norm_squared = the squared norm of the whole model's averaged gradient, the same on
 // every rank: each rank's part (llmc/parallel/zero.h: the gradient it holds, each tensor counted once over
 // its copies) summed over the ranks that hold different parts: the shard group (in zero_gradient_norm), the
-// tp slices and the pipeline's stages.
+// tp slices, the ep ranks' experts and the pipeline's stages.
 inline void gradient_norm(ParallelContext& par, GPT2& model) {
     zero_gradient_norm(par.zero, model);
     float* squared = &model.results->grad_norm_squared;
     if (par.tp.size > 1) all_reduce(*par.tp.group, squared, 1, Reduction::Sum, model.stream);
+    if (par.ep.size > 1) all_reduce(par.ep.group, squared, 1, Reduction::Sum, model.stream);
     if (par.pipe.size > 1) all_reduce(*par.pipe.group, squared, 1, Reduction::Sum, model.stream);
 }
 
@@ -207,13 +217,15 @@ inline void logits_row_on_every_rank(ParallelContext& par, GPT2& model, int posi
 // Bytes this rank sent in the step so far, all groups and per axis (the pp axis with the pipeline's links).
 inline StepTraffic parallel_traffic(const ParallelContext& par) {
     StepTraffic t;
-    t.total = (long long)(mesh_bytes_sent(par.mesh) + pipeline_link_bytes(par.pipe));
+    t.total = (long long)(mesh_bytes_sent(par.mesh) + pipeline_link_bytes(par.pipe) + ep_bytes_sent(par.ep));
     t.tp = (long long)par.mesh.axis[TP].bytes_sent;
     t.pp = (long long)(par.mesh.axis[PP].bytes_sent + pipeline_link_bytes(par.pipe));
     t.cp = (long long)par.mesh.axis[CP].bytes_sent;
+    t.ep = (long long)par.ep.group.bytes_sent;
     return t;
 }
 inline void parallel_reset_traffic(ParallelContext& par) {
     mesh_reset_bytes(par.mesh);
+    ep_reset_bytes(par.ep);
     pipeline_reset_bytes(par.pipe);
 }

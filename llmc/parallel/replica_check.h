@@ -111,14 +111,21 @@ inline void compare_copies(Communicator& group, const char* what, const std::vec
 }
 
 // --check-replicas: every copy of every tensor compared across the ranks that hold it (a collective over
-// the replicas' group and the tp group).
+// the replicas' group, the tp group and, under expert parallelism, the experts' replicas).
 inline void check_replicas(ParallelContext& par, GPT2& model, int step) {
     std::vector<std::string> names;
     const std::vector<uint64_t> sums = tensor_checksums(par.zero, model, &names);
     const bool sharded = par.zero.stage == 3;
     Communicator& replicas = sharded ? par.mesh.axis[DP_REPLICATE] : par.mesh.gradient;
-    compare_copies(replicas, "data-parallel replicas", sums, names, std::vector<char>(sums.size(), 1), step,
-                   model.stream);
+    // under expert parallelism (ZeRO 0) the experts are compared across the ranks that hold the same ones
+    std::vector<char> dense, experts;
+    for_each_tensor_in_file_order(model.layout, [&](int kind, int, size_t, size_t) {
+        dense.push_back(par.ep.size == 1 || !tensor_is_expert(kind));
+        experts.push_back(!dense.back());
+    });
+    compare_copies(replicas, "data-parallel replicas", sums, names, dense, step, model.stream);
+    if (par.ep.size > 1)
+        compare_copies(par.ep.experts_replicas, "replicas of an expert", sums, names, experts, step, model.stream);
     if (!sharded && par.tp.size > 1) {
         std::vector<char> replicated;
         for_each_tensor_in_file_order(model.layout, [&](int kind, int, size_t, size_t) {

@@ -6,9 +6,10 @@ model file's) put together from every rank's part. Both walk pairs of ParameterL
 for_each_common_run (llmc/model/parameters.h), which says which elements of one layout's tp slice are which
 elements of the other's.
 
-Checkpoints of the sharded state. A checkpoint of S shards at tensor-parallel size T and P pipeline
-ranks is P*T*S files: file (p T + t) S + k holds, for every chunk pipeline rank p holds, shard k of tp rank
-t's parameters, fp32 master weights and two moments, as laid out for S shards and T slices
+Checkpoints of the sharded state. A checkpoint of S shards at tensor-parallel size T, expert-parallel size
+X and P pipeline ranks is P*T*X*S files: file ((p T + t) X + x) S + k holds, for every chunk pipeline rank p
+holds, shard k of tp rank t's parameters (with ep rank x's experts), fp32 master weights and two moments, as
+laid out for S shards, T slices and X expert groups
 (llmc/model/parameters.h pads each chunk to a multiple of 128 S). The embedding chunk is in the files of
 the first and of the last stage: the two copies are equal, and a reader takes either. The ranks of the
 first replica group write them: rank 0 writes file 0, the main file, together with everything that is not
@@ -36,7 +37,7 @@ continue on 2 ranks at ZeRO-3, and one saved at tp 2 or pp 2 on 1 rank, or at tp
 // which of a checkpoint's files this rank's shard goes to
 inline int checkpoint_file_of(const ParallelContext& par) {
     const Zero& z = par.zero;
-    return (par.pipe.rank * par.tp.size + par.tp.rank) * z.shards + z.shard_rank;
+    return ((par.pipe.rank * par.tp.size + par.tp.rank) * par.ep.size + par.ep.rank) * z.shards + z.shard_rank;
 }
 
 // whether this rank writes a file (the first replica group does; the others hold the same shards)
@@ -69,28 +70,31 @@ struct SavedPipeline {
     std::vector<int> stage_layers;  // layers of each model stage
 };
 
-// Reads a checkpoint of `saved_shards` shards at tensor-parallel size `saved_tp` on the pipeline
-// `saved_pipeline` (main file at main_path, listing `shard_files`, of step `step`) into this
-// rank's parameters and optimizer state.
+// Reads a checkpoint of `saved_shards` shards at tensor-parallel size `saved_tp` and expert-parallel size
+// `saved_ep` on the pipeline `saved_pipeline` (main file at main_path, listing `shard_files`, of step `step`)
+// into this rank's parameters and optimizer state.
 inline void zero_read_shards(Zero& z, GPT2& model, const std::string& main_path, int saved_shards, int saved_tp,
-                             const SavedPipeline& saved_pipeline, const std::vector<ShardFileEntry>& shard_files,
-                             long long step) {
+                             int saved_ep, const SavedPipeline& saved_pipeline,
+                             const std::vector<ShardFileEntry>& shard_files, long long step) {
     const int saved_pp = saved_pipeline.pp;
-    if (shard_files.size() + 1 != (size_t)saved_pp * saved_tp * saved_shards)
-        fatal("%s lists %zu shard files; its layout (pp %d x tp %d x %d shards) has %d", main_path.c_str(),
-              shard_files.size(), saved_pp, saved_tp, saved_shards, saved_pp * saved_tp * saved_shards - 1);
+    const int files = saved_pp * saved_tp * saved_ep * saved_shards;
+    if (shard_files.size() + 1 != (size_t)files)
+        fatal("%s lists %zu shard files; its layout (pp %d x tp %d x ep %d x %d shards) has %d", main_path.c_str(),
+              shard_files.size(), saved_pp, saved_tp, saved_ep, saved_shards, files - 1);
     const ParameterLayout& now = model.layout;
     // host copies of what this rank holds: all parameters (stages 0-2) or its shard (stage 3), and its state
     const size_t my_count = now.total / z.shards;
     std::vector<floatX> params(z.stage == 3 ? my_count : now.total, (floatX)0.0f);
     std::vector<float> master(z.master ? my_count : 0, 0.0f), m(my_count, 0.0f), v(my_count, 0.0f);
 
-    for (int file = 0; file < saved_pp * saved_tp * saved_shards; file++) {
-        const int pp_rank = file / (saved_tp * saved_shards), t = file / saved_shards % saved_tp, k = file % saved_shards;
+    for (int file = 0; file < files; file++) {
+        const int pp_rank = file / (saved_tp * saved_ep * saved_shards), t = file / (saved_ep * saved_shards) % saved_tp;
+        const int x = file / saved_shards % saved_ep, k = file % saved_shards;
         const ParameterLayout saved(model.config, saved_shards, saved_tp, t,
                                     pipeline_held_chunks(saved_pipeline.schedule, pp_rank, saved_pp,
                                                          saved_pipeline.virtual_stages, saved_pipeline.stage_layers,
-                                                         model.config.tied_head()));
+                                                         model.config.tied_head()),
+                                    saved_ep, x);
         const size_t saved_count = saved.total / saved_shards;
         const std::string path = shard_path(main_path, file);
         CheckpointReader reader(path);
@@ -136,9 +140,15 @@ inline void zero_read_shards(Zero& z, GPT2& model, const std::string& main_path,
 // ----------------------------------------------------------------------------
 // the whole model, from its parts
 
+// The ranks that together hold one whole copy of the model: pp x tp, and under expert parallelism the ep
+// ranks of a group too (ep x pp x tp).
+inline Communicator& whole_model_group(ParallelContext& par) {
+    return par.ep.size > 1 ? par.ep.whole_model : par.mesh.model;
+}
+
 // The whole model's parameters (host, the model file's layout: tp = 1, every chunk) from every rank's part
-// `mine` (host, in `layout`): a collective over the mesh's model group (pp x tp ranks, numbered pp rank x tp
-// + tp rank). Stops if two ranks' copies of a parameter differ (tp-replicated tensors, the first and last
+// `mine` (host, in `layout`): a collective over whole_model_group (numbered (ep rank x pp + pp rank) x tp +
+// tp rank). Stops if two ranks' copies of a parameter differ (tp-replicated tensors, the first and last
 // stage's embeddings), which would mean the copies drifted apart.
 inline std::vector<float> gather_whole_model(Communicator& model_group, const Layout& parallel,
                                              const ParameterLayout& layout, const std::vector<float>& mine,
@@ -148,10 +158,11 @@ inline std::vector<float> gather_whole_model(Communicator& model_group, const La
     std::vector<ParameterLayout> parts;  // each member's
     size_t largest = 0;                  // the all-gather moves equal blocks: the largest part's size
     for (int member = 0; member < model_group.size; member++) {
-        const std::vector<char> held = pipeline_held_chunks(parallel.schedule, member / layout.tp, parallel.pp,
-                                                            parallel.pp_virtual, stage_layers,
+        const std::vector<char> held = pipeline_held_chunks(parallel.schedule, member / layout.tp % parallel.pp,
+                                                            parallel.pp, parallel.pp_virtual, stage_layers,
                                                             layout.config.tied_head());
-        parts.emplace_back(layout.config, layout.shards, layout.tp, member % layout.tp, held);
+        parts.emplace_back(layout.config, layout.shards, layout.tp, member % layout.tp, held, layout.ep,
+                           member / (layout.tp * parallel.pp));
         largest = std::max(largest, parts.back().total);
     }
     std::vector<float> everyone = mine;
@@ -170,7 +181,7 @@ inline std::vector<float> gather_whole_model(Communicator& model_group, const La
         for_each_common_run(parts[member], whole, [&](size_t at, size_t to, size_t count) {
             if (written[to] && memcmp(&values[to], from + at, count * sizeof(float)) != 0)
                 fatal("rank %d of the model group (pp rank %d, tp rank %d) holds a copy of a parameter that differs "
-                      "from another rank's", member, member / layout.tp, member % layout.tp);
+                      "from another rank's", member, member / layout.tp % parallel.pp, member % layout.tp);
             std::copy(from + at, from + at + count, values.begin() + to);
             std::fill(written.begin() + to, written.begin() + to + count, 1);
         });
@@ -207,7 +218,7 @@ inline void save_checkpoint(const std::string& output_dir, int step, int keep_la
     fault_point("before-main-file", par.world.rank, step);
     if (!par.main_rank) return;
     std::vector<ShardFileEntry> shard_files;
-    const int files = par.pipe.size * par.tp.size * optimizer.shards;
+    const int files = par.pipe.size * par.tp.size * par.ep.size * optimizer.shards;
     for (int f = 1; f < files; f++) {
         CheckpointReader shard(shard_path(path, f));
         const ShardFileEntry entry{(uint64_t)f, id, shard.table_checksum()};
@@ -223,6 +234,7 @@ inline void save_checkpoint(const std::string& output_dir, int step, int keep_la
     writer.add_value("sample_rng", sample_rng);
     writer.add_value("shards", optimizer.shards);
     writer.add_value("tensor_parallel", par.tp.size);
+    writer.add_value("expert_parallel", par.ep.size);
     writer.add_value("pipeline", par.pipe.size);
     writer.add_value("pipeline_virtual", par.pipe.virtual_stages);
     writer.add_value("pipeline_schedule", (int)par.pipe.schedule);
@@ -257,6 +269,10 @@ inline int load_checkpoint(const std::string& path, long long step, GPT2& model,
     if (shards < 1 || shards > 1 << 20) fatal("%s: implausible shard count %d", path.c_str(), shards);
     const int saved_tp = reader.read_value<int>("tensor_parallel");
     if (saved_tp < 1 || saved_tp > 1 << 12) fatal("%s: implausible tensor-parallel size %d", path.c_str(), saved_tp);
+    // (a checkpoint without experts split over ranks may not say so)
+    const int saved_ep = reader.has("expert_parallel") ? reader.read_value<int>("expert_parallel") : 1;
+    if (saved_ep < 1 || (saved.experts == 0 ? saved_ep != 1 : saved.experts % saved_ep != 0))
+        fatal("%s: implausible expert-parallel size %d for %d experts", path.c_str(), saved_ep, saved.experts);
     SavedPipeline pipeline;
     pipeline.pp = reader.read_value<int>("pipeline");
     pipeline.virtual_stages = reader.read_value<int>("pipeline_virtual");
@@ -274,7 +290,7 @@ inline int load_checkpoint(const std::string& path, long long step, GPT2& model,
     const std::string split_error = pipeline_split_error(pipeline.stage_layers, saved.num_layers,
                                                          (int)pipeline.stage_layers.size());
     if (!split_error.empty()) fatal("%s: %s", path.c_str(), split_error.c_str());
-    zero_read_shards(par.zero, model, path, shards, saved_tp, pipeline, shard_files, step);
+    zero_read_shards(par.zero, model, path, shards, saved_tp, saved_ep, pipeline, shard_files, step);
     *data = reader.read_value<DataLoaderState>("train_data");
     *sample_rng = reader.read_value<Rng>("sample_rng");
     return (int)step;

@@ -56,6 +56,10 @@ Hybrid sharding (HSDP): with --dp-shard K the N = M * K ranks form M groups of K
 within a group (stages 1-2 over K) and each shard's gradient is then averaged across the M groups with an
 all-reduce between the ranks that hold the same shard.
 
+Expert parallelism (llmc/parallel/expert_parallel.h, at stage 0): the experts' tensors, at the tail of each
+block's chunk, differ between the ep ranks of a group, so that part of the chunk is averaged over the ranks
+holding the same experts (ep.experts_replicas) and scaled by 1/ep, the rest over all data-parallel ranks.
+
 The global gradient norm (for clipping) is the norm of the averaged gradient: at stage 0 every rank has
 all of it; at stages 1-2 each rank squares its shard and the squares are summed over the shard group.
 */
@@ -67,6 +71,7 @@ all of it; at stages 1-2 each rank squares its shard and the squares are summed 
 #include "../cuda_common.cuh"
 #include "comm.h"
 #include "mesh.h"
+#include "expert_parallel.h"
 #include "../model/gpt2.cuh"
 #include "../device_memory.h"
 
@@ -85,6 +90,8 @@ struct Zero {
     Communicator* data_parallel = nullptr;   // every data-parallel rank (stage 0 averages over it); null: one process
     Communicator* shard_group = nullptr;     // stages 1, 2: the ranks that split one copy of the state
     Communicator* replicate_group = nullptr; // stages 1, 2: the ranks holding the same shard (HSDP)
+    Communicator* expert_replicas = nullptr; // expert parallelism: the ranks holding the same experts
+    int ep = 1;                              // ... and the ranks of an ep group
     bool last_microbatch = true;             // the backward pass now running is the step's last microbatch's
 
     float* master = nullptr;                 // this rank's shard: fp32 master weights (BF16 build only)
@@ -174,7 +181,8 @@ inline floatX* zero_gather_chunk(Zero& z, GPT2& model, int chunk) {
 
 // Sets up the optimizer for `stage` and gives the model its parameters `values` (host, in the layout's
 // order): whole in model.params, or, at stage 3, this rank's shard of them.
-inline void zero_init(Zero& z, int stage, Mesh* mesh, GPT2& model, const std::vector<float>& values) {
+inline void zero_init(Zero& z, int stage, Mesh* mesh, GPT2& model, const std::vector<float>& values,
+                      ExpertParallel* ep = nullptr) {
     z.stage = stage;
     z.layout = &model.layout;
     z.shards = zero_shard_count(stage, mesh);
@@ -186,6 +194,10 @@ inline void zero_init(Zero& z, int stage, Mesh* mesh, GPT2& model, const std::ve
         z.data_parallel = &mesh->gradient;
         z.shard_group = &mesh->shard;
         z.replicate_group = &mesh->axis[DP_REPLICATE];
+    }
+    if (ep && ep->size > 1) {
+        z.expert_replicas = &ep->experts_replicas;
+        z.ep = ep->size;
     }
     const size_t shard_total = model.layout.total / z.shards;
     const floatX* params_of_shard = nullptr;  // this rank's parameters, where shard_start() points
@@ -292,6 +304,14 @@ inline void zero_begin_microbatch(Zero& z, bool last) { z.last_microbatch = last
 // at stages 2 and 3 (there is no full-size gradient buffer to accumulate in).
 inline bool zero_reduces_now(const Zero& z) { return z.stage >= 2 || z.last_microbatch; }
 
+// Under expert parallelism (ep > 1): the elements at the end of chunk c that are this rank's experts (from
+// expertfcw to the chunk's end, padding included; 0 for chunks without experts).
+inline size_t expert_tail_of_chunk(const ParameterLayout& layout, int chunk, int ep) {
+    const int L = layout.config.num_layers;
+    if (ep == 1 || chunk < 1 || chunk > L || !layout.holds(chunk) || layout.elements(EXPERTFCW) == 0) return 0;
+    return layout.chunk_start(chunk) + layout.chunk_size(chunk) - layout.offset(EXPERTFCW, chunk - 1);
+}
+
 // Called when chunk c's gradient is complete and zero_reduces_now: averages it over the data-parallel
 // ranks, whole (stage 0) or into this rank's shard (stages 1, 2, 3), on the comm stream once the compute
 // stream got there.
@@ -319,7 +339,13 @@ inline void zero_reduce_chunk(Zero& z, GPT2& model, int chunk) {
         return;
     }
     if (z.stage == 0) {
-        all_reduce(*z.data_parallel, chunk_grads, z.layout->chunk_size(chunk), Reduction::Average, z.comm_stream);
+        const size_t size = z.layout->chunk_size(chunk);
+        const size_t experts = expert_tail_of_chunk(*z.layout, chunk, z.ep);
+        all_reduce(*z.data_parallel, chunk_grads, size - experts, Reduction::Average, z.comm_stream);
+        if (experts > 0) {
+            all_reduce(*z.expert_replicas, chunk_grads + size - experts, experts, Reduction::Average, z.comm_stream);
+            moe_scale(chunk_grads + size - experts, 1.0f / (float)z.ep, experts, z.comm_stream);
+        }
         return;
     }
     floatX* shard = z.grad_shard + shard_offset(z, chunk);
@@ -415,7 +441,10 @@ inline void zero_optimizer_step(Zero& z, GPT2& model, const AdamWConfig& adamw, 
         const size_t in_chunk_shard = first - shard_start(z, chunk);
         // the rounding hashes the element's index: a tp rank's slices are numbered after the lower ranks'
         // (so no two ranks round alike), replicated tensors alike on every rank (so their copies stay equal)
-        const size_t slice_first = tensor_is_replicated(kind) ? 0 : (size_t)model.layout.tp_rank * count;
+        // (an ep rank's experts after the lower ranks')
+        const size_t slice_first = tensor_is_expert(kind)       ? (size_t)model.layout.ep_rank * count
+                                   : tensor_is_replicated(kind) ? 0
+                                                                : (size_t)model.layout.tp_rank * count;
         chunk_tensors[chunk].push_back({in_chunk_shard, end - first, slice_first + first - offset, tensor_seed, decay});
     });
     for (int c = 0; c < model.layout.num_chunks(); c++) {

@@ -44,10 +44,31 @@ run_layout dp2_capacity 2 4 --capacity-factor 0.5
 run_layout saved 4 4 --pp 2 --zero 1 --checkpoint-every 3 --keep-checkpoints 5
 mkdir -p "$work/resumed" && cp "$work"/saved/checkpoint_3* "$work/resumed/"
 run_layout resumed 1 8 --resume
+# expert parallelism: the experts split over ep ranks of the dp ranks, rows moved by all-to-all
+layouts="ep2:2:4:--ep,2
+         ep4:4:2:--ep,4
+         dp4_ep2:4:2:--ep,2
+         ep2_tp2:4:4:--ep,2,--tp,2
+         ep2_pp2:4:4:--ep,2,--pp,2
+         ep2_full:2:4:--ep,2,--recompute,full"
+for layout in $layouts; do
+    IFS=: read -r name ranks batch layout_flags <<<"$layout"
+    run_layout "$name" "$ranks" "$batch" ${layout_flags//,/ }
+done
+run_layout ep2_capacity 2 4 --ep 2 --capacity-factor 0.5
+# a checkpoint saved at step 3 by ep 2, resumed by one rank
+run_layout ep_saved 2 4 --ep 2 --checkpoint-every 3 --keep-checkpoints 5
+mkdir -p "$work/ep_resumed" && cp "$work"/ep_saved/checkpoint_3* "$work/ep_resumed/"
+run_layout ep_resumed 1 8 --resume
 # GPT-2's block: 4 GELU experts, 2 per token, no shared expert
 flags=("${common[@]}" "${experts[@]}")
 run_layout gpt2_one 1 8
 run_layout gpt2_dp2_zero2 2 4 --zero 2
+run_layout gpt2_ep2 2 4 --ep 2
+# every row to every expert (K = E = 4), which fixes the all-to-all's blocks: its bytes against the formula
+flags=("${common[@]}" --experts 4 --experts-per-token 4)
+run_layout all_experts_one 1 8
+run_layout all_experts_ep2 2 4 --ep 2
 
 echo "mixture-of-experts layouts vs one rank ($binary)"
 PYTHONPATH="$(dirname "$0")" /usr/bin/python3 - "$work" >"$work/compare.out" <<'EOF' || true
@@ -94,7 +115,19 @@ def tp_bytes(tp, sp, batch, zero):
 
 runs = [(name, "one") for name in ("dp2_zero1", "dp2_zero3", "pp2_1f1b", "dp2_selective", "dp2_full", "tp2", "tp2_sp",
                                    "dp2_tp2_zero2", "pp2_tp2_sp")]
-runs += [("dp2_capacity", "one_capacity"), ("gpt2_dp2_zero2", "gpt2_one")]
+runs += [(name, "one") for name in ("ep2", "ep4", "dp4_ep2", "ep2_tp2", "ep2_pp2", "ep2_full")]
+runs += [("dp2_capacity", "one_capacity"), ("ep2_capacity", "one_capacity"), ("gpt2_dp2_zero2", "gpt2_one"),
+         ("gpt2_ep2", "gpt2_one"), ("all_experts_ep2", "all_experts_one")]
+
+
+def ep_bytes(ep, batch, K, E=4, micro_steps=2, layers=2):
+    """llmc/parallel/expert_parallel.h's bytes per layer and pass with every row going to every expert: each
+    forward pass gathers the counts ((ep-1) E 8 bytes), then forward and backward each dispatch and combine
+    (ep-1)/ep of a rank's N K rows of C fp32 values; plus the gradient norm's all-reduce of one fp32 over the
+    ep group (2 (ep-1)/ep 4 bytes, once per step)."""
+    N = batch * T
+    per_layer = (ep - 1) * E * 8 + 4 * (ep - 1) / ep * N * K * C * s
+    return micro_steps * layers * per_layer + int(2 * (ep - 1) / ep * 4)
 results = []
 for name, reference in runs:
     try:
@@ -107,6 +140,9 @@ for name, reference in runs:
             theory, sent = tp_bytes(2, name == "tp2_sp", batch, zero), events(work, name, "step")[-1]["tp_comm_bytes"]
             error = abs(sent - theory) / theory
             good, words = good and error <= 1e-3, f"{words}; tp axis sent {sent} B/step, formula {theory:.0f} ({100 * error:.4f}%)"
+        if name == "all_experts_ep2":  # the ep axis: the routed rows' all-to-alls, exact
+            theory, sent = ep_bytes(2, 4, 4), events(work, name, "step")[-1]["ep_comm_bytes"]
+            good, words = good and sent == theory, f"{words}; ep axis sent {sent} B/step, formula {theory:.0f}"
     except Exception as error:  # a run that failed left no log or no model
         good, words = False, f"no result ({error})"
     results.append(report(good, f"{name:16} vs {reference}: {words}"))
@@ -115,11 +151,12 @@ results.append(report(bool(drops) and all(step[1] > 0 for step in drops),
                       f"the capacity factor dropped assignments at every step: {[step[1] for step in drops]}"))
 rows = [sum(map(sum, step[0])) for step in routing("one")]  # dropless: every row to K = 2 experts in L = 2 layers
 results.append(report(rows == [256 * 2 * 2] * 5, f"one rank, dropless: the experts ran 2 x 2 x 256 rows a step: {rows}"))
-what = "saved by dp 2 x pp 2 (ZeRO-1), resumed by one rank"
-try:
-    results.append(compare_resumed(work, "resumed", "one", 3, what))
-except Exception as error:
-    results.append(report(False, f"{what}: no result ({error})"))
+for resumed, what in (("resumed", "saved by dp 2 x pp 2 (ZeRO-1), resumed by one rank"),
+                       ("ep_resumed", "saved by ep 2, resumed by one rank")):
+    try:
+        results.append(compare_resumed(work, resumed, "one", 3, what))
+    except Exception as error:
+        results.append(report(False, f"{what}: no result ({error})"))
 result(results)
 EOF
 grep -v '^RESULT' "$work/compare.out"
@@ -137,4 +174,8 @@ expect_refused "shared experts without experts" "--shared-experts sits beside ro
 expect_refused "more experts per token than experts" "a token goes to 1 .. min(16, experts)" 1 --experts 2 \
     --experts-per-token 3
 expect_refused "--plan at cp 2" "a mixture of experts runs at cp 1" 1 "${experts[@]}" --plan 8 --cp 2
+expect_refused "ep without experts" "--ep 2 needs a mixture of experts" 2 --ep 2
+expect_refused "ep not dividing dp" "--ep 2 does not divide the 1 data-parallel ranks" 2 "${experts[@]}" --ep 2 --tp 2
+expect_refused "ep not dividing the experts" "--ep 4 does not divide the 6 experts" 4 --experts 6 --ep 4
+expect_refused "ep at ZeRO 1" "expert parallelism runs at ZeRO 0" 2 "${experts[@]}" --ep 2 --zero 1
 finish
