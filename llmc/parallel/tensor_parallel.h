@@ -68,7 +68,8 @@ of an n-element whole (t-1)/t n s):
                per optimizer step (per micro-step at ZeRO 2-3, which reduces the gradients every
                micro-step): all-reduce of the layernorm gradients       + 2 (t-1)/t (4 C L + 2 C) s
   experts      per optimizer step (per micro-step at ZeRO 2-3): all-reduce of the router's and the experts'
-               gradients (E experts of fc and He units: E C (1 + fc + He) per layer)  + 2 (t-1)/t E C (1 + fc + He) L s
+               gradients (E experts of fc and He units: E C (1 + fc + He) per layer;
+               a rank holds E/ep of the experts under expert parallelism)   + 2 (t-1)/t E C (1 + (fc + He)/ep) L s
 tp_bytes_per_step below is this formula; the layout test compares it with the bytes counted.
 */
 #pragma once
@@ -339,7 +340,7 @@ inline void tp_sum_partial_gradients(const TensorParallel& tp, floatX* chunk_gra
 // the formula for the bytes counted on the tp axis (see the top of the file)
 
 inline double tp_bytes_per_step(const GPT2Config& c, int B, int T, int tp, bool sequence_parallel,
-                                int accumulation_steps, int zero_stage, bool bf16) {
+                                int accumulation_steps, int zero_stage, bool bf16, int ep = 1) {
     if (tp == 1) return 0.0;
     const double s = bf16 ? 2 : 4, share = (tp - 1.0) / tp, N = (double)B * T, C = c.channels, L = c.num_layers;
     const double loss = 2 * share * 3 * N * 4;
@@ -353,7 +354,8 @@ inline double tp_bytes_per_step(const GPT2Config& c, int B, int T, int tp, bool 
     }
     const double reductions = zero_stage >= 2 ? accumulation_steps : 1;
     const double expert_gradients = c.moe() ? 2 * share * (double)c.experts * C *
-                                                  (1.0 + c.expert_fc_channels() + c.expert_hidden()) * L * s * reductions
+                                                  (1.0 + (double)(c.expert_fc_channels() + c.expert_hidden()) / ep) *
+                                                  L * s * reductions
                                             : 0.0;
     return per_micro_step * accumulation_steps + layernorm_gradients + expert_gradients;
 }

@@ -158,6 +158,8 @@ inline std::string plan_layout_error(const GPT2Config& config, const Layout& l) 
     if (!error.empty()) return error;
     error = mesh_model_error(mesh_layout(1, dp, l.pp, l.cp, l.tp), config.num_layers, config.num_heads);
     if (!error.empty()) return error;
+    error = ep_layout_error(config.experts, l);
+    if (!error.empty()) return error;
     error = cp_layout_error(l.cp, l.cp_mode, l.cp_split, l.seq_len, config.num_heads, l.tp);
     if (!error.empty()) return error;
     if (l.cp > 1 && l.cp_mode == ContextParallelMode::Ulysses) {  // the K/V heads split over cp too
@@ -178,7 +180,7 @@ inline double plan_tp_bytes(const GPT2Config& config, const Layout& l, int accum
     stage.num_layers = config.num_layers / l.pp;
     const int T = l.seq_len / l.cp;
     double bytes = tp_bytes_per_step(stage, l.batch_size, T, l.tp, l.sequence_parallel, accumulation, l.zero_stage,
-                                     l.bf16);
+                                     l.bf16, l.ep);
     if (l.recompute.policy == RecomputePolicy::Full)  // the blocks' forward collectives, once more
         bytes += 4.0 * stage.num_layers * (l.tp - 1.0) / l.tp * (double)l.batch_size * T * config.channels *
                  (l.bf16 ? 2 : 4) * accumulation;
@@ -267,7 +269,7 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
     for (int r = 0; r < p; r++) {
         const ModelPart part = pipeline_model_part(l.schedule, r, p, V, m, plan.stage_layers, config.tied_head());
         const GPT2MemoryShape shape = gpt2_memory_shape(config, l, part);
-        const ParameterLayout layout(config, shards, l.tp, 0, part.held_chunks);
+        const ParameterLayout layout(config, shards, l.tp, 0, part.held_chunks, l.ep, 0);
         plan.shapes.push_back(shape);
         plan.stages.push_back(plan_training_memory(layout.total, l.zero_stage, gradient_ranks, shard_ranks, l.bf16, m,
                                                    &shape));
@@ -422,13 +424,15 @@ inline void print_layout_plan(const GPT2Config& config, const LayoutPlan& plan, 
     else
         snprintf(mlp, sizeof(mlp), "%zu hidden", config.hidden());
     fprintf(out, "plan: %s, %d layers, %d channels, %d heads (%d K/V), %s, %s parameters (%s on pp rank 0, tp "
-            "rank 0); %d ranks = %s; ZeRO stage %d (shard groups of %d), %d x %d tokens per data-parallel rank and "
+            "rank 0%s); %d ranks = %s%s; ZeRO stage %d (shard groups of %d), %d x %d tokens per data-parallel rank and "
             "micro-step, %d micro-step(s); recompute %s; %s\n", arch_name(config.arch), config.num_layers,
             config.channels, config.num_heads, config.kv_heads, mlp,
             format_count((double)ParameterLayout(config).num_parameters).c_str(),
             format_count((double)ParameterLayout(config, 1, l.tp, 0, pipeline_held_chunks(l.schedule, 0, l.pp, l.pp_virtual,
-                                                                     plan.stage_layers, config.tied_head()))
-                .num_parameters).c_str(), l.ranks, plan_layout_name(plan).c_str(), l.zero_stage, plan.shard * l.cp,
+                                                                     plan.stage_layers, config.tied_head()), l.ep, 0)
+                .num_parameters).c_str(), l.ep > 1 ? ", ep rank 0" : "", l.ranks, plan_layout_name(plan).c_str(),
+            l.ep > 1 ? (", experts over ep " + std::to_string(l.ep) + " of the dp ranks").c_str() : "", l.zero_stage,
+            plan.shard * l.cp,
             l.batch_size, l.seq_len, plan.accumulation, recompute_describe(l.recompute).c_str(),
             l.bf16 ? "BF16" : "FP32");
     if (l.cp > 1)

@@ -99,15 +99,15 @@ L, C, NH, KV, He, E, T, A, s = 2, 64, 4, 2, 32, 4, 16, 2, 4
 Q = (NH + 2 * KV) * (C // NH)
 
 
-def tp_bytes(tp, sp, batch, zero):
+def tp_bytes(tp, sp, batch, zero, ep=1):
     """llmc/parallel/tensor_parallel.h's tp_bytes_per_step for this model: f and g around the blocks (the shared
     expert's MLP among them), the vocabulary-parallel embedding and loss, under SP the RMSNorm weights'
-    gradient sums, and the router's and experts' gradient sums (E C (1 + 2He + He) per layer), once per step
+    gradient sums, and the router's and experts' gradient sums (E C (1 + (2He + He)/ep) per layer: a rank holds E/ep experts), once per step
     (per micro-step at ZeRO 2-3)."""
     N, share = batch * T, (tp - 1) / tp
     loss = 2 * share * 3 * N * 4
     reductions = A if zero >= 2 else 1
-    experts = 2 * share * E * C * (1 + 2 * He + He) * L * s * reductions
+    experts = 2 * share * E * C * (1 + (2 * He + He) / ep) * L * s * reductions
     if not sp:
         return A * ((8 * L + 4) * share * N * C * s + loss) + experts
     return A * ((10 * L + 5) * share * N * C * s + loss) + 2 * share * C * (2 * L + 1) * s + experts
@@ -135,9 +135,10 @@ for name, reference in runs:
         same_memory, memory_words, _ = memory_against_formula(work, name)
         routed, routing_words = same_routing(name, reference)
         good, words = same_run and same_memory and routed, f"{run_words}; {routing_words}; {memory_words}"
-        if name in ("tp2", "tp2_sp", "dp2_tp2_zero2"):  # the tp axis alone: its bytes against the formula
-            batch, zero = (4, 2) if name == "dp2_tp2_zero2" else (8, 0)
-            theory, sent = tp_bytes(2, name == "tp2_sp", batch, zero), events(work, name, "step")[-1]["tp_comm_bytes"]
+        if name in ("tp2", "tp2_sp", "dp2_tp2_zero2", "ep2_tp2"):  # the tp axis: its bytes against the formula
+            batch, zero = (4, 2) if name == "dp2_tp2_zero2" else (4, 0) if name == "ep2_tp2" else (8, 0)
+            theory = tp_bytes(2, name == "tp2_sp", batch, zero, ep=2 if name == "ep2_tp2" else 1)
+            sent = events(work, name, "step")[-1]["tp_comm_bytes"]
             error = abs(sent - theory) / theory
             good, words = good and error <= 1e-3, f"{words}; tp axis sent {sent} B/step, formula {theory:.0f} ({100 * error:.4f}%)"
         if name == "all_experts_ep2":  # the ep axis: the routed rows' all-to-alls, exact
