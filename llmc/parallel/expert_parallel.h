@@ -60,9 +60,9 @@ inline std::string ep_layout_error(int experts, const Layout& l) {
                " data-parallel ranks it is drawn from";
     if (experts % l.ep != 0)
         return "--ep " + std::to_string(l.ep) + " does not divide the " + std::to_string(experts) + " experts";
-    if (l.zero_stage > 0)
-        return "--zero " + std::to_string(l.zero_stage) + " with --ep " + std::to_string(l.ep) +
-               ": expert parallelism runs at ZeRO 0 (its experts are averaged over their own replicas)";
+    if (l.dp_shard != 0 && l.dp_shard != dp)
+        return "--dp-shard " + std::to_string(l.dp_shard) + " with --ep " + std::to_string(l.ep) +
+               ": expert parallelism shards the optimizer state over the ranks holding the same experts (no HSDP)";
     return "";
 }
 

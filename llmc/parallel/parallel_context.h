@@ -156,7 +156,7 @@ inline ModelPart model_part(const ParallelContext& par) {
     part.sequence_parallel = l.sequence_parallel;
     part.ep = par.ep.size;
     part.ep_rank = par.ep.rank;
-    part.shards = zero_shard_count(l.zero_stage, &par.mesh);
+    part.shards = zero_shard_count(l.zero_stage, &par.mesh, &par.ep);
     part.full_parameters = l.zero_stage < 3;
     part.full_gradients = l.zero_stage < 2;
     part.recompute = l.recompute;

@@ -56,9 +56,13 @@ Hybrid sharding (HSDP): with --dp-shard K the N = M * K ranks form M groups of K
 within a group (stages 1-2 over K) and each shard's gradient is then averaged across the M groups with an
 all-reduce between the ranks that hold the same shard.
 
-Expert parallelism (llmc/parallel/expert_parallel.h, at stage 0): the experts' tensors, at the tail of each
-block's chunk, differ between the ep ranks of a group, so that part of the chunk is averaged over the ranks
-holding the same experts (ep.experts_replicas) and scaled by 1/ep, the rest over all data-parallel ranks.
+Expert parallelism (llmc/parallel/expert_parallel.h): the experts' tensors, at the tail of each block's chunk,
+differ between the ep ranks of a group, so that part of the chunk is averaged over the ranks holding the same
+experts (ep.experts_replicas) and scaled by 1/ep, the rest over all data-parallel ranks. At stage 0 these are
+two all-reduces of the chunk's two parts. From stage 1 the state of every chunk is sharded over the ranks
+holding the same experts (the shard group is ep.experts_replicas: dp/ep x cp ranks), so each shard is
+reduce-scattered there; then the dense part of the shard, which the ep ranks of a group hold alike, is
+averaged over the ep group (as HSDP's replicas average theirs), and the experts' part scaled by 1/ep.
 
 The global gradient norm (for clipping) is the norm of the averaged gradient: at stage 0 every rank has
 all of it; at stages 1-2 each rank squares its shard and the squares are summed over the shard group.
@@ -91,7 +95,8 @@ struct Zero {
     Communicator* shard_group = nullptr;     // stages 1, 2: the ranks that split one copy of the state
     Communicator* replicate_group = nullptr; // stages 1, 2: the ranks holding the same shard (HSDP)
     Communicator* expert_replicas = nullptr; // expert parallelism: the ranks holding the same experts
-    int ep = 1;                              // ... and the ranks of an ep group
+    Communicator* ep_group = nullptr;        // ... and the ep group, which holds the dense parts alike
+    int ep = 1;
     bool last_microbatch = true;             // the backward pass now running is the step's last microbatch's
 
     float* master = nullptr;                 // this rank's shard: fp32 master weights (BF16 build only)
@@ -128,7 +133,11 @@ inline size_t shard_offset(const Zero& z, int chunk) { return z.layout->chunk_st
 // stage 0 to 3; mesh null for a single process. The model's layout must be padded for the shard count
 // (gpt2_allocate with zero_shard_count()), allocated without full gradients from stage 2 on and without
 // full parameters at stage 3.
-inline int zero_shard_count(int stage, const Mesh* mesh) { return stage == 0 || !mesh ? 1 : mesh->shard.size; }
+// Under expert parallelism the shards are the ranks holding the same experts.
+inline int zero_shard_count(int stage, const Mesh* mesh, const ExpertParallel* ep = nullptr) {
+    if (stage == 0 || !mesh) return 1;
+    return ep && ep->size > 1 ? ep->experts_replicas.size : mesh->shard.size;
+}
 
 // stages 2, 3: the sizes of the four working buffers (embeddings, two blocks, final layernorm)
 inline std::array<size_t, 4> working_buffer_sizes(const ParameterLayout& layout) {
@@ -185,8 +194,9 @@ inline void zero_init(Zero& z, int stage, Mesh* mesh, GPT2& model, const std::ve
                       ExpertParallel* ep = nullptr) {
     z.stage = stage;
     z.layout = &model.layout;
-    z.shards = zero_shard_count(stage, mesh);
-    z.shard_rank = z.shards > 1 ? mesh->shard.rank : 0;
+    z.shards = zero_shard_count(stage, mesh, ep);
+    const bool experts_split = ep && ep->size > 1;
+    z.shard_rank = z.shards > 1 ? (experts_split ? ep->experts_replicas.rank : mesh->shard.rank) : 0;
     if (model.layout.shards != z.shards)
         fatal("the parameter layout is padded for %d shard(s), ZeRO stage %d needs %d", model.layout.shards, stage,
               z.shards);
@@ -195,9 +205,11 @@ inline void zero_init(Zero& z, int stage, Mesh* mesh, GPT2& model, const std::ve
         z.shard_group = &mesh->shard;
         z.replicate_group = &mesh->axis[DP_REPLICATE];
     }
-    if (ep && ep->size > 1) {
+    if (experts_split) {
         z.expert_replicas = &ep->experts_replicas;
+        z.ep_group = &ep->group;
         z.ep = ep->size;
+        if (stage >= 1) z.shard_group = &ep->experts_replicas;
     }
     const size_t shard_total = model.layout.total / z.shards;
     const floatX* params_of_shard = nullptr;  // this rank's parameters, where shard_start() points
@@ -312,6 +324,22 @@ inline size_t expert_tail_of_chunk(const ParameterLayout& layout, int chunk, int
     return layout.chunk_start(chunk) + layout.chunk_size(chunk) - layout.offset(EXPERTFCW, chunk - 1);
 }
 
+// Stages 1-3 under expert parallelism: this rank's shard of chunk c, averaged over its shard group, becomes
+// the mean over all data-parallel ranks: its dense part averaged over the ep group, its experts' part / ep.
+inline void average_shard_over_ep(Zero& z, int chunk, floatX* shard) {
+    const size_t experts = expert_tail_of_chunk(*z.layout, chunk, z.ep);
+    if (experts == 0) {
+        if (z.ep > 1) all_reduce(*z.ep_group, shard, shard_size(z, chunk), Reduction::Average, z.comm_stream);
+        return;
+    }
+    // the shard's elements, in chunk coordinates, and where the experts begin
+    const size_t first = (size_t)z.shard_rank * shard_size(z, chunk), end = first + shard_size(z, chunk);
+    const size_t experts_first = z.layout->chunk_size(chunk) - experts;
+    const size_t dense_end = std::min(end, std::max(first, experts_first));
+    if (dense_end > first) all_reduce(*z.ep_group, shard, dense_end - first, Reduction::Average, z.comm_stream);
+    if (end > dense_end) moe_scale(shard + (dense_end - first), 1.0f / (float)z.ep, end - dense_end, z.comm_stream);
+}
+
 // Called when chunk c's gradient is complete and zero_reduces_now: averages it over the data-parallel
 // ranks, whole (stage 0) or into this rank's shard (stages 1, 2, 3), on the comm stream once the compute
 // stream got there.
@@ -334,6 +362,7 @@ inline void zero_reduce_chunk(Zero& z, GPT2& model, int chunk) {
         residual_forward(shard, shard, z.reduced, count, z.comm_stream);  // the running sum over micro-steps
         if (z.last_microbatch && z.replicate_group && z.replicate_group->size > 1)
             all_reduce(*z.replicate_group, shard, count, Reduction::Average, z.comm_stream);
+        if (z.last_microbatch) average_shard_over_ep(z, chunk, shard);
         cudaCheck(cudaMemsetAsync(z.working[w], 0, z.layout->chunk_size(chunk) * sizeof(floatX), z.comm_stream));
         cudaCheck(cudaEventRecord(z.working_free[w], z.comm_stream));
         return;
@@ -353,6 +382,7 @@ inline void zero_reduce_chunk(Zero& z, GPT2& model, int chunk) {
     if (z.shard_group) {
         reduce_scatter(*z.shard_group, shard, chunk_grads, count, Reduction::Average, z.comm_stream);
         if (z.replicate_group->size > 1) all_reduce(*z.replicate_group, shard, count, Reduction::Average, z.comm_stream);
+        average_shard_over_ep(z, chunk, shard);
     } else {
         cudaCheck(cudaMemcpyAsync(shard, chunk_grads, count * sizeof(floatX), cudaMemcpyDeviceToDevice, z.comm_stream));
     }

@@ -258,7 +258,8 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
     const int per_micro_step = l.batch_size * l.seq_len * plan.dp;
     const int m = plan.accumulation = l.total_batch_size > 0 ? l.total_batch_size / per_micro_step : 1;
     // the cp ranks of a replica average gradients and share ZeRO shards with the data-parallel ones
-    const int gradient_ranks = plan.dp * l.cp, shard_ranks = plan.shard * l.cp;
+    // (under expert parallelism the state is sharded over the ranks holding the same experts: dp/ep of them)
+    const int gradient_ranks = plan.dp * l.cp, shard_ranks = (l.ep > 1 ? plan.dp / l.ep : plan.shard) * l.cp;
     const int shards = l.zero_stage == 0 ? 1 : shard_ranks;
     const double s = l.bf16 ? 2 : 4;
     const double activation_elements = (double)l.batch_size * T_local * config.channels /

@@ -4,7 +4,11 @@
 # rank routing half the sequences through whole experts), tp 2 + SP, dp 2 x tp 2 at ZeRO-2 and pp 2 x tp 2 + SP,
 # the tp axis's bytes against its formula (the experts' gradient sums counted); a capacity
 # factor that drops assignments, on one rank and on dp 2; a GPT-2 block of 4 GELU experts and no shared one on
-# dp 2 at ZeRO-2; and a checkpoint saved by dp 2 x pp 2 resumed by one rank. Each against one rank on the same
+# dp 2 at ZeRO-2; and a checkpoint saved by dp 2 x pp 2 resumed by one rank. Expert parallelism (the experts
+# split over ep ranks drawn from dp, rows moved by all-to-all): ep 2, ep 4, dp 4 x ep 2, ep 2 x tp 2 (tp bytes
+# against the formula), ep 2 x pp 2, full recomputation, ZeRO 1-3, a capacity factor, GPT-2's block, the ep
+# group's bytes against the formula where every row goes to every expert, and a checkpoint of dp 4 x ep 2 at
+# ZeRO-1 resumed by one rank. Each against one rank on the same
 # global batch (16 rows of 16 tokens as 2 micro-steps), 5 steps, with a validation loss and a text sample at the
 # end (mpirun, CPU build, FP32): losses and the final model.bin within 1e-5 relative, activation memory equal
 # to llmc/planning/memory.h's formula to the byte, and the routing each run logged (rows per expert per layer,
@@ -50,14 +54,17 @@ layouts="ep2:2:4:--ep,2
          dp4_ep2:4:2:--ep,2
          ep2_tp2:4:4:--ep,2,--tp,2
          ep2_pp2:4:4:--ep,2,--pp,2
-         ep2_full:2:4:--ep,2,--recompute,full"
+         ep2_full:2:4:--ep,2,--recompute,full
+         ep2_zero1:2:4:--ep,2,--zero,1
+         ep2_zero3:2:4:--ep,2,--zero,3
+         dp4_ep2_zero2:4:2:--ep,2,--zero,2"
 for layout in $layouts; do
     IFS=: read -r name ranks batch layout_flags <<<"$layout"
     run_layout "$name" "$ranks" "$batch" ${layout_flags//,/ }
 done
 run_layout ep2_capacity 2 4 --ep 2 --capacity-factor 0.5
-# a checkpoint saved at step 3 by ep 2, resumed by one rank
-run_layout ep_saved 2 4 --ep 2 --checkpoint-every 3 --keep-checkpoints 5
+# a checkpoint saved at step 3 by dp 4 x ep 2 at ZeRO-1 (2 expert groups x 2 shards: 4 files), resumed by one rank
+run_layout ep_saved 4 2 --ep 2 --zero 1 --checkpoint-every 3 --keep-checkpoints 5
 mkdir -p "$work/ep_resumed" && cp "$work"/ep_saved/checkpoint_3* "$work/ep_resumed/"
 run_layout ep_resumed 1 8 --resume
 # GPT-2's block: 4 GELU experts, 2 per token, no shared expert
@@ -115,7 +122,8 @@ def tp_bytes(tp, sp, batch, zero, ep=1):
 
 runs = [(name, "one") for name in ("dp2_zero1", "dp2_zero3", "pp2_1f1b", "dp2_selective", "dp2_full", "tp2", "tp2_sp",
                                    "dp2_tp2_zero2", "pp2_tp2_sp")]
-runs += [(name, "one") for name in ("ep2", "ep4", "dp4_ep2", "ep2_tp2", "ep2_pp2", "ep2_full")]
+runs += [(name, "one") for name in ("ep2", "ep4", "dp4_ep2", "ep2_tp2", "ep2_pp2", "ep2_full", "ep2_zero1", "ep2_zero3",
+                                    "dp4_ep2_zero2")]
 runs += [("dp2_capacity", "one_capacity"), ("ep2_capacity", "one_capacity"), ("gpt2_dp2_zero2", "gpt2_one"),
          ("gpt2_ep2", "gpt2_one"), ("all_experts_ep2", "all_experts_one")]
 
@@ -153,7 +161,7 @@ results.append(report(bool(drops) and all(step[1] > 0 for step in drops),
 rows = [sum(map(sum, step[0])) for step in routing("one")]  # dropless: every row to K = 2 experts in L = 2 layers
 results.append(report(rows == [256 * 2 * 2] * 5, f"one rank, dropless: the experts ran 2 x 2 x 256 rows a step: {rows}"))
 for resumed, what in (("resumed", "saved by dp 2 x pp 2 (ZeRO-1), resumed by one rank"),
-                       ("ep_resumed", "saved by ep 2, resumed by one rank")):
+                       ("ep_resumed", "saved by dp 4 x ep 2 (ZeRO-1), resumed by one rank")):
     try:
         results.append(compare_resumed(work, resumed, "one", 3, what))
     except Exception as error:
@@ -178,5 +186,6 @@ expect_refused "--plan at cp 2" "a mixture of experts runs at cp 1" 1 "${experts
 expect_refused "ep without experts" "--ep 2 needs a mixture of experts" 2 --ep 2
 expect_refused "ep not dividing dp" "--ep 2 does not divide the 1 data-parallel ranks" 2 "${experts[@]}" --ep 2 --tp 2
 expect_refused "ep not dividing the experts" "--ep 4 does not divide the 6 experts" 4 --experts 6 --ep 4
-expect_refused "ep at ZeRO 1" "expert parallelism runs at ZeRO 0" 2 "${experts[@]}" --ep 2 --zero 1
+expect_refused "ep with HSDP" "expert parallelism shards the optimizer state over the ranks holding the same experts" \
+    4 "${experts[@]}" --ep 2 --zero 1 --dp-shard 2
 finish
