@@ -320,6 +320,9 @@ int main(int argc, char** argv) {
     model.moe.aux_coefficient = options.moe_aux_loss;
     model.moe.z_coefficient = options.moe_z_loss;
     model.moe.capacity_factor = options.capacity_factor;
+    if (options.capacity_factor > 0 && par.cp.size > 1)
+        fatal("--capacity-factor with --cp %d: the capacity keeps a sequence's first assignments in position order, "
+              "which the cp ranks split", par.cp.size);
     zero_init(par.zero, par.layout.zero_stage, &par.mesh, model, initial_parameters(options, model), &par.ep);
     if (par.main_rank) print_run(par, model);
 

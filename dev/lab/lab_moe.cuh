@@ -314,43 +314,47 @@ inline void check(const Case& c) {
     check_close("moe_unpermute_backward dweights" + shape, d_dweights.download(), dweights_ref, 0.0, 0.0,
                 dweights_allowance);
 
-    // the losses: accumulated onto values already there
-    const float aux_start = 0.5f, z_start = 0.25f;
-    double aux_ref = 0.0, z_ref = 0.0;
-    for (int b = 0; b < B; b++)
-        for (int e = 0; e < E; e++) {
-            const double f = (double)plan.routed_counts[(size_t)b * E + e] / ((double)T * K);
-            double P = 0.0;
-            for (int t = 0; t < T; t++) P += probs[((size_t)b * T + t) * E + e];
-            aux_ref += E * f * (P / T);
-        }
-    for (int n = 0; n < N; n++) z_ref += (double)lse[n] * lse[n];
-    DeviceBuffer<float> d_aux(1), d_z(1);
-    d_aux.upload(std::vector<float>{aux_start});
-    d_z.upload(std::vector<float>{z_start});
-    moe_aux_loss_forward(d_aux.ptr, d_z.ptr, d_probs.ptr, d_lse.ptr, d_routed.ptr, B, T, E, K, 0);
-    cudaCheck(cudaDeviceSynchronize());
-    // fp32 sums of non-negative terms: a thread adds its share (N E / 1024 products, N / 1024 squares), the
-    // block's tree 10 rounds more, then the scaling and the += a few roundings: that many ulp of the result
-    const double aux_ulps = std::ceil((double)N * E / MOE_AUX_BLOCK_SIZE) + 16;
-    const double z_ulps = std::ceil((double)N / MOE_AUX_BLOCK_SIZE) + 16;
-    check_close("moe_aux_loss_forward aux_sum (+=)" + shape, d_aux.download(), {aux_start + aux_ref}, 0.0,
-                aux_ulps * kUnit);
-    check_close("moe_aux_loss_forward z_sum (+=)" + shape, d_z.download(), {z_start + z_ref}, 0.0, z_ulps * kUnit);
+    // the losses: accumulated onto values already there. Sequences of S = T positions, and of S = 3T where this
+    // rank holds T of each (context parallelism: the counts are the whole sequence's, P a part of its mean)
+    for (const int S : {T, 3 * T}) {
+        const std::string of = shape + (S == T ? "" : " S=3T");
+        const float aux_start = 0.5f, z_start = 0.25f;
+        double aux_ref = 0.0, z_ref = 0.0;
+        for (int b = 0; b < B; b++)
+            for (int e = 0; e < E; e++) {
+                const double f = (double)plan.routed_counts[(size_t)b * E + e] / ((double)S * K);
+                double P = 0.0;
+                for (int t = 0; t < T; t++) P += probs[((size_t)b * T + t) * E + e];
+                aux_ref += E * f * (P / S);
+            }
+        for (int n = 0; n < N; n++) z_ref += (double)lse[n] * lse[n];
+        DeviceBuffer<float> d_aux(1), d_z(1);
+        d_aux.upload(std::vector<float>{aux_start});
+        d_z.upload(std::vector<float>{z_start});
+        moe_aux_loss_forward(d_aux.ptr, d_z.ptr, d_probs.ptr, d_lse.ptr, d_routed.ptr, B, T, S, E, K, 0);
+        cudaCheck(cudaDeviceSynchronize());
+        // fp32 sums of non-negative terms: a thread adds its share (N E / 1024 products, N / 1024 squares), the
+        // block's tree 10 rounds more, then the scaling and the += a few roundings: that many ulp of the result
+        const double aux_ulps = std::ceil((double)N * E / MOE_AUX_BLOCK_SIZE) + 16;
+        const double z_ulps = std::ceil((double)N / MOE_AUX_BLOCK_SIZE) + 16;
+        check_close("moe_aux_loss_forward aux_sum (+=)" + of, d_aux.download(), {aux_start + aux_ref}, 0.0,
+                    aux_ulps * kUnit);
+        check_close("moe_aux_loss_forward z_sum (+=)" + of, d_z.download(), {z_start + z_ref}, 0.0, z_ulps * kUnit);
 
-    const float aux_scale = 0.01f / B;
-    std::vector<double> daux_ref((size_t)N * E);
-    for (int n = 0; n < N; n++)
-        for (int e = 0; e < E; e++) {
-            const double f = (double)plan.routed_counts[(size_t)(n / T) * E + e] / ((double)T * K);
-            daux_ref[(size_t)n * E + e] = (double)aux_scale * E * f / T;
-        }
-    DeviceBuffer<float> d_dprobs((size_t)N * E);
-    d_dprobs.poison();
-    moe_aux_loss_backward(d_dprobs.ptr, d_routed.ptr, B, T, E, K, aux_scale, 0);
-    cudaCheck(cudaDeviceSynchronize());
-    // four fp32 roundings (T K, /, E, /T) of exact integers and aux_scale
-    check_close("moe_aux_loss_backward dprobs" + shape, d_dprobs.download(), daux_ref, 0.0, 8 * kUnit);
+        const float aux_scale = 0.01f / B;
+        std::vector<double> daux_ref((size_t)N * E);
+        for (int n = 0; n < N; n++)
+            for (int e = 0; e < E; e++) {
+                const double f = (double)plan.routed_counts[(size_t)(n / T) * E + e] / ((double)S * K);
+                daux_ref[(size_t)n * E + e] = (double)aux_scale * E * f / S;
+            }
+        DeviceBuffer<float> d_dprobs((size_t)N * E);
+        d_dprobs.poison();
+        moe_aux_loss_backward(d_dprobs.ptr, d_routed.ptr, B, T, S, E, K, aux_scale, 0);
+        cudaCheck(cudaDeviceSynchronize());
+        // four fp32 roundings (S K, /, E, /S) of exact integers and aux_scale
+        check_close("moe_aux_loss_backward dprobs" + of, d_dprobs.download(), daux_ref, 0.0, 8 * kUnit);
+    }
 
     // router backward, from the router forward's own outputs (as in training) and an aux part of any size
     const std::vector<float> aux_part = random_floats((size_t)N * E, -1.0f, 1.0f);
@@ -467,7 +471,7 @@ inline void bench(int B, int T, int E, int K, int C, const std::string& note) {
     });
     report_bench("moe_unpermute_backward" + shape, ms, 3.0 * N * K * C * sizeof(floatX), 0);
     ms = time_ms([&] {
-        moe_aux_loss_forward(d_scalars.ptr, d_scalars.ptr + 1, d_probs.ptr, d_lse.ptr, d_routed.ptr, B, T, E, K, 0);
+        moe_aux_loss_forward(d_scalars.ptr, d_scalars.ptr + 1, d_probs.ptr, d_lse.ptr, d_routed.ptr, B, T, T, E, K, 0);
     });
     report_bench("moe_aux_loss_forward" + shape, ms, (double)N * E * 4, 0);
     ms = time_ms([&] {

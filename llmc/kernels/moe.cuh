@@ -27,6 +27,9 @@ Losses. The sequence-wise balance loss (Switch Transformer / GShard) and the rou
     f[b,e] = routed[b,e] / (T K)         the share of sequence b's assignments sent to e, before drops
     P[b,e] = (1/T) sum_t p[bT+t, e]      the router's mean probability for e over b's tokens
     aux = (1/B) sum_b E sum_e f[b,e] P[b,e],       zloss = (1/N) sum_n lse_n^2
+Under context parallelism a rank holds T of each sequence's S positions (S = T without it): routed then counts
+the whole sequence's assignments (summed over the cp ranks by the caller), f divides by S K and P by S, and
+each rank's sum is its rows' part of the loss, the parts adding up over the ranks.
 f counts discrete choices and has no gradient; P carries it, so the loss lowers the probability of the
 experts that already receive more than their share (aux is 1 when both are uniform). The z-loss keeps the
 logits small, where the bf16 router matmul is accurate. The kernels compute the sums; the caller divides.
@@ -393,8 +396,8 @@ __global__ void moe_unpermute_backward_kernel(floatX* dexpert_out, float* dweigh
 // ----------------------------------------------------------------------------
 // the auxiliary losses
 /*
-The balance loss's sum, row by row: with b = b(n),
-    sum_b E sum_e f[b,e] P[b,e] = E / (T^2 K) sum_n sum_e routed[b,e] p[n,e]
+The balance loss's sum, row by row: with b = b(n), S positions per sequence (this rank's T of them),
+    sum_b E sum_e f[b,e] P[b,e] = E / (S^2 K) sum_n sum_e routed[b,e] p[n,e]
 One block does the whole sum (the API has no scratch for per-block partials, and an fp32 atomicAdd would make
 the bits depend on the order the blocks finish). It reads N E + N floats on one multiprocessor, which streams
 on the order of 100 GB/s (an estimate, not measured here): at N = 16K rows and E = 64, 4 MiB, some tens of
@@ -403,7 +406,7 @@ where per-block partials in a caller's scratch buffer would be the next step.
 */
 
 __global__ void moe_aux_loss_forward_kernel(float* aux_sum, float* z_sum, const float* probs, const float* lse,
-                                            const int* routed_counts, int B, int T, int E, int K) {
+                                            const int* routed_counts, int B, int T, int S, int E, int K) {
     const size_t N = (size_t)B * T;
     float routed_dot_probs = 0.0f;
     const GridStride items = block_stride(N * E);
@@ -417,18 +420,18 @@ __global__ void moe_aux_loss_forward_kernel(float* aux_sum, float* z_sum, const 
     routed_dot_probs = block_reduce_sum(routed_dot_probs);
     lse_squares = block_reduce_sum(lse_squares);
     if (threadIdx.x == 0) {
-        *aux_sum += (float)E / ((float)T * (float)T * (float)K) * routed_dot_probs;
+        *aux_sum += (float)E / ((float)S * (float)S * (float)K) * routed_dot_probs;
         *z_sum += lse_squares;
     }
 }
 
-__global__ void moe_aux_loss_backward_kernel(float* dprobs, const int* routed_counts, int B, int T, int E, int K,
-                                             float aux_scale) {
+__global__ void moe_aux_loss_backward_kernel(float* dprobs, const int* routed_counts, int B, int T, int S, int E,
+                                             int K, float aux_scale) {
     const GridStride share = grid_stride((size_t)B * T * E);
     for (size_t i = share.first; i < share.end; i += share.step) {
         const size_t n = i / E, b = n / T;
-        const float f = (float)routed_counts[b * E + i % E] / ((float)T * (float)K);
-        dprobs[i] = aux_scale * (float)E * f / (float)T;
+        const float f = (float)routed_counts[b * E + i % E] / ((float)S * (float)K);
+        dprobs[i] = aux_scale * (float)E * f / (float)S;
     }
 }
 
@@ -448,6 +451,12 @@ inline void moe_check_experts(const char* caller, int E, int K) {
     if (E < 1 || E > MOE_MAX_EXPERTS)
         fatal("%s: %d experts: must be 1 to %d (one warp holds a row's router logits)", caller, E, MOE_MAX_EXPERTS);
     if (K < 1 || K > E) fatal("%s: %d experts per token out of %d: must be 1 to E", caller, K, E);
+}
+
+inline void moe_check_sequences(const char* caller, int B, int T, int S) {
+    if (B < 1 || T < 1 || S < T)
+        fatal("%s: B = %d sequences of T = %d rows (of S = %d positions): B and T must be at least 1, S at least T",
+              caller, B, T, S);
 }
 
 inline void moe_check_rows(const char* caller, long long N, int K) {
@@ -534,22 +543,22 @@ void moe_scale(floatX* data, float factor, size_t count, cudaStream_t stream) {
 }
 
 // The aux loss's value and the z-loss's: aux_sum += sum_b E * sum_e f[b,e] P[b,e]; z_sum += sum_n lse[n]^2 (fp32
-// device scalars; the caller divides by B and N)
+// device scalars; the caller divides by B and N). T rows per sequence here, of its S positions.
 void moe_aux_loss_forward(float* aux_sum, float* z_sum, const float* probs, const float* lse, const int* routed_counts,
-                          int B, int T, int E, int K, cudaStream_t stream) {
+                          int B, int T, int S, int E, int K, cudaStream_t stream) {
     moe_check_experts("moe_aux_loss_forward", E, K);
-    if (B < 1 || T < 1) fatal("moe_aux_loss_forward: B = %d sequences of T = %d: both must be at least 1", B, T);
+    moe_check_sequences("moe_aux_loss_forward", B, T, S);
     launch(moe_aux_loss_forward_kernel, 1, MOE_AUX_BLOCK_SIZE, 0, stream, aux_sum, z_sum, probs, lse, routed_counts,
-           B, T, E, K);
+           B, T, S, E, K);
 }
 
-// the aux loss's gradient: dprobs[n*E+e] = aux_scale * E * f[b,e] / T   (overwrites: dprobs starts as the aux part)
-void moe_aux_loss_backward(float* dprobs, const int* routed_counts, int B, int T, int E, int K, float aux_scale,
+// the aux loss's gradient: dprobs[n*E+e] = aux_scale * E * f[b,e] / S   (overwrites: dprobs starts as the aux part)
+void moe_aux_loss_backward(float* dprobs, const int* routed_counts, int B, int T, int S, int E, int K, float aux_scale,
                            cudaStream_t stream) {
     moe_check_experts("moe_aux_loss_backward", E, K);
-    if (B < 1 || T < 1) fatal("moe_aux_loss_backward: B = %d sequences of T = %d: both must be at least 1", B, T);
+    moe_check_sequences("moe_aux_loss_backward", B, T, S);
     launch(moe_aux_loss_backward_kernel, grid_size_for((long long)B * T * E, MOE_BLOCK_SIZE), MOE_BLOCK_SIZE, 0,
-           stream, dprobs, routed_counts, B, T, E, K, aux_scale);
+           stream, dprobs, routed_counts, B, T, S, E, K, aux_scale);
 }
 
 // dlogits (floatX, N x E) from dprobs (in: the aux part; may be modified) plus the renormalised weights' gradient

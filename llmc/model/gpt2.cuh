@@ -99,7 +99,8 @@ struct BlockActivations {
     int* routed_experts;     // (N, K)   each row's experts, best first
     float* routed_weights;   // (N, K)   their renormalised weights
     int* routed_slots;       // (N, K)   each assignment's row among the expert-sorted rows (-1: dropped)
-    int* routed_counts;      // (B, E)   assignments of each sequence to each expert, before drops
+    int* routed_counts;      // (P B, E) assignments of each sequence to each expert, before drops (under cp,
+                             //          each of the P pieces of it a rank holds: its whole sequence's)
     // under expert parallelism (ep ranks; llmc/parallel/expert_parallel.h) this rank's experts run the rows of
     // the whole ep group: up to ep M of them
     int* expert_rows;        // (ep, E)  host: rows each expert runs (kept assignments), per ep rank
@@ -345,6 +346,8 @@ struct ModelPart {
     bool sequence_parallel = false;
     // expert parallelism: this rank's experts of a mixture of experts (E/ep), which run the ep group's rows
     int ep = 1, ep_rank = 0;
+    // context parallelism: the pieces each sequence's positions come in on this rank (zigzag: 2)
+    int sequence_pieces = 1;
     // ZeRO: chunks padded for `shards` shards; whole parameters below stage 3, whole gradients below stage 2
     int shards = 1;
     bool full_parameters = true, full_gradients = true;
@@ -403,7 +406,7 @@ inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int
             a.routed_experts = (int*)buffer(M, sizeof(int), kind);
             a.routed_weights = floats(M, kind);
             a.routed_slots = (int*)buffer(M, sizeof(int), kind);
-            a.routed_counts = (int*)buffer((size_t)B * E, sizeof(int), kind);
+            a.routed_counts = (int*)buffer((size_t)part.sequence_pieces * B * E, sizeof(int), kind);
             a.expert_rows = host_ints(G * E);
             a.expert_input = values(G * M * C, kind);
             a.expert_fch = values(G * M * c.expert_fc_channels(), kind);

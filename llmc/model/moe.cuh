@@ -15,6 +15,12 @@ ordinary matmuls; the weighted sum takes each row's K results back (unpermute). 
 order (the rows sorted by expert, then by row and k; the sum in k order), so the result does not depend
 on how many rows a rank holds, and a layout equals one rank.
 
+Under context parallelism (llmc/parallel/context_parallel.h) a rank holds T/cp of each sequence's positions, in
+one piece or (zigzag) two, stored piece-major: routing is per row, so only the balance loss sees the split. The
+kernels take each piece of each sequence as a sequence of its own (B pieces x B rows of T/pieces); the counts
+of its assignments are then replaced by its whole sequence's, summed over the pieces and the cp ranks
+(moe_sequence_counts), and each piece adds its rows' part of the loss (llmc/kernels/moe.cuh).
+
 Two losses keep the router healthy, both added to the cross-entropy's gradient (the reported loss is the
 cross-entropy alone; the log shows them apart):
   - load balancing (Switch Transformer, GShard), per sequence of T rows: with f_e the share of the
@@ -42,6 +48,7 @@ travel to the rank of their expert and back between the permute and the unpermut
 #include "gpt2.cuh"
 #include "architecture.cuh"
 #include "../parallel/expert_parallel.h"
+#include "../parallel/context_parallel.h"
 
 // The most assignments an expert takes from one sequence of T rows (0: no limit).
 inline int moe_capacity(const GPT2Config& c, float capacity_factor, int T) {
@@ -63,13 +70,39 @@ inline floatX* expert_projection(const GPT2Config& c, floatX* expertprojw, int e
     return expertprojw + (size_t)e * c.channels * c.expert_hidden();
 }
 
+// The pieces each of this rank's sequences comes in, each routed as a sequence of its own: cp's chunks per rank
+// (llmc/parallel/context_parallel.h), or 1 (no cp; decoding one row, which every cp rank runs whole).
+inline int moe_sequence_pieces(const GPT2& model, const ContextParallel& cp) {
+    return cp.size > 1 && !model.cache.decoding ? cp_chunks_per_rank(cp.split) : 1;
+}
+
+// Under context parallelism: routed_counts (pieces x B x E, each piece's assignments per expert, piece-major as
+// the rows are) replaced by its whole sequence's: summed over the pieces and the cp ranks, which hold the other
+// positions of the same B sequences. Through the host, where the forward pass waits for the rows per expert
+// anyway.
+inline void moe_sequence_counts(const ContextParallel& cp, int* routed_counts, int pieces, int B, int E,
+                                cudaStream_t stream) {
+    if (cp.size == 1) return;
+    const size_t per_piece = (size_t)B * E;
+    std::vector<int> counts(pieces * per_piece);
+    copy_to_host(counts.data(), routed_counts, counts.size(), stream);
+    const std::vector<uint64_t> everyone = all_gather_words(*cp.group, std::vector<uint64_t>(counts.begin(), counts.end()),
+                                                            stream);
+    std::vector<int> sequence(per_piece, 0);  // (B, E): the whole sequences'
+    for (int r = 0; r < cp.size; r++)
+        for (int k = 0; k < pieces; k++)
+            for (size_t i = 0; i < per_piece; i++) sequence[i] += (int)everyone[(r * pieces + k) * per_piece + i];
+    for (int k = 0; k < pieces; k++) std::copy(sequence.begin(), sequence.end(), counts.begin() + k * per_piece);
+    copy_to_device(routed_counts, counts.data(), counts.size(), stream);
+}
+
 // The routed half of the MLP on h (N = B T rows, this rank's): routing, the experts, and their weighted sum
 // into `out` (N x C). The experts' row counts come to the host, which launches each expert's matmuls: the one
 // point in a step where the host waits for the device mid-pass. Under expert parallelism the sorted rows go
 // to their experts' ranks (ep_dispatch) and their outputs come back (ep_combine); this rank's experts run
 // the rows of the whole ep group.
-inline void moe_forward(GPT2& model, ExpertParallel& ep, const BlockParams& p, const BlockActivations& a, floatX* out,
-                        const floatX* h, int B, int T) {
+inline void moe_forward(GPT2& model, ExpertParallel& ep, const ContextParallel& cp, const BlockParams& p,
+                        const BlockActivations& a, floatX* out, const floatX* h, int B, int T) {
     const GPT2Config& c = model.config;
     SharedBuffers& s = model.shared;
     cudaStream_t stream = model.stream;
@@ -77,10 +110,13 @@ inline void moe_forward(GPT2& model, ExpertParallel& ep, const BlockParams& p, c
     const int He = (int)c.expert_hidden(), fc = (int)c.expert_fc_channels();
     // sampling decodes one row at a time: it keeps every assignment (a capacity counts a whole sequence)
     const int capacity = model.cache.decoding ? 0 : moe_capacity(c, model.moe.capacity_factor, T);
+    const int pieces = moe_sequence_pieces(model, cp);
     matmul_forward(s.router_logits, h, p.routerw, nullptr, N, C, E, stream);
     moe_router_forward(a.router_probs, a.router_lse, a.routed_experts, a.routed_weights, s.router_logits, N, E, K,
                        stream);
-    moe_dispatch_plan(a.routed_slots, s.expert_rows, a.routed_counts, a.routed_experts, B, T, K, E, capacity, stream);
+    moe_dispatch_plan(a.routed_slots, s.expert_rows, a.routed_counts, a.routed_experts, B * pieces, T / pieces, K, E,
+                      capacity, stream);
+    if (!model.cache.decoding) moe_sequence_counts(cp, a.routed_counts, pieces, B, E, stream);
     int* my_rows = a.expert_rows + (size_t)ep.rank * E;
     cudaCheck(cudaMemcpyAsync(my_rows, s.expert_rows, E * sizeof(int), cudaMemcpyDeviceToHost, stream));
     // this rank's rows sorted by expert: where its experts run them (one rank), or ready to travel
@@ -118,7 +154,8 @@ inline MoERows moe_rows(const TensorParallel& tp, int B, int T, int C) {
 // The routed experts' output for this tp rank's sequences of h (N x C) into out (N x C): added to the shared
 // experts' partial sum there, or (no shared experts) written, with 0 for the rows of the other tp ranks, so that
 // g's sum over the ranks holds each row's output once.
-inline void moe_add_routed_output(GPT2& model, const TensorParallel& tp, ExpertParallel& ep, const BlockParams& p,
+inline void moe_add_routed_output(GPT2& model, const TensorParallel& tp, ExpertParallel& ep,
+                                  const ContextParallel& cp, const BlockParams& p,
                                   const BlockActivations& a, floatX* out, bool shared, const floatX* h, int B, int T) {
     const int C = model.config.channels;
     const size_t N = (size_t)B * T;
@@ -127,7 +164,7 @@ inline void moe_add_routed_output(GPT2& model, const TensorParallel& tp, ExpertP
     if (!shared && count < N * C) cudaCheck(cudaMemsetAsync(out, 0, N * C * sizeof(floatX), model.stream));
     if (rows.sequences == 0) return;
     floatX* routed = shared ? model.shared.routed_output : out + rows.offset;
-    moe_forward(model, ep, p, a, routed, h + rows.offset, rows.sequences, T);
+    moe_forward(model, ep, cp, p, a, routed, h + rows.offset, rows.sequences, T);
     if (shared) residual_forward(out + rows.offset, out + rows.offset, routed, count, model.stream);
 }
 
@@ -145,9 +182,9 @@ inline void moe_recompute_selective(const GPT2& model, const ExpertParallel& ep,
 // losses' values added to model.moe.loss_sums. A row's h gradient is its K experts' input gradients plus
 // the router's, in that order. Under expert parallelism the output gradients travel to the experts and the
 // input gradients back, as the rows did in the forward pass.
-inline void moe_backward(GPT2& model, ExpertParallel& ep, const BlockParams& p, const BlockParams& g,
-                         const BlockActivations& a, floatX* dh, const floatX* h, const floatX* dout, int layer, int B,
-                         int T) {
+inline void moe_backward(GPT2& model, ExpertParallel& ep, const ContextParallel& cp, const BlockParams& p,
+                         const BlockParams& g, const BlockActivations& a, floatX* dh, const floatX* h,
+                         const floatX* dout, int layer, int B, int T) {
     const GPT2Config& c = model.config;
     SharedBuffers& s = model.shared;
     MoETraining& moe = model.moe;
@@ -174,11 +211,13 @@ inline void moe_backward(GPT2& model, ExpertParallel& ep, const BlockParams& p, 
     moe_permute_backward(s.routed_output, sorted, a.routed_slots, N, K, C, stream);
     residual_forward(dh, dh, s.routed_output, (size_t)N * C, stream);
     // the router: the losses' gradients on p, with the weights' through the renormalisation and the softmax.
-    // dloss weighs a row's loss (1 / rows of the step on this rank): a sequence's aux loss weighs T times it.
-    const float aux_scale = moe.aux_coefficient * moe.loss_scale * T, z_scale = moe.z_coefficient * moe.loss_scale;
-    moe_aux_loss_forward(moe.loss_sums, moe.loss_sums + 1, a.router_probs, a.router_lse, a.routed_counts, B, T, E, K,
-                         stream);
-    moe_aux_loss_backward(s.router_dprobs, a.routed_counts, B, T, E, K, aux_scale, stream);
+    // dloss weighs a row's loss (1 / rows of the step on this rank): a sequence's aux loss weighs S times it,
+    // S = T cp the sequence's positions, of which this rank holds T (in `pieces` pieces of T / pieces rows).
+    const int S = T * cp.size, pieces = moe_sequence_pieces(model, cp);
+    const float aux_scale = moe.aux_coefficient * moe.loss_scale * S, z_scale = moe.z_coefficient * moe.loss_scale;
+    moe_aux_loss_forward(moe.loss_sums, moe.loss_sums + 1, a.router_probs, a.router_lse, a.routed_counts, B * pieces,
+                         T / pieces, S, E, K, stream);
+    moe_aux_loss_backward(s.router_dprobs, a.routed_counts, B * pieces, T / pieces, S, E, K, aux_scale, stream);
     moe_router_backward(s.router_logits, s.router_dprobs, a.router_probs, a.router_lse, a.routed_experts,
                         a.routed_weights, s.routed_dweights, N, E, K, z_scale, stream);
     matmul_backward(s.routed_output, g.routerw, nullptr, s.matmul_scratch, s.router_logits, h, p.routerw, N, C, E,

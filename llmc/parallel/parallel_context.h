@@ -67,17 +67,18 @@ inline int micro_step_tokens(int batch_size, int seq_len, int ranks) {
 // Every rank of the launcher (mpirun, srun, torchrun; one rank without) calls this together. Stops with one
 // line naming the flag if the layout cannot run this model on these ranks. From here on a rank that waits
 // longer than `collective_timeout` seconds in one collective ends the job (llmc/parallel/watchdog.h).
-// A mixture of experts (llmc/model/moe.cuh) runs where each rank routes whole sequences through whole experts
-// and the backward pass is whole: under tp each tp rank takes B/tp of the sequences (so tp must divide B). The
-// axes that would split a sequence's balance loss and capacity (cp) or the experts' backward pass into B and W
-// (zb-h1, zbv) are refused by name ("": it runs).
+// A mixture of experts (llmc/model/moe.cuh) runs where the backward pass is whole: under tp each tp rank takes
+// B/tp of the sequences (so tp must divide B). The schedules that would split the experts' backward pass into
+// B and W (zb-h1, zbv) and tp with cp (whose tp ranks would route pieces of sequences) are refused by name
+// ("": it runs). (cp runs, without a capacity: train_gpt refuses that.)
 inline std::string moe_layout_error(const GPT2Config& c, const Layout& l) {
     if (!c.moe()) return "";
     if (l.batch_size % l.tp != 0)
         return "--batch-size " + std::to_string(l.batch_size) + " with --tp " + std::to_string(l.tp) +
                ": each tp rank routes whole sequences through the experts, so tp must divide the batch";
-    if (l.cp > 1) return "--cp " + std::to_string(l.cp) + ": a mixture of experts runs at cp 1 (its balance loss and "
-                         "capacity count whole sequences)";
+    if (l.tp > 1 && l.cp > 1)
+        return "--tp " + std::to_string(l.tp) + " with --cp " + std::to_string(l.cp) +
+               ": a mixture of experts runs under tp or cp, not both yet";
     if (pipeline_splits_backward(l.schedule))
         return std::string("--pp-schedule ") + pipeline_schedule_name(l.schedule) +
                ": a mixture of experts runs under schedules with a whole backward pass (gpipe, 1f1b, interleaved)";
@@ -155,6 +156,7 @@ inline ModelPart model_part(const ParallelContext& par) {
     part.tp_rank = par.tp.rank;
     part.sequence_parallel = l.sequence_parallel;
     part.ep = par.ep.size;
+    part.sequence_pieces = l.cp > 1 ? cp_chunks_per_rank(l.cp_split) : 1;
     part.ep_rank = par.ep.rank;
     part.shards = zero_shard_count(l.zero_stage, &par.mesh, &par.ep);
     part.full_parameters = l.zero_stage < 3;

@@ -208,7 +208,8 @@ struct ActivationBytes {
 //   or 2 He; H and F above are then the shared experts'; the experts are whole on every tp rank, which routes
 //   N/t of the rows, but the records are sized for all N):
 //   per layer: floatX expert_input, expert_output 2 MC, expert_fch M Fe, expert_act M He; fp32 router_probs
-//              NE, router_lse N, routed_weights M; int routed_experts, routed_slots 2M, routed_counts BE
+//              NE, router_lse N, routed_weights M; int routed_experts, routed_slots 2M, routed_counts kBE (k the
+//              pieces of a sequence a cp rank holds, below; 1 without cp)
 //              (whatever the recompute policy keeps of a layer, it keeps these whole or not at all)
 //   workspace: floatX router_logits NE, routed_output NC, expert_doutput MC, expert_dfch M Fe, SwiGLU's
 //              expert_dact M He; fp32 router_dprobs NE, routed_dweights M, loss_sums 2; int expert_rows E
@@ -228,13 +229,14 @@ inline ActivationBytes gpt2_activation_bytes(const GPT2MemoryShape& shape, bool 
     const bool moe = shape.experts > 0;
     const double H = (shape.ffn_hidden > 0 || moe ? shape.ffn_hidden : 4 * C) / t, F = shape.llama ? 2 * H : H;
     const double E = shape.experts, M = N * shape.experts_per_token, He = shape.expert_hidden, G = shape.ep;
+    const double pieces = shape.cp > 1 ? shape.cp_chunks : 1;
     const double Fe = shape.llama ? 2 * He : He;
     const double n = shape.llama ? 2 : 4;
     const double l = shape.stage_layers > 0 ? shape.stage_layers : shape.num_layers, K = shape.records;
     const double v = shape.padded_vocab / t, SMs = shape.multiprocessors;
     ActivationBytes a;
     a.record = (4 * R * C + N * q + N * c + N * F + N * H) * s + (n * R + N * h) * f;
-    if (moe) a.record += (G * M * C + M * C + G * M * Fe + G * M * He) * s + (N * E + N + M) * f + (2 * M + shape.batch * E) * i;
+    if (moe) a.record += (G * M * C + M * C + G * M * Fe + G * M * He) * s + (N * E + N + M) * f + (2 * M + pieces * shape.batch * E) * i;
     const double dropped = (2 * R * C + N * H) * s;  // selective: ln1, ln2, fch_gelu
     switch (shape.recompute.policy) {
         case RecomputePolicy::None:

@@ -8,7 +8,8 @@
 # split over ep ranks drawn from dp, rows moved by all-to-all): ep 2, ep 4, dp 4 x ep 2, ep 2 x tp 2 (tp bytes
 # against the formula), ep 2 x pp 2, full recomputation, ZeRO 1-3, a capacity factor, GPT-2's block, the ep
 # group's bytes against the formula where every row goes to every expert, and a checkpoint of dp 4 x ep 2 at
-# ZeRO-1 resumed by one rank. Each against one rank on the same
+# ZeRO-1 resumed by one rank. Context parallelism (the balance loss's counts summed over each sequence's pieces):
+# cp 2 (ring, zigzag pieces), cp 2 Ulysses, and ep 2 x cp 2. Each against one rank on the same
 # global batch (16 rows of 16 tokens as 2 micro-steps), 5 steps, with a validation loss and a text sample at the
 # end (mpirun, CPU build, FP32): losses and the final model.bin within 1e-5 relative, activation memory equal
 # to llmc/planning/memory.h's formula to the byte, and the routing each run logged (rows per expert per layer,
@@ -57,7 +58,10 @@ layouts="ep2:2:4:--ep,2
          ep2_full:2:4:--ep,2,--recompute,full
          ep2_zero1:2:4:--ep,2,--zero,1
          ep2_zero3:2:4:--ep,2,--zero,3
-         dp4_ep2_zero2:4:2:--ep,2,--zero,2"
+         dp4_ep2_zero2:4:2:--ep,2,--zero,2
+         cp2:2:8:--cp,2
+         cp2_ulysses:2:8:--cp,2,--cp-mode,ulysses
+         ep2_cp2:4:4:--ep,2,--cp,2"
 for layout in $layouts; do
     IFS=: read -r name ranks batch layout_flags <<<"$layout"
     run_layout "$name" "$ranks" "$batch" ${layout_flags//,/ }
@@ -123,7 +127,7 @@ def tp_bytes(tp, sp, batch, zero, ep=1):
 runs = [(name, "one") for name in ("dp2_zero1", "dp2_zero3", "pp2_1f1b", "dp2_selective", "dp2_full", "tp2", "tp2_sp",
                                    "dp2_tp2_zero2", "pp2_tp2_sp")]
 runs += [(name, "one") for name in ("ep2", "ep4", "dp4_ep2", "ep2_tp2", "ep2_pp2", "ep2_full", "ep2_zero1", "ep2_zero3",
-                                    "dp4_ep2_zero2")]
+                                    "dp4_ep2_zero2", "cp2", "cp2_ulysses", "ep2_cp2")]
 runs += [("dp2_capacity", "one_capacity"), ("ep2_capacity", "one_capacity"), ("gpt2_dp2_zero2", "gpt2_one"),
          ("gpt2_ep2", "gpt2_one"), ("all_experts_ep2", "all_experts_one")]
 
@@ -176,13 +180,16 @@ refused_flags=("${common[@]}" --model custom --steps 1)
 expect_refused "tp 2, B 3" "each tp rank routes whole sequences through the experts" 2 "${experts[@]}" --tp 2 \
     --batch-size 3
 refused_flags+=(--batch-size 4)
-expect_refused "cp 2" "a mixture of experts runs at cp 1" 2 "${experts[@]}" --cp 2
+expect_refused "tp 2 x cp 2" "a mixture of experts runs under tp or cp, not both yet" 4 "${experts[@]}" --tp 2 --cp 2
+expect_refused "cp 2 with a capacity" "the capacity keeps a sequence's first assignments in position order" 2 \
+    "${experts[@]}" --cp 2 --capacity-factor 1
 expect_refused "zb-h1" "a mixture of experts runs under schedules with a whole backward pass" 2 "${experts[@]}" --pp 2 \
     --pp-schedule zb-h1
 expect_refused "shared experts without experts" "--shared-experts sits beside routed experts" 1 --shared-experts 1
 expect_refused "more experts per token than experts" "a token goes to 1 .. min(16, experts)" 1 --experts 2 \
     --experts-per-token 3
-expect_refused "--plan at cp 2" "a mixture of experts runs at cp 1" 1 "${experts[@]}" --plan 8 --cp 2
+expect_refused "--plan at tp 2 x cp 2" "a mixture of experts runs under tp or cp, not both yet" 1 "${experts[@]}" \
+    --plan 8 --tp 2 --cp 2
 expect_refused "ep without experts" "--ep 2 needs a mixture of experts" 2 --ep 2
 expect_refused "ep not dividing dp" "--ep 2 does not divide the 1 data-parallel ranks" 2 "${experts[@]}" --ep 2 --tp 2
 expect_refused "ep not dividing the experts" "--ep 4 does not divide the 6 experts" 4 --experts 6 --ep 4
