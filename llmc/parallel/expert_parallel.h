@@ -36,6 +36,7 @@ scripts/test/test_moe_layouts.sh holds it against this formula where every row g
 */
 #pragma once
 
+#include <cmath>
 #include <string>
 #include <vector>
 #include "../utils.h"
@@ -84,6 +85,21 @@ inline void ep_destroy(ExpertParallel& ep) {
     comm_destroy(ep.group);
     comm_destroy(ep.experts_replicas);
     comm_destroy(ep.whole_model);
+}
+
+// The formula above per step, for a rank routing B sequences of T rows through `layers` MoE layers in
+// `microbatches` micro-steps (forward_passes: 2 where full recomputation reruns each forward pass), its rows
+// spread evenly over the experts (exact where every row goes to every expert, K = E): (ep-1)/ep of its N K rows
+// leave it in each dispatch and as many come back in each combine; plus the gradient norm's all-reduce of one
+// fp32 over the ep group, once per step, rounded down to whole bytes as comm.h counts it.
+inline double ep_bytes_per_step(int ep, int experts, int experts_per_token, int channels, int B, int T, int layers,
+                                int microbatches, int forward_passes, size_t value_bytes) {
+    if (ep == 1) return 0.0;
+    const double share = (ep - 1.0) / ep, rows = (double)B * T * experts_per_token;
+    const double counts = (ep - 1.0) * experts * 8;
+    const double forward = counts + 2 * share * rows * channels * value_bytes;   // counts, dispatch, combine
+    const double backward = 2 * share * rows * channels * value_bytes;
+    return (double)layers * microbatches * (forward_passes * forward + backward) + std::floor(2 * share * 4);
 }
 
 // bytes this rank sent over the ep groups (the exchanges, the experts' gradient reduction, the whole model)

@@ -19,7 +19,9 @@ work:
     on each axis        tp_bytes_per_step, pp: pipeline_links.h pipeline_bytes_per_step (the busiest pp rank),
                         cp: context_parallel.h cp_bytes_per_step, from a tp rank's heads: the ring carries K
                         and V alone, so a model with grouped K/V heads passes kv_heads HS / tp columns of
-                        each (Llama 3 405B: 1/16 of C/tp); Ulysses' all-to-alls carry q, k and v rows
+                        each (Llama 3 405B: 1/16 of C/tp); Ulysses' all-to-alls carry q, k and v rows;
+                        ep: expert_parallel.h ep_bytes_per_step, the routed rows spread evenly over the experts
+                        (the real routing is what it is: the run logs it), not hidden by compute
     pipeline bubble     the schedule's lists (pipeline_schedule.h) simulated (pipeline_simulator.h) with each
                         stage's own cost: a forward a third of the stage's FLOPs time, the backward two thirds
                         (B and W a third each where the schedule splits it); the mean over the pp ranks of the
@@ -77,6 +79,7 @@ cuBLASLt's workspace and NCCL's buffers, which no formula here counts) is at mos
 #include "../model/parameters.h"
 #include "../parallel/tensor_parallel.h"
 #include "../parallel/context_parallel.h"
+#include "../parallel/expert_parallel.h"
 #include "../parallel/layout.h"
 #include "../parallel/pipeline_links.h"
 #include "../parallel/pipeline_schedule.h"
@@ -101,10 +104,10 @@ struct PlanHardware {
 };
 
 // The axes whose bytes the plan counts, in the order they are printed.
-enum PlanAxis { PLAN_DP = 0, PLAN_TP, PLAN_PP, PLAN_CP };
-constexpr int kPlanAxes = 4;
+enum PlanAxis { PLAN_DP = 0, PLAN_TP, PLAN_PP, PLAN_CP, PLAN_EP };
+constexpr int kPlanAxes = 5;
 inline const char* plan_axis_name(int axis) {
-    static const char* names[kPlanAxes] = {"dp", "tp", "pp", "cp"};
+    static const char* names[kPlanAxes] = {"dp", "tp", "pp", "cp", "ep"};
     return names[axis];
 }
 
@@ -308,7 +311,14 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
     const AttentionHeads tp_rank_heads{config.num_heads / l.tp, config.kv_heads / l.tp, config.head_size()};
     plan.bytes[PLAN_CP] = cp_bytes_per_step(l.cp_mode, l.cp, l.batch_size, l.seq_len, tp_rank_heads, most_layers,
                                             l.recompute.policy == RecomputePolicy::Full ? 2 : 1, m, (size_t)s);
-    const int spans[kPlanAxes] = {l.ranks, l.tp, l.tp * l.cp * l.pp, l.tp * l.cp};
+    // the ep axis: routed rows spread evenly over the experts, a tp rank routing B/tp of the sequences
+    const bool full = l.recompute.policy == RecomputePolicy::Full;
+    plan.bytes[PLAN_EP] = config.moe() ? ep_bytes_per_step(l.ep, config.experts, config.experts_per_token,
+                                                           config.channels, l.batch_size / l.tp, T_local, most_layers, m,
+                                                           full ? 2 : 1, (size_t)s)
+                                       : 0.0;
+    // (consecutive dp ranks are tp cp pp world ranks apart)
+    const int spans[kPlanAxes] = {l.ranks, l.tp, l.tp * l.cp * l.pp, l.tp * l.cp, l.tp * l.cp * l.pp * l.ep};
     plan.bubble_formula = pipeline_bubble_fraction(l.schedule, p, m, V);
     plan.bubble = plan_simulated_bubble(l.schedule, p, m, V, plan.stage_seconds, head_seconds);
 
@@ -331,7 +341,8 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
                                                                               : hw.nvlink_bytes_per_second,
                                                   rate);
     plan.step_seconds = (plan.compute_seconds + plan.axis_seconds[PLAN_TP] + plan.shown_cp_seconds +
-                         plan.axis_seconds[PLAN_PP]) / (1.0 - plan.bubble) + plan.exposed_dp_seconds;
+                         plan.axis_seconds[PLAN_PP] + plan.axis_seconds[PLAN_EP]) / (1.0 - plan.bubble) +
+                        plan.exposed_dp_seconds;
     plan.mfu = plan.model_flops / l.ranks / plan.step_seconds / hw.peak_flops;
     return plan;
 }
@@ -380,8 +391,9 @@ inline void print_plan_communication(const LayoutPlan& plan, const PlanHardware&
         "the ZeRO stage's gradient and parameter collectives (the memory plan's communication row)",
         "the tp axis (llmc/parallel/tensor_parallel.h), for this rank's layers",
         "the pp axis (llmc/parallel/pipeline_links.h), the busiest pp rank",
-        "the cp axis (llmc/parallel/context_parallel.h)"};
-    const int sizes[kPlanAxes] = {plan.dp * l.cp, l.tp, l.pp, l.cp};
+        "the cp axis (llmc/parallel/context_parallel.h)",
+        "the ep axis's all-to-alls (llmc/parallel/expert_parallel.h), rows spread evenly over the experts"};
+    const int sizes[kPlanAxes] = {plan.dp * l.cp, l.tp, l.pp, l.cp, l.ep};
     fprintf(out, "communication per step, bytes one rank sends on each axis, and the link the estimate assumes:\n");
     for (int a = 0; a < kPlanAxes; a++) {
         std::string link = "-";
@@ -402,11 +414,13 @@ inline void print_plan_estimate(const LayoutPlan& plan, const PlanHardware& hw, 
     const std::string cp_hidden = plan.axis_seconds[PLAN_CP] > plan.shown_cp_seconds
                                       ? plan_format(" (of %.3f; attention hides the rest)", plan.axis_seconds[PLAN_CP])
                                       : "";
-    fprintf(out, "estimated step %.3f s = (compute %.3f + tp %.3f + cp %.3f%s + pp %.3f) / (1 - bubble %.3f) + dp not "
-            "hidden by compute %.3f; MFU %.1f%% (%.3g tokens per step, %.3g model FLOPs, %.3g with recomputation; "
+    fprintf(out, "estimated step %.3f s = (compute %.3f + tp %.3f + cp %.3f%s + pp %.3f%s) / (1 - bubble %.3f) + dp "
+            "not hidden by compute %.3f; MFU %.1f%% (%.3g tokens per step, %.3g model FLOPs, %.3g with recomputation; "
             "peak %.0f TFLOP/s x efficiency %.2f; llmc/planning/planner.h's cost model)\n", plan.step_seconds,
             plan.compute_seconds, plan.axis_seconds[PLAN_TP], plan.shown_cp_seconds, cp_hidden.c_str(),
-            plan.axis_seconds[PLAN_PP], plan.bubble, plan.exposed_dp_seconds, 100 * plan.mfu, plan.tokens,
+            plan.axis_seconds[PLAN_PP],
+            plan.layout.ep > 1 ? plan_format(" + ep %.3f", plan.axis_seconds[PLAN_EP]).c_str() : "", plan.bubble,
+            plan.exposed_dp_seconds, 100 * plan.mfu, plan.tokens,
             plan.model_flops, plan.hardware_flops, hw.peak_flops / 1e12, hw.efficiency);
     fprintf(out, "fits in %s per GPU: %s (the fullest pp rank, %d: %s + %s reserved for the CUDA context, cuBLASLt "
             "and NCCL)\n", format_bytes(hw.gpu_memory_bytes).c_str(), plan.fits ? "yes" : "NO", plan.fullest_stage,
