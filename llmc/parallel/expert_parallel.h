@@ -48,6 +48,8 @@ struct ExpertParallel {
     int size = 1, rank = 0;
     Communicator group;                // the ep ranks of this rank's group (same pp, cp, tp coordinates)
     Communicator experts_replicas;     // the ranks holding the same experts: one per group, times cp
+    Communicator dense_replicas;       // the ep group again, for ZeRO 1-3's average of the dense gradient
+                                       // (data-parallel traffic, kept apart from the all-to-alls' count)
     Communicator whole_model;          // ep x pp x tp: together they hold one whole copy of the model
 };
 
@@ -77,6 +79,8 @@ inline void ep_create(ExpertParallel& ep, Communicator& world, const Mesh& mesh,
     const int pps = mesh.layout.sizes[PP], cps = mesh.layout.sizes[CP], tps = mesh.layout.sizes[TP];
     ep.group = comm_split(world, ((group_index * pps + pp) * cps + cp) * tps + tp, world.rank, "ep");
     ep.experts_replicas = comm_split(world, (ep.rank * pps + pp) * tps + tp, world.rank, "expert replicas");
+    ep.dense_replicas = comm_split(world, ((group_index * pps + pp) * cps + cp) * tps + tp, world.rank,
+                                   "dense replicas (ep)");
     ep.whole_model = comm_split(world, group_index * cps + cp, world.rank, "whole model (ep x pp x tp)");
 }
 
@@ -84,6 +88,7 @@ inline void ep_destroy(ExpertParallel& ep) {
     if (ep.size == 1) return;
     comm_destroy(ep.group);
     comm_destroy(ep.experts_replicas);
+    comm_destroy(ep.dense_replicas);
     comm_destroy(ep.whole_model);
 }
 
@@ -102,12 +107,13 @@ inline double ep_bytes_per_step(int ep, int experts, int experts_per_token, int 
     return (double)layers * microbatches * (forward_passes * forward + backward) + std::floor(2 * share * 4);
 }
 
-// bytes this rank sent over the ep groups (the exchanges, the experts' gradient reduction, the whole model)
+// bytes this rank sent over the ep groups (the exchanges, the gradients' reductions, the whole model)
 inline uint64_t ep_bytes_sent(const ExpertParallel& ep) {
-    return ep.group.bytes_sent + ep.experts_replicas.bytes_sent + ep.whole_model.bytes_sent;
+    return ep.group.bytes_sent + ep.experts_replicas.bytes_sent + ep.dense_replicas.bytes_sent +
+           ep.whole_model.bytes_sent;
 }
 inline void ep_reset_bytes(ExpertParallel& ep) {
-    ep.group.bytes_sent = ep.experts_replicas.bytes_sent = ep.whole_model.bytes_sent = 0;
+    ep.group.bytes_sent = ep.experts_replicas.bytes_sent = ep.dense_replicas.bytes_sent = ep.whole_model.bytes_sent = 0;
 }
 
 // ----------------------------------------------------------------------------

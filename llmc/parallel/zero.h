@@ -63,6 +63,13 @@ two all-reduces of the chunk's two parts. From stage 1 the state of every chunk 
 holding the same experts (the shard group is ep.experts_replicas: dp/ep x cp ranks), so each shard is
 reduce-scattered there; then the dense part of the shard, which the ep ranks of a group hold alike, is
 averaged over the ep group (as HSDP's replicas average theirs), and the experts' part scaled by 1/ep.
+Bytes per step, with P this rank's parameters (its layout, padding included), P_e its experts' part (the tails
+of its block chunks from expertfcw on), D = dp x cp gradient ranks, G = ep, R = D/G the experts' replicas:
+    stage 0:    2 (D-1)/D (P - P_e) s + 2 (R-1)/R P_e s
+    stages 1-3: the stage's formula above over N = R shard ranks, plus once per step the all-reduce of the dense
+                part of this rank's shard over the ep group, 2 (G-1)/G d s (d: the elements of its shards of
+                the chunks that lie before the chunks' expert tails)
+scripts/test/test_moe_layouts.sh holds the runs' bytes against these.
 
 The global gradient norm (for clipping) is the norm of the averaged gradient: at stage 0 every rank has
 all of it; at stages 1-2 each rank squares its shard and the squares are summed over the shard group.
@@ -207,7 +214,7 @@ inline void zero_init(Zero& z, int stage, Mesh* mesh, GPT2& model, const std::ve
     }
     if (experts_split) {
         z.expert_replicas = &ep->experts_replicas;
-        z.ep_group = &ep->group;
+        z.ep_group = &ep->dense_replicas;
         z.ep = ep->size;
         if (stage >= 1) z.shard_group = &ep->experts_replicas;
     }

@@ -8,7 +8,8 @@
 # split over ep ranks drawn from dp, rows moved by all-to-all): ep 2, ep 4, dp 4 x ep 2, ep 2 x tp 2 (tp bytes
 # against the formula), ep 2 x pp 2, full recomputation, ZeRO 1-3, a capacity factor, GPT-2's block, the ep
 # group's bytes against the formula where every row goes to every expert, and a checkpoint of dp 4 x ep 2 at
-# ZeRO-1 resumed by one rank. Context parallelism (the balance loss's counts summed over each sequence's pieces):
+# ZeRO-1 resumed by one rank; the dp axis's bytes against llmc/parallel/zero.h's formula (experts averaged over their
+# own replicas, the dense shards over the ep group). Context parallelism (the balance loss's counts summed over each sequence's pieces):
 # cp 2 (ring, zigzag pieces), cp 2 Ulysses, and ep 2 x cp 2. Each against one rank on the same
 # global batch (16 rows of 16 tokens as 2 micro-steps), 5 steps, with a validation loss and a text sample at the
 # end (mpirun, CPU build, FP32): losses and the final model.bin within 1e-5 relative, activation memory equal
@@ -140,6 +141,44 @@ def ep_bytes(ep, batch, K, E=4, micro_steps=2, layers=2):
     N = batch * T
     per_layer = (ep - 1) * E * 8 + 4 * (ep - 1) / ep * N * K * C * s
     return micro_steps * layers * per_layer + int(2 * (ep - 1) / ep * 4)
+def parameter_chunks(llama, G, shards):
+    """(padded size, expert tail) of each chunk of this model's parameter buffer (llmc/model/parameters.h): the
+    embeddings, L blocks whose tails from expertfcw on are the rank's E/G experts (padding included), the final
+    chunk; each padded to a multiple of 128 x shards elements."""
+    Vp, maxT, multiple = 50304, 32, 128 * shards
+    pad = lambda n: -(-n // multiple) * multiple
+    if llama:  # RMSNorm weights, GQA qkv, the shared SwiGLU expert (2 x 32 rows, then 32 columns), the router
+        dense, experts = C + (NH + 2 * KV) * (C // NH) * C + C * C + C + 2 * He * C + C * He + E * C, E * 3 * He * C
+        embedding, final = Vp * C, C + Vp * C
+    else:      # layernorms with biases, qkv and its bias, the projection's bias; 4C-wide GELU experts, no shared
+        dense, experts = 4 * C + 3 * C * C + 3 * C + C * C + C + E * C, E * 2 * 4 * C * C
+        embedding, final = Vp * C + maxT * C, 2 * C
+    block = (pad(dense + experts // G), pad(dense + experts // G) - dense)
+    return [(pad(embedding), 0)] + [block] * L + [(pad(final), 0)]
+
+
+def dp_bytes(llama, zero, D, G, A=2):
+    """llmc/parallel/zero.h's bytes per step for these chunks, with experts over ep G (1: none) of D dp ranks, as
+    rank 0 sends them: stage 0, the dense part all-reduced over D and the experts over their R = D/G replicas;
+    stages 1-3, the ZeRO stage's over the N = R shard ranks (stage 3 gathers each of this model's few chunks once
+    per step, as stages 1-2 do), plus the dense part of shard 0 of each chunk all-reduced over the ep group."""
+    R = D // G
+    chunks = parameter_chunks(llama, G, 1 if zero == 0 else R)
+    P, P_e = sum(size for size, _ in chunks), sum(tail for _, tail in chunks)
+    if zero == 0:
+        return 2 * (D - 1) / D * (P - P_e) * s + 2 * (R - 1) / R * P_e * s
+    N = R
+    zero_part = (2 if zero == 1 else A + 1) * (N - 1) / N * P * s
+    dense_of_shard_0 = sum(min(size // N, size - tail) for size, tail in chunks)
+    return zero_part + 2 * (G - 1) / G * dense_of_shard_0 * s
+
+
+# the dp axis's bytes (all the run sent, less the other axes') against zero.h's formula: (llama, zero, D, G)
+dp_layouts = {"dp2_zero1": (True, 1, 2, 1), "dp2_zero3": (True, 3, 2, 1), "dp2_selective": (True, 0, 2, 1),
+              "dp2_full": (True, 0, 2, 1), "ep2": (True, 0, 2, 2), "ep4": (True, 0, 4, 4), "dp4_ep2": (True, 0, 4, 2),
+              "ep2_full": (True, 0, 2, 2), "ep2_zero1": (True, 1, 2, 2), "ep2_zero3": (True, 3, 2, 2),
+              "dp4_ep2_zero2": (True, 2, 4, 2), "dp2_capacity": (True, 0, 2, 1), "ep2_capacity": (True, 0, 2, 2),
+              "gpt2_dp2_zero2": (False, 2, 2, 1), "gpt2_ep2": (False, 0, 2, 2)}
 results = []
 for name, reference in runs:
     try:
@@ -153,6 +192,13 @@ for name, reference in runs:
             sent = events(work, name, "step")[-1]["tp_comm_bytes"]
             error = abs(sent - theory) / theory
             good, words = good and error <= 1e-3, f"{words}; tp axis sent {sent} B/step, formula {theory:.0f} ({100 * error:.4f}%)"
+        if name in dp_layouts:  # the dp axis (within 1%: the loss's and the norm's one-float reductions are left out)
+            step = events(work, name, "step")[-1]
+            sent = step["comm_bytes"] - step["tp_comm_bytes"] - step["pp_comm_bytes"] - step["cp_comm_bytes"] - \
+                step["ep_comm_bytes"]
+            theory = dp_bytes(*dp_layouts[name])
+            error = abs(sent - theory) / theory
+            good, words = good and error <= 0.01, f"{words}; dp axis sent {sent} B/step, formula {theory:.0f} ({100 * error:.3f}%)"
         if name == "all_experts_ep2":  # the ep axis: the routed rows' all-to-alls, exact
             theory, sent = ep_bytes(2, 4, 4), events(work, name, "step")[-1]["ep_comm_bytes"]
             good, words = good and sent == theory, f"{words}; ep axis sent {sent} B/step, formula {theory:.0f}"
