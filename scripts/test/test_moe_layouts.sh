@@ -2,20 +2,20 @@
 # A mixture of experts through the axes it runs on: a Llama block whose MLP is 4 SwiGLU experts (2 per token)
 # beside a shared expert, on dp 2 at ZeRO-1 and ZeRO-3, pp 2, selective and full recomputation, tp 2 (each tp
 # rank routing half the sequences through whole experts), tp 2 + SP, dp 2 x tp 2 at ZeRO-2 and pp 2 x tp 2 + SP,
-# the tp axis's bytes against its formula (the experts' gradient sums counted); a capacity
-# factor that drops assignments, on one rank and on dp 2; a GPT-2 block of 4 GELU experts and no shared one on
-# dp 2 at ZeRO-2; and a checkpoint saved by dp 2 x pp 2 resumed by one rank. Expert parallelism (the experts
-# split over ep ranks drawn from dp, rows moved by all-to-all): ep 2, ep 4, dp 4 x ep 2, ep 2 x tp 2 (tp bytes
-# against the formula), ep 2 x pp 2, full recomputation, ZeRO 1-3, a capacity factor, GPT-2's block, the ep
-# group's bytes against the formula where every row goes to every expert, and a checkpoint of dp 4 x ep 2 at
-# ZeRO-1 resumed by one rank; the dp axis's bytes against llmc/parallel/zero.h's formula (experts averaged over their
-# own replicas, the dense shards over the ep group). Context parallelism (the balance loss's counts summed over each sequence's pieces):
-# cp 2 (ring, zigzag pieces), cp 2 Ulysses, and ep 2 x cp 2. Each against one rank on the same
-# global batch (16 rows of 16 tokens as 2 micro-steps), 5 steps, with a validation loss and a text sample at the
-# end (mpirun, CPU build, FP32): losses and the final model.bin within 1e-5 relative, activation memory equal
-# to llmc/planning/memory.h's formula to the byte, and the routing each run logged (rows per expert per layer,
-# dropped assignments, the load-balancing and z-losses) the same as one rank's. The axes a mixture of experts
-# does not run on yet are refused with one line.
+# the tp axis's bytes against its formula (the experts' gradient sums counted); a capacity factor that drops
+# assignments, on one rank and on dp 2; a GPT-2 block of 4 GELU experts and no shared one on dp 2 at ZeRO-2;
+# and a checkpoint saved by dp 2 x pp 2 resumed by one rank. Expert parallelism (the experts split over ep ranks
+# drawn from dp, rows moved by all-to-all): ep 2, ep 4, dp 4 x ep 2, ep 2 x tp 2 (tp bytes against the
+# formula), ep 2 x pp 2, full recomputation, ZeRO 1-3, a capacity factor, GPT-2's block, the ep group's bytes
+# against the formula where every row goes to every expert, and a checkpoint of dp 4 x ep 2 at ZeRO-1 resumed
+# by one rank; the dp axis's bytes against llmc/parallel/zero.h's formula (experts averaged over their own
+# replicas, the dense shards over the ep group). Context parallelism (the balance loss's counts summed over each
+# sequence's pieces): cp 2 (ring, zigzag pieces), cp 2 Ulysses, and ep 2 x cp 2. Each against one rank on the
+# same global batch (16 rows of 16 tokens as 2 micro-steps), 5 steps, with a validation loss and a text sample
+# at the end (mpirun, CPU build, FP32): losses and the final model.bin within 1e-5 relative, activation memory
+# equal to llmc/planning/memory.h's formula to the byte, and the routing each run logged (rows per expert per
+# layer, dropped assignments, the load-balancing and z-losses) the same as one rank's. The axes a mixture of
+# experts does not run on yet are refused with one line.
 #   usage: scripts/test/test_moe_layouts.sh ./train_gpt_fp32_cpu
 set -u
 binary=${1:?usage: $0 TRAIN_BINARY}
