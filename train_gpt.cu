@@ -320,9 +320,6 @@ int main(int argc, char** argv) {
     model.moe.aux_coefficient = options.moe_aux_loss;
     model.moe.z_coefficient = options.moe_z_loss;
     model.moe.capacity_factor = options.capacity_factor;
-    if (options.capacity_factor > 0 && par.cp.size > 1)
-        fatal("--capacity-factor with --cp %d: the capacity keeps a sequence's first assignments in position order, "
-              "which the cp ranks split", par.cp.size);
     zero_init(par.zero, par.layout.zero_stage, &par.mesh, model, initial_parameters(options, model), &par.ep);
     if (par.main_rank) print_run(par, model);
 
@@ -361,10 +358,9 @@ int main(int argc, char** argv) {
     logger.config(options.flags_json);
     // model FLOPs (llmc/planning/mfu.h) and hardware FLOPs, which count the recomputed forward passes too:
     // this rank's share
-    const ParameterLayout whole_model(config);
     const double flops_per_step = model_flops_per_token(config, T) * par.layout.total_batch_size;
     const double hardware_flops_per_step = flops_per_step + recompute_extra_flops_per_token(
-        par.layout.recompute, (double)whole_model.block_elements(), config.num_layers, config.channels, T) *
+        par.layout.recompute, active_block_parameters(config), config.num_layers, config.channels, T) *
         par.layout.total_batch_size;
     logger.run(options.steps, par.layout.total_batch_size, flops_per_step / par.world.size,
                hardware_flops_per_step / par.world.size, peak_flops_per_second(device_properties().name,
@@ -419,7 +415,7 @@ int main(int argc, char** argv) {
                                                              zero_parameters(par.zero, model), model.stream);
         const std::string path = options.output_dir + "/model.bin";
         if (par.main_rank) {
-            gpt2_save(whole_model, values, path);
+            gpt2_save(ParameterLayout(config), values, path);
             printf("wrote %s\n", path.c_str());
         }
     }

@@ -235,6 +235,7 @@ inline Options parse_options(int argc, char** argv) {
     Layout& l = o.layout;
     l.recompute = recompute_from_flags(recompute_policy, recompute_every);
     l.tp = tp_size, l.pp = pp_size, l.cp = cp_size, l.sequence_parallel = sequence_parallel, l.ep = ep_size;
+    l.capacity_factor = capacity_factor;
     l.cp_mode = cp_mode_from_name(cp_mode_flag), l.cp_split = cp_split_from_name(cp_split_flag);
     l.schedule = pipeline_schedule_from_name(pp_schedule), l.pp_virtual = pp_virtual;
     if (l.schedule == PipelineSchedule::ZeroBubbleV && pp_virtual == 1) l.pp_virtual = 2;  // the V's two stages

@@ -102,11 +102,11 @@ struct BlockActivations {
     int* routed_counts;      // (P B, E) assignments of each sequence to each expert, before drops (under cp,
                              //          each of the P pieces of it a rank holds: its whole sequence's)
     // under expert parallelism (ep ranks; llmc/parallel/expert_parallel.h) this rank's experts run the rows of
-    // the whole ep group: up to ep M of them
+    // the whole ep group: up to Mr of them (moe_expert_rows: ep M, or fewer under a capacity; M at ep 1)
     int* expert_rows;        // (ep, E)  host: rows each expert runs (kept assignments), per ep rank
-    floatX* expert_input;    // (ep M, C) the rows this rank's experts run, sorted by expert
-    floatX* expert_fch;      // (ep M, He or 2He) the experts' fc outputs
-    floatX* expert_act;      // (ep M, He) their activations
+    floatX* expert_input;    // (Mr, C)  the rows this rank's experts run, sorted by expert
+    floatX* expert_fch;      // (Mr, He or 2He) the experts' fc outputs
+    floatX* expert_act;      // (Mr, He) their activations
     floatX* expert_output;   // (M, C)   this rank's rows' expert outputs, before the weighted sum
 };
 
@@ -185,12 +185,13 @@ struct SharedBuffers {
     float* routed_dweights;    // (M)     the gradient of the assignments' weights
     int* expert_rows;          // (E)     device: rows per expert, before they go to the host
     floatX* routed_output;     // (N, C)  the experts' weighted sum; in backward, the routed rows' input gradient
-    floatX* expert_doutput;    // (ep M, C) the experts' output gradients, then their input gradients
-    floatX* expert_dfch;       // (ep M, He or 2He)
-    floatX* expert_dact;       // (ep M, He) SwiGLU's output gradient (GELU works in place: expert_dfch)
+    floatX* expert_doutput;    // (Mr, C) the experts' output gradients, then their input gradients (Mr: the
+                               //         rows this rank's experts run, moe_expert_rows)
+    floatX* expert_dfch;       // (Mr, He or 2He)
+    floatX* expert_dact;       // (Mr, He) SwiGLU's output gradient (GELU works in place: expert_dfch)
     floatX* expert_dispatch;   // (M, C)  expert parallelism: this rank's sorted rows (or their gradients) as
                                //         they leave and come home (null at ep 1)
-    floatX* expert_exchange;   // (ep M, C) ... and as they arrive, in source order (null at ep 1)
+    floatX* expert_exchange;   // (Mr, C) ... and as they arrive, in source order (null at ep 1)
 };
 
 // What a mixture of experts does besides the block's arithmetic: its training settings, and what it measures
@@ -344,8 +345,10 @@ struct ModelPart {
     // tensor parallelism: this rank's slice of every matmul; sequence parallelism: its 1/tp of the rows
     int tp = 1, tp_rank = 0;
     bool sequence_parallel = false;
-    // expert parallelism: this rank's experts of a mixture of experts (E/ep), which run the ep group's rows
+    // expert parallelism: this rank's experts of a mixture of experts (E/ep), which run the ep group's rows (at
+    // most moe_expert_rows of them: a capacity factor > 0 bounds them)
     int ep = 1, ep_rank = 0;
+    float capacity_factor = 0.0f;
     // context parallelism: the pieces each sequence's positions come in on this rank (zigzag: 2)
     int sequence_pieces = 1;
     // ZeRO: chunks padded for `shards` shards; whole parameters below stage 3, whole gradients below stage 2
@@ -400,17 +403,18 @@ inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int
         a.fch_gelu = selective ? nullptr : values(N * hidden, kind);
         a.output = with_output ? values(R * C, kind) : nullptr;
         if (c.moe()) {
-            const size_t E = c.experts, K = c.experts_per_token, M = N * K, G = part.ep;
+            const size_t E = c.experts, K = c.experts_per_token, M = N * K;
+            const size_t Mr = moe_expert_rows(c, B, T, part.ep, part.capacity_factor);
             a.router_probs = floats(N * E, kind);
             a.router_lse = floats(N, kind);
             a.routed_experts = (int*)buffer(M, sizeof(int), kind);
             a.routed_weights = floats(M, kind);
             a.routed_slots = (int*)buffer(M, sizeof(int), kind);
             a.routed_counts = (int*)buffer((size_t)part.sequence_pieces * B * E, sizeof(int), kind);
-            a.expert_rows = host_ints(G * E);
-            a.expert_input = values(G * M * C, kind);
-            a.expert_fch = values(G * M * c.expert_fc_channels(), kind);
-            a.expert_act = values(G * M * c.expert_hidden(), kind);
+            a.expert_rows = host_ints((size_t)part.ep * E);
+            a.expert_input = values(Mr * C, kind);
+            a.expert_fch = values(Mr * c.expert_fc_channels(), kind);
+            a.expert_act = values(Mr * c.expert_hidden(), kind);
             a.expert_output = values(M * C, kind);
         }
         return a;
@@ -535,17 +539,18 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, c
     if (model.first_stage) encoder_backward_workspace_create(&s.encoder_workspace, (int)N, (int)C);
     if (config.moe()) {
         const size_t E = config.experts, M = N * config.experts_per_token, G = part.ep;
+        const size_t Mr = moe_expert_rows(config, B, T, part.ep, part.capacity_factor);
         s.router_logits = tracked_alloc<floatX>(N * E, MemoryKind::Workspace);
         s.router_dprobs = tracked_alloc<float>(N * E, MemoryKind::Workspace);
         s.routed_dweights = tracked_alloc<float>(M, MemoryKind::Workspace);
         s.expert_rows = tracked_alloc<int>(E, MemoryKind::Workspace);
         s.routed_output = tracked_alloc<floatX>(N * C, MemoryKind::Workspace);
-        s.expert_doutput = tracked_alloc<floatX>(G * M * C, MemoryKind::Workspace);
-        s.expert_dfch = tracked_alloc<floatX>(G * M * config.expert_fc_channels(), MemoryKind::Workspace);
-        s.expert_dact = config.llama() ? tracked_alloc<floatX>(G * M * config.expert_hidden(), MemoryKind::Workspace)
+        s.expert_doutput = tracked_alloc<floatX>(Mr * C, MemoryKind::Workspace);
+        s.expert_dfch = tracked_alloc<floatX>(Mr * config.expert_fc_channels(), MemoryKind::Workspace);
+        s.expert_dact = config.llama() ? tracked_alloc<floatX>(Mr * config.expert_hidden(), MemoryKind::Workspace)
                                        : s.expert_dfch;
         s.expert_dispatch = G > 1 ? tracked_alloc<floatX>(M * C, MemoryKind::Workspace) : nullptr;
-        s.expert_exchange = G > 1 ? tracked_alloc<floatX>(G * M * C, MemoryKind::Workspace) : nullptr;
+        s.expert_exchange = G > 1 ? tracked_alloc<floatX>(Mr * C, MemoryKind::Workspace) : nullptr;
         model.moe.loss_sums = tracked_alloc<float>(2, MemoryKind::Workspace);
         cudaCheck(cudaMemsetAsync(model.moe.loss_sums, 0, 2 * sizeof(float), model.stream));
         model.moe.tokens.assign((size_t)config.num_layers * E, 0);

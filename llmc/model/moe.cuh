@@ -50,12 +50,6 @@ travel to the rank of their expert and back between the permute and the unpermut
 #include "../parallel/expert_parallel.h"
 #include "../parallel/context_parallel.h"
 
-// The most assignments an expert takes from one sequence of T rows (0: no limit).
-inline int moe_capacity(const GPT2Config& c, float capacity_factor, int T) {
-    if (capacity_factor <= 0.0f) return 0;
-    return (int)std::ceil((double)capacity_factor * T * c.experts_per_token / c.experts);
-}
-
 // The rows per expert of every ep rank of the group (a.expert_rows, on the host, gathered by moe_forward).
 inline ExpertCounts expert_counts(const GPT2Config& c, const ExpertParallel& ep, const BlockActivations& a) {
     return ExpertCounts{a.expert_rows, c.experts, ep.size, ep.rank};
@@ -125,6 +119,10 @@ inline void moe_forward(GPT2& model, ExpertParallel& ep, const ContextParallel& 
     cudaCheck(cudaStreamSynchronize(stream));  // the rows per expert, on the host
     ep_share_counts(ep, a.expert_rows, E, stream);
     const ExpertCounts counts = expert_counts(c, ep, a);
+    size_t arriving = 0;  // what the buffers were sized for (moe_expert_rows) bounds this by construction
+    for (int s = 0; s < ep.size; s++) arriving += counts.block(s, ep.rank);
+    if (arriving > moe_expert_rows(c, model.max_batch, model.max_seq, ep.size, model.moe.capacity_factor))
+        fatal("moe_forward: %zu rows for this rank's experts, more than its buffers hold", arriving);
     if (ep.size > 1) ep_dispatch(ep, counts, a.expert_input, sorted, s.expert_exchange, C, stream);
     floatX* expert_output = ep.size > 1 ? s.expert_doutput : a.expert_output;  // (the rows' own rank's, at ep 1)
     for_each_local_expert(counts, [&](int e, size_t first, int rows) {

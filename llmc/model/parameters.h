@@ -73,6 +73,25 @@ inline bool same_shape(const GPT2Config& a, const GPT2Config& b) {
 
 inline int padded_vocab(int vocab_size) { return (vocab_size + 127) / 128 * 128; }
 
+// A mixture of experts' capacity (llmc/model/moe.cuh): the most assignments an expert takes from one sequence
+// of T rows under capacity factor cf (0: no limit).
+inline int moe_capacity(const GPT2Config& c, float capacity_factor, int T) {
+    if (capacity_factor <= 0.0f) return 0;
+    return (int)std::ceil((double)capacity_factor * T * c.experts_per_token / c.experts);
+}
+
+// The most rows one rank's experts run in a layer, for B sequences of T rows per rank: its own B T K at ep 1;
+// under expert parallelism (llmc/parallel/expert_parallel.h) the rows of all ep ranks of its group may come to
+// its experts, ep B T K without a capacity, and with one at most `capacity` rows of each of the group's ep B
+// sequences for each of its E/ep experts. The buffers these rows pass through are sized by it.
+inline size_t moe_expert_rows(const GPT2Config& c, int B, int T, int ep, float capacity_factor) {
+    const size_t own = (size_t)B * T * c.experts_per_token;
+    if (ep == 1) return own;
+    const int capacity = moe_capacity(c, capacity_factor, T);
+    const size_t all = (size_t)ep * own;
+    return capacity > 0 ? std::min(all, (size_t)ep * B * (c.experts / ep) * capacity) : all;
+}
+
 // GPT-2's derived field: as many K/V heads as heads.
 inline GPT2Config gpt2_shape(GPT2Config c) {
     c.arch = Arch::GPT2;

@@ -28,6 +28,7 @@ struct Layout {
     int tp = 1, pp = 1, cp = 1;           // dp = ranks / (tp pp cp)
     bool sequence_parallel = false;
     int ep = 1;                           // expert parallelism: dp ranks per expert group
+    float capacity_factor = 0.0f;         // a mixture of experts' (0: dropless): bounds the rows ep brings
     ContextParallelMode cp_mode = ContextParallelMode::Ring;
     SequenceSplit cp_split = SequenceSplit::Zigzag;
     PipelineSchedule schedule = PipelineSchedule::OneFOneB;

@@ -69,13 +69,16 @@ inline int micro_step_tokens(int batch_size, int seq_len, int ranks) {
 // longer than `collective_timeout` seconds in one collective ends the job (llmc/parallel/watchdog.h).
 // A mixture of experts (llmc/model/moe.cuh) runs where the backward pass is whole: under tp each tp rank takes
 // B/tp of the sequences (so tp must divide B). The schedules that would split the experts' backward pass into
-// B and W (zb-h1, zbv) and tp with cp (whose tp ranks would route pieces of sequences) are refused by name
-// ("": it runs). (cp runs, without a capacity: train_gpt refuses that.)
+// B and W (zb-h1, zbv), tp with cp (whose tp ranks would route pieces of sequences) and a capacity under cp
+// (which keeps a sequence's first assignments in position order) are refused by name ("": it runs).
 inline std::string moe_layout_error(const GPT2Config& c, const Layout& l) {
     if (!c.moe()) return "";
     if (l.batch_size % l.tp != 0)
         return "--batch-size " + std::to_string(l.batch_size) + " with --tp " + std::to_string(l.tp) +
                ": each tp rank routes whole sequences through the experts, so tp must divide the batch";
+    if (l.capacity_factor > 0 && l.cp > 1)
+        return "--capacity-factor with --cp " + std::to_string(l.cp) +
+               ": the capacity keeps a sequence's first assignments in position order, which the cp ranks split";
     if (l.tp > 1 && l.cp > 1)
         return "--tp " + std::to_string(l.tp) + " with --cp " + std::to_string(l.cp) +
                ": a mixture of experts runs under tp or cp, not both yet";
@@ -158,6 +161,7 @@ inline ModelPart model_part(const ParallelContext& par) {
     part.ep = par.ep.size;
     part.sequence_pieces = l.cp > 1 ? cp_chunks_per_rank(l.cp_split) : 1;
     part.ep_rank = par.ep.rank;
+    part.capacity_factor = l.capacity_factor;
     part.shards = zero_shard_count(l.zero_stage, &par.mesh, &par.ep);
     part.full_parameters = l.zero_stage < 3;
     part.full_gradients = l.zero_stage < 2;

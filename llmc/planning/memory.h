@@ -113,6 +113,7 @@ struct GPT2MemoryShape {
     // a mixture of experts (llmc/model/moe.cuh): E experts of He hidden units each, K per token
     int experts = 0, experts_per_token = 0, expert_hidden = 0;
     int ep = 1;                // expert parallelism: this rank's experts run the rows of ep ranks
+    float capacity_factor = 0; // ... at most moe_expert_rows of them (llmc/model/parameters.h)
 };
 
 // What the formulas need to know of a run, from its layout (for the plan, and beside the memory a run
@@ -138,6 +139,7 @@ inline GPT2MemoryShape gpt2_memory_shape(const GPT2Config& config, const Layout&
     shape.ffn_hidden = (int)config.hidden();
     shape.experts = config.experts;
     shape.ep = layout.ep;
+    shape.capacity_factor = layout.capacity_factor;
     shape.experts_per_token = config.experts_per_token;
     shape.expert_hidden = config.moe() ? (int)config.expert_hidden() : 0;
     return shape;
@@ -214,9 +216,10 @@ struct ActivationBytes {
 //   workspace: floatX router_logits NE, routed_output NC, expert_doutput MC, expert_dfch M Fe, SwiGLU's
 //              expert_dact M He; fp32 router_dprobs NE, routed_dweights M, loss_sums 2; int expert_rows E
 //   under expert parallelism (G = ep ranks; llmc/parallel/expert_parallel.h) this rank's experts may run
-//   all G M rows of its group: expert_input, expert_fch, expert_act, expert_doutput, expert_dfch and
-//   expert_dact hold G M rows (expert_output stays M: this rank's own rows), and the rows in transit take
-//   expert_dispatch MC and expert_exchange G MC of workspace (host: expert_rows G E, not counted)
+//   the rows of its whole group, Mr = G M, or with a capacity of c rows per sequence and expert at most
+//   G B (E/G) c of them (moe_expert_rows): expert_input, expert_fch, expert_act, expert_doutput, expert_dfch
+//   and expert_dact hold Mr rows (expert_output stays M: this rank's own rows), and the rows in transit take
+//   expert_dispatch MC and expert_exchange Mr C of workspace (host: expert_rows G E, not counted)
 // (the constants 64, 8, 3 and 4 are those of llmc/kernels/matmul.cuh, layernorm.cuh and cuda_common.cuh's
 // grid_size_for, 64 and 65 = 64 + 1 those of llmc/kernels/encoder.cuh; pinned host staging and read-back buffers
 // are host memory and not counted)
@@ -230,13 +233,15 @@ inline ActivationBytes gpt2_activation_bytes(const GPT2MemoryShape& shape, bool 
     const double H = (shape.ffn_hidden > 0 || moe ? shape.ffn_hidden : 4 * C) / t, F = shape.llama ? 2 * H : H;
     const double E = shape.experts, M = N * shape.experts_per_token, He = shape.expert_hidden, G = shape.ep;
     const double pieces = shape.cp > 1 ? shape.cp_chunks : 1;
+    const double Mr = moe ? (double)moe_expert_rows(gpt2_memory_shape_config(shape), shape.batch, shape.seq_len,
+                                                    shape.ep, shape.capacity_factor) : 0;
     const double Fe = shape.llama ? 2 * He : He;
     const double n = shape.llama ? 2 : 4;
     const double l = shape.stage_layers > 0 ? shape.stage_layers : shape.num_layers, K = shape.records;
     const double v = shape.padded_vocab / t, SMs = shape.multiprocessors;
     ActivationBytes a;
     a.record = (4 * R * C + N * q + N * c + N * F + N * H) * s + (n * R + N * h) * f;
-    if (moe) a.record += (G * M * C + M * C + G * M * Fe + G * M * He) * s + (N * E + N + M) * f + (2 * M + pieces * shape.batch * E) * i;
+    if (moe) a.record += (Mr * C + M * C + Mr * Fe + Mr * He) * s + (N * E + N + M) * f + (2 * M + pieces * shape.batch * E) * i;
     const double dropped = (2 * R * C + N * H) * s;  // selective: ln1, ln2, fch_gelu
     switch (shape.recompute.policy) {
         case RecomputePolicy::None:
@@ -269,8 +274,8 @@ inline ActivationBytes gpt2_activation_bytes(const GPT2MemoryShape& shape, bool 
     const double context = shape.cp == 1 ? 0 : shape.cp_ring ? 8 * N * kv * s + N / k * (c * s + h * f)
                                                              : 2 * N * q * s + 2 * N * c * s;
     const double dactivation = shape.llama ? N * H : 0;
-    const double in_transit = G > 1 ? M * C + G * M * C : 0;
-    const double experts = moe ? (N * E + N * C + G * M * C + G * M * Fe + (shape.llama ? G * M * He : 0) + in_transit) * s +
+    const double in_transit = G > 1 ? M * C + Mr * C : 0;
+    const double experts = moe ? (N * E + N * C + Mr * C + Mr * Fe + (shape.llama ? Mr * He : 0) + in_transit) * s +
                                  (N * E + M + 2) * f + E * i : 0;
     a.workspace = experts + (2 * N * C + N * F + dactivation + N * q + gathered) * s +
                   (N * h + softmax_stats + bias_rows * std::max({C, F, q}) + 2 * C * layernorm_blocks + 4 * SMs + 2) * f +

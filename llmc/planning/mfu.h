@@ -49,11 +49,17 @@ inline double gpt2_flops_per_token(long long num_parameters, int num_layers, int
 
 // The parameters a token meets: all of them, but in a mixture of experts only the K experts it is routed to
 // of the E in each block (the router and the shared experts it meets whole). Mixtral's 47B have 13B active.
-inline double active_parameters(const GPT2Config& c) {
+inline double idle_expert_parameters_per_block(const GPT2Config& c) {
     const ParameterLayout whole(c);
-    const double idle_experts_per_layer = (double)(c.experts - c.experts_per_token) / std::max(c.experts, 1) *
-                                          (double)(whole.elements(EXPERTFCW) + whole.elements(EXPERTPROJW));
-    return (double)whole.num_parameters - idle_experts_per_layer * c.num_layers;
+    return (double)(c.experts - c.experts_per_token) / std::max(c.experts, 1) *
+           (double)(whole.elements(EXPERTFCW) + whole.elements(EXPERTPROJW));
+}
+inline double active_parameters(const GPT2Config& c) {
+    return (double)ParameterLayout(c).num_parameters - idle_expert_parameters_per_block(c) * c.num_layers;
+}
+// ... of one block (what a recomputed forward pass of the block costs a token: 2 FLOPs each)
+inline double active_block_parameters(const GPT2Config& c) {
+    return (double)ParameterLayout(c).block_elements() - idle_expert_parameters_per_block(c);
 }
 
 // The formula for a model of this shape (the whole model, every active parameter but a Llama's wte).

@@ -323,10 +323,9 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
     plan.bubble = plan_simulated_bubble(l.schedule, p, m, V, plan.stage_seconds, head_seconds);
 
     // the estimate (the cost model at the top of the file)
-    const ParameterLayout whole(config);
     plan.tokens = (double)per_micro_step * m;
     plan.model_flops = model_flops_per_token(config, l.seq_len) * plan.tokens;
-    plan.hardware_flops = plan.model_flops + recompute_extra_flops_per_token(l.recompute, (double)whole.block_elements(),
+    plan.hardware_flops = plan.model_flops + recompute_extra_flops_per_token(l.recompute, active_block_parameters(config),
                                                                              L, config.channels, l.seq_len) * plan.tokens;
     // the mean pp rank's: uneven stages idle the others, which the simulated bubble counts
     plan.compute_seconds = plan.hardware_flops / l.ranks / (hw.peak_flops * hw.efficiency);
