@@ -51,6 +51,8 @@ struct ExpertParallel {
     Communicator dense_replicas;       // the ep group again, for ZeRO 1-3's average of the dense gradient
                                        // (data-parallel traffic, kept apart from the all-to-alls' count)
     Communicator whole_model;          // ep x pp x tp: together they hold one whole copy of the model
+    __nv_bfloat16* counts_scratch = nullptr;  // device room for the group's counts (all_gather_words), kept
+                                               // so that no layer allocates
 };
 
 // "" when --ep fits the layout and model, else the one line that says why not.
@@ -70,7 +72,7 @@ inline std::string ep_layout_error(int experts, const Layout& l) {
 }
 
 // Every rank of the world calls this together, with the mesh built.
-inline void ep_create(ExpertParallel& ep, Communicator& world, const Mesh& mesh, int size) {
+inline void ep_create(ExpertParallel& ep, Communicator& world, const Mesh& mesh, int size, int experts) {
     ep.size = size;
     const int dp_rank = mesh_data_parallel_rank(mesh);
     ep.rank = dp_rank % size;
@@ -82,10 +84,13 @@ inline void ep_create(ExpertParallel& ep, Communicator& world, const Mesh& mesh,
     ep.dense_replicas = comm_split(world, ((group_index * pps + pp) * cps + cp) * tps + tp, world.rank,
                                    "dense replicas (ep)");
     ep.whole_model = comm_split(world, group_index * cps + cp, world.rank, "whole model (ep x pp x tp)");
+    ep.counts_scratch = tracked_alloc<__nv_bfloat16>((size_t)size * experts * 4, MemoryKind::Communication,
+                                                      "routing counts");
 }
 
 inline void ep_destroy(ExpertParallel& ep) {
     if (ep.size == 1) return;
+    tracked_free(ep.counts_scratch);
     comm_destroy(ep.group);
     comm_destroy(ep.experts_replicas);
     comm_destroy(ep.dense_replicas);
@@ -137,7 +142,7 @@ struct ExpertCounts {
 inline void ep_share_counts(ExpertParallel& ep, int* counts, int E, cudaStream_t stream) {
     if (ep.size == 1) return;
     std::vector<uint64_t> mine(counts + ep.rank * E, counts + (ep.rank + 1) * E);
-    const std::vector<uint64_t> everyone = all_gather_words(ep.group, mine, stream);
+    const std::vector<uint64_t> everyone = all_gather_words(ep.group, mine, stream, ep.counts_scratch);
     for (size_t i = 0; i < everyone.size(); i++) counts[i] = (int)everyone[i];
 }
 

@@ -116,7 +116,7 @@ inline void parallel_create(ParallelContext& par, const Layout& asked, const GPT
     if (!moe_error.empty()) fatal("%s", moe_error.c_str());
     const std::string ep_error = ep_layout_error(config.experts, l);
     if (!ep_error.empty()) fatal("%s", ep_error.c_str());
-    if (l.ep > 1) ep_create(par.ep, par.world, par.mesh, l.ep);
+    if (l.ep > 1) ep_create(par.ep, par.world, par.mesh, l.ep, config.experts);
     tp_check_layout(config, l.tp, l.sequence_parallel, T);
     par.cp.size = l.cp;
     par.cp.rank = par.mesh.coords[CP];

@@ -650,13 +650,27 @@ inline MemoryPlan plan_training_memory(size_t num_parameters, int zero_stage, in
                                                format_bytes(a.recompute).c_str());
     }
 
-    // communication per step
-    if (zero_stage == 0) {
+    // communication per step; under expert parallelism (G = ep) P_e of P are this rank's experts (their
+    // padding aside), averaged over their R = D/G replicas alone, and the M = G replica groups of ZeRO's shards
+    // average only the rest (llmc/parallel/zero.h)
+    const double G = shape && shape->experts > 0 ? shape->ep : 1;
+    double P_e = 0;
+    if (G > 1) {
+        const ParameterLayout rank(gpt2_memory_shape_config(*shape), 1, 1, 0, {}, shape->ep, 0);
+        const int layers = shape->stage_layers > 0 ? shape->stage_layers : shape->num_layers;
+        P_e = layers * (double)(rank.elements(EXPERTFCW) + rank.elements(EXPERTPROJW));
+    }
+    if (zero_stage == 0 && G > 1) {
+        const double R = D / G;
+        p.communication = 2 * (D - 1) / D * (P - P_e) * s + 2 * (R - 1) / R * P_e * s;
+        p.communication_formula = plan_format("all-reduce 2 (D-1)/D (P - P_e) s + experts' 2 (R-1)/R P_e s, D=%d, "
+                                              "R=%.0f, P_e=%.0f, s=%.0f", data_parallel_ranks, R, P_e, s);
+    } else if (zero_stage == 0) {
         p.communication = 2 * (D - 1) / D * P * s;
         p.communication_formula = plan_format("all-reduce 2 (D-1)/D P s, D=%d, s=%.0f", data_parallel_ranks, s);
     } else {
         const double within = (zero_stage == 1 ? 2 : zero_stage == 2 ? A + 1 : 3 * A) * (N - 1) / N * P * s;
-        const double across = 2 * (M - 1) / M * (P / N) * s;
+        const double across = 2 * (M - 1) / M * ((P - P_e) / N) * s;
         p.communication = within + across;
         p.communication_formula =
             zero_stage == 1 ? plan_format("reduce-scatter + all-gather 2 (N-1)/N P s")
@@ -665,7 +679,10 @@ inline MemoryPlan plan_training_memory(size_t num_parameters, int zero_stage, in
                               : plan_format("2 all-gathers + reduce-scatter per micro-step 3 A (N-1)/N P s, A=%d",
                                             accumulation_steps);
         p.communication_formula += plan_format(", N=%d, s=%.0f", n, s);
-        if (p.replica_groups > 1)
+        if (p.replica_groups > 1 && G > 1)
+            p.communication_formula += plan_format(" + the dense shard's all-reduce over ep 2 (M-1)/M ((P - P_e)/N) s, "
+                                                   "M=%d, P_e=%.0f", p.replica_groups, P_e);
+        else if (p.replica_groups > 1)
             p.communication_formula += plan_format(" + HSDP all-reduce 2 (M-1)/M (P/N) s, M=%d", p.replica_groups);
     }
 
