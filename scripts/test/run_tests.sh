@@ -98,7 +98,7 @@ run_suite "N-D layouts (dp, pp, cp, tp, ZeRO, recompute) vs one rank, CPU, FP32"
     bash scripts/test/test_nd_layouts.sh ./train_gpt_fp32_cpu
 run_suite "Llama 3 (grouped-query attention) through every axis vs one rank, CPU, FP32" \
     bash scripts/test/test_llama_layouts.sh ./train_gpt_fp32_cpu
-run_suite "mixture of experts through dp, ZeRO, pp, tp and recompute vs one rank, CPU, FP32" \
+run_suite "mixture of experts through dp, ZeRO, pp, tp, cp, ep and recompute vs one rank, CPU, FP32" \
     bash scripts/test/test_moe_layouts.sh ./train_gpt_fp32_cpu
 run_suite "the README's guided tour: every command" bash scripts/test/test_tour.sh
 run_suite "faults: a stalled rank, mixed or interrupted checkpoints, bit flips, a killed rank moved, CPU, FP32" \
