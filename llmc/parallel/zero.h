@@ -102,7 +102,7 @@ struct Zero {
     Communicator* shard_group = nullptr;     // stages 1, 2: the ranks that split one copy of the state
     Communicator* replicate_group = nullptr; // stages 1, 2: the ranks holding the same shard (HSDP)
     Communicator* expert_replicas = nullptr; // expert parallelism: the ranks holding the same experts
-    Communicator* ep_group = nullptr;        // ... and the ep group, which holds the dense parts alike
+    Communicator* dense_replicas = nullptr;  // ... and the ep group, which holds the dense parts alike
     int ep = 1;
     bool last_microbatch = true;             // the backward pass now running is the step's last microbatch's
 
@@ -214,7 +214,7 @@ inline void zero_init(Zero& z, int stage, Mesh* mesh, GPT2& model, const std::ve
     }
     if (experts_split) {
         z.expert_replicas = &ep->experts_replicas;
-        z.ep_group = &ep->dense_replicas;
+        z.dense_replicas = &ep->dense_replicas;
         z.ep = ep->size;
         if (stage >= 1) z.shard_group = &ep->experts_replicas;
     }
@@ -336,14 +336,14 @@ inline size_t expert_tail_of_chunk(const ParameterLayout& layout, int chunk, int
 inline void average_shard_over_ep(Zero& z, int chunk, floatX* shard) {
     const size_t experts = expert_tail_of_chunk(*z.layout, chunk, z.ep);
     if (experts == 0) {
-        if (z.ep > 1) all_reduce(*z.ep_group, shard, shard_size(z, chunk), Reduction::Average, z.comm_stream);
+        if (z.ep > 1) all_reduce(*z.dense_replicas, shard, shard_size(z, chunk), Reduction::Average, z.comm_stream);
         return;
     }
     // the shard's elements, in chunk coordinates, and where the experts begin
     const size_t first = (size_t)z.shard_rank * shard_size(z, chunk), end = first + shard_size(z, chunk);
     const size_t experts_first = z.layout->chunk_size(chunk) - experts;
     const size_t dense_end = std::min(end, std::max(first, experts_first));
-    if (dense_end > first) all_reduce(*z.ep_group, shard, dense_end - first, Reduction::Average, z.comm_stream);
+    if (dense_end > first) all_reduce(*z.dense_replicas, shard, dense_end - first, Reduction::Average, z.comm_stream);
     if (end > dense_end) moe_scale(shard + (dense_end - first), 1.0f / (float)z.ep, end - dense_end, z.comm_stream);
 }
 
