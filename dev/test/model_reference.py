@@ -27,25 +27,28 @@ The two models, written out in full so they can be read next to the CUDA kernels
 
   both: loss = mean over the B*T positions of -log softmax(logits[:V])[target]
 
-  Mixture of experts (--experts E > 0, either architecture): every block's MLP becomes, on h = ln2(x) or
-  rmsnorm2(x), for the N = B*T rows (row n = b*T + t):
+  Mixture of experts (--experts E > 0, either architecture): the MLP of every N-th block (--moe-every N,
+  default 1: of block l when l + 1 is divisible by N) becomes, on h = ln2(x) or rmsnorm2(x), for the B*T rows
+  (row n = b*T + t):
     p, lse = softmax and logsumexp of h @ routerw^T            (E columns), in fp32
     e_0..e_K-1 = the K experts of largest p[n], in descending p, ties to the smaller index
     w_k    = p[n, e_k] / (p[n, e_0] + ... + p[n, e_K-1])       renormalised over the K chosen
     mlp(h) = shared(h) + sum over the kept k of w_k expert_{e_k}(h)
     expert_e(v) = expertprojw[e] @ act(expertfcw[e] @ v), act GPT-2's gelu or Llama's swiglu, H hidden units
                  (H = 4C for GPT-2, F for Llama); shared is one such MLP of S*H hidden units in fcw and
-                 fcprojw (absent when S = 0). No MLP biases in an MoE model.
+                 fcprojw (absent when S = 0). No MLP biases in an MoE block.
+    the others : the blocks whose l + 1 is not divisible by N keep the dense MLP above (GPT-2's with its
+                 biases), with no router and no router losses.
     capacity   : with --capacity-factor cf > 0, each expert keeps cap = ceil(cf T K / E) assignments per
                  sequence; visited in the order (t, then k), an assignment is dropped once cap of its
                  sequence's assignments to that expert were kept (the other weights stay as they are).
                  cf = 0: nothing is dropped.
-  and the loss whose gradient training takes grows two router terms per layer:
-    total = loss + alpha * sum over layers of aux + beta * sum over layers of zloss
+  and the loss whose gradient training takes grows two router terms per MoE block:
+    total = loss + alpha * sum over MoE blocks of aux + beta * sum over MoE blocks of zloss
     aux   = (1/B) sum_b E sum_e f[b,e] P[b,e]    f[b,e] the share of sequence b's T*K assignments routed
                                                  to e (before drops; a constant, no gradient), P[b,e] the
                                                  mean of p[b*T+t, e] over its T positions; 1 when balanced
-    zloss = (1/N) sum_n lse[n]^2
+    zloss = (1/(B*T)) sum_n lse[n]^2
   with alpha = --moe-aux-loss (0.01) and beta = --moe-z-loss (0.001). The loss reported for each step is
   the cross-entropy alone.
 
@@ -72,7 +75,8 @@ columns >= V are 0.
 Initialisation: the matrices (wte, wpe, qkvw, fcw, lmhead, routerw, expertfcw) ~ N(0, 0.02), except the
 projections that write into the residual stream (attprojw, fcprojw, expertprojw) ~ N(0, 0.02 / sqrt(2L)),
 so the stream's variance does not grow with depth; biases 0, norm weights 1. Draws come from torch's CPU
-generator seeded with --seed, tensor by tensor in model-file order. Every parameter is then rounded to the
+generator seeded with --seed, tensor by tensor in model-file order, one draw for all the layers of a tensor
+(their values one after the other, as the file holds them). Every parameter is then rounded to the
 nearest bf16 value, so one model file is exact for both the FP32 and the BF16 trainer.
 
 AdamW, per parameter w with gradient g at step t = 1, 2, ... (written out in AdamW.step below):
@@ -102,6 +106,7 @@ Files. Little-endian throughout; each starts with a header of 256 int32, the slo
   [12]  experts E (0: a dense model)          [12]  experts E (0: a dense model)
   [13]  experts_per_token K (0 if dense)      [13]  experts_per_token K (0 if dense)
   [14]  shared_experts S (0 if dense)         [14]  shared_experts S (0 if dense)
+  [15]  moe_every N (0 if dense; 0 reads 1)   [15]  moe_every N (0 if dense; 0 reads 1)
   then the tensors, tensor-major (a tensor for all L layers, then the next), in this order:
   wte       (Vp, C)                           wte       (Vp, C)
   wpe       (maxT, C)                         ln1w      (L, C)
@@ -119,9 +124,12 @@ Files. Little-endian throughout; each starts with a header of 256 int32, the slo
   expertfcw (L, E, 4C, C)      MoE only
   expertprojw (L, E, C, 4C)    MoE only
   lnfw lnfb (C)
-  A tensor of 0 elements is absent: an MoE model has no fcb and fcprojb, and with S = 0 no fcw and fcprojw
-  either; a dense model has none of the MoE tensors. Llama's fcw and expertfcw rows are [gate; up], each
-  half SF (or F) rows.
+  (L, ...) is one instance per layer l = 0..L-1, each of the shape after "MoE:" in an MoE block. An instance
+  of 0 elements is absent: an MoE block has no fcb and fcprojb, and with S = 0 no fcw and fcprojw either;
+  a dense block (all of a dense model's, and in an MoE model those with l + 1 not divisible by N) has none
+  of the MoE tensors. So with L = 2 and N = 2, GPT-2's fcw is layer 0's (4C, C) then layer 1's (4SC, C),
+  fcb and fcprojb are layer 0's alone, and routerw, expertfcw and expertprojw layer 1's alone. Llama's fcw
+  and expertfcw rows are [gate; up], each half SF (or F) rows.
   Version 3 stores each value as a float32, version 5 as a bf16 (the top 16 bits of the float32).
 
   Reference state file (both architectures; the model file beside it gives the shape)
@@ -136,11 +144,11 @@ Files. Little-endian throughout; each starts with a header of 256 int32, the slo
   [13..15] the bits of float32 alpha (--moe-aux-loss), beta (--moe-z-loss), capacity factor (0: dropless)
   then inputs (B, T) int32, targets (B, T) int32, logits (B, T, Vp) float32, the loss (1 float32, the
   cross-entropy), the first forward's router numbers: aux loss and z loss (1 float32 each, summed over the
-  layers without alpha and beta; 0 and 0 for a dense model), the routed counts (L*E int32, per layer per
-  expert, summed over the batch's sequences, before drops; none for a dense model) and the dropped
-  assignments summed over the layers (1 int32); then the first step's gradients (P float32, the model
-  file's tensors in its order and shapes, the gradients of the total), the losses of the steps (one
-  float32 each) and their gradient norms before clipping (one float32 each).
+  MoE blocks without alpha and beta; 0 and 0 for a dense model), the routed counts (L*E int32, per layer per
+  expert, summed over the batch's sequences, before drops; zero rows for the dense blocks, none for a dense
+  model) and the dropped assignments summed over the MoE blocks (1 int32); then the first step's gradients
+  (P float32, the model file's tensors in its order and shapes, the gradients of the total), the losses of
+  the steps (one float32 each) and their gradient norms before clipping (one float32 each).
 
 Run with Debian's Python (/usr/bin/python3, packages python3-torch python3-numpy libopenblas0).
 """
@@ -185,56 +193,73 @@ CONFIGS = {
                             batch_size=3, seq_len=37, learning_rate=1e-3),
 }
 DEFAULT_CONFIG = {"gpt2": "small", "llama": "llama_small"}
-# the mixture-of-experts shape, for both architectures; a preset without these keys is dense (0 experts)
-MOE_KEYS = ("experts", "experts_per_token", "shared_experts")
+# the mixture-of-experts shape, for both architectures, and its value where a preset lacks the key: a preset
+# without them is dense (0 experts), and an MoE preset without moe_every has experts in every block
+MOE_DEFAULTS = dict(experts=0, experts_per_token=0, shared_experts=0, moe_every=1)
+MOE_KEYS = tuple(MOE_DEFAULTS)
 SHAPE_KEYS = {"gpt2": ("layers", "heads", "channels", "vocab", "max_seq_len") + MOE_KEYS,
               "llama": ("layers", "heads", "kv_heads", "channels", "ffn_hidden", "vocab", "max_seq_len",
                         "rope_theta", "norm_eps") + MOE_KEYS}
 
-# The parameter tensors in model-file order, in terms of L layers, C channels, Vp padded vocab, maxT
-# positions (GPT-2), KVH key/value heads and F hidden units (Llama), and E experts and S shared experts
-# of H hidden units each (MoE). A tensor of 0 elements is absent from the file, so it is left out here:
-# MoE's MLP biases, fcw and fcprojw when S = 0, and all the MoE tensors of a dense model.
+def moe_block(config, l):
+    """Whether block l (0-based) has the mixture-of-experts MLP: in an MoE model every N-th block, those with
+    l + 1 divisible by N (all of them for N = 1); the other blocks are the dense model's."""
+    return config["E"] > 0 and (l + 1) % config["N"] == 0
+
+
+# The parameter tensors in model-file order, one entry per tensor of the file: "wte", or "qkvw.3" for
+# layer 3 of qkvw, each layer's own shape (in terms of C channels, Vp padded vocab, maxT positions (GPT-2),
+# KVH key/value heads and F hidden units (Llama), and E experts and S shared experts of H hidden units each
+# (MoE)), tensor-major: a tensor's layers 0..L-1, then the next tensor. An MoE block's MLP differs from a
+# dense block's, so a tensor's layers need not share a shape. A layer's tensor of 0 elements is absent from
+# the file, so it is left out here: an MoE block's MLP biases, its fcw and fcprojw when S = 0, and all the
+# MoE tensors of a dense block.
 def parameter_shapes(config):
     L, C, Vp, E = config["L"], config["C"], config["Vp"], config["E"]
     if config["arch"] == "gpt2":
         H = 4 * C                                  # hidden units of an expert (of the dense MLP)
-        D = config["S"] * H if E else H            # hidden units of fcw/fcprojw: the shared experts if MoE
-        bias = 0 if E else 1                       # MoE models have no MLP biases
-        shapes = [
-            ("wte", (Vp, C)), ("wpe", (config["maxT"], C)),
-            ("ln1w", (L, C)), ("ln1b", (L, C)),
-            ("qkvw", (L, 3 * C, C)), ("qkvb", (L, 3 * C)),
-            ("attprojw", (L, C, C)), ("attprojb", (L, C)),
-            ("ln2w", (L, C)), ("ln2b", (L, C)),
-            ("fcw", (L, D, C)), ("fcb", (L, bias * D)),
-            ("fcprojw", (L, C, D)), ("fcprojb", (L, bias * C)),
-            ("routerw", (L, E, C)), ("expertfcw", (L, E, H, C)), ("expertprojw", (L, E, C, H)),
-            ("lnfw", (C,)), ("lnfb", (C,)),
-        ]
+
+        def block(moe):
+            D = config["S"] * H if moe else H      # hidden units of fcw/fcprojw: the shared experts if MoE
+            bias = 0 if moe else 1                 # MoE blocks have no MLP biases
+            experts = E if moe else 0
+            return [("ln1w", (C,)), ("ln1b", (C,)),
+                    ("qkvw", (3 * C, C)), ("qkvb", (3 * C,)),
+                    ("attprojw", (C, C)), ("attprojb", (C,)),
+                    ("ln2w", (C,)), ("ln2b", (C,)),
+                    ("fcw", (D, C)), ("fcb", (bias * D,)),
+                    ("fcprojw", (C, D)), ("fcprojb", (bias * C,)),
+                    ("routerw", (experts, C)), ("expertfcw", (experts, H, C)), ("expertprojw", (experts, C, H))]
+        before, after = [("wte", (Vp, C)), ("wpe", (config["maxT"], C))], [("lnfw", (C,)), ("lnfb", (C,))]
     else:
         H = config["F"]
-        D = config["S"] * H if E else H
         HS = C // config["NH"]
-        shapes = [
-            ("wte", (Vp, C)),
-            ("ln1w", (L, C)),
-            ("qkvw", (L, (config["NH"] + 2 * config["KVH"]) * HS, C)),
-            ("attprojw", (L, C, C)),
-            ("ln2w", (L, C)),
-            ("fcw", (L, 2 * D, C)),                # SwiGLU: D gate rows, then D up rows
-            ("fcprojw", (L, C, D)),
-            ("routerw", (L, E, C)), ("expertfcw", (L, E, 2 * H, C)), ("expertprojw", (L, E, C, H)),
-            ("lnfw", (C,)),
-            ("lmhead", (Vp, C)),
-        ]
-    return [(name, shape) for name, shape in shapes if math.prod(shape) > 0]
+
+        def block(moe):
+            D = config["S"] * H if moe else H
+            experts = E if moe else 0
+            return [("ln1w", (C,)),
+                    ("qkvw", ((config["NH"] + 2 * config["KVH"]) * HS, C)),
+                    ("attprojw", (C, C)),
+                    ("ln2w", (C,)),
+                    ("fcw", (2 * D, C)),           # SwiGLU: D gate rows, then D up rows
+                    ("fcprojw", (C, D)),
+                    ("routerw", (experts, C)), ("expertfcw", (experts, 2 * H, C)),
+                    ("expertprojw", (experts, C, H))]
+        before, after = [("wte", (Vp, C))], [("lnfw", (C,)), ("lmhead", (Vp, C))]
+    blocks = [block(moe_block(config, l)) for l in range(L)]
+    layered = [(f"{name}.{l}", blocks[l][i][1]) for i, (name, _) in enumerate(blocks[0]) for l in range(L)]
+    return [(name, shape) for name, shape in before + layered + after if math.prod(shape) > 0]
+
+
+def tensor_name(name):
+    """The file tensor of a parameter_shapes entry: "qkvw" for "qkvw.3"."""
+    return name.split(".")[0]
+
 
 # The 2-D tensors, which get weight decay (wpe is GPT-2's only, lmhead Llama's only; the expert tensors
 # are 2-D per layer and expert).
 DECAYED = {"wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw", "lmhead", "routerw", "expertfcw", "expertprojw"}
-# The tensors with no layer dimension; every other tensor in a model file is (L, ...).
-UNLAYERED = {"wte", "wpe", "lnfw", "lnfb", "lmhead"}
 NORM_WEIGHTS = {"ln1w", "ln2w", "lnfw"}
 RESIDUAL_PROJECTIONS = {"attprojw", "fcprojw", "expertprojw"}
 
@@ -256,25 +281,26 @@ def as_float32(value):
     return struct.unpack("<f", struct.pack("<f", value))[0]
 
 
-def gpt2_config(L, NH, C, V, maxT, Vp=None, E=0, K=0, S=0):
-    """E experts, K of them per token, S shared experts: E = 0 is the dense model."""
+def gpt2_config(L, NH, C, V, maxT, Vp=None, E=0, K=0, S=0, N=1):
+    """E experts, K of them per token, S shared experts, in every N-th block: E = 0 is the dense model."""
     return dict(arch="gpt2", L=L, NH=NH, C=C, V=V, Vp=Vp if Vp is not None else padded_vocab(V), maxT=maxT,
-                E=E, K=K, S=S)
+                E=E, K=K, S=S, N=N)
 
 
-def llama_config(L, NH, KVH, C, F, V, maxT, theta=500000.0, eps=1e-5, Vp=None, E=0, K=0, S=0):
+def llama_config(L, NH, KVH, C, F, V, maxT, theta=500000.0, eps=1e-5, Vp=None, E=0, K=0, S=0, N=1):
     return dict(arch="llama", L=L, NH=NH, KVH=KVH, C=C, F=F, V=V, Vp=Vp if Vp is not None else padded_vocab(V),
-                maxT=maxT, theta=as_float32(theta), eps=as_float32(eps), E=E, K=K, S=S)
+                maxT=maxT, theta=as_float32(theta), eps=as_float32(eps), E=E, K=K, S=S, N=N)
 
 
 def config_from(shape):
     """A model config from a dict with the flag names of SHAPE_KEYS (a preset, or the parsed arguments)."""
     s = shape if isinstance(shape, dict) else vars(shape)
-    E, K, S = (s.get(key) or 0 for key in MOE_KEYS)          # a dense preset has no MoE keys
+    E, K, S, N = (s.get(key, default) for key, default in MOE_DEFAULTS.items())
     if s["arch"] == "gpt2":
-        return gpt2_config(s["layers"], s["heads"], s["channels"], s["vocab"], s["max_seq_len"], E=E, K=K, S=S)
+        return gpt2_config(s["layers"], s["heads"], s["channels"], s["vocab"], s["max_seq_len"], E=E, K=K, S=S,
+                           N=N)
     return llama_config(s["layers"], s["heads"], s["kv_heads"], s["channels"], s["ffn_hidden"], s["vocab"],
-                        s["max_seq_len"], s["rope_theta"], s["norm_eps"], E=E, K=K, S=S)
+                        s["max_seq_len"], s["rope_theta"], s["norm_eps"], E=E, K=K, S=S, N=N)
 
 
 def shape_problem(config):
@@ -295,13 +321,17 @@ def shape_problem(config):
             return f"rope_theta {c['theta']} must exceed 1"
         if not c["eps"] > 0.0:
             return f"norm_eps {c['eps']} must be positive"
-    E, K, S = c["E"], c["K"], c["S"]
+    E, K, S, N = c["E"], c["K"], c["S"], c["N"]
     if E < 0 or S < 0:
         return f"experts {E} and shared_experts {S} must not be negative"
     if E == 0 and (K != 0 or S != 0):
         return f"a dense model (experts 0) has no experts_per_token ({K}) or shared_experts ({S})"
+    if E == 0 and N != 1:
+        return f"a dense model (experts 0) has no moe_every ({N}): it has no mixture-of-experts blocks"
     if E > 0 and not 1 <= K <= E:
         return f"experts_per_token {K} must be between 1 and experts {E}"
+    if E > 0 and not 1 <= N <= c["L"]:
+        return f"moe_every {N} must be between 1 and layers {c['L']} (at least one block with experts)"
     return None
 
 
@@ -318,6 +348,8 @@ def describe(config):
         text += f" theta={c['theta']:g} eps={c['eps']:g}"
     if c["E"]:
         text += f" E={c['E']} K={c['K']} S={c['S']}"
+        if c["N"] > 1:
+            text += f" moe_every={c['N']}"
     return ("GPT-2 " if c["arch"] == "gpt2" else "Llama ") + text
 
 
@@ -338,6 +370,7 @@ examples:
   /usr/bin/python3 dev/test/model_reference.py --config moe_small --capacity-factor 1.0 \\
       --model-out moe_small.bin --state-out moe_small_state.bin
   /usr/bin/python3 dev/test/model_reference.py --arch llama --experts 8 --experts-per-token 2 --steps 2
+  /usr/bin/python3 dev/test/model_reference.py --config moe_small --layers 4 --moe-every 2 --steps 2
   /usr/bin/python3 dev/test/model_reference.py --model gpt2_124M.bin --steps 0 --bench 5
   /usr/bin/python3 dev/test/model_reference.py --self-check
 
@@ -366,12 +399,14 @@ whenever they are not already in the environment; torch uses OMP_NUM_THREADS thr
     model.add_argument("--rope-theta", type=float, help="Llama: RoPE's base theta (default 500000)")
     model.add_argument("--norm-eps", type=float, help="Llama: RMSNorm's epsilon (default 1e-5)")
     model.add_argument("--experts", type=int, metavar="E",
-                       help="mixture of experts: E routed experts in every block's MLP (default 0: the dense "
-                            "MLP)")
+                       help="mixture of experts: E routed experts in the MLP of every block, or of every N-th "
+                            "with --moe-every (default 0: the dense MLP)")
     model.add_argument("--experts-per-token", type=int, metavar="K",
                        help="MoE: the K experts each token is routed to")
     model.add_argument("--shared-experts", type=int, metavar="S",
                        help="MoE: S shared experts every token goes through, one MLP of S*H hidden units")
+    model.add_argument("--moe-every", type=int, metavar="N",
+                       help="every N-th block's MLP is a mixture of experts, the others dense; default 1")
     model.add_argument("--model", metavar="PATH",
                        help="load this model file (either architecture, version 3 fp32 or 5 bf16) instead "
                             "of creating one")
@@ -434,7 +469,7 @@ whenever they are not already in the environment; torch uses OMP_NUM_THREADS thr
             fail("--kv-heads, --ffn-hidden, --rope-theta and --norm-eps are Llama's: add --arch llama")
         for key in SHAPE_KEYS[args.arch]:
             if getattr(args, key) is None:
-                setattr(args, key, preset.get(key, 0) if key in MOE_KEYS else preset[key])
+                setattr(args, key, preset.get(key, MOE_DEFAULTS[key]) if key in MOE_KEYS else preset[key])
         problem = shape_problem(config_from(args))
         if problem:
             fail(problem)
@@ -614,12 +649,16 @@ def moe_mlp(h, w, l, config, capacity_factor):
 
 
 def router_summary(layers):
-    """The router numbers of all layers as training and the state file use them: aux and z summed over the
-    layers (tensors), routed (L, E) and dropped summed over the layers. None for a dense model."""
-    if not layers:
+    """The router numbers of all layers (each block's, None for a dense block) as training and the state
+    file use them: aux and z summed over the MoE blocks (tensors), routed (L, E) with zero rows for the
+    dense blocks, and dropped summed over the MoE blocks. None for a dense model."""
+    moe = [r for r in layers if r is not None]
+    if not moe:
         return None
-    return dict(aux=sum(r["aux"] for r in layers), z=sum(r["z"] for r in layers),
-                routed=torch.stack([r["routed"] for r in layers]), dropped=sum(r["dropped"] for r in layers))
+    none_routed = torch.zeros_like(moe[0]["routed"])
+    return dict(aux=sum(r["aux"] for r in moe), z=sum(r["z"] for r in moe),
+                routed=torch.stack([none_routed if r is None else r["routed"] for r in layers]),
+                dropped=sum(r["dropped"] for r in moe))
 
 
 class MoeTraining:
@@ -633,7 +672,7 @@ class MoeTraining:
 
     def total(self, loss, router):
         """What training differentiates: the cross-entropy plus alpha times the aux losses and beta times the
-        z-losses of all layers (just the cross-entropy for a dense model)."""
+        z-losses of all MoE blocks (just the cross-entropy for a dense model)."""
         return loss if router is None else loss + self.alpha * router["aux"] + self.beta * router["z"]
 
 
@@ -641,17 +680,10 @@ class MoeTraining:
 # the models
 
 def trainable(params):
-    """The tensors autograd and AdamW work on: the UNLAYERED ones and one tensor per layer per stacked
-    tensor ("qkvw.3" is layer 3 of qkvw). Each shares memory with params, so an update to one is an
-    update to the other, and each gets its own gradient (no per-step scatter into the stacked tensors)."""
-    w = {}
-    for name, tensor in params.items():
-        if name in UNLAYERED:
-            w[name] = tensor.detach().requires_grad_(True)
-        else:
-            for l in range(tensor.shape[0]):
-                w[f"{name}.{l}"] = tensor[l].detach().requires_grad_(True)
-    return w
+    """The tensors autograd and AdamW work on, under params' names ("qkvw.3" is layer 3 of qkvw). Each
+    shares memory with params, so an update to one is an update to the other, and each gets its own
+    gradient."""
+    return {name: tensor.detach().requires_grad_(True) for name, tensor in params.items()}
 
 
 def forward(w, config, inputs, targets, capacity_factor=0.0):
@@ -659,7 +691,7 @@ def forward(w, config, inputs, targets, capacity_factor=0.0):
     columns, the looked-up token embeddings that backward() needs, and an MoE model's router numbers
     (router_summary; None for a dense model)."""
     L, NH, V = config["L"], config["NH"], config["V"]
-    layers = []                     # each MoE block's router numbers
+    layers = []                     # each block's router numbers, None for a dense block
     B, T = inputs.shape
     # The token lookup is kept out of autograd: its backward would zero-fill a second (Vp, C) gradient
     # every step and add it to the LM head's. backward() scatters into wte.grad in place instead.
@@ -672,11 +704,12 @@ def forward(w, config, inputs, targets, capacity_factor=0.0):
             y = causal_self_attention(linear(h, w[f"qkvw.{l}"], w[f"qkvb.{l}"]), NH)
             x = x + linear(y, w[f"attprojw.{l}"], w[f"attprojb.{l}"])
             h = layernorm(x, w[f"ln2w.{l}"], w[f"ln2b.{l}"])
-            if config["E"]:
+            if moe_block(config, l):
                 y, router = moe_mlp(h, w, l, config, capacity_factor)
                 layers.append(router)
                 x = x + y
             else:
+                layers.append(None)
                 h = gelu_tanh(linear(h, w[f"fcw.{l}"], w[f"fcb.{l}"]))
                 x = x + linear(h, w[f"fcprojw.{l}"], w[f"fcprojb.{l}"])
         logits = layernorm(x, w["lnfw"], w["lnfb"]) @ w["wte"].t()             # (B, T, Vp)
@@ -689,11 +722,12 @@ def forward(w, config, inputs, targets, capacity_factor=0.0):
             y = grouped_query_attention(linear(h, w[f"qkvw.{l}"]), NH, config["KVH"], cos, sin)
             x = x + linear(y, w[f"attprojw.{l}"])
             h = rmsnorm(x, w[f"ln2w.{l}"], eps)
-            if config["E"]:
+            if moe_block(config, l):
                 y, router = moe_mlp(h, w, l, config, capacity_factor)
                 layers.append(router)
                 x = x + y
             else:
+                layers.append(None)
                 h = swiglu(linear(h, w[f"fcw.{l}"]))
                 x = x + linear(h, w[f"fcprojw.{l}"])
         logits = rmsnorm(x, w["lnfw"], eps) @ w["lmhead"].t()                  # (B, T, Vp)
@@ -713,28 +747,33 @@ def backward(w, loss, token_embeddings, inputs):
     wte.grad.index_add_(0, inputs.reshape(-1), token_embeddings.grad.reshape(-1, wte.shape[1]))
 
 
-def stacked_grads(w, params):
-    """The gradients of trainable(params) in the shapes and order of the model file."""
-    return {name: w[name].grad if name in w else
-            torch.stack([w[f"{name}.{l}"].grad for l in range(tensor.shape[0])])
-            for name, tensor in params.items()}
+def file_grads(w):
+    """The gradients of w = trainable(params), under the names and in the order of the model file."""
+    return {name: tensor.grad for name, tensor in w.items()}
 
 
 def init_params(config, seed, dtype):
+    """The parameters under parameter_shapes' names. All the layers of a tensor come from one draw, their
+    values one after the other as in the file: for layers of one shape, value for value the draw of the
+    stacked (L, ...) tensor, whatever shapes the layers of other tensors have."""
     generator = torch.Generator().manual_seed(seed)
     residual_std = 0.02 / math.sqrt(2 * config["L"])
+    shapes = parameter_shapes(config)
     params = {}
-    for name, shape in parameter_shapes(config):
-        if name in NORM_WEIGHTS:
-            tensor = torch.ones(shape, dtype=torch.float32)
-        elif name in DECAYED:
-            std = residual_std if name in RESIDUAL_PROJECTIONS else 0.02
-            tensor = torch.empty(shape, dtype=torch.float32).normal_(0.0, std, generator=generator)
+    for tensor in dict.fromkeys(tensor_name(name) for name, _ in shapes):
+        layers = [(name, shape) for name, shape in shapes if tensor_name(name) == tensor]
+        sizes = [math.prod(shape) for _, shape in layers]
+        if tensor in NORM_WEIGHTS:
+            values = torch.ones(sum(sizes), dtype=torch.float32)
+        elif tensor in DECAYED:
+            std = residual_std if tensor in RESIDUAL_PROJECTIONS else 0.02
+            values = torch.empty(sum(sizes), dtype=torch.float32).normal_(0.0, std, generator=generator)
         else:
-            tensor = torch.zeros(shape, dtype=torch.float32)
+            values = torch.zeros(sum(sizes), dtype=torch.float32)
         # one file for both trainers: every value exactly representable in bf16
-        tensor = tensor.to(torch.bfloat16).to(torch.float32)
-        params[name] = tensor
+        values = values.to(torch.bfloat16).to(torch.float32)
+        for (name, shape), piece in zip(layers, values.split(sizes)):
+            params[name] = piece.view(shape)
     for name in ("wte", "lmhead"):
         if name in params:
             params[name][config["V"]:] = 0.0
@@ -763,7 +802,7 @@ def write_model(path, params, config, dtype_name="fp32"):
                   c["Vp"]]
     if c["arch"] == "llama":
         header[8:12] = [c["KVH"], c["F"], f32_bits(c["theta"]), f32_bits(c["eps"])]
-    header[12:15] = [c["E"], c["K"], c["S"]]                  # 0 0 0 for a dense model
+    header[12:16] = [c["E"], c["K"], c["S"], c["N"] if c["E"] else 0]      # 0 0 0 0 for a dense model
     with open(path, "wb") as f:
         f.write(header.tobytes())
         for name, _ in parameter_shapes(c):
@@ -789,12 +828,13 @@ def read_model(path):
                 fail(f"{path}: unsupported version {version} (3 = fp32, 5 = bf16)")
             maxT, V, L, NH, C, Vp = (int(v) for v in header[2:8])
             E, K, S = (int(v) for v in header[12:15])
+            N = int(header[15]) or 1                  # 0: a dense model, or experts in every block
             if header[0] == GPT2_MAGIC:
-                config = gpt2_config(L, NH, C, V, maxT, Vp, E, K, S)
+                config = gpt2_config(L, NH, C, V, maxT, Vp, E, K, S, N)
             else:
                 config = llama_config(L, NH, int(header[8]), C, int(header[9]), V, maxT,
                                       f32_from_bits(int(header[10])), f32_from_bits(int(header[11])), Vp,
-                                      E, K, S)
+                                      E, K, S, N)
             problem = shape_problem(config)
             if problem:
                 fail(f"{path}: inconsistent shape {describe(config)}: {problem}")
@@ -920,7 +960,7 @@ class AdamW:
                     v.mul_(self.beta2).addcmul_(g, g, value=1.0 - self.beta2)
                     torch.div(v, correction2, out=denom).sqrt_().add_(self.eps)      # sqrt(v_hat) + eps
                     torch.div(m, correction1, out=update).div_(denom)                 # m_hat / denom
-                    if name.split(".")[0] in DECAYED:
+                    if tensor_name(name) in DECAYED:
                         update.add_(w, alpha=self.wd)
                     w.sub_(update, alpha=self.lr)
 
@@ -942,7 +982,7 @@ def router_numbers(router):
                 dropped=router["dropped"])
 
 
-def train_step(params, w, config, inputs, targets, optimizer, grad_clip, keep=False, moe=MoeTraining()):
+def train_step(w, config, inputs, targets, optimizer, grad_clip, keep=False, moe=MoeTraining()):
     """One forward, backward and AdamW update of w = trainable(params); an MoE model trains on the total of
     moe (MoeTraining). Returns (loss, grad norm before clipping), the loss the cross-entropy, and, with keep,
     also the logits, the router numbers (router_numbers) and the gradients (file order), taken before the
@@ -952,7 +992,7 @@ def train_step(params, w, config, inputs, targets, optimizer, grad_clip, keep=Fa
     logits, loss, token_embeddings, router = forward(w, config, inputs, targets, moe.capacity_factor)
     backward(w, moe.total(loss, router), token_embeddings, inputs)
     norm = global_norm(w)
-    kept = (logits.detach(), router_numbers(router), stacked_grads(w, params)) if keep else None
+    kept = (logits.detach(), router_numbers(router), file_grads(w)) if keep else None
     del logits
     optimizer.step(grad_clip / norm if 0 < grad_clip < norm else 1.0)
     return float(loss), norm, kept
@@ -1006,7 +1046,9 @@ def run(args):
           f"wd={args.weight_decay:g} clip={args.grad_clip:g}; threads={torch.get_num_threads()}")
 
     if config["E"]:
-        print(f"experts: E={config['E']} K={config['K']} S={config['S']}; aux loss weight "
+        blocks = [l for l in range(config["L"]) if moe_block(config, l)]
+        where = f" in blocks {blocks} (moe_every {config['N']})" if config["N"] > 1 else ""
+        print(f"experts: E={config['E']} K={config['K']} S={config['S']}{where}; aux loss weight "
               f"{args.moe_aux_loss:g}, z loss weight {args.moe_z_loss:g}, capacity factor "
               + (f"{args.capacity_factor:g} (cap {capacity(args.capacity_factor, T, config['K'], config['E'])} "
                  f"per expert per sequence)" if args.capacity_factor else "0 (dropless)"))
@@ -1017,7 +1059,7 @@ def run(args):
     losses, norms, first = [], [], None
     start = time.perf_counter()
     for step in range(args.steps):
-        loss, norm, kept = train_step(params, w, config, inputs, targets, optimizer, args.grad_clip,
+        loss, norm, kept = train_step(w, config, inputs, targets, optimizer, args.grad_clip,
                                       keep=(step == 0 and (args.state_out is not None or config["E"] > 0)),
                                       moe=moe)
         if kept:
@@ -1040,10 +1082,10 @@ def run(args):
         print(f"wrote {args.state_out}")
 
     if args.bench:
-        train_step(params, w, config, inputs, targets, optimizer, args.grad_clip, moe=moe)   # warm-up
+        train_step(w, config, inputs, targets, optimizer, args.grad_clip, moe=moe)   # warm-up
         start = time.perf_counter()
         for _ in range(args.bench):
-            train_step(params, w, config, inputs, targets, optimizer, args.grad_clip, moe=moe)
+            train_step(w, config, inputs, targets, optimizer, args.grad_clip, moe=moe)
         seconds = (time.perf_counter() - start) / args.bench
         print(f"pytorch: {1000 * seconds:.1f} ms/step, {B * T / seconds:.1f} tokens/s "
               f"(B={B}, T={T}, {torch.get_num_threads()} threads, mean of {args.bench} steps)")
@@ -1061,21 +1103,21 @@ def naive_moe(rows, P, l, config, act, B, cap, stats):
     T = len(rows)
     routed, kept, mean_p, outs = [0] * E, [0] * E, [0.0] * E, []
     for row in rows:                                   # t in order, then k in order: the capacity's visit
-        z = (P["routerw"][l] @ row).tolist()
+        z = (P[f"routerw.{l}"] @ row).tolist()
         top = max(z)
         exps = [math.exp(v - top) for v in z]
         p = [v / sum(exps) for v in exps]
         stats["z"] += (top + math.log(sum(exps))) ** 2 / (B * T)
         chosen = sorted(range(E), key=lambda e: (-p[e], e))[:K]          # descending p, ties by index
         chosen_sum = sum(p[e] for e in chosen)
-        out = P["fcprojw"][l] @ act(P["fcw"][l] @ row) if S else torch.zeros(C, dtype=torch.float64)
+        out = P[f"fcprojw.{l}"] @ act(P[f"fcw.{l}"] @ row) if S else torch.zeros(C, dtype=torch.float64)
         for e in chosen:
             routed[e] += 1
             if cap is not None and kept[e] == cap:
                 stats["dropped"] += 1
                 continue
             kept[e] += 1
-            out = out + p[e] / chosen_sum * (P["expertprojw"][l][e] @ act(P["expertfcw"][l][e] @ row))
+            out = out + p[e] / chosen_sum * (P[f"expertprojw.{l}"][e] @ act(P[f"expertfcw.{l}"][e] @ row))
         for e in range(E):
             mean_p[e] += p[e] / T
         outs.append(out)
@@ -1115,7 +1157,7 @@ def naive_gpt2_loss(params, config, inputs, targets, capacity_factor=0.0, stats=
     for b in range(B):
         x = [P["wte"][int(inputs[b, t])] + P["wpe"][t] for t in range(T)]
         for l in range(L):
-            qkv = [P["qkvw"][l] @ ln(x[t], P["ln1w"][l], P["ln1b"][l]) + P["qkvb"][l] for t in range(T)]
+            qkv = [P[f"qkvw.{l}"] @ ln(x[t], P[f"ln1w.{l}"], P[f"ln1b.{l}"]) + P[f"qkvb.{l}"] for t in range(T)]
             out = []
             for t in range(T):
                 y = torch.zeros(C, dtype=torch.float64)
@@ -1128,18 +1170,18 @@ def naive_gpt2_loss(params, config, inputs, targets, capacity_factor=0.0, stats=
                     norm = sum(weights)
                     for s in range(t + 1):
                         y[h * HS:(h + 1) * HS] += weights[s] / norm * qkv[s][2 * C + h * HS:2 * C + (h + 1) * HS]
-                out.append(P["attprojw"][l] @ y + P["attprojb"][l])
+                out.append(P[f"attprojw.{l}"] @ y + P[f"attprojb.{l}"])
             x = [x[t] + out[t] for t in range(T)]
-            if config["E"]:
-                rows = [ln(x[t], P["ln2w"][l], P["ln2b"][l]) for t in range(T)]
+            if moe_block(config, l):
+                rows = [ln(x[t], P[f"ln2w.{l}"], P[f"ln2b.{l}"]) for t in range(T)]
                 out = naive_moe(rows, P, l, config, gelu, B, cap, router)
                 x = [x[t] + out[t] for t in range(T)]
                 continue
             for t in range(T):
-                u = P["fcw"][l] @ ln(x[t], P["ln2w"][l], P["ln2b"][l]) + P["fcb"][l]
+                u = P[f"fcw.{l}"] @ ln(x[t], P[f"ln2w.{l}"], P[f"ln2b.{l}"]) + P[f"fcb.{l}"]
                 g = torch.tensor([0.5 * z * (1 + math.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z ** 3)))
                                   for z in u.tolist()], dtype=torch.float64)
-                x[t] = x[t] + P["fcprojw"][l] @ g + P["fcprojb"][l]
+                x[t] = x[t] + P[f"fcprojw.{l}"] @ g + P[f"fcprojb.{l}"]
         for t in range(T):
             logits = (P["wte"][:V] @ ln(x[t], P["lnfw"], P["lnfb"])).tolist()
             top = max(logits)
@@ -1187,7 +1229,7 @@ def naive_llama_loss(params, config, inputs, targets, capacity_factor=0.0, stats
     for b in range(B):
         x = [P["wte"][int(inputs[b, t])].clone() for t in range(T)]
         for l in range(L):
-            qkv = [P["qkvw"][l] @ rms(x[t], P["ln1w"][l]) for t in range(T)]
+            qkv = [P[f"qkvw.{l}"] @ rms(x[t], P[f"ln1w.{l}"]) for t in range(T)]
             q = [[turned(qkv[t][h * HS:(h + 1) * HS], t) for h in range(NH)] for t in range(T)]
             k = [[turned(qkv[t][(NH + j) * HS:(NH + j + 1) * HS], t) for j in range(KVH)] for t in range(T)]
             v = [[qkv[t][(NH + KVH + j) * HS:(NH + KVH + j + 1) * HS] for j in range(KVH)] for t in range(T)]
@@ -1202,18 +1244,18 @@ def naive_llama_loss(params, config, inputs, targets, capacity_factor=0.0, stats
                     norm = sum(weights)
                     for s in range(t + 1):
                         y[h * HS:(h + 1) * HS] += weights[s] / norm * v[s][j]
-                out.append(P["attprojw"][l] @ y)
+                out.append(P[f"attprojw.{l}"] @ y)
             x = [x[t] + out[t] for t in range(T)]
-            if config["E"]:
-                rows = [rms(x[t], P["ln2w"][l]) for t in range(T)]
+            if moe_block(config, l):
+                rows = [rms(x[t], P[f"ln2w.{l}"]) for t in range(T)]
                 out = naive_moe(rows, P, l, config, swiglu_row, B, cap, router)
                 x = [x[t] + out[t] for t in range(T)]
                 continue
             for t in range(T):
-                u = (P["fcw"][l] @ rms(x[t], P["ln2w"][l])).tolist()
+                u = (P[f"fcw.{l}"] @ rms(x[t], P[f"ln2w.{l}"])).tolist()
                 hidden = torch.tensor([u[n] / (1 + math.exp(-u[n])) * u[F + n] for n in range(F)],
                                       dtype=torch.float64)
-                x[t] = x[t] + P["fcprojw"][l] @ hidden
+                x[t] = x[t] + P[f"fcprojw.{l}"] @ hidden
         for t in range(T):
             logits = (P["lmhead"][:V] @ rms(x[t], P["lnfw"])).tolist()
             top = max(logits)
@@ -1225,6 +1267,19 @@ def naive_llama_loss(params, config, inputs, targets, capacity_factor=0.0, stats
 
 
 SMALL_PRESETS = ("small", "llama_small", "moe_small", "llama_moe_small")
+
+
+def small_shapes():
+    """(label, config) of the shapes the self-check initialises, writes and trains: the small presets, and
+    their MoE ones with a dense block before the mixture (--moe-every 2)."""
+    shapes = [(name, config_from(CONFIGS[name])) for name in SMALL_PRESETS]
+    return shapes + [(f"{name} --moe-every 2", config_from(dict(CONFIGS[name], moe_every=2)))
+                     for name in ("moe_small", "llama_moe_small")]
+
+
+def whole(params, name):
+    """All the layers' values of one tensor of the model file, flat."""
+    return torch.cat([p.reshape(-1) for n, p in params.items() if tensor_name(n) == name])
 
 
 class Checks:
@@ -1303,8 +1358,8 @@ def check_models(c):
     """Both models against the element-by-element versions (float64, tiny shapes, weights made larger than
     the init so every op matters, padded vocab rows non-zero to prove they are ignored), Llama with
     grouped-query attention and with as many key/value heads as query heads, both with experts (with and
-    without capacity drops and shared experts); and their gradients against finite differences (of the
-    total, with router terms weighted up so that they matter)."""
+    without capacity drops and shared experts, in every block and in every second one); and their gradients
+    against finite differences (of the total, with router terms weighted up so that they matter)."""
     tiny = [("GPT-2", gpt2_config(L=2, NH=2, C=8, V=11, maxT=6), naive_gpt2_loss, 0.0),
             ("Llama KVH=2", llama_config(L=2, NH=4, KVH=2, C=16, F=12, V=11, maxT=6, theta=10000.0, eps=1e-5),
              naive_llama_loss, 0.0),
@@ -1317,7 +1372,12 @@ def check_models(c):
              naive_llama_loss, 0.0),
             ("Llama MoE E=4 K=1 S=2 capacity 1", llama_config(L=2, NH=2, KVH=1, C=8, F=6, V=11, maxT=6,
                                                               theta=10000.0, eps=1e-5, E=4, K=1, S=2),
-             naive_llama_loss, 1.0)]
+             naive_llama_loss, 1.0),
+            ("GPT-2 MoE E=3 K=2 S=1 in block 1 of 3 (moe_every 2), capacity 0.5",
+             gpt2_config(L=3, NH=2, C=8, V=11, maxT=6, E=3, K=2, S=1, N=2), naive_gpt2_loss, 0.5),
+            ("Llama MoE E=4 K=2 S=0 in block 1 of 2 (moe_every 2), dropless",
+             llama_config(L=2, NH=4, KVH=2, C=16, F=12, V=11, maxT=6, theta=10000.0, eps=1e-5, E=4, K=2, S=0, N=2),
+             naive_llama_loss, 0.0)]
     for label, config, naive, capacity_factor in tiny:
         moe = MoeTraining(alpha=0.5, beta=0.1, capacity_factor=capacity_factor)
         params = init_params(config, seed=5, dtype=torch.float64)
@@ -1353,7 +1413,7 @@ def check_models(c):
             return moe.total(loss, router), token_embeddings
         loss, token_embeddings = total()
         backward(w, loss, token_embeddings, inputs)
-        grads = stacked_grads(w, params)
+        grads = file_grads(w)
         worst, h = 0.0, 1e-5
         with torch.no_grad():
             for name, p in params.items():
@@ -1430,7 +1490,7 @@ def check_moe_capacity(c):
     h = torch.randn(2, 4, 4, generator=c.g, dtype=torch.float64)
     w = {"routerw.0": torch.zeros(2, 4, dtype=torch.float64)}
     for name in ("fcw", "fcprojw", "expertfcw", "expertprojw"):
-        shape = dict(parameter_shapes(config))[name][1:]
+        shape = dict(parameter_shapes(config))[f"{name}.0"]
         w[f"{name}.0"] = torch.randn(shape, generator=c.g, dtype=torch.float64)
     out, router = moe_mlp(h, w, 0, config, 1.0)
     linear = torch.nn.functional.linear
@@ -1478,12 +1538,12 @@ def check_moe_losses(c):
 
 
 def moe_layer_inputs(c, config, B, T, scale):
-    """Random float64 h (B, T, C) and the layer-0 tensors of an MoE block (file names, no layer dim)."""
+    """Random float64 h (B, T, C) and the layer-0 tensors of an MoE block (file names, no layer suffix)."""
     h = torch.randn(B, T, config["C"], generator=c.g, dtype=torch.float64)
-    shapes = [(n, s[1:]) for n, s in parameter_shapes(config)
-              if n in ("fcw", "fcprojw", "routerw", "expertfcw", "expertprojw")]
-    tensors = [torch.randn(shape, generator=c.g, dtype=torch.float64) * scale for _, shape in shapes]
-    return h, [n for n, _ in shapes], tensors
+    shapes = dict(parameter_shapes(config))
+    names = [n for n in ("fcw", "fcprojw", "routerw", "expertfcw", "expertprojw") if f"{n}.0" in shapes]
+    tensors = [torch.randn(shapes[f"{n}.0"], generator=c.g, dtype=torch.float64) * scale for n in names]
+    return h, names, tensors
 
 
 def check_moe_gradcheck(c):
@@ -1546,6 +1606,25 @@ def check_moe_spec_gradients(c):
                 f"max rel err {c.rel_err(dz, z.grad):.1e}, {int((~kept).sum())} dropped")
 
 
+def per_layer(stacked):
+    """A listing of whole tensors, (name, (L, ...)) for the layered ones, as parameter_shapes lists them:
+    one entry per layer, tensor-major. wte, wpe, lnfw, lnfb and lmhead have no layer dimension."""
+    return [entry for name, shape in stacked
+            for entry in ([(name, shape)] if name in ("wte", "wpe", "lnfw", "lnfb", "lmhead") else
+                          [(f"{name}.{l}", shape[1:]) for l in range(shape[0])])]
+
+
+def three_recorded_steps(config, moe):
+    """(loss, gradient norm) of 3 AdamW steps on a fixed batch of 2 x 5 tokens from a fixed initialisation:
+    the numbers recorded before a change to the model, which must not move them."""
+    generator = torch.Generator().manual_seed(11)
+    inputs = torch.randint(0, config["V"], (2, 5), generator=generator)
+    targets = torch.randint(0, config["V"], (2, 5), generator=generator)
+    w = trainable(init_params(config, seed=7, dtype=torch.float32))
+    optimizer = AdamW(w, 1e-3, 0.9, 0.95, 1e-8, 0.1)
+    return [train_step(w, config, inputs, targets, optimizer, 1.0, moe=moe)[:2] for _ in range(3)]
+
+
 def check_dense_unchanged(c):
     """E = 0 is the dense model as it was before the MoE layer: the same tensors in the same order and no MoE
     header slots, and a few training steps of small and llama_small give the losses and gradient norms
@@ -1566,31 +1645,98 @@ def check_dense_unchanged(c):
                       ("ln2w", (L, C)), ("fcw", (L, 2 * F, C)), ("fcprojw", (L, C, F)),
                       ("lnfw", (C,)), ("lmhead", (Vp, C))]
         c.check(f"{name} (dense): the tensors of the model file as before the MoE layer",
-                parameter_shapes(config) == before and (config["E"], config["K"], config["S"]) == (0, 0, 0))
+                parameter_shapes(config) == per_layer(before) and
+                (config["E"], config["K"], config["S"], config["N"]) == (0, 0, 0, 1))
     recorded = {"small": [(6.1614179611206055, 6.667221818082044), (5.506646156311035, 4.011066711864838),
                           (5.202295780181885, 3.2833614748957958)],
                 "llama_small": [(6.244335651397705, 4.907777945798072), (5.838030815124512, 4.028617547687663),
                                 (5.568377494812012, 3.357865754280531)]}
     for name, expected in recorded.items():
-        config = config_from(CONFIGS[name])
-        generator = torch.Generator().manual_seed(11)
-        inputs = torch.randint(0, config["V"], (2, 5), generator=generator)
-        targets = torch.randint(0, config["V"], (2, 5), generator=generator)
-        params = init_params(config, seed=7, dtype=torch.float32)
-        w = trainable(params)
-        optimizer = AdamW(w, 1e-3, 0.9, 0.95, 1e-8, 0.1)
-        got = [train_step(params, w, config, inputs, targets, optimizer, 1.0, moe=MoeTraining(0.5, 0.5, 1.0))[:2]
-               for _ in range(3)]
+        got = three_recorded_steps(config_from(CONFIGS[name]), MoeTraining(0.5, 0.5, 1.0))
         err = max(abs(x - y) / abs(y) for pair, want in zip(got, expected) for x, y in zip(pair, want))
         c.check(f"{name} (dense, MoE options ignored): 3 steps' losses and gradient norms as recorded before "
                 f"the MoE layer", err < 1e-6, "bitwise" if got == expected else f"max rel diff {err:.1e}")
 
 
-def check_init(c):
-    """The initialisation of the small presets: loss close to log(V) (the init logits are small, the
-    softmax nearly uniform), zero padded rows and logits, bf16-representable values, the two stds."""
-    for name in SMALL_PRESETS:
+def check_moe_every(c, tmp):
+    """--moe-every: which tensors a model with dense blocks between its mixtures has, in which order; N = 1
+    as the MoE presets were before it (their tensors, and 3 training steps recorded then, to 1e-6 as in
+    check_dense_unchanged); the shapes refused; slot [15] of 0 read as 1; the router numbers of the dense
+    blocks."""
+    C, H, F = 8, 32, 12
+    common = per_layer([("wte", (128, C)), ("wpe", (6, C)), ("ln1w", (2, C)), ("ln1b", (2, C)),
+                        ("qkvw", (2, 3 * C, C)), ("qkvb", (2, 3 * C)), ("attprojw", (2, C, C)), ("attprojb", (2, C)),
+                        ("ln2w", (2, C)), ("ln2b", (2, C))])
+    mlp = [("fcw.0", (H, C)), ("fcw.1", (2 * H, C)), ("fcb.0", (H,)), ("fcprojw.0", (C, H)),
+           ("fcprojw.1", (C, 2 * H)), ("fcprojb.0", (C,)),
+           ("routerw.1", (4, C)), ("expertfcw.1", (4, H, C)), ("expertprojw.1", (4, C, H))]
+    config = gpt2_config(L=2, NH=2, C=C, V=11, maxT=6, E=4, K=2, S=2, N=2)
+    c.check("GPT-2 L=2 moe_every 2: block 0 dense (with MLP biases), block 1 MoE (S=2 shared), tensor-major",
+            parameter_shapes(config) == common + mlp + [("lnfw", (C,)), ("lnfb", (C,))])
+    config = llama_config(L=3, NH=2, KVH=1, C=C, F=F, V=11, maxT=6, E=4, K=2, S=0, N=3)
+    c.check("Llama L=3 moe_every 3: blocks 0 and 1 dense, block 2 MoE without shared experts",
+            [(n, s) for n, s in parameter_shapes(config) if tensor_name(n) in ("fcw", "fcprojw", "routerw",
+                                                                              "expertfcw", "expertprojw")] ==
+            [("fcw.0", (2 * F, C)), ("fcw.1", (2 * F, C)), ("fcprojw.0", (C, F)), ("fcprojw.1", (C, F)),
+             ("routerw.2", (4, C)), ("expertfcw.2", (4, 2 * F, C)), ("expertprojw.2", (4, C, F))])
+
+    recorded = {"moe_small": [(6.154908657073975, 6.540705134930747), (5.3525614738464355, 3.5803351853818546),
+                              (5.09158182144165, 3.0501636062313295)],
+                "llama_moe_small": [(6.161511421203613, 5.067730365225642),
+                                    (5.739358425140381, 3.8649901277317356),
+                                    (5.4745073318481445, 3.2552144636708347)]}
+    for name, expected in recorded.items():
         config = config_from(CONFIGS[name])
+        L, C, Vp, E, S = config["L"], config["C"], config["Vp"], config["E"], config["S"]
+        if config["arch"] == "gpt2":
+            H, maxT = 4 * C, config["maxT"]
+            before = [("wte", (Vp, C)), ("wpe", (maxT, C)), ("ln1w", (L, C)), ("ln1b", (L, C)),
+                      ("qkvw", (L, 3 * C, C)), ("qkvb", (L, 3 * C)), ("attprojw", (L, C, C)), ("attprojb", (L, C)),
+                      ("ln2w", (L, C)), ("ln2b", (L, C)), ("fcw", (L, S * H, C)), ("fcprojw", (L, C, S * H)),
+                      ("routerw", (L, E, C)), ("expertfcw", (L, E, H, C)), ("expertprojw", (L, E, C, H)),
+                      ("lnfw", (C,)), ("lnfb", (C,))]
+        else:
+            HS, H = C // config["NH"], config["F"]
+            before = [("wte", (Vp, C)), ("ln1w", (L, C)),
+                      ("qkvw", (L, (config["NH"] + 2 * config["KVH"]) * HS, C)), ("attprojw", (L, C, C)),
+                      ("ln2w", (L, C)), ("fcw", (L, 2 * S * H, C)), ("fcprojw", (L, C, S * H)),
+                      ("routerw", (L, E, C)), ("expertfcw", (L, E, 2 * H, C)), ("expertprojw", (L, E, C, H)),
+                      ("lnfw", (C,)), ("lmhead", (Vp, C))]
+        c.check(f"{name} (moe_every 1): the tensors of the model file as before --moe-every",
+                parameter_shapes(config) == per_layer(before) and config["N"] == 1)
+        got = three_recorded_steps(config, MoeTraining(0.01, 0.001, 1.0))
+        err = max(abs(x - y) / abs(y) for pair, want in zip(got, expected) for x, y in zip(pair, want))
+        c.check(f"{name} (moe_every 1): 3 steps' losses and gradient norms as recorded before --moe-every",
+                err < 1e-6, "bitwise" if got == expected else f"max rel diff {err:.1e}")
+
+    moe = config_from(CONFIGS["moe_small"])                                          # L = 2
+    problems = [shape_problem(dict(moe, N=N)) for N in (0, -1, 3)] + [
+        shape_problem(dict(config_from(CONFIGS["small"]), N=2))]
+    c.check("moe_every refused below 1, above L (no MoE block) and in a dense model; N = L taken",
+            all(problems) and shape_problem(dict(moe, N=2)) is None, f"{problems}")
+
+    path = os.path.join(tmp, "moe_every_slot15.bin")
+    write_model(path, init_params(moe, seed=3, dtype=torch.float32), moe)
+    header = np.fromfile(path, dtype=np.int32, count=HEADER_INTS)
+    with open(path, "r+b") as f:                          # slot [15] of 1 rewritten as 0
+        f.seek(15 * 4)
+        f.write(np.int32(0).tobytes())
+    c.check("model file: slot [15] 1 for moe_every 1, and 0 read as 1",
+            header[15] == 1 and read_model(path)[1] == moe)
+
+    config = dict(moe, N=2)
+    inputs = torch.randint(0, config["V"], (3, 7), generator=c.g)
+    targets = torch.randint(0, config["V"], (3, 7), generator=c.g)
+    _, _, _, router = forward(trainable(init_params(config, seed=3, dtype=torch.float32)), config, inputs, targets)
+    c.check("moe_small --moe-every 2: the dense block 0 routes nothing, block 1 all B T K assignments",
+            router["routed"].tolist()[0] == [0] * 4 and int(router["routed"][1].sum()) == 3 * 7 * 2,
+            f"routed {router['routed'].tolist()}")
+
+
+def check_init(c):
+    """The initialisation of the small shapes: loss close to log(V) (the init logits are small, the
+    softmax nearly uniform), zero padded rows and logits, bf16-representable values, the two stds."""
+    for name, config in small_shapes():
         params = init_params(config, seed=1337, dtype=torch.float32)
         inputs = torch.randint(0, 500, (3, 37), generator=c.g)
         targets = torch.randint(0, 500, (3, 37), generator=c.g)
@@ -1602,17 +1748,17 @@ def check_init(c):
                 bool((logits[..., 500:] == 0).all()))
         c.check(f"{name} init: every parameter is bf16-representable",
                 all(bool((p == p.to(torch.bfloat16).to(torch.float32)).all()) for p in params.values()))
-        stds = {n: float(params[n].std()) for n in ("qkvw", "fcprojw")}
+        stds = {n: float(whole(params, n).std()) for n in ("qkvw", "fcprojw")}
         c.check(f"{name} init: std 0.02 and 0.02/sqrt(2L)", abs(stds["qkvw"] - 0.02) < 0.002 and
                 abs(stds["fcprojw"] - 0.01) < 0.001, f"{stds}")
         if config["E"]:
-            stds = {n: float(params[n].std()) for n in ("routerw", "expertfcw", "expertprojw")}
+            stds = {n: float(whole(params, n).std()) for n in ("routerw", "expertfcw", "expertprojw")}
             c.check(f"{name} init: router and experts std 0.02, expert projections 0.02/sqrt(2L)",
                     abs(stds["routerw"] - 0.02) < 0.002 and abs(stds["expertfcw"] - 0.02) < 0.002 and
                     abs(stds["expertprojw"] - 0.01) < 0.001, f"{stds}")
         if config["arch"] == "llama":
             c.check(f"{name} init: norm weights 1, head untied",
-                    all(bool((params[n] == 1).all()) for n in NORM_WEIGHTS) and
+                    all(bool((whole(params, n) == 1).all()) for n in NORM_WEIGHTS) and
                     not torch.equal(params["lmhead"], params["wte"]))
 
 
@@ -1623,8 +1769,9 @@ def check_adamw(c):
     ours_params = {n: p.clone().requires_grad_(True) for n, p in params.items()}
     twin = {n: p.clone().requires_grad_(True) for n, p in params.items()}
     ours = AdamW(ours_params, 1e-3, 0.9, 0.95, 1e-8, 0.1)
-    theirs = torch.optim.AdamW([{"params": [twin[n] for n in twin if n in DECAYED], "weight_decay": 0.1},
-                                {"params": [twin[n] for n in twin if n not in DECAYED], "weight_decay": 0.0}],
+    decayed = [n for n in twin if tensor_name(n) in DECAYED]
+    theirs = torch.optim.AdamW([{"params": [twin[n] for n in decayed], "weight_decay": 0.1},
+                                {"params": [twin[n] for n in twin if n not in decayed], "weight_decay": 0.0}],
                                lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
     for scale in (1.0, 1.0, 0.25):   # the last step as if clipped: gradients scaled by 0.25
         for n in ours_params:
@@ -1636,13 +1783,13 @@ def check_adamw(c):
     c.check("AdamW vs torch.optim.AdamW (float64, 3 steps, one clipped)", err < 1e-12, f"max rel err {err:.2e}")
 
 
-def check_files(c, tmp, name):
-    """The model file (both versions) and the state file of one preset, written as the docstring lays them
+def check_files(c, tmp, name, config):
+    """The model file (both versions) and the state file of one shape, written as the docstring lays them
     out and read back."""
-    config = config_from(CONFIGS[name])
     params = init_params(config, seed=3, dtype=torch.float32)
+    stem = os.path.join(tmp, name.replace(" ", ""))
     for dtype_name in ("fp32", "bf16"):
-        path = os.path.join(tmp, f"{name}_{dtype_name}.bin")
+        path = f"{stem}_{dtype_name}.bin"
         write_model(path, params, config, dtype_name)
         loaded, loaded_config = read_model(path)
         same = loaded_config == config and all(torch.equal(loaded[n], params[n]) for n in params)
@@ -1655,16 +1802,17 @@ def check_files(c, tmp, name):
         expected += [config["KVH"], config["F"], f32_bits(config["theta"]), f32_bits(config["eps"])]
     else:
         expected += [0, 0, 0, 0]
-    expected += [config["E"], config["K"], config["S"]]
+    expected += [config["E"], config["K"], config["S"], config["N"] if config["E"] else 0]
     c.check(f"{name}: model header slots", header[:len(expected)].tolist() == expected and
-            not header[len(expected):].any(), f"{header[:15].tolist()}")
+            not header[len(expected):].any(), f"{header[:16].tolist()}")
     # tensor-major: layer 1 of qkvw follows layer 0 of qkvw, not layer 0's next tensor
     raw = np.fromfile(path, dtype=np.uint16, offset=HEADER_INTS * 4)
     names = [n for n, _ in parameter_shapes(config)]
-    start = sum(params[n].numel() for n in names[:names.index("qkvw")]) + params["qkvw"][0].numel()
+    start = sum(params[n].numel() for n in names[:names.index("qkvw.1")])
     stored = torch.from_numpy((raw[start:start + 4].astype(np.uint32) << 16).view(np.float32))
     c.check(f"{name}: qkvw is stored tensor-major (layer 1 right after layer 0)",
-            torch.equal(stored, params["qkvw"][1].reshape(-1)[:4]))
+            names.index("qkvw.1") == names.index("qkvw.0") + 1 and
+            torch.equal(stored, params["qkvw.1"].reshape(-1)[:4]))
 
     B, T = 2, 5
     inputs = torch.randint(0, config["V"], (B, T), generator=c.g)
@@ -1674,8 +1822,8 @@ def check_files(c, tmp, name):
     w = trainable(params)
     logits, loss, token_embeddings, router = forward(w, config, inputs, targets, hyper.capacity_factor)
     backward(w, MoeTraining(0.01, 0.001, 1.0).total(loss, router), token_embeddings, inputs)
-    grads = stacked_grads(w, params)
-    path = os.path.join(tmp, f"{name}_state.bin")
+    grads = file_grads(w)
+    path = f"{stem}_state.bin"
     numbers = router_numbers(router)
     write_state(path, hyper, B, T, inputs, targets, logits, float(loss), numbers, grads, config,
                 [1.5, 2.5, 3.5], [0.5, 0.25, 0.125])
@@ -1701,19 +1849,18 @@ def check_files(c, tmp, name):
             "" if numbers["dropped"] == 0 else f"with {numbers['dropped']} dropped assignments")
 
 
-def check_training(c, name):
+def check_training(c, name, config):
     """The same steps twice give the same bits (so a state file is reproducible), and they lower the loss.
-    moe_small trains with a capacity factor that drops assignments."""
-    config = config_from(CONFIGS[name])
+    GPT-2's MoE shapes train with a capacity factor that drops assignments."""
     inputs = torch.randint(0, config["V"], (2, 5), generator=c.g)
     targets = torch.randint(0, config["V"], (2, 5), generator=c.g)
-    moe = MoeTraining(capacity_factor=1.0 if name == "moe_small" else 0.0)
+    moe = MoeTraining(capacity_factor=1.0 if config["arch"] == "gpt2" and config["E"] else 0.0)
 
     def three_steps():
         params = init_params(config, seed=7, dtype=torch.float32)
         w = trainable(params)
         optimizer = AdamW(w, 1e-3, 0.9, 0.95, 1e-8, 0.1)
-        out = [train_step(params, w, config, inputs, targets, optimizer, 1.0, moe=moe)[:2] for _ in range(3)]
+        out = [train_step(w, config, inputs, targets, optimizer, 1.0, moe=moe)[:2] for _ in range(3)]
         return out, torch.cat([p.detach().view(-1) for p in params.values()])
     first, second = three_steps(), three_steps()
     c.check(f"{name}: 3 training steps are bitwise repeatable",
@@ -1738,10 +1885,11 @@ def self_check():
     check_init(c)
     check_adamw(c)
     with tempfile.TemporaryDirectory() as tmp:
-        for name in SMALL_PRESETS:
-            check_files(c, tmp, name)
-    for name in SMALL_PRESETS:
-        check_training(c, name)
+        for name, config in small_shapes():
+            check_files(c, tmp, name, config)
+        check_moe_every(c, tmp)
+    for name, config in small_shapes():
+        check_training(c, name, config)
     print(f"{c.passed} passed, {c.failed} failed")
     return c.failed == 0
 
