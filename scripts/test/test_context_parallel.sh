@@ -29,10 +29,7 @@ layouts="cp2_ring:2:8:--cp,2 cp4_ring:4:8:--cp,4 cp2_ring_contiguous:2:8:--cp,2,
          cp2_dp2_zero2:4:4:--cp,2,--zero,2 cp2_tp2:4:8:--cp,2,--tp,2 cp2_pp2:4:8:--cp,2,--pp,2
          cp2_ulysses_tp2:4:8:--cp,2,--cp-mode,ulysses,--tp,2 cp2_full_recompute:2:8:--cp,2,--recompute,full
          cp2_tp2_sp:4:8:--cp,2,--tp,2,--sequence-parallel cp2_pp2_tp2_sp:8:8:--cp,2,--pp,2,--tp,2,--sequence-parallel"
-for layout in $layouts; do
-    IFS=: read -r name ranks batch layout_flags <<<"$layout"
-    run_layout "$name" "$ranks" "$batch" ${layout_flags//,/ }
-done
+run_layouts "$layouts"
 
 # Sequence parallelism cuts a cp rank's rows into tp slices, which cut across its two zigzag chunks only
 # when tp does not divide 2 chunks evenly (tp 2 and 4 give every slice whole or half chunks): tp 3, on 6

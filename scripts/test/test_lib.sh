@@ -80,3 +80,13 @@ run_layout() {
         --output-dir "$work/$name" "${extra[@]}" >>"$work/$name.out" 2>&1 ||
         bad "$name: the run failed: $(grep -m1 error: "$work/$name.out")"
 }
+
+# run_layouts LIST: run_layout for each "name:ranks:batch:flags" of LIST (whitespace between entries, commas for
+# the spaces within flags)
+run_layouts() {
+    local layout name ranks batch layout_flags
+    for layout in $1; do
+        IFS=: read -r name ranks batch layout_flags <<<"$layout"
+        run_layout "$name" "$ranks" "$batch" ${layout_flags//,/ }
+    done
+}

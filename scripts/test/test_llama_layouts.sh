@@ -32,10 +32,7 @@ layouts="tp2:2:8:--tp,2
          dp2_zero3:2:4:--zero,3
          dp2_selective:2:4:--recompute,selective
          pp2_cp2_tp2_sp:8:8:--pp,2,--cp,2,--tp,2,--sequence-parallel"
-for layout in $layouts; do
-    IFS=: read -r name ranks batch layout_flags <<<"$layout"
-    run_layout "$name" "$ranks" "$batch" ${layout_flags//,/ }
-done
+run_layouts "$layouts"
 
 # a checkpoint saved at step 3 by tp 2 x pp 2, resumed by dp 2 x cp 2 (ZeRO-1)
 run_layout saved 4 8 --tp 2 --pp 2 --checkpoint-every 3 --keep-checkpoints 5

@@ -25,10 +25,7 @@ layouts="dp2_pp2_tp2_zero1_1f1b:8:4:--pp,2,--tp,2,--zero,1,--pp-schedule,1f1b
          dp2_cp2_pp2_zero3_gpipe_full:8:4:--cp,2,--pp,2,--zero,3,--pp-schedule,gpipe,--recompute,full
          hsdp2x2_tp2_zero3:8:2:--tp,2,--zero,3,--dp-shard,2
          dp2_pp2_cp2_tp2_zero2_sp:16:4:--pp,2,--cp,2,--tp,2,--zero,2,--sequence-parallel,--recompute,selective"
-for layout in $layouts; do
-    IFS=: read -r name ranks batch layout_flags <<<"$layout"
-    run_layout "$name" "$ranks" "$batch" ${layout_flags//,/ }
-done
+run_layouts "$layouts"
 
 # a checkpoint saved at step 3 by dp 2 x pp 2 x tp 2 at ZeRO-1, resumed by cp 2 x pp 2 x tp 2 x dp 2 at
 # ZeRO-3 under 1f1b: its last 2 steps must match the uninterrupted single rank

@@ -23,10 +23,7 @@ run_layout one 1 8
 # name:ranks:B:flags (commas for spaces)
 layouts="tp2:2:8:--tp,2 tp4:4:8:--tp,4 tp2_sp:2:8:--tp,2,--sequence-parallel tp4_sp:4:8:--tp,4,--sequence-parallel
          tp2_dp2_zero1:4:4:--tp,2,--zero,1 tp2_dp2_zero3_sp:4:4:--tp,2,--zero,3,--sequence-parallel"
-for layout in $layouts; do
-    IFS=: read -r name ranks batch layout_flags <<<"$layout"
-    run_layout "$name" "$ranks" "$batch" ${layout_flags//,/ }
-done
+run_layouts "$layouts"
 
 # checkpoints across tp sizes: saved at step 3 by tp 2 x dp 2 at ZeRO-1 (4 files), resumed by one rank and
 # by tp 4; the last 2 steps must match the uninterrupted single rank
