@@ -184,6 +184,7 @@ static void check_routing(GPT2& model, const ReferenceState& ref, int B, int T) 
     const int E = c.experts;
     long long moved = 0, assignments = 0;
     for (int layer = 0; layer < c.num_layers; layer++) {
+        if (!c.moe_block(layer)) continue;
         std::vector<int> counts((size_t)B * E);
         copy_to_host(counts.data(), model.records[0].blocks[layer].routed_counts, counts.size(), model.stream);
         for (int e = 0; e < E; e++) {
@@ -280,18 +281,19 @@ int main(int argc, char** argv) {
             const std::vector<float> grads = download_as_float(model.grads, layout.total, model.stream);
             // one line per tensor kind: the worst layer
             for (int kind = 0; kind < NUM_TENSOR_KINDS; kind++) {
-                if (layout.elements(kind) == 0) continue;  // a tensor this architecture does not have
                 double worst = 0.0;
-                int worst_layer = 0;
+                int worst_layer = 0, instances = 0;
                 size_t file_offset = 0;  // the reference's gradients are tensor-major (file order)
                 for_each_tensor_in_file_order(layout, [&](int k, int layer, size_t offset, size_t count) {
                     if (k == kind) {
+                        instances++;
                         const double error = relative_error_in_norm(grads.data() + offset,
                                                                     ref.grads.data() + file_offset, count);
                         if (!(error <= worst)) { worst = error; worst_layer = layer; }
                     }
                     file_offset += count;
                 });
+                if (instances == 0) continue;  // a tensor this architecture (or block) does not have
                 std::string name = std::string("d") + tensor_kind_info(kind).name;
                 if (tensor_kind_info(kind).per_layer) name += " (worst: layer " + std::to_string(worst_layer) + ")";
                 report(name, worst, decided_by_routing(config, kind) ? kRoutedGradTolerance : kGradTolerance,

@@ -228,8 +228,9 @@ static GPT2Config model_config(const Options& o) {
             config.experts = o.experts;
             config.experts_per_token = o.experts_per_token;
             config.shared_experts = o.shared_experts;
-        } else if (o.shared_experts > 0) {
-            fatal("--shared-experts sits beside routed experts: add --experts");
+            config.moe_every = o.moe_every;
+        } else if (o.shared_experts > 0 || o.moe_every != 1) {
+            fatal("--shared-experts and --moe-every shape a mixture of experts: add --experts");
         }
         gpt2_validate_config(config, "--model custom");
     } else if (gpt2_config_by_name(o.model, &config) || llama_config_by_name(o.model, &config) ||
@@ -284,8 +285,10 @@ static void print_run(const ParallelContext& par, const GPT2& model) {
            ParameterLayout(config).num_parameters);
     if (l.tp > 1 || l.pp > 1) printf(", %zu on this rank", model.layout.num_parameters);
     if (config.moe())
-        printf("; %d experts (%d per token, %d shared) per block, %.0f parameters active per token",
-               config.experts, config.experts_per_token, config.shared_experts, active_parameters(config));
+        printf("; %d experts (%d per token, %d shared) in %s, %.0f parameters active per token", config.experts,
+               config.experts_per_token, config.shared_experts,
+               config.moe_every == 1 ? "every block" : ("every " + std::to_string(config.moe_every) + "th block").c_str(),
+               active_parameters(config));
     printf("\n");
     if (l.pp > 1) {
         std::string layers;

@@ -42,14 +42,16 @@ def main():
     if not events:
         sys.exit(f"error: {args.log} has no 'experts' events (a run without experts, or an empty log)")
     steps = [e["step"] for e in events]
-    layers, experts = len(events[0]["tokens"]), len(events[0]["tokens"][0])
-    share = [[[e["tokens"][layer][x] / max(1, sum(e["tokens"][layer])) for e in events] for x in range(experts)]
-             for layer in range(layers)]
+    experts = len(events[0]["tokens"][0])
+    # the blocks with a mixture (--moe-every N > 1: a dense block routes no rows, and gets no panel)
+    mixtures = [layer for layer in range(len(events[0]["tokens"])) if any(sum(e["tokens"][layer]) for e in events)]
+    layers = len(mixtures)
+    share = {layer: [[e["tokens"][layer][x] / max(1, sum(e["tokens"][layer])) for e in events] for x in range(experts)]
+             for layer in mixtures}
 
     figure, axes = plt.subplots(layers + 1, 1, figsize=(8, 2.2 * (layers + 1)), sharex=True, squeeze=False)
     axes = axes[:, 0]
-    for layer in range(layers):
-        axis = axes[layer]
+    for axis, layer in zip(axes, mixtures):
         for x in range(experts):
             axis.plot(steps, share[layer][x], linewidth=1.2, label=f"expert {x}")
         axis.axhline(1.0 / experts, color="grey", linestyle="--", linewidth=0.8)

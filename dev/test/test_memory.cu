@@ -575,7 +575,7 @@ static void test_matmul_alignment() {
                 for (int l = 0; l < config.num_layers; l++) {
                     // parameters and gradients share the layout; the gradient buffer starts 256-aligned too
                     floatX* chunk = (floatX*)(base + (per_chunk ? 0 : layout.chunk_start(l + 1) * sizeof(floatX)));
-                    const BlockParams p = block_params_in_chunk(chunk, layout);
+                    const BlockParams p = block_params_in_chunk(chunk, layout, l);
                     check_linear(QKV, p.qkvw, p.qkvb, p.qkvw, C, 3 * C);
                     check_linear(ATTPROJ, p.attprojw, p.attprojb, p.attprojw, C, C);
                     check_linear(FC, p.fcw, p.fcb, p.fcw, C, 4 * C);
@@ -886,9 +886,9 @@ static std::string check_rank_layout(const ParameterLayout& model, const std::ve
         }
         if (part.chunk_start(chunk) != end || part.chunk_size(chunk) != all.chunk_size(chunk))
             return which + " does not follow the held chunks before it at its size in the whole layout";
-        const size_t used = chunk == 0       ? part.elements(WTE) + part.elements(WPE)
-                            : chunk == L + 1 ? part.elements(LNFW) + part.elements(LNFB)
-                                             : part.block_elements();
+        const size_t used = chunk == 0       ? part.elements(WTE, 0) + part.elements(WPE, 0)
+                            : chunk == L + 1 ? part.elements(LNFW, 0) + part.elements(LNFB, 0) + part.elements(LMHEAD, 0)
+                                             : part.block_elements(chunk - 1);
         for (size_t o = end; o < end + part.chunk_size(chunk); o++) {
             if (part.chunk_of_offset(o) != chunk) return "chunk_of_offset(" + std::to_string(o) + ") is not " + which;
             parameter[o] = o < end + used;

@@ -552,7 +552,7 @@ static void test_experts() {
     const LayoutPlan plan = plan_layout(mixtral, l, PlanHardware{});
     check_true("mixtral-8x7B-like on dp 8 x pp 8, ZeRO-1, selective: fits in 80 GiB", plan.error.empty() && plan.fits,
                plan.error);
-    const double flops = 6 * (active - (double)ParameterLayout(mixtral).elements(WTE)) + 12.0 * 32 * 4096 * 4096;
+    const double flops = 6 * (active - (double)ParameterLayout(mixtral).elements(WTE, 0)) + 12.0 * 32 * 4096 * 4096;
     check_true("mixtral-8x7B-like: model FLOPs per token from the active parameters (6 N + 12 L C T, N without wte)",
                plan.model_flops == flops * plan.tokens, describe(plan.model_flops, flops * plan.tokens));
     Layout big = l;
@@ -569,6 +569,19 @@ static void test_experts() {
     tp.batch_size = 2;
     check_true("a mixture of experts at tp 2 with B 2: planned", plan_layout_error(mixtral, tp).empty(),
                plan_layout_error(mixtral, tp));
+    // a mixture every 2nd block (GShard's, Switch's): 16 of the 32 blocks keep one dense SwiGLU MLP of 3 F C
+    // parameters (F = 14,336) instead of 8 experts of 3 F C each and the router's 8 C; a token meets 2 experts
+    // in the other 16, so each of those has 6 experts idle
+    GPT2Config every2 = mixtral;
+    every2.moe_every = 2;
+    const double mlp = 3.0 * 14336 * 4096, every2_total = total - 16 * (7 * mlp + 8 * 4096);
+    const double every2_total_counted = (double)ParameterLayout(every2).num_parameters;
+    check_true("mixtral-8x7B-like, a mixture every 2nd block: 16 dense MLPs in place of 16 mixtures",
+               every2_total_counted == every2_total, describe(every2_total_counted, every2_total));
+    check_true("... and 6 idle experts in each of the 16 mixtures", active_parameters(every2) == every2_total - 16 * 6 * mlp,
+               describe(active_parameters(every2), every2_total - 16 * 6 * mlp));
+    check_true("... whose plan on dp 8 x pp 8 has no error", plan_layout_error(every2, l).empty(),
+               plan_layout_error(every2, l));
 }
 
 int main() {

@@ -22,6 +22,7 @@ struct Options {
     int kv_heads = 0, ffn_hidden = 0;  // custom Llama (0: as many K/V heads as heads; 4 C)
     float rope_theta = 0.0f;
     int experts = 0, experts_per_token = 0, shared_experts = 0;  // custom mixture of experts (0 experts: dense)
+    int moe_every = 1;
     float moe_aux_loss = 0.0f, moe_z_loss = 0.0f, capacity_factor = 0.0f;  // training a mixture of experts
     // the data
     std::string train_data, val_data, tokenizer;
@@ -90,11 +91,14 @@ inline Options parse_options(int argc, char** argv) {
                                     1 << 20);
     float& rope_theta = flags.add_float("rope-theta", 500000.0f, "custom llama: RoPE's base", 1.0f);
     int& experts = flags.add_int("experts", 0,
-        "custom: a mixture of experts in every block's MLP, of this many experts (0: a dense MLP)", 0, 256);
+        "custom: a mixture of experts in every block's MLP (or every --moe-every-th), of this many experts (0: a "
+        "dense MLP)", 0, 256);
     int& experts_per_token = flags.add_int("experts-per-token", 2, "custom, with --experts: experts each token goes to "
                                            "(top-K of the router)", 1, 16);
     int& shared_experts = flags.add_int("shared-experts", 0, "custom, with --experts: experts every token goes to",
                                         0, 256);
+    int& moe_every = flags.add_int("moe-every", 1, "custom, with --experts: every N-th block's MLP is a mixture "
+                                   "(blocks N-1, 2N-1, ...), the others dense", 1, 1 << 20);
     int& init_seed = flags.add_int("init-seed", 42, "seed of the GPT-2 initialisation (from-scratch models)", 0);
     flags.heading("Mixture of experts (a model with experts)");
     float& moe_aux_loss = flags.add_float("moe-aux-loss", 0.01f,
@@ -229,6 +233,7 @@ inline Options parse_options(int argc, char** argv) {
     o.max_seq_len = max_seq_len, o.init_seed = init_seed;
     o.arch = arch, o.kv_heads = kv_heads, o.ffn_hidden = ffn_hidden, o.rope_theta = rope_theta;
     o.experts = experts, o.experts_per_token = experts_per_token, o.shared_experts = shared_experts;
+    o.moe_every = moe_every;
     o.moe_aux_loss = moe_aux_loss, o.moe_z_loss = moe_z_loss, o.capacity_factor = capacity_factor;
     o.train_data = train_data, o.val_data = val_data, o.tokenizer = tokenizer_path;
     o.shuffle = shuffle, o.data_seed = data_seed;

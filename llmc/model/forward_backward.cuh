@@ -38,10 +38,10 @@ With one rank each of them does nothing but hand back the model's own buffers.
 // where the passes find parameters and gradients (chunk 0: embeddings, 1..L: blocks, L+1: final layernorm)
 
 inline BlockParams block_parameters(GPT2& model, ParallelContext& par, int layer) {
-    return block_params_in_chunk(zero_parameters_of(par.zero, model, layer + 1), model.layout);
+    return block_params_in_chunk(zero_parameters_of(par.zero, model, layer + 1), model.layout, layer);
 }
 inline BlockParams block_gradients(GPT2& model, ParallelContext& par, int layer) {
-    return block_params_in_chunk(zero_gradients_of(par.zero, model, layer + 1), model.layout);
+    return block_params_in_chunk(zero_gradients_of(par.zero, model, layer + 1), model.layout, layer);
 }
 
 // Chunk c's gradient is complete for this microbatch: the final layernorm after the LM head's backward pass,
@@ -66,7 +66,7 @@ inline void chunk_gradient_done(GPT2& model, ParallelContext& par, int chunk) {
 
 // Block `layer` on a.input, writing its activation record a.
 inline void block_forward(GPT2& model, ParallelContext& par, int layer, const BlockActivations& a, int B, int T) {
-    const GPT2Config& c = model.config;
+    const GPT2Config c = model.config.block(layer);  // a dense block's, or a mixture's
     const TensorParallel& tp = par.tp;
     SharedBuffers& s = model.shared;
     cudaStream_t stream = model.stream;
@@ -102,9 +102,9 @@ inline void block_forward(GPT2& model, ParallelContext& par, int layer, const Bl
 // Selective recomputation (llmc/parallel/recompute.h): the norm and activation outputs block_backward needs,
 // which the layer did not keep, computed again from what it kept: the same kernels on the same inputs, so
 // the same bits (the statistics are written again with the values they had).
-inline void block_recompute_selective(GPT2& model, const TensorParallel& tp, const ExpertParallel& ep,
+inline void block_recompute_selective(GPT2& model, const TensorParallel& tp, const ExpertParallel& ep, int layer,
                                       const BlockParams& p, const BlockActivations& a, int B, int T) {
-    const GPT2Config& c = model.config;
+    const GPT2Config c = model.config.block(layer);
     cudaStream_t stream = model.stream;
     const int N = B * T, R = tp_rows(tp, N), hidden = c.hidden() / tp.size;
     norm_forward(c, a.ln1, a.ln1_mean, a.ln1_rstd, a.input, p.ln1w, p.ln1b, R, stream);
@@ -144,12 +144,12 @@ inline void keep_for_weights(floatX* kept, const floatX* x, size_t count, cudaSt
 // pass backwards.
 inline void block_backward(GPT2& model, ParallelContext& par, int layer, const BlockActivations& a, int B, int T,
                            BlockWeightRecord* w = nullptr) {
-    const GPT2Config& c = model.config;
+    const GPT2Config c = model.config.block(layer);
     const TensorParallel& tp = par.tp;
     SharedBuffers& s = model.shared;
     cudaStream_t stream = model.stream;
     const BlockParams p = block_parameters(model, par, layer);
-    if (par.layout.recompute.policy == RecomputePolicy::Selective) block_recompute_selective(model, tp, par.ep, p, a, B, T);
+    if (par.layout.recompute.policy == RecomputePolicy::Selective) block_recompute_selective(model, tp, par.ep, layer, p, a, B, T);
     const BlockParams g = w ? BlockParams{} : block_gradients(model, par, layer);
     const BlockWeightRecord kept = w ? *w : BlockWeightRecord{};
     floatX* dresidual = a.dresidual;
@@ -227,7 +227,7 @@ inline void block_backward(GPT2& model, ParallelContext& par, int layer, const B
 // gradients added. The block's chunk gradient is asked for here, and only here.
 inline void block_weight_gradients(GPT2& model, ParallelContext& par, int layer, const BlockWeightRecord& w, int B,
                                    int T) {
-    const GPT2Config& c = model.config;
+    const GPT2Config c = model.config.block(layer);
     const int N = B * T, C = c.channels;
     const int attention = C / par.tp.size, qkv = c.qkv_channels() / par.tp.size;
     const int hidden = c.hidden() / par.tp.size, fc = c.fc_channels() / par.tp.size;

@@ -370,7 +370,9 @@ inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int
     const Recompute& r = part.recompute;
     const size_t N = (size_t)B * T, C = c.channels, layers = model.stage_layers, R = part.rows(N);
     const size_t attention = C / part.tp, qkv = c.qkv_channels() / part.tp, heads = c.num_heads / part.tp;
-    const size_t hidden = c.hidden() / part.tp, fc = c.fc_channels() / part.tp;
+    // every layer of a record is sized for the widest block (a dense block's MLP and a mixture's shared experts
+    // differ under --moe-every), and carries a mixture's buffers if the model has any: a record serves any stage
+    const size_t hidden = c.widest_hidden() / part.tp, fc = c.widest_fc_channels() / part.tp;
     const bool layernorm = !c.llama();  // RMSNorm keeps no mean
     auto buffer = [&](size_t count, size_t element_bytes, MemoryKind kind) {
         void* pointer = tracked_alloc<char>(count * element_bytes, kind);
@@ -492,7 +494,7 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, c
     const size_t N = (size_t)B * T, C = config.channels;
     const size_t R = part.rows(N);                                         // rows of the residual stream
     const size_t qkv = config.qkv_channels() / part.tp, heads = config.num_heads / part.tp;
-    const size_t hidden = config.hidden() / part.tp, fc = config.fc_channels() / part.tp;
+    const size_t hidden = config.widest_hidden() / part.tp, fc = config.widest_fc_channels() / part.tp;
 
     if (part.full_parameters) model.params = tracked_alloc<floatX>(P, MemoryKind::Parameters);
     if (part.full_gradients) {
@@ -602,12 +604,13 @@ inline std::vector<float> gpt2_get_parameters(const GPT2& model) {
 
 // ----------------------------------------------------------------------------
 // model files: a 256 int32 header, then the tensors, tensor-major (each tensor for every layer, then the next),
-// in TensorKind's order, those the architecture has. GPT-2's is llm.c's format; Llama's header has its own
-// magic number and four more fields (the README's "Model files" has the table):
+// in TensorKind's order, those the architecture and each block have. GPT-2's is llm.c's format; Llama's header
+// has its own magic number and four more fields (the README's "Model files" has the table):
 //   [0] magic  [1] version (3: fp32 values, 5: bf16)  [2] max_seq_len  [3] vocab  [4] layers  [5] heads
 //   [6] channels  [7] padded vocab;  Llama only: [8] K/V heads  [9] hidden units  [10] RoPE theta and
 //   [11] norm epsilon, as the bits of fp32 values;  both: [12] experts  [13] experts per token  [14] shared
-//   experts (0: a dense MLP)
+//   experts (0: a dense MLP)  [15] a mixture every N blocks (0 in a dense model's file, and in files written
+//   before it existed: read as 1)
 
 constexpr int kModelMagic = 20240326;
 constexpr int kLlamaModelMagic = 20241125;
@@ -649,6 +652,7 @@ inline GPT2Config gpt2_read_config(const std::string& path, int* version = nullp
     c.experts = header[12];
     c.experts_per_token = header[13];
     c.shared_experts = header[14];
+    c.moe_every = c.moe() && header[15] != 0 ? header[15] : 1;  // 0: a file from before --moe-every (every block)
     if (header[0] == kLlamaModelMagic) {
         c.arch = Arch::Llama;
         c.kv_heads = header[8];
@@ -666,8 +670,11 @@ inline GPT2Config gpt2_read_config(const std::string& path, int* version = nullp
     // overflow for int dimensions (its largest product, 3 C x 2^31 or 2 H x C, stays below 2^64). Exact
     // below 2^53.
     double parameters = 0;
+    const double mixtures = c.moe_blocks(), dense = c.num_layers - mixtures;  // blocks of each kind
     for (int kind = 0; kind < NUM_TENSOR_KINDS; kind++)
-        parameters += (double)tensor_elements(c, kind) * (tensor_kind_info(kind).per_layer ? c.num_layers : 1);
+        parameters += tensor_kind_info(kind).per_layer
+                          ? (double)tensor_elements(c, kind) * mixtures + (double)tensor_elements(c.dense_block(), kind) * dense
+                          : (double)tensor_elements(c, kind);
     const bool fp32 = header[1] == kModelVersionFP32;
     const double implied = 256 * sizeof(int) + parameters * (fp32 ? 4 : 2);
     const size_t actual = file_size(path);
@@ -736,6 +743,7 @@ inline void gpt2_save(const ParameterLayout& layout, const std::vector<float>& v
     header[12] = c.experts;
     header[13] = c.experts_per_token;
     header[14] = c.shared_experts;
+    header[15] = c.moe() ? c.moe_every : 0;
     const std::string temporary = path + ".tmp";
     FILE* file = open_file(temporary, "wb");
     write_exact(header, sizeof(int), 256, file, temporary);

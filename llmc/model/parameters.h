@@ -38,11 +38,13 @@ struct GPT2Config {
     int ffn_hidden = 0;         // Llama: the MLP's hidden units (GPT-2: 0, its 4 C are hidden())
     float rope_theta = 0.0f;    // Llama: RoPE's base
     float norm_eps = 1e-5f;     // the norms' epsilon (GPT-2's layernorm: 1e-5, fixed in its kernels)
-    // mixture of experts (llmc/model/moe.cuh; 0 experts: a dense MLP): every block's MLP routes each token to
-    // its top experts_per_token of `experts` MLPs, beside `shared_experts` MLPs that every token goes through
+    // mixture of experts (llmc/model/moe.cuh; 0 experts: a dense MLP): every moe_every-th block's MLP routes
+    // each token to its top experts_per_token of `experts` MLPs, beside `shared_experts` MLPs that every token
+    // goes through; the other blocks are the dense model's (moe_block)
     int experts = 0;
     int experts_per_token = 0;
     int shared_experts = 0;
+    int moe_every = 1;
 
     bool llama() const { return arch == Arch::Llama; }
     bool tied_head() const { return arch == Arch::GPT2; }  // the LM head is wte
@@ -60,6 +62,22 @@ struct GPT2Config {
     // experts' together (S of them act as one MLP of S times the hidden units: their outputs add up)
     size_t hidden() const { return moe() ? (size_t)shared_experts * expert_hidden() : expert_hidden(); }
     size_t fc_channels() const { return llama() ? 2 * hidden() : hidden(); }
+    // Block `layer`'s MLP is a mixture when the model has experts and layer + 1 is a multiple of moe_every
+    // (moe_every 2: blocks 1, 3, 5, ...; the others are dense, as in GShard and Switch).
+    bool moe_block(int layer) const { return moe() && (layer + 1) % moe_every == 0; }
+    int moe_blocks() const { return moe() ? num_layers / moe_every : 0; }
+    // The shape of block `layer`: the model's, or for a dense block of a mixture the dense model's (no experts,
+    // the MLP's expert_hidden units, and GPT-2's MLP biases), which is what every per-layer size is read from.
+    GPT2Config block(int layer) const { return moe_block(layer) ? *this : dense_block(); }
+    GPT2Config dense_block() const {
+        GPT2Config dense = *this;
+        dense.experts = dense.experts_per_token = dense.shared_experts = 0, dense.moe_every = 1;
+        return dense;
+    }
+    // The widest MLP of any block (a dense block's and a mixture's shared experts' can differ): the buffers one
+    // record of any block runs on are sized by it.
+    size_t widest_hidden() const { return moe_every > 1 ? std::max(hidden(), expert_hidden()) : hidden(); }
+    size_t widest_fc_channels() const { return llama() ? 2 * widest_hidden() : widest_hidden(); }
 };
 
 // Two configurations describe the same model (the same tensors of the same sizes, the same computation).
@@ -68,7 +86,8 @@ inline bool same_shape(const GPT2Config& a, const GPT2Config& b) {
            a.kv_heads == b.kv_heads && a.ffn_hidden == b.ffn_hidden && a.vocab_size == b.vocab_size &&
            a.padded_vocab_size == b.padded_vocab_size && a.max_seq_len == b.max_seq_len &&
            a.rope_theta == b.rope_theta && a.norm_eps == b.norm_eps && a.experts == b.experts &&
-           a.experts_per_token == b.experts_per_token && a.shared_experts == b.shared_experts;
+           a.experts_per_token == b.experts_per_token && a.shared_experts == b.shared_experts &&
+           a.moe_every == b.moe_every;
 }
 
 inline int padded_vocab(int vocab_size) { return (vocab_size + 127) / 128 * 128; }
@@ -219,8 +238,10 @@ inline void gpt2_validate_config(const GPT2Config& c, const std::string& source)
     if (c.moe() && (c.experts_per_token < 1 || c.experts_per_token > c.experts || c.experts > 256 ||
                     c.experts_per_token > 16))
         refuse("a token goes to 1 .. min(16, experts) of at most 256 experts");
-    if (!c.moe() && (c.experts_per_token != 0 || c.shared_experts != 0))
-        refuse("experts per token and shared experts need experts");
+    if (!c.moe() && (c.experts_per_token != 0 || c.shared_experts != 0 || c.moe_every != 1))
+        refuse("experts per token, shared experts and a mixture every N blocks need experts");
+    if (c.moe() && (c.moe_every < 1 || c.moe_every > c.num_layers))
+        refuse("the mixture every N blocks needs 1 <= N <= layers (at least one block with experts)");
 }
 
 // ----------------------------------------------------------------------------
@@ -363,10 +384,8 @@ struct ParameterLayout {
     int shards = 1;
     int tp = 1, tp_rank = 0;     // the tensor-parallel slice this buffer holds
     int ep = 1, ep_rank = 0;     // the experts this buffer holds (expert parallelism)
-    size_t embedding_chunk = 0;  // elements of each kind of chunk, padding included
-    size_t block_chunk = 0;
-    size_t final_chunk = 0;
     std::vector<char> held;      // per chunk: in this buffer or not
+    std::vector<size_t> sizes;   // per chunk: its elements, padding included (0 when not held)
     std::vector<size_t> starts;  // per chunk: its offset in the buffer
     size_t total = 0;            // the buffer: every chunk held, padding included
     size_t num_parameters = 0;   // the parameters in the buffer, without padding (the model's, at tp = 1)
@@ -376,37 +395,50 @@ struct ParameterLayout {
     explicit ParameterLayout(const GPT2Config& c, int num_shards = 1, int tp_size = 1, int tp_index = 0,
                              const std::vector<char>& held_chunks = {}, int ep_size = 1, int ep_index = 0)
         : config(c), shards(num_shards), tp(tp_size), tp_rank(tp_index), ep(ep_size), ep_rank(ep_index) {
-        const size_t multiple = kChunkPaddingElements * (size_t)shards;
-        auto padded = [&](size_t count) { return (count + multiple - 1) / multiple * multiple; };
         held = held_chunks.empty() ? std::vector<char>(num_chunks(), 1) : held_chunks;
         if ((int)held.size() != num_chunks()) fatal("a parameter layout of %d chunks given %zu flags", num_chunks(), held.size());
-        embedding_chunk = padded(elements(WTE) + elements(WPE));
-        block_chunk = padded(block_elements());
-        final_chunk = padded(elements(LNFW) + elements(LNFB) + elements(LMHEAD));
         for (int chunk = 0; chunk < num_chunks(); chunk++) {
             starts.push_back(total);
-            total += chunk_size(chunk);
+            sizes.push_back(holds(chunk) ? padded_chunk(chunk) : 0);
+            total += sizes.back();
         }
         for_each_tensor_instance([&](int, int, size_t count) { num_parameters += count; });
     }
-    // elements of one instance of tensor `kind` in this buffer
-    size_t elements(int kind) const { return tensor_elements(config, kind, tp, ep); }
-    // tp rank `tp_rank`'s slice of tensor `kind`, of ep rank `ep_rank`'s experts (tensor_slice)
-    std::vector<SliceRun> slice(int kind) const { return tensor_slice(config, kind, tp, tp_rank, ep, ep_rank); }
-    // parameters of one block in this buffer (its chunk without the padding)
-    size_t block_elements() const {
+    // elements of one instance of tensor `kind` in this buffer (of block `layer`'s shape for a per-layer kind:
+    // the blocks of a model with a mixture every N blocks differ)
+    size_t elements(int kind, int layer) const {
+        return tensor_elements(tensor_kind_info(kind).per_layer ? config.block(layer) : config, kind, tp, ep);
+    }
+    // tp rank `tp_rank`'s slice of tensor `kind` of `layer`, of ep rank `ep_rank`'s experts (tensor_slice)
+    std::vector<SliceRun> slice(int kind, int layer) const {
+        return tensor_slice(tensor_kind_info(kind).per_layer ? config.block(layer) : config, kind, tp, tp_rank, ep,
+                            ep_rank);
+    }
+    // parameters of block `layer` in this buffer (its chunk without the padding)
+    size_t block_elements(int layer) const {
         size_t block = 0;
-        for (int kind = kFirstBlockKind; kind <= kLastBlockKind; kind++) block += elements(kind);
+        for (int kind = kFirstBlockKind; kind <= kLastBlockKind; kind++) block += elements(kind, layer);
         return block;
+    }
+    // the parameters of chunk `chunk`, padded with zeros to a multiple of 128 * shards elements
+    size_t padded_chunk(int chunk) const {
+        const size_t multiple = kChunkPaddingElements * (size_t)shards;
+        const size_t count = chunk == 0 ? elements(WTE, 0) + elements(WPE, 0)
+                           : chunk <= config.num_layers ? block_elements(chunk - 1)
+                           : elements(LNFW, 0) + elements(LNFB, 0) + elements(LMHEAD, 0);
+        return (count + multiple - 1) / multiple * multiple;
+    }
+    // the largest block chunk of the model, held or not (buffers that take any block's chunk are this size)
+    size_t largest_block_chunk() const {
+        size_t largest = 0;
+        for (int layer = 0; layer < config.num_layers; layer++) largest = std::max(largest, padded_chunk(layer + 1));
+        return largest;
     }
     int num_chunks() const { return config.num_layers + 2; }
     // chunk 0 is the embeddings, chunks 1..L the blocks, chunk L+1 the final norm (and an untied LM head)
     bool holds(int chunk) const { return held[chunk] != 0; }
     size_t chunk_start(int chunk) const { return starts[chunk]; }
-    size_t chunk_size(int chunk) const {
-        if (!holds(chunk)) return 0;
-        return chunk == 0 ? embedding_chunk : chunk <= config.num_layers ? block_chunk : final_chunk;
-    }
+    size_t chunk_size(int chunk) const { return sizes[chunk]; }
     size_t block_start(int layer) const { return chunk_start(layer + 1); }
     // the chunk that holds tensor `kind` of `layer`
     int chunk_of(int kind, int layer) const {
@@ -421,7 +453,7 @@ struct ParameterLayout {
     size_t offset(int kind, int layer = 0) const {
         size_t start = chunk_start(chunk_of(kind, layer));
         int first = kind < kFirstBlockKind ? WTE : kind > kLastBlockKind ? LNFW : kFirstBlockKind;
-        for (int k = first; k < kind; k++) start += elements(k);
+        for (int k = first; k < kind; k++) start += elements(k, layer);
         return start;
     }
     // Whether this buffer's copy of tensor `kind` counts in the model's gradient norm, where other ranks hold
@@ -433,15 +465,14 @@ struct ParameterLayout {
         return (tp_rank == 0 || !tensor_is_replicated(kind)) && (ep_rank == 0 || tensor_is_expert(kind)) &&
                !tied_copy;
     }
-    // calls fn(kind, layer, count) for every tensor instance held, in the model file's order (only the kinds
-    // the architecture has: none of 0 elements)
+    // calls fn(kind, layer, count) for every tensor instance held, in the model file's order (only those the
+    // architecture and the block have: none of 0 elements)
     template <class Function>
     void for_each_tensor_instance(Function&& fn) const {
         for (int kind = 0; kind < NUM_TENSOR_KINDS; kind++) {
-            if (elements(kind) == 0) continue;
             const int layers = tensor_kind_info(kind).per_layer ? config.num_layers : 1;
             for (int layer = 0; layer < layers; layer++)
-                if (holds(chunk_of(kind, layer))) fn(kind, layer, elements(kind));
+                if (elements(kind, layer) > 0 && holds(chunk_of(kind, layer))) fn(kind, layer, elements(kind, layer));
         }
     }
 };
@@ -471,8 +502,8 @@ void for_each_common_run(const ParameterLayout& from, const ParameterLayout& to,
     for_each_tensor_in_file_order(from, [&](int kind, int layer, size_t from_tensor, size_t) {
         if (!to.holds(to.chunk_of(kind, layer))) return;
         const size_t to_tensor = to.offset(kind, layer);
-        const std::vector<SliceRun> a = from.slice(kind);
-        const std::vector<SliceRun> b = to.slice(kind);
+        const std::vector<SliceRun> a = from.slice(kind, layer);
+        const std::vector<SliceRun> b = to.slice(kind, layer);
         size_t i = 0, j = 0, a_local = 0, b_local = 0;  // runs are in increasing order: merge them
         while (i < a.size() && j < b.size()) {
             const size_t first = std::max(a[i].start, b[j].start);
@@ -486,11 +517,11 @@ void for_each_common_run(const ParameterLayout& from, const ParameterLayout& to,
     });
 }
 
-// Tensor `kind` in the buffer of its chunk (`chunk` points at the chunk's start; any block's chunk for a
-// per-layer tensor: they are laid out alike), or null where the architecture has no such tensor.
-inline floatX* tensor_in_chunk(floatX* chunk, const ParameterLayout& layout, int kind) {
-    if (layout.elements(kind) == 0) return nullptr;
-    return chunk + (layout.offset(kind, 0) - layout.chunk_start(layout.chunk_of(kind, 0)));
+// Tensor `kind` of `layer` in the buffer of its chunk (`chunk` points at the chunk's start; the layer is
+// ignored for the embedding and final tensors), or null where the architecture or the block has no such tensor.
+inline floatX* tensor_in_chunk(floatX* chunk, const ParameterLayout& layout, int kind, int layer = 0) {
+    if (layout.elements(kind, layer) == 0) return nullptr;
+    return chunk + (layout.offset(kind, layer) - layout.chunk_start(layout.chunk_of(kind, layer)));
 }
 
 // One block's tensors, as pointers into its chunk of parameters (or gradients); null where the
@@ -499,9 +530,9 @@ struct BlockParams {
     floatX *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
     floatX *routerw, *expertfcw, *expertprojw;  // a mixture of experts (null in a dense block)
 };
-// One block's tensors, given where the block's chunk starts.
-inline BlockParams block_params_in_chunk(floatX* chunk, const ParameterLayout& layout) {
-    auto at = [&](int kind) { return tensor_in_chunk(chunk, layout, kind); };
+// Block `layer`'s tensors, given where its chunk starts.
+inline BlockParams block_params_in_chunk(floatX* chunk, const ParameterLayout& layout, int layer) {
+    auto at = [&](int kind) { return tensor_in_chunk(chunk, layout, kind, layer); };
     return BlockParams{at(LN1W), at(LN1B), at(QKVW), at(QKVB), at(ATTPROJW), at(ATTPROJB),
                        at(LN2W), at(LN2B), at(FCW),  at(FCB),  at(FCPROJW),  at(FCPROJB),
                        at(ROUTERW), at(EXPERTFCW), at(EXPERTPROJW)};

@@ -100,14 +100,18 @@ balanced, pipeline_balanced_v_layers). Memory is not balanced:
 the planner reports each stage's (the first stage holds the most activation records under 1f1b).
 */
 // The FLOP counts above, per token of a sequence of T. A mixture of experts' MLP weighs as much as what a token
-// meets: the shared experts, its K routed ones and the router (E x C).
+// meets: the shared experts, its K routed ones and the router (E x C). With a mixture every N blocks, a block
+// weighs the blocks' mean (the split counts blocks as equals).
 inline double pipeline_block_flops_per_token(const GPT2Config& config, int T) {
     const double C = config.channels;
-    double weights = C * config.qkv_channels() + C * C + C * config.fc_channels() + (double)config.hidden() * C;
-    if (config.moe())
-        weights += (double)config.experts_per_token * C * (config.expert_fc_channels() + config.expert_hidden()) +
-                   (double)config.experts * C;
-    return 6 * weights + 12 * C * T;
+    double weights = 0;
+    for (int layer = 0; layer < config.num_layers; layer++) {
+        const GPT2Config b = config.block(layer);
+        weights += C * b.qkv_channels() + C * C + C * b.fc_channels() + (double)b.hidden() * C;
+        if (b.moe())
+            weights += (double)b.experts_per_token * C * (b.expert_fc_channels() + b.expert_hidden()) + (double)b.experts * C;
+    }
+    return 6 * weights / config.num_layers + 12 * C * T;
 }
 inline double pipeline_head_flops_per_token(const GPT2Config& config) {
     const double C = config.channels, Vp = config.padded_vocab_size;

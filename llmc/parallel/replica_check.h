@@ -146,7 +146,7 @@ inline void inject_planned_bit_flip(ParallelContext& par, GPT2& model, int step)
     const ParameterLayout& layout = model.layout;
     if (par.zero.stage == 3) fatal("LLMC_FAULT_FLIP_BIT: flips parameters of ZeRO stages 0-2 only");
     if (flip->layer >= model.config.num_layers || !layout.holds(layout.chunk_of(kind, flip->layer)) ||
-        (size_t)flip->element >= layout.elements(kind) || flip->bit >= (int)(8 * sizeof(floatX)))
+        (size_t)flip->element >= layout.elements(kind, flip->layer) || flip->bit >= (int)(8 * sizeof(floatX)))
         fatal("LLMC_FAULT_FLIP_BIT: rank %d holds no element %lld, bit %d of %s", flip->rank, flip->element, flip->bit,
               tensor_instance_name(kind, flip->layer).c_str());
     floatX* address = model.params + layout.offset(kind, flip->layer) + flip->element;

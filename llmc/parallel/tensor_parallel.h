@@ -68,8 +68,9 @@ of an n-element whole (t-1)/t n s):
                per optimizer step (per micro-step at ZeRO 2-3, which reduces the gradients every
                micro-step): all-reduce of the layernorm gradients       + 2 (t-1)/t (4 C L + 2 C) s
   experts      per optimizer step (per micro-step at ZeRO 2-3): all-reduce of the router's and the experts'
-               gradients (E experts of fc and He units: E C (1 + fc + He) per layer;
-               a rank holds E/ep of the experts under expert parallelism)   + 2 (t-1)/t E C (1 + (fc + He)/ep) L s
+               gradients (E experts of fc and He units: E C (1 + fc + He) per mixture block, Lm = L/N
+               of them with a mixture every N blocks; a rank holds E/ep of the experts under expert
+               parallelism)                                          + 2 (t-1)/t E C (1 + (fc + He)/ep) Lm s
 tp_bytes_per_step below is this formula; the layout test compares it with the bytes counted.
 */
 #pragma once
@@ -318,15 +319,17 @@ inline void tp_sum_partial_gradients(const TensorParallel& tp, floatX* chunk_gra
     if (tp.size == 1) return;
     const size_t start = layout.chunk_start(chunk);
     const bool block = chunk > 0 && chunk < layout.num_chunks() - 1;
-    if (block && layout.config.moe()) {  // routerw, expertfcw, expertprojw: adjacent at the chunk's end
-        const size_t first = layout.offset(ROUTERW, chunk - 1) - start;
-        const size_t count = layout.elements(ROUTERW) + layout.elements(EXPERTFCW) + layout.elements(EXPERTPROJW);
+    if (block && layout.config.moe_block(chunk - 1)) {  // routerw, expertfcw, expertprojw: adjacent at the end
+        const int layer = chunk - 1;
+        const size_t first = layout.offset(ROUTERW, layer) - start;
+        const size_t count = layout.elements(ROUTERW, layer) + layout.elements(EXPERTFCW, layer) +
+                             layout.elements(EXPERTPROJW, layer);
         all_reduce(*tp.group, chunk_grads + first, count, Reduction::Sum, stream);
     }
     if (!tp.sequence_parallel) return;
     auto sum = [&](int weight_kind, int layer) {  // a weight and its bias (if any), adjacent in the chunk
         all_reduce(*tp.group, chunk_grads + (layout.offset(weight_kind, layer) - start),
-                   layout.elements(weight_kind) + layout.elements(weight_kind + 1), Reduction::Sum, stream);
+                   layout.elements(weight_kind, layer) + layout.elements(weight_kind + 1, layer), Reduction::Sum, stream);
     };
     if (chunk == layout.num_chunks() - 1) {
         sum(LNFW, 0);
@@ -355,7 +358,7 @@ inline double tp_bytes_per_step(const GPT2Config& c, int B, int T, int tp, bool 
     const double reductions = zero_stage >= 2 ? accumulation_steps : 1;
     const double expert_gradients = c.moe() ? 2 * share * (double)c.experts * C *
                                                   (1.0 + (double)(c.expert_fc_channels() + c.expert_hidden()) / ep) *
-                                                  L * s * reductions
+                                                  c.moe_blocks() * s * reductions
                                             : 0.0;
     return per_micro_step * accumulation_steps + layernorm_gradients + expert_gradients;
 }

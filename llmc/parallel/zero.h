@@ -148,7 +148,8 @@ inline int zero_shard_count(int stage, const Mesh* mesh, const ExpertParallel* e
 
 // stages 2, 3: the sizes of the four working buffers (embeddings, two blocks, final layernorm)
 inline std::array<size_t, 4> working_buffer_sizes(const ParameterLayout& layout) {
-    return {layout.chunk_size(0), layout.block_chunk, layout.block_chunk, layout.chunk_size(layout.num_chunks() - 1)};
+    const size_t block = layout.largest_block_chunk();
+    return {layout.chunk_size(0), block, block, layout.chunk_size(layout.num_chunks() - 1)};
 }
 
 // stages 2, 3: which working buffer chunk c's gradient (and, at stage 3, its gathered parameters) goes to
@@ -327,7 +328,8 @@ inline bool zero_reduces_now(const Zero& z) { return z.stage >= 2 || z.last_micr
 // expertfcw to the chunk's end, padding included; 0 for chunks without experts).
 inline size_t expert_tail_of_chunk(const ParameterLayout& layout, int chunk, int ep) {
     const int L = layout.config.num_layers;
-    if (ep == 1 || chunk < 1 || chunk > L || !layout.holds(chunk) || layout.elements(EXPERTFCW) == 0) return 0;
+    if (ep == 1 || chunk < 1 || chunk > L || !layout.holds(chunk) || layout.elements(EXPERTFCW, chunk - 1) == 0)
+        return 0;
     return layout.chunk_start(chunk) + layout.chunk_size(chunk) - layout.offset(EXPERTFCW, chunk - 1);
 }
 

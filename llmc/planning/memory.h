@@ -112,6 +112,7 @@ struct GPT2MemoryShape {
     int ffn_hidden = 0;        // H, the MLP's hidden units; 0: 4 C (a mixture of experts: the shared experts')
     // a mixture of experts (llmc/model/moe.cuh): E experts of He hidden units each, K per token
     int experts = 0, experts_per_token = 0, expert_hidden = 0;
+    int moe_every = 1;         // ... in every moe_every-th block (the others dense, of expert_hidden units)
     int ep = 1;                // expert parallelism: this rank's experts run the rows of ep ranks
     float capacity_factor = 0; // ... at most moe_expert_rows of them (llmc/model/parameters.h)
 };
@@ -142,6 +143,7 @@ inline GPT2MemoryShape gpt2_memory_shape(const GPT2Config& config, const Layout&
     shape.capacity_factor = layout.capacity_factor;
     shape.experts_per_token = config.experts_per_token;
     shape.expert_hidden = config.moe() ? (int)config.expert_hidden() : 0;
+    shape.moe_every = config.moe_every;
     return shape;
 }
 
@@ -157,7 +159,7 @@ inline GPT2Config gpt2_memory_shape_config(const GPT2MemoryShape& shape) {
     c.experts_per_token = shape.experts_per_token;
     if (c.moe() && c.llama()) c.ffn_hidden = shape.expert_hidden;
     else c.ffn_hidden = shape.llama ? shape.ffn_hidden : 0;
-    if (c.moe()) c.shared_experts = shape.ffn_hidden / shape.expert_hidden;
+    if (c.moe()) c.shared_experts = shape.ffn_hidden / shape.expert_hidden, c.moe_every = shape.moe_every;
     c.vocab_size = c.padded_vocab_size = shape.padded_vocab;
     c.max_seq_len = shape.max_seq_len;
     return c;
@@ -208,7 +210,8 @@ struct ActivationBytes {
 //              head-sharded output and its gradient 2 N c
 //   a mixture of experts (E experts, K per token, M = N K assignments, He hidden units per expert, Fe = He
 //   or 2 He; H and F above are then the shared experts'; the experts are whole on every tp rank, which routes
-//   N/t of the rows, but the records are sized for all N):
+//   N/t of the rows, but the records are sized for all N; with a mixture every N > 1 blocks, every layer of a
+//   record is sized for either block, H = max(S He, He), and carries the buffers below):
 //   per layer: floatX expert_input, expert_output 2 MC, expert_fch M Fe, expert_act M He; fp32 router_probs
 //              NE, router_lse N, routed_weights M; int routed_experts, routed_slots 2M, routed_counts kBE (k the
 //              pieces of a sequence a cp rank holds, below; 1 without cp)
@@ -230,7 +233,10 @@ inline ActivationBytes gpt2_activation_bytes(const GPT2MemoryShape& shape, bool 
     const double KV = shape.kv_heads > 0 ? shape.kv_heads : shape.num_heads;
     const double q = (shape.num_heads + 2 * KV) * (C / shape.num_heads) / t;
     const bool moe = shape.experts > 0;
-    const double H = (shape.ffn_hidden > 0 || moe ? shape.ffn_hidden : 4 * C) / t, F = shape.llama ? 2 * H : H;
+    // a record's layers are sized for the widest MLP: with a mixture every N > 1 blocks, a dense block's He too
+    const double H = (moe && shape.moe_every > 1 ? std::max(shape.ffn_hidden, shape.expert_hidden)
+                      : shape.ffn_hidden > 0 || moe ? shape.ffn_hidden : 4 * C) / t;
+    const double F = shape.llama ? 2 * H : H;
     const double E = shape.experts, M = N * shape.experts_per_token, He = shape.expert_hidden, G = shape.ep;
     const double pieces = shape.cp > 1 ? shape.cp_chunks : 1;
     const double Mr = moe ? (double)moe_expert_rows(gpt2_memory_shape_config(shape), shape.batch, shape.seq_len,
@@ -608,9 +614,9 @@ inline MemoryPlan plan_training_memory(size_t num_parameters, int zero_stage, in
         // wte), the final chunk on the last; none elsewhere.
         const ParameterLayout chunks_of(gpt2_memory_shape_config(*shape), n, shape->tp);
         const bool holds_embedding = shape->first_stage || (shape->last_stage && !shape->llama);
-        const double embedding = holds_embedding ? (double)chunks_of.embedding_chunk : 0.0;
-        const double block = (double)chunks_of.block_chunk;
-        const double final = shape->last_stage ? (double)chunks_of.final_chunk : 0.0;
+        const double embedding = holds_embedding ? (double)chunks_of.chunk_size(0) : 0.0;
+        const double block = (double)chunks_of.largest_block_chunk();
+        const double final = shape->last_stage ? (double)chunks_of.chunk_size(chunks_of.num_chunks() - 1) : 0.0;
         const double chunks = (embedding + 2 * block + final) * s;
         const double largest_shard = std::max({embedding, block, final}) / N * s;
         p.gradients += chunks + largest_shard;
@@ -656,9 +662,11 @@ inline MemoryPlan plan_training_memory(size_t num_parameters, int zero_stage, in
     const double G = shape && shape->experts > 0 ? shape->ep : 1;
     double P_e = 0;
     if (G > 1) {
-        const ParameterLayout rank(gpt2_memory_shape_config(*shape), 1, 1, 0, {}, shape->ep, 0);
+        const GPT2Config c = gpt2_memory_shape_config(*shape);
+        const ParameterLayout rank(c, 1, 1, 0, {}, shape->ep, 0);
         const int layers = shape->stage_layers > 0 ? shape->stage_layers : shape->num_layers;
-        P_e = layers * (double)(rank.elements(EXPERTFCW) + rank.elements(EXPERTPROJW));
+        const int mixture = c.moe_every - 1;  // with a mixture every N blocks, about 1/N of a stage's blocks
+        P_e = (double)layers / c.moe_every * (double)(rank.elements(EXPERTFCW, mixture) + rank.elements(EXPERTPROJW, mixture));
     }
     if (zero_stage == 0 && G > 1) {
         const double R = D / G;

@@ -48,18 +48,23 @@ inline double gpt2_flops_per_token(long long num_parameters, int num_layers, int
 }
 
 // The parameters a token meets: all of them, but in a mixture of experts only the K experts it is routed to
-// of the E in each block (the router and the shared experts it meets whole). Mixtral's 47B have 13B active.
-inline double idle_expert_parameters_per_block(const GPT2Config& c) {
-    const ParameterLayout whole(c);
-    return (double)(c.experts - c.experts_per_token) / std::max(c.experts, 1) *
-           (double)(whole.elements(EXPERTFCW) + whole.elements(EXPERTPROJW));
+// of the E in each mixture block (the router and the shared experts it meets whole). Mixtral's 47B have 13B
+// active.
+inline double idle_expert_parameters_per_mixture(const GPT2Config& c) {
+    if (!c.moe()) return 0.0;
+    const GPT2Config mixture = c.block(c.moe_every - 1);
+    return (double)(c.experts - c.experts_per_token) / c.experts *
+           (double)(tensor_elements(mixture, EXPERTFCW) + tensor_elements(mixture, EXPERTPROJW));
 }
 inline double active_parameters(const GPT2Config& c) {
-    return (double)ParameterLayout(c).num_parameters - idle_expert_parameters_per_block(c) * c.num_layers;
+    return (double)ParameterLayout(c).num_parameters - idle_expert_parameters_per_mixture(c) * c.moe_blocks();
 }
-// ... of one block (what a recomputed forward pass of the block costs a token: 2 FLOPs each)
+// ... of a block, on average over the blocks (what a recomputed forward pass of one costs a token: 2 FLOPs each)
 inline double active_block_parameters(const GPT2Config& c) {
-    return (double)ParameterLayout(c).block_elements() - idle_expert_parameters_per_block(c);
+    const ParameterLayout whole(c);
+    double blocks = 0;
+    for (int layer = 0; layer < c.num_layers; layer++) blocks += (double)whole.block_elements(layer);
+    return (blocks - idle_expert_parameters_per_mixture(c) * c.moe_blocks()) / c.num_layers;
 }
 
 // The formula for a model of this shape (the whole model, every active parameter but a Llama's wte).
@@ -67,7 +72,7 @@ inline double active_block_parameters(const GPT2Config& c) {
 // assignment's, too: the capacity is a shortcut the run takes, not less work the model asked for).
 inline double model_flops_per_token(const GPT2Config& c, int seq_len) {
     const ParameterLayout whole(c);
-    const double looked_up_only = c.llama() ? (double)whole.elements(WTE) : 0.0;
+    const double looked_up_only = c.llama() ? (double)whole.elements(WTE, 0) : 0.0;
     return gpt2_flops_per_token((long long)(active_parameters(c) - looked_up_only), c.num_layers, c.channels, seq_len);
 }
 

@@ -278,7 +278,7 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
         plan.stages.push_back(plan_training_memory(layout.total, l.zero_stage, gradient_ranks, shard_ranks, l.bf16, m,
                                                    &shape));
         // the tied embeddings' gradient, summed between the first and the last stage (GPT-2)
-        const double embedding = part.held_chunks[0] && config.tied_head() ? (double)layout.embedding_chunk / shards : 0.0;
+        const double embedding = part.held_chunks[0] && config.tied_head() ? (double)layout.chunk_size(0) / shards : 0.0;
         plan.pp_bytes.push_back(pipeline_bytes_per_step(l.schedule, r, p, V, m, activation_elements, s, embedding));
         if (plan.stages[r].total > plan.stages[plan.fullest_stage].total) plan.fullest_stage = r;
     }
@@ -295,7 +295,7 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
     const double head_flops = pipeline_head_flops_per_token(config) / l.tp;
     const double microbatch_tokens = (double)l.batch_size * T_local;
     const double rate = hw.peak_flops * hw.efficiency;
-    int most_layers = 0;  // on one pp rank
+    int most_layers = 0, most_mixtures = 0;  // on one pp rank: blocks, and blocks with a mixture of experts
     const double head_seconds = head_flops * microbatch_tokens / rate;
     for (int stage = 0; stage < p * V; stage++) {
         const bool last = stage == p * V - 1;
@@ -303,9 +303,14 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
                                      (last ? head_seconds : 0.0));
     }
     for (int r = 0; r < p; r++) {
-        int layers = 0;
-        for (int v = 0; v < V; v++) layers += plan.stage_layers[pipeline_model_stage(l.schedule, r, v, p)];
+        int layers = 0, mixtures = 0;
+        for (int v = 0; v < V; v++) {
+            const int stage = pipeline_model_stage(l.schedule, r, v, p), first = pipeline_first_layer(plan.stage_layers, stage);
+            layers += plan.stage_layers[stage];
+            for (int layer = first; layer < first + plan.stage_layers[stage]; layer++) mixtures += config.moe_block(layer);
+        }
         most_layers = std::max(most_layers, layers);
+        most_mixtures = std::max(most_mixtures, mixtures);
     }
     // a tp rank's query and K/V heads
     const AttentionHeads tp_rank_heads{config.num_heads / l.tp, config.kv_heads / l.tp, config.head_size()};
@@ -314,7 +319,7 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
     // the ep axis: routed rows spread evenly over the experts, a tp rank routing B/tp of the sequences
     const bool full = l.recompute.policy == RecomputePolicy::Full;
     plan.bytes[PLAN_EP] = config.moe() ? ep_bytes_per_step(l.ep, config.experts, config.experts_per_token,
-                                                           config.channels, l.batch_size / l.tp, T_local, most_layers, m,
+                                                           config.channels, l.batch_size / l.tp, T_local, most_mixtures, m,
                                                            full ? 2 : 1, (size_t)s)
                                        : 0.0;
     // (consecutive dp ranks are tp cp pp world ranks apart)
@@ -430,10 +435,11 @@ inline void print_plan_estimate(const LayoutPlan& plan, const PlanHardware& hw, 
 inline void print_layout_plan(const GPT2Config& config, const LayoutPlan& plan, const PlanHardware& hw,
                               FILE* out = stdout) {
     const Layout& l = plan.layout;
-    char mlp[160];
+    char mlp[200];
+    const std::string where = config.moe_every == 1 ? "" : ", in every " + std::to_string(config.moe_every) + "th block";
     if (config.moe())
-        snprintf(mlp, sizeof(mlp), "%d experts of %zu hidden (%d per token, %d shared; %s parameters active)",
-                 config.experts, config.expert_hidden(), config.experts_per_token, config.shared_experts,
+        snprintf(mlp, sizeof(mlp), "%d experts of %zu hidden (%d per token, %d shared%s; %s parameters active)",
+                 config.experts, config.expert_hidden(), config.experts_per_token, config.shared_experts, where.c_str(),
                  format_count(active_parameters(config)).c_str());
     else
         snprintf(mlp, sizeof(mlp), "%zu hidden", config.hidden());

@@ -67,12 +67,13 @@ for layout in "--tp 2" "--tp 2 --sequence-parallel 1" "--cp 2" ""; do
 done
 run_suite "GPT-2 BPE encoder vs the npm package's" /usr/bin/python3 data/test_tokenizer.py
 run_suite "PyTorch references (GPT-2, Llama 3) self-check" /usr/bin/python3 dev/test/model_reference.py --self-check
-reference_models="small 124M llama_small llama_100M moe_small llama_moe_small llama_moe_capacity"
+reference_models="small 124M llama_small llama_100M moe_small llama_moe_small llama_moe_capacity moe_every"
 model_name() {  # the suite's words for a reference preset
     case $1 in
         moe_small) echo "GPT-2 small with experts" ;;
         llama_moe_small) echo "Llama 3 small with experts" ;;
         llama_moe_capacity) echo "Llama 3 small with experts, capacity factor 0.5" ;;
+        moe_every) echo "GPT-2 small (3 blocks) with experts in every 2nd block" ;;
         llama_*) echo "Llama 3 ${1#llama_}" ;;
         *) echo "GPT-2 $1" ;;
     esac

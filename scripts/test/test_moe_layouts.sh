@@ -10,7 +10,10 @@
 # against the formula where every row goes to every expert, and a checkpoint of dp 4 x ep 2 at ZeRO-1 resumed
 # by one rank; the dp axis's bytes against llmc/parallel/zero.h's formula (experts averaged over their own
 # replicas, the dense shards over the ep group). Context parallelism (the balance loss's counts summed over each
-# sequence's pieces): cp 2 (ring, zigzag pieces), cp 2 Ulysses, and ep 2 x cp 2. Each against one rank on the
+# sequence's pieces): cp 2 (ring, zigzag pieces), cp 2 Ulysses, and ep 2 x cp 2. A mixture in every 2nd block
+# (--moe-every 2: GPT-2's dense block, then the experts): ep 2 x pp 2, ep 2 at ZeRO-3, tp 2 (its bytes against
+# the formula), full recomputation and a checkpoint of ep 2 x pp 2 resumed by one rank, against one rank of that
+# model. Each against one rank on the
 # same global batch (16 rows of 16 tokens as 2 micro-steps), 5 steps, with a validation loss and a text sample
 # at the end (mpirun, CPU build, FP32): losses and the final model.bin within 1e-5 relative, activation memory
 # equal to llmc/planning/memory.h's formula to the byte, and the routing each run logged (rows per expert per
@@ -39,10 +42,7 @@ layouts="dp2_zero1:2:4:--zero,1
          tp2_sp:2:8:--tp,2,--sequence-parallel
          dp2_tp2_zero2:4:4:--tp,2,--zero,2
          pp2_tp2_sp:4:8:--pp,2,--tp,2,--sequence-parallel"
-for layout in $layouts; do
-    IFS=: read -r name ranks batch layout_flags <<<"$layout"
-    run_layout "$name" "$ranks" "$batch" ${layout_flags//,/ }
-done
+run_layouts "$layouts"
 # a capacity of ceil(0.5 x 16 x 2 / 4) = 4 rows per expert and sequence: about half the assignments dropped
 run_layout one_capacity 1 8 --capacity-factor 0.5
 run_layout dp2_capacity 2 4 --capacity-factor 0.5
@@ -63,10 +63,7 @@ layouts="ep2:2:4:--ep,2
          cp2:2:8:--cp,2
          cp2_ulysses:2:8:--cp,2,--cp-mode,ulysses
          ep2_cp2:4:4:--ep,2,--cp,2"
-for layout in $layouts; do
-    IFS=: read -r name ranks batch layout_flags <<<"$layout"
-    run_layout "$name" "$ranks" "$batch" ${layout_flags//,/ }
-done
+run_layouts "$layouts"
 run_layout ep2_capacity 2 4 --ep 2 --capacity-factor 0.5
 # a checkpoint saved at step 3 by dp 4 x ep 2 at ZeRO-1 (2 expert groups x 2 shards: 4 files), resumed by one rank
 run_layout ep_saved 4 2 --ep 2 --zero 1 --checkpoint-every 3 --keep-checkpoints 5
@@ -77,6 +74,19 @@ flags=("${common[@]}" "${experts[@]}")
 run_layout gpt2_one 1 8
 run_layout gpt2_dp2_zero2 2 4 --zero 2
 run_layout gpt2_ep2 2 4 --ep 2
+# a mixture in every 2nd block (block 0 GPT-2's dense MLP with its biases, block 1 the experts, no shared one:
+# the blocks' chunks and MLP widths differ): pp 2 puts the experts on one stage only
+flags=("${common[@]}" "${experts[@]}" --moe-every 2)
+run_layout every2_one 1 8
+layouts="every2_ep2_pp2:4:4:--ep,2,--pp,2
+         every2_ep2_zero3:2:4:--ep,2,--zero,3
+         every2_tp2:2:8:--tp,2
+         every2_dp2_full:2:4:--recompute,full"
+run_layouts "$layouts"
+# its checkpoint, saved at step 3 by ep 2 x pp 2 at ZeRO-1 (chunks of two sizes), resumed by one rank
+run_layout every2_saved 4 4 --ep 2 --pp 2 --zero 1 --checkpoint-every 3 --keep-checkpoints 5
+mkdir -p "$work/every2_resumed" && cp "$work"/every2_saved/checkpoint_3* "$work/every2_resumed/"
+run_layout every2_resumed 1 8 --resume
 # every row to every expert (K = E = 4), which fixes the all-to-all's blocks: its bytes against the formula
 flags=("${common[@]}" --experts 4 --experts-per-token 4)
 run_layout all_experts_one 1 8
@@ -111,15 +121,15 @@ L, C, NH, KV, He, E, T, A, s = 2, 64, 4, 2, 32, 4, 16, 2, 4
 Q = (NH + 2 * KV) * (C // NH)
 
 
-def tp_bytes(tp, sp, batch, zero, ep=1):
+def tp_bytes(tp, sp, batch, zero, ep=1, expert_columns=3 * He, mixtures=L):
     """llmc/parallel/tensor_parallel.h's tp_bytes_per_step for this model: f and g around the blocks (the shared
     expert's MLP among them), the vocabulary-parallel embedding and loss, under SP the RMSNorm weights'
-    gradient sums, and the router's and experts' gradient sums (E C (1 + (2He + He)/ep) per layer: a rank holds E/ep experts), once per step
-    (per micro-step at ZeRO 2-3)."""
+    gradient sums, and the router's and experts' gradient sums (E C (1 + (fc + He)/ep) per mixture block, fc + He
+    = 2He + He for SwiGLU: a rank holds E/ep experts), once per step (per micro-step at ZeRO 2-3)."""
     N, share = batch * T, (tp - 1) / tp
     loss = 2 * share * 3 * N * 4
     reductions = A if zero >= 2 else 1
-    experts = 2 * share * E * C * (1 + (2 * He + He) / ep) * L * s * reductions
+    experts = 2 * share * E * C * (1 + expert_columns / ep) * mixtures * s * reductions
     if not sp:
         return A * ((8 * L + 4) * share * N * C * s + loss) + experts
     return A * ((10 * L + 5) * share * N * C * s + loss) + 2 * share * C * (2 * L + 1) * s + experts
@@ -131,6 +141,7 @@ runs += [(name, "one") for name in ("ep2", "ep4", "dp4_ep2", "ep2_tp2", "ep2_pp2
                                     "dp4_ep2_zero2", "cp2", "cp2_ulysses", "ep2_cp2")]
 runs += [("dp2_capacity", "one_capacity"), ("ep2_capacity", "one_capacity"), ("gpt2_dp2_zero2", "gpt2_one"),
          ("gpt2_ep2", "gpt2_one"), ("all_experts_ep2", "all_experts_one")]
+runs += [(name, "every2_one") for name in ("every2_ep2_pp2", "every2_ep2_zero3", "every2_tp2", "every2_dp2_full")]
 
 
 def ep_bytes(ep, batch, K, E=4, micro_steps=2, layers=2):
@@ -141,10 +152,11 @@ def ep_bytes(ep, batch, K, E=4, micro_steps=2, layers=2):
     N = batch * T
     per_layer = (ep - 1) * E * 8 + 4 * (ep - 1) / ep * N * K * C * s
     return micro_steps * layers * per_layer + int(2 * (ep - 1) / ep * 4)
-def parameter_chunks(llama, G, shards):
+def parameter_chunks(llama, G, shards, every=1):
     """(padded size, expert tail) of each chunk of this model's parameter buffer (llmc/model/parameters.h): the
     embeddings, L blocks whose tails from expertfcw on are the rank's E/G experts (padding included), the final
-    chunk; each padded to a multiple of 128 x shards elements."""
+    chunk; each padded to a multiple of 128 x shards elements. With a mixture every `every` blocks, the others
+    are GPT-2's dense block (12 C^2 + 13 C, no experts)."""
     Vp, maxT, multiple = 50304, 32, 128 * shards
     pad = lambda n: -(-n // multiple) * multiple
     if llama:  # RMSNorm weights, GQA qkv, the shared SwiGLU expert (2 x 32 rows, then 32 columns), the router
@@ -153,17 +165,18 @@ def parameter_chunks(llama, G, shards):
     else:      # layernorms with biases, qkv and its bias, the projection's bias; 4C-wide GELU experts, no shared
         dense, experts = 4 * C + 3 * C * C + 3 * C + C * C + C + E * C, E * 2 * 4 * C * C
         embedding, final = Vp * C + maxT * C, 2 * C
-    block = (pad(dense + experts // G), pad(dense + experts // G) - dense)
-    return [(pad(embedding), 0)] + [block] * L + [(pad(final), 0)]
+    mixture = (pad(dense + experts // G), pad(dense + experts // G) - dense)
+    blocks = [mixture if (l + 1) % every == 0 else (pad(12 * C * C + 13 * C), 0) for l in range(L)]
+    return [(pad(embedding), 0)] + blocks + [(pad(final), 0)]
 
 
-def dp_bytes(llama, zero, D, G, A=2):
+def dp_bytes(llama, zero, D, G, A=2, every=1):
     """llmc/parallel/zero.h's bytes per step for these chunks, with experts over ep G (1: none) of D dp ranks, as
     rank 0 sends them: stage 0, the dense part all-reduced over D and the experts over their R = D/G replicas;
     stages 1-3, the ZeRO stage's over the N = R shard ranks (stage 3 gathers each of this model's few chunks once
     per step, as stages 1-2 do), plus the dense part of shard 0 of each chunk all-reduced over the ep group."""
     R = D // G
-    chunks = parameter_chunks(llama, G, 1 if zero == 0 else R)
+    chunks = parameter_chunks(llama, G, 1 if zero == 0 else R, every)
     P, P_e = sum(size for size, _ in chunks), sum(tail for _, tail in chunks)
     if zero == 0:
         return 2 * (D - 1) / D * (P - P_e) * s + 2 * (R - 1) / R * P_e * s
@@ -178,7 +191,8 @@ dp_layouts = {"dp2_zero1": (True, 1, 2, 1), "dp2_zero3": (True, 3, 2, 1), "dp2_s
               "dp2_full": (True, 0, 2, 1), "ep2": (True, 0, 2, 2), "ep4": (True, 0, 4, 4), "dp4_ep2": (True, 0, 4, 2),
               "ep2_full": (True, 0, 2, 2), "ep2_zero1": (True, 1, 2, 2), "ep2_zero3": (True, 3, 2, 2),
               "dp4_ep2_zero2": (True, 2, 4, 2), "dp2_capacity": (True, 0, 2, 1), "ep2_capacity": (True, 0, 2, 2),
-              "gpt2_dp2_zero2": (False, 2, 2, 1), "gpt2_ep2": (False, 0, 2, 2)}
+              "gpt2_dp2_zero2": (False, 2, 2, 1), "gpt2_ep2": (False, 0, 2, 2),
+              "every2_ep2_zero3": (False, 3, 2, 2, 2, 2), "every2_dp2_full": (False, 0, 2, 1, 2, 2)}
 results = []
 for name, reference in runs:
     try:
@@ -186,9 +200,10 @@ for name, reference in runs:
         same_memory, memory_words, _ = memory_against_formula(work, name)
         routed, routing_words = same_routing(name, reference)
         good, words = same_run and same_memory and routed, f"{run_words}; {routing_words}; {memory_words}"
-        if name in ("tp2", "tp2_sp", "dp2_tp2_zero2", "ep2_tp2"):  # the tp axis: its bytes against the formula
+        if name in ("tp2", "tp2_sp", "dp2_tp2_zero2", "ep2_tp2", "every2_tp2"):  # the tp axis against the formula
             batch, zero = (4, 2) if name == "dp2_tp2_zero2" else (4, 0) if name == "ep2_tp2" else (8, 0)
-            theory = tp_bytes(2, name == "tp2_sp", batch, zero, ep=2 if name == "ep2_tp2" else 1)
+            every = dict(expert_columns=2 * 4 * C, mixtures=1) if name == "every2_tp2" else {}  # GELU, block 1
+            theory = tp_bytes(2, name == "tp2_sp", batch, zero, ep=2 if name == "ep2_tp2" else 1, **every)
             sent = events(work, name, "step")[-1]["tp_comm_bytes"]
             error = abs(sent - theory) / theory
             good, words = good and error <= 1e-3, f"{words}; tp axis sent {sent} B/step, formula {theory:.0f} ({100 * error:.4f}%)"
@@ -210,10 +225,12 @@ results.append(report(bool(drops) and all(step[1] > 0 for step in drops),
                       f"the capacity factor dropped assignments at every step: {[step[1] for step in drops]}"))
 rows = [sum(map(sum, step[0])) for step in routing("one")]  # dropless: every row to K = 2 experts in L = 2 layers
 results.append(report(rows == [256 * 2 * 2] * 5, f"one rank, dropless: the experts ran 2 x 2 x 256 rows a step: {rows}"))
-for resumed, what in (("resumed", "saved by dp 2 x pp 2 (ZeRO-1), resumed by one rank"),
-                       ("ep_resumed", "saved by dp 4 x ep 2 (ZeRO-1), resumed by one rank")):
+for resumed, reference, what in (("resumed", "one", "saved by dp 2 x pp 2 (ZeRO-1), resumed by one rank"),
+                                 ("ep_resumed", "one", "saved by dp 4 x ep 2 (ZeRO-1), resumed by one rank"),
+                                 ("every2_resumed", "every2_one",
+                                  "a mixture every 2nd block, saved by ep 2 x pp 2 (ZeRO-1), resumed by one rank")):
     try:
-        results.append(compare_resumed(work, resumed, "one", 3, what))
+        results.append(compare_resumed(work, resumed, reference, 3, what))
     except Exception as error:
         results.append(report(False, f"{what}: no result ({error})"))
 result(results)
@@ -231,7 +248,10 @@ expect_refused "cp 2 with a capacity" "the capacity keeps a sequence's first ass
     "${experts[@]}" --cp 2 --capacity-factor 1
 expect_refused "zb-h1" "a mixture of experts runs under schedules with a whole backward pass" 2 "${experts[@]}" --pp 2 \
     --pp-schedule zb-h1
-expect_refused "shared experts without experts" "--shared-experts sits beside routed experts" 1 --shared-experts 1
+expect_refused "shared experts without experts" "--shared-experts and --moe-every shape a mixture of experts" 1 \
+    --shared-experts 1
+expect_refused "a mixture every 3 of 2 blocks" "the mixture every N blocks needs 1 <= N <= layers" 1 "${experts[@]}" \
+    --moe-every 3
 expect_refused "more experts per token than experts" "a token goes to 1 .. min(16, experts)" 1 --experts 2 \
     --experts-per-token 3
 expect_refused "--plan at tp 2 x cp 2" "a mixture of experts runs under tp or cp, not both yet" 1 "${experts[@]}" \
