@@ -131,12 +131,6 @@ inline void block_recompute_selective(GPT2& model, const TensorParallel& tp, con
 // Under tensor parallelism f's backward sum (tp_enter_backward) has no weight matmul beside it in B; the
 // copies into the record take its place.
 
-// The weight-gradient record's copy of x (count values), unless x is already there (gathered or computed
-// into the record).
-inline void keep_for_weights(floatX* kept, const floatX* x, size_t count, cudaStream_t stream) {
-    if (kept != x) cudaCheck(cudaMemcpyAsync(kept, x, count * sizeof(floatX), cudaMemcpyDeviceToDevice, stream));
-}
-
 // a.dresidual: in, the gradient of the block's output; out, the gradient of its input (this rank's R rows).
 // Without `w` the block's parameter gradients accumulate (the whole backward pass); with `w` this is B: the
 // weight gradients' operands and the layernorm gradients go into w, for block_weight_gradients. Under
@@ -178,15 +172,15 @@ inline void block_backward(GPT2& model, ParallelContext& par, int layer, const B
     floatX* dqkv = w ? kept.dqkv : s.dqkv;
     // output = residual2 + fcproj(act(fc(ln2))): dresidual is the gradient of both terms
     const floatX* dmlp = tp_leave_backward(tp, dresidual, w ? kept.dmlp : s.gathered, N, C, stream);
-    // a mixture of experts (whole backward only: moe_layout_error): the routed experts' and the router's share of
-    // ln2's gradient on this tp rank's sequences, into dchannels, before ln2 is gathered again where dmlp may be
-    // (under SP this rank's sequences are its own rows of ln2)
+    // a mixture of experts: the routed experts' and the router's share of ln2's gradient on this tp rank's
+    // sequences, into dchannels, before ln2 is gathered again where dmlp may be (under SP this rank's sequences
+    // are its own rows of ln2); (B) their weight gradients' operands into w
     if (c.moe()) {
         cudaCheck(cudaMemsetAsync(s.dchannels, 0, (size_t)N * C * sizeof(floatX), stream));
         const MoERows rows = moe_rows(tp, B, T, C);
         if (rows.sequences > 0)
             moe_backward(model, par.ep, par.cp, p, g, a, s.dchannels + rows.offset, a.ln2 + (tp.sequence_parallel ? 0 : rows.offset),
-                         dmlp + rows.offset, layer, rows.sequences, T);
+                         dmlp + rows.offset, layer, rows.sequences, T, w);
     }
     floatX* dactivation = w && !c.llama() ? dhidden : s.dactivation;  // GELU's backward runs in place
     if (hidden > 0) {
@@ -234,8 +228,14 @@ inline void block_weight_gradients(GPT2& model, ParallelContext& par, int layer,
     float* scratch = model.shared.matmul_scratch;
     cudaStream_t stream = model.stream;
     const BlockParams g = block_gradients(model, par, layer);
-    matmul_backward_weights(g.fcprojw, g.fcprojb, scratch, w.dmlp, w.fch_gelu, N, hidden, C, stream);
-    matmul_backward_weights(g.fcw, g.fcb, scratch, w.dhidden, w.ln2, N, C, fc, stream);
+    if (c.moe()) {  // the routed experts and the router, on this tp rank's sequences
+        const MoERows rows = moe_rows(par.tp, B, T, C);
+        if (rows.sequences > 0) moe_weight_gradients(model, par.ep, g, w, rows.sequences, T);
+    }
+    if (hidden > 0) {  // (a mixture of experts without shared experts has no fc and fcproj)
+        matmul_backward_weights(g.fcprojw, g.fcprojb, scratch, w.dmlp, w.fch_gelu, N, hidden, C, stream);
+        matmul_backward_weights(g.fcw, g.fcb, scratch, w.dhidden, w.ln2, N, C, fc, stream);
+    }
     matmul_backward_weights(g.attprojw, g.attprojb, scratch, w.dattention, w.atty, N, attention, C, stream);
     matmul_backward_weights(g.qkvw, g.qkvb, scratch, w.dqkv, w.ln1, N, C, qkv, stream);
     residual_forward(g.ln2w, g.ln2w, w.dlayernorm + 2 * C, C, stream);

@@ -156,7 +156,22 @@ struct BlockWeightRecord {
     floatX* dmlp;        // (N, C)     fcproj's output gradient
     floatX* dlayernorm;  // (4C)       this microbatch's ln1w, ln1b, ln2w, ln2b gradients (this rank's rows' share
                          //            under sequence parallelism, summed over the tp ranks with the chunk's)
+    // a mixture of experts (null in a dense model), the rows of this rank's experts sorted by expert (Mr rows,
+    // llmc/model/moe.cuh) and the rows this tp rank routes (N' of N):
+    floatX* expert_input;    // (Mr, C)    each expert's fc's input
+    floatX* expert_dfch;     // (Mr, fc)   its output gradient (through the activation)
+    floatX* expert_act;      // (Mr, He)   each expert's projection's input
+    floatX* expert_doutput;  // (Mr, C)    its output gradient
+    floatX* router_input;    // (N', C)    the router's input (norm2's output)
+    floatX* router_dlogits;  // (N', E)    its output gradient
+    int* expert_rows;        // (host, ep x E) the rows per expert of every ep rank, as the forward pass had them
 };
+
+// The weight-gradient record's copy of x (count values), unless x is already there (gathered or computed
+// into the record).
+inline void keep_for_weights(floatX* kept, const floatX* x, size_t count, cudaStream_t stream) {
+    if (kept != x) cudaCheck(cudaMemcpyAsync(kept, x, count * sizeof(floatX), cudaMemcpyDeviceToDevice, stream));
+}
 
 // One microbatch's weight-gradient work for one stage, between its B and its W: a block record for each of
 // the stage's layers (sized, like the stage records, for the rank's longest stage). A rank keeps a pool of
@@ -470,6 +485,16 @@ inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int
             w.fch_gelu = values(N * hidden, MemoryKind::Activations);
             w.dmlp = values(N * C, MemoryKind::Activations);
             w.dlayernorm = values(4 * C, MemoryKind::Activations);
+            if (c.moe()) {
+                const size_t Mr = moe_expert_rows(c, B, T, part.ep, part.capacity_factor);
+                w.expert_input = values(Mr * C, MemoryKind::Activations);
+                w.expert_dfch = values(Mr * c.expert_fc_channels(), MemoryKind::Activations);
+                w.expert_act = values(Mr * c.expert_hidden(), MemoryKind::Activations);
+                w.expert_doutput = values(Mr * C, MemoryKind::Activations);
+                w.router_input = values(N * C, MemoryKind::Activations);
+                w.router_dlogits = values(N * c.experts, MemoryKind::Activations);
+                w.expert_rows = host_ints((size_t)part.ep * c.experts);
+            }
         }
     }
 }

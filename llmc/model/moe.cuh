@@ -70,24 +70,29 @@ inline int moe_sequence_pieces(const GPT2& model, const ContextParallel& cp) {
     return cp.size > 1 && !model.cache.decoding ? cp_chunks_per_rank(cp.split) : 1;
 }
 
-// Under context parallelism: routed_counts (pieces x B x E, each piece's assignments per expert, piece-major as
-// the rows are) replaced by its whole sequence's: summed over the pieces and the cp ranks, which hold the other
-// positions of the same B sequences. Through the host, where the forward pass waits for the rows per expert
-// anyway.
-inline void moe_sequence_counts(const ContextParallel& cp, int* routed_counts, int pieces, int B, int E,
-                                cudaStream_t stream) {
+// Under context parallelism: routed_counts (each piece's assignments per expert, for the B x pieces pieces this
+// rank routes, chunk-major as the rows are) replaced by its whole sequence's: summed over the pieces and the cp
+// ranks, which hold the other positions of the same sequences. Under tp as well, a tp rank routes a 1/tp slice
+// of the rank's chunk-major rows (moe_rows): B' = B/tp sequences' worth of pieces, which may belong to any of
+// the cp rank's tp B' sequences, so the tp ranks' counts are gathered first, in rank order (rank r's are
+// pieces [r B' pieces, (r+1) B' pieces) of the cp rank's chunk-major list). Through the host, where the forward
+// pass waits for the rows per expert anyway.
+inline void moe_sequence_counts(const TensorParallel& tp, const ContextParallel& cp, int* routed_counts, int pieces,
+                                int B, int E, cudaStream_t stream) {
     if (cp.size == 1) return;
-    const size_t per_piece = (size_t)B * E;
-    std::vector<int> counts(pieces * per_piece);
-    copy_to_host(counts.data(), routed_counts, counts.size(), stream);
-    const std::vector<uint64_t> everyone = all_gather_words(*cp.group, std::vector<uint64_t>(counts.begin(), counts.end()),
-                                                            stream);
-    std::vector<int> sequence(per_piece, 0);  // (B, E): the whole sequences'
-    for (int r = 0; r < cp.size; r++)
-        for (int k = 0; k < pieces; k++)
-            for (size_t i = 0; i < per_piece; i++) sequence[i] += (int)everyone[(r * pieces + k) * per_piece + i];
-    for (int k = 0; k < pieces; k++) std::copy(sequence.begin(), sequence.end(), counts.begin() + k * per_piece);
-    copy_to_device(routed_counts, counts.data(), counts.size(), stream);
+    const size_t mine = (size_t)pieces * B * E, sequences = (size_t)tp.size * B;  // sequences on this cp rank
+    std::vector<int> counts(mine);
+    copy_to_host(counts.data(), routed_counts, mine, stream);
+    std::vector<uint64_t> words(counts.begin(), counts.end());
+    if (tp.size > 1) words = all_gather_words(*tp.group, words, stream);  // the cp rank's pieces, chunk-major
+    const std::vector<uint64_t> everyone = all_gather_words(*cp.group, words, stream);
+    std::vector<int> sequence(sequences * E, 0);  // (sequences, E): the whole sequences'
+    for (size_t piece = 0; piece < (size_t)cp.size * pieces * sequences; piece++)  // chunk k of sequence b: k B + b
+        for (int e = 0; e < E; e++) sequence[(piece % sequences) * E + e] += (int)everyone[piece * E + e];
+    const size_t first = (size_t)tp.rank * pieces * B;  // this tp rank's first piece
+    for (size_t piece = 0; piece < (size_t)pieces * B; piece++)
+        std::copy_n(sequence.begin() + ((first + piece) % sequences) * E, E, counts.begin() + piece * E);
+    copy_to_device(routed_counts, counts.data(), mine, stream);
 }
 
 // The routed half of the MLP on h (N = B T rows, this rank's): routing, the experts, and their weighted sum
@@ -95,8 +100,8 @@ inline void moe_sequence_counts(const ContextParallel& cp, int* routed_counts, i
 // point in a step where the host waits for the device mid-pass. Under expert parallelism the sorted rows go
 // to their experts' ranks (ep_dispatch) and their outputs come back (ep_combine); this rank's experts run
 // the rows of the whole ep group.
-inline void moe_forward(GPT2& model, ExpertParallel& ep, const ContextParallel& cp, const BlockParams& p,
-                        const BlockActivations& a, floatX* out, const floatX* h, int B, int T) {
+inline void moe_forward(GPT2& model, const TensorParallel& tp, ExpertParallel& ep, const ContextParallel& cp,
+                        const BlockParams& p, const BlockActivations& a, floatX* out, const floatX* h, int B, int T) {
     const GPT2Config& c = model.config;
     SharedBuffers& s = model.shared;
     cudaStream_t stream = model.stream;
@@ -110,7 +115,7 @@ inline void moe_forward(GPT2& model, ExpertParallel& ep, const ContextParallel& 
                        stream);
     moe_dispatch_plan(a.routed_slots, s.expert_rows, a.routed_counts, a.routed_experts, B * pieces, T / pieces, K, E,
                       capacity, stream);
-    if (!model.cache.decoding) moe_sequence_counts(cp, a.routed_counts, pieces, B, E, stream);
+    if (!model.cache.decoding) moe_sequence_counts(tp, cp, a.routed_counts, pieces, B, E, stream);
     int* my_rows = a.expert_rows + (size_t)ep.rank * E;
     cudaCheck(cudaMemcpyAsync(my_rows, s.expert_rows, E * sizeof(int), cudaMemcpyDeviceToHost, stream));
     // this rank's rows sorted by expert: where its experts run them (one rank), or ready to travel
@@ -138,7 +143,8 @@ inline void moe_forward(GPT2& model, ExpertParallel& ep, const ContextParallel& 
 }
 
 // The sequences a tp rank routes (llmc/parallel/tensor_parallel.h): B/tp of them, from sequence rank x B/tp, at
-// `offset` values into an N x C buffer; while sampling (one sequence) tp rank 0 routes it alone.
+// `offset` values into an N x C buffer (under cp, whose rows are chunk-major, B/tp sequences' worth of pieces:
+// moe_sequence_counts); while sampling (one sequence) tp rank 0 routes it alone.
 struct MoERows {
     int sequences;
     size_t offset;
@@ -162,7 +168,7 @@ inline void moe_add_routed_output(GPT2& model, const TensorParallel& tp, ExpertP
     if (!shared && count < N * C) cudaCheck(cudaMemsetAsync(out, 0, N * C * sizeof(floatX), model.stream));
     if (rows.sequences == 0) return;
     floatX* routed = shared ? model.shared.routed_output : out + rows.offset;
-    moe_forward(model, ep, cp, p, a, routed, h + rows.offset, rows.sequences, T);
+    moe_forward(model, tp, ep, cp, p, a, routed, h + rows.offset, rows.sequences, T);
     if (shared) residual_forward(out + rows.offset, out + rows.offset, routed, count, model.stream);
 }
 
@@ -179,31 +185,47 @@ inline void moe_recompute_selective(const GPT2& model, const ExpertParallel& ep,
 // added to dh (N x C), the experts' and the router's weight gradients (+=) into g, and the two
 // losses' values added to model.moe.loss_sums. A row's h gradient is its K experts' input gradients plus
 // the router's, in that order. Under expert parallelism the output gradients travel to the experts and the
-// input gradients back, as the rows did in the forward pass.
+// input gradients back, as the rows did in the forward pass. With `kept` this is B of a backward pass split
+// in two (llmc/model/forward_backward.cuh): the weight gradients' operands go into kept, g is not touched, and
+// moe_weight_gradients is the W that computes them.
 inline void moe_backward(GPT2& model, ExpertParallel& ep, const ContextParallel& cp, const BlockParams& p,
                          const BlockParams& g, const BlockActivations& a, floatX* dh, const floatX* h,
-                         const floatX* dout, int layer, int B, int T) {
+                         const floatX* dout, int layer, int B, int T, const BlockWeightRecord* kept = nullptr) {
     const GPT2Config& c = model.config;
     SharedBuffers& s = model.shared;
     MoETraining& moe = model.moe;
     cudaStream_t stream = model.stream;
     const int N = B * T, C = c.channels, E = c.experts, K = c.experts_per_token;
     const int He = (int)c.expert_hidden(), fc = (int)c.expert_fc_channels();
+    // a matmul's weight gradient from its output gradient dout and input inp (`rows` rows): now, or its operands
+    // copied into kept at the same rows
+    auto weight_gradient = [&](floatX* dweight, const floatX* dout, floatX* kept_dout, const floatX* inp,
+                               floatX* kept_inp, int rows, int IC, int OC) {
+        if (!kept) {
+            matmul_backward_weights(dweight, nullptr, s.matmul_scratch, dout, inp, rows, IC, OC, stream);
+            return;
+        }
+        keep_for_weights(kept_dout, dout, (size_t)rows * OC, stream);
+        keep_for_weights(kept_inp, inp, (size_t)rows * IC, stream);
+    };
     // the weighted sum: each expert output's gradient (this rank's rows, sorted by expert), and each weight's
     floatX* sorted = ep.size > 1 ? s.expert_dispatch : s.expert_doutput;
     moe_unpermute_backward(sorted, s.routed_dweights, dout, a.expert_output, a.routed_slots, a.routed_weights, N, K,
                            C, stream);
     const ExpertCounts counts = expert_counts(c, ep, a);
+    if (kept) std::copy(a.expert_rows, a.expert_rows + (size_t)ep.size * E, kept->expert_rows);
     if (ep.size > 1) ep_dispatch(ep, counts, s.expert_doutput, sorted, s.expert_exchange, C, stream);
     // each expert, on its rows: the two matmuls and the activation backwards; its rows' input gradients
-    // overwrite their output gradients, which nothing reads after
+    // overwrite their output gradients, which nothing reads after (a weight gradient's copy is taken first)
     for_each_local_expert(counts, [&](int e, size_t first, int rows) {
         floatX* doutput = s.expert_doutput + first * C;
-        matmul_backward(s.expert_dact, expert_projection(c, g.expertprojw, e), nullptr, s.matmul_scratch, doutput,
-                        a.expert_act + first * He, expert_projection(c, p.expertprojw, e), rows, He, C, stream);
+        matmul_backward_input(s.expert_dact, doutput, expert_projection(c, p.expertprojw, e), rows, He, C, stream);
+        weight_gradient(expert_projection(c, g.expertprojw, e), doutput, kept ? kept->expert_doutput + first * C : nullptr,
+                        a.expert_act + first * He, kept ? kept->expert_act + first * He : nullptr, rows, He, C);
         activation_backward(c, s.expert_dfch, a.expert_fch + first * fc, s.expert_dact, rows, He, stream);
-        matmul_backward(doutput, expert_fc(c, g.expertfcw, e), nullptr, s.matmul_scratch, s.expert_dfch,
-                        a.expert_input + first * C, expert_fc(c, p.expertfcw, e), rows, C, fc, stream);
+        matmul_backward_input(doutput, s.expert_dfch, expert_fc(c, p.expertfcw, e), rows, C, fc, stream);
+        weight_gradient(expert_fc(c, g.expertfcw, e), s.expert_dfch, kept ? kept->expert_dfch + first * fc : nullptr,
+                        a.expert_input + first * C, kept ? kept->expert_input + first * C : nullptr, rows, C, fc);
     });
     if (ep.size > 1) ep_combine(ep, counts, sorted, s.expert_doutput, s.expert_exchange, C, stream);
     moe_permute_backward(s.routed_output, sorted, a.routed_slots, N, K, C, stream);
@@ -218,15 +240,35 @@ inline void moe_backward(GPT2& model, ExpertParallel& ep, const ContextParallel&
     moe_aux_loss_backward(s.router_dprobs, a.routed_counts, B * pieces, T / pieces, S, E, K, aux_scale, stream);
     moe_router_backward(s.router_logits, s.router_dprobs, a.router_probs, a.router_lse, a.routed_experts,
                         a.routed_weights, s.routed_dweights, N, E, K, z_scale, stream);
-    matmul_backward(s.routed_output, g.routerw, nullptr, s.matmul_scratch, s.router_logits, h, p.routerw, N, C, E,
-                    stream);
+    matmul_backward_input(s.routed_output, s.router_logits, p.routerw, N, C, E, stream);
+    weight_gradient(g.routerw, s.router_logits, kept ? kept->router_dlogits : nullptr, h,
+                    kept ? kept->router_input : nullptr, N, C, E);
     residual_forward(dh, dh, s.routed_output, (size_t)N * C, stream);
     // what the log reports: the rows each expert ran, and the assignments dropped
-    long long kept = 0;
+    long long routed = 0;
     for (int e = 0; e < E; e++) {
         const int rows = a.expert_rows[(size_t)ep.rank * E + e];  // this rank's rows, wherever they ran
         moe.tokens[(size_t)layer * E + e] += rows;
-        kept += rows;
+        routed += rows;
     }
-    moe.dropped += (long long)N * K - kept;
+    moe.dropped += (long long)N * K - routed;
+}
+
+// W of a backward pass split in two: the experts' and the router's weight gradients (+=) into g from what
+// moe_backward's B kept, in the order the whole pass adds them (an expert's projection, then its fc; the router
+// last), so the same bits. B x T: the rows this tp rank routed.
+inline void moe_weight_gradients(GPT2& model, const ExpertParallel& ep, const BlockParams& g,
+                                 const BlockWeightRecord& kept, int B, int T) {
+    const GPT2Config& c = model.config;
+    float* scratch = model.shared.matmul_scratch;
+    cudaStream_t stream = model.stream;
+    const int C = c.channels, He = (int)c.expert_hidden(), fc = (int)c.expert_fc_channels();
+    for_each_local_expert(ExpertCounts{kept.expert_rows, c.experts, ep.size, ep.rank}, [&](int e, size_t first, int rows) {
+        matmul_backward_weights(expert_projection(c, g.expertprojw, e), nullptr, scratch, kept.expert_doutput + first * C,
+                                kept.expert_act + first * He, rows, He, C, stream);
+        matmul_backward_weights(expert_fc(c, g.expertfcw, e), nullptr, scratch, kept.expert_dfch + first * fc,
+                                kept.expert_input + first * C, rows, C, fc, stream);
+    });
+    matmul_backward_weights(g.routerw, nullptr, scratch, kept.router_dlogits, kept.router_input, B * T, C, c.experts,
+                            stream);
 }

@@ -67,10 +67,9 @@ inline int micro_step_tokens(int batch_size, int seq_len, int ranks) {
 // Every rank of the launcher (mpirun, srun, torchrun; one rank without) calls this together. Stops with one
 // line naming the flag if the layout cannot run this model on these ranks. From here on a rank that waits
 // longer than `collective_timeout` seconds in one collective ends the job (llmc/parallel/watchdog.h).
-// A mixture of experts (llmc/model/moe.cuh) runs where the backward pass is whole: under tp each tp rank takes
-// B/tp of the sequences (so tp must divide B). The schedules that would split the experts' backward pass into
-// B and W (zb-h1, zbv), tp with cp (whose tp ranks would route pieces of sequences) and a capacity under cp
-// (which keeps a sequence's first assignments in position order) are refused by name ("": it runs).
+// A mixture of experts (llmc/model/moe.cuh): under tp each tp rank takes B/tp of the sequences (so tp must divide
+// B). A capacity under cp (which keeps a sequence's first assignments in position order) is refused by name
+// ("": it runs).
 inline std::string moe_layout_error(const GPT2Config& c, const Layout& l) {
     if (!c.moe()) return "";
     if (l.batch_size % l.tp != 0)
@@ -79,12 +78,6 @@ inline std::string moe_layout_error(const GPT2Config& c, const Layout& l) {
     if (l.capacity_factor > 0 && l.cp > 1)
         return "--capacity-factor with --cp " + std::to_string(l.cp) +
                ": the capacity keeps a sequence's first assignments in position order, which the cp ranks split";
-    if (l.tp > 1 && l.cp > 1)
-        return "--tp " + std::to_string(l.tp) + " with --cp " + std::to_string(l.cp) +
-               ": a mixture of experts runs under tp or cp, not both yet";
-    if (pipeline_splits_backward(l.schedule))
-        return std::string("--pp-schedule ") + pipeline_schedule_name(l.schedule) +
-               ": a mixture of experts runs under schedules with a whole backward pass (gpipe, 1f1b, interleaved)";
     return "";
 }
 

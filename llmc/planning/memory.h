@@ -221,7 +221,9 @@ struct ActivationBytes {
 //   under expert parallelism (G = ep ranks; llmc/parallel/expert_parallel.h) this rank's experts may run
 //   the rows of its whole group, Mr = G M, or with a capacity of c rows per sequence and expert at most
 //   G B (E/G) c of them (moe_expert_rows): expert_input, expert_fch, expert_act, expert_doutput, expert_dfch
-//   and expert_dact hold Mr rows (expert_output stays M: this rank's own rows), and the rows in transit take
+//   and expert_dact hold Mr rows (expert_output stays M: this rank's own rows); a weight-gradient record's
+//   layer adds floatX expert_input, expert_doutput 2 Mr C, expert_dfch Mr Fe, expert_act Mr He, router_input
+//   NC and router_dlogits NE (host: expert_rows G E, not counted); and the rows in transit take
 //   expert_dispatch MC and expert_exchange Mr C of workspace (host: expert_rows G E, not counted)
 // (the constants 64, 8, 3 and 4 are those of llmc/kernels/matmul.cuh, layernorm.cuh and cuda_common.cuh's
 // grid_size_for, 64 and 65 = 64 + 1 those of llmc/kernels/encoder.cuh; pinned host staging and read-back buffers
@@ -266,6 +268,7 @@ inline ActivationBytes gpt2_activation_bytes(const GPT2MemoryShape& shape, bool 
     }
     a.per_layer = a.kept_layers / l;
     a.weight_record = (4 * N * C + N * c + N * q + N * H + N * F + 4 * C) * s;
+    if (moe) a.weight_record += (2 * Mr * C + Mr * Fe + Mr * He + N * C + N * E) * s;
     const double head = shape.last_stage ? shape.heads * ((R * C + N * v) * s + 2 * R * f) + N * f + N * i : 0;
     a.activations = K * (a.kept_layers + 2 * R * C * s) + shape.weight_records * l * a.weight_record + head +
                     shape.outboxes * R * C * s + (shape.first_stage ? N * i : 0);

@@ -10,7 +10,11 @@
 # against the formula where every row goes to every expert, and a checkpoint of dp 4 x ep 2 at ZeRO-1 resumed
 # by one rank; the dp axis's bytes against llmc/parallel/zero.h's formula (experts averaged over their own
 # replicas, the dense shards over the ep group). Context parallelism (the balance loss's counts summed over each
-# sequence's pieces): cp 2 (ring, zigzag pieces), cp 2 Ulysses, and ep 2 x cp 2. A mixture in every 2nd block
+# sequence's pieces): cp 2 (ring, zigzag pieces), cp 2 Ulysses, ep 2 x cp 2, tp 2 x cp 2 and tp 2 + SP x cp 2
+# (contiguous pieces; each tp rank routing a slice of the pieces, whose counts the tp ranks gather first). The
+# schedules that split the
+# backward pass (the experts' and the router's weight gradients in W): zb-h1 on pp 2 and ep 2 x pp 2, and zbv
+# on the same over 4 layers with a mixture in blocks 1 and 3. A mixture in every 2nd block
 # (--moe-every 2: GPT-2's dense block, then the experts): ep 2 x pp 2, ep 2 at ZeRO-3, tp 2 (its bytes against
 # the formula), full recomputation and a checkpoint of ep 2 x pp 2 resumed by one rank, against one rank of that
 # model. Each against one rank on the
@@ -62,7 +66,11 @@ layouts="ep2:2:4:--ep,2
          dp4_ep2_zero2:4:2:--ep,2,--zero,2
          cp2:2:8:--cp,2
          cp2_ulysses:2:8:--cp,2,--cp-mode,ulysses
-         ep2_cp2:4:4:--ep,2,--cp,2"
+         ep2_cp2:4:4:--ep,2,--cp,2
+         tp2_cp2:4:8:--tp,2,--cp,2
+         tp2_sp_cp2_contiguous:4:8:--tp,2,--sequence-parallel,--cp,2,--cp-split,contiguous
+         pp2_zbh1:2:8:--pp,2,--pp-schedule,zb-h1
+         ep2_pp2_zbh1:4:4:--ep,2,--pp,2,--pp-schedule,zb-h1"
 run_layouts "$layouts"
 run_layout ep2_capacity 2 4 --ep 2 --capacity-factor 0.5
 # a checkpoint saved at step 3 by dp 4 x ep 2 at ZeRO-1 (2 expert groups x 2 shards: 4 files), resumed by one rank
@@ -87,6 +95,14 @@ run_layouts "$layouts"
 run_layout every2_saved 4 4 --ep 2 --pp 2 --zero 1 --checkpoint-every 3 --keep-checkpoints 5
 mkdir -p "$work/every2_resumed" && cp "$work"/every2_saved/checkpoint_3* "$work/every2_resumed/"
 run_layout every2_resumed 1 8 --resume
+# zbv's V needs 2 pp stages per rank: 4 layers, a mixture in blocks 1 and 3 (Llama's block, the shared expert),
+# so each rank runs one dense stage and one with experts; B 4 (2 on dp 2): the 4 microbatches zbv needs (>= 2 pp - 1),
+# and one rank at B 4 too, so that the validation batches hold the same 4 rows
+four_layers=("${common[@]}")
+four_layers[1]=4  # common's first flag is --layers
+flags=("${four_layers[@]}" "${experts[@]}" --arch llama --kv-heads 2 --ffn-hidden 32 --shared-experts 1 --moe-every 2)
+run_layout zbv_one 1 4
+run_layouts "pp2_zbv:2:4:--pp,2,--pp-schedule,zbv ep2_pp2_zbv:4:2:--ep,2,--pp,2,--pp-schedule,zbv"
 # every row to every expert (K = E = 4), which fixes the all-to-all's blocks: its bytes against the formula
 flags=("${common[@]}" --experts 4 --experts-per-token 4)
 run_layout all_experts_one 1 8
@@ -142,6 +158,7 @@ runs += [(name, "one") for name in ("ep2", "ep4", "dp4_ep2", "ep2_tp2", "ep2_pp2
 runs += [("dp2_capacity", "one_capacity"), ("ep2_capacity", "one_capacity"), ("gpt2_dp2_zero2", "gpt2_one"),
          ("gpt2_ep2", "gpt2_one"), ("all_experts_ep2", "all_experts_one")]
 runs += [(name, "every2_one") for name in ("every2_ep2_pp2", "every2_ep2_zero3", "every2_tp2", "every2_dp2_full")]
+runs += [("tp2_cp2", "one"), ("tp2_sp_cp2_contiguous", "one"), ("pp2_zbh1", "one"), ("ep2_pp2_zbh1", "one"), ("pp2_zbv", "zbv_one"), ("ep2_pp2_zbv", "zbv_one")]
 
 
 def ep_bytes(ep, batch, K, E=4, micro_steps=2, layers=2):
@@ -243,19 +260,16 @@ refused_flags=("${common[@]}" --model custom --steps 1)
 expect_refused "tp 2, B 3" "each tp rank routes whole sequences through the experts" 2 "${experts[@]}" --tp 2 \
     --batch-size 3
 refused_flags+=(--batch-size 4)
-expect_refused "tp 2 x cp 2" "a mixture of experts runs under tp or cp, not both yet" 4 "${experts[@]}" --tp 2 --cp 2
 expect_refused "cp 2 with a capacity" "the capacity keeps a sequence's first assignments in position order" 2 \
     "${experts[@]}" --cp 2 --capacity-factor 1
-expect_refused "zb-h1" "a mixture of experts runs under schedules with a whole backward pass" 2 "${experts[@]}" --pp 2 \
-    --pp-schedule zb-h1
 expect_refused "shared experts without experts" "--shared-experts and --moe-every shape a mixture of experts" 1 \
     --shared-experts 1
 expect_refused "a mixture every 3 of 2 blocks" "the mixture every N blocks needs 1 <= N <= layers" 1 "${experts[@]}" \
     --moe-every 3
 expect_refused "more experts per token than experts" "a token goes to 1 .. min(16, experts)" 1 --experts 2 \
     --experts-per-token 3
-expect_refused "--plan at tp 2 x cp 2" "a mixture of experts runs under tp or cp, not both yet" 1 "${experts[@]}" \
-    --plan 8 --tp 2 --cp 2
+expect_refused "--plan, cp 2 with a capacity" "the capacity keeps a sequence's first assignments in position order" 1 \
+    "${experts[@]}" --plan 8 --cp 2 --capacity-factor 1
 expect_refused "ep without experts" "--ep 2 needs a mixture of experts" 2 --ep 2
 expect_refused "ep not dividing dp" "--ep 2 does not divide the 1 data-parallel ranks" 2 "${experts[@]}" --ep 2 --tp 2
 expect_refused "ep not dividing the experts" "--ep 4 does not divide the 6 experts" 4 --experts 6 --ep 4
