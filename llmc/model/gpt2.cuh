@@ -353,6 +353,7 @@ struct ModelPart {
     // at once, and how many weight-gradient records (schedules that split the backward pass; 0 otherwise)
     std::vector<char> held_chunks;
     int stage_layers = 0;
+    std::vector<int> stage_first_layers, stage_sizes;  // the stages it runs (empty: one stage of all L layers)
     int records = 1;
     int weight_records = 0;
     int outboxes = 0;  // copies of input gradients whose send waits past their record's next forward
@@ -372,6 +373,19 @@ struct ModelPart {
     Recompute recompute;  // what the forward pass keeps
     // rows of the residual stream of N token rows: N, or this rank's N/tp under sequence parallelism
     size_t rows(size_t N) const { return sequence_parallel ? N / tp : N; }
+    // Whether layer `slot` of a stage record may run a mixture of experts: block `slot` of one of the stages this
+    // rank runs is one (with a mixture every N > 1 blocks, the other slots need none of its buffers).
+    bool slot_has_mixture(const GPT2Config& c, int slot) const {
+        if (stage_first_layers.empty()) return c.moe_block(slot);
+        for (size_t s = 0; s < stage_first_layers.size(); s++)
+            if (slot < stage_sizes[s] && c.moe_block(stage_first_layers[s] + slot)) return true;
+        return false;
+    }
+    int mixture_slots(const GPT2Config& c, int slots) const {
+        int count = 0;
+        for (int slot = 0; slot < slots; slot++) count += slot_has_mixture(c, slot);
+        return count;
+    }
 };
 
 // The pool of part.records stage records of stage_layers layers each, as the recompute policy has them
@@ -386,7 +400,7 @@ inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int
     const size_t N = (size_t)B * T, C = c.channels, layers = model.stage_layers, R = part.rows(N);
     const size_t attention = C / part.tp, qkv = c.qkv_channels() / part.tp, heads = c.num_heads / part.tp;
     // every layer of a record is sized for the widest block (a dense block's MLP and a mixture's shared experts
-    // differ under --moe-every), and carries a mixture's buffers if the model has any: a record serves any stage
+    // differ under --moe-every), and carries a mixture's buffers where one of the rank's stages has a mixture
     const size_t hidden = c.widest_hidden() / part.tp, fc = c.widest_fc_channels() / part.tp;
     const bool layernorm = !c.llama();  // RMSNorm keeps no mean
     auto buffer = [&](size_t count, size_t element_bytes, MemoryKind kind) {
@@ -403,7 +417,7 @@ inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int
         return pointer;
     };
     // one layer's whole record; `kind` for every buffer but those the policy shares
-    auto record = [&](MemoryKind kind, bool with_output) {
+    auto record = [&](MemoryKind kind, bool with_output, bool mixture) {
         BlockActivations a{};
         const bool selective = r.policy == RecomputePolicy::Selective;
         a.ln1 = selective ? nullptr : values(R * C, kind);
@@ -419,7 +433,7 @@ inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int
         a.fch = values(N * fc, kind);
         a.fch_gelu = selective ? nullptr : values(N * hidden, kind);
         a.output = with_output ? values(R * C, kind) : nullptr;
-        if (c.moe()) {
+        if (mixture) {
             const size_t E = c.experts, K = c.experts_per_token, M = N * K;
             const size_t Mr = moe_expert_rows(c, B, T, part.ep, part.capacity_factor);
             a.router_probs = floats(N * E, kind);
@@ -439,7 +453,8 @@ inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int
     std::vector<BlockActivations> shared;  // full: the segment's records
     const int segment = recompute_segment(r, (int)layers);
     if (r.policy == RecomputePolicy::Full)
-        for (int i = 0; i < segment; i++) shared.push_back(record(MemoryKind::Workspace, /*with_output=*/i < segment - 1));
+        for (int i = 0; i < segment; i++)  // (each serves every segment-th layer: a mixture's buffers if any)
+            shared.push_back(record(MemoryKind::Workspace, /*with_output=*/i < segment - 1, c.moe()));
     floatX *ln1 = nullptr, *ln2 = nullptr, *fch_gelu = nullptr;  // selective: shared by every layer
     if (r.policy == RecomputePolicy::Selective) {
         ln1 = values(R * C, MemoryKind::Workspace);
@@ -458,7 +473,7 @@ inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int
                 if (recompute_keeps_output(r, i, (int)layers)) a.output = values(R * C, MemoryKind::Activations);
                 continue;
             }
-            a = record(MemoryKind::Activations, true);
+            a = record(MemoryKind::Activations, true, part.slot_has_mixture(c, i));
             if (r.policy == RecomputePolicy::Selective) {
                 a.ln1 = ln1;
                 a.ln2 = ln2;
@@ -475,7 +490,8 @@ inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int
     model.weight_records.resize(part.weight_records);
     for (StageWeightRecord& stage : model.weight_records) {
         stage.blocks.resize(layers);
-        for (BlockWeightRecord& w : stage.blocks) {
+        for (int i = 0; i < (int)layers; i++) {
+            BlockWeightRecord& w = stage.blocks[i];
             w.ln1 = values(N * C, MemoryKind::Activations);
             w.dqkv = values(N * qkv, MemoryKind::Activations);
             w.atty = values(N * attention, MemoryKind::Activations);
@@ -485,7 +501,7 @@ inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int
             w.fch_gelu = values(N * hidden, MemoryKind::Activations);
             w.dmlp = values(N * C, MemoryKind::Activations);
             w.dlayernorm = values(4 * C, MemoryKind::Activations);
-            if (c.moe()) {
+            if (part.slot_has_mixture(c, i)) {
                 const size_t Mr = moe_expert_rows(c, B, T, part.ep, part.capacity_factor);
                 w.expert_input = values(Mr * C, MemoryKind::Activations);
                 w.expert_dfch = values(Mr * c.expert_fc_channels(), MemoryKind::Activations);

@@ -98,8 +98,12 @@ inline ModelPart pipeline_model_part(PipelineSchedule schedule, int rank, int p,
     ModelPart part;
     part.outboxes = pipeline_outboxes(pipeline_all_groups(schedule, p, V, m)[rank]);
     part.held_chunks = pipeline_held_chunks(schedule, rank, p, V, stage_layers, tied_head);
-    for (int v = 0; v < V; v++)
-        part.stage_layers = std::max(part.stage_layers, stage_layers[pipeline_model_stage(schedule, rank, v, p)]);
+    for (int v = 0; v < V; v++) {
+        const int stage = pipeline_model_stage(schedule, rank, v, p);
+        part.stage_layers = std::max(part.stage_layers, stage_layers[stage]);
+        part.stage_first_layers.push_back(pipeline_first_layer(stage_layers, stage));
+        part.stage_sizes.push_back(stage_layers[stage]);
+    }
     part.records = pipeline_peak_activations(schedule, rank, p, m, V);
     part.weight_records = pipeline_peak_weight_records(schedule, rank, p, m, V);
     part.heads = std::max(1, pipeline_peak_head_records(schedule, rank, p, m, V));  // 1: unused off the last stage

@@ -113,6 +113,7 @@ struct GPT2MemoryShape {
     // a mixture of experts (llmc/model/moe.cuh): E experts of He hidden units each, K per token
     int experts = 0, experts_per_token = 0, expert_hidden = 0;
     int moe_every = 1;         // ... in every moe_every-th block (the others dense, of expert_hidden units)
+    int mixture_slots = -1;    // layers of a stage record with a mixture's buffers (ModelPart's; -1: all)
     int ep = 1;                // expert parallelism: this rank's experts run the rows of ep ranks
     float capacity_factor = 0; // ... at most moe_expert_rows of them (llmc/model/parameters.h)
 };
@@ -144,6 +145,7 @@ inline GPT2MemoryShape gpt2_memory_shape(const GPT2Config& config, const Layout&
     shape.experts_per_token = config.experts_per_token;
     shape.expert_hidden = config.moe() ? (int)config.expert_hidden() : 0;
     shape.moe_every = config.moe_every;
+    shape.mixture_slots = part.mixture_slots(config, part.stage_layers > 0 ? part.stage_layers : config.num_layers);
     return shape;
 }
 
@@ -166,12 +168,14 @@ inline GPT2Config gpt2_memory_shape_config(const GPT2MemoryShape& shape) {
 }
 
 struct ActivationBytes {
-    double record = 0;       // one block's whole activation record (what recompute none keeps per layer)
+    double record = 0;       // one block's whole activation record (what recompute none keeps per layer; a
+                             // mixture's buffers included, where the model has experts)
     double per_layer = 0;    // what the forward pass keeps per layer under the recompute policy (full: per
                              // layer on average, ceil(l/C) checkpoints / l for l layers per stage)
     double kept_layers = 0;  // one stage record's layers' kept activations
     double recompute = 0;    // the records the layers share under recomputation (part of the workspace)
-    double weight_record = 0;  // one block's weight-gradient record (schedules that split the backward pass)
+    double weight_record = 0;  // one block's weight-gradient record (schedules that split the backward pass; on
+                               // average over a record's layers, where only some carry a mixture's buffers)
     double activations = 0;  // the stage records (kept_layers, input, doutput each), the weight-gradient
                              // records (l blocks each) + the final layernorm, logits, losses, token ids
     double workspace = 0;    // the buffers every layer reuses, gradients of activations included
@@ -211,7 +215,9 @@ struct ActivationBytes {
 //   a mixture of experts (E experts, K per token, M = N K assignments, He hidden units per expert, Fe = He
 //   or 2 He; H and F above are then the shared experts'; the experts are whole on every tp rank, which routes
 //   N/t of the rows, but the records are sized for all N; with a mixture every N > 1 blocks, every layer of a
-//   record is sized for either block, H = max(S He, He), and carries the buffers below):
+//   record is sized for either block's MLP, H = max(S He, He), and only the layers where one of the rank's
+//   stages has a mixture carry the buffers below, `mixture_slots` of the l, each of the full recomputation's
+//   shared records too):
 //   per layer: floatX expert_input, expert_output 2 MC, expert_fch M Fe, expert_act M He; fp32 router_probs
 //              NE, router_lse N, routed_weights M; int routed_experts, routed_slots 2M, routed_counts kBE (k the
 //              pieces of a sequence a cp rank holds, below; 1 without cp)
@@ -249,28 +255,34 @@ inline ActivationBytes gpt2_activation_bytes(const GPT2MemoryShape& shape, bool 
     const double v = shape.padded_vocab / t, SMs = shape.multiprocessors;
     ActivationBytes a;
     a.record = (4 * R * C + N * q + N * c + N * F + N * H) * s + (n * R + N * h) * f;
-    if (moe) a.record += (Mr * C + M * C + Mr * Fe + Mr * He) * s + (N * E + N + M) * f + (2 * M + pieces * shape.batch * E) * i;
+    // a mixture's buffers, on the layers of a record that may run one (all of them, or with a mixture every N > 1
+    // blocks those where one of the rank's stages has one: `mixture_slots` of the l)
+    const double mixture = moe ? (Mr * C + M * C + Mr * Fe + Mr * He) * s + (N * E + N + M) * f +
+                                     (2 * M + pieces * shape.batch * E) * i : 0;
+    const double mixtures = shape.mixture_slots >= 0 ? shape.mixture_slots : l;
     const double dropped = (2 * R * C + N * H) * s;  // selective: ln1, ln2, fch_gelu
     switch (shape.recompute.policy) {
         case RecomputePolicy::None:
-            a.kept_layers = l * a.record;
+            a.kept_layers = l * a.record + mixtures * mixture;
             break;
         case RecomputePolicy::Selective:
-            a.kept_layers = l * (a.record - dropped);
+            a.kept_layers = l * (a.record - dropped) + mixtures * mixture;
             a.recompute = dropped;
             break;
-        case RecomputePolicy::Full: {
+        case RecomputePolicy::Full: {  // the shared records serve every layer: a mixture's buffers in each
             const double segment = std::min((double)shape.recompute.every, l);
             a.kept_layers = std::ceil(l / segment) * R * C * s;
-            a.recompute = segment * a.record - R * C * s;
+            a.recompute = segment * (a.record + mixture) - R * C * s;
             break;
         }
     }
+    a.record += mixture;
     a.per_layer = a.kept_layers / l;
-    a.weight_record = (4 * N * C + N * c + N * q + N * H + N * F + 4 * C) * s;
-    if (moe) a.weight_record += (2 * Mr * C + Mr * Fe + Mr * He + N * C + N * E) * s;
+    const double weight_mixture = moe ? (2 * Mr * C + Mr * Fe + Mr * He + N * C + N * E) * s : 0;
+    a.weight_record = (4 * N * C + N * c + N * q + N * H + N * F + 4 * C) * s + mixtures / l * weight_mixture;
     const double head = shape.last_stage ? shape.heads * ((R * C + N * v) * s + 2 * R * f) + N * f + N * i : 0;
-    a.activations = K * (a.kept_layers + 2 * R * C * s) + shape.weight_records * l * a.weight_record + head +
+    a.activations = K * (a.kept_layers + 2 * R * C * s) +
+                    shape.weight_records * l * a.weight_record + head +
                     shape.outboxes * R * C * s + (shape.first_stage ? N * i : 0);
     const double bias_rows = std::ceil(N / 64), layernorm_blocks = std::min(std::ceil(R / 8), 3 * SMs);
     const double encoder_heavy_tokens = std::floor(N / 65);
