@@ -219,7 +219,11 @@ struct MoETraining {
     float* loss_sums = nullptr;     // device: the aux loss and the z-loss added up since the log read them
     std::vector<long long> tokens;  // host: rows each (layer, expert) ran since then (L x E)
     long long dropped = 0;          // host: assignments dropped by the capacity since then
-};                                  // (train_gpt.cu's log_expert_routing reads and clears the three)
+                                    // (train_gpt.cu's log_expert_routing reads and clears the three)
+    // device room for the routing counts' gathers under cp (moe_sequence_counts), kept once made
+    __nv_bfloat16* counts_scratch = nullptr;
+    size_t counts_scratch_elements = 0;
+};
 
 // The last stage's LM head for one microbatch: what the loss and the head's backward pass need. The backward
 // pass through the head runs right after the loss (one rank; pipeline schedules that keep the backward whole),
@@ -616,7 +620,7 @@ inline void gpt2_free(GPT2& model) {
     if (s.expert_dact != s.expert_dfch) tracked_free(s.expert_dact);
     for (void* p : {(void*)s.router_logits, (void*)s.router_dprobs, (void*)s.routed_dweights, (void*)s.expert_rows,
                     (void*)s.routed_output, (void*)s.expert_doutput, (void*)s.expert_dfch, (void*)s.expert_dispatch,
-                    (void*)s.expert_exchange, (void*)model.moe.loss_sums})
+                    (void*)s.expert_exchange, (void*)model.moe.loss_sums, (void*)model.moe.counts_scratch})
         tracked_free(p);
     for (void* p : {(void*)s.projection, (void*)s.dchannels, (void*)s.dhidden, (void*)s.dqkv,
                     (void*)s.gathered, (void*)s.softmax_stats, (void*)s.attention_D, (void*)s.matmul_scratch, (void*)s.layernorm_scratch, (void*)s.norm_scratch})

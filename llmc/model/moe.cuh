@@ -77,15 +77,21 @@ inline int moe_sequence_pieces(const GPT2& model, const ContextParallel& cp) {
 // the cp rank's tp B' sequences, so the tp ranks' counts are gathered first, in rank order (rank r's are
 // pieces [r B' pieces, (r+1) B' pieces) of the cp rank's chunk-major list). Through the host, where the forward
 // pass waits for the rows per expert anyway.
-inline void moe_sequence_counts(const TensorParallel& tp, const ContextParallel& cp, int* routed_counts, int pieces,
-                                int B, int E, cudaStream_t stream) {
+inline void moe_sequence_counts(MoETraining& moe, const TensorParallel& tp, const ContextParallel& cp,
+                                int* routed_counts, int pieces, int B, int E, cudaStream_t stream) {
     if (cp.size == 1) return;
     const size_t mine = (size_t)pieces * B * E, sequences = (size_t)tp.size * B;  // sequences on this cp rank
+    const size_t scratch = 4 * mine * tp.size * cp.size;  // the cp gather's words (of the tp gathers'), 4 bf16 each
+    if (moe.counts_scratch_elements < scratch) {
+        tracked_free(moe.counts_scratch);
+        moe.counts_scratch = tracked_alloc<__nv_bfloat16>(scratch, MemoryKind::Communication, "routing counts");
+        moe.counts_scratch_elements = scratch;
+    }
     std::vector<int> counts(mine);
     copy_to_host(counts.data(), routed_counts, mine, stream);
     std::vector<uint64_t> words(counts.begin(), counts.end());
-    if (tp.size > 1) words = all_gather_words(*tp.group, words, stream);  // the cp rank's pieces, chunk-major
-    const std::vector<uint64_t> everyone = all_gather_words(*cp.group, words, stream);
+    if (tp.size > 1) words = all_gather_words(*tp.group, words, stream, moe.counts_scratch);  // the cp rank's pieces
+    const std::vector<uint64_t> everyone = all_gather_words(*cp.group, words, stream, moe.counts_scratch);
     std::vector<int> sequence(sequences * E, 0);  // (sequences, E): the whole sequences'
     for (size_t piece = 0; piece < (size_t)cp.size * pieces * sequences; piece++)  // chunk k of sequence b: k B + b
         for (int e = 0; e < E; e++) sequence[(piece % sequences) * E + e] += (int)everyone[piece * E + e];
@@ -115,7 +121,7 @@ inline void moe_forward(GPT2& model, const TensorParallel& tp, ExpertParallel& e
                        stream);
     moe_dispatch_plan(a.routed_slots, s.expert_rows, a.routed_counts, a.routed_experts, B * pieces, T / pieces, K, E,
                       capacity, stream);
-    if (!model.cache.decoding) moe_sequence_counts(tp, cp, a.routed_counts, pieces, B, E, stream);
+    if (!model.cache.decoding) moe_sequence_counts(model.moe, tp, cp, a.routed_counts, pieces, B, E, stream);
     int* my_rows = a.expert_rows + (size_t)ep.rank * E;
     cudaCheck(cudaMemcpyAsync(my_rows, s.expert_rows, E * sizeof(int), cudaMemcpyDeviceToHost, stream));
     // this rank's rows sorted by expert: where its experts run them (one rank), or ready to travel
