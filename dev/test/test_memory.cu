@@ -3,7 +3,8 @@ Tests of llmc/planning/memory.h: the books kept by tracked_alloc / tracked_free,
 checked against numbers worked out by hand, against the ZeRO paper, and (CPU build) against what
 gpt2_allocate and zero_init really allocate (GPT-2, Llama and both with experts; a pipeline rank's part of the
 model and the weight-gradient records included), and the per-layer activations against Table 2 of Korthikanti et al. (2022); and the
-parameter layouts: operand alignment, and the layouts that hold a pipeline rank's chunks. Prints
+parameter layouts: operand alignment, and the layouts that hold a pipeline rank's chunks (and an ep rank's
+experts, with chunks of two sizes under --moe-every). Prints
 `N passed, M failed`.
 */
 #include <string>
@@ -854,15 +855,16 @@ static void test_weight_records() {
 
 /*
 A rank's ParameterLayout holds only its chunks (pipeline_held_chunks), each padded as in the whole layout
-of the same shards and tp. For a 4-layer model, tp 1 and 2, shards 1 and 3, and p x V = 1, 2, 4 and 2 x 2,
-on every pp and tp rank's layout:
+of the same shards, tp and ep. For a 4-layer model, dense and with experts in blocks 1 and 3 (--moe-every 2:
+two sizes of block chunk), tp 1 and 2, ep 1 and 2 (with experts), shards 1 and 3, and p x V = 1, 2, 4 and
+2 x 2 (1f1b, interleaved, zbv), on every pp, tp and ep rank's layout:
   - total is the sum of the held chunks' sizes (as in the layout holding every chunk), and chunks not held
     take 0 elements;
   - chunk_of_offset maps every element of each held chunk to that chunk, the held chunks lying end to end;
   - for_each_common_run from the model file's layout (tp 1, every chunk) writes each of the rank's
     parameters exactly once and never its padding; over all ranks it reads every parameter of the model,
     a block's once, the embeddings twice when p > 1 (first and last stage), tp-replicated tensors once per
-    tp rank, padding never;
+    tp rank, all but the experts once per ep rank, padding never;
   - parameters_in_layout to the rank's layout and back gives the model's values where the rank holds them
     and 0 elsewhere; the ranks' round trips together give back the whole model; and a rank's part converts
     to the same part padded for another shard count and back unchanged.
@@ -874,7 +876,7 @@ static std::string check_rank_layout(const ParameterLayout& model, const std::ve
                                      const ParameterLayout& part, std::vector<int>& reads,
                                      std::vector<float>& assembled) {
     const int L = part.config.num_layers;
-    const ParameterLayout all(part.config, part.shards, part.tp, part.tp_rank);  // every chunk
+    const ParameterLayout all(part.config, part.shards, part.tp, part.tp_rank, {}, part.ep, part.ep_rank);  // every chunk
     // sizes and chunk_of_offset, and which elements are parameters (each chunk's first ones, then padding)
     std::vector<char> parameter(part.total, 0);
     size_t end = 0, parameters = 0;
@@ -923,7 +925,8 @@ static std::string check_rank_layout(const ParameterLayout& model, const std::ve
             return "model element " + std::to_string(i) + " does not come back";
         if (mine[i]) assembled[i] = back[i];
     }
-    const ParameterLayout other(part.config, part.shards == 1 ? 3 : 1, part.tp, part.tp_rank, part.held);
+    const ParameterLayout other(part.config, part.shards == 1 ? 3 : 1, part.tp, part.tp_rank, part.held, part.ep,
+                                part.ep_rank);
     if (parameters_in_layout(other, parameters_in_layout(part, here, other), part) != here)
         return "converted to " + std::to_string(other.shards) + " shards and back, it changes";
     return "";
@@ -931,67 +934,78 @@ static std::string check_rank_layout(const ParameterLayout& model, const std::ve
 
 static void test_held_layouts() {
     printf("parameter layouts holding a pipeline rank's chunks\n");
-    GPT2Config config;
-    config.max_seq_len = 24;
-    config.vocab_size = 100;
-    config.padded_vocab_size = 128;
-    config.num_layers = 4;
-    config.num_heads = 4;
-    config.channels = 64;
-    config = gpt2_shape(config);
-    const int L = config.num_layers;
-    const ParameterLayout model(config);  // the model file's
-    // every element of the model: its kind and chunk (-1: padding)
-    std::vector<int> kind_of(model.total, -1), chunk_of(model.total, -1);
-    for_each_tensor_in_file_order(model, [&](int kind, int layer, size_t offset, size_t count) {
-        std::fill(kind_of.begin() + offset, kind_of.begin() + offset + count, kind);
-        std::fill(chunk_of.begin() + offset, chunk_of.begin() + offset + count, model.chunk_of(kind, layer));
-    });
-    // the tensors every tp rank holds whole (llmc/parallel/tensor_parallel.h)
-    const std::vector<int> replicated = {WPE, LN1W, LN1B, ATTPROJB, LN2W, LN2B, FCPROJB, LNFW, LNFB};
-    std::vector<float> values(model.total);  // distinct and exact (the model has fewer than 2^24 elements)
-    for (size_t i = 0; i < model.total; i++) values[i] = kind_of[i] < 0 ? 0.0f : (float)(i + 1);
+    GPT2Config dense;
+    dense.max_seq_len = 24;
+    dense.vocab_size = 100;
+    dense.padded_vocab_size = 128;
+    dense.num_layers = 4;
+    dense.num_heads = 4;
+    dense.channels = 64;
+    dense = gpt2_shape(dense);
+    // and with 4 experts (2 per token, no shared one) in every 2nd block: blocks 1 and 3, whose chunks differ
+    // from the dense blocks 0 and 2, split over ep ranks too
+    GPT2Config mixture = dense;
+    mixture.experts = 4, mixture.experts_per_token = 2, mixture.moe_every = 2;
+    const int L = dense.num_layers;
+    for (const GPT2Config& config : {dense, mixture}) {
+        const ParameterLayout model(config);  // the model file's
+        // every element of the model: its kind and chunk (-1: padding)
+        std::vector<int> kind_of(model.total, -1), chunk_of(model.total, -1);
+        for_each_tensor_in_file_order(model, [&](int kind, int layer, size_t offset, size_t count) {
+            std::fill(kind_of.begin() + offset, kind_of.begin() + offset + count, kind);
+            std::fill(chunk_of.begin() + offset, chunk_of.begin() + offset + count, model.chunk_of(kind, layer));
+        });
+        std::vector<float> values(model.total);  // distinct and exact (the model has fewer than 2^24 elements)
+        for (size_t i = 0; i < model.total; i++) values[i] = kind_of[i] < 0 ? 0.0f : (float)(i + 1);
 
-    for (int tp : {1, 2})
-        for (int shards : {1, 3})
-            for (const auto& [schedule, p, V] :
-                 {std::tuple{PipelineSchedule::OneFOneB, 1, 1}, std::tuple{PipelineSchedule::OneFOneB, 2, 1},
-                  std::tuple{PipelineSchedule::OneFOneB, 4, 1}, std::tuple{PipelineSchedule::Interleaved, 2, 2},
-                  std::tuple{PipelineSchedule::ZeroBubbleV, 2, 2}}) {
-                std::string wrong;
-                std::vector<int> reads(model.total, 0);        // over all ranks: the runs that read each element
-                std::vector<float> assembled(model.total, 0);  // over all ranks: the round trips
-                for (int pp_rank = 0; pp_rank < p && wrong.empty(); pp_rank++)
-                    for (int tp_rank = 0; tp_rank < tp && wrong.empty(); tp_rank++) {
-                        const ParameterLayout part(config, shards, tp, tp_rank,
-                                                   pipeline_held_chunks(schedule, pp_rank, p, V,
-                                                                        std::vector<int>(p * V, L / (p * V)), true));
-                        wrong = check_rank_layout(model, values, part, reads, assembled);
-                        if (!wrong.empty())
-                            wrong = "pp rank " + std::to_string(pp_rank) + " tp rank " + std::to_string(tp_rank) +
-                                    ": " + wrong;
+        for (int tp : {1, 2})
+            for (int ep : config.moe() ? std::vector<int>{1, 2} : std::vector<int>{1})
+                for (int shards : {1, 3})
+                    for (const auto& [schedule, p, V] :
+                         {std::tuple{PipelineSchedule::OneFOneB, 1, 1}, std::tuple{PipelineSchedule::OneFOneB, 2, 1},
+                          std::tuple{PipelineSchedule::OneFOneB, 4, 1}, std::tuple{PipelineSchedule::Interleaved, 2, 2},
+                          std::tuple{PipelineSchedule::ZeroBubbleV, 2, 2}}) {
+                        std::string wrong;
+                        std::vector<int> reads(model.total, 0);        // over all ranks: the runs reading each element
+                        std::vector<float> assembled(model.total, 0);  // over all ranks: the round trips
+                        for (int pp_rank = 0; pp_rank < p && wrong.empty(); pp_rank++)
+                            for (int tp_rank = 0; tp_rank < tp && wrong.empty(); tp_rank++)
+                                for (int ep_rank = 0; ep_rank < ep && wrong.empty(); ep_rank++) {
+                                    const std::vector<char> held = pipeline_held_chunks(
+                                        schedule, pp_rank, p, V, std::vector<int>(p * V, L / (p * V)), true);
+                                    const ParameterLayout part(config, shards, tp, tp_rank, held, ep, ep_rank);
+                                    wrong = check_rank_layout(model, values, part, reads, assembled);
+                                    if (!wrong.empty())
+                                        wrong = "pp rank " + std::to_string(pp_rank) + " tp rank " +
+                                                std::to_string(tp_rank) + " ep rank " + std::to_string(ep_rank) +
+                                                ": " + wrong;
+                                }
+                        // every parameter read by one pp rank (the embeddings by two when the first and the last
+                        // stage are on different ranks), by every tp rank when tp replicates the tensor and by
+                        // every ep rank unless ep splits it (the experts); padding never
+                        const bool two_embeddings = pipeline_stage_rank(schedule, p * V - 1, p) != 0;
+                        for (size_t i = 0; i < model.total && wrong.empty(); i++) {
+                            const int kind = kind_of[i];
+                            const int want = kind < 0 ? 0
+                                                      : (chunk_of[i] == 0 && two_embeddings ? 2 : 1) *
+                                                            (tensor_is_replicated(kind) ? tp : 1) *
+                                                            (tensor_is_expert(kind) ? 1 : ep);
+                            if (reads[i] != want)
+                                wrong = "model element " + std::to_string(i) + " (" +
+                                        (kind >= 0 ? tensor_kind_info(kind).name : "padding") + ") read " +
+                                        std::to_string(reads[i]) + " times, expected " + std::to_string(want);
+                            else if (assembled[i] != values[i])
+                                wrong = "model element " + std::to_string(i) + " missing from the ranks' round trips";
+                        }
+                        char name[160];
+                        snprintf(name, sizeof(name), "%s, tp %d, ep %d, shards %d, %s pp %d x V %d: sizes, chunks, "
+                                 "runs, round trips", config.moe() ? "experts every 2nd block" : "dense", tp, ep,
+                                 shards, pipeline_schedule_name(schedule), p, V);
+                        check_true(name, wrong.empty(), wrong);
                     }
-                // every parameter read by one pp rank (the embeddings by two when the first and the last stage
-                // are on different ranks), by every tp rank when the tensor is replicated; padding never
-                const bool two_embeddings = pipeline_stage_rank(schedule, p * V - 1, p) != 0;
-                for (size_t i = 0; i < model.total && wrong.empty(); i++) {
-                    const int kind = kind_of[i];
-                    const bool copied = std::find(replicated.begin(), replicated.end(), kind) != replicated.end();
-                    const int want = kind < 0 ? 0 : (chunk_of[i] == 0 && two_embeddings ? 2 : 1) * (copied ? tp : 1);
-                    if (reads[i] != want)
-                        wrong = "model element " + std::to_string(i) + " (" +
-                                (kind >= 0 ? tensor_kind_info(kind).name : "padding") + ") read " +
-                                std::to_string(reads[i]) + " times, expected " + std::to_string(want);
-                    else if (assembled[i] != values[i])
-                        wrong = "model element " + std::to_string(i) + " missing from the ranks' round trips";
-                }
-                char name[128];
-                snprintf(name, sizeof(name), "tp %d, shards %d, %s pp %d x V %d: sizes, chunks, runs, round trips",
-                         tp, shards, pipeline_schedule_name(schedule), p, V);
-                check_true(name, wrong.empty(), wrong);
-            }
+    }
     expect_failure("a layout given the wrong number of chunk flags",
-                   [&] { ParameterLayout(config, 1, 1, 0, std::vector<char>(L + 1, 1)); },
+                   [&] { ParameterLayout(dense, 1, 1, 0, std::vector<char>(L + 1, 1)); },
                    "a parameter layout of 6 chunks given 5 flags");
 }
 
