@@ -286,8 +286,7 @@ static void print_run(const ParallelContext& par, const GPT2& model) {
     if (l.tp > 1 || l.pp > 1) printf(", %zu on this rank", model.layout.num_parameters);
     if (config.moe())
         printf("; %d experts (%d per token, %d shared) in %s, %.0f parameters active per token", config.experts,
-               config.experts_per_token, config.shared_experts,
-               config.moe_every == 1 ? "every block" : ("every " + std::to_string(config.moe_every) + "th block").c_str(),
+               config.experts_per_token, config.shared_experts, config.mixture_blocks().c_str(),
                active_parameters(config));
     printf("\n");
     if (l.pp > 1) {

@@ -66,6 +66,10 @@ struct GPT2Config {
     // (moe_every 2: blocks 1, 3, 5, ...; the others are dense, as in GShard and Switch).
     bool moe_block(int layer) const { return moe() && (layer + 1) % moe_every == 0; }
     int moe_blocks() const { return moe() ? num_layers / moe_every : 0; }
+    // where the mixtures are, in words: "every block", or "1 block of every 2"
+    std::string mixture_blocks() const {
+        return moe_every == 1 ? "every block" : "1 block of every " + std::to_string(moe_every);
+    }
     // The shape of block `layer`: the model's, or for a dense block of a mixture the dense model's (no experts,
     // the MLP's expert_hidden units, and GPT-2's MLP biases), which is what every per-layer size is read from.
     GPT2Config block(int layer) const { return moe_block(layer) ? *this : dense_block(); }

@@ -436,7 +436,7 @@ inline void print_layout_plan(const GPT2Config& config, const LayoutPlan& plan, 
                               FILE* out = stdout) {
     const Layout& l = plan.layout;
     char mlp[200];
-    const std::string where = config.moe_every == 1 ? "" : ", in every " + std::to_string(config.moe_every) + "th block";
+    const std::string where = config.moe_every == 1 ? "" : ", in " + config.mixture_blocks();
     if (config.moe())
         snprintf(mlp, sizeof(mlp), "%d experts of %zu hidden (%d per token, %d shared%s; %s parameters active)",
                  config.experts, config.expert_hidden(), config.experts_per_token, config.shared_experts, where.c_str(),
