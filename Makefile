@@ -106,6 +106,10 @@ build/test_comm_gpu: dev/test/test_comm.cu $(HEADERS) | check-gpu-tools check-mp
 build/test_memory: dev/test/test_memory.cu $(HEADERS) | check-cpu-tools check-mpi-tools
 	@mkdir -p build
 	$(CXX) $(CPU_FLAGS) $(MPI_COMPILE_FLAGS) -x c++ $< -o $@ $(CPU_LIBS) $(MPI_LINK_FLAGS)
+# the parameter buffer's layout: operand alignment, a pipeline or ep rank's chunks, conversions between layouts
+build/test_parameter_layout: dev/test/test_parameter_layout.cu $(HEADERS) | check-cpu-tools check-mpi-tools
+	@mkdir -p build
+	$(CXX) $(CPU_FLAGS) $(MPI_COMPILE_FLAGS) -x c++ $< -o $@ $(CPU_LIBS) $(MPI_LINK_FLAGS)
 # the planner (--plan, --plan-search) against published layouts: arithmetic only, no ranks
 build/test_planner: dev/test/test_planner.cu $(HEADERS) | check-cpu-tools check-mpi-tools
 	@mkdir -p build
@@ -170,7 +174,7 @@ train:
 # test: CPU suites in both precisions and both lane orders, the sanitizer build, the GPU compile
 # (and the GPU suites when a GPU is present). scripts/test/run_tests.sh adds up the suites' closing lines.
 CPU_TEST_BINARIES := build/test_bf16 build/test_cpu_layer build/test_cpu_layer_asan build/test_host \
-                     build/test_pipeline build/test_weight_split build/test_data build/test_comm build/test_memory build/test_planner build/test_fuzz_regressions kernel_lab_cpu kernel_lab_fp32_cpu kernel_lab_cpu_asan \
+                     build/test_pipeline build/test_weight_split build/test_data build/test_comm build/test_memory build/test_parameter_layout build/test_planner build/test_fuzz_regressions kernel_lab_cpu kernel_lab_fp32_cpu kernel_lab_cpu_asan \
                      train_gpt_cpu train_gpt_fp32_cpu test_gpt_cpu test_gpt_fp32_cpu
 GPU_TEST_BINARIES := kernel_lab kernel_lab_fp32 train_gpt train_gpt_fp32 test_gpt test_gpt_fp32 build/test_comm_gpu
 test:

@@ -166,13 +166,13 @@ and the algorithm it then picks may refuse a less aligned pointer (CUBLAS_STATUS
 time. cudaMalloc returns 256-byte aligned memory, but the weights sit at offsets inside the layer-major
 parameter buffer (llmc/model/gpt2.cuh): in GPT-2 1558M every other block, and every attention projection, is
 only 128-byte aligned, and with chunks padded for 3 ZeRO shards the weights of 350M and 1558M can be only
-16 (dev/test/test_memory.cu prints the table). So each operand's alignment is the largest power of two <= 256
+16 (dev/test/test_parameter_layout.cu prints the table). So each operand's alignment is the largest power of two <= 256
 that divides its address, and the preference is told exactly that. Leading dimensions need nothing here:
 they are in the layouts the heuristic sees (the cuBLAS guide's "Tensor Core Usage" lists them, with
 16-byte pointers, among the conditions for the fastest paths, not as something the preference covers).
 The bias has no alignment preference in cuBLASLt; its alignment is in the key anyway, so a plan is never
 reused for a bias that sits differently, and the trace prints it. The layouts keep every weight and bias
-at least 16-byte aligned (dev/test/test_memory.cu checks it).
+at least 16-byte aligned (dev/test/test_parameter_layout.cu checks it).
 
 Set LLMC_MATMUL_TRACE=1 to print one line per new plan on stderr: the shape, the alignments and, on the
 GPU, the algorithm and its workspace. A shape's plans are few: one per distinct alignment of its operands.

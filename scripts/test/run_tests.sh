@@ -54,6 +54,7 @@ run_suite "pipeline schedules: every layout simulated, bubbles and memory vs for
 run_suite "data loader and tokenizer file" build/test_data
 run_suite "readers of untrusted input: fuzzer-found and malformed files, flags (dev/fuzz/)" build/test_fuzz_regressions
 run_suite "memory accounting and the ZeRO memory plan" build/test_memory
+run_suite "parameter layouts: operand alignment, a pipeline or ep rank's chunks" build/test_parameter_layout
 run_suite "planner: Llama 3 405B's layouts fit, the cost model by hand, --plan-search" build/test_planner
 # one process per rank, more ranks than cores; mpirun refuses root unless told
 mpi_run=(env OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS)
