@@ -155,12 +155,8 @@ inline void block_backward(GPT2& model, ParallelContext& par, int layer, const B
     // (B) their operands kept
     auto weight_gradients = [&](floatX* dweight, floatX* dbias, const floatX* dout, floatX* kept_dout,
                                 const floatX* inp, floatX* kept_inp, int IC, int OC) {
-        if (w == nullptr) {
-            matmul_backward_weights(dweight, dbias, s.matmul_scratch, dout, inp, N, IC, OC, stream);
-            return;
-        }
-        keep_for_weights(kept_dout, dout, (size_t)N * OC, stream);
-        keep_for_weights(kept_inp, inp, (size_t)N * IC, stream);
+        weight_gradient_now_or_kept(w != nullptr, dweight, dbias, s.matmul_scratch, dout, kept_dout, inp, kept_inp, N,
+                                    IC, OC, stream);
     };
     // where the norms' weight and bias gradients go: the chunk's, or (B) this microbatch's alone
     floatX* dln1w = w ? kept.dlayernorm : g.ln1w;

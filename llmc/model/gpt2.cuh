@@ -167,10 +167,22 @@ struct BlockWeightRecord {
     int* expert_rows;        // (host, ep x E) the rows per expert of every ep rank, as the forward pass had them
 };
 
-// The weight-gradient record's copy of x (count values), unless x is already there (gathered or computed
-// into the record).
-inline void keep_for_weights(floatX* kept, const floatX* x, size_t count, cudaStream_t stream) {
-    if (kept != x) cudaCheck(cudaMemcpyAsync(kept, x, count * sizeof(floatX), cudaMemcpyDeviceToDevice, stream));
+// A matmul's weight gradient dW += dY^T X (and db += the column sums of dY) over `rows` rows: now (split false,
+// the whole backward pass), or (split, the B of a backward pass split in two) its operands dY and X copied into a
+// weight-gradient record, where W finds them; a copy is skipped where the operand is already there (gathered or
+// computed into the record).
+inline void weight_gradient_now_or_kept(bool split, floatX* dweight, floatX* dbias, float* scratch, const floatX* dout,
+                                        floatX* kept_dout, const floatX* inp, floatX* kept_inp, int rows, int IC,
+                                        int OC, cudaStream_t stream) {
+    if (!split) {
+        matmul_backward_weights(dweight, dbias, scratch, dout, inp, rows, IC, OC, stream);
+        return;
+    }
+    auto keep = [&](floatX* kept, const floatX* x, size_t count) {
+        if (kept != x) cudaCheck(cudaMemcpyAsync(kept, x, count * sizeof(floatX), cudaMemcpyDeviceToDevice, stream));
+    };
+    keep(kept_dout, dout, (size_t)rows * OC);
+    keep(kept_inp, inp, (size_t)rows * IC);
 }
 
 // One microbatch's weight-gradient work for one stage, between its B and its W: a block record for each of

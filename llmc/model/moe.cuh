@@ -207,12 +207,8 @@ inline void moe_backward(GPT2& model, ExpertParallel& ep, const ContextParallel&
     // copied into kept at the same rows
     auto weight_gradient = [&](floatX* dweight, const floatX* dout, floatX* kept_dout, const floatX* inp,
                                floatX* kept_inp, int rows, int IC, int OC) {
-        if (!kept) {
-            matmul_backward_weights(dweight, nullptr, s.matmul_scratch, dout, inp, rows, IC, OC, stream);
-            return;
-        }
-        keep_for_weights(kept_dout, dout, (size_t)rows * OC, stream);
-        keep_for_weights(kept_inp, inp, (size_t)rows * IC, stream);
+        weight_gradient_now_or_kept(kept != nullptr, dweight, nullptr, s.matmul_scratch, dout, kept_dout, inp, kept_inp,
+                                    rows, IC, OC, stream);
     };
     // the weighted sum: each expert output's gradient (this rank's rows, sorted by expert), and each weight's
     floatX* sorted = ep.size > 1 ? s.expert_dispatch : s.expert_doutput;

@@ -52,9 +52,8 @@ inline double gpt2_flops_per_token(long long num_parameters, int num_layers, int
 // active.
 inline double idle_expert_parameters_per_mixture(const GPT2Config& c) {
     if (!c.moe()) return 0.0;
-    const GPT2Config mixture = c.block(c.moe_every - 1);
     return (double)(c.experts - c.experts_per_token) / c.experts *
-           (double)(tensor_elements(mixture, EXPERTFCW) + tensor_elements(mixture, EXPERTPROJW));
+           (double)(tensor_elements(c, EXPERTFCW) + tensor_elements(c, EXPERTPROJW));
 }
 inline double active_parameters(const GPT2Config& c) {
     return (double)ParameterLayout(c).num_parameters - idle_expert_parameters_per_mixture(c) * c.moe_blocks();
