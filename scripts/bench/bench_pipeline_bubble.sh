@@ -16,7 +16,8 @@
 # Prints, per p and schedule, the formula (pipeline_bubble_fraction: equal stages, F = B = W), the mean bubble
 # over the ranks both ways, each rank's replayed, the step time both ways, 1f1b's bubble against its formula,
 # zb-h1's and zbv's against 1f1b's, and zb-h1's formula with rank 0's measured F, B and W (the passes as they
-# are, not F = B = W); writes each measured step's timeline picture to OUT (default docs/pipeline,
+# are, not F = B = W) with W's share of F + B + W beside the share that formula needs to reach half of 1f1b's;
+# writes each measured step's timeline picture to OUT (default docs/pipeline,
 # measured_<schedule>_p<p>_m8.png).
 #   usage: scripts/bench/bench_pipeline_bubble.sh [OUT]     (a quiet machine: other work inflates both clocks)
 set -euo pipefail
@@ -76,4 +77,9 @@ for p in (2, 4):
     zb = (p - 1) * (F + B - W) / (8 * (F + B + W) + (p - 1) * (F + B - W))
     print(f"  zb-h1's formula with rank 0's passes (F {F:.0f}, B {B:.0f}, W {W:.0f} ms): (p-1)(F+B-W) / "
           f"(m(F+B+W) + (p-1)(F+B-W)) = {zb:.3f}, {zb / formula:.2f} of 1f1b's formula")
+    # 1f1b's bubble is (p-1)/(m+p-1) whatever F, B and W are. zb-h1's is at most half of it where
+    # (F+B-W)(2m+p-1) <= m(F+B+W), that is where W / (F+B+W) >= (m+p-1) / (2(2m+p-1)).
+    needed = (8 + p - 1) / (2 * (2 * 8 + p - 1))
+    print(f"  W's share of F+B+W on rank 0: {W / (F + B + W):.3f}; zb-h1's formula reaches half of 1f1b's from "
+          f"{needed:.3f} on")
 PYTHON
