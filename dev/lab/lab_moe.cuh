@@ -121,28 +121,30 @@ inline RouterReference reference_router(const std::vector<float>& logits, int N,
 }
 
 // The plan as the definition reads: visit each sequence's assignments in (t, k) order, keeping the first
-// `capacity` per expert; then number the kept ones expert by expert, each in (n, k) order.
+// `capacity` per expert; then number the kept ones expert by expert, each in (n, k) order. `spent` (B x E, or
+// empty: none) counts each sequence's assignments to each expert before it (the pieces of a longer sequence
+// ahead of this one, under context parallelism), which the capacity has already seen.
 struct PlanReference {
     std::vector<int> slots, expert_counts, routed_counts;
     int kept_rows = 0;
 };
-inline PlanReference reference_plan(const std::vector<int>& experts, int B, int T, int K, int E, int capacity) {
+inline PlanReference reference_plan(const std::vector<int>& experts, int B, int T, int K, int E, int capacity,
+                                    const std::vector<int>& spent = {}) {
     PlanReference plan;
     plan.slots.assign((size_t)B * T * K, -1);
     plan.expert_counts.assign(E, 0);
     plan.routed_counts.assign((size_t)B * E, 0);
     std::vector<bool> kept((size_t)B * T * K, false);
     for (int b = 0; b < B; b++) {
-        std::vector<int> kept_in_sequence(E, 0);
+        std::vector<int> kept_in_sequence(E, 0);  // the assignments the capacity has seen
+        if (!spent.empty()) std::copy_n(spent.begin() + (size_t)b * E, E, kept_in_sequence.begin());
         for (int t = 0; t < T; t++)
             for (int k = 0; k < K; k++) {
                 const size_t a = ((size_t)b * T + t) * K + k;
                 const int e = experts[a];
                 plan.routed_counts[(size_t)b * E + e]++;
-                if (capacity <= 0 || kept_in_sequence[e] < capacity) {
-                    kept_in_sequence[e]++;
-                    kept[a] = true;
-                }
+                if (capacity <= 0 || kept_in_sequence[e] < capacity) kept[a] = true;
+                kept_in_sequence[e]++;
             }
     }
     for (int e = 0; e < E; e++)
@@ -242,6 +244,24 @@ inline void check(const Case& c) {
     check_equal("moe_dispatch_plan slots" + shape, download_ints(d_slots), plan.slots);
     check_equal("moe_dispatch_plan expert_counts" + shape, download_ints(d_expert_counts), plan.expert_counts);
     check_equal("moe_dispatch_plan routed_counts" + shape, download_ints(d_routed), plan.routed_counts);
+    if (c.capacity > 0) {  // in two halves, with part of each sequence's capacity spent by pieces before it
+        const std::vector<int> spent = random_ints((size_t)B * E, 0, c.capacity + 2);
+        std::vector<int> left(spent.size());
+        for (size_t i = 0; i < left.size(); i++) left[i] = std::max(0, c.capacity - spent[i]);
+        const PlanReference pieces = reference_plan(router.experts, B, T, K, E, c.capacity, spent);
+        DeviceBuffer<int> d_left(left.size());
+        d_left.upload(left);
+        d_slots.poison(), d_expert_counts.poison(), d_routed.poison();
+        moe_count_routed(d_routed.ptr, d_experts.ptr, B, T, K, E, 0);
+        moe_place_assignments(d_slots.ptr, d_expert_counts.ptr, d_routed.ptr, d_experts.ptr, B, T, K, E, c.capacity,
+                              d_left.ptr, 0);
+        cudaCheck(cudaDeviceSynchronize());
+        check_equal("moe_place_assignments slots, capacity partly spent" + shape, download_ints(d_slots), pieces.slots);
+        check_equal("moe_place_assignments expert_counts, capacity partly spent" + shape,
+                    download_ints(d_expert_counts), pieces.expert_counts);
+        check_equal("moe_place_assignments routed_counts, capacity partly spent" + shape, download_ints(d_routed),
+                    pieces.routed_counts);
+    }
     d_slots.upload(plan.slots);
     d_routed.upload(plan.routed_counts);
 

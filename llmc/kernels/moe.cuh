@@ -45,7 +45,9 @@ The matmuls dh += dz routerw and drouterw += dz^T h are the caller's.
 
 What each launcher does with its outputs (all overwritten unless said otherwise):
     moe_router_forward      probs (N, E), lse (N), experts (N, K), weights (N, K)
-    moe_dispatch_plan       slots (N K), expert_counts (E), routed_counts (B, E)
+    moe_dispatch_plan       slots (N K), expert_counts (E), routed_counts (B, E); in two halves,
+                            moe_count_routed then moe_place_assignments, for a caller that needs the
+                            counts in between
     moe_permute_forward     permuted: the sum of expert_counts rows, each written once
     moe_permute_backward    dinp (N, C): 0 for a row whose assignments were all dropped
     moe_unpermute_forward   out (N, C): likewise 0 for such a row
@@ -183,15 +185,17 @@ __global__ void moe_router_backward_kernel(floatX* dlogits, const float* dprobs,
 /*
 In three launches, with no scratch memory beyond the outputs and no atomics:
   1. moe_count_routed_kernel, one block per sequence: routed[b,e].
-  2. moe_expert_offsets_kernel, one warp per expert: kept[b,e] = min(routed[b,e], cap) (routed[b,e] when
-     dropless), count_e = sum_b kept[b,e], and before[b,e] = sum_{b' < b} kept[b',e], the rows of e that
+  2. moe_expert_offsets_kernel, one warp per expert: kept[b,e] = min(routed[b,e], cap[b,e]) (routed[b,e]
+     when dropless), count_e = sum_b kept[b,e], and before[b,e] = sum_{b' < b} kept[b',e], the rows of e that
      earlier sequences fill. before[b,e] is written over routed[b,e]: routed_counts is the one (B, E)
      buffer there is, and routed[b,e] is cheap to count again.
   3. moe_place_kernel, one block per sequence: each assignment's rank r among its sequence's assignments to
-     the same expert, in (t, k) order. It is kept when r < cap, at
+     the same expert, in (t, k) order. It is kept when r < cap[b,e], at
          slot = offset_e + before[b,e] + r
      since expert e's rows hold sequence 0's kept assignments, then sequence 1's, ... and a sequence's kept
-     ones are its first cap. The block counts routed[b,e] again on the way and writes it back.
+     ones are its first cap[b,e]. The block counts routed[b,e] again on the way and writes it back.
+cap[b,e] is the capacity, or what is left of it where a sequence comes in pieces (context parallelism: a piece
+is routed as a sequence of its own, and the pieces before it in position order may have used some).
 A sequence's T K assignments are consecutive in `experts` ((b T + t) K + k), already in (t, k) order. A
 block's warps take consecutive slices of them and walk a slice 32 assignments at a time. In a chunk of 32,
 the lanes holding the same expert are found with one ballot per bit of the expert's index; a lane's rank
@@ -263,8 +267,15 @@ __global__ void moe_count_routed_kernel(int* routed_counts, const int* experts, 
     }
 }
 
+// cap[b,e] (see moe_place_assignments): the room sequence b has left for expert e; INT_MAX when dropless
+__device__ inline int moe_room(int capacity, const int* capacity_left, int b, int E, int e) {
+    if (capacity <= 0) return INT_MAX;
+    return capacity_left != nullptr ? capacity_left[(size_t)b * E + e] : capacity;
+}
+
 // routed_counts: in routed[b,e], out before[b,e]
-__global__ void moe_expert_offsets_kernel(int* expert_counts, int* routed_counts, int B, int E, int capacity) {
+__global__ void moe_expert_offsets_kernel(int* expert_counts, int* routed_counts, int B, int E, int capacity,
+                                          const int* capacity_left) {
     const int e = blockIdx.x * MOE_WARPS_PER_BLOCK + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (e >= E) return;  // whole warps
@@ -272,7 +283,7 @@ __global__ void moe_expert_offsets_kernel(int* expert_counts, int* routed_counts
     for (int first = 0; first < B; first += 32) {
         const int b = first + lane;
         const int routed = b < B ? routed_counts[(size_t)b * E + e] : 0;
-        const int kept = capacity > 0 ? min(routed, capacity) : routed;
+        const int kept = b < B ? min(routed, moe_room(capacity, capacity_left, b, E, e)) : 0;
         int inclusive = kept;  // scan over the chunk's lanes: the kept rows of sequences first..b
         for (int offset = 1; offset < 32; offset *= 2) {
             const int below = __shfl_up_sync(0xffffffffu, inclusive, offset);
@@ -286,7 +297,7 @@ __global__ void moe_expert_offsets_kernel(int* expert_counts, int* routed_counts
 
 // routed_counts: in before[b,e], out routed[b,e] (this block's row b only)
 __global__ void moe_place_kernel(int* slots, int* routed_counts, const int* experts, const int* expert_counts, int T,
-                                 int K, int E, int capacity) {
+                                 int K, int E, int capacity, const int* capacity_left) {
     __shared__ int ranks[MOE_PLAN_WARPS][MOE_MAX_EXPERTS];  // first counts per slice, then ranks
     __shared__ int first_row[MOE_MAX_EXPERTS];               // offset_e + before[b,e]
     const int b = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -316,7 +327,7 @@ __global__ void moe_place_kernel(int* slots, int* routed_counts, const int* expe
         __syncwarp();  // every lane has read its expert's rank before the lowest lane moves it on
         if (expert != MOE_NO_EXPERT && below == 0) ranks[warp][expert] += __popc(same);
         __syncwarp();
-        const bool kept = expert != MOE_NO_EXPERT && (capacity <= 0 || rank < capacity);
+        const bool kept = expert != MOE_NO_EXPERT && rank < moe_room(capacity, capacity_left, b, E, expert);
         if (chunk + lane < slice.end) sequence_slots[chunk + lane] = kept ? first_row[expert] + rank : -1;
     }
 }
@@ -480,6 +491,30 @@ void moe_router_forward(float* probs, float* lse, int* experts, float* weights, 
            experts, weights, logits, N, E, K);
 }
 
+inline void moe_check_plan(const char* caller, int B, int T, int K, int E) {
+    moe_check_experts(caller, E, K);
+    if (B < 1 || T < 1) fatal("%s: B = %d sequences of T = %d: both must be at least 1", caller, B, T);
+    moe_check_rows(caller, (long long)B * T, K);
+}
+
+// The dispatch plan's first step alone: routed_counts[b*E + e] (B*E ints) = assignments of sequence b to e.
+void moe_count_routed(int* routed_counts, const int* experts, int B, int T, int K, int E, cudaStream_t stream) {
+    moe_check_plan("moe_count_routed", B, T, K, E);
+    launch(moe_count_routed_kernel, B, MOE_PLAN_BLOCK_SIZE, 0, stream, routed_counts, experts, T, K, E);
+}
+
+// The rest of the plan, from the routed_counts that moe_count_routed left (and leaves them so again): slots and
+// expert_counts as moe_dispatch_plan's. capacity_left (B*E ints, or null: `capacity` for every one) is the room
+// each sequence has left for each expert, where the pieces of a longer sequence before it used some.
+void moe_place_assignments(int* slots, int* expert_counts, int* routed_counts, const int* experts, int B, int T, int K,
+                           int E, int capacity, const int* capacity_left, cudaStream_t stream) {
+    moe_check_plan("moe_place_assignments", B, T, K, E);
+    launch(moe_expert_offsets_kernel, ceil_div(E, MOE_WARPS_PER_BLOCK), MOE_BLOCK_SIZE, 0, stream, expert_counts,
+           routed_counts, B, E, capacity, capacity_left);
+    launch(moe_place_kernel, B, MOE_PLAN_BLOCK_SIZE, 0, stream, slots, routed_counts, experts, expert_counts, T, K, E,
+           capacity, capacity_left);
+}
+
 // Where each of the N*K assignments goes in the expert-sorted order: slots[n*K+k] = its row in the permuted
 // buffer, or -1 if dropped by capacity. Sorted by expert, then by (n, k). expert_counts[e] (E ints) = kept
 // assignments of expert e; routed_counts[b*E + e] (B*E ints) = assignments of sequence b to e before drops.
@@ -487,14 +522,8 @@ void moe_router_forward(float* probs, float* lse, int* experts, float* weights, 
 // Rows: N = B*T. Returns nothing; the caller copies expert_counts to the host when it needs them.
 void moe_dispatch_plan(int* slots, int* expert_counts, int* routed_counts, const int* experts, int B, int T, int K,
                        int E, int capacity, cudaStream_t stream) {
-    moe_check_experts("moe_dispatch_plan", E, K);
-    if (B < 1 || T < 1) fatal("moe_dispatch_plan: B = %d sequences of T = %d: both must be at least 1", B, T);
-    moe_check_rows("moe_dispatch_plan", (long long)B * T, K);
-    launch(moe_count_routed_kernel, B, MOE_PLAN_BLOCK_SIZE, 0, stream, routed_counts, experts, T, K, E);
-    launch(moe_expert_offsets_kernel, ceil_div(E, MOE_WARPS_PER_BLOCK), MOE_BLOCK_SIZE, 0, stream, expert_counts,
-           routed_counts, B, E, capacity);
-    launch(moe_place_kernel, B, MOE_PLAN_BLOCK_SIZE, 0, stream, slots, routed_counts, experts, expert_counts, T, K, E,
-           capacity);
+    moe_count_routed(routed_counts, experts, B, T, K, E, stream);
+    moe_place_assignments(slots, expert_counts, routed_counts, experts, B, T, K, E, capacity, nullptr, stream);
 }
 
 // permuted[slots[n*K+k]] = inp[n] for every kept assignment (C channels)

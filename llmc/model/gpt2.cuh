@@ -211,6 +211,8 @@ struct SharedBuffers {
     float* router_dprobs;      // (N, E)  the gradient of the router's probabilities
     float* routed_dweights;    // (M)     the gradient of the assignments' weights
     int* expert_rows;          // (E)     device: rows per expert, before they go to the host
+    int* capacity_left;        // (k B, E) under cp with a capacity: the room each piece's sequence has left
+                               //         for each expert (moe_place_assignments; null otherwise)
     floatX* routed_output;     // (N, C)  the experts' weighted sum; in backward, the routed rows' input gradient
     floatX* expert_doutput;    // (Mr, C) the experts' output gradients, then their input gradients (Mr: the
                                //         rows this rank's experts run, moe_expert_rows)
@@ -226,7 +228,7 @@ struct SharedBuffers {
 struct MoETraining {
     float aux_coefficient = 0.0f;   // alpha: the load-balancing loss's weight in the total loss
     float z_coefficient = 0.0f;     // beta: the router z-loss's
-    float capacity_factor = 0.0f;   // > 0: at most ceil(cf T K / E) assignments per expert and sequence
+    float capacity_factor = 0.0f;   // > 0: at most ceil(cf S K / E) assignments per expert and sequence of S
     float loss_scale = 0.0f;        // dloss of the step: 1 / (this rank's rows per microbatch x microbatches)
     float* loss_sums = nullptr;     // device: the aux loss and the z-loss added up since the log read them
     std::vector<long long> tokens;  // host: rows each (layer, expert) ran since then (L x E)
@@ -381,8 +383,9 @@ struct ModelPart {
     // most moe_expert_rows of them: a capacity factor > 0 bounds them)
     int ep = 1, ep_rank = 0;
     float capacity_factor = 0.0f;
-    // context parallelism: the pieces each sequence's positions come in on this rank (zigzag: 2)
-    int sequence_pieces = 1;
+    // context parallelism: the ranks each sequence's positions are split over, and the pieces they come in on
+    // this rank (zigzag: 2)
+    int cp = 1, sequence_pieces = 1;
     // ZeRO: chunks padded for `shards` shards; whole parameters below stage 3, whole gradients below stage 2
     int shards = 1;
     bool full_parameters = true, full_gradients = true;
@@ -451,7 +454,7 @@ inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int
         a.output = with_output ? values(R * C, kind) : nullptr;
         if (mixture) {
             const size_t E = c.experts, K = c.experts_per_token, M = N * K;
-            const size_t Mr = moe_expert_rows(c, B, T, part.ep, part.capacity_factor);
+            const size_t Mr = moe_expert_rows(c, B, T, part.ep, part.capacity_factor, part.cp);
             a.router_probs = floats(N * E, kind);
             a.router_lse = floats(N, kind);
             a.routed_experts = (int*)buffer(M, sizeof(int), kind);
@@ -518,7 +521,7 @@ inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int
             w.dmlp = values(N * C, MemoryKind::Activations);
             w.dlayernorm = values(4 * C, MemoryKind::Activations);
             if (part.slot_has_mixture(c, i)) {
-                const size_t Mr = moe_expert_rows(c, B, T, part.ep, part.capacity_factor);
+                const size_t Mr = moe_expert_rows(c, B, T, part.ep, part.capacity_factor, part.cp);
                 w.expert_input = values(Mr * C, MemoryKind::Activations);
                 w.expert_dfch = values(Mr * c.expert_fc_channels(), MemoryKind::Activations);
                 w.expert_act = values(Mr * c.expert_hidden(), MemoryKind::Activations);
@@ -598,11 +601,14 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, c
     if (model.first_stage) encoder_backward_workspace_create(&s.encoder_workspace, (int)N, (int)C);
     if (config.moe()) {
         const size_t E = config.experts, M = N * config.experts_per_token, G = part.ep;
-        const size_t Mr = moe_expert_rows(config, B, T, part.ep, part.capacity_factor);
+        const size_t Mr = moe_expert_rows(config, B, T, part.ep, part.capacity_factor, part.cp);
         s.router_logits = tracked_alloc<floatX>(N * E, MemoryKind::Workspace);
         s.router_dprobs = tracked_alloc<float>(N * E, MemoryKind::Workspace);
         s.routed_dweights = tracked_alloc<float>(M, MemoryKind::Workspace);
         s.expert_rows = tracked_alloc<int>(E, MemoryKind::Workspace);
+        s.capacity_left = part.cp > 1 && part.capacity_factor > 0
+                              ? tracked_alloc<int>((size_t)part.sequence_pieces * B * E, MemoryKind::Workspace)
+                              : nullptr;
         s.routed_output = tracked_alloc<floatX>(N * C, MemoryKind::Workspace);
         s.expert_doutput = tracked_alloc<floatX>(Mr * C, MemoryKind::Workspace);
         s.expert_dfch = tracked_alloc<floatX>(Mr * config.expert_fc_channels(), MemoryKind::Workspace);
@@ -631,7 +637,7 @@ inline void gpt2_free(GPT2& model) {
     if (s.dactivation != s.dhidden) tracked_free(s.dactivation);
     if (s.expert_dact != s.expert_dfch) tracked_free(s.expert_dact);
     for (void* p : {(void*)s.router_logits, (void*)s.router_dprobs, (void*)s.routed_dweights, (void*)s.expert_rows,
-                    (void*)s.routed_output, (void*)s.expert_doutput, (void*)s.expert_dfch, (void*)s.expert_dispatch,
+                    (void*)s.capacity_left, (void*)s.routed_output, (void*)s.expert_doutput, (void*)s.expert_dfch, (void*)s.expert_dispatch,
                     (void*)s.expert_exchange, (void*)model.moe.loss_sums, (void*)model.moe.counts_scratch})
         tracked_free(p);
     for (void* p : {(void*)s.projection, (void*)s.dchannels, (void*)s.dhidden, (void*)s.dqkv,

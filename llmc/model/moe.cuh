@@ -16,10 +16,12 @@ order (the rows sorted by expert, then by row and k; the sum in k order), so the
 on how many rows a rank holds, and a layout equals one rank.
 
 Under context parallelism (llmc/parallel/context_parallel.h) a rank holds T/cp of each sequence's positions, in
-one piece or (zigzag) two, stored piece-major: routing is per row, so only the balance loss sees the split. The
-kernels take each piece of each sequence as a sequence of its own (B pieces x B rows of T/pieces); the counts
-of its assignments are then replaced by its whole sequence's, summed over the pieces and the cp ranks
-(moe_sequence_counts), and each piece adds its rows' part of the loss (llmc/kernels/moe.cuh).
+one piece or (zigzag) two, stored piece-major: routing is per row, so only the balance loss and the capacity
+see the split. The kernels take each piece of each sequence as a sequence of its own (B pieces x B rows of
+T/pieces). The ranks gather every piece's counts of assignments per expert (moe_sequence_counts); a capacity
+then gives each piece what its sequence's pieces before it in position order left of it, and once the plan
+is made a piece's counts are replaced by its whole sequence's, for the balance loss, to which each piece adds
+its rows' part (llmc/kernels/moe.cuh).
 
 Two losses keep the router healthy, both added to the cross-entropy's gradient (the reported loss is the
 cross-entropy alone; the log shows them apart):
@@ -30,7 +32,7 @@ cross-entropy alone; the log shows them apart):
   - the router z-loss (ST-MoE): the mean over rows of logsumexp(z)^2, which keeps the logits small.
   total = cross-entropy + alpha sum_layers mean_sequences aux + beta sum_layers mean_rows lse^2
 
-A capacity factor cf > 0 bounds the rows an expert takes from a sequence at ceil(cf T K / E): the
+A capacity factor cf > 0 bounds the rows an expert takes from a sequence at ceil(cf S K / E) (S positions): the
 assignments beyond it, visiting the sequence's rows in order, are dropped (they add nothing; the row keeps
 its other experts and its residual). Without it (the default) nothing is dropped.
 
@@ -70,16 +72,22 @@ inline int moe_sequence_pieces(const GPT2& model, const ContextParallel& cp) {
     return cp.size > 1 && !model.cache.decoding ? cp_chunks_per_rank(cp.split) : 1;
 }
 
-// Under context parallelism: routed_counts (each piece's assignments per expert, for the B x pieces pieces this
-// rank routes, chunk-major as the rows are) replaced by its whole sequence's: summed over the pieces and the cp
-// ranks, which hold the other positions of the same sequences. Under tp as well, a tp rank routes a 1/tp slice
-// of the rank's chunk-major rows (moe_rows): B' = B/tp sequences' worth of pieces, which may belong to any of
-// the cp rank's tp B' sequences, so the tp ranks' counts are gathered first, in rank order (rank r's are
+// Under context parallelism, from routed_counts (each piece's assignments per expert, for the B x pieces pieces
+// this rank routes, chunk-major as the rows are): each piece's whole sequence's counts, summed over the pieces
+// and the cp ranks, which hold the other positions of the same sequences; and, with a capacity, the room each
+// piece has left for each expert: the capacity less its sequence's assignments to that expert in the pieces
+// before it in position order (cp_chunk_index), all of which come first. Under tp as well, a tp rank routes a
+// 1/tp slice of the rank's chunk-major rows (moe_rows): B' = B/tp sequences' worth of pieces, which may belong to
+// any of the cp rank's tp B' sequences, so the tp ranks' counts are gathered first, in rank order (rank r's are
 // pieces [r B' pieces, (r+1) B' pieces) of the cp rank's chunk-major list). Through the host, where the forward
 // pass waits for the rows per expert anyway.
-inline void moe_sequence_counts(MoETraining& moe, const TensorParallel& tp, const ContextParallel& cp,
-                                int* routed_counts, int pieces, int B, int E, cudaStream_t stream) {
-    if (cp.size == 1) return;
+struct SequenceCounts {
+    std::vector<int> whole;          // (B pieces, E): each piece's whole sequence's assignments per expert
+    std::vector<int> capacity_left;  // (B pieces, E): with a capacity, what the pieces before left of it
+};
+inline SequenceCounts moe_sequence_counts(MoETraining& moe, const TensorParallel& tp, const ContextParallel& cp,
+                                          const int* routed_counts, int pieces, int B, int E, int capacity,
+                                          cudaStream_t stream) {
     const size_t mine = (size_t)pieces * B * E, sequences = (size_t)tp.size * B;  // sequences on this cp rank
     const size_t scratch = 4 * mine * tp.size * cp.size;  // the cp gather's words (of the tp gathers'), 4 bf16 each
     if (moe.counts_scratch_elements < scratch) {
@@ -92,13 +100,24 @@ inline void moe_sequence_counts(MoETraining& moe, const TensorParallel& tp, cons
     std::vector<uint64_t> words(counts.begin(), counts.end());
     if (tp.size > 1) words = all_gather_words(*tp.group, words, stream, moe.counts_scratch);  // the cp rank's pieces
     const std::vector<uint64_t> everyone = all_gather_words(*cp.group, words, stream, moe.counts_scratch);
-    std::vector<int> sequence(sequences * E, 0);  // (sequences, E): the whole sequences'
-    for (size_t piece = 0; piece < (size_t)cp.size * pieces * sequences; piece++)  // chunk k of sequence b: k B + b
-        for (int e = 0; e < E; e++) sequence[(piece % sequences) * E + e] += (int)everyone[piece * E + e];
-    const size_t first = (size_t)tp.rank * pieces * B;  // this tp rank's first piece
-    for (size_t piece = 0; piece < (size_t)pieces * B; piece++)
-        std::copy_n(sequence.begin() + ((first + piece) % sequences) * E, E, counts.begin() + piece * E);
-    copy_to_device(routed_counts, counts.data(), mine, stream);
+    // piece q of cp rank r (q = k sequences + b: chunk k of sequence b) is piece r pieces sequences + q here
+    const size_t per_rank = pieces * sequences, all = cp.size * per_rank;
+    auto position = [&](size_t piece) {  // where the piece sits in its sequence, in chunks
+        return cp_chunk_index(cp.split, cp.size, (int)(piece / per_rank), (int)(piece % per_rank / sequences));
+    };
+    SequenceCounts result{std::vector<int>(mine, 0), std::vector<int>(capacity > 0 ? mine : 0, capacity)};
+    const size_t first = cp.rank * per_rank + (size_t)tp.rank * pieces * B;  // this tp rank's first piece
+    for (size_t piece = 0; piece < (size_t)pieces * B; piece++) {
+        const size_t me = first + piece;
+        for (size_t other = me % sequences; other < all; other += sequences)  // the pieces of my sequence
+            for (int e = 0; e < E; e++) {
+                const int assigned = (int)everyone[other * E + e];
+                result.whole[piece * E + e] += assigned;
+                if (capacity > 0 && position(other) < position(me))
+                    result.capacity_left[piece * E + e] = std::max(0, result.capacity_left[piece * E + e] - assigned);
+            }
+    }
+    return result;
 }
 
 // The routed half of the MLP on h (N = B T rows, this rank's): routing, the experts, and their weighted sum
@@ -113,15 +132,26 @@ inline void moe_forward(GPT2& model, const TensorParallel& tp, ExpertParallel& e
     cudaStream_t stream = model.stream;
     const int N = B * T, C = c.channels, E = c.experts, K = c.experts_per_token;
     const int He = (int)c.expert_hidden(), fc = (int)c.expert_fc_channels();
-    // sampling decodes one row at a time: it keeps every assignment (a capacity counts a whole sequence)
-    const int capacity = model.cache.decoding ? 0 : moe_capacity(c, model.moe.capacity_factor, T);
+    // sampling decodes one row at a time: it keeps every assignment (a capacity counts a whole sequence, of T cp
+    // positions under context parallelism)
+    const int capacity = model.cache.decoding ? 0 : moe_capacity(c, model.moe.capacity_factor, T * cp.size);
     const int pieces = moe_sequence_pieces(model, cp);
     matmul_forward(s.router_logits, h, p.routerw, nullptr, N, C, E, stream);
     moe_router_forward(a.router_probs, a.router_lse, a.routed_experts, a.routed_weights, s.router_logits, N, E, K,
                        stream);
-    moe_dispatch_plan(a.routed_slots, s.expert_rows, a.routed_counts, a.routed_experts, B * pieces, T / pieces, K, E,
-                      capacity, stream);
-    if (!model.cache.decoding) moe_sequence_counts(model.moe, tp, cp, a.routed_counts, pieces, B, E, stream);
+    if (cp.size == 1 || model.cache.decoding) {  // whole sequences
+        moe_dispatch_plan(a.routed_slots, s.expert_rows, a.routed_counts, a.routed_experts, B, T, K, E, capacity,
+                          stream);
+    } else {  // pieces of sequences
+        moe_count_routed(a.routed_counts, a.routed_experts, B * pieces, T / pieces, K, E, stream);
+        const SequenceCounts counts = moe_sequence_counts(model.moe, tp, cp, a.routed_counts, pieces, B, E, capacity,
+                                                          stream);
+        if (capacity > 0)
+            copy_to_device(s.capacity_left, counts.capacity_left.data(), counts.capacity_left.size(), stream);
+        moe_place_assignments(a.routed_slots, s.expert_rows, a.routed_counts, a.routed_experts, B * pieces, T / pieces,
+                              K, E, capacity, capacity > 0 ? s.capacity_left : nullptr, stream);
+        copy_to_device(a.routed_counts, counts.whole.data(), counts.whole.size(), stream);  // for the balance loss
+    }
     int* my_rows = a.expert_rows + (size_t)ep.rank * E;
     cudaCheck(cudaMemcpyAsync(my_rows, s.expert_rows, E * sizeof(int), cudaMemcpyDeviceToHost, stream));
     // this rank's rows sorted by expert: where its experts run them (one rank), or ready to travel
@@ -132,7 +162,7 @@ inline void moe_forward(GPT2& model, const TensorParallel& tp, ExpertParallel& e
     const ExpertCounts counts = expert_counts(c, ep, a);
     size_t arriving = 0;  // what the buffers were sized for (moe_expert_rows) bounds this by construction
     for (int s = 0; s < ep.size; s++) arriving += counts.block(s, ep.rank);
-    if (arriving > moe_expert_rows(c, model.max_batch, model.max_seq, ep.size, model.moe.capacity_factor))
+    if (arriving > moe_expert_rows(c, model.max_batch, model.max_seq, ep.size, model.moe.capacity_factor, cp.size))
         fatal("moe_forward: %zu rows for this rank's experts, more than its buffers hold", arriving);
     if (ep.size > 1) ep_dispatch(ep, counts, a.expert_input, sorted, s.expert_exchange, C, stream);
     floatX* expert_output = ep.size > 1 ? s.expert_doutput : a.expert_output;  // (the rows' own rank's, at ep 1)

@@ -68,16 +68,12 @@ inline int micro_step_tokens(int batch_size, int seq_len, int ranks) {
 // line naming the flag if the layout cannot run this model on these ranks. From here on a rank that waits
 // longer than `collective_timeout` seconds in one collective ends the job (llmc/parallel/watchdog.h).
 // A mixture of experts (llmc/model/moe.cuh): under tp each tp rank takes B/tp of the sequences (so tp must divide
-// B). A capacity under cp (which keeps a sequence's first assignments in position order) is refused by name
-// ("": it runs).
+// B) ("": it runs).
 inline std::string moe_layout_error(const GPT2Config& c, const Layout& l) {
     if (!c.moe()) return "";
     if (l.batch_size % l.tp != 0)
         return "--batch-size " + std::to_string(l.batch_size) + " with --tp " + std::to_string(l.tp) +
                ": each tp rank routes whole sequences through the experts, so tp must divide the batch";
-    if (l.capacity_factor > 0 && l.cp > 1)
-        return "--capacity-factor with --cp " + std::to_string(l.cp) +
-               ": the capacity keeps a sequence's first assignments in position order, which the cp ranks split";
     return "";
 }
 
@@ -152,6 +148,7 @@ inline ModelPart model_part(const ParallelContext& par) {
     part.tp_rank = par.tp.rank;
     part.sequence_parallel = l.sequence_parallel;
     part.ep = par.ep.size;
+    part.cp = l.cp;
     part.sequence_pieces = l.cp > 1 ? cp_chunks_per_rank(l.cp_split) : 1;
     part.ep_rank = par.ep.rank;
     part.capacity_factor = l.capacity_factor;

@@ -11,8 +11,9 @@
 # by one rank; the dp axis's bytes against llmc/parallel/zero.h's formula (experts averaged over their own
 # replicas, the dense shards over the ep group). Context parallelism (the balance loss's counts summed over each
 # sequence's pieces): cp 2 (ring, zigzag pieces), cp 2 Ulysses, ep 2 x cp 2, tp 2 x cp 2 and tp 2 + SP x cp 2
-# (contiguous pieces; each tp rank routing a slice of the pieces, whose counts the tp ranks gather first). The
-# schedules that split the
+# (contiguous pieces; each tp rank routing a slice of the pieces, whose counts the tp ranks gather first); a
+# capacity factor under cp 2, ep 2 x cp 2 and tp 2 x cp 2 (contiguous), where a piece gets what its sequence's
+# pieces before it in position order left of each expert's capacity. The schedules that split the
 # backward pass (the experts' and the router's weight gradients in W): zb-h1 on pp 2 and ep 2 x pp 2, and zbv
 # on the same over 4 layers with a mixture in blocks 1 and 3. A mixture in every 2nd block
 # (--moe-every 2: GPT-2's dense block, then the experts): ep 2 x pp 2, ep 2 at ZeRO-3, tp 2 (its bytes against
@@ -73,6 +74,12 @@ layouts="ep2:2:4:--ep,2
          ep2_pp2_zbh1:4:4:--ep,2,--pp,2,--pp-schedule,zb-h1"
 run_layouts "$layouts"
 run_layout ep2_capacity 2 4 --ep 2 --capacity-factor 0.5
+# the capacity under cp: zigzag pieces of 4 positions (a sequence's pieces 0 and 3 on rank 0, 1 and 2 on rank 1),
+# and contiguous halves under tp 2, each tp rank routing half of its cp rank's pieces
+layouts="cp2_capacity:2:8:--cp,2,--capacity-factor,0.5
+         ep2_cp2_capacity:4:4:--ep,2,--cp,2,--capacity-factor,0.5
+         tp2_cp2_contiguous_capacity:4:8:--tp,2,--cp,2,--cp-split,contiguous,--capacity-factor,0.5"
+run_layouts "$layouts"
 # a checkpoint saved at step 3 by dp 4 x ep 2 at ZeRO-1 (2 expert groups x 2 shards: 4 files), resumed by one rank
 run_layout ep_saved 4 2 --ep 2 --zero 1 --checkpoint-every 3 --keep-checkpoints 5
 mkdir -p "$work/ep_resumed" && cp "$work"/ep_saved/checkpoint_3* "$work/ep_resumed/"
@@ -155,7 +162,9 @@ runs = [(name, "one") for name in ("dp2_zero1", "dp2_zero3", "pp2_1f1b", "dp2_se
                                    "dp2_tp2_zero2", "pp2_tp2_sp")]
 runs += [(name, "one") for name in ("ep2", "ep4", "dp4_ep2", "ep2_tp2", "ep2_pp2", "ep2_full", "ep2_zero1", "ep2_zero3",
                                     "dp4_ep2_zero2", "cp2", "cp2_ulysses", "ep2_cp2")]
-runs += [("dp2_capacity", "one_capacity"), ("ep2_capacity", "one_capacity"), ("gpt2_dp2_zero2", "gpt2_one"),
+runs += [(name, "one_capacity") for name in ("dp2_capacity", "ep2_capacity", "cp2_capacity", "ep2_cp2_capacity",
+                                             "tp2_cp2_contiguous_capacity")]
+runs += [("gpt2_dp2_zero2", "gpt2_one"),
          ("gpt2_ep2", "gpt2_one"), ("all_experts_ep2", "all_experts_one")]
 runs += [(name, "every2_one") for name in ("every2_ep2_pp2", "every2_ep2_zero3", "every2_tp2", "every2_dp2_full")]
 runs += [("tp2_cp2", "one"), ("tp2_sp_cp2_contiguous", "one"), ("pp2_zbh1", "one"), ("ep2_pp2_zbh1", "one"), ("pp2_zbv", "zbv_one"), ("ep2_pp2_zbv", "zbv_one")]
@@ -260,16 +269,12 @@ refused_flags=("${common[@]}" --model custom --steps 1)
 expect_refused "tp 2, B 3" "each tp rank routes whole sequences through the experts" 2 "${experts[@]}" --tp 2 \
     --batch-size 3
 refused_flags+=(--batch-size 4)
-expect_refused "cp 2 with a capacity" "the capacity keeps a sequence's first assignments in position order" 2 \
-    "${experts[@]}" --cp 2 --capacity-factor 1
 expect_refused "shared experts without experts" "--shared-experts and --moe-every shape a mixture of experts" 1 \
     --shared-experts 1
 expect_refused "a mixture every 3 of 2 blocks" "the mixture every N blocks needs 1 <= N <= layers" 1 "${experts[@]}" \
     --moe-every 3
 expect_refused "more experts per token than experts" "a token goes to 1 .. min(16, experts)" 1 --experts 2 \
     --experts-per-token 3
-expect_refused "--plan, cp 2 with a capacity" "the capacity keeps a sequence's first assignments in position order" 1 \
-    "${experts[@]}" --plan 8 --cp 2 --capacity-factor 1
 expect_refused "ep without experts" "--ep 2 needs a mixture of experts" 2 --ep 2
 expect_refused "ep not dividing dp" "--ep 2 does not divide the 1 data-parallel ranks" 2 "${experts[@]}" --ep 2 --tp 2
 expect_refused "ep not dividing the experts" "--ep 4 does not divide the 6 experts" 4 --experts 6 --ep 4
