@@ -76,11 +76,11 @@ inline int moe_sequence_pieces(const GPT2& model, const ContextParallel& cp) {
 // this rank routes, chunk-major as the rows are): each piece's whole sequence's counts, summed over the pieces
 // and the cp ranks, which hold the other positions of the same sequences; and, with a capacity, the room each
 // piece has left for each expert: the capacity less its sequence's assignments to that expert in the pieces
-// before it in position order (cp_chunk_index), all of which come first. Under tp as well, a tp rank routes a
-// 1/tp slice of the rank's chunk-major rows (moe_rows): B' = B/tp sequences' worth of pieces, which may belong to
-// any of the cp rank's tp B' sequences, so the tp ranks' counts are gathered first, in rank order (rank r's are
-// pieces [r B' pieces, (r+1) B' pieces) of the cp rank's chunk-major list). Through the host, where the forward
-// pass waits for the rows per expert anyway.
+// before it in position order (cp_chunk_index), since the capacity keeps a sequence's first ones. Under tp as
+// well, a tp rank routes a 1/tp slice of the rank's chunk-major rows (moe_rows): B' = B/tp sequences' worth of
+// pieces, which may belong to any of the cp rank's tp B' sequences, so the tp ranks' counts are gathered first,
+// in rank order (rank r's are pieces [r B' pieces, (r+1) B' pieces) of the cp rank's chunk-major list). Through
+// the host, where the forward pass waits for the rows per expert anyway.
 struct SequenceCounts {
     std::vector<int> whole;          // (B pieces, E): each piece's whole sequence's assignments per expert
     std::vector<int> capacity_left;  // (B pieces, E): with a capacity, what the pieces before left of it
@@ -100,7 +100,7 @@ inline SequenceCounts moe_sequence_counts(MoETraining& moe, const TensorParallel
     std::vector<uint64_t> words(counts.begin(), counts.end());
     if (tp.size > 1) words = all_gather_words(*tp.group, words, stream, moe.counts_scratch);  // the cp rank's pieces
     const std::vector<uint64_t> everyone = all_gather_words(*cp.group, words, stream, moe.counts_scratch);
-    // piece q of cp rank r (q = k sequences + b: chunk k of sequence b) is piece r pieces sequences + q here
+    // in `everyone`, cp rank r's piece q (q = k sequences + b: its chunk k of sequence b) is piece r per_rank + q
     const size_t per_rank = pieces * sequences, all = cp.size * per_rank;
     auto position = [&](size_t piece) {  // where the piece sits in its sequence, in chunks
         return cp_chunk_index(cp.split, cp.size, (int)(piece / per_rank), (int)(piece % per_rank / sequences));
@@ -144,13 +144,13 @@ inline void moe_forward(GPT2& model, const TensorParallel& tp, ExpertParallel& e
                           stream);
     } else {  // pieces of sequences
         moe_count_routed(a.routed_counts, a.routed_experts, B * pieces, T / pieces, K, E, stream);
-        const SequenceCounts counts = moe_sequence_counts(model.moe, tp, cp, a.routed_counts, pieces, B, E, capacity,
-                                                          stream);
+        const SequenceCounts sequence = moe_sequence_counts(model.moe, tp, cp, a.routed_counts, pieces, B, E, capacity,
+                                                            stream);
         if (capacity > 0)
-            copy_to_device(s.capacity_left, counts.capacity_left.data(), counts.capacity_left.size(), stream);
+            copy_to_device(s.capacity_left, sequence.capacity_left.data(), sequence.capacity_left.size(), stream);
         moe_place_assignments(a.routed_slots, s.expert_rows, a.routed_counts, a.routed_experts, B * pieces, T / pieces,
                               K, E, capacity, capacity > 0 ? s.capacity_left : nullptr, stream);
-        copy_to_device(a.routed_counts, counts.whole.data(), counts.whole.size(), stream);  // for the balance loss
+        copy_to_device(a.routed_counts, sequence.whole.data(), sequence.whole.size(), stream);  // for the balance loss
     }
     int* my_rows = a.expert_rows + (size_t)ep.rank * E;
     cudaCheck(cudaMemcpyAsync(my_rows, s.expert_rows, E * sizeof(int), cudaMemcpyDeviceToHost, stream));
