@@ -187,11 +187,9 @@ static void log_expert_routing(ParallelContext& par, GPT2& model, Logger& logger
     copy_to_host(totals.data(), moe.loss_sums, 2, model.stream);
     for (long long count : moe.tokens) totals.push_back((float)count);
     totals.push_back((float)moe.dropped);
-    float* device = tracked_alloc<float>(totals.size(), MemoryKind::Other, "expert statistics");
-    copy_to_device(device, totals.data(), totals.size(), model.stream);
-    all_reduce(par.world, device, totals.size(), Reduction::Sum, model.stream);
-    copy_to_host(totals.data(), device, totals.size(), model.stream);
-    tracked_free(device);
+    copy_to_device(moe.statistics, totals.data(), totals.size(), model.stream);
+    all_reduce(par.world, moe.statistics, totals.size(), Reduction::Sum, model.stream);
+    copy_to_host(totals.data(), moe.statistics, totals.size(), model.stream);
     const double sequences = (double)l.batch_size * par.microbatches * par.dp_size, rows = sequences * l.seq_len;
     std::vector<long long> tokens(totals.begin() + 2, totals.end() - 1);
     logger.experts(step, (float)(totals[0] / sequences), (float)(totals[1] / rows), tokens, model.config.experts,

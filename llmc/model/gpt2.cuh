@@ -237,6 +237,7 @@ struct MoETraining {
     // device room for the routing counts' gathers under cp (moe_sequence_counts), kept once made
     __nv_bfloat16* counts_scratch = nullptr;
     size_t counts_scratch_elements = 0;
+    float* statistics = nullptr;    // device room for the log's sum of the three over the ranks (3 + L E floats)
 };
 
 // The last stage's LM head for one microbatch: what the loss and the head's backward pass need. The backward
@@ -617,6 +618,8 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, c
         s.expert_dispatch = G > 1 ? tracked_alloc<floatX>(M * C, MemoryKind::Workspace) : nullptr;
         s.expert_exchange = G > 1 ? tracked_alloc<floatX>(Mr * C, MemoryKind::Workspace) : nullptr;
         model.moe.loss_sums = tracked_alloc<float>(2, MemoryKind::Workspace);
+        model.moe.statistics = tracked_alloc<float>(3 + (size_t)config.num_layers * E, MemoryKind::Communication,
+                                                    "expert statistics");
         cudaCheck(cudaMemsetAsync(model.moe.loss_sums, 0, 2 * sizeof(float), model.stream));
         model.moe.tokens.assign((size_t)config.num_layers * E, 0);
     }
@@ -637,8 +640,9 @@ inline void gpt2_free(GPT2& model) {
     if (s.dactivation != s.dhidden) tracked_free(s.dactivation);
     if (s.expert_dact != s.expert_dfch) tracked_free(s.expert_dact);
     for (void* p : {(void*)s.router_logits, (void*)s.router_dprobs, (void*)s.routed_dweights, (void*)s.expert_rows,
-                    (void*)s.capacity_left, (void*)s.routed_output, (void*)s.expert_doutput, (void*)s.expert_dfch, (void*)s.expert_dispatch,
-                    (void*)s.expert_exchange, (void*)model.moe.loss_sums, (void*)model.moe.counts_scratch})
+                    (void*)s.capacity_left, (void*)s.routed_output, (void*)s.expert_doutput, (void*)s.expert_dfch,
+                    (void*)s.expert_dispatch, (void*)s.expert_exchange, (void*)model.moe.loss_sums,
+                    (void*)model.moe.counts_scratch, (void*)model.moe.statistics})
         tracked_free(p);
     for (void* p : {(void*)s.projection, (void*)s.dchannels, (void*)s.dhidden, (void*)s.dqkv,
                     (void*)s.gathered, (void*)s.softmax_stats, (void*)s.attention_D, (void*)s.matmul_scratch, (void*)s.layernorm_scratch, (void*)s.norm_scratch})
