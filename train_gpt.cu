@@ -183,11 +183,10 @@ static std::string sample_text(ParallelContext& par, GPT2& model, const Tokenize
 static void log_expert_routing(ParallelContext& par, GPT2& model, Logger& logger, int step) {
     MoETraining& moe = model.moe;
     const Layout& l = par.layout;
-    std::vector<float> totals(2);
-    copy_to_host(totals.data(), moe.loss_sums, 2, model.stream);
+    std::vector<float> totals(2);  // the loss sums are already in moe.statistics; the counts join them there
     for (long long count : moe.tokens) totals.push_back((float)count);
     totals.push_back((float)moe.dropped);
-    copy_to_device(moe.statistics, totals.data(), totals.size(), model.stream);
+    copy_to_device(moe.statistics + 2, totals.data() + 2, totals.size() - 2, model.stream);
     all_reduce(par.world, moe.statistics, totals.size(), Reduction::Sum, model.stream);
     copy_to_host(totals.data(), moe.statistics, totals.size(), model.stream);
     const double sequences = (double)l.batch_size * par.microbatches * par.dp_size, rows = sequences * l.seq_len;

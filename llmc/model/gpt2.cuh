@@ -230,14 +230,16 @@ struct MoETraining {
     float z_coefficient = 0.0f;     // beta: the router z-loss's
     float capacity_factor = 0.0f;   // > 0: at most ceil(cf S K / E) assignments per expert and sequence of S
     float loss_scale = 0.0f;        // dloss of the step: 1 / (this rank's rows per microbatch x microbatches)
-    float* loss_sums = nullptr;     // device: the aux loss and the z-loss added up since the log read them
+    float* loss_sums = nullptr;     // device: the aux loss and the z-loss added up since the log read them (the
+                                    // first 2 floats of statistics)
     std::vector<long long> tokens;  // host: rows each (layer, expert) ran since then (L x E)
     long long dropped = 0;          // host: assignments dropped by the capacity since then
                                     // (train_gpt.cu's log_expert_routing reads and clears the three)
     // device room for the routing counts' gathers under cp (moe_sequence_counts), kept once made
     __nv_bfloat16* counts_scratch = nullptr;
     size_t counts_scratch_elements = 0;
-    float* statistics = nullptr;    // device room for the log's sum of the three over the ranks (3 + L E floats)
+    float* statistics = nullptr;    // device: the loss sums, then room for tokens and dropped (3 + L E floats),
+                                    // which the log sums over the ranks in one all-reduce
 };
 
 // The last stage's LM head for one microbatch: what the loss and the head's backward pass need. The backward
@@ -617,9 +619,8 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, c
                                        : s.expert_dfch;
         s.expert_dispatch = G > 1 ? tracked_alloc<floatX>(M * C, MemoryKind::Workspace) : nullptr;
         s.expert_exchange = G > 1 ? tracked_alloc<floatX>(Mr * C, MemoryKind::Workspace) : nullptr;
-        model.moe.loss_sums = tracked_alloc<float>(2, MemoryKind::Workspace);
-        model.moe.statistics = tracked_alloc<float>(3 + (size_t)config.num_layers * E, MemoryKind::Communication,
-                                                    "expert statistics");
+        model.moe.statistics = tracked_alloc<float>(3 + (size_t)config.num_layers * E, MemoryKind::Workspace);
+        model.moe.loss_sums = model.moe.statistics;
         cudaCheck(cudaMemsetAsync(model.moe.loss_sums, 0, 2 * sizeof(float), model.stream));
         model.moe.tokens.assign((size_t)config.num_layers * E, 0);
     }
@@ -641,8 +642,8 @@ inline void gpt2_free(GPT2& model) {
     if (s.expert_dact != s.expert_dfch) tracked_free(s.expert_dact);
     for (void* p : {(void*)s.router_logits, (void*)s.router_dprobs, (void*)s.routed_dweights, (void*)s.expert_rows,
                     (void*)s.capacity_left, (void*)s.routed_output, (void*)s.expert_doutput, (void*)s.expert_dfch,
-                    (void*)s.expert_dispatch, (void*)s.expert_exchange, (void*)model.moe.loss_sums,
-                    (void*)model.moe.counts_scratch, (void*)model.moe.statistics})
+                    (void*)s.expert_dispatch, (void*)s.expert_exchange, (void*)model.moe.statistics,
+                    (void*)model.moe.counts_scratch})
         tracked_free(p);
     for (void* p : {(void*)s.projection, (void*)s.dchannels, (void*)s.dhidden, (void*)s.dqkv,
                     (void*)s.gathered, (void*)s.softmax_stats, (void*)s.attention_D, (void*)s.matmul_scratch, (void*)s.layernorm_scratch, (void*)s.norm_scratch})

@@ -223,8 +223,9 @@ struct ActivationBytes {
 //              pieces of a sequence a cp rank holds, below; 1 without cp)
 //              (whatever the recompute policy keeps of a layer, it keeps these whole or not at all)
 //   workspace: floatX router_logits NE, routed_output NC, expert_doutput MC, expert_dfch M Fe, SwiGLU's
-//              expert_dact M He; fp32 router_dprobs NE, routed_dweights M, loss_sums 2; int expert_rows E,
-//              and under cp with a capacity capacity_left kBE
+//              expert_dact M He; fp32 router_dprobs NE, routed_dweights M, statistics 3 + L E (the loss sums
+//              and the log's counts, L the model's layers); int expert_rows E, and under cp with a capacity
+//              capacity_left kBE
 //   under expert parallelism (G = ep ranks; llmc/parallel/expert_parallel.h) this rank's experts may run
 //   the rows of its whole group, Mr = G M, or with a capacity of c rows per sequence and expert at most
 //   G B (E/G) c of them (moe_expert_rows): expert_input, expert_fch, expert_act, expert_doutput, expert_dfch
@@ -299,7 +300,7 @@ inline ActivationBytes gpt2_activation_bytes(const GPT2MemoryShape& shape, bool 
     const double in_transit = G > 1 ? M * C + Mr * C : 0;
     const double capacity_left = shape.cp > 1 && shape.capacity_factor > 0 ? pieces * shape.batch * E : 0;
     const double experts = moe ? (N * E + N * C + Mr * C + Mr * Fe + (shape.llama ? Mr * He : 0) + in_transit) * s +
-                                 (N * E + M + 2) * f + (E + capacity_left) * i : 0;
+                                 (N * E + M + 3 + shape.num_layers * E) * f + (E + capacity_left) * i : 0;
     a.workspace = experts + (2 * N * C + N * F + dactivation + N * q + gathered) * s +
                   (N * h + softmax_stats + bias_rows * std::max({C, F, q}) + 2 * C * layernorm_blocks + 4 * SMs + 2) * f +
                   encoder + sizeof(double) + a.recompute + context;
