@@ -23,7 +23,7 @@ else
 endif
 
 PROGRAMS := train_gpt test_gpt kernel_lab
-HEADERS := $(wildcard llmc/*.cuh llmc/*.h llmc/*/*.cuh llmc/*/*.h dev/lab/*.h dev/lab/*.cuh dev/test/*.cuh)
+HEADERS := $(wildcard llmc/*.cuh llmc/*.h llmc/*/*.cuh llmc/*/*.h dev/lab/*.h dev/lab/*.cuh dev/test/*.cuh dev/test/*.h)
 
 # --- GPU build -------------------------------------------------------------------------------------
 GPU_GENCODE := $(foreach arch,$(GPU_ARCH),-gencode arch=compute_$(arch),code=sm_$(arch))

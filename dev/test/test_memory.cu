@@ -11,6 +11,7 @@ failed`.
 #include <tuple>
 #include <vector>
 #include "../lab/lab.h"
+#include "small_models.h"
 #include "../../llmc/planning/memory.h"
 #include "../../llmc/parallel/zero.h"
 #include "../../llmc/parallel/pipeline_links.h"
@@ -235,14 +236,7 @@ static void test_activations() {
 #ifdef LLMC_CPU
     // What the program really allocates: the CPU device counts every cudaMalloc. A model of that shape
     // (real vocabulary 100, padded to 128), then the optimizer at each stage on one rank.
-    GPT2Config config;
-    config.max_seq_len = 24;
-    config.vocab_size = 100;
-    config.padded_vocab_size = 128;
-    config.num_layers = 2;
-    config.num_heads = 4;
-    config.channels = 64;
-    config = gpt2_shape(config);
+    GPT2Config config = small_gpt2(2);
     shape.max_seq_len = config.max_seq_len;
     shape.multiprocessors = device_properties().multiProcessorCount;
     const bool is_bf16 = sizeof(floatX) == 2;
@@ -519,14 +513,7 @@ and K must be the pool of records its actions use (pipeline_record_assignment).
 */
 static void test_pipeline_parts() {
     printf("pipeline parts: gpt2_allocate against gpt2_activation_bytes\n");
-    GPT2Config config;
-    config.max_seq_len = 24;
-    config.vocab_size = 100;
-    config.padded_vocab_size = 128;
-    config.num_layers = 8;
-    config.num_heads = 4;
-    config.channels = 64;
-    config = gpt2_shape(config);
+    GPT2Config config = small_gpt2(8);
     GPT2MemoryShape shape;
     shape.num_layers = config.num_layers;
     shape.channels = config.channels;
@@ -603,14 +590,7 @@ static void test_pipeline_parts() {
 // GPT-2 and a Llama of 4 layers.
 static void test_pipeline_zero_buffers() {
     printf("ZeRO-2 and -3 working buffers on a pipeline rank\n");
-    GPT2Config gpt2;
-    gpt2.max_seq_len = 24;
-    gpt2.vocab_size = 100;
-    gpt2.padded_vocab_size = 128;
-    gpt2.num_layers = 4;
-    gpt2.num_heads = 4;
-    gpt2.channels = 64;
-    gpt2 = gpt2_shape(gpt2);
+    GPT2Config gpt2 = small_gpt2(4);
     GPT2Config llama = gpt2;
     llama.arch = Arch::Llama;
     llama.kv_heads = 2;
@@ -679,14 +659,7 @@ static void test_weight_records() {
     check_equal("hand count bf16 per layer, tp 2 + sp", gpt2_activation_bytes(sliced, true).weight_record, 41472);
 
 #ifdef LLMC_CPU
-    GPT2Config config;
-    config.max_seq_len = 24;
-    config.vocab_size = 100;
-    config.padded_vocab_size = 128;
-    config.num_layers = 4;
-    config.num_heads = 4;
-    config.channels = 64;
-    config = gpt2_shape(config);
+    GPT2Config config = small_gpt2(4);
     shape.num_layers = config.num_layers;
     shape.max_seq_len = config.max_seq_len;
     shape.multiprocessors = device_properties().multiProcessorCount;

@@ -9,6 +9,7 @@ conversions to and from the model file's layout. Prints `N passed, M failed`.
 #include <tuple>
 #include <vector>
 #include "../lab/lab.h"
+#include "small_models.h"
 #include "../../llmc/parallel/pipeline_links.h"
 
 // ----------------------------------------------------------------------------
@@ -199,14 +200,7 @@ static std::string check_rank_layout(const ParameterLayout& model, const std::ve
 
 static void test_held_layouts() {
     printf("parameter layouts holding a pipeline rank's chunks\n");
-    GPT2Config dense;
-    dense.max_seq_len = 24;
-    dense.vocab_size = 100;
-    dense.padded_vocab_size = 128;
-    dense.num_layers = 4;
-    dense.num_heads = 4;
-    dense.channels = 64;
-    dense = gpt2_shape(dense);
+    GPT2Config dense = small_gpt2(4);
     // and with 4 experts (2 per token, no shared one) in every 2nd block: blocks 1 and 3, whose chunks differ
     // from the dense blocks 0 and 2, split over ep ranks too
     GPT2Config mixture = dense;

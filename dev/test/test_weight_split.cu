@@ -26,6 +26,7 @@ Prints `N passed, M failed` (rank 0; a case fails if it fails on any rank).
 #include "../../llmc/model/gpt2.cuh"
 #include "../../llmc/model/forward_backward.cuh"
 #include "../../llmc/parallel/parallel_context.h"
+#include "small_models.h"
 
 static int passed = 0, failed = 0;
 
@@ -34,16 +35,6 @@ static void check(const std::string& name, bool ok, const std::string& detail = 
     (ok ? passed : failed)++;
 }
 
-static GPT2Config small_config() {
-    GPT2Config c;
-    c.max_seq_len = 16;
-    c.vocab_size = 100;
-    c.padded_vocab_size = 128;
-    c.num_layers = 4;
-    c.num_heads = 4;
-    c.channels = 64;
-    return gpt2_shape(c);
-}
 
 constexpr int kBatch = 2, kSeq = 16, kMicrobatches = 2;
 
@@ -60,7 +51,7 @@ struct Variant {
 static std::vector<float> gradients_of(ParallelContext& par, const Recompute& recompute, int zero_stage,
                                        const Variant& v, const std::vector<float>& values,
                                        const std::vector<int>& tokens, const std::vector<int>& targets) {
-    const GPT2Config config = small_config();
+    const GPT2Config config = small_gpt2(4, 16);
     const int L = config.num_layers, T = par.T_local, N = kBatch * T;
     const int second_layers = L - v.first_layers;
     par.layout.recompute = recompute;
@@ -163,7 +154,7 @@ int main(int argc, char** argv) {
     }
     asked.batch_size = kBatch;
     asked.seq_len = kSeq;
-    const GPT2Config config = small_config();
+    const GPT2Config config = small_gpt2(4, 16);
     ParallelContext par;
     parallel_create(par, asked, config, "", 300.0);
     const ParameterLayout layout(config, 1);
