@@ -17,6 +17,15 @@ nothing and cannot be hurt by a stray variable).
         the action that needs it, each operation alone (llmc/parallel/pipeline.h's pipeline_exchange), blocking
         like a lone NCCL kernel, instead of the groups pipeline_message_groups forms: the structure that
         deadlocks 1F1B on a GPU, which the test then sees deadlock here too
+    LLMC_FAULT_STALL=POINT:RANK[,POINT:RANK...]
+        world rank RANK stops making progress (it sleeps forever, its watchdog thread still running) the first
+        time it reaches POINT; the points: "before-init" (llmc/parallel/comm.h's comm_init_world, before MPI
+        starts: RANK is the launcher's, OMPI_COMM_WORLD_RANK), "in-split" (comm_split, its split of the group
+        not yet called), "before-first-p2p" (llmc/parallel/pipeline.h: before the rank's first pipeline
+        group of sends and receives) and "abort" (llmc/parallel/watchdog.h: the step that stands in for
+        ncclCommAbort when the watchdog fires never returns, as NCCL's abort sometimes does)
+    LLMC_FAULT_NO_BOARD=RANK
+        world rank RANK's allocation of the watchdog's arrival board (an MPI window) reports failure
 A malformed value stops the program with one line, so a test cannot pass by injecting nothing.
 */
 #pragma once
@@ -24,6 +33,7 @@ A malformed value stops the program with one line, so a test cannot pass by inje
 #include <csignal>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 #include <unistd.h>
 #include "../utils.h"
@@ -103,8 +113,51 @@ inline bool fault_ungrouped_point_to_point() {
     }();
     return ungrouped;
 }
+
+// Stalls this thread forever if LLMC_FAULT_STALL names this point and rank (the variable is read once).
+inline void fault_stall(const char* point, int rank) {
+    static const std::vector<std::pair<std::string, long long>> planned = [] {
+        const char* name = "LLMC_FAULT_STALL";
+        const char* value = getenv(name);
+        std::vector<std::pair<std::string, long long>> stalls;
+        const std::string text = value ? value : "";
+        for (size_t start = 0; start < text.size();) {
+            size_t comma = text.find(',', start);
+            if (comma == std::string::npos) comma = text.size();
+            const std::string entry = text.substr(start, comma - start);
+            const size_t colon = entry.find(':');
+            if (colon == std::string::npos || entry.find(':', colon + 1) != std::string::npos)
+                fatal("%s=%s: expected POINT:RANK entries separated by ','", name, value);
+            const std::string where = entry.substr(0, colon);
+            if (where != "before-init" && where != "in-split" && where != "before-first-p2p" && where != "abort")
+                fatal("%s=%s: unknown point '%s' (before-init, in-split, before-first-p2p, abort)", name, value,
+                      where.c_str());
+            stalls.push_back({where, fault_number(name, entry.substr(colon + 1))});
+            start = comma + 1;
+        }
+        return stalls;
+    }();
+    for (const auto& [where, stalled_rank] : planned) {
+        if (where != point || stalled_rank != rank) continue;
+        fprintf(stderr, "fault injected: rank %d stalls at %s\n", rank, point);
+        fflush(stderr);
+        for (;;) pause();
+    }
+}
+
+// Whether LLMC_FAULT_NO_BOARD names this rank: its arrival board's allocation then reports failure.
+inline bool fault_no_board(int rank) {
+    static const long long planned = [] {
+        const char* name = "LLMC_FAULT_NO_BOARD";
+        const std::vector<std::string> f = fault_fields(name, 1);
+        return f.empty() ? -1LL : fault_number(name, f[0]);
+    }();
+    return planned == rank;
+}
 #else
 inline const PlannedBitFlip* planned_bit_flip() { return nullptr; }
+inline void fault_stall(const char*, int) {}
+inline bool fault_no_board(int) { return false; }
 inline void fault_point(const char*, int, long long) {}
 inline bool fault_ungrouped_point_to_point() { return false; }
 #endif

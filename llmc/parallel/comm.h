@@ -121,13 +121,44 @@ inline void mpi_check_impl(int result, const char* call, const char* file, int l
 #define mpiCheck(call) mpi_check_impl((call), #call, __FILE__, __LINE__)
 
 #ifndef LLMC_CPU
-inline void nccl_check_impl(ncclResult_t result, const char* call, const char* file, int line) {
-    if (result == ncclSuccess) return;
+inline void nccl_fail(ncclResult_t result, const char* call, const char* file, int line) {
     std::string detail = ncclGetLastError(nullptr);
     for (char& c : detail) if (c == '\n') c = ' ';  // the message stays on one line
     fatal("NCCL call %s failed at %s:%d: %s (%s)", call, file, line, ncclGetErrorString(result), detail.c_str());
 }
-#define ncclCheck(call) nccl_check_impl((call), #call, __FILE__, __LINE__)
+// The communicators are non-blocking (see "The watchdog" above): a call may return ncclInProgress and finish
+// in the background, before its work is even on the stream. So the host waits here until `comm` (when
+// given: one being created, split or finalized) and every communicator the watchdog knows are done, with
+// the watchdog watching the wait through the bracket ncclCheck opens.
+inline void nccl_settle(ncclResult_t result, const char* call, const char* file, int line, ncclComm_t comm = nullptr) {
+    if (result != ncclSuccess && result != ncclInProgress) nccl_fail(result, call, file, line);
+    if (result == ncclSuccess && !comm) return;
+    std::vector<ncclComm_t> unsettled = watched_nccl_communicators();
+    if (comm) unsettled.push_back(comm);
+    while (!unsettled.empty()) {
+        ncclResult_t state = ncclSuccess;
+        const ncclResult_t query = ncclCommGetAsyncError(unsettled.back(), &state);
+        if (query != ncclSuccess) nccl_fail(query, call, file, line);
+        if (state == ncclInProgress) std::this_thread::yield();
+        else if (state == ncclSuccess) unsettled.pop_back();
+        else nccl_fail(state, call, file, line);
+    }
+}
+// Every NCCL call, watched from before it starts (HostCallWait): creating, splitting, a group's end and the
+// first use of a link can block the host until the peers join.
+#define ncclCheck(call) \
+    do { \
+        HostCallWait watched_call_(#call); \
+        const ncclResult_t result_ = (call); \
+        nccl_settle(result_, #call, __FILE__, __LINE__); \
+    } while (0)
+// The same for a call that creates, splits or finalizes `comm`: it is settled too.
+#define ncclCheckCreated(call, comm) \
+    do { \
+        HostCallWait watched_call_(#call); \
+        const ncclResult_t result_ = (call); /* before (comm) is read: the call may write it */ \
+        nccl_settle(result_, #call, __FILE__, __LINE__, (comm)); \
+    } while (0)
 #endif
 
 // ----------------------------------------------------------------------------
@@ -668,12 +699,23 @@ inline void mpi_start() {
     mpiCheck(MPI_Initialized(&initialized));
     // the watchdog's thread reads the arrival board and may call MPI_Abort while this thread is in MPI
     int provided = 0;
-    if (!initialized) mpiCheck(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
+    if (!initialized) {
+        CollectiveWait wait(-1, 0, "MPI_Init_thread");  // waits for every rank of the launch
+        mpiCheck(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
+    }
     // report failures through mpiCheck's one line instead of MPI's default abort; split groups inherit this
     mpiCheck(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
 }
 
 #ifndef LLMC_CPU
+// Non-blocking: NCCL's calls return at once (ncclInProgress) instead of blocking the host, and ncclCheck
+// waits for them with the watchdog watching.
+inline ncclConfig_t nccl_config() {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    return config;
+}
+
 inline void make_barrier_token(Communicator& comm) {
     cudaCheck(cudaMalloc(&comm.barrier_token, sizeof(float)));
     cudaCheck(cudaMemset(comm.barrier_token, 0, sizeof(float)));
@@ -681,13 +723,16 @@ inline void make_barrier_token(Communicator& comm) {
 #endif
 
 // The world: every rank of the job. `nccl_init_file` (--nccl-init-file) is needed only by the GPU build
-// when a launcher other than MPI starts several ranks. Rank 0 prints the launcher it found.
+// when a launcher other than MPI starts several ranks. Rank 0 prints the launcher it found. Each call that
+// waits for the other ranks is bracketed for the watchdog, if one was started (watchdog_start): start-up is
+// watched, by the rank the launcher named.
 inline Communicator comm_init_world(const std::string& nccl_init_file = "", double timeout_seconds = 300.0) {
     Communicator world;
     LaunchInfo launch = detect_launcher();
     if (!launch.error.empty()) fatal("%s", launch.error.c_str());
     const bool by_mpi = launch.launcher == Launcher::Mpi;
     const int announced = launch.size;  // MPI: 0 when the environment does not say
+    fault_stall("before-init", launch.rank);  // the tests' rank that never starts (llmc/cpu/faults.h)
 #ifdef LLMC_CPU
     (void)nccl_init_file;
     (void)timeout_seconds;
@@ -695,7 +740,10 @@ inline Communicator comm_init_world(const std::string& nccl_init_file = "", doub
         fatal("%s started %d ranks, but the CPU build's ranks talk over MPI: start them with mpirun (or srun "
               "--mpi=pmix)", launcher_name(launch.launcher), launch.size);
     mpi_start();
-    mpiCheck(MPI_Comm_dup(MPI_COMM_WORLD, &world.mpi));
+    {
+        CollectiveWait wait(-1, 0, "MPI_Comm_dup of the world");
+        mpiCheck(MPI_Comm_dup(MPI_COMM_WORLD, &world.mpi));
+    }
     mpiCheck(MPI_Comm_rank(world.mpi, &world.rank));
     mpiCheck(MPI_Comm_size(world.mpi, &world.size));
 #else
@@ -705,6 +753,7 @@ inline Communicator comm_init_world(const std::string& nccl_init_file = "", doub
               launch.size);
     if (by_mpi) {
         mpi_start();
+        CollectiveWait wait(-1, 0, "MPI start-up (the world's communicator)");
         mpiCheck(MPI_Comm_dup(MPI_COMM_WORLD, &world.mpi));
         mpiCheck(MPI_Comm_rank(world.mpi, &launch.rank));
         mpiCheck(MPI_Comm_size(world.mpi, &launch.size));
@@ -724,6 +773,9 @@ inline Communicator comm_init_world(const std::string& nccl_init_file = "", doub
     if (world.rank == 0)
         printf("launcher: %s, %d rank%s%s\n", launcher_name(launch.launcher), world.size, world.size > 1 ? "s" : "",
                !by_mpi && world.size > 1 ? (", NCCL id through " + nccl_init_file).c_str() : "");
+    std::vector<int> everyone(world.size);
+    for (int r = 0; r < world.size; r++) everyone[r] = r;
+    world.watch = watched_group("world", everyone);
 #ifndef LLMC_CPU
     int devices = 0;
     cudaCheck(cudaGetDeviceCount(&devices));
@@ -731,19 +783,19 @@ inline Communicator comm_init_world(const std::string& nccl_init_file = "", doub
     ncclUniqueId id;
     if (world.rank == 0) ncclCheck(ncclGetUniqueId(&id));
     if (by_mpi) {
+        CollectiveWait wait(world.watch, world.rank, "NCCL start-up (the id's broadcast)");
         mpiCheck(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, world.mpi));
     } else if (world.size > 1) {
         share_through_file(nccl_init_file, world.rank, &id, sizeof(id), timeout_seconds);
     }
-    ncclCheck(ncclCommInitRank(&world.nccl, world.size, id, world.rank));
-    // ncclCommInitRank returns only once every rank has joined, so nobody still needs the file
+    {
+        CollectiveWait wait(world.watch, world.rank, "NCCL start-up (ncclCommInitRankConfig)");
+        ncclConfig_t config = nccl_config();
+        ncclCheckCreated(ncclCommInitRankConfig(&world.nccl, world.size, id, world.rank, &config), world.nccl);
+    }
+    // the communicator is ready only once every rank has joined, so nobody still needs the file
     if (!by_mpi && world.size > 1 && world.rank == 0) remove(nccl_init_file.c_str());
     make_barrier_token(world);
-#endif
-    std::vector<int> everyone(world.size);
-    for (int r = 0; r < world.size; r++) everyone[r] = r;
-    world.watch = watched_group("world", everyone);
-#ifndef LLMC_CPU
     watched_group_nccl(world.watch, world.nccl);
 #endif
     return world;
@@ -762,11 +814,18 @@ inline Communicator comm_split(Communicator& parent, int color, int key, const s
     const std::vector<float> keys = gather_values(parent, (float)key, nullptr);
     Communicator group;
     const bool member = color != kNotInGroup;
+    const std::vector<int> parent_members = watched_members(parent.watch);
+    fault_stall("in-split", parent_members.empty() ? parent.rank : parent_members[parent.rank]);  // the tests' stall
+    {
+        CollectiveWait wait(parent.watch, parent.rank, "split");
 #ifdef LLMC_CPU
-    mpiCheck(MPI_Comm_split(parent.mpi, member ? color : MPI_UNDEFINED, key, &group.mpi));
+        mpiCheck(MPI_Comm_split(parent.mpi, member ? color : MPI_UNDEFINED, key, &group.mpi));
 #else
-    ncclCheck(ncclCommSplit(parent.nccl, member ? color : NCCL_SPLIT_NOCOLOR, key, &group.nccl, nullptr));
+        ncclConfig_t config = nccl_config();
+        ncclCheckCreated(ncclCommSplit(parent.nccl, member ? color : NCCL_SPLIT_NOCOLOR, key, &group.nccl, &config),
+                         group.nccl);
 #endif
+    }
     if (!member) {
         group.rank = -1;
         group.size = 0;
@@ -776,7 +835,6 @@ inline Communicator comm_split(Communicator& parent, int color, int key, const s
     for (int p = 0; p < parent.size; p++)
         if (colors[p] == (float)color) places.push_back(p);
     std::stable_sort(places.begin(), places.end(), [&](int a, int b) { return keys[a] < keys[b]; });
-    const std::vector<int> parent_members = watched_members(parent.watch);
     std::vector<int> members;
     for (int p : places) members.push_back(parent_members.empty() ? p : parent_members[p]);
 #ifdef LLMC_CPU
@@ -798,7 +856,10 @@ inline void comm_destroy(Communicator& comm) {
     if (comm.mpi != MPI_COMM_NULL) mpiCheck(MPI_Comm_free(&comm.mpi));
 #ifndef LLMC_CPU
     watched_group_nccl(comm.watch, nullptr);  // not one to abort any more
-    if (comm.nccl) ncclCheck(ncclCommDestroy(comm.nccl));
+    if (comm.nccl) {
+        ncclCheckCreated(ncclCommFinalize(comm.nccl), comm.nccl);  // its operations done, on every member
+        ncclCheck(ncclCommDestroy(comm.nccl));
+    }
     if (comm.barrier_token) cudaCheck(cudaFree(comm.barrier_token));
     comm.nccl = nullptr;
     comm.barrier_token = nullptr;

@@ -81,8 +81,11 @@ inline void parallel_create(ParallelContext& par, const Layout& asked, const GPT
                             const std::string& nccl_init_file, double collective_timeout) {
     par.layout = asked;
     Layout& l = par.layout;
+    // watched from before MPI or NCCL starts, by the rank the launcher named (an inconsistent environment
+    // is refused by comm_init_world, with its line)
+    watchdog_start(collective_timeout, detect_launcher().rank);
     par.world = comm_init_world(nccl_init_file);
-    watchdog_start(collective_timeout, par.world.rank, par.world.mpi);
+    watchdog_attach(par.world.rank, par.world.mpi, par.world.watch);
     l.ranks = par.world.size;
     l.multiprocessors = device_properties().multiProcessorCount;
     if (l.ranks % (l.tp * l.pp * l.cp) != 0)

@@ -294,6 +294,7 @@ inline void pipeline_exchange(ParallelContext& par, GPT2& model, const PipelineR
         return PointToPoint{message.send ? PointToPoint::Send : PointToPoint::Receive, &link, data, rows,
                             /*the other end of a two-rank link*/ 1 - link.rank};
     };
+    if (!run.messages[i].empty()) fault_stall("before-first-p2p", par.world.rank);  // the tests' stalled rank
     if (!fault_ungrouped_point_to_point()) {
         std::vector<PointToPoint> operations;
         for (const PipelineMessage& message : run.messages[i]) operations.push_back(operation(message));

@@ -3,11 +3,14 @@ The collective watchdog: a rank that waits too long for the others ends the job,
 The design (why it looks like this, and why it cannot fire during a healthy step) is in the header of
 llmc/parallel/comm.h, under "The watchdog"; this file is the code.
 
-    watchdog_start(timeout_seconds, world)   once, after the world exists: the thread, the arrival board
+    watchdog_start(timeout_seconds, rank)    once, before MPI or NCCL starts (rank: the launcher's): the thread
+    watchdog_attach(rank, world, group)      once the world exists: its rank, the arrival board
     watched_group(name, members)             a group's description, by index (Communicator::watch)
     watchdog_phase("step", 12)               what the job is doing, for the error line
     CollectiveWait wait(group, rank, "all-reduce", peer)
-                                             CPU: brackets one blocking MPI call
+                                             brackets one host call that can block (CPU: every MPI call;
+                                             both: start-up, splits)
+    HostCallWait wait("ncclGroupEnd()")       GPU: brackets one NCCL call, unless a bracket above is open
     watch_enqueued(group, rank, "all-reduce", peer, stream)
                                              GPU: after one NCCL call, an event the thread polls
     watchdog_stop()                          before the communicators are destroyed
@@ -28,6 +31,7 @@ llmc/parallel/comm.h, under "The watchdog"; this file is the code.
 #include <vector>
 #include "../cuda_common.cuh"
 #include "../utils.h"
+#include "../cpu/faults.h"
 
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
@@ -50,7 +54,8 @@ struct WatchedWait {
     int group_rank = 0;  // this rank's place in the group
     const char* operation = "";
     int peer = -1;       // point to point: the group rank on the other end
-    uint64_t arrivals = 0;  // this rank's count of operations entered on the group, this one included
+    uint64_t arrivals = 0;  // this rank's count of operations entered on the group, this one included (0: not
+                            // counted, so the board cannot say who is missing)
     std::chrono::steady_clock::time_point since;
     double waited = 0.0;    // seconds, as the watchdog's polls add them up (see watch())
 #ifndef LLMC_CPU
@@ -68,6 +73,8 @@ namespace watchdog {
 // heartbeat stands still is not running at all (stopped, or its whole process hangs).
 constexpr int kBoardGroups = 256;
 constexpr int kBoardHeartbeat = kBoardGroups;
+// After the line, how long the abort (ncclCommAbort, MPI_Abort) may take before the process exits anyway.
+constexpr double kAbortGraceSeconds = 3.0;
 
 struct State {
     std::mutex lock;  // guards everything below; the collectives take it twice each, uncontended
@@ -75,15 +82,14 @@ struct State {
     double timeout_seconds = 0.0;  // 0: not watching
     double poll_seconds = 1.0;
     int world_rank = 0;
-    std::string phase = "set-up";
+    std::string phase = "start-up";
     int phase_step = -1;
-#ifdef LLMC_CPU
     bool waiting = false;
-    WatchedWait current;  // the CPU build blocks in one MPI call at a time
-#else
+    WatchedWait current;  // the host call this thread blocks in (one at a time; see CollectiveWait)
+#ifndef LLMC_CPU
     std::deque<WatchedWait> pending;  // enqueued NCCL calls whose event has not completed, oldest first
     std::vector<cudaEvent_t> spare_events;
-    int device = 0;
+    int device = -1;  // set by watchdog_attach, once the rank has picked its GPU
 #endif
     MPI_Win board = MPI_WIN_NULL;
     uint64_t* board_counts = nullptr;
@@ -119,10 +125,12 @@ inline bool read_board(State& s, const std::vector<int>& members, int self, int 
 // The members of the wait's group that have not entered the operation, as "rank 3, rank 5", or why that is
 // not known. Reads the board with a deadline: a peer across a network without RDMA may not answer.
 inline std::string missing_ranks(State& s, const WatchedWait& wait) {
-    if (wait.group < 0) return "";
+    if (wait.group < 0)
+        return s.phase == "start-up" ? "which rank did not arrive is not known before the world's communicator exists"
+                                     : "which rank did not arrive is not known";
     const WatchedGroup& group = s.groups[wait.group];
     if (wait.peer >= 0) return "rank " + std::to_string(group.members[wait.peer]) + " did not arrive";
-    if (s.board == MPI_WIN_NULL || !s.mpi_from_thread || wait.group >= kBoardGroups) {
+    if (s.board == MPI_WIN_NULL || !s.mpi_from_thread || wait.group >= kBoardGroups || wait.arrivals == 0) {
         std::string members;
         for (int m : group.members) members += (members.empty() ? "" : ",") + std::to_string(m);
         return "which of ranks " + members + " did not arrive is not known";
@@ -148,8 +156,48 @@ inline std::string missing_ranks(State& s, const WatchedWait& wait) {
     return text;
 }
 
-// Ends the job: one line, then the NCCL communicators aborted (GPU) and the whole job stopped.
-[[noreturn]] inline void fire(State& s, const WatchedWait& wait) {
+// Ends the job: the one line, then the abort tried on a thread of its own (NCCL's abort of every
+// communicator on the GPU, its stand-in on the CPU, then MPI_Abort, which stops every rank through the
+// launcher), and after kAbortGraceSeconds the exit whatever the abort is still blocked in: ncclCommAbort can
+// hang in cudaFree (NVIDIA/nccl #549, #992, #1777), and MPI_Abort can wait on an unreachable launcher. A
+// rank that exits with a failure makes the launcher stop the others too.
+[[noreturn]] inline void end_job(State& s, const std::string& line) {
+    fflush(stdout);
+    fprintf(stderr, "%s\n", line.c_str());
+    fflush(stderr);
+#ifndef LLMC_CPU
+    std::vector<ncclComm_t> communicators;
+    for (const WatchedGroup& g : s.groups)
+        if (g.nccl) communicators.push_back(g.nccl);
+#endif
+    const bool mpi = s.mpi_from_thread;
+    const int rank = s.world_rank;
+    std::thread([=] {
+#ifdef LLMC_CPU
+        fault_stall("abort", rank);  // no NCCL to abort here: the tests' abort that never returns
+        (void)rank;
+#else
+        (void)rank;
+        for (ncclComm_t comm : communicators) ncclCommAbort(comm);  // frees this rank's streams; results moot
+#endif
+        if (mpi) MPI_Abort(MPI_COMM_WORLD, EXIT_FAILURE);
+        std::_Exit(EXIT_FAILURE);
+    }).detach();
+    std::this_thread::sleep_for(std::chrono::duration<double>(kAbortGraceSeconds));
+    std::_Exit(EXIT_FAILURE);
+}
+
+// A wait longer than the timeout: the line names this rank, the operation (and its peer), the group, what the
+// job was doing and who did not arrive.
+[[noreturn]] inline void fire(State& s, WatchedWait wait) {
+#ifndef LLMC_CPU
+    // a bracket around one NCCL call knows no group: the communicator that call left in progress is its group
+    for (size_t g = 0; g < s.groups.size() && wait.group < 0 && s.device >= 0; g++) {
+        ncclResult_t state = ncclSuccess;
+        if (s.groups[g].nccl && ncclCommGetAsyncError(s.groups[g].nccl, &state) == ncclSuccess && state == ncclInProgress)
+            wait.group = (int)g;
+    }
+#endif
     const WatchedGroup* group = wait.group >= 0 ? &s.groups[wait.group] : nullptr;
     const std::string missing = missing_ranks(s, wait);
     std::string where = s.phase_step >= 0 ? s.phase + " " + std::to_string(s.phase_step) : s.phase;
@@ -157,17 +205,11 @@ inline std::string missing_ranks(State& s, const WatchedWait& wait) {
     if (wait.peer >= 0 && group)
         peer = (strcmp(wait.operation, "send") == 0 ? " to rank " : " from rank ") +
                std::to_string(group->members[wait.peer]);
-    fflush(stdout);
-    fprintf(stderr, "error: rank %d waited %.0f s in %s%s on the %s group at %s: %s (--collective-timeout %g)\n",
-            s.world_rank, wait.waited, wait.operation, peer.c_str(), group ? group->name.c_str() : "?", where.c_str(),
-            missing.c_str(), s.timeout_seconds);
-    fflush(stderr);
-#ifndef LLMC_CPU
-    for (WatchedGroup& g : s.groups)
-        if (g.nccl) ncclCommAbort(g.nccl);  // frees this rank's streams; its result no longer matters
-#endif
-    if (s.mpi_from_thread) MPI_Abort(MPI_COMM_WORLD, EXIT_FAILURE);  // the launcher stops every rank
-    std::_Exit(EXIT_FAILURE);  // without MPI the launcher sees this rank fail and stops the others
+    char line[1024];
+    snprintf(line, sizeof(line), "error: rank %d waited %.0f s in %s%s%s%s at %s: %s (--collective-timeout %g)",
+             s.world_rank, wait.waited, wait.operation, peer.c_str(), group ? " on the " : "",
+             group ? (group->name + " group").c_str() : "", where.c_str(), missing.c_str(), s.timeout_seconds);
+    end_job(s, line);
 }
 
 // The thread: wakes 20 times per timeout (at most once a second), advances the heartbeat, and adds the
@@ -175,10 +217,10 @@ inline std::string missing_ranks(State& s, const WatchedWait& wait) {
 // the process did not run at all (stopped, or starved of CPU) does not count as waiting, so a rank that
 // was itself stopped does not accuse the others once it runs again.
 inline void watch(State& s) {
-#ifndef LLMC_CPU
-    cudaSetDevice(s.device);  // events are queried on this rank's device
-#endif
     std::unique_lock<std::mutex> guard(s.lock);
+#ifndef LLMC_CPU
+    int thread_device = -1;  // events are queried on this rank's device, once it has one
+#endif
     auto last_poll = std::chrono::steady_clock::now();
     while (!s.stopping) {
         s.wake.wait_for(guard, std::chrono::duration<double>(s.poll_seconds));
@@ -190,9 +232,23 @@ inline void watch(State& s) {
             wait.waited += std::min(elapsed, seconds_since(wait.since));
             if (wait.waited > s.timeout_seconds) fire(s, wait);
         };
-#ifdef LLMC_CPU
         if (s.waiting) add_wait(s.current);
-#else
+#ifndef LLMC_CPU
+        if (s.device < 0) continue;
+        if (thread_device != s.device) cudaSetDevice(thread_device = s.device);
+        // an error NCCL found in the background (a peer's connection lost, a remote error) ends the job too
+        for (const WatchedGroup& g : s.groups) {
+            ncclResult_t async = ncclSuccess;
+            if (!g.nccl) continue;
+            const ncclResult_t query = ncclCommGetAsyncError(g.nccl, &async);
+            if (query == ncclSuccess && (async == ncclSuccess || async == ncclInProgress)) continue;
+            const ncclResult_t error = query != ncclSuccess ? query : async;
+            std::string detail = ncclGetLastError(g.nccl);
+            for (char& c : detail) if (c == '\n') c = ' ';
+            const std::string where = s.phase_step >= 0 ? s.phase + " " + std::to_string(s.phase_step) : s.phase;
+            end_job(s, "error: rank " + std::to_string(s.world_rank) + ": NCCL reports an asynchronous error on the " +
+                           g.name + " group at " + where + ": " + ncclGetErrorString(error) + " (" + detail + ")");
+        }
         // completed calls leave the list; every call still running has waited
         for (auto it = s.pending.begin(); it != s.pending.end();) {
             if (cudaEventQuery(it->done) == cudaSuccess) {
@@ -230,6 +286,15 @@ inline void watched_group_nccl(int group, ncclComm_t nccl) {
     std::lock_guard<std::mutex> guard(s.lock);
     if (group >= 0) s.groups[group].nccl = nccl;
 }
+// Every registered group's NCCL communicator.
+inline std::vector<ncclComm_t> watched_nccl_communicators() {
+    watchdog::State& s = watchdog::state();
+    std::lock_guard<std::mutex> guard(s.lock);
+    std::vector<ncclComm_t> communicators;
+    for (const WatchedGroup& g : s.groups)
+        if (g.nccl) communicators.push_back(g.nccl);
+    return communicators;
+}
 #endif
 
 // What the job is doing, named in the error line: "step" 12, "validation at step" 12, "set-up" (-1).
@@ -246,27 +311,56 @@ inline uint64_t watchdog_arrive(watchdog::State& s, int group) {
     return __atomic_add_fetch(&s.board_counts[group], 1, __ATOMIC_RELAXED);
 }
 
-#ifdef LLMC_CPU
-// Brackets one blocking MPI call: the thread sees this rank waiting from construction to destruction.
+// Brackets one host call that can block: the thread sees this rank waiting from construction to
+// destruction. Brackets nest: an inner one is watched while it is open, then the outer one again.
 class CollectiveWait {
 public:
     CollectiveWait(int group, int group_rank, const char* operation, int peer = -1) {
         watchdog::State& s = watchdog::state();
         std::lock_guard<std::mutex> guard(s.lock);
         if (s.timeout_seconds <= 0.0) return;
-        s.current = WatchedWait{group, group_rank, operation, peer, watchdog_arrive(s, group),
-                                std::chrono::steady_clock::now()};
-        s.waiting = true;
+        open(s, WatchedWait{group, group_rank, operation, peer, watchdog_arrive(s, group),
+                            std::chrono::steady_clock::now()});
     }
     ~CollectiveWait() {
+        if (!opened_) return;
         watchdog::State& s = watchdog::state();
         std::lock_guard<std::mutex> guard(s.lock);
-        s.waiting = false;
+        s.waiting = outer_waiting_;
+        s.current = outer_;
     }
     CollectiveWait(const CollectiveWait&) = delete;
     CollectiveWait& operator=(const CollectiveWait&) = delete;
+
+protected:
+    CollectiveWait() = default;
+    void open(watchdog::State& s, const WatchedWait& wait) {
+        opened_ = true;
+        outer_waiting_ = s.waiting;
+        outer_ = s.current;
+        s.current = wait;
+        s.waiting = true;
+    }
+
+private:
+    bool opened_ = false, outer_waiting_ = false;
+    WatchedWait outer_;
 };
-#else
+
+#ifndef LLMC_CPU
+// Brackets one NCCL host call (llmc/parallel/comm.h's ncclCheck), named by its text, when no bracket that
+// knows more (a collective's, a split's) is open. It counts no arrival: the call's group is found when the
+// watchdog fires, as the communicator still in progress.
+class HostCallWait : public CollectiveWait {
+public:
+    explicit HostCallWait(const char* call) {
+        watchdog::State& s = watchdog::state();
+        std::lock_guard<std::mutex> guard(s.lock);
+        if (s.timeout_seconds <= 0.0 || s.waiting) return;
+        open(s, WatchedWait{-1, 0, call, -1, 0, std::chrono::steady_clock::now()});
+    }
+};
+
 // After one NCCL call on `stream`: the thread polls an event recorded behind it.
 inline void watch_enqueued(int group, int group_rank, const char* operation, int peer, cudaStream_t stream) {
     watchdog::State& s = watchdog::state();
@@ -285,34 +379,77 @@ inline void watch_enqueued(int group, int group_rank, const char* operation, int
 }
 #endif
 
-// Starts watching (timeout 0: never fires, costs nothing). `world` is MPI's world when MPI runs, else
-// MPI_COMM_NULL (then the board is missing and a timeout names the group's members as candidates).
-inline void watchdog_start(double timeout_seconds, int world_rank, MPI_Comm world) {
+// Starts watching (timeout 0: never fires, costs nothing), before MPI or NCCL starts, so that start-up is
+// watched too: `rank` is what the launcher's environment says (llmc/parallel/comm.h's detect_launcher).
+inline void watchdog_start(double timeout_seconds, int rank) {
     watchdog::State& s = watchdog::state();
     if (timeout_seconds <= 0.0 || s.thread.joinable()) return;
     s.timeout_seconds = timeout_seconds;
     s.poll_seconds = std::min(1.0, timeout_seconds / 20.0);
-    s.world_rank = world_rank;
+    s.world_rank = rank;
+    s.phase = "start-up";
+    s.phase_step = -1;
+    s.stopping = false;
+    s.thread = std::thread(watchdog::watch, std::ref(s));
+}
+
+// Once the world exists: this rank's place in it, its GPU, and the arrival board. `world` is MPI's world when
+// MPI runs, else MPI_COMM_NULL; `world_group` the world's registered group. Without MPI, or when the board
+// cannot be made, a timeout names the group's members as the candidates (said once, by the first rank
+// whose allocation failed).
+inline void watchdog_attach(int world_rank, MPI_Comm world, int world_group) {
+    watchdog::State& s = watchdog::state();
+    if (!s.thread.joinable()) return;
+    bool mpi_from_thread = false;
     if (world != MPI_COMM_NULL) {
         int provided = MPI_THREAD_SINGLE;
         if (MPI_Query_thread(&provided) != MPI_SUCCESS) fatal("MPI_Query_thread failed");
-        s.mpi_from_thread = provided == MPI_THREAD_MULTIPLE;
-        // a collective call; every rank gets the same `provided` from the same MPI library
-        if (s.mpi_from_thread) {
-            if (MPI_Win_allocate((watchdog::kBoardGroups + 1) * sizeof(uint64_t), sizeof(uint64_t), MPI_INFO_NULL, world,
-                                 &s.board_counts, &s.board) != MPI_SUCCESS ||
-                MPI_Win_lock_all(MPI_MODE_NOCHECK, s.board) != MPI_SUCCESS)
-                fatal("cannot create the watchdog's arrival board (an MPI window)");
-            std::fill(s.board_counts, s.board_counts + watchdog::kBoardGroups + 1, 0);
-            // nobody counts before everyone has cleared its counters
-            if (MPI_Barrier(world) != MPI_SUCCESS) fatal("MPI_Barrier after creating the arrival board failed");
-        }
+        mpi_from_thread = provided == MPI_THREAD_MULTIPLE;
     }
+    {
+        std::lock_guard<std::mutex> guard(s.lock);
+        s.world_rank = world_rank;
+        s.phase = "set-up";
 #ifndef LLMC_CPU
-    cudaCheck(cudaGetDevice(&s.device));
+        cudaCheck(cudaGetDevice(&s.device));
 #endif
-    s.stopping = false;
-    s.thread = std::thread(watchdog::watch, std::ref(s));
+    }
+    // a collective call; every rank gets the same `provided` from the same MPI library
+    if (!mpi_from_thread) return;
+    CollectiveWait wait(world_group, world_rank, "the arrival board's creation (MPI_Win_allocate)");
+    MPI_Win board = MPI_WIN_NULL;
+    uint64_t* counts = nullptr;
+    int result = MPI_Win_allocate((watchdog::kBoardGroups + 1) * sizeof(uint64_t), sizeof(uint64_t), MPI_INFO_NULL,
+                                  world, &counts, &board);
+    if (result == MPI_SUCCESS) result = MPI_Win_lock_all(MPI_MODE_NOCHECK, board);
+    if (result == MPI_SUCCESS && fault_no_board(world_rank)) result = MPI_ERR_NO_MEM;  // the tests' failure
+    if (result == MPI_SUCCESS) std::fill(counts, counts + watchdog::kBoardGroups + 1, 0);
+    // every rank uses the board, or none does: the first rank that could not make it, or the world's size
+    int size = 0, first_failed = 0;
+    if (MPI_Comm_size(world, &size) != MPI_SUCCESS) fatal("MPI_Comm_size of the world failed");
+    const int mine = result == MPI_SUCCESS ? size : world_rank;
+    // (also: nobody counts before everyone has cleared its counters)
+    if (MPI_Allreduce(&mine, &first_failed, 1, MPI_INT, MPI_MIN, world) != MPI_SUCCESS)
+        fatal("MPI_Allreduce after creating the watchdog's arrival board failed");
+    if (first_failed < size) {
+        // a window made on some ranks stays unused: freeing it is a collective the others cannot join
+        if (first_failed == world_rank) {
+            char text[MPI_MAX_ERROR_STRING] = "";
+            int length = 0;
+            MPI_Error_string(result, text, &length);
+            fprintf(stderr, "warning: rank %d cannot create the watchdog's arrival board (MPI_Win_allocate: %s): the "
+                    "watchdog works without it, and a timeout names a group's members instead of the ranks that did "
+                    "not arrive\n", world_rank, text);
+            fflush(stderr);
+        }
+        std::lock_guard<std::mutex> guard(s.lock);
+        s.mpi_from_thread = true;
+        return;
+    }
+    std::lock_guard<std::mutex> guard(s.lock);
+    s.board = board;
+    s.board_counts = counts;
+    s.mpi_from_thread = true;
 }
 
 // Stops the thread and frees the board (a collective over the world when there is one).
