@@ -90,6 +90,59 @@ echo "a stalled rank ends the job"
 stall stalled_dp 1 --zero 1
 stall stalled_pp 0 --pp 2
 
+# stall_at NAME FAULT SLACK PATTERN FLAGS...: a 2-rank run with LLMC_FAULT_STALL=FAULT (a rank that stops making
+# progress at a point where it is in no collective, llmc/cpu/faults.h) and --collective-timeout 5 must end
+# within 5 s plus SLACK, not exit 0, report the injected fault, and print one error line matching PATTERN.
+# (`timeout 60` turns a job that never ends into a failure instead of a hung suite.)
+stall_timeout=5
+stall_at() {
+    local name=$1 fault=$2 slack=$3 pattern=$4
+    shift 4
+    local out="$work/$name" start=$SECONDS
+    LLMC_FAULT_STALL=$fault timeout -k 5 60 "${mpi[@]}" -x LLMC_FAULT_STALL -np 2 "$binary" \
+        "${custom[@]}" "${flags[@]}" --batch-size 4 --steps 3 --output-dir "$out" --collective-timeout $stall_timeout \
+        "$@" >"$out.stdout" 2>"$out.stderr"
+    local status=$? took=$((SECONDS - start)) point
+    if [[ $status -eq 0 || $status -ge 124 ]]; then bad "$name: the job exited $status after $took s"; return; fi
+    if ((took > stall_timeout + slack)); then bad "$name: the job ended after $took s (timeout $stall_timeout)"; return; fi
+    for point in ${fault//,/ }; do
+        grep -q "^fault injected: rank ${point#*:} stalls at ${point%:*}$" "$out.stderr" ||
+            { bad "$name: the fault $point was not injected: $(head -5 "$out.stderr")"; return; }
+    done
+    ok "$name: the job ended $took s after its start (status $status; --collective-timeout $stall_timeout)"
+    one_error "$name" "$out.stderr" "" && grep '^error:' "$out.stderr" | sort -u | grep -Eq "$pattern" &&
+        ok "$name: the line matches $pattern" || bad "$name: the line does not match $pattern"
+}
+tail="\(--collective-timeout $stall_timeout\)$"
+echo "a rank stalled where no collective shows it ends the job"
+# rank 1 never calls MPI_Init: rank 0 waits inside it, before the world (and its arrival board) exists
+stall_at stalled_before_init before-init:1 10 \
+    "^error: rank 0 waited [0-9]+ s in MPI_Init_thread at start-up: which rank did not arrive is not known .*$tail"
+# rank 1 stops inside the mesh's first split, before calling it: rank 0 waits in the split of the world
+stall_at stalled_in_split in-split:1 10 "^error: rank 0 waited [0-9]+ s in split on the world group at set-up: rank 1 did not arrive $tail"
+# rank 1 stops before its first pipeline group: rank 0 waits for it on their link, before the link was ever used
+stall_at stalled_before_first_p2p before-first-p2p:1 10 \
+    "^error: rank 0 waited [0-9]+ s in [a-z -]+ (from|to) rank 1 on the pp link 0-1 group at step 1: rank 1 did not arrive $tail" --pp 2
+# the same, and rank 0's abort never returns: the job still ends, kAbortGraceSeconds (3 s) after the line
+stall_at abort_never_returns before-first-p2p:1,abort:0 13 \
+    "^error: rank 0 waited [0-9]+ s in [a-z -]+ (from|to) rank 1 on the pp link 0-1 group at step 1: rank 1 did not arrive $tail" --pp 2
+# without the arrival board (rank 1's allocation fails): said once, and a stall still ends the job, the line
+# naming the group's members as the candidates (mpirun's ranks on this machine inherit the variable)
+export LLMC_FAULT_NO_BOARD=1
+stall_at stalled_without_board in-split:1 10 \
+    "^error: rank 0 waited [0-9]+ s in split on the world group at set-up: which of ranks 0,1 did not arrive is not known $tail"
+warnings=$(grep -c "^warning: rank 1 cannot create the watchdog's arrival board" "$work/stalled_without_board.stderr")
+[[ $warnings -eq 1 ]] && ok "no board: one line says so" || bad "no board: $warnings lines say so"
+run_layout no_board 2 4 --zero 1 --steps 2 --collective-timeout $stall_timeout
+warnings=$(grep -c "arrival board" "$work/no_board.out" 2>/dev/null)
+[[ $warnings -eq 1 && -s $work/no_board/log.jsonl ]] && ok "no board: a 2-rank run trains on, one line says so" ||
+    bad "no board: $warnings lines, log: $(ls "$work/no_board" 2>&1)"
+unset LLMC_FAULT_NO_BOARD
+LLMC_FAULT_STALL=nowhere:1 "$binary" "${custom[@]}" "${flags[@]}" --batch-size 4 --steps 1 --output-dir "$work/malformed" \
+    >"$work/malformed.out" 2>&1
+[[ $? -ne 0 ]] && one_error "a malformed LLMC_FAULT_STALL" "$work/malformed.out" "unknown point 'nowhere'" ||
+    bad "a malformed LLMC_FAULT_STALL: exited 0"
+
 # ---------------------------------------------------------------------------------------------------------
 echo "checkpoints that cannot mix"
 run_layout saved 2 4 --zero 2 --steps 4 --checkpoint-every 2 --keep-checkpoints 2
