@@ -59,21 +59,37 @@ Every MPI and NCCL call is checked; a failure stops the program with one line na
 The watchdog (llmc/parallel/watchdog.h). A rank that stops (a dead GPU, a hung process, a lost node) leaves
 the others blocked in their next collective forever, because NCCL and MPI wait for every member. So every
 operation above reports itself to a watchdog: a thread per rank, started by parallel_create with
---collective-timeout seconds, which ends the job once this rank has waited longer than that in ONE
-operation: one `error:` line naming this rank, the operation (and its peer, point to point), the group
-(dp, shard, tp, a pp link, cp ...), the step, and the ranks that did not arrive; then MPI_Abort on the CPU,
-ncclCommAbort of every communicator and exit on the GPU (the launcher stops the other ranks).
-  What it reads. CPU build: the calls block, so each brackets its MPI call (CollectiveWait) and the thread
-    sees "in all-reduce on the tp group since t". GPU build: the calls return at once, so each records an
-    event behind its NCCL call on its stream, and the thread polls the events (cudaEventQuery) of the calls
-    not yet complete; a call's clock starts when it is enqueued, which is at most one step ahead of the
-    device.
+--collective-timeout seconds before MPI or NCCL starts, which ends the job once this rank has waited longer
+than that in ONE operation: one `error:` line naming this rank, the operation (and its peer, point to
+point), the group (dp, shard, tp, a pp link, cp ...), the step, and the ranks that did not arrive.
+  Start-up is watched too. MPI_Init, NCCL's creation of the world and every split wait for all members, so
+    a rank that never gets there (a node that does not boot, a process stopped before MPI starts) would
+    leave the others blocked before any collective exists. The thread runs from before MPI_Init, naming
+    this rank as the launcher does (OMPI_COMM_WORLD_RANK, ...) and the call it waits in (MPI_Init_thread,
+    ncclCommInitRankConfig, split); until the world exists nobody can tell which rank is missing.
+  What it reads. Every host call that can block is bracketed (CollectiveWait): the thread sees "in
+    all-reduce on the tp group since t". CPU build: every MPI call blocks, so every one is bracketed. GPU
+    build: the communicators are non-blocking (config.blocking = 0), so NCCL's calls return ncclInProgress
+    instead of blocking the host: ncclCheck brackets each call and waits, polling ncclCommGetAsyncError, until
+    the communicators are settled. That covers creating and splitting a communicator, a group's end, and the
+    first use of a link, which NCCL connects lazily and which waits for the peer. Once enqueued, each call
+    records an event behind itself on its stream and the thread polls the events (cudaEventQuery) of the
+    calls not yet complete; a call's clock starts when it is enqueued, at most one step ahead of the device.
+    The thread also polls every communicator's ncclCommGetAsyncError, and an error NCCL found in the
+    background (a lost connection, a remote error) ends the job with its own line.
+  The end never waits on NCCL alone. After the line, the abort runs on a thread of its own: ncclCommAbort of
+    every communicator (GPU), which frees this rank's streams, then MPI_Abort, which has the launcher stop
+    every rank. NCCL's abort can hang (in cudaFree, NVIDIA/nccl #549, #992, #1777), and so can MPI_Abort, so
+    3 seconds after the line (kAbortGraceSeconds) the process exits whatever is still blocked; a rank that
+    exits with a failure makes the launcher stop the others. The CPU build has no NCCL to abort: a step
+    that stands in for it lets the tests make it hang (LLMC_FAULT_STALL=abort:RANK).
   Who did not arrive. Each rank counts the operations it entered on each group on an arrival board, an
     MPI window that other ranks read without the owner's help (shared memory on a node, RDMA across
     nodes). Members of a group enter its operations in the same order, so a member whose count is below
     this rank's has not arrived; one whose watchdog heartbeat (also on the board) stands still is not
-    running at all. Point to point, the peer is the one. Without MPI (torchrun, srun without an MPI plugin)
-    there is no board, and the line lists the group's members as the candidates.
+    running at all. Point to point, the peer is the one. Without MPI (torchrun, srun without an MPI plugin),
+    or when MPI cannot make the window (said once, and the job goes on), there is no board, and the line
+    lists the group's members as the candidates.
   Why a long but healthy step does not fire it. The clock runs only while this rank waits inside one
     operation, and restarts with the next. This rank's own long work (a slow first step, writing its
     checkpoint shard, a validation pass, loading the model) is outside every operation, so it never
@@ -137,7 +153,7 @@ inline void nccl_settle(ncclResult_t result, const char* call, const char* file,
     if (comm) unsettled.push_back(comm);
     while (!unsettled.empty()) {
         ncclResult_t state = ncclSuccess;
-        const ncclResult_t query = ncclCommGetAsyncError(unsettled.back(), &state);
+        const ncclResult_t query = watched_async_state(unsettled.back(), &state);
         if (query != ncclSuccess) nccl_fail(query, call, file, line);
         if (state == ncclInProgress) std::this_thread::yield();
         else if (state == ncclSuccess) unsettled.pop_back();

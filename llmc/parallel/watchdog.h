@@ -105,6 +105,11 @@ inline State& state() {
     return *s;
 }
 
+// What the job is doing, for the error line: "step 12", "start-up".
+inline std::string phase_text(const State& s) {
+    return s.phase_step >= 0 ? s.phase + " " + std::to_string(s.phase_step) : s.phase;
+}
+
 inline double seconds_since(std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
@@ -160,7 +165,8 @@ inline std::string missing_ranks(State& s, const WatchedWait& wait) {
 // communicator on the GPU, its stand-in on the CPU, then MPI_Abort, which stops every rank through the
 // launcher), and after kAbortGraceSeconds the exit whatever the abort is still blocked in: ncclCommAbort can
 // hang in cudaFree (NVIDIA/nccl #549, #992, #1777), and MPI_Abort can wait on an unreachable launcher. A
-// rank that exits with a failure makes the launcher stop the others too.
+// rank that exits with a failure makes the launcher stop the others too. Called by the thread with the lock
+// held, which it keeps: no other thread starts a watched call or queries a communicator from then on.
 [[noreturn]] inline void end_job(State& s, const std::string& line) {
     fflush(stdout);
     fprintf(stderr, "%s\n", line.c_str());
@@ -171,13 +177,11 @@ inline std::string missing_ranks(State& s, const WatchedWait& wait) {
         if (g.nccl) communicators.push_back(g.nccl);
 #endif
     const bool mpi = s.mpi_from_thread;
-    const int rank = s.world_rank;
+    [[maybe_unused]] const int rank = s.world_rank;
     std::thread([=] {
 #ifdef LLMC_CPU
         fault_stall("abort", rank);  // no NCCL to abort here: the tests' abort that never returns
-        (void)rank;
 #else
-        (void)rank;
         for (ncclComm_t comm : communicators) ncclCommAbort(comm);  // frees this rank's streams; results moot
 #endif
         if (mpi) MPI_Abort(MPI_COMM_WORLD, EXIT_FAILURE);
@@ -200,7 +204,6 @@ inline std::string missing_ranks(State& s, const WatchedWait& wait) {
 #endif
     const WatchedGroup* group = wait.group >= 0 ? &s.groups[wait.group] : nullptr;
     const std::string missing = missing_ranks(s, wait);
-    std::string where = s.phase_step >= 0 ? s.phase + " " + std::to_string(s.phase_step) : s.phase;
     std::string peer;  // point to point: the other end
     if (wait.peer >= 0 && group)
         peer = (strcmp(wait.operation, "send") == 0 ? " to rank " : " from rank ") +
@@ -208,7 +211,7 @@ inline std::string missing_ranks(State& s, const WatchedWait& wait) {
     char line[1024];
     snprintf(line, sizeof(line), "error: rank %d waited %.0f s in %s%s%s%s at %s: %s (--collective-timeout %g)",
              s.world_rank, wait.waited, wait.operation, peer.c_str(), group ? " on the " : "",
-             group ? (group->name + " group").c_str() : "", where.c_str(), missing.c_str(), s.timeout_seconds);
+             group ? (group->name + " group").c_str() : "", phase_text(s).c_str(), missing.c_str(), s.timeout_seconds);
     end_job(s, line);
 }
 
@@ -245,9 +248,8 @@ inline void watch(State& s) {
             const ncclResult_t error = query != ncclSuccess ? query : async;
             std::string detail = ncclGetLastError(g.nccl);
             for (char& c : detail) if (c == '\n') c = ' ';
-            const std::string where = s.phase_step >= 0 ? s.phase + " " + std::to_string(s.phase_step) : s.phase;
             end_job(s, "error: rank " + std::to_string(s.world_rank) + ": NCCL reports an asynchronous error on the " +
-                           g.name + " group at " + where + ": " + ncclGetErrorString(error) + " (" + detail + ")");
+                           g.name + " group at " + phase_text(s) + ": " + ncclGetErrorString(error) + " (" + detail + ")");
         }
         // completed calls leave the list; every call still running has waited
         for (auto it = s.pending.begin(); it != s.pending.end();) {
@@ -285,6 +287,13 @@ inline void watched_group_nccl(int group, ncclComm_t nccl) {
     watchdog::State& s = watchdog::state();
     std::lock_guard<std::mutex> guard(s.lock);
     if (group >= 0) s.groups[group].nccl = nccl;
+}
+// ncclCommGetAsyncError under the watchdog's lock, which a firing watchdog keeps until the process exits: so
+// no thread queries a communicator that the abort may be freeing.
+inline ncclResult_t watched_async_state(ncclComm_t comm, ncclResult_t* state) {
+    watchdog::State& s = watchdog::state();
+    std::lock_guard<std::mutex> guard(s.lock);
+    return ncclCommGetAsyncError(comm, state);
 }
 // Every registered group's NCCL communicator.
 inline std::vector<ncclComm_t> watched_nccl_communicators() {
