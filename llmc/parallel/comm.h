@@ -68,7 +68,7 @@ point), the group (dp, shard, tp, a pp link, cp ...), the step, and the ranks th
     this rank as the launcher does (OMPI_COMM_WORLD_RANK, ...) and the call it waits in (MPI_Init_thread,
     ncclCommInitRankConfig, split); until the world exists nobody can tell which rank is missing.
   What it reads. Every host call that can block is bracketed (CollectiveWait): the thread sees "in
-    all-reduce on the tp group since t". CPU build: every MPI call blocks, so every one is bracketed. GPU
+    all-reduce on the tp group since t". CPU build: every MPI call that waits for others is bracketed. GPU
     build: the communicators are non-blocking (config.blocking = 0), so NCCL's calls return ncclInProgress
     instead of blocking the host: ncclCheck brackets each call and waits, polling ncclCommGetAsyncError, until
     the communicators are settled. That covers creating and splitting a communicator, a group's end, and the
@@ -82,7 +82,9 @@ point), the group (dp, shard, tp, a pp link, cp ...), the step, and the ranks th
     every rank. NCCL's abort can hang (in cudaFree, NVIDIA/nccl #549, #992, #1777), and so can MPI_Abort, so
     3 seconds after the line (kAbortGraceSeconds) the process exits whatever is still blocked; a rank that
     exits with a failure makes the launcher stop the others. The CPU build has no NCCL to abort: a step
-    that stands in for it lets the tests make it hang (LLMC_FAULT_STALL=abort:RANK).
+    that stands in for it lets the tests make it hang (LLMC_FAULT_STALL=abort:RANK). At the end of a run
+    the thread stops only after every communicator is finalized (NCCL's finalize waits for every member)
+    and the board is freed; MPI_Finalize alone is not watched.
   Who did not arrive. Each rank counts the operations it entered on each group on an arrival board, an
     MPI window that other ranks read without the owner's help (shared memory on a node, RDMA across
     nodes). Members of a group enter its operations in the same order, so a member whose count is below

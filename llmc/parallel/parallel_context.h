@@ -168,9 +168,9 @@ inline void parallel_destroy(ParallelContext& par) {
     tp_streams_destroy(par.tp);
     cp_destroy(par.cp);
     pipeline_free(par.pipe);
-    watchdog_stop();
-    mesh_destroy(par.mesh);
+    mesh_destroy(par.mesh);  // watched: NCCL's finalize of a communicator waits for every member
     comm_destroy(par.world);
+    watchdog_stop();  // before MPI ends: the thread may call MPI_Abort, and the board is an MPI window
     comm_finalize();
 }
 

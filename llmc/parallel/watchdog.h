@@ -82,6 +82,7 @@ struct State {
     double timeout_seconds = 0.0;  // 0: not watching
     double poll_seconds = 1.0;
     int world_rank = 0;
+    int world_group = -1;  // the world's registered group, once it exists
     std::string phase = "start-up";
     int phase_step = -1;
     bool waiting = false;
@@ -418,6 +419,7 @@ inline void watchdog_attach(int world_rank, MPI_Comm world, int world_group) {
     {
         std::lock_guard<std::mutex> guard(s.lock);
         s.world_rank = world_rank;
+        s.world_group = world_group;
         s.phase = "set-up";
 #ifndef LLMC_CPU
         cudaCheck(cudaGetDevice(&s.device));
@@ -461,10 +463,21 @@ inline void watchdog_attach(int world_rank, MPI_Comm world, int world_group) {
     s.mpi_from_thread = true;
 }
 
-// Stops the thread and frees the board (a collective over the world when there is one).
+// Frees the board (a collective over the world when there is one, watched) and stops the thread.
 inline void watchdog_stop() {
     watchdog::State& s = watchdog::state();
     if (!s.thread.joinable()) return;
+    MPI_Win board = MPI_WIN_NULL;
+    {
+        std::lock_guard<std::mutex> guard(s.lock);  // from here on the thread leaves the board alone
+        std::swap(board, s.board);
+        s.board_counts = nullptr;
+    }
+    if (board != MPI_WIN_NULL) {
+        CollectiveWait wait(s.world_group, s.world_rank, "the arrival board's release (MPI_Win_free)");
+        if (MPI_Win_unlock_all(board) != MPI_SUCCESS || MPI_Win_free(&board) != MPI_SUCCESS)
+            fatal("cannot free the watchdog's arrival board");
+    }
     {
         std::lock_guard<std::mutex> guard(s.lock);
         s.stopping = true;
@@ -472,11 +485,6 @@ inline void watchdog_stop() {
     s.wake.notify_all();
     s.thread.join();
     s.timeout_seconds = 0.0;
-    if (s.board != MPI_WIN_NULL) {
-        if (MPI_Win_unlock_all(s.board) != MPI_SUCCESS || MPI_Win_free(&s.board) != MPI_SUCCESS)
-            fatal("cannot free the watchdog's arrival board");
-        s.board_counts = nullptr;
-    }
 #ifndef LLMC_CPU
     for (WatchedWait& wait : s.pending) s.spare_events.push_back(wait.done);
     s.pending.clear();
