@@ -8,12 +8,12 @@ llmc/parallel/comm.h, under "The watchdog"; this file is the code.
     watched_group(name, members)             a group's description, by index (Communicator::watch)
     watchdog_phase("step", 12)               what the job is doing, for the error line
     CollectiveWait wait(group, rank, "all-reduce", peer)
-                                             brackets one host call that can block (CPU: every MPI call;
-                                             both: start-up, splits)
+                                             brackets one host call that can block (CPU: every MPI call
+                                             that waits for others; both: start-up, splits)
     HostCallWait wait("ncclGroupEnd()")       GPU: brackets one NCCL call, unless a bracket above is open
     watch_enqueued(group, rank, "all-reduce", peer, stream)
                                              GPU: after one NCCL call, an event the thread polls
-    watchdog_stop()                          before the communicators are destroyed
+    watchdog_stop()                          after the communicators are destroyed, before MPI_Finalize
 */
 #pragma once
 
