@@ -19,6 +19,7 @@ precision, on the GPU or on the CPU device. With --bench it also times each kern
 #include "lab_classifier.cuh"
 #include "lab_adamw.cuh"
 #include "lab_global_norm.cuh"
+#include "lab_models.cuh"
 
 int main(int argc, char** argv) {
     for (int i = 1; i < argc; i++) {
@@ -47,6 +48,7 @@ int main(int argc, char** argv) {
     lab_classifier();
     lab_adamw();
     lab_global_norm();
+    lab_models();
     matmul_teardown();
     printf("%d passed, %d failed\n", lab.passed, lab.failed);
     return lab.failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
