@@ -242,7 +242,8 @@ __device__ void norm_backward_rows(floatX* dinp, float* partials, const floatX* 
         const float row_rstd = rstd[row];
 
         // first pass, over the whole row: the row means the chain rule needs, and the band's share of dweight
-        // (and dbias)
+        // (and dbias). The two products that are summed are fused with their sums (fmaf) by hand, so that the
+        // bits do not depend on whether the compiler contracts them, which changes with the shape of the code.
         float sum_dnorm = 0.0f;
         float sum_dnorm_norm = 0.0f;
         for (int c = lane * x128::size; c < C; c += 32 * x128::size) {
@@ -254,10 +255,10 @@ __device__ void norm_backward_rows(floatX* dinp, float* partials, const floatX* 
                 const float normed = ((float)x[k] - row_mean) * row_rstd;
                 const float dnorm = (float)g[k] * (float)w[k];
                 sum_dnorm += dnorm;
-                sum_dnorm_norm += dnorm * normed;
+                sum_dnorm_norm = fmaf(dnorm, normed, sum_dnorm_norm);
                 if (in_band) {
                     const int slot = layernorm_slice_index(c + k - band_begin);
-                    dweight_sum[slot] += (float)g[k] * normed;
+                    dweight_sum[slot] = fmaf((float)g[k], normed, dweight_sum[slot]);
                     if (norm == Norm::Layer) dbias_sum[slot] += (float)g[k];
                 }
             }
