@@ -4,6 +4,8 @@ precision, on the GPU or on the CPU device. With --bench it also times each kern
 
     ./kernel_lab_cpu                     all checks (CPU build, BF16)
     ./kernel_lab_fp32_cpu --only attention
+    ./kernel_lab_cpu --only models       every kernel at every named model's widths, under the H100's and the
+                                         A100's limits, and the table of their launches (lab_models.cuh)
     ./kernel_lab --bench                 checks, then timings (GPU build)
 */
 #include "lab.h"
