@@ -8,8 +8,8 @@ rows (their kernels read the rows of the batch's tokens, and C is the real one);
 whole padded vocabulary, at the 512 threads per row the GPU build launches.
 
 On the CPU device each model runs twice, under the H100's limits and the A100's (llmc/cpu/runtime.h,
-switched at run time; the second time attention runs one K/V head's group, see check_model), and every
-launch is recorded: the table that follows gives, per kernel, the dynamic
+switched at run time; the second time, and under AddressSanitizer, attention runs one K/V head's group, see
+check_model), and every launch is recorded: the table that follows gives, per kernel, the dynamic
 shared memory per block at each model (the limits: 227 and 163 KiB), the threads per block and the
 largest grid, and then, for each GPU, the launch that came closest to each limit. Static __shared__ arrays
 are fixed at compile time and do not grow with a model (scripts/bench/kernel_report.sh lists them).
@@ -202,7 +202,13 @@ void lab_models() {
             cudacpu::launch_records = &records;
 #endif
 #ifdef LLMC_CPU
+            // under AddressSanitizer one K/V group always: every head's blocks make the same accesses, and the
+            // other four runs of the lab see all the heads
+#if defined(__SANITIZE_ADDRESS__)
+            models_lab::check_model(c, true);
+#else
             models_lab::check_model(c, gpu != cudacpu::kEmulatedGpus[0]);
+#endif
 #else
             models_lab::check_model(c, false);
 #endif
