@@ -108,6 +108,14 @@ inline const cudaDeviceProp& device_properties() {
         cudaCheck(cudaGetDeviceProperties(&p, device));
         return p;
     }();
+#ifdef LLMC_CPU
+    // the CPU device's limits are those of the GPU it emulates, which the kernel lab switches (llmc/cpu/runtime.h)
+    static const cudacpu::EmulatedGpu* asked_under = &cudacpu::emulated_gpu();
+    if (asked_under != &cudacpu::emulated_gpu()) {
+        asked_under = &cudacpu::emulated_gpu();
+        cudaCheck(cudaGetDeviceProperties(&props, 0));
+    }
+#endif
     return props;
 }
 

@@ -4,6 +4,8 @@ precision, on the GPU or on the CPU device. With --bench it also times each kern
 
     ./kernel_lab_cpu                     all checks (CPU build, BF16)
     ./kernel_lab_fp32_cpu --only attention
+    ./kernel_lab_cpu --only models       every kernel at every named model's widths, under the H100's and the
+                                         A100's limits, and the table of their launches (lab_models.cuh)
     ./kernel_lab --bench                 checks, then timings (GPU build)
 */
 #include "lab.h"
@@ -19,6 +21,7 @@ precision, on the GPU or on the CPU device. With --bench it also times each kern
 #include "lab_classifier.cuh"
 #include "lab_adamw.cuh"
 #include "lab_global_norm.cuh"
+#include "lab_models.cuh"
 
 int main(int argc, char** argv) {
     for (int i = 1; i < argc; i++) {
@@ -47,6 +50,7 @@ int main(int argc, char** argv) {
     lab_classifier();
     lab_adamw();
     lab_global_norm();
+    lab_models();
     matmul_teardown();
     printf("%d passed, %d failed\n", lab.passed, lab.failed);
     return lab.failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;

@@ -368,6 +368,64 @@ inline void check_rms_backward(int N, int C) {
                "two runs, same bits in dinp, dweight");
 }
 
+#ifdef LLMC_CPU
+// The column bands of the backward pass change no bit (llmc/kernels/layernorm.cuh, "Width"): the same inputs
+// under the H100's limits and the A100's, at a width where the two split the columns into different numbers
+// of bands, give the same dinp, dweight and dbias.
+inline void check_bands_change_no_bit(Norm norm, int N, int C) {
+    const bool layer = norm == Norm::Layer;
+    const std::string name = std::string(layer ? "layernorm" : "rmsnorm") + "_backward N=" + std::to_string(N) +
+                             " C=" + std::to_string(C) + ": the H100's bands and the A100's give the same bits";
+    const std::vector<float> x = round_to_floatX(random_floats((size_t)N * C, -1.5f, 2.5f));
+    const std::vector<float> weight = round_to_floatX(random_floats(C, -1.5f, 1.5f));
+    const std::vector<float> dout = round_to_floatX(random_floats((size_t)N * C));
+    const std::vector<float> dinp_start = round_to_floatX(random_floats((size_t)N * C));
+    const std::vector<float> dweight_start = round_to_floatX(random_floats(C));
+    const ForwardReference forward = layer ? reference_forward(x, weight, std::vector<float>(C, 0.0f), N, C)
+                                           : reference_rms_forward(x, weight, N, C, 1e-5);
+    const std::vector<float> mean(forward.mean.begin(), forward.mean.end());  // empty for RMSNorm
+    const std::vector<float> rstd(forward.rstd.begin(), forward.rstd.end());
+
+    DeviceBuffer<floatX> d_x(x.size()), d_weight(C), d_dout(dout.size()), d_dinp(x.size()), d_dweight(C), d_dbias(C);
+    DeviceBuffer<float> d_mean(N), d_rstd(N), d_scratch(layernorm_backward_scratch_floats(N, C));
+    d_x.upload(x);
+    d_weight.upload(weight);
+    d_dout.upload(dout);
+    if (layer) d_mean.upload(mean);
+    d_rstd.upload(rstd);
+    // every output, one after the other, as computed under `gpu`'s limits; *bands: how many it used
+    auto outputs_under = [&](const cudacpu::EmulatedGpu& gpu, int* bands) {
+        cudacpu::set_emulated_gpu(gpu);
+        *bands = norm_backward_bands(C, norm).count;
+        d_dinp.upload(dinp_start);
+        d_dweight.upload(dweight_start);
+        d_dbias.upload(dweight_start);
+        d_scratch.poison();
+        if (layer)
+            layernorm_backward(d_dinp.ptr, d_dweight.ptr, d_dbias.ptr, d_scratch.ptr, d_dout.ptr, d_x.ptr, d_weight.ptr,
+                               d_mean.ptr, d_rstd.ptr, N, C, 0);
+        else
+            rmsnorm_backward(d_dinp.ptr, d_dweight.ptr, d_scratch.ptr, d_dout.ptr, d_x.ptr, d_weight.ptr, d_rstd.ptr,
+                             N, C, 0);
+        cudaCheck(cudaDeviceSynchronize());
+        std::vector<float> all = d_dinp.download();
+        for (const DeviceBuffer<floatX>* b : {&d_dweight, &d_dbias}) {
+            const std::vector<float> part = b->download();
+            all.insert(all.end(), part.begin(), part.end());
+        }
+        return all;
+    };
+    const cudacpu::EmulatedGpu& chosen = cudacpu::emulated_gpu();
+    int h100_bands = 0, a100_bands = 0;
+    const std::vector<float> h100 = outputs_under(cudacpu::kH100, &h100_bands);
+    const std::vector<float> a100 = outputs_under(cudacpu::kA100, &a100_bands);
+    cudacpu::set_emulated_gpu(chosen);
+    // different band counts, or the check would compare a split with itself
+    check_true(name, h100_bands != a100_bands && same_bits(h100, a100),
+               std::to_string(h100_bands) + " and " + std::to_string(a100_bands) + " bands");
+}
+#endif
+
 }  // namespace layernorm_lab
 
 void lab_layernorm() {
@@ -396,15 +454,19 @@ void lab_layernorm() {
     // rows: 37 and 5 are not multiples of the 8 rows a block takes (5 leaves warps idle);
     // widths: 64 and 200 fill less than one 32-lane pass of 16-byte chunks, 1600 ends in a partial pass,
     // 768 is GPT-2 124M's; the backward pass's shared memory is 48 KiB at 768, 112 KiB at 1600 and 128 KiB
-    // at 2048 (more than a kernel gets without opting in)
+    // at 2048 (more than a kernel gets without opting in); 16384 takes 5 column bands on an H100, 7 on an
+    // A100, the last one narrower
     struct Shape { int N, C; };
-    const Shape shapes[] = {{37, 64}, {37, 200}, {5, 1600}, {37, 2048}, {37, 768}, {1024, 768}};
+    const Shape shapes[] = {{37, 64}, {37, 200}, {5, 1600}, {37, 2048}, {37, 768}, {1024, 768}, {3, 16384}};
     for (const Shape& s : shapes) {
         layernorm_lab::check_forward(s.N, s.C);
         layernorm_lab::check_fused_residual(s.N, s.C);
         layernorm_lab::check_residual(s.N, s.C);
         layernorm_lab::check_backward(s.N, s.C);
     }
+#ifdef LLMC_CPU
+    layernorm_lab::check_bands_change_no_bit(Norm::Layer, 21, 3072);  // one band on an H100, two on an A100
+#endif
     if (lab.bench) {
 #ifdef LLMC_CPU
         layernorm_lab::bench(1024, 768, " (CPU: B*T=1024)");
@@ -417,13 +479,17 @@ void lab_layernorm() {
 void lab_rmsnorm() {
     if (!family_selected("rmsnorm")) return;
     // the shapes of lab_layernorm, and Llama 3 8B's width, 4096: there the backward pass's shared memory is
-    // 128 KiB, one column sum per warp (layernorm's two would need 256 KiB, more than a GPU has)
+    // 128 KiB, one column sum per warp (layernorm's two take two column bands); 16384, Llama 3 405B's, takes
+    // 3 bands on an H100
     struct Shape { int N, C; };
-    const Shape shapes[] = {{37, 64}, {37, 200}, {5, 1600}, {37, 2048}, {37, 768}, {1024, 768}, {9, 4096}};
+    const Shape shapes[] = {{37, 64}, {37, 200}, {5, 1600}, {37, 2048}, {37, 768}, {1024, 768}, {9, 4096}, {3, 16384}};
     for (const Shape& s : shapes) {
         layernorm_lab::check_rms_forward(s.N, s.C, 1e-5f);
         layernorm_lab::check_rms_fused_residual(s.N, s.C);
         layernorm_lab::check_rms_backward(s.N, s.C);
     }
+#ifdef LLMC_CPU
+    layernorm_lab::check_bands_change_no_bit(Norm::RMS, 21, 6144);  // one band on an H100, two on an A100
+#endif
     layernorm_lab::check_rms_forward(37, 768, 1e-6f);
 }

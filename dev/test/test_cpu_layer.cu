@@ -462,6 +462,48 @@ void run_too_much_shared_memory() {
     launch(nothing_kernel, 1, 32, 64 * 1024, nullptr, out);
 }
 
+// 200 KiB: within an H100's 227 KiB per block, beyond an A100's 163
+__global__ void big_shared_kernel(float* out) {
+    DYNAMIC_SHARED(float, buffer);
+    buffer[threadIdx.x] = 1.0f;
+    out[0] = buffer[0];
+}
+constexpr size_t kBigShared = 200 * 1024;
+void run_big_shared_under_a100() {
+    float* out;
+    cudaCheck(cudaMalloc(&out, sizeof(float)));
+    cudacpu::set_emulated_gpu(cudacpu::kA100);  // the kernel opted in under the H100's limits, before the switch
+    launch(big_shared_kernel, 1, 32, kBigShared, nullptr, out);
+}
+
+// LLMC_CPU_DEVICE: the GPU whose limits the device takes on; the properties and the launch checks agree
+void test_emulated_gpus() {
+    printf("emulated GPUs' limits\n");
+    const cudacpu::EmulatedGpu& chosen = cudacpu::emulated_gpu();
+    cudacpu::set_emulated_gpu(cudacpu::kH100);
+    cudaDeviceProp props;
+    cudaCheck(cudaGetDeviceProperties(&props, 0));
+    check_true("H100: 232448 bytes of shared memory per block (opted in), 1024 threads",
+               props.sharedMemPerBlockOptin == 232448 && props.maxThreadsPerBlock == 1024 &&
+               device_properties().sharedMemPerBlockOptin == 232448);
+    check_true("H100: a kernel may opt in to 200 KiB",
+               cudaFuncSetAttribute(big_shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kBigShared) ==
+                   cudaSuccess);
+    DeviceBuffer<float> out(1);
+    launch(big_shared_kernel, 1, 32, kBigShared, nullptr, out.ptr);
+    check_true("H100: a launch with 200 KiB runs", out.download()[0] == 1.0f);
+    cudacpu::set_emulated_gpu(cudacpu::kA100);
+    cudaCheck(cudaGetDeviceProperties(&props, 0));
+    check_true("A100: 166912 bytes per block, in cudaGetDeviceProperties and device_properties()",
+               props.sharedMemPerBlockOptin == 166912 && device_properties().sharedMemPerBlockOptin == 166912);
+    check_true("A100: opting in to 200 KiB is an invalid value",
+               cudaFuncSetAttribute(big_shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kBigShared) ==
+                   cudaErrorInvalidValue);
+    cudacpu::set_emulated_gpu(chosen);
+    expect_failure("A100: a launch with 200 KiB is invalid, whatever the kernel opted in to before",
+                   run_big_shared_under_a100, "more dynamic shared memory than the A100's 166912 bytes per block");
+}
+
 void test_reported_failures() {
     printf("reported failures\n");
     // the divergent kernel's message must name the lines of both waits
@@ -489,6 +531,7 @@ int main() {
     test_collective();
     test_late_streams();
     test_reported_failures();
+    test_emulated_gpus();
     printf("%d passed, %d failed\n", lab.passed, lab.failed);
     return lab.failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

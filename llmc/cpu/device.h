@@ -45,7 +45,10 @@ LLMC_CPU_LATE_STREAMS=1 holds back the work of non-blocking streams until someth
 missing stream wait gives a wrong answer (llmc/cpu/runtime.h explains it).
 
 Launch errors (too many threads, too much shared memory, empty grid) abort with a one-line message
-naming the kernel, like the GPU's launch failure reported by cudaGetLastError.
+naming the kernel, like the GPU's launch failure reported by cudaGetLastError. The limits are those of
+the GPU the device emulates: LLMC_CPU_DEVICE=h100 (the default: 227 KiB of shared memory per block) or
+a100 (163 KiB), the GPUs the GPU build targets (sm_90, sm_80); cudaGetDeviceProperties reports the same
+limits (llmc/cpu/runtime.h), so a launcher that sizes its launch from them is checked against them.
 */
 #pragma once
 
@@ -80,9 +83,7 @@ namespace cudacpu {
 namespace fctx = boost::context::detail;
 
 constexpr int kWarpSize = 32;
-constexpr int kMaxThreadsPerBlock = 1024;
-constexpr size_t kDefaultSharedBytes = 48 * 1024;   // what a kernel may use without opting in
-constexpr size_t kMaxSharedBytesOptIn = 227 * 1024; // H100's per-block maximum
+// (the limits a launch must meet are the emulated GPU's: emulated_gpu() in llmc/cpu/runtime.h)
 #if defined(__SANITIZE_ADDRESS__)
 constexpr size_t kFiberStackBytes = 256 * 1024;     // sanitizers need much more stack per frame
 #else
@@ -595,7 +596,7 @@ inline std::map<const void*, size_t>& shared_memory_limits() {
 template <class Kernel>
 cudaError_t cudaFuncSetAttribute(Kernel* kernel, cudaFuncAttribute attribute, int value) {
     if (attribute != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||
-        (size_t)value > cudacpu::kMaxSharedBytesOptIn)
+        (size_t)value > cudacpu::emulated_gpu().shared_bytes_opt_in)
         return cudaErrorInvalidValue;
     static std::mutex lock;
     std::lock_guard<std::mutex> guard(lock);
@@ -641,8 +642,19 @@ inline void profile_add(const void* function, std::chrono::steady_clock::time_po
     }
 }
 
-// Refuses a launch the GPU would refuse, when it is issued (a queued launch is checked before it waits).
+// One launch as issued, for the kernel lab's table of every launch against each GPU's limits.
+struct LaunchRecord {
+    const void* kernel;
+    dim3 grid, block;
+    size_t shared_bytes;
+};
+// where check_launch appends each launch; null (the default): nowhere. Set by the one host thread that launches.
+inline std::vector<LaunchRecord>* launch_records = nullptr;
+
+// Refuses a launch the emulated GPU would refuse, when it is issued (a queued launch is checked before it waits).
 inline void check_launch(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes) {
+    if (launch_records) launch_records->push_back(LaunchRecord{kernel, grid, block, shared_bytes});
+    const EmulatedGpu& gpu = emulated_gpu();
     const long long threads = (long long)block.x * block.y * block.z;
     auto fail = [&](const char* problem) {
         char message[512];
@@ -651,16 +663,26 @@ inline void check_launch(const void* kernel, dim3 grid, dim3 block, size_t share
                  problem);
         fatal(message);
     };
-    if (threads > kMaxThreadsPerBlock) fail("more than 1024 threads per block");
+    char problem[160];
+    if (threads > gpu.max_threads_per_block) {
+        snprintf(problem, sizeof(problem), "more than %d threads per block", gpu.max_threads_per_block);
+        fail(problem);
+    }
     if (threads == 0 || grid.x == 0 || grid.y == 0 || grid.z == 0) fail("empty grid or block");
     if (block.z > 64) fail("block.z above 64");
+    if (grid.x > 2147483647u) fail("grid.x above 2^31 - 1");
     if (grid.y > 65535 || grid.z > 65535) fail("grid.y or grid.z above 65535");
-    size_t limit = kDefaultSharedBytes;
+    if (shared_bytes > gpu.shared_bytes_opt_in) {
+        snprintf(problem, sizeof(problem), "more dynamic shared memory than the %s's %zu bytes per block", gpu.name,
+                 gpu.shared_bytes_opt_in);
+        fail(problem);
+    }
+    size_t limit = gpu.shared_bytes_default;
     auto opted = shared_memory_limits().find(kernel);
     if (opted != shared_memory_limits().end()) limit = opted->second;
     if (shared_bytes > limit)
-        fail(limit == kDefaultSharedBytes ? "more than 48 KiB of dynamic shared memory without opting in"
-                                          : "more dynamic shared memory than the kernel opted in to");
+        fail(opted == shared_memory_limits().end() ? "more than 48 KiB of dynamic shared memory without opting in"
+                                                   : "more dynamic shared memory than the kernel opted in to");
 }
 
 inline void run_grid(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes, void (*body)(void*), void* state) {

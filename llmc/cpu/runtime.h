@@ -51,6 +51,8 @@ requires on a GPU.)
 #include <memory>
 #include <mutex>
 #include <omp.h>
+#include <strings.h>
+#include <sys/mman.h>
 #include <unistd.h>
 #include <vector>
 
@@ -118,6 +120,39 @@ struct cudaDeviceProp {
 };
 
 namespace cudacpu {
+
+// The GPU whose launch limits the CPU device takes on: LLMC_CPU_DEVICE=h100 (the default) or a100. Both
+// cudaGetDeviceProperties and the launch checks of llmc/cpu/device.h read it, so a launcher that sizes its
+// launch from the properties meets the same limit that checks it. The multiprocessor count is not among
+// them: grids are sized from it, and on the CPU each emulated thread costs time, so the device reports one
+// multiprocessor per OS thread that runs blocks, whichever GPU it emulates (the GPU's count is kept here
+// for the lab's tables).
+struct EmulatedGpu {
+    const char* name;
+    size_t shared_bytes_opt_in;    // the most dynamic shared memory one block may opt in to
+    size_t shared_bytes_default;   // what a kernel may use without opting in
+    int max_threads_per_block;
+    int multiprocessors;
+    int major, minor;              // compute capability
+};
+inline constexpr EmulatedGpu kH100{"H100", 227 * 1024, 48 * 1024, 1024, 132, 9, 0};
+inline constexpr EmulatedGpu kA100{"A100", 163 * 1024, 48 * 1024, 1024, 108, 8, 0};
+inline constexpr const EmulatedGpu* kEmulatedGpus[] = {&kH100, &kA100};
+
+inline const EmulatedGpu*& emulated_gpu_setting() {
+    static const EmulatedGpu* gpu = [] {
+        const char* value = getenv("LLMC_CPU_DEVICE");
+        if (!value || !*value || strcasecmp(value, "h100") == 0) return &kH100;
+        if (strcasecmp(value, "a100") == 0) return &kA100;
+        fprintf(stderr, "error: LLMC_CPU_DEVICE=%s: must be h100 or a100 (the GPU whose limits the CPU device takes on)\n",
+                value);
+        std::_Exit(EXIT_FAILURE);
+    }();
+    return gpu;
+}
+inline const EmulatedGpu& emulated_gpu() { return *emulated_gpu_setting(); }
+// for the lab and the layer's tests: later launches and property queries see `gpu`'s limits
+inline void set_emulated_gpu(const EmulatedGpu& gpu) { emulated_gpu_setting() = &gpu; }
 
 // bytes currently allocated, per pointer (cudaFree of a foreign pointer is an error, as on the GPU)
 struct Allocations {
@@ -251,15 +286,17 @@ inline cudaError_t cudaDeviceSynchronize() {
 inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* props, int device) {
     if (device != 0) return cudaErrorInvalidDevice;
     memset(props, 0, sizeof(*props));
+    const cudacpu::EmulatedGpu& gpu = cudacpu::emulated_gpu();
+    // the GPU's name stays out of the device's, which would otherwise look up that GPU's peak FLOP/s (mfu.h)
     snprintf(props->name, sizeof(props->name), "CPU (CUDA emulated on %d OpenMP threads)", omp_get_max_threads());
     props->totalGlobalMem = cudacpu::physical_memory_bytes();
-    props->sharedMemPerBlock = 48 * 1024;
-    props->sharedMemPerBlockOptin = 227 * 1024;
+    props->sharedMemPerBlock = gpu.shared_bytes_default;
+    props->sharedMemPerBlockOptin = gpu.shared_bytes_opt_in;
     props->warpSize = 32;
-    props->maxThreadsPerBlock = 1024;
-    props->multiProcessorCount = omp_get_max_threads();  // one "SM" per OS thread that runs blocks
-    props->major = 8;
-    props->minor = 0;
+    props->maxThreadsPerBlock = gpu.max_threads_per_block;
+    props->multiProcessorCount = omp_get_max_threads();  // one "SM" per OS thread that runs blocks (see above)
+    props->major = gpu.major;
+    props->minor = gpu.minor;
     return cudaSuccess;
 }
 
@@ -309,7 +346,13 @@ template <class T>
 cudaError_t cudaMalloc(T** pointer, size_t bytes) {
     if (bytes > cudacpu::free_device_bytes()) return cudaErrorMemoryAllocation;
     void* memory = nullptr;
-    if (posix_memalign(&memory, 256, bytes > 0 ? bytes : 1) != 0) return cudaErrorMemoryAllocation;
+    // A buffer of 2 MiB or more is asked for in 2 MiB pages (transparent huge pages, where the kernel grants
+    // them): its first touch then faults once per 2 MiB instead of once per 4 KiB, which was most of the time
+    // of a step of a wide model (a 70B-wide layer's 2.5 GB of state) on a virtual machine.
+    constexpr size_t huge_page = (size_t)2 << 20;
+    const bool huge = bytes >= huge_page;
+    if (posix_memalign(&memory, huge ? huge_page : 256, bytes > 0 ? bytes : 1) != 0) return cudaErrorMemoryAllocation;
+    if (huge) madvise(memory, bytes, MADV_HUGEPAGE);  // advice only: without it the buffer still works
     cudacpu::Allocations& a = cudacpu::allocations();
     std::lock_guard<std::mutex> guard(a.lock);
     a.sizes[memory] = bytes;

@@ -46,12 +46,18 @@ every run: each warp adds its rows into a private fp32 slice of shared memory, t
 slices in warp order and writes one partial sum per block to `scratch`, and add_column_partials() adds
 the blocks' partials in a fixed order (llmc/cuda_common.cuh).
 
-Constraints: C % x128::size == 0 (8 in BF16, 4 in FP32), which every GPT-2 width (768, 1024, 1280,
-1600) meets. The backward kernel keeps 8 warps x 2C floats in shared memory (64*C bytes, C rounded up
-to a multiple of 32 chunks: 48 KiB at C=768, 112 KiB at C=1600), so C is limited to about 2600 on
-A100 and 3600 on H100.
-Scratch for the backward pass: layernorm_backward_scratch_floats(N, C) floats (2*C per block; the number
-of blocks depends on the device's multiprocessor count). RMSNorm's needs half of each (one sum per column).
+Width. The warps' slices take 8 warps x 2C floats (layernorm; C for RMSNorm): 64 C bytes, 48 KiB at
+C = 768 and 112 KiB at 1600, but 512 KiB at Llama 3 405B's C = 16384, far above a block's 227 KiB on an
+H100 (163 KiB on an A100). So the backward grid splits the columns over blockIdx.y into as few bands as
+fit (norm_backward_bands): each block keeps the slices of its band only and writes dinp for its band,
+while still reading its rows whole in the first pass for the two row means. A band's block adds exactly
+what the whole row's would, in the same order, so the split changes no bit; every GPT-2 width is one band
+on both GPUs, where the kernel is the one-band kernel it always was. The price of more bands is the first
+pass's reads, repeated per band (at C = 16384 in BF16 on an H100: 5 bands).
+Constraints: C % x128::size == 0 (8 in BF16, 4 in FP32), which every named model's width meets.
+Scratch for the backward pass: layernorm_backward_scratch_floats(N, C) floats (2*C per block along x; the
+number of blocks depends on the device's multiprocessor count, not on the bands). RMSNorm's needs half of
+each (one sum per column).
 */
 #pragma once
 
@@ -203,18 +209,25 @@ __device__ inline int layernorm_slice_index(int c) {
 // The column sums a norm's backward pass adds up: dweight and dbias (layernorm), dweight (RMSNorm).
 __host__ __device__ constexpr int norm_column_sums(Norm norm) { return norm == Norm::Layer ? 2 : 1; }
 
-// dinp += the norm's backward pass (see the top of the file); this block's sums of dout*norm (dweight) and,
-// for layernorm, dout (dbias) over its rows go to partials[0][blockIdx.x][0..C) and partials[1][blockIdx.x][0..C).
-// Dynamic shared memory: warps_per_block * norm_column_sums(norm) * layernorm_slice_width(C) floats.
+// dinp += the norm's backward pass (see the top of the file) for the columns of this block's band,
+// [blockIdx.y * band_width, + band_width) (band_width a multiple of 32 chunks, so that a lane takes the same
+// chunks of the band as of the whole row); this block's sums of dout*norm (dweight) and, for layernorm, dout
+// (dbias) over its rows go to partials[0][blockIdx.x][band] and partials[1][blockIdx.x][band].
+// The row means the chain rule needs are sums over the whole row, so every band's block reads whole rows in
+// the first pass, in the same order: the band a column falls in changes none of its bits.
+// Dynamic shared memory: warps_per_block * norm_column_sums(norm) * layernorm_slice_width(band_width) floats.
 template <Norm norm>
 __device__ void norm_backward_rows(floatX* dinp, float* partials, const floatX* dout, const floatX* inp,
-                                   const floatX* weight, const float* mean, const float* rstd, int N, int C) {
+                                   const floatX* weight, const float* mean, const float* rstd, int N, int C,
+                                   int band_width) {
     DYNAMIC_SHARED(float, warp_sums);
     constexpr int sums = norm_column_sums(norm);
     const int warps_per_block = blockDim.x / 32;
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
-    const int slice_width = layernorm_slice_width(C);
+    const int band_begin = blockIdx.y * band_width;
+    const int band_end = min(band_begin + band_width, C);
+    const int slice_width = layernorm_slice_width(band_end - band_begin);
 
     for (int i = threadIdx.x; i < warps_per_block * sums * slice_width; i += blockDim.x) warp_sums[i] = 0.0f;
     __syncthreads();  // the zeroing above crosses warp slices; no warp may add into a slice before it is clear
@@ -228,10 +241,13 @@ __device__ void norm_backward_rows(floatX* dinp, float* partials, const floatX* 
         const float row_mean = norm == Norm::Layer ? mean[row] : 0.0f;
         const float row_rstd = rstd[row];
 
-        // first pass: the row means the chain rule needs, and this row's share of dweight (and dbias)
+        // first pass, over the whole row: the row means the chain rule needs, and the band's share of dweight
+        // (and dbias). The two products that are summed are fused with their sums (fmaf) by hand, so that the
+        // bits do not depend on whether the compiler contracts them, which changes with the shape of the code.
         float sum_dnorm = 0.0f;
         float sum_dnorm_norm = 0.0f;
         for (int c = lane * x128::size; c < C; c += 32 * x128::size) {
+            const bool in_band = c >= band_begin && c < band_end;  // a chunk never straddles a band's edge
             const x128 g = load128(dout_row + c);
             const x128 x = load128(inp_row + c);
             const x128 w = load128(weight + c);
@@ -239,18 +255,20 @@ __device__ void norm_backward_rows(floatX* dinp, float* partials, const floatX* 
                 const float normed = ((float)x[k] - row_mean) * row_rstd;
                 const float dnorm = (float)g[k] * (float)w[k];
                 sum_dnorm += dnorm;
-                sum_dnorm_norm += dnorm * normed;
-                const int slot = layernorm_slice_index(c + k);
-                dweight_sum[slot] += (float)g[k] * normed;
-                if (norm == Norm::Layer) dbias_sum[slot] += (float)g[k];
+                sum_dnorm_norm = fmaf(dnorm, normed, sum_dnorm_norm);
+                if (in_band) {
+                    const int slot = layernorm_slice_index(c + k - band_begin);
+                    dweight_sum[slot] = fmaf((float)g[k], normed, dweight_sum[slot]);
+                    if (norm == Norm::Layer) dbias_sum[slot] += (float)g[k];
+                }
             }
         }
         // RMSNorm's mean is not a function of x: no correction for it
         const float mean_dnorm = norm == Norm::Layer ? warp_reduce_sum(sum_dnorm) / (float)C : 0.0f;
         const float mean_dnorm_norm = warp_reduce_sum(sum_dnorm_norm) / (float)C;
 
-        // second pass: accumulate the input gradient
-        for (int c = lane * x128::size; c < C; c += 32 * x128::size) {
+        // second pass, over the band: accumulate the input gradient
+        for (int c = band_begin + lane * x128::size; c < band_end; c += 32 * x128::size) {
             const x128 g = load128cs(dout_row + c);
             const x128 x = load128cs(inp_row + c);
             const x128 w = load128(weight + c);
@@ -267,11 +285,12 @@ __device__ void norm_backward_rows(floatX* dinp, float* partials, const floatX* 
     }
     __syncthreads();  // every warp's slice is complete before the block adds them up
 
-    // add the warps' slices in warp order (fixed, hence deterministic); i < C is dweight, the rest dbias
-    for (int i = threadIdx.x; i < sums * C; i += blockDim.x) {
-        const int which = i / C;
-        const int column = i % C;
-        const int slot = which * slice_width + layernorm_slice_index(column);
+    // add the warps' slices in warp order (fixed, hence deterministic); i < width is dweight, the rest dbias
+    const int width = band_end - band_begin;
+    for (int i = threadIdx.x; i < sums * width; i += blockDim.x) {
+        const int which = i / width;
+        const int column = band_begin + i % width;
+        const int slot = which * slice_width + layernorm_slice_index(column - band_begin);
         float sum = 0.0f;
         for (int w = 0; w < warps_per_block; w++) sum += warp_sums[(size_t)w * sums * slice_width + slot];
         partials[((size_t)which * gridDim.x + blockIdx.x) * C + column] = sum;
@@ -279,12 +298,13 @@ __device__ void norm_backward_rows(floatX* dinp, float* partials, const floatX* 
 }
 
 __global__ void layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp,
-                                          const floatX* weight, const float* mean, const float* rstd, int N, int C) {
-    norm_backward_rows<Norm::Layer>(dinp, partials, dout, inp, weight, mean, rstd, N, C);
+                                          const floatX* weight, const float* mean, const float* rstd, int N, int C,
+                                          int band_width) {
+    norm_backward_rows<Norm::Layer>(dinp, partials, dout, inp, weight, mean, rstd, N, C, band_width);
 }
 __global__ void rmsnorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp,
-                                        const floatX* weight, const float* rstd, int N, int C) {
-    norm_backward_rows<Norm::RMS>(dinp, partials, dout, inp, weight, nullptr, rstd, N, C);
+                                        const floatX* weight, const float* rstd, int N, int C, int band_width) {
+    norm_backward_rows<Norm::RMS>(dinp, partials, dout, inp, weight, nullptr, rstd, N, C, band_width);
 }
 
 // ----------------------------------------------------------------------------
@@ -355,27 +375,38 @@ inline size_t layernorm_backward_scratch_floats(int N, int C) {
     return (size_t)norm_column_sums(Norm::Layer) * C * layernorm_backward_blocks(N);
 }
 
-// dynamic shared memory of one backward block: each warp's running sums over a slice of C
-inline size_t layernorm_backward_shared_bytes(int C, Norm norm = Norm::Layer) {
-    return (size_t)LAYERNORM_WARPS_PER_BLOCK * norm_column_sums(norm) * layernorm_slice_width(C) * sizeof(float);
+// How the backward pass splits the columns over blockIdx.y: into the fewest bands of whole 32-lane passes
+// whose warp sums fit the device's shared memory per block, as even as whole passes allow. One band, the
+// whole row, up to C = 3584 for layernorm and 7168 for RMSNorm on an H100; 2560 and 5120 on an A100 (in
+// both precisions: FP32's passes are half as wide and hold the same bytes).
+struct NormBackwardBands {
+    int count;          // blocks along y
+    int width;          // columns per band (the last may have fewer): a multiple of 32 chunks
+    size_t shared_bytes;
+};
+inline NormBackwardBands norm_backward_bands(int C, Norm norm) {
+    const int pass = 32 * x128::size;  // the columns one pass of a warp covers
+    const int passes = ceil_div(C, pass);
+    const size_t bytes_per_pass = (size_t)LAYERNORM_WARPS_PER_BLOCK * norm_column_sums(norm) * pass * sizeof(float);
+    const int passes_that_fit = (int)(device_properties().sharedMemPerBlockOptin / bytes_per_pass);
+    const int count = ceil_div(passes, passes_that_fit);
+    const int width = ceil_div(passes, count) * pass;
+    return NormBackwardBands{ceil_div(C, width), width,
+                             (size_t)LAYERNORM_WARPS_PER_BLOCK * norm_column_sums(norm) *
+                                 layernorm_slice_width(width < C ? width : C) * sizeof(float)};
 }
 
-// The backward kernel's launch: shared memory checked and opted into, the block count that the scratch layout
-// assumes; returns that count.
+// The backward kernel's launch: shared memory opted into, the block count that the scratch layout assumes
+// (along x; the bands along y write disjoint columns of the same partial rows); returns that count.
 template <typename Kernel, typename... Args>
 inline int launch_norm_backward(const char* caller, Norm norm, Kernel kernel, int N, int C, cudaStream_t stream,
                                 Args... args) {
     layernorm_check_width(caller, C);
     const int blocks = layernorm_backward_blocks(N);
-    const size_t shared_bytes = layernorm_backward_shared_bytes(C, norm);
-    if (shared_bytes > device_properties().sharedMemPerBlockOptin) {
-        fprintf(stderr, "error: %s: C = %d needs %zu bytes of shared memory per block, the device allows %zu\n",
-                caller, C, shared_bytes, (size_t)device_properties().sharedMemPerBlockOptin);
-        exit(EXIT_FAILURE);
-    }
+    const NormBackwardBands bands = norm_backward_bands(C, norm);
     // at C=768 layernorm's is exactly the 48 KiB a kernel gets without asking: opt in whatever the size
-    opt_in_shared_memory(kernel, shared_bytes);
-    launch(kernel, blocks, LAYERNORM_BLOCK_SIZE, shared_bytes, stream, args...);
+    opt_in_shared_memory(kernel, bands.shared_bytes);
+    launch(kernel, dim3(blocks, bands.count), LAYERNORM_BLOCK_SIZE, bands.shared_bytes, stream, args..., bands.width);
     return blocks;
 }
 

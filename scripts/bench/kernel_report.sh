@@ -38,8 +38,8 @@ void print_attention() {
 int main() {
     print_attention<16>(), print_attention<32>(), print_attention<48>(), print_attention<64>();
     print_attention<80>(), print_attention<96>(), print_attention<112>(), print_attention<128>();
-    printf("layernorm_backward 0 %zu\n", layernorm_backward_shared_bytes(768));
-    printf("rmsnorm_backward 0 %zu\n", layernorm_backward_shared_bytes(768, Norm::RMS));
+    printf("layernorm_backward 0 %zu\n", norm_backward_bands(768, Norm::Layer).shared_bytes);
+    printf("rmsnorm_backward 0 %zu\n", norm_backward_bands(768, Norm::RMS).shared_bytes);
     const AttentionHeads gqa = attention_heads(32, 8, 128);
     printf("gqa %d %d %d %d\n", gqa.q_heads, gqa.kv_heads, gqa.head_size, gqa.group());
 }

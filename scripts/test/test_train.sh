@@ -181,6 +181,38 @@ else
     diff <(echo "$straight") <(echo "$split") | head -5
 fi
 
+# ---- a block as wide as Llama 3 70B's (C = 8192, 64 heads of 128 over 8 K/V heads; a narrow MLP and a small
+# vocabulary keep it to 166M parameters) trains a step: the norms' backward pass needs more shared memory
+# than a block has at this width unless it splits the columns (llmc/kernels/layernorm.cuh). BF16 only: the
+# build the GPUs run; ~30 s of CPU, most of it touching the 2.5 GB of state.
+if [[ $binary != *fp32* ]]; then
+    echo "one layer at Llama 3 70B's width ($binary)"
+    "$binary" --model custom --arch llama --layers 1 --channels 8192 --heads 64 --kv-heads 8 --ffn-hidden 256 \
+        --vocab-size 512 --max-seq-len 16 --seq-len 16 --batch-size 1 --steps 1 --val-every 0 --sample-tokens 0 \
+        --train-data "$work/train.bin" --val-data "$work/val.bin" --output-dir "$work/wide" --save-model false \
+        >"$work/wide.out" 2>&1
+    status=$?
+    loss=$(sed -nE 's/^step 1\/1 \| loss ([^ ]+) .*/\1/p' "$work/wide.out")
+    if [[ $status -eq 0 ]] && awk -v l="$loss" 'BEGIN { exit !(l + 0 == l && l > 0 && l < 100) }'; then
+        ok "C = 8192, 64 heads over 8 K/V heads: a step ends with loss $loss"
+    else
+        bad "C = 8192: exit $status, loss '$loss': $(grep -m1 error "$work/wide.out")"
+    fi
+fi
+
+# ---- the CPU device's emulated GPU (llmc/cpu/runtime.h): a name it does not know is one line and an exit
+if [[ $binary == *_cpu* ]]; then
+    mapfile -t args < <(run_args output-dir="$work/device")
+    LLMC_CPU_DEVICE=v100 "$binary" "${args[@]}" >/dev/null 2>"$work/device.err"
+    status=$?
+    if [[ $status -ne 0 && $status -lt 128 && $(wc -l <"$work/device.err") -eq 1 ]] &&
+       grep -q "^error: LLMC_CPU_DEVICE=v100: must be h100 or a100" "$work/device.err"; then
+        ok "LLMC_CPU_DEVICE=v100: $(cat "$work/device.err")"
+    else
+        bad "LLMC_CPU_DEVICE=v100: exit $status, $(head -c 300 "$work/device.err")"
+    fi
+fi
+
 # ---- the model file written at the end loads back: its validation loss is the one the run ended with
 echo "model file round trip ($binary)"
 mapfile -t args < <(run_args steps=6 val-every=6 output-dir="$work/saved")
