@@ -85,21 +85,15 @@ struct SequenceCounts {
     std::vector<int> whole;          // (B pieces, E): each piece's whole sequence's assignments per expert
     std::vector<int> capacity_left;  // (B pieces, E): with a capacity, what the pieces before left of it
 };
-inline SequenceCounts moe_sequence_counts(MoETraining& moe, const TensorParallel& tp, const ContextParallel& cp,
+inline SequenceCounts moe_sequence_counts(const TensorParallel& tp, const ContextParallel& cp,
                                           const int* routed_counts, int pieces, int B, int E, int capacity,
                                           cudaStream_t stream) {
     const size_t mine = (size_t)pieces * B * E, sequences = (size_t)tp.size * B;  // sequences on this cp rank
-    const size_t scratch = 4 * mine * tp.size * cp.size;  // the cp gather's words (of the tp gathers'), 4 bf16 each
-    if (moe.counts_scratch_elements < scratch) {
-        tracked_free(moe.counts_scratch);
-        moe.counts_scratch = tracked_alloc<__nv_bfloat16>(scratch, MemoryKind::Communication, "routing counts");
-        moe.counts_scratch_elements = scratch;
-    }
     std::vector<int> counts(mine);
     copy_to_host(counts.data(), routed_counts, mine, stream);
     std::vector<uint64_t> words(counts.begin(), counts.end());
-    if (tp.size > 1) words = all_gather_words(*tp.group, words, stream, moe.counts_scratch);  // the cp rank's pieces
-    const std::vector<uint64_t> everyone = all_gather_words(*cp.group, words, stream, moe.counts_scratch);
+    if (tp.size > 1) words = all_gather_words(*tp.group, words, stream);  // the cp rank's pieces
+    const std::vector<uint64_t> everyone = all_gather_words(*cp.group, words, stream);
     // in `everyone`, cp rank r's piece q (q = k sequences + b: its chunk k of sequence b) is piece r per_rank + q
     const size_t per_rank = pieces * sequences, all = cp.size * per_rank;
     auto position = [&](size_t piece) {  // where the piece sits in its sequence, in chunks
@@ -136,6 +130,7 @@ inline void moe_forward(GPT2& model, const TensorParallel& tp, ExpertParallel& e
     // positions under context parallelism)
     const int capacity = model.cache.decoding ? 0 : moe_capacity(c, model.moe.capacity_factor, T * cp.size);
     const int pieces = moe_sequence_pieces(model, cp);
+    model.moe.layer_passes++;
     matmul_forward(s.router_logits, h, p.routerw, nullptr, N, C, E, stream);
     moe_router_forward(a.router_probs, a.router_lse, a.routed_experts, a.routed_weights, s.router_logits, N, E, K,
                        stream);
@@ -144,7 +139,7 @@ inline void moe_forward(GPT2& model, const TensorParallel& tp, ExpertParallel& e
                           stream);
     } else {  // pieces of sequences
         moe_count_routed(a.routed_counts, a.routed_experts, B * pieces, T / pieces, K, E, stream);
-        const SequenceCounts sequence = moe_sequence_counts(model.moe, tp, cp, a.routed_counts, pieces, B, E, capacity,
+        const SequenceCounts sequence = moe_sequence_counts(tp, cp, a.routed_counts, pieces, B, E, capacity,
                                                             stream);
         if (capacity > 0)
             copy_to_device(s.capacity_left, sequence.capacity_left.data(), sequence.capacity_left.size(), stream);
@@ -152,13 +147,14 @@ inline void moe_forward(GPT2& model, const TensorParallel& tp, ExpertParallel& e
                               K, E, capacity, capacity > 0 ? s.capacity_left : nullptr, stream);
         copy_to_device(a.routed_counts, sequence.whole.data(), sequence.whole.size(), stream);  // for the balance loss
     }
-    int* my_rows = a.expert_rows + (size_t)ep.rank * E;
-    cudaCheck(cudaMemcpyAsync(my_rows, s.expert_rows, E * sizeof(int), cudaMemcpyDeviceToHost, stream));
+    // every ep rank's rows per expert, gathered on the device and copied to the host in one piece
+    const int* gathered_rows = ep_gather_counts(ep, s.expert_rows, E, stream);
+    cudaCheck(cudaMemcpyAsync(a.expert_rows, gathered_rows, (size_t)ep.size * E * sizeof(int), cudaMemcpyDeviceToHost,
+                              stream));
     // this rank's rows sorted by expert: where its experts run them (one rank), or ready to travel
     floatX* sorted = ep.size > 1 ? s.expert_dispatch : a.expert_input;
     moe_permute_forward(sorted, h, a.routed_slots, N, K, C, stream);
     cudaCheck(cudaStreamSynchronize(stream));  // the rows per expert, on the host
-    ep_share_counts(ep, a.expert_rows, E, stream);
     const ExpertCounts counts = expert_counts(c, ep, a);
     size_t arriving = 0;  // what the buffers were sized for (moe_expert_rows) bounds this by construction
     for (int s = 0; s < ep.size; s++) arriving += counts.block(s, ep.rank);
