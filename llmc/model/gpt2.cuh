@@ -235,6 +235,8 @@ struct MoETraining {
     std::vector<long long> tokens;  // host: rows each (layer, expert) ran since then (L x E)
     long long dropped = 0;          // host: assignments dropped by the capacity since then
                                     // (train_gpt.cu's log_expert_routing reads and clears the three)
+    int* gathered_counts = nullptr;  // device room for the routing counts' gathers under cp (moe_sequence_counts),
+    size_t gathered_counts_elements = 0;  // made on the first step and kept
     long long layer_passes = 0;     // host: moe_forward's calls so far, each one copy of the rows per expert to
                                     // the host (the step's budget of host waits counts them)
     float* statistics = nullptr;    // device: the loss sums, then room for tokens and dropped (3 + L E floats),
@@ -641,7 +643,8 @@ inline void gpt2_free(GPT2& model) {
     if (s.expert_dact != s.expert_dfch) tracked_free(s.expert_dact);
     for (void* p : {(void*)s.router_logits, (void*)s.router_dprobs, (void*)s.routed_dweights, (void*)s.expert_rows,
                     (void*)s.capacity_left, (void*)s.routed_output, (void*)s.expert_doutput, (void*)s.expert_dfch,
-                    (void*)s.expert_dispatch, (void*)s.expert_exchange, (void*)model.moe.statistics})
+                    (void*)s.expert_dispatch, (void*)s.expert_exchange, (void*)model.moe.statistics,
+                    (void*)model.moe.gathered_counts})
         tracked_free(p);
     for (void* p : {(void*)s.projection, (void*)s.dchannels, (void*)s.dhidden, (void*)s.dqkv,
                     (void*)s.gathered, (void*)s.softmax_stats, (void*)s.attention_D, (void*)s.matmul_scratch, (void*)s.layernorm_scratch, (void*)s.norm_scratch})

@@ -236,3 +236,22 @@ def compare_continued(work, name, reference, steps, what):
     it passed."""
     good, words = compare_run(work, name, reference, steps)
     return report(good, f"{what}, against one rank: {steps} {words}")
+
+
+def host_call_budget_error(work, name):
+    """'' when every rank kept the README's budget of host calls inside train_step in every step after the first
+    (which may allocate: first-use buffers, the matmuls' plans): no allocation, no free, and one device-to-host
+    copy and one synchronisation (the step's read of its loss and norm), plus one of each per mixture-of-experts
+    layer pass (its rows per expert); else what broke it. Steps the trainer timed (the last one under pp or cp)
+    log no counts and are left out; a log with fewer than two counted steps (a GPU build) breaks it."""
+    steps = [step for step in events(work, name, "step") if "host_calls" in step]
+    if len(steps) < 2:
+        return f"{len(steps)} step(s) with host_calls in the log, 2 needed"
+    for step in steps[1:]:
+        calls = step["host_calls"]
+        for rank, passes in enumerate(calls["moe_layer_passes"]):
+            expected = {"allocations": 0, "frees": 0, "d2h_copies": 1 + passes, "syncs": 1 + passes}
+            for kind, budget in expected.items():
+                if calls[kind][rank] != budget:
+                    return f"step {step['step']}, rank {rank}: {calls[kind][rank]} {kind}, the budget is {budget}"
+    return ""

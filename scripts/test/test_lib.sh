@@ -76,9 +76,22 @@ run_layout() {
     local extra=("$@")
     [[ " ${extra[*]} " == *" --steps "* ]] || extra+=(--steps 5)
     [[ " ${extra[*]} " == *" --model "* ]] || extra+=(--model custom)
-    mpirun --oversubscribe --allow-run-as-root -np "$ranks" "${run_binary:-$binary}" "${flags[@]}" --batch-size "$batch" \
-        --output-dir "$work/$name" "${extra[@]}" >>"$work/$name.out" 2>&1 ||
+    if ! mpirun --oversubscribe --allow-run-as-root -np "$ranks" "${run_binary:-$binary}" "${flags[@]}" --batch-size "$batch" \
+        --output-dir "$work/$name" "${extra[@]}" >>"$work/$name.out" 2>&1; then
         bad "$name: the run failed: $(grep -m1 error: "$work/$name.out")"
+        return
+    fi
+    host_calls_within_budget "$name"
+}
+
+# host_calls_within_budget NAME: every rank of run NAME kept the README's budget of allocations, frees,
+# device-to-host copies and synchronisations per step (layout_check.py's host_call_budget_error); one ok/bad line
+host_calls_within_budget() {
+    local error
+    error=$(PYTHONPATH="$(dirname "${BASH_SOURCE[0]}")" /usr/bin/python3 -c \
+        "import sys; from layout_check import host_call_budget_error as e; print(e(sys.argv[1], sys.argv[2]))" \
+        "$work" "$1" 2>&1)
+    if [[ -z $error ]]; then ok "$1: host calls per step within the budget"; else bad "$1: host calls: $error"; fi
 }
 
 # run_layouts LIST: run_layout for each "name:ranks:batch:flags" of LIST (whitespace between entries, commas for
