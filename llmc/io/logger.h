@@ -27,7 +27,7 @@ Where the build counts them (the CPU build: HostCalls below), the step's line in
 allocations, frees, device-to-host copies, synchronisations and event waits inside train_step, one list per kind in rank
 order, and the mixture-of-experts layer passes they ran: "host_calls": {"allocations": [0, 0], "frees": [0, 0],
 "d2h_copies": [1, 1], "syncs": [1, 1], "event_waits": [6, 6], "moe_layer_passes": [0, 0]} (the README's budget; the console line
-leaves them out). A step the trainer times (the pipeline's timeline, cp's attention balance) has none.
+leaves them out). A step whose pipeline timeline the trainer measures (the last, under pp or --trace) has none.
 JSON line (same numbers; "time_s", seconds since the logger was created, ends every line; a non-finite
 number such as a NaN loss becomes null, because JSON has no NaN and a diverged run is exactly the one whose
 log must still parse; so does an unknown MFU):

@@ -205,6 +205,7 @@ struct SharedBuffers {
     float* matmul_scratch;  // bias-gradient partial sums
     float* layernorm_scratch;
     float* norm_scratch;
+    float* rope_frequencies;  // (hs/2)  Llama: RoPE's frequencies, computed once (llmc/kernels/rope.cuh; else null)
     EncoderBackwardWorkspace encoder_workspace;
     // a mixture of experts (E experts, M = N K assignments, He hidden units per expert)
     floatX* router_logits;     // (N, E)  the router's logits, then their gradient
@@ -602,6 +603,11 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, c
                                             MemoryKind::Workspace);
     s.layernorm_scratch = tracked_alloc<float>(layernorm_backward_scratch_floats((int)R, (int)C), MemoryKind::Workspace);
     s.norm_scratch = tracked_alloc<float>(global_norm_scratch_count(), MemoryKind::Workspace);
+    s.rope_frequencies = nullptr;
+    if (config.llama()) {
+        s.rope_frequencies = tracked_alloc<float>(config.head_size() / 2, MemoryKind::Workspace);
+        rope_frequencies(s.rope_frequencies, (int)config.head_size(), config.rope_theta, model.stream);
+    }
     if (model.first_stage) encoder_backward_workspace_create(&s.encoder_workspace, (int)N, (int)C);
     if (config.moe()) {
         const size_t E = config.experts, M = N * config.experts_per_token, G = part.ep;
@@ -647,7 +653,8 @@ inline void gpt2_free(GPT2& model) {
                     (void*)model.moe.gathered_counts})
         tracked_free(p);
     for (void* p : {(void*)s.projection, (void*)s.dchannels, (void*)s.dhidden, (void*)s.dqkv,
-                    (void*)s.gathered, (void*)s.softmax_stats, (void*)s.attention_D, (void*)s.matmul_scratch, (void*)s.layernorm_scratch, (void*)s.norm_scratch})
+                    (void*)s.gathered, (void*)s.softmax_stats, (void*)s.attention_D, (void*)s.matmul_scratch, (void*)s.layernorm_scratch, (void*)s.norm_scratch,
+                    (void*)s.rope_frequencies})
         tracked_free(p);
     if (model.first_stage) encoder_backward_workspace_free(&s.encoder_workspace);
     kv_cache_free(model);

@@ -242,7 +242,7 @@ def host_call_budget_error(work, name):
     """'' when every rank kept the README's budget of host calls inside train_step in every step after the first
     (which may allocate: first-use buffers, the matmuls' plans): no allocation, no free, and one device-to-host
     copy and one synchronisation (the step's read of its loss and norm), plus one of each per mixture-of-experts
-    layer pass (its rows per expert); else what broke it. Steps the trainer timed (the last one under pp or cp)
+    layer pass (its rows per expert); else what broke it. Steps whose pipeline timeline the trainer measured (the last one under pp)
     log no counts and are left out; a log with fewer than two counted steps (a GPU build) breaks it."""
     steps = [step for step in events(work, name, "step") if "host_calls" in step]
     if len(steps) < 2:
