@@ -408,9 +408,8 @@ int main(int argc, char** argv) {
         cudaCheck(cudaDeviceSynchronize());
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         logger.step(step + 1, results.loss, options.schedule.at(step), sqrtf(results.grad_norm_squared), seconds,
-                    parallel_traffic(par), measured ? std::vector<HostCalls>{}  // the pipeline's timeline waits on its events
-                                                        
-                                               : host_calls_of_every_rank(par, step_calls, model.stream));
+                    parallel_traffic(par),  // (a measured pipeline timeline waits on its events: not counted)
+                    measured ? std::vector<HostCalls>{} : host_calls_of_every_rank(par, step_calls, model.stream));
         if (config.moe()) log_expert_routing(par, model, logger, step + 1);
         if (last && par.cp.size > 1) cp_report_attention_balance(par.cp, logger, par.main_rank, model.stream);
         if (measured) pipeline_report_timeline(par, model, logger, options.trace);
