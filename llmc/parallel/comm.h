@@ -433,17 +433,19 @@ void all_to_all_v(Communicator& comm, T* out, const std::vector<size_t>& receive
 // returns (each ends by waiting for its stream), so one buffer serves every helper and every communicator.
 // It grows on first need and is kept, so that a helper called every token (sampling) or every step (a
 // mixture of experts' counts, the log) allocates nothing once warm. Reachable until the process ends.
-template <typename T>
-T* host_exchange_room(size_t count) {
+inline void* host_exchange_bytes(size_t bytes) {
     static void* room = nullptr;
     static size_t room_bytes = 0;
-    const size_t bytes = count * sizeof(T);
     if (bytes > room_bytes) {
         tracked_free(room);
         room = tracked_alloc<unsigned char>(bytes, MemoryKind::Communication, "host exchanges");
         room_bytes = bytes;
     }
-    return static_cast<T*>(room);
+    return room;
+}
+template <typename T>
+T* host_exchange_room(size_t count) {
+    return static_cast<T*>(host_exchange_bytes(count * sizeof(T)));
 }
 
 // Host values on `root` become the same on every rank of the group (through device memory, which is what

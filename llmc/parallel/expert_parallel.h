@@ -124,7 +124,8 @@ inline void ep_reset_bytes(ExpertParallel& ep) {
 // ----------------------------------------------------------------------------
 // the routed rows' journey
 
-// Rows per (source ep rank, expert), source-major: what ep_share_counts gathered. With ep 1, this rank's.
+// Rows per (source ep rank, expert), source-major, on the host: what ep_gather_counts gathered and moe_forward
+// copied back. With ep 1, this rank's.
 struct ExpertCounts {
     const int* rows;  // (ep, E) host
     int experts, ep, rank;
