@@ -407,8 +407,9 @@ int main(int argc, char** argv) {
         if (options.check_replicas > 0 && (step + 1) % options.check_replicas == 0) check_replicas(par, model, step + 1);
         cudaCheck(cudaDeviceSynchronize());
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        const StepTraffic traffic = parallel_traffic(par);  // (before the counts' gather, which is not the step's)
         logger.step(step + 1, results.loss, options.schedule.at(step), sqrtf(results.grad_norm_squared), seconds,
-                    parallel_traffic(par),  // (a measured pipeline timeline waits on its events: not counted)
+                    traffic,  // (a measured pipeline timeline waits on its events: not counted)
                     measured ? std::vector<HostCalls>{} : host_calls_of_every_rank(par, step_calls, model.stream));
         if (config.moe()) log_expert_routing(par, model, logger, step + 1);
         if (last && par.cp.size > 1) cp_report_attention_balance(par.cp, logger, par.main_rank, model.stream);
