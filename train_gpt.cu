@@ -198,6 +198,22 @@ static void log_expert_routing(ParallelContext& par, GPT2& model, Logger& logger
     moe.dropped = 0;
 }
 
+// Every rank's host calls of a step (llmc/io/logger.h's HostCalls), in rank order, for the main rank's log;
+// none where the build does not count them. Gathered after the step, so the gather is not in its counts.
+static std::vector<HostCalls> host_calls_of_every_rank(ParallelContext& par, const HostCalls& mine, cudaStream_t stream) {
+    if (!host_calls_counted) return {};
+    const std::vector<uint64_t> words = all_gather_words(par.world, {(uint64_t)mine.allocations, (uint64_t)mine.frees,
+        (uint64_t)mine.device_to_host_copies, (uint64_t)mine.synchronizations, (uint64_t)mine.event_waits,
+        (uint64_t)mine.moe_layer_passes}, stream);
+    std::vector<HostCalls> ranks(par.world.size);
+    for (int r = 0; r < par.world.size; r++) {
+        const uint64_t* w = &words[(size_t)r * 6];
+        ranks[r] = HostCalls{(long long)w[0], (long long)w[1], (long long)w[2], (long long)w[3], (long long)w[4],
+                             (long long)w[5]};
+    }
+    return ranks;
+}
+
 // ----------------------------------------------------------------------------
 // setting up
 
@@ -382,13 +398,19 @@ int main(int argc, char** argv) {
         const bool measured = last && (par.pipe.size > 1 || !options.trace.empty());  // the pipeline's bubble
         if (measured) pipeline_begin_measuring(par.pipe, model);
         if (last && par.cp.size > 1) cp_begin_measuring(par.cp);  // each cp rank's attention time
+        const HostCalls calls_before = host_calls_so_far();
+        const long long moe_passes_before = model.moe.layer_passes;
         const StepResults results = train_step(par, model, batch, options, step);
+        HostCalls step_calls = host_calls_since(calls_before);
+        step_calls.moe_layer_passes = model.moe.layer_passes - moe_passes_before;
         inject_planned_bit_flip(par, model, step + 1);  // the tests' silent corruption (llmc/cpu/faults.h)
         if (options.check_replicas > 0 && (step + 1) % options.check_replicas == 0) check_replicas(par, model, step + 1);
         cudaCheck(cudaDeviceSynchronize());
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        const StepTraffic traffic = parallel_traffic(par);  // (before the counts' gather, which is not the step's)
         logger.step(step + 1, results.loss, options.schedule.at(step), sqrtf(results.grad_norm_squared), seconds,
-                    parallel_traffic(par));
+                    traffic,  // (a measured pipeline timeline waits on its events: not counted)
+                    measured ? std::vector<HostCalls>{} : host_calls_of_every_rank(par, step_calls, model.stream));
         if (config.moe()) log_expert_routing(par, model, logger, step + 1);
         if (last && par.cp.size > 1) cp_report_attention_balance(par.cp, logger, par.main_rank, model.stream);
         if (measured) pipeline_report_timeline(par, model, logger, options.trace);

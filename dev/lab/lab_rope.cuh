@@ -40,9 +40,19 @@ inline std::vector<double> reference_rotate(const std::vector<float>& qkv, const
 inline void check(const Shape& s) {
     const size_t count = (size_t)s.B * s.T * (s.q_heads + 2 * s.kv_heads) * s.head_size;
     const std::vector<float> qkv = round_to_floatX(random_floats(count, -2.0f, 2.0f));
+    // the table: each f_i the double pow rounded once to fp32, as the definition says, bit for bit (the
+    // double pow of CUDA and of glibc agree to far below the half-ulp of fp32 that could flip the rounding)
+    DeviceBuffer<float> d_frequencies(s.head_size / 2);
+    rope_frequencies(d_frequencies.ptr, s.head_size, s.theta, 0);
+    cudaCheck(cudaDeviceSynchronize());
+    const std::vector<float> frequencies = d_frequencies.download();
+    bool table_exact = true;
+    for (int i = 0; i < s.head_size / 2; i++)
+        table_exact = table_exact && frequencies[i] == (float)std::pow((double)s.theta, -2.0 * i / s.head_size);
+    check_true("rope_frequencies" + s.name(), table_exact, "same bits as the double pow rounded to fp32");
     DeviceBuffer<floatX> d_qkv(count);
     d_qkv.upload(qkv);
-    rope_forward(d_qkv.ptr, s.B, s.T, s.first_position, s.q_heads, s.kv_heads, s.head_size, s.theta, 0);
+    rope_forward(d_qkv.ptr, s.B, s.T, s.first_position, s.q_heads, s.kv_heads, s.head_size, d_frequencies.ptr, 0);
     cudaCheck(cudaDeviceSynchronize());
     const std::vector<float> rotated = d_qkv.download();
     // FP32: the kernel's sincosf of the same fp32 angle is within a few ulp of the double cosine and sine
@@ -63,7 +73,7 @@ inline void check(const Shape& s) {
     // the backward pass rotates a gradient back: against the reference, from an independent gradient
     const std::vector<float> dout = round_to_floatX(random_floats(count, -1.0f, 1.0f));
     d_qkv.upload(dout);
-    rope_backward(d_qkv.ptr, s.B, s.T, s.first_position, s.q_heads, s.kv_heads, s.head_size, s.theta, 0);
+    rope_backward(d_qkv.ptr, s.B, s.T, s.first_position, s.q_heads, s.kv_heads, s.head_size, d_frequencies.ptr, 0);
     cudaCheck(cudaDeviceSynchronize());
     const std::vector<float> dinp = d_qkv.download();
     check_close("rope_backward" + s.name(), dinp, reference_rotate(dout, s, -1.0), atol, rtol);

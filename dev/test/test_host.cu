@@ -15,6 +15,7 @@ Prints `N passed, M failed` and exits non-zero on any failure.
 #include "../../llmc/schedulers.h"
 #include "../../llmc/io/logger.h"
 #include "../../llmc/planning/mfu.h"
+#include "../../llmc/kernels/matmul.cuh"
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
@@ -698,6 +699,98 @@ void test_mfu() {
     expect_failure("unknown precision", [] { peak_flops_per_second("NVIDIA H100", "FP16"); }, "unknown precision 'FP16'");
 }
 
+// ----------------------------------------------------------------------------
+// the CPU runtime's counts of host calls, and the matmuls' bounded plan cache
+
+// Each call below adds exactly one to the count named next to it (llmc/cpu/runtime.h), and nothing else.
+void test_host_call_counts() {
+    cudaStream_t stream;
+    cudaCheck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaEvent_t event;
+    cudaCheck(cudaEventCreate(&event));
+    auto counted = [](const std::string& name, const std::function<void()>& calls, HostCalls expected) {
+        const HostCalls start = host_calls_so_far();
+        calls();
+        const HostCalls c = host_calls_since(start);
+        const bool same = c.allocations == expected.allocations && c.frees == expected.frees &&
+                          c.device_to_host_copies == expected.device_to_host_copies &&
+                          c.synchronizations == expected.synchronizations && c.event_waits == expected.event_waits;
+        check_true(name, same, std::to_string(c.allocations) + " " + std::to_string(c.frees) + " " +
+                                   std::to_string(c.device_to_host_copies) + " " + std::to_string(c.synchronizations) +
+                                   " " + std::to_string(c.event_waits));
+    };
+    int host[4] = {1, 2, 3, 4};
+    int* device = nullptr;
+    counted("cudaMalloc is one allocation", [&] { cudaCheck(cudaMalloc(&device, sizeof(host))); }, {1, 0, 0, 0, 0});
+    counted("a host-to-device and a device-to-device copy count nothing", [&] {
+        cudaCheck(cudaMemcpyAsync(device, host, sizeof(host), cudaMemcpyHostToDevice, stream));
+        cudaCheck(cudaMemcpyAsync(device + 2, device, 2 * sizeof(int), cudaMemcpyDeviceToDevice, stream));
+    }, {0, 0, 0, 0, 0});
+    counted("cudaMemcpyAsync to the host is one copy", [&] {
+        cudaCheck(cudaMemcpyAsync(host, device, sizeof(host), cudaMemcpyDeviceToHost, stream));
+    }, {0, 0, 1, 0, 0});
+    counted("cudaMemcpy2DAsync to the host is one copy, whatever its rows", [&] {
+        cudaCheck(cudaMemcpy2DAsync(host, 2 * sizeof(int), device, 2 * sizeof(int), sizeof(int), 2,
+                                    cudaMemcpyDeviceToHost, stream));
+    }, {0, 0, 1, 0, 0});
+    counted("a synchronous cudaMemcpy to the host is a copy and a synchronisation", [&] {
+        cudaCheck(cudaMemcpy(host, device, sizeof(host), cudaMemcpyDeviceToHost));
+    }, {0, 0, 1, 1, 0});
+    counted("stream and device synchronisations", [&] {
+        cudaCheck(cudaStreamSynchronize(stream));
+        cudaCheck(cudaDeviceSynchronize());
+    }, {0, 0, 0, 2, 0});
+    counted("cudaEventSynchronize is an event wait", [&] {
+        cudaCheck(cudaEventRecord(event, stream));
+        cudaCheck(cudaEventSynchronize(event));
+    }, {0, 0, 0, 0, 1});
+    counted("copy_to_host is a copy and a synchronisation", [&] { copy_to_host(host, device, 4, stream); },
+            {0, 0, 1, 1, 0});
+    counted("cudaFree is one free; of null, none", [&] {
+        cudaCheck(cudaFree(device));
+        cudaCheck(cudaFree(nullptr));
+    }, {0, 1, 0, 0, 0});
+    int* pinned = nullptr;
+    counted("cudaMallocHost and cudaFreeHost", [&] {
+        cudaCheck(cudaMallocHost(&pinned, sizeof(int)));
+        cudaCheck(cudaFreeHost(pinned));
+    }, {1, 1, 0, 0, 0});
+    // {1, 2, 3, 4} went up, its first two ints over its last two: {1, 2, 1, 2} came back
+    check_true("the copies moved the values", host[0] == 1 && host[1] == 2 && host[2] == 1 && host[3] == 2);
+    cudaCheck(cudaEventDestroy(event));
+    cudaCheck(cudaStreamDestroy(stream));
+}
+
+// The cache's order and bound, with ints for plans: the key differs in its row count m, as an expert's does.
+void test_matmul_plan_cache() {
+    auto key = [](int m) { return MatmulPlanKey{m, 64, 64, false, true, false, false, 256, 256, 256, 0, 4}; };
+    MatmulPlanCache<int> cache;
+    cache.capacity = 3;
+    std::vector<int> destroyed;
+    auto destroy = [&](int& plan) { destroyed.push_back(plan); };
+    for (int m = 1; m <= 3; m++) cache.insert(key(m), 100 + m, destroy);
+    check_true("three plans fit a cache of three", cache.size() == 3 && destroyed.empty());
+    const int* found = cache.find(key(1));  // m = 1 is now the most recent; m = 2 the least
+    check_true("a cached plan is found", found && *found == 101);
+    check_true("an unknown key is not", cache.find(key(7)) == nullptr);
+    cache.insert(key(4), 104, destroy);
+    check_true("a fourth plan evicts the least recently used (m = 2), and only it",
+               cache.size() == 3 && destroyed == std::vector<int>{102} && cache.find(key(2)) == nullptr &&
+                   cache.evicted == 1);
+    check_true("the others stay", cache.find(key(1)) && cache.find(key(3)) && cache.find(key(4)));
+    // a stream of new row counts, as an expert's matmuls make step after step: the cache never passes its bound
+    size_t largest = 0;
+    for (int m = 5; m < 1000; m++) {
+        if (!cache.find(key(m))) cache.insert(key(m), 100 + m, destroy);
+        largest = std::max(largest, cache.size());
+    }
+    check_true("995 new keys later the cache holds 3", largest == 3 && cache.size() == 3 && cache.evicted == 996,
+               std::to_string(largest) + " " + std::to_string(cache.evicted));
+    check_true("it holds the three most recent", cache.find(key(997)) && cache.find(key(998)) && cache.find(key(999)));
+    check_true("the matmuls' cache is bounded by default",
+               MatmulPlanCache<MatmulPlan>{}.capacity == MATMUL_PLAN_CACHE_CAPACITY && MATMUL_PLAN_CACHE_CAPACITY > 0);
+}
+
 int main() {
     char dir_template[] = "/tmp/test_host_XXXXXX";
     if (!mkdtemp(dir_template)) fatal("cannot create a temporary directory: %s", strerror(errno));
@@ -707,6 +800,8 @@ int main() {
     test_schedulers();
     test_logger();
     test_mfu();
+    test_host_call_counts();
+    test_matmul_plan_cache();
     std::string cleanup = "rm -rf '" + test_dir + "'";
     if (system(cleanup.c_str()) != 0) printf("could not remove %s\n", test_dir.c_str());
     printf("%d passed, %d failed\n", lab.passed, lab.failed);

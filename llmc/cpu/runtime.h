@@ -41,6 +41,7 @@ requires on a GPU.)
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -171,6 +172,33 @@ inline size_t physical_memory_bytes() {
 }
 
 // ----------------------------------------------------------------------------
+// host waits and allocations, counted
+//
+// On a GPU the host issues a step's work far ahead of the device, and these calls take that lead away: a
+// synchronisation (cudaStreamSynchronize, cudaDeviceSynchronize, a synchronous device-to-host cudaMemcpy),
+// a device-to-host copy (the host wants a value: a synchronisation follows), and an allocation or a free
+// (cudaMalloc and cudaMallocHost cost milliseconds; cudaFree and cudaFreeHost synchronise the device).
+// cudaEventSynchronize is counted apart (event_waits): the step uses it only to reuse a double-buffered
+// staging slot, a wait for a copy issued one upload earlier, which blocks only a host that runs that far
+// ahead of the device. The CPU device runs everything at once, so it cannot feel them; it counts them
+// instead, from the program's start, and the trainer reports the counts of each step against the budget in
+// the README. Counted at the call, as the host makes it (a queued late-stream copy counts when issued).
+struct HostCallCounts {
+    long long allocations = 0, frees = 0, device_to_host_copies = 0, synchronizations = 0, event_waits = 0;
+};
+inline std::atomic<long long>* host_call_counters() {
+    static std::atomic<long long> counters[5];  // in HostCallCounts' order
+    return counters;
+}
+enum class HostCall { Allocation, Free, DeviceToHostCopy, Synchronization, EventWait };
+inline void count_host_call(HostCall call) { host_call_counters()[(int)call]++; }
+inline HostCallCounts host_call_counts() {
+    std::atomic<long long>* c = host_call_counters();
+    return HostCallCounts{c[0].load(), c[1].load(), c[2].load(), c[3].load(), c[4].load()};
+}
+// ---------------------------------------------------------------------------- (end of the counts)
+
+// ----------------------------------------------------------------------------
 // late streams (see the top of this file)
 
 // 0: off, 1: late, 2: late, and the streams not forced run ahead of the forced one
@@ -279,6 +307,7 @@ inline cudaError_t cudaGetDeviceCount(int* count) { *count = 1; return cudaSucce
 inline cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
 inline cudaError_t cudaGetDevice(int* device) { *device = 0; return cudaSuccess; }
 inline cudaError_t cudaDeviceSynchronize() {
+    cudacpu::count_host_call(cudacpu::HostCall::Synchronization);
     cudacpu::run_all_streams();
     return cudaSuccess;
 }
@@ -344,6 +373,7 @@ inline cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
 // (Linux's overcommit would grant it).
 template <class T>
 cudaError_t cudaMalloc(T** pointer, size_t bytes) {
+    cudacpu::count_host_call(cudacpu::HostCall::Allocation);
     if (bytes > cudacpu::free_device_bytes()) return cudaErrorMemoryAllocation;
     void* memory = nullptr;
     // A buffer of 2 MiB or more is asked for in 2 MiB pages (transparent huge pages, where the kernel grants
@@ -364,10 +394,12 @@ cudaError_t cudaMalloc(T** pointer, size_t bytes) {
 
 template <class T>
 cudaError_t cudaMallocHost(T** pointer, size_t bytes) {
+    cudacpu::count_host_call(cudacpu::HostCall::Allocation);
     *pointer = static_cast<T*>(malloc(bytes > 0 ? bytes : 1));
     return *pointer ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 inline cudaError_t cudaFreeHost(void* pointer) {
+    cudacpu::count_host_call(cudacpu::HostCall::Free);
     cudacpu::run_all_streams();  // as on a GPU: queued work may still use it
     free(pointer);
     return cudaSuccess;
@@ -376,6 +408,7 @@ inline cudaError_t cudaFreeHost(void* pointer) {
 inline cudaError_t cudaFree(void* pointer) {
     cudacpu::run_all_streams();
     if (!pointer) return cudaSuccess;
+    cudacpu::count_host_call(cudacpu::HostCall::Free);
     cudacpu::Allocations& a = cudacpu::allocations();
     std::lock_guard<std::mutex> guard(a.lock);
     auto found = a.sizes.find(pointer);
@@ -386,22 +419,35 @@ inline cudaError_t cudaFree(void* pointer) {
     return cudaSuccess;
 }
 
-inline cudaError_t cudaMemcpy(void* target, const void* source, size_t bytes, cudaMemcpyKind) {
+namespace cudacpu {
+inline void copy_bytes(void* target, const void* source, size_t bytes) {
     if (bytes) memmove(target, source, bytes);
+}
+inline void count_copy(cudaMemcpyKind kind) {
+    if (kind == cudaMemcpyDeviceToHost) count_host_call(HostCall::DeviceToHostCopy);
+}
+}  // namespace cudacpu
+// A synchronous device-to-host copy is a copy and a wait for it.
+inline cudaError_t cudaMemcpy(void* target, const void* source, size_t bytes, cudaMemcpyKind kind) {
+    cudacpu::count_copy(kind);
+    if (kind == cudaMemcpyDeviceToHost) cudacpu::count_host_call(cudacpu::HostCall::Synchronization);
+    cudacpu::copy_bytes(target, source, bytes);
     return cudaSuccess;
 }
 inline cudaError_t cudaMemcpyAsync(void* target, const void* source, size_t bytes, cudaMemcpyKind kind,
                                    cudaStream_t stream = nullptr) {
-    cudacpu::on_stream(stream, [=] { cudaMemcpy(target, source, bytes, kind); });
+    cudacpu::count_copy(kind);
+    cudacpu::on_stream(stream, [=] { cudacpu::copy_bytes(target, source, bytes); });
     return cudaSuccess;
 }
 // `height` rows of `width` bytes, rows `target_pitch` and `source_pitch` bytes apart (a block of columns)
 inline cudaError_t cudaMemcpy2DAsync(void* target, size_t target_pitch, const void* source, size_t source_pitch,
                                      size_t width, size_t height, cudaMemcpyKind kind, cudaStream_t stream = nullptr) {
     if (width > target_pitch || width > source_pitch) return cudaErrorInvalidValue;
+    cudacpu::count_copy(kind);
     cudacpu::on_stream(stream, [=] {
         for (size_t row = 0; row < height; row++)
-            cudaMemcpy((char*)target + row * target_pitch, (const char*)source + row * source_pitch, width, kind);
+            cudacpu::copy_bytes((char*)target + row * target_pitch, (const char*)source + row * source_pitch, width);
     });
     return cudaSuccess;
 }
@@ -430,6 +476,7 @@ inline cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     return cudaSuccess;
 }
 inline cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+    cudacpu::count_host_call(cudacpu::HostCall::Synchronization);
     if (cudacpu::is_late(stream)) cudacpu::run_stream(stream);
     return cudaSuccess;
 }
@@ -463,6 +510,7 @@ inline cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, u
     return cudaSuccess;
 }
 inline cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    cudacpu::count_host_call(cudacpu::HostCall::EventWait);
     cudacpu::complete(event->latest);
     return cudaSuccess;
 }

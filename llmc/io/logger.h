@@ -23,6 +23,11 @@ Console line:
 The ETA is the steps still to run times the mean step time of this run (StepTimer below): the first step
 is left out of the mean once there are others, because it pays for warm-up (cuBLAS heuristics, first-touch
 allocations) that later steps do not. Validation, samples and checkpoints are not counted in it.
+Where the build counts them (the CPU build: HostCalls below), the step's line in log.jsonl adds each rank's
+allocations, frees, device-to-host copies, synchronisations and event waits inside train_step, one list per kind in rank
+order, and the mixture-of-experts layer passes they ran: "host_calls": {"allocations": [0, 0], "frees": [0, 0],
+"d2h_copies": [1, 1], "syncs": [1, 1], "event_waits": [6, 6], "moe_layer_passes": [0, 0]} (the README's budget; the console line
+leaves them out). A step whose pipeline timeline the trainer measures (the last, under pp or --trace) has none.
 JSON line (same numbers; "time_s", seconds since the logger was created, ends every line; a non-finite
 number such as a NaN loss becomes null, because JSON has no NaN and a diverged run is exactly the one whose
 log must still parse; so does an unknown MFU):
@@ -46,6 +51,7 @@ the bytes the program holds through cudaMalloc.
 #include <mutex>
 #include <string>
 #include <sys/stat.h>
+#include <vector>
 #include "../cuda_common.cuh"
 #include "flags.h"
 #include "../planning/mfu.h"
@@ -61,6 +67,33 @@ inline size_t device_memory_in_use_bytes() {
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
     return total_bytes - free_bytes;
 #endif
+}
+
+// What takes the host's lead over the device, counted over a stretch of the program: allocations and frees
+// (cudaMalloc, cudaMallocHost, cudaFree, cudaFreeHost), device-to-host copies, synchronisations (of a
+// stream, the device, or a synchronous copy) and event waits (cudaEventSynchronize: a staging slot's reuse,
+// llmc/cpu/runtime.h says why apart). The CPU build counts them (llmc/cpu/runtime.h); the
+// GPU build does not, and reports none (host_calls_counted). moe_layer_passes is not a call: the mixture-of-
+// experts layers' forward passes in the stretch, each of which copies its rows per expert to the host once.
+struct HostCalls {
+    long long allocations = 0, frees = 0, device_to_host_copies = 0, synchronizations = 0, event_waits = 0;
+    long long moe_layer_passes = 0;
+};
+#ifdef LLMC_CPU
+constexpr bool host_calls_counted = true;
+inline HostCalls host_calls_so_far() {
+    const cudacpu::HostCallCounts c = cudacpu::host_call_counts();
+    return HostCalls{c.allocations, c.frees, c.device_to_host_copies, c.synchronizations, c.event_waits, 0};
+}
+#else
+constexpr bool host_calls_counted = false;
+inline HostCalls host_calls_so_far() { return HostCalls{}; }
+#endif
+inline HostCalls host_calls_since(const HostCalls& start) {
+    const HostCalls now = host_calls_so_far();
+    return HostCalls{now.allocations - start.allocations, now.frees - start.frees,
+                     now.device_to_host_copies - start.device_to_host_copies,
+                     now.synchronizations - start.synchronizations, now.event_waits - start.event_waits, 0};
 }
 
 // mkdir -p: creates the directory and any missing parents; an existing directory is fine.
@@ -158,6 +191,7 @@ struct StepStats {
     long long pp_comm_bytes = 0;  // ... to the other pipeline stages (activations, gradients, tied embeddings)
     long long cp_comm_bytes = 0;  // ... to its context-parallel group (key/value blocks, all-to-alls)
     long long ep_comm_bytes = 0;  // ... to its expert-parallel group (routing counts, routed rows)
+    std::vector<HostCalls> host_calls;  // every rank's, in rank order (empty: not counted)
 };
 
 class Logger {
@@ -192,7 +226,7 @@ public:
 
     // A step's line, from what it measured: the statistics the log keeps, MFU (llmc/planning/mfu.h) included.
     void step(long long number, float loss, float learning_rate, float grad_norm, double seconds,
-              const StepTraffic& traffic) {
+              const StepTraffic& traffic, const std::vector<HostCalls>& host_calls = {}) {
         StepStats stats;
         stats.step = number;
         stats.total_steps = total_steps_;
@@ -211,6 +245,7 @@ public:
         stats.pp_comm_bytes = traffic.pp;
         stats.cp_comm_bytes = traffic.cp;
         stats.ep_comm_bytes = traffic.ep;
+        stats.host_calls = host_calls;
         step(stats);
     }
 
@@ -251,6 +286,7 @@ public:
         json.integer("pp_comm_bytes", s.pp_comm_bytes);
         json.integer("cp_comm_bytes", s.cp_comm_bytes);
         json.integer("ep_comm_bytes", s.ep_comm_bytes);
+        if (!s.host_calls.empty()) json.raw("host_calls", host_calls_json(s.host_calls));
         json.number("eta_s", eta_seconds);
         write(json);
     }
@@ -304,6 +340,21 @@ public:
     }
 
 private:
+    // {"allocations": [per rank], "frees": [...], "d2h_copies": [...], "syncs": [...], "event_waits": [...],
+    //  "moe_layer_passes": [...]}
+    static std::string host_calls_json(const std::vector<HostCalls>& ranks) {
+        auto list = [&](long long HostCalls::*member) {
+            std::string text = "[";
+            for (size_t r = 0; r < ranks.size(); r++) text += (r ? ", " : "") + std::to_string(ranks[r].*member);
+            return text + "]";
+        };
+        return "{\"allocations\": " + list(&HostCalls::allocations) + ", \"frees\": " + list(&HostCalls::frees) +
+               ", \"d2h_copies\": " + list(&HostCalls::device_to_host_copies) + ", \"syncs\": " +
+               list(&HostCalls::synchronizations) + ", \"event_waits\": " + list(&HostCalls::event_waits) +
+               ", \"moe_layer_passes\": " + list(&HostCalls::moe_layer_passes) +
+               "}";
+    }
+
     bool enabled_;
     std::chrono::steady_clock::time_point start_;
     StepTimer step_timer_;  // this run's steps only: a resumed run starts a new logger and a new mean

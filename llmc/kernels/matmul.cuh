@@ -51,6 +51,7 @@ during the first step would wait for the device to idle, while NCCL kernels alre
 
 #include <cstdint>
 #include <cstring>
+#include <list>
 #include <map>
 #include <string>
 #include <tuple>
@@ -176,6 +177,13 @@ at least 16-byte aligned (dev/test/test_parameter_layout.cu checks it).
 
 Set LLMC_MATMUL_TRACE=1 to print one line per new plan on stderr: the shape, the alignments and, on the
 GPU, the algorithm and its workspace. A shape's plans are few: one per distinct alignment of its operands.
+
+The cache is bounded. A mixture of experts runs each expert's matmuls on the rows routed to it, a number
+that changes every step, so the keys never stop coming. The row count cannot be rounded into a bucket: the
+plan's layouts hold the exact shape, and an algorithm the heuristic chose for one m is not promised to run
+another. So the cache keeps the MATMUL_PLAN_CACHE_CAPACITY plans used most recently and destroys the least
+recently used one when a new plan would pass that. A dense model's step uses a few dozen keys, which stay;
+the experts' plans come and go.
 */
 
 // the largest power of two <= 256 that divides `address` (256 for address 0)
@@ -208,6 +216,45 @@ inline MatmulPlanKey matmul_plan_key(const floatX* d, const floatX* a, const flo
                          address_alignment((uintptr_t)d), bias ? address_alignment((uintptr_t)bias) : 0,
                          (int)sizeof(floatX)};
 }
+
+// The plans of the keys used most recently, at most `capacity` of them (see "Plans" above). Plan is the build's
+// plan (cuBLASLt's descriptors, or nothing for OpenBLAS); the cache only orders and drops them.
+constexpr size_t MATMUL_PLAN_CACHE_CAPACITY = 1024;
+template <class Plan>
+struct MatmulPlanCache {
+    struct Entry {
+        Plan plan;
+        std::list<MatmulPlanKey>::iterator recency_position;
+    };
+    std::map<MatmulPlanKey, Entry> entries;
+    std::list<MatmulPlanKey> recency;  // most recently used first
+    size_t capacity = MATMUL_PLAN_CACHE_CAPACITY;
+    long evicted = 0;
+
+    size_t size() const { return entries.size(); }
+    bool empty() const { return entries.empty(); }
+    // The plan of `key`, now the most recently used; null when the cache does not hold it.
+    Plan* find(const MatmulPlanKey& key) {
+        auto found = entries.find(key);
+        if (found == entries.end()) return nullptr;
+        recency.splice(recency.begin(), recency, found->second.recency_position);
+        return &found->second.plan;
+    }
+    // Adds the plan of a key the cache does not hold, first handing the least recently used plans to
+    // destroy(plan) until there is room. The new plan is never the one dropped.
+    template <class Destroy>
+    Plan& insert(const MatmulPlanKey& key, Plan plan, Destroy&& destroy) {
+        while (capacity > 0 && entries.size() >= capacity) {
+            auto oldest = entries.find(recency.back());
+            destroy(oldest->second.plan);
+            entries.erase(oldest);
+            recency.pop_back();
+            evicted++;
+        }
+        recency.push_front(key);
+        return entries.emplace(key, Entry{plan, recency.begin()}).first->second.plan;
+    }
+};
 
 // The minimum alignments cuBLASLt's preference gets: its A is our b and its B our a (the operand swap
 // above); C and D are both our d (we accumulate in place).
@@ -270,7 +317,7 @@ struct MatmulContext {
     cublasLtHandle_t handle = nullptr;
     void* workspace = nullptr;
     size_t workspace_bytes = 0;
-    std::map<MatmulPlanKey, MatmulPlan> plans;
+    MatmulPlanCache<MatmulPlan> plans;
     long plans_built = 0, cache_hits = 0;
 };
 inline MatmulContext matmul_context;
@@ -285,14 +332,16 @@ inline void matmul_setup() {
     cudaCheck(cudaMalloc(&matmul_context.workspace, matmul_context.workspace_bytes));
 }
 
+inline void matmul_destroy_plan(MatmulPlan& plan) {
+    cublasCheck(cublasLtMatrixLayoutDestroy(plan.d_layout));
+    cublasCheck(cublasLtMatrixLayoutDestroy(plan.second_layout));
+    cublasCheck(cublasLtMatrixLayoutDestroy(plan.first_layout));
+    cublasCheck(cublasLtMatmulDescDestroy(plan.description));
+}
+
 inline void matmul_teardown() {
     if (matmul_context.handle == nullptr) return;
-    for (auto& [key, plan] : matmul_context.plans) {
-        cublasCheck(cublasLtMatrixLayoutDestroy(plan.d_layout));
-        cublasCheck(cublasLtMatrixLayoutDestroy(plan.second_layout));
-        cublasCheck(cublasLtMatrixLayoutDestroy(plan.first_layout));
-        cublasCheck(cublasLtMatmulDescDestroy(plan.description));
-    }
+    for (auto& [key, entry] : matmul_context.plans.entries) matmul_destroy_plan(entry.plan);
     cudaCheck(cudaFree(matmul_context.workspace));
     cublasCheck(cublasLtDestroy(matmul_context.handle));
     matmul_context = MatmulContext{};
@@ -371,7 +420,7 @@ struct MatmulPlan {};  // OpenBLAS chooses nothing ahead; the key is still compu
 // fp32 copies of bf16 operands and result, reused from call to call (they only ever grow), and the plans
 struct MatmulContext {
     std::vector<float> a, b, d;
-    std::map<MatmulPlanKey, MatmulPlan> plans;
+    MatmulPlanCache<MatmulPlan> plans;
     long plans_built = 0, cache_hits = 0;
 };
 inline MatmulContext matmul_context;
@@ -380,18 +429,18 @@ inline void matmul_setup() {}
 inline void matmul_teardown() { matmul_context = MatmulContext{}; }
 
 inline MatmulPlan matmul_build_plan(const MatmulPlanKey&, const floatX*) { return MatmulPlan{}; }
+inline void matmul_destroy_plan(MatmulPlan&) {}
 inline std::string matmul_plan_text(const MatmulPlan&) { return ""; }
 
 #endif
 
 // The plan for `key`: from the cache, or built, counted and (LLMC_MATMUL_TRACE=1) printed.
 inline const MatmulPlan& matmul_find_plan(const MatmulPlanKey& key, const floatX* bias) {
-    auto found = matmul_context.plans.find(key);
-    if (found != matmul_context.plans.end()) {
+    if (const MatmulPlan* cached = matmul_context.plans.find(key)) {
         matmul_context.cache_hits++;
-        return found->second;
+        return *cached;
     }
-    const MatmulPlan& plan = matmul_context.plans.emplace(key, matmul_build_plan(key, bias)).first->second;
+    const MatmulPlan& plan = matmul_context.plans.insert(key, matmul_build_plan(key, bias), matmul_destroy_plan);
     matmul_context.plans_built++;
     if (matmul_trace_enabled())
         fprintf(stderr, "matmul plan %ld: %s%s\n", matmul_context.plans_built, matmul_plan_key_text(key).c_str(),

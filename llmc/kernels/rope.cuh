@@ -16,6 +16,8 @@ The angle is the fp32 product p * f_i, as PyTorch's reference takes it, then its
 floatX is. f_i itself is computed in double and rounded once to fp32, so that it is the same float on every
 device: an fp32 powf may be off by an ulp or two from one math library to another, and at position p the
 angle then moves by p times that (at p ~ 1000 about 1e-4 radians, far above fp32's rounding of the output).
+The hs/2 frequencies depend on the model only, so they are a table, computed once per model on the device
+(rope_frequencies): a double-precision pow per pair and call would cost a GPU far more than the rotation.
 
 The layout is the qkv matmul's output: each of the N = B T rows holds the query heads, then the key heads,
 then the value heads, hs values each (with grouped-query attention there are fewer key/value heads than
@@ -25,6 +27,7 @@ B sequences (llmc/parallel/context_parallel.h's SequenceChunk): row b T + t is a
 first_position + t, so a context-parallel rank turns each of its chunks with that chunk's first position.
 
 What each launcher does:
+    rope_frequencies  the table: f_i for i < hs/2, fp32
     rope_forward    qkv: the query and key heads rotated in place
     rope_backward   dqkv: the query and key heads' gradients rotated back in place
 One thread per pair, a grid-stride loop; hs must be even.
@@ -37,9 +40,16 @@ One thread per pair, a grid-stride loop; hs must be even.
 // ----------------------------------------------------------------------------
 // kernels
 
+// frequencies[i] = f_i, i < head_size / 2
+__global__ void rope_frequencies_kernel(float* frequencies, int head_size, float theta) {
+    const GridStride share = grid_stride((size_t)head_size / 2);
+    for (size_t i = share.first; i < share.end; i += share.step)
+        frequencies[i] = (float)pow((double)theta, -2.0 * (int)i / head_size);
+}
+
 // Rotates every (row, rotated head, pair) by `direction` (+1 forward, -1 backward) times its angle.
 __global__ void rope_kernel(floatX* qkv, int B, int T, int first_position, int rotated_heads, int row_width,
-                            int head_size, float theta, float direction) {
+                            int head_size, const float* frequencies, float direction) {
     const int pairs = head_size / 2;
     const GridStride share = grid_stride((size_t)B * T * rotated_heads * pairs);
     for (size_t item = share.first; item < share.end; item += share.step) {
@@ -47,9 +57,8 @@ __global__ void rope_kernel(floatX* qkv, int B, int T, int first_position, int r
         const size_t head = item / pairs % rotated_heads;
         const size_t row = item / pairs / rotated_heads;
         const int position = first_position + (int)(row % T);
-        const float frequency = (float)pow((double)theta, -2.0 * i / head_size);
         float sine, cosine;
-        sincosf((float)position * frequency, &sine, &cosine);
+        sincosf((float)position * frequencies[i], &sine, &cosine);
         sine *= direction;
         floatX* pair = qkv + row * row_width + head * head_size + 2 * i;
         const float x0 = (float)pair[0], x1 = (float)pair[1];
@@ -61,25 +70,38 @@ __global__ void rope_kernel(floatX* qkv, int B, int T, int first_position, int r
 // ----------------------------------------------------------------------------
 // launchers
 
-inline void rope_launch(const char* caller, floatX* qkv, int B, int T, int first_position, int q_heads, int kv_heads,
-                        int head_size, float theta, float direction, cudaStream_t stream) {
+inline void rope_check_head_size(const char* caller, int head_size) {
     if (head_size <= 0 || head_size % 2 != 0)
         fatal("%s: the head size %d must be positive and even (RoPE turns pairs)", caller, head_size);
-    if (theta <= 1.0f) fatal("%s: theta %g must exceed 1", caller, theta);
+}
+
+// frequencies (head_size / 2 floats of device memory): the table, once per model
+void rope_frequencies(float* frequencies, int head_size, float theta, cudaStream_t stream) {
+    rope_check_head_size("rope_frequencies", head_size);
+    if (!(theta > 1.0f)) fatal("rope_frequencies: theta %g must exceed 1", theta);
+    const int block_size = 256;
+    launch(rope_frequencies_kernel, grid_size_for(head_size / 2, block_size), block_size, 0, stream, frequencies,
+           head_size, theta);
+}
+
+inline void rope_launch(const char* caller, floatX* qkv, int B, int T, int first_position, int q_heads, int kv_heads,
+                        int head_size, const float* frequencies, float direction, cudaStream_t stream) {
+    rope_check_head_size(caller, head_size);
     const int rotated_heads = q_heads + kv_heads, row_width = (q_heads + 2 * kv_heads) * head_size;
     const int block_size = 256;
     launch(rope_kernel, grid_size_for((size_t)B * T * rotated_heads * (head_size / 2), block_size), block_size, 0,
-           stream, qkv, B, T, first_position, rotated_heads, row_width, head_size, theta, direction);
+           stream, qkv, B, T, first_position, rotated_heads, row_width, head_size, frequencies, direction);
 }
 
-// qkv (B T rows of q_heads + 2 kv_heads heads of head_size): the query and key heads rotated in place
+// qkv (B T rows of q_heads + 2 kv_heads heads of head_size): the query and key heads rotated in place, by the
+// frequencies rope_frequencies made
 void rope_forward(floatX* qkv, int B, int T, int first_position, int q_heads, int kv_heads, int head_size,
-                  float theta, cudaStream_t stream) {
-    rope_launch("rope_forward", qkv, B, T, first_position, q_heads, kv_heads, head_size, theta, +1.0f, stream);
+                  const float* frequencies, cudaStream_t stream) {
+    rope_launch("rope_forward", qkv, B, T, first_position, q_heads, kv_heads, head_size, frequencies, +1.0f, stream);
 }
 
 // dqkv (as qkv): the gradients of the rotated query and key heads become those of the heads before RoPE
 void rope_backward(floatX* dqkv, int B, int T, int first_position, int q_heads, int kv_heads, int head_size,
-                   float theta, cudaStream_t stream) {
-    rope_launch("rope_backward", dqkv, B, T, first_position, q_heads, kv_heads, head_size, theta, -1.0f, stream);
+                   const float* frequencies, cudaStream_t stream) {
+    rope_launch("rope_backward", dqkv, B, T, first_position, q_heads, kv_heads, head_size, frequencies, -1.0f, stream);
 }

@@ -59,8 +59,9 @@ inline void positions_in_attention(const GPT2& model, const ParallelContext& par
     const size_t width = (size_t)(q_heads + 2 * kv_heads) * c.head_size();
     for (const SequenceChunk& chunk : row_positions(model, par, B, T)) {
         floatX* rows = qkv + (size_t)chunk.first_row * width;
-        if (backward) rope_backward(rows, B, chunk.T, chunk.position, q_heads, kv_heads, c.head_size(), c.rope_theta, stream);
-        else rope_forward(rows, B, chunk.T, chunk.position, q_heads, kv_heads, c.head_size(), c.rope_theta, stream);
+        const float* frequencies = model.shared.rope_frequencies;
+        if (backward) rope_backward(rows, B, chunk.T, chunk.position, q_heads, kv_heads, c.head_size(), frequencies, stream);
+        else rope_forward(rows, B, chunk.T, chunk.position, q_heads, kv_heads, c.head_size(), frequencies, stream);
     }
 }
 

@@ -205,6 +205,7 @@ struct SharedBuffers {
     float* matmul_scratch;  // bias-gradient partial sums
     float* layernorm_scratch;
     float* norm_scratch;
+    float* rope_frequencies;  // (hs/2)  Llama: RoPE's frequencies, computed once (llmc/kernels/rope.cuh; else null)
     EncoderBackwardWorkspace encoder_workspace;
     // a mixture of experts (E experts, M = N K assignments, He hidden units per expert)
     floatX* router_logits;     // (N, E)  the router's logits, then their gradient
@@ -235,9 +236,10 @@ struct MoETraining {
     std::vector<long long> tokens;  // host: rows each (layer, expert) ran since then (L x E)
     long long dropped = 0;          // host: assignments dropped by the capacity since then
                                     // (train_gpt.cu's log_expert_routing reads and clears the three)
-    // device room for the routing counts' gathers under cp (moe_sequence_counts), kept once made
-    __nv_bfloat16* counts_scratch = nullptr;
-    size_t counts_scratch_elements = 0;
+    int* gathered_counts = nullptr;  // device room for the routing counts' gathers under cp (moe_sequence_counts),
+    size_t gathered_counts_elements = 0;  // made on the first step and kept
+    long long layer_passes = 0;     // host: moe_forward's calls so far, each one copy of the rows per expert to
+                                    // the host (the step's budget of host waits counts them)
     float* statistics = nullptr;    // device: the loss sums, then room for tokens and dropped (3 + L E floats),
                                     // which the log sums over the ranks in one all-reduce
 };
@@ -601,6 +603,11 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, c
                                             MemoryKind::Workspace);
     s.layernorm_scratch = tracked_alloc<float>(layernorm_backward_scratch_floats((int)R, (int)C), MemoryKind::Workspace);
     s.norm_scratch = tracked_alloc<float>(global_norm_scratch_count(), MemoryKind::Workspace);
+    s.rope_frequencies = nullptr;
+    if (config.llama()) {
+        s.rope_frequencies = tracked_alloc<float>(config.head_size() / 2, MemoryKind::Workspace);
+        rope_frequencies(s.rope_frequencies, (int)config.head_size(), config.rope_theta, model.stream);
+    }
     if (model.first_stage) encoder_backward_workspace_create(&s.encoder_workspace, (int)N, (int)C);
     if (config.moe()) {
         const size_t E = config.experts, M = N * config.experts_per_token, G = part.ep;
@@ -643,10 +650,11 @@ inline void gpt2_free(GPT2& model) {
     for (void* p : {(void*)s.router_logits, (void*)s.router_dprobs, (void*)s.routed_dweights, (void*)s.expert_rows,
                     (void*)s.capacity_left, (void*)s.routed_output, (void*)s.expert_doutput, (void*)s.expert_dfch,
                     (void*)s.expert_dispatch, (void*)s.expert_exchange, (void*)model.moe.statistics,
-                    (void*)model.moe.counts_scratch})
+                    (void*)model.moe.gathered_counts})
         tracked_free(p);
     for (void* p : {(void*)s.projection, (void*)s.dchannels, (void*)s.dhidden, (void*)s.dqkv,
-                    (void*)s.gathered, (void*)s.softmax_stats, (void*)s.attention_D, (void*)s.matmul_scratch, (void*)s.layernorm_scratch, (void*)s.norm_scratch})
+                    (void*)s.gathered, (void*)s.softmax_stats, (void*)s.attention_D, (void*)s.matmul_scratch, (void*)s.layernorm_scratch, (void*)s.norm_scratch,
+                    (void*)s.rope_frequencies})
         tracked_free(p);
     if (model.first_stage) encoder_backward_workspace_free(&s.encoder_workspace);
     kv_cache_free(model);

@@ -79,45 +79,62 @@ inline int moe_sequence_pieces(const GPT2& model, const ContextParallel& cp) {
 // before it in position order (cp_chunk_index), since the capacity keeps a sequence's first ones. Under tp as
 // well, a tp rank routes a 1/tp slice of the rank's chunk-major rows (moe_rows): B' = B/tp sequences' worth of
 // pieces, which may belong to any of the cp rank's tp B' sequences, so the tp ranks' counts are gathered first,
-// in rank order (rank r's are pieces [r B' pieces, (r+1) B' pieces) of the cp rank's chunk-major list). Through
-// the host, where the forward pass waits for the rows per expert anyway.
-struct SequenceCounts {
-    std::vector<int> whole;          // (B pieces, E): each piece's whole sequence's assignments per expert
-    std::vector<int> capacity_left;  // (B pieces, E): with a capacity, what the pieces before left of it
-};
-inline SequenceCounts moe_sequence_counts(MoETraining& moe, const TensorParallel& tp, const ContextParallel& cp,
-                                          const int* routed_counts, int pieces, int B, int E, int capacity,
-                                          cudaStream_t stream) {
+// in rank order (rank r's are pieces [r B' pieces, (r+1) B' pieces) of the cp rank's chunk-major list). All of
+// it on the device: the counts are gathered there (ints moved as pairs of bf16, bit for bit) and a kernel sums
+// them, so the layer's one copy to the host stays the rows per expert (moe_forward).
+//
+// In `everyone`, cp rank r's piece q (q = k sequences + b: its chunk k of sequence b) is piece r per_rank + q,
+// per_rank = pieces x sequences, sequences = tp B (on a cp rank). One thread per (piece of mine, expert):
+//     whole[piece, e]         = sum over the pieces o of my sequence of everyone[o, e]
+//     capacity_left[piece, e] = max(0, capacity - sum over those o before mine in position of everyone[o, e])
+// (integers: any order of the sums gives the same bits; the pieces of my sequence are me % sequences, then every
+// sequences-th piece after it)
+__global__ void moe_sequence_counts_kernel(int* whole, int* capacity_left, const int* everyone, int first, int mine,
+                                           int sequences, int per_rank, int all, int E, int capacity, SequenceSplit split,
+                                           int cp) {
+    const int index = blockIdx.x * blockDim.x + threadIdx.x;
+    if (index >= mine * E) return;
+    const int piece = index / E, e = index % E, me = first + piece;
+    auto position = [&](int p) { return cp_chunk_index(split, cp, p / per_rank, p % per_rank / sequences); };
+    int total = 0, before = 0;
+    for (int other = me % sequences; other < all; other += sequences) {
+        const int assigned = everyone[(size_t)other * E + e];
+        total += assigned;
+        if (position(other) < position(me)) before += assigned;
+    }
+    whole[index] = total;
+    if (capacity_left) capacity_left[index] = max(0, capacity - before);
+}
+
+// capacity_left (null: no capacity): (B pieces, E) on the device, as the kernel above fills it. Returns the
+// whole sequences' counts, (B pieces, E) on the device, in room that stays the caller's until the next call.
+inline const int* moe_sequence_counts(MoETraining& moe, const TensorParallel& tp, const ContextParallel& cp,
+                                      int* capacity_left, const int* routed_counts, int pieces, int B, int E,
+                                      int capacity, cudaStream_t stream) {
     const size_t mine = (size_t)pieces * B * E, sequences = (size_t)tp.size * B;  // sequences on this cp rank
-    const size_t scratch = 4 * mine * tp.size * cp.size;  // the cp gather's words (of the tp gathers'), 4 bf16 each
-    if (moe.counts_scratch_elements < scratch) {
-        tracked_free(moe.counts_scratch);
-        moe.counts_scratch = tracked_alloc<__nv_bfloat16>(scratch, MemoryKind::Communication, "routing counts");
-        moe.counts_scratch_elements = scratch;
+    const size_t room = mine * (tp.size * (1 + cp.size) + 1);  // the tp gather's ints, the cp gather's, the sums
+    if (moe.gathered_counts_elements < room) {  // made on the first step (and grown for a larger batch), then kept
+        tracked_free(moe.gathered_counts);
+        moe.gathered_counts = tracked_alloc<int>(room, MemoryKind::Communication, "routing counts");
+        moe.gathered_counts_elements = room;
     }
-    std::vector<int> counts(mine);
-    copy_to_host(counts.data(), routed_counts, mine, stream);
-    std::vector<uint64_t> words(counts.begin(), counts.end());
-    if (tp.size > 1) words = all_gather_words(*tp.group, words, stream, moe.counts_scratch);  // the cp rank's pieces
-    const std::vector<uint64_t> everyone = all_gather_words(*cp.group, words, stream, moe.counts_scratch);
-    // in `everyone`, cp rank r's piece q (q = k sequences + b: its chunk k of sequence b) is piece r per_rank + q
-    const size_t per_rank = pieces * sequences, all = cp.size * per_rank;
-    auto position = [&](size_t piece) {  // where the piece sits in its sequence, in chunks
-        return cp_chunk_index(cp.split, cp.size, (int)(piece / per_rank), (int)(piece % per_rank / sequences));
-    };
-    SequenceCounts result{std::vector<int>(mine, 0), std::vector<int>(capacity > 0 ? mine : 0, capacity)};
-    const size_t first = cp.rank * per_rank + (size_t)tp.rank * pieces * B;  // this tp rank's first piece
-    for (size_t piece = 0; piece < (size_t)pieces * B; piece++) {
-        const size_t me = first + piece;
-        for (size_t other = me % sequences; other < all; other += sequences)  // the pieces of my sequence
-            for (int e = 0; e < E; e++) {
-                const int assigned = (int)everyone[other * E + e];
-                result.whole[piece * E + e] += assigned;
-                if (capacity > 0 && position(other) < position(me))
-                    result.capacity_left[piece * E + e] = std::max(0, result.capacity_left[piece * E + e] - assigned);
-            }
+    static_assert(sizeof(int) == 2 * sizeof(__nv_bfloat16), "an int travels as two bf16 elements");
+    auto as_bf16 = [](const int* ints) { return reinterpret_cast<__nv_bfloat16*>(const_cast<int*>(ints)); };
+    const int* cp_rank_counts = routed_counts;  // the cp rank's pieces, every tp rank's
+    int* tp_gathered = moe.gathered_counts;
+    int* everyone = moe.gathered_counts + mine * tp.size;
+    int* whole = everyone + mine * tp.size * cp.size;
+    if (tp.size > 1) {
+        all_gather(*tp.group, as_bf16(tp_gathered), as_bf16(routed_counts), 2 * mine, stream);
+        cp_rank_counts = tp_gathered;
     }
-    return result;
+    all_gather(*cp.group, as_bf16(everyone), as_bf16(cp_rank_counts), 2 * mine * tp.size, stream);
+    const int per_rank = (int)(pieces * sequences), all = cp.size * per_rank;
+    const int first = cp.rank * per_rank + tp.rank * pieces * B;  // this tp rank's first piece
+    const int block_size = 256, threads = (int)mine;
+    launch(moe_sequence_counts_kernel, ceil_div(threads, block_size), block_size, 0, stream, whole, capacity_left,
+           (const int*)everyone, first, pieces * B, (int)sequences, per_rank, all, E, capacity, cp.split, cp.size);
+    return whole;
 }
 
 // The routed half of the MLP on h (N = B T rows, this rank's): routing, the experts, and their weighted sum
@@ -136,6 +153,7 @@ inline void moe_forward(GPT2& model, const TensorParallel& tp, ExpertParallel& e
     // positions under context parallelism)
     const int capacity = model.cache.decoding ? 0 : moe_capacity(c, model.moe.capacity_factor, T * cp.size);
     const int pieces = moe_sequence_pieces(model, cp);
+    model.moe.layer_passes++;
     matmul_forward(s.router_logits, h, p.routerw, nullptr, N, C, E, stream);
     moe_router_forward(a.router_probs, a.router_lse, a.routed_experts, a.routed_weights, s.router_logits, N, E, K,
                        stream);
@@ -144,21 +162,21 @@ inline void moe_forward(GPT2& model, const TensorParallel& tp, ExpertParallel& e
                           stream);
     } else {  // pieces of sequences
         moe_count_routed(a.routed_counts, a.routed_experts, B * pieces, T / pieces, K, E, stream);
-        const SequenceCounts sequence = moe_sequence_counts(model.moe, tp, cp, a.routed_counts, pieces, B, E, capacity,
-                                                            stream);
-        if (capacity > 0)
-            copy_to_device(s.capacity_left, sequence.capacity_left.data(), sequence.capacity_left.size(), stream);
+        const int* whole = moe_sequence_counts(model.moe, tp, cp, capacity > 0 ? s.capacity_left : nullptr,
+                                               a.routed_counts, pieces, B, E, capacity, stream);
         moe_place_assignments(a.routed_slots, s.expert_rows, a.routed_counts, a.routed_experts, B * pieces, T / pieces,
                               K, E, capacity, capacity > 0 ? s.capacity_left : nullptr, stream);
-        copy_to_device(a.routed_counts, sequence.whole.data(), sequence.whole.size(), stream);  // for the balance loss
+        cudaCheck(cudaMemcpyAsync(a.routed_counts, whole, (size_t)B * pieces * E * sizeof(int), cudaMemcpyDeviceToDevice,
+                                  stream));  // for the balance loss
     }
-    int* my_rows = a.expert_rows + (size_t)ep.rank * E;
-    cudaCheck(cudaMemcpyAsync(my_rows, s.expert_rows, E * sizeof(int), cudaMemcpyDeviceToHost, stream));
+    // every ep rank's rows per expert, gathered on the device and copied to the host in one piece
+    const int* gathered_rows = ep_gather_counts(ep, s.expert_rows, E, stream);
+    cudaCheck(cudaMemcpyAsync(a.expert_rows, gathered_rows, (size_t)ep.size * E * sizeof(int), cudaMemcpyDeviceToHost,
+                              stream));
     // this rank's rows sorted by expert: where its experts run them (one rank), or ready to travel
     floatX* sorted = ep.size > 1 ? s.expert_dispatch : a.expert_input;
     moe_permute_forward(sorted, h, a.routed_slots, N, K, C, stream);
     cudaCheck(cudaStreamSynchronize(stream));  // the rows per expert, on the host
-    ep_share_counts(ep, a.expert_rows, E, stream);
     const ExpertCounts counts = expert_counts(c, ep, a);
     size_t arriving = 0;  // what the buffers were sized for (moe_expert_rows) bounds this by construction
     for (int s = 0; s < ep.size; s++) arriving += counts.block(s, ep.rank);

@@ -478,50 +478,64 @@ void all_to_all_v(Communicator& comm, T* out, const std::vector<size_t>& receive
 #endif
 }
 
+// Device room for the host helpers below: values go up into it, move, and come back before the helper
+// returns (each ends by waiting for its stream), so one buffer serves every helper and every communicator.
+// It grows on first need and is kept, so that a helper called every token (sampling) or every step (a
+// mixture of experts' counts, the log) allocates nothing once warm. Reachable until the process ends.
+inline void* host_exchange_bytes(size_t bytes) {
+    static void* room = nullptr;
+    static size_t room_bytes = 0;
+    if (bytes > room_bytes) {
+        tracked_free(room);
+        room = tracked_alloc<unsigned char>(bytes, MemoryKind::Communication, "host exchanges");
+        room_bytes = bytes;
+    }
+    return room;
+}
+template <typename T>
+T* host_exchange_room(size_t count) {
+    return static_cast<T*>(host_exchange_bytes(count * sizeof(T)));
+}
+
 // Host values on `root` become the same on every rank of the group (through device memory, which is what
 // the collectives move).
 template <typename T>
 void broadcast_host(Communicator& comm, T* values, size_t count, int root, cudaStream_t stream) {
     if (comm.size == 1) return;
-    T* device = tracked_alloc<T>(count, MemoryKind::Communication, "host broadcast");
+    T* device = host_exchange_room<T>(count);
     copy_to_device(device, values, count, stream);
     broadcast(comm, device, count, root, stream);
     copy_to_host(values, device, count, stream);
-    tracked_free(device);
 }
 
 // One number from every rank of the group, on all of them, in group order (a collective): for reports.
 inline std::vector<float> gather_values(Communicator& comm, float value, cudaStream_t stream) {
     std::vector<float> values(comm.size, value);
     if (comm.size == 1) return values;
-    float* device = tracked_alloc<float>(comm.size, MemoryKind::Communication, "gathered values");
+    float* device = host_exchange_room<float>(comm.size);
     copy_to_device(device + comm.rank, &value, 1, stream);
     all_gather(comm, device, device + comm.rank, 1, stream);
     copy_to_host(values.data(), device, comm.size, stream);
-    tracked_free(device);
     return values;
 }
 
-// 64-bit words (ids, checksums) travel as four bf16 elements each, because moving bf16 without arithmetic
-// is bit-exact in both builds. broadcast_word: root's word on every rank of the group. all_gather_words:
-// every rank's `count` words, rank after rank, through `scratch` (4 count size elements of device memory) or,
-// without one, through memory allocated for the call.
+// 64-bit words (ids, checksums, counts) travel as four bf16 elements each, because moving bf16 without
+// arithmetic is bit-exact in both builds. broadcast_word: root's word on every rank of the group.
+// all_gather_words: every rank's `count` words, rank after rank.
 inline void broadcast_word(Communicator& comm, uint64_t* word, int root, cudaStream_t stream) {
     broadcast_host(comm, reinterpret_cast<__nv_bfloat16*>(word), 4, root, stream);
 }
 inline std::vector<uint64_t> all_gather_words(Communicator& comm, const std::vector<uint64_t>& mine,
-                                              cudaStream_t stream, __nv_bfloat16* scratch = nullptr) {
+                                              cudaStream_t stream) {
     const size_t count = mine.size();
     std::vector<uint64_t> everyone(count * comm.size);
     std::copy(mine.begin(), mine.end(), everyone.begin() + comm.rank * count);
     if (comm.size == 1 || count == 0) return everyone;
-    __nv_bfloat16* device = scratch ? scratch
-                                    : tracked_alloc<__nv_bfloat16>(everyone.size() * 4, MemoryKind::Communication, "words");
+    __nv_bfloat16* device = host_exchange_room<__nv_bfloat16>(everyone.size() * 4);
     __nv_bfloat16* host = reinterpret_cast<__nv_bfloat16*>(everyone.data());
     copy_to_device(device + comm.rank * count * 4, host + comm.rank * count * 4, count * 4, stream);
     all_gather(comm, device, device + comm.rank * count * 4, count * 4, stream);
     copy_to_host(host, device, everyone.size() * 4, stream);
-    if (!scratch) tracked_free(device);
     return everyone;
 }
 

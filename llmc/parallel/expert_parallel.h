@@ -10,8 +10,9 @@ like between tp sizes). Everything else, the router included, is whole on every 
 
 A layer's pass. Each rank routes its N rows and sorts its N K assignments by expert (the dispatch plan), so
 the rows for ep rank o's experts are one block. Then:
-    counts   every rank's rows per expert, gathered over the group (E per rank, on the host: the sizes of
-             the blocks below, and of each expert's matmuls)
+    counts   every rank's rows per expert, gathered over the group on the device (E ints per rank), then
+             copied to the host in one copy: the sizes of the blocks below (NCCL's all-to-all takes its
+             sizes as host arguments) and of each expert's matmuls
     dispatch all-to-all: the block for rank o goes to o. Rank o receives, from each source s in turn, s's
              rows for its experts, sorted by expert; it re-sorts them by expert, then by source. Sources
              are consecutive dp ranks holding consecutive rows of the global batch, so each expert's rows
@@ -25,8 +26,8 @@ ranks that hold the same experts (one per group, times cp) then average it (llmc
 since each row's gradient carries its own rank's 1 / rows, the average is scaled by 1/ep: the mean over
 all dp ranks, as one rank would have it.
 
-Bytes per layer and pass (floatX values of C channels per row, counts as 8 bytes each), for this rank:
-    counts   (ep-1) E 8                       (an all-gather of E words per rank)
+Bytes per layer and pass (floatX values of C channels per row, counts as 4-byte ints), for this rank:
+    counts   (ep-1) E 4                       (an all-gather of E ints per rank)
     dispatch C s sum over the other ranks o of the rows this rank sends to o's experts
     combine  C s sum over the other sources s of the rows this rank's experts ran for s
 Forward and backward each move one dispatch and one combine; the counts go once, in the forward pass
@@ -51,8 +52,8 @@ struct ExpertParallel {
     Communicator dense_replicas;       // the ep group again, for ZeRO 1-3's average of the dense gradient
                                        // (data-parallel traffic, kept apart from the all-to-alls' count)
     Communicator whole_model;          // ep x pp x tp: together they hold one whole copy of the model
-    __nv_bfloat16* counts_scratch = nullptr;  // device room for the group's counts (all_gather_words), kept
-                                               // so that no layer allocates
+    int* gathered_rows = nullptr;      // device (ep, E): every rank's rows per expert (ep_gather_counts), made
+                                       // once so that no layer allocates
 };
 
 // "" when --ep fits the layout and model, else the one line that says why not.
@@ -84,13 +85,12 @@ inline void ep_create(ExpertParallel& ep, Communicator& world, const Mesh& mesh,
     ep.dense_replicas = comm_split(world, ((group_index * pps + pp) * cps + cp) * tps + tp, world.rank,
                                    "dense replicas (ep)");
     ep.whole_model = comm_split(world, group_index * cps + cp, world.rank, "whole model (ep x pp x tp)");
-    ep.counts_scratch = tracked_alloc<__nv_bfloat16>((size_t)size * experts * 4, MemoryKind::Communication,
-                                                      "routing counts");
+    ep.gathered_rows = tracked_alloc<int>((size_t)size * experts, MemoryKind::Communication, "routing counts");
 }
 
 inline void ep_destroy(ExpertParallel& ep) {
     if (ep.size == 1) return;
-    tracked_free(ep.counts_scratch);
+    tracked_free(ep.gathered_rows);
     comm_destroy(ep.group);
     comm_destroy(ep.experts_replicas);
     comm_destroy(ep.dense_replicas);
@@ -106,7 +106,7 @@ inline double ep_bytes_per_step(int ep, int experts, int experts_per_token, int 
                                 int microbatches, int forward_passes, size_t value_bytes) {
     if (ep == 1) return 0.0;
     const double share = (ep - 1.0) / ep, rows = (double)B * T * experts_per_token;
-    const double counts = (ep - 1.0) * experts * 8;
+    const double counts = (ep - 1.0) * experts * 4;
     const double forward = counts + 2 * share * rows * channels * value_bytes;   // counts, dispatch, combine
     const double backward = 2 * share * rows * channels * value_bytes;
     return (double)layers * microbatches * (forward_passes * forward + backward) + std::floor(2 * share * 4);
@@ -124,7 +124,8 @@ inline void ep_reset_bytes(ExpertParallel& ep) {
 // ----------------------------------------------------------------------------
 // the routed rows' journey
 
-// Rows per (source ep rank, expert), source-major: what ep_share_counts gathered. With ep 1, this rank's.
+// Rows per (source ep rank, expert), source-major, on the host: what ep_gather_counts gathered and moe_forward
+// copied back. With ep 1, this rank's.
 struct ExpertCounts {
     const int* rows;  // (ep, E) host
     int experts, ep, rank;
@@ -138,12 +139,15 @@ struct ExpertCounts {
     }
 };
 
-// counts (ep x E, host): this rank's E rows per expert at [rank E, ...) are given; the others' are filled in.
-inline void ep_share_counts(ExpertParallel& ep, int* counts, int E, cudaStream_t stream) {
-    if (ep.size == 1) return;
-    std::vector<uint64_t> mine(counts + ep.rank * E, counts + (ep.rank + 1) * E);
-    const std::vector<uint64_t> everyone = all_gather_words(ep.group, mine, stream, ep.counts_scratch);
-    for (size_t i = 0; i < everyone.size(); i++) counts[i] = (int)everyone[i];
+// Every ep rank's rows per expert (E ints on the device each), gathered on the device: returns the (ep, E)
+// device table, source-major, that the host copies back in one piece (this rank's own counts at ep 1). The
+// ints travel as pairs of bf16 elements, which collectives move bit for bit.
+inline const int* ep_gather_counts(ExpertParallel& ep, const int* my_rows, int E, cudaStream_t stream) {
+    if (ep.size == 1) return my_rows;
+    static_assert(sizeof(int) == 2 * sizeof(__nv_bfloat16), "an int travels as two bf16 elements");
+    all_gather(ep.group, reinterpret_cast<__nv_bfloat16*>(ep.gathered_rows),
+               reinterpret_cast<const __nv_bfloat16*>(my_rows), 2 * (size_t)E, stream);
+    return ep.gathered_rows;
 }
 
 // Calls fn(local_expert, first_row, rows) for every expert of this rank with rows, its rows the block

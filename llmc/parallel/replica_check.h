@@ -59,11 +59,22 @@ inline std::string tensor_instance_name(int kind, int layer) {
 
 // The checksum of every tensor instance this rank holds, in the model file's order: the whole tensor, or at
 // ZeRO-3 the part of it in this rank's shard (empty parts have the empty checksum: replicas agree on it).
+// The parameters come to pinned host memory made at the first check and kept (reachable until the process
+// ends): a check allocates nothing after the first, and the copy runs at the link's full speed (a copy into
+// pageable memory goes through a staging buffer of the driver's, in pieces).
 inline std::vector<uint64_t> tensor_checksums(Zero& z, GPT2& model, std::vector<std::string>* names) {
     const ParameterLayout& layout = model.layout;
     const bool sharded = z.stage == 3;
-    std::vector<floatX> held(sharded ? layout.total / z.shards : layout.total);
-    copy_to_host(held.data(), sharded ? z.param_shard : model.params, held.size(), model.stream);
+    const size_t held_count = sharded ? layout.total / z.shards : layout.total;
+    static floatX* pinned = nullptr;
+    static size_t pinned_count = 0;
+    if (pinned_count < held_count) {
+        if (pinned) cudaCheck(cudaFreeHost(pinned));
+        cudaCheck(cudaMallocHost(&pinned, held_count * sizeof(floatX)));
+        pinned_count = held_count;
+    }
+    const floatX* held = pinned;
+    copy_to_host(pinned, sharded ? z.param_shard : model.params, held_count, model.stream);
     std::vector<uint64_t> sums;
     for_each_tensor_in_file_order(layout, [&](int kind, int layer, size_t offset, size_t count) {
         size_t first = offset, end = offset + count, at = offset;  // buffer coordinates; `at`: index in `held`
@@ -73,7 +84,7 @@ inline std::vector<uint64_t> tensor_checksums(Zero& z, GPT2& model, std::vector<
             first = std::max(first, mine), end = std::min(end, mine_end);
             at = shard_offset(z, chunk) + (first - mine);
         }
-        sums.push_back(parameter_checksum(held.data() + at, first < end ? (end - first) * sizeof(floatX) : 0));
+        sums.push_back(parameter_checksum(held + at, first < end ? (end - first) * sizeof(floatX) : 0));
         names->push_back(tensor_instance_name(kind, layer));
     });
     return sums;

@@ -294,7 +294,8 @@ inline void vocab_parallel_cross_entropy(const TensorParallel& tp, floatX* logit
 }
 
 // Row `row` of the logits, all Vp columns, to the host (`out`: Vp values), from the ranks' column slices
-// (`logits`: N x Vp/tp). For sampling: one row, so a gather costs nothing worth avoiding.
+// (`logits`: N x Vp/tp). For sampling, once per token: the row is gathered in comm.h's device room for host
+// exchanges, which is made once, so a token allocates nothing.
 inline void tp_gather_logits_row(const TensorParallel& tp, floatX* out, const floatX* logits, int row, int Vp,
                                  cudaStream_t stream) {
     const size_t columns = Vp / tp.size;
@@ -302,10 +303,9 @@ inline void tp_gather_logits_row(const TensorParallel& tp, floatX* out, const fl
         copy_to_host(out, logits + row * columns, columns, stream);
         return;
     }
-    floatX* whole = tracked_alloc<floatX>(Vp, MemoryKind::Communication);
+    floatX* whole = host_exchange_room<floatX>(Vp);
     all_gather(*tp.group, whole, logits + row * columns, columns, stream);
     copy_to_host(out, whole, Vp, stream);
-    tracked_free(whole);
 }
 
 // ----------------------------------------------------------------------------

@@ -205,7 +205,7 @@ struct ActivationBytes {
 //              dqkv Nq, and under sequence parallelism the gathered rows NC (GPT-2, t = 1: 9 NC s);
 //              fp32 attention_D N h, the vocabulary-parallel loss's statistics 4N (t > 1, last stage),
 //              matmul bias scratch ceil(N/64) max(C, F, q), layernorm scratch 2C min(ceil(R/8), 3 SMs), norm
-//              scratch 4 SMs, the step's results 2 (loss, squared norm), the first stage's encoder partial
+//              scratch 4 SMs, the step's results 2 (loss, squared norm), Llama's RoPE frequencies hs/2, the first stage's encoder partial
 //              rows (floor(N/64) + floor(N/65)) C and int encoder workspace 4N + 3 floor(N/65); the running
 //              loss sum, one double;
 //              under context parallelism (cp > 1): ring attention's K/V blocks and their gradients, two of
@@ -297,12 +297,13 @@ inline ActivationBytes gpt2_activation_bytes(const GPT2MemoryShape& shape, bool 
     const double context = shape.cp == 1 ? 0 : shape.cp_ring ? 8 * N * kv * s + N / k * (c * s + h * f)
                                                              : 2 * N * q * s + 2 * N * c * s;
     const double dactivation = shape.llama ? N * H : 0;
+    const double rope_frequencies = shape.llama ? C / shape.num_heads / 2 : 0;  // hs/2 fp32, once per model
     const double in_transit = G > 1 ? M * C + Mr * C : 0;
     const double capacity_left = shape.cp > 1 && shape.capacity_factor > 0 ? pieces * shape.batch * E : 0;
     const double experts = moe ? (N * E + N * C + Mr * C + Mr * Fe + (shape.llama ? Mr * He : 0) + in_transit) * s +
                                  (N * E + M + 3 + shape.num_layers * E) * f + (E + capacity_left) * i : 0;
     a.workspace = experts + (2 * N * C + N * F + dactivation + N * q + gathered) * s +
-                  (N * h + softmax_stats + bias_rows * std::max({C, F, q}) + 2 * C * layernorm_blocks + 4 * SMs + 2) * f +
+                  (N * h + rope_frequencies + softmax_stats + bias_rows * std::max({C, F, q}) + 2 * C * layernorm_blocks + 4 * SMs + 2) * f +
                   encoder + sizeof(double) + a.recompute + context;
     return a;
 }

@@ -236,3 +236,35 @@ def compare_continued(work, name, reference, steps, what):
     it passed."""
     good, words = compare_run(work, name, reference, steps)
     return report(good, f"{what}, against one rank: {steps} {words}")
+
+
+def host_call_budget_error(work, name):
+    """'' when every rank kept the README's budget of host calls inside train_step in every step after the first
+    (which may allocate: first-use buffers, the matmuls' plans): no allocation, no free, and one device-to-host
+    copy and one synchronisation (the step's read of its loss and norm), plus one of each per mixture-of-experts
+    layer pass (its rows per expert); else what broke it. The run's first step, and steps whose pipeline timeline
+    the trainer measured (the last one under pp: they log no counts), are left out; a run with no other step,
+    or without counts (a GPU build), breaks it."""
+    logged = events(work, name, "step")
+    steps = [step for step in logged[1:] if "host_calls" in step]
+    if not steps:
+        return f"no step with host_calls after the first of {len(logged)}"
+    for step in steps:
+        calls = step["host_calls"]
+        for rank, passes in enumerate(calls["moe_layer_passes"]):
+            expected = {"allocations": 0, "frees": 0, "d2h_copies": 1 + passes, "syncs": 1 + passes}
+            for kind, budget in expected.items():
+                if calls[kind][rank] != budget:
+                    return f"step {step['step']}, rank {rank}: {calls[kind][rank]} {kind}, the budget is {budget}"
+    return ""
+
+
+def host_call_summary(work, name):
+    """The last counted step's host calls, rank by rank, as "d2h/syncs/event waits (MoE passes)": for the ok line."""
+    steps = [step for step in events(work, name, "step") if "host_calls" in step]
+    if not steps:
+        return "no counts"
+    calls = steps[-1]["host_calls"]
+    ranks = zip(calls["d2h_copies"], calls["syncs"], calls["event_waits"], calls["moe_layer_passes"])
+    return "d2h/syncs/event waits per rank: " + ", ".join(
+        f"{d}/{s}/{w}" + (f" ({p} MoE)" if p else "") for d, s, w, p in ranks)

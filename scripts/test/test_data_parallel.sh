@@ -22,9 +22,12 @@ run() {  # run NAME RANKS ZERO DP_SHARD [FLAGS...]: B = 8 / RANKS rows per rank 
     local extra=("$@")
     [[ " ${extra[*]} " == *" --steps "* ]] || extra+=(--steps 5)
     [[ " ${extra[*]} " == *" --total-batch-size "* ]] || extra+=(--total-batch-size 256)
-    mpirun --oversubscribe --allow-run-as-root -np "$ranks" "${run_binary:-$binary}" "${flags[@]}" --batch-size $((8 / ranks)) \
-        --zero "$zero" --dp-shard "$shard" --output-dir "$work/$name" "${extra[@]}" >>"$work/$name.out" 2>&1 ||
+    if mpirun --oversubscribe --allow-run-as-root -np "$ranks" "${run_binary:-$binary}" "${flags[@]}" --batch-size $((8 / ranks)) \
+        --zero "$zero" --dp-shard "$shard" --output-dir "$work/$name" "${extra[@]}" >>"$work/$name.out" 2>&1; then
+        steady_steps "${extra[@]}" && host_calls_within_budget "$name"
+    else
         bad "$name: the run failed: $(grep -m1 error: "$work/$name.out")"
+    fi
 }
 run one 1 0 1
 layouts="zero0_2:2:0:2 zero0_4:4:0:4 zero1_2:2:1:2 zero1_4:4:1:4 zero2_2:2:2:2 zero2_4:4:2:4 zero3_2:2:3:2

@@ -76,9 +76,31 @@ run_layout() {
     local extra=("$@")
     [[ " ${extra[*]} " == *" --steps "* ]] || extra+=(--steps 5)
     [[ " ${extra[*]} " == *" --model "* ]] || extra+=(--model custom)
-    mpirun --oversubscribe --allow-run-as-root -np "$ranks" "${run_binary:-$binary}" "${flags[@]}" --batch-size "$batch" \
-        --output-dir "$work/$name" "${extra[@]}" >>"$work/$name.out" 2>&1 ||
+    if ! mpirun --oversubscribe --allow-run-as-root -np "$ranks" "${run_binary:-$binary}" "${flags[@]}" --batch-size "$batch" \
+        --output-dir "$work/$name" "${extra[@]}" >>"$work/$name.out" 2>&1; then
         bad "$name: the run failed: $(grep -m1 error: "$work/$name.out")"
+        return
+    fi
+    steady_steps "${extra[@]}" && host_calls_within_budget "$name"
+}
+
+# steady_steps FLAGS...: whether a run with these flags has steps the budget holds for: not a resumed run, and
+# at least 3 steps (the first may allocate; under pp the last measures its timeline)
+steady_steps() {
+    local args=" $* " steps=5
+    [[ $args == *" --resume "* ]] && return 1
+    [[ $args =~ " --steps "([0-9]+)" " ]] && steps=${BASH_REMATCH[1]}
+    [[ $steps -ge 3 ]]
+}
+
+# host_calls_within_budget NAME: every rank of run NAME kept the README's budget of allocations, frees,
+# device-to-host copies and synchronisations per step (layout_check.py's host_call_budget_error); one ok/bad line
+host_calls_within_budget() {
+    local error summary
+    { read -r error; read -r summary; } < <(PYTHONPATH="$(dirname "${BASH_SOURCE[0]}")" /usr/bin/python3 -c \
+        "import sys; from layout_check import host_call_budget_error as e, host_call_summary as s
+print(e(sys.argv[1], sys.argv[2])); print(s(sys.argv[1], sys.argv[2]))" "$work" "$1" 2>&1 | tr -d '\r')
+    if [[ -z $error ]]; then ok "$1: host calls per step within the budget ($summary)"; else bad "$1: host calls: $error"; fi
 }
 
 # run_layouts LIST: run_layout for each "name:ranks:batch:flags" of LIST (whitespace between entries, commas for

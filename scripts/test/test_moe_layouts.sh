@@ -172,11 +172,11 @@ runs += [("tp2_cp2", "one"), ("tp2_sp_cp2_contiguous", "one"), ("pp2_zbh1", "one
 
 def ep_bytes(ep, batch, K, E=4, micro_steps=2, layers=2):
     """llmc/parallel/expert_parallel.h's bytes per layer and pass with every row going to every expert: each
-    forward pass gathers the counts ((ep-1) E 8 bytes), then forward and backward each dispatch and combine
+    forward pass gathers the counts ((ep-1) E 4 bytes), then forward and backward each dispatch and combine
     (ep-1)/ep of a rank's N K rows of C fp32 values; plus the gradient norm's all-reduce of one fp32 over the
     ep group (2 (ep-1)/ep 4 bytes, once per step)."""
     N = batch * T
-    per_layer = (ep - 1) * E * 8 + 4 * (ep - 1) / ep * N * K * C * s
+    per_layer = (ep - 1) * E * 4 + 4 * (ep - 1) / ep * N * K * C * s
     return micro_steps * layers * per_layer + int(2 * (ep - 1) / ep * 4)
 def parameter_chunks(llama, G, shards, every=1):
     """(padded size, expert tail) of each chunk of this model's parameter buffer (llmc/model/parameters.h): the

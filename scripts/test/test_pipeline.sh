@@ -37,9 +37,13 @@ run() {  # run NAME RANKS B [FLAGS...]: 5 steps unless given
     done
     [[ " ${extra[*]} " == *" --steps "* ]] || extra+=(--steps 5)
     [[ " ${extra[*]} " == *" --model "* ]] || extra+=(--model custom)
-    mpirun --oversubscribe --allow-run-as-root -np "$ranks" "$binary" "${flags[@]}" --batch-size "$batch" \
+    if mpirun --oversubscribe --allow-run-as-root -np "$ranks" "$binary" "${flags[@]}" --batch-size "$batch" \
         --val-batches $((validation_rows / (batch * ranks / (pp * tp)))) --output-dir "$work/$name" "${extra[@]}" \
-        >>"$work/$name.out" 2>&1 || bad "$name: the run failed: $(grep -m1 error: "$work/$name.out")"
+        >>"$work/$name.out" 2>&1; then
+        steady_steps "${extra[@]}" && host_calls_within_budget "$name"
+    else
+        bad "$name: the run failed: $(grep -m1 error: "$work/$name.out")"
+    fi
 }
 run one 1 8
 # name:ranks:B:flags (commas for spaces). pp2_dp2_zero1 also saves the checkpoints resumed below.
