@@ -212,7 +212,7 @@ static void check_cached_logits(GPT2& model, ParallelContext& par, const std::ve
     const int T = (int)sequence.size(), Vp = model.config.padded_vocab_size;
     gpt2_forward(model, par, sequence.data(), 1, T);
     const std::vector<float> whole = download_as_float(model.heads[0].logits, (size_t)T * Vp, model.stream);
-    kv_cache_allocate(model, T, 1);
+    kv_cache_reserve(model, T, 1);
     model.cache.decoding = true;
     double worst = 0.0;
     for (int t = 0; t < T; t++) {

@@ -157,7 +157,7 @@ static std::string sample_text(ParallelContext& par, GPT2& model, const Tokenize
     std::vector<int> tokens = {end_of_text};
     std::vector<floatX> logits(c.padded_vocab_size);
     std::vector<double> probabilities(c.vocab_size);
-    if (cached) kv_cache_allocate(model, std::min(count + 1, longest), par.tp.size);
+    if (cached) kv_cache_reserve(model, std::min(count + 1, longest), par.tp.size);
     while ((int)tokens.size() <= count && (int)tokens.size() <= longest) {
         if (cached) logits_from_cache(par, model, tokens, logits.data());
         else logits_of_whole_sequence(par, model, tokens, end_of_text, logits.data());
@@ -172,7 +172,6 @@ static std::string sample_text(ParallelContext& par, GPT2& model, const Tokenize
         }
         tokens.push_back(next);
     }
-    if (cached) kv_cache_free(model);
     return tokenizer_printable(&tokenizer, tokens.data() + 1, tokens.size() - 1);
 }
 

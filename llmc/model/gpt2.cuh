@@ -322,16 +322,20 @@ struct GPT2 {
     StepResults* results = nullptr;   // device
     StepResults* results_host = nullptr;  // pinned
     SharedBuffers shared{};
-    KVCache cache;                    // sampling's keys and values (kv_cache_allocate; empty otherwise)
+    KVCache cache;                    // sampling's keys and values (kv_cache_reserve; empty before a sample)
     MoETraining moe;                  // a mixture of experts' settings and statistics
     cudaStream_t stream = nullptr;    // non-blocking: created by gpt2_allocate, destroyed by gpt2_free
 };
 
-// A cache of `capacity` positions for the layers this rank holds (tp: its K/V heads), and its release. Booked
-// as "other" memory: not the training step's, which the memory report holds against its formulas.
-inline void kv_cache_allocate(GPT2& model, int capacity, int tp) {
+// A cache of at least `capacity` positions for the layers this rank holds (tp: its K/V heads). Made by the first
+// sample and kept with the model (gpt2_free releases it), so that later samples allocate nothing: on a GPU every
+// cudaFree waits for the device. Booked as "other" memory: not the training step's, which the memory report
+// holds against its formulas.
+inline void kv_cache_reserve(GPT2& model, int capacity, int tp) {
     const GPT2Config& c = model.config;
     KVCache& cache = model.cache;
+    if (cache.capacity >= capacity) return;
+    for (floatX* layer : cache.layers) tracked_free(layer);
     cache.capacity = capacity;
     cache.layers.assign(c.num_layers, nullptr);
     const size_t row = 2 * (size_t)c.kv_heads / tp * c.head_size();
