@@ -180,6 +180,66 @@ std::vector<std::vector<std::vector<PipelineMessage>>> eager_message_groups(
     return groups;
 }
 
+// The mutation: every message on the communicator of its neighbour link, as the executor once sent them (a
+// two-rank communicator per pair (q, q+1), the wrap-around (p-1, 0) included, and under zbv one per chunk: the
+// chunk going down the ranks and the one coming up).
+std::vector<std::vector<std::vector<PipelineMessage>>> on_link_communicators(
+    std::vector<std::vector<std::vector<PipelineMessage>>> groups, PipelineSchedule schedule) {
+    const int p = (int)groups.size();
+    for (int r = 0; r < p; r++)
+        for (auto& group : groups[r])
+            for (PipelineMessage& message : group) {
+                const int sender = message.send ? r : message.peer, receiver = message.send ? message.peer : r;
+                const int pair = p == 2 ? 0 : receiver == (sender + 1) % p ? sender : receiver;
+                const int chunk = schedule == PipelineSchedule::ZeroBubbleV && message.from_stage >= p ? 1 : 0;
+                message.communicator = 1 + chunk * p + pair;
+            }
+    return groups;
+}
+
+// Every schedule on p = 2..8 (the grid's layouts) under each order in which NCCL may run a group's
+// communicators: the executor's groups (one communicator) must complete under all of them; the groups on the
+// old per-link communicators are counted where they deadlock, and must deadlock somewhere.
+void test_communicator_orders() {
+    printf("groups run one communicator at a time (pipeline_check_message_groups under each order)\n");
+    const PipelineCommOrder orders[] = {PipelineCommOrder::Hash, PipelineCommOrder::Reverse, PipelineCommOrder::Issue};
+    int old_deadlocks_total = 0;
+    for (PipelineSchedule schedule : kSchedules) {
+        lab.quiet = true;
+        const int failed_before = lab.failed;
+        int layouts = 0;
+        std::string old_deadlocks, example;
+        for (PipelineCommOrder order : orders) {
+            int deadlocked = 0;
+            for (const ScheduleLayout& l : grid(schedule)) {
+                if (l.p < 2) continue;
+                layouts += order == PipelineCommOrder::Hash;
+                const auto groups = pipeline_message_groups(all_lists(l), l.schedule, l.V);
+                const std::string problem = pipeline_check_message_groups(groups, order);
+                check_true(l.name() + ", " + pipeline_comm_order_name(order) + " order: the groups complete",
+                           problem.empty(), problem);
+                const std::string old = pipeline_check_message_groups(on_link_communicators(groups, schedule), order);
+                if (old.find("deadlock") == 0) {
+                    deadlocked++;
+                    if (example.empty()) example = l.name() + ", " + pipeline_comm_order_name(order) + ": " + old;
+                } else {
+                    check_true(l.name() + ", per-link communicators, " + pipeline_comm_order_name(order) +
+                               ": complete or deadlock, never mispaired", old.empty(), old);
+                }
+            }
+            old_deadlocks += std::string(old_deadlocks.empty() ? "" : ", ") + pipeline_comm_order_name(order) + " " +
+                             std::to_string(deadlocked);
+            old_deadlocks_total += deadlocked;
+        }
+        lab.quiet = false;
+        printf("  %-12s %3d layouts (p 2..8) complete under hash, reverse and issue order: %s; on per-link "
+               "communicators the layouts that deadlock: %s\n", pipeline_schedule_name(schedule), layouts,
+               lab.failed == failed_before ? "yes" : "NO", old_deadlocks.c_str());
+        if (!example.empty()) printf("    for example %s\n", example.c_str());
+    }
+    check_true("the mutation (per-link communicators) deadlocks under some order", old_deadlocks_total > 0);
+}
+
 void test_message_groups() {
     printf("groups of sends and receives (pipeline_message_groups) under synchronous semantics\n");
     lab.quiet = true;
@@ -200,7 +260,7 @@ void test_message_groups() {
             check_true(l.name() + ": every send held back still finds its data", late.empty(), late);
             layouts_seen++;
             ungrouped_deadlocks +=
-                !pipeline_check_message_groups(eager_message_groups(lists, l.schedule, l.V), /*one_at_a_time=*/true)
+                !pipeline_check_message_groups(eager_message_groups(lists, l.schedule, l.V), PipelineCommOrder::Hash, /*one_at_a_time=*/true)
                      .empty();
         }
         printf("  %-12s %d checks passed, %d failed\n", pipeline_schedule_name(schedule), lab.passed - passed_before,
@@ -212,7 +272,7 @@ void test_message_groups() {
     // the structure NCCL deadlocks on: 1f1b p=2 m=4, each send and receive alone
     const std::vector<std::vector<std::vector<PipelineMessage>>> one_f_one_b =
         eager_message_groups(all_lists({PipelineSchedule::OneFOneB, 2, 4, 1}), PipelineSchedule::OneFOneB, 1);
-    const std::string alone = pipeline_check_message_groups(one_f_one_b, /*one_at_a_time=*/true);
+    const std::string alone = pipeline_check_message_groups(one_f_one_b, PipelineCommOrder::Hash, /*one_at_a_time=*/true);
     check_true("1f1b p=2 m=4, operations one at a time: both ranks wait in a send",
                alone == "deadlock: rank 0 waits to send the activations of microbatch 1 from stage 0 to 1; rank 1 "
                         "waits to send the gradient of microbatch 0 from stage 1 to 0",
