@@ -62,8 +62,8 @@ a structure that would hang on GPUs hangs on the laptop first (where the watchdo
     launches one kernel per communicator, one after the other on the stream, in an order it chooses (its
     user guide, "Using multiple NCCL communicators concurrently"). send_and_receive runs a sub-group per
     communicator (post all its operations, wait for all), in the order LLMC_CPU_GROUP_ORDER names:
-      hash     (the default) by a hash of the communicator's identity (its index among the job's groups,
-               which every rank creates in the same order, and its members): both ends agree
+      hash     (the default) by the communicator's identity, a hash of how it was made (its parent's
+               identity, which split of the parent, the color, its members and name): both ends agree
       reverse  the reverse of that: the other order NCCL could pick with both ends agreeing
       issue    the order in which this rank first names each communicator in the group: the ends may
                disagree, which a group whose ends name its communicators in different orders cannot survive
@@ -170,7 +170,19 @@ struct Communicator {
 #endif
     uint64_t bytes_sent = 0;       // see "Counting bytes" above; reset it by assigning 0
     int watch = -1;                // the group as the watchdog names it (llmc/parallel/watchdog.h)
+    uint64_t identity = 0;         // the same on every member, different for every group (comm_split)
+    int splits = 0;                // comm_split calls made on it so far (alike on all its members)
 };
+
+// FNV-1a over 64-bit words, then mixed so that neighbouring inputs land far apart
+inline uint64_t hash_words(const std::vector<uint64_t>& words) {
+    uint64_t h = 1469598103934665603ULL;
+    for (uint64_t word : words)
+        for (int byte = 0; byte < 8; byte++) h = (h ^ ((word >> (8 * byte)) & 0xff)) * 1099511628211ULL;
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdULL;
+    return h ^ (h >> 33);
+}
 
 enum class Reduction { Sum, Average, Max };
 
@@ -405,21 +417,6 @@ inline GroupOrder cpu_group_order() {
     return order;
 }
 
-// A communicator's identity as all its members compute it: its place in the registry of groups (every rank
-// creates its groups in the same order, llmc/parallel/watchdog.h) and its members, hashed (FNV-1a, then
-// mixed so that neighbouring indices land far apart).
-inline uint64_t comm_identity(const Communicator& comm) {
-    uint64_t h = 1469598103934665603ULL;
-    auto add = [&](int64_t value) {
-        for (int byte = 0; byte < 8; byte++) h = (h ^ (uint64_t)((value >> (8 * byte)) & 0xff)) * 1099511628211ULL;
-    };
-    add(comm.watch);
-    for (int member : watched_members(comm.watch)) add(member);
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdULL;
-    return h ^ (h >> 33);
-}
-
 // A group's operations as NCCL runs them: one sub-group per communicator, in LLMC_CPU_GROUP_ORDER's order
 // (by identity, its reverse, or the order in which this rank first names each communicator).
 inline std::vector<std::vector<PointToPoint>> sub_groups(const std::vector<PointToPoint>& operations,
@@ -429,7 +426,7 @@ inline std::vector<std::vector<PointToPoint>> sub_groups(const std::vector<Point
     for (const PointToPoint& op : operations) {
         size_t g = 0;
         while (g < groups.size() && groups[g][0].comm->mpi != op.comm->mpi) g++;
-        if (g == groups.size()) groups.emplace_back(), identities.push_back(comm_identity(*op.comm));
+        if (g == groups.size()) groups.emplace_back(), identities.push_back(op.comm->identity);
         groups[g].push_back(op);
     }
     if (order == GroupOrder::Issue) return groups;
@@ -936,6 +933,7 @@ inline Communicator comm_split(Communicator& parent, int color, int key, const s
     const std::vector<float> keys = gather_values(parent, (float)key, nullptr);
     Communicator group;
     const bool member = color != kNotInGroup;
+    const int split = parent.splits++;
 #ifdef LLMC_CPU
     mpiCheck(MPI_Comm_split(parent.mpi, member ? color : MPI_UNDEFINED, key, &group.mpi));
 #else
@@ -962,6 +960,10 @@ inline Communicator comm_split(Communicator& parent, int color, int key, const s
     make_barrier_token(group);
 #endif
     group.watch = watched_group(name, members);
+    std::vector<uint64_t> words = {parent.identity, (uint64_t)split, (uint64_t)color};
+    for (int member_rank : members) words.push_back((uint64_t)member_rank);
+    for (char c : name) words.push_back((uint64_t)(unsigned char)c);
+    group.identity = hash_words(words);
 #ifdef LLMC_CPU
     {   // ncclCommSplit returns once every member has joined the new communicator; MPI_Comm_split need not
         CollectiveWait wait(group.watch, group.rank, "split");
