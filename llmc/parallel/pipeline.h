@@ -290,8 +290,7 @@ inline void pipeline_exchange(ParallelContext& par, GPT2& model, const PipelineR
                        : message.gradient  ? record.doutput
                        : message.send      ? record.output()
                                            : record.input;
-        return PointToPoint{message.send ? PointToPoint::Send : PointToPoint::Receive, pipe.group, data, rows,
-                            message.peer, pipeline_link_watch(pipe, message.peer)};
+        return pipeline_point_to_point(pipe, message, data, rows);
     };
     if (!fault_ungrouped_point_to_point()) {
         std::vector<PointToPoint> operations;

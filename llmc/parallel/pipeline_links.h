@@ -48,6 +48,7 @@ under sequence parallelism), s bytes per element, and this rank's V stages:
 #include <string>
 #include <vector>
 #include "../utils.h"
+#include "../cpu/faults.h"
 #include "comm.h"
 #include "mesh.h"
 #include "../model/gpt2.cuh"
@@ -74,6 +75,7 @@ struct Pipeline {
     int outboxes = 0;
     Communicator* group = nullptr;          // the pp axis: the messages, the loss's broadcast, the norm's sum
     std::vector<int> link_watch;            // per neighbour pair (q, q+1 mod p): its name for the watchdog
+    std::vector<Communicator> fault_links;  // LLMC_FAULT_PER_LINK_P2P only: per (chunk, pair), this rank's pairs
     bool tied_head = true;                  // the LM head is wte (GPT-2): the last stage holds a copy of it
     Communicator tied;                      // the first and the last stage's ranks, if two: wte's gradient
     // the step being measured
@@ -90,6 +92,20 @@ inline int pipeline_link_watch(const Pipeline& pipe, int peer) {
     if (peer == (r + 1) % p) return pipe.link_watch.at(p == 2 ? 0 : r);
     if (peer == (r + p - 1) % p) return pipe.link_watch.at(p == 2 ? 0 : (r + p - 1) % p);
     fatal("pipeline: rank %d has no link to rank %d", r, peer);
+}
+
+// The send or receive of a message, `count` elements at `data`: on the pp axis, or under LLMC_FAULT_PER_LINK_P2P
+// on the communicator of its pair and chunk (the old structure, which the fault's test sees deadlock).
+inline PointToPoint pipeline_point_to_point(Pipeline& pipe, const PipelineMessage& message, floatX* data,
+                                            size_t count) {
+    const PointToPoint::Kind kind = message.send ? PointToPoint::Send : PointToPoint::Receive;
+    const int watch = pipeline_link_watch(pipe, message.peer);
+    if (pipe.fault_links.empty()) return PointToPoint{kind, pipe.group, data, count, message.peer, watch};
+    const int p = pipe.size, pairs = (int)pipe.link_watch.size();
+    const int pair = p == 2 ? 0 : message.peer == (pipe.rank + 1) % p ? pipe.rank : message.peer;
+    const int chunk = pipe.schedule == PipelineSchedule::ZeroBubbleV && message.from_stage >= p ? 1 : 0;
+    Communicator& link = pipe.fault_links.at(chunk * pairs + pair);
+    return PointToPoint{kind, &link, data, count, 1 - link.rank, link.watch};
 }
 
 // Every rank's groups of sends and receives for the schedule's lists (pipeline_message_groups).
@@ -165,6 +181,18 @@ inline void pipeline_create(Pipeline& pipe, Mesh& mesh, PipelineSchedule schedul
         for (int q = 0; q < pairs; q++)
             pipe.link_watch.push_back(
                 watched_group("pp link " + std::to_string(q) + "-" + std::to_string((q + 1) % p), members));
+        if (fault_per_link_point_to_point()) {
+            const int chunks = schedule == PipelineSchedule::ZeroBubbleV ? 2 : 1;
+            pipe.fault_links.resize(chunks * pairs);
+            for (int c = 0; c < chunks; c++)
+                for (int q = 0; q < pairs; q++) {
+                    const bool member = r == q || r == (q + 1) % p;
+                    pipe.fault_links[c * pairs + q] =
+                        comm_split(mesh.axis[PP], member ? 0 : kNotInGroup, r,
+                                   "pp link " + std::to_string(q) + "-" + std::to_string((q + 1) % p) + " chunk " +
+                                       std::to_string(c));
+                }
+        }
         // zbv holds the first and the last stage on rank 0: one copy of wte, nothing to add up; an untied head
         // leaves wte on the first stage alone
         const bool holds_wte = tied_head && pipe.last_stage_rank != 0 && (r == 0 || r == pipe.last_stage_rank);
@@ -173,6 +201,7 @@ inline void pipeline_create(Pipeline& pipe, Mesh& mesh, PipelineSchedule schedul
 }
 
 inline void pipeline_free(Pipeline& pipe) {
+    for (Communicator& link : pipe.fault_links) comm_destroy(link);
     comm_destroy(pipe.tied);
     pipe = Pipeline{};
 }
