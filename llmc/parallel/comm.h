@@ -401,6 +401,18 @@ struct PointToPoint {
     int watch = -1;  // the watchdog's group (-1: comm's)
 };
 
+// The operation the watchdog names if a group stalls: a receive (what this rank waits for), else a send; and
+// the group it names it under.
+inline const PointToPoint& p2p_named_operation(const std::vector<PointToPoint>& operations) {
+    for (const PointToPoint& op : operations)
+        if (op.kind == PointToPoint::Receive) return op;
+    return operations[0];
+}
+inline int p2p_watch_group(const PointToPoint& op) { return op.watch >= 0 ? op.watch : op.comm->watch; }
+inline const char* p2p_operation_name(const PointToPoint& op) {
+    return op.kind == PointToPoint::Receive ? "receive" : "send";
+}
+
 #ifdef LLMC_CPU
 enum class GroupOrder { Hash, Reverse, Issue };
 
@@ -440,20 +452,24 @@ inline std::vector<std::vector<PointToPoint>> sub_groups(const std::vector<Point
     return sorted;
 }
 
-// One sub-group: its links' first uses, then every operation posted and all of them waited for. The
-// sends are synchronous (MPI_Issend completes only once the matching receive has started): MPI's plain sends
-// return early for small messages and would hide a structure that deadlocks on a GPU.
-inline void run_sub_group(const std::vector<PointToPoint>& operations) {
-    // the operation the watchdog names if it stalls: a receive (what this rank waits for), else a send
-    const PointToPoint* named = &operations[0];
-    for (const PointToPoint& op : operations)
-        if (op.kind == PointToPoint::Receive) { named = &op; break; }
-    const int watch = named->watch >= 0 ? named->watch : named->comm->watch, me = named->comm->rank;
-    const MPI_Comm comm = named->comm->mpi;
+// A sub-group's first uses of its links, just before its operations. NCCL connects a whole group's links at
+// ncclGroupEnd, before any of its kernels run, but its host thread runs ahead of the GPU; the CPU device runs
+// a stream's work on the host thread, and connecting all of a group's links first would also wait for peers
+// that reach a link only after this group's earlier sub-groups have moved their data, which NCCL does not.
+inline void connect_sub_group(const std::vector<PointToPoint>& operations) {
+    const PointToPoint& named = p2p_named_operation(operations);
     std::vector<int> peers;
     for (const PointToPoint& op : operations) peers.push_back(op.peer);
-    connect_peers(comm, peers, watch, me);
-    CollectiveWait wait(watch, me, named->kind == PointToPoint::Receive ? "receive" : "send", named->peer);
+    connect_peers(named.comm->mpi, peers, p2p_watch_group(named), named.comm->rank);
+}
+
+// One sub-group: every operation posted and all of them waited for. The sends are synchronous (MPI_Issend
+// completes only once the matching receive has started): MPI's plain sends return early for small messages
+// and would hide a structure that deadlocks on a GPU.
+inline void run_sub_group(const std::vector<PointToPoint>& operations) {
+    const PointToPoint& named = p2p_named_operation(operations);
+    const MPI_Comm comm = named.comm->mpi;
+    CollectiveWait wait(p2p_watch_group(named), named.comm->rank, p2p_operation_name(named), named.peer);
     std::vector<MPI_Request> requests(operations.size(), MPI_REQUEST_NULL);
     for (size_t i = 0; i < operations.size(); i++) {
         const PointToPoint& op = operations[i];
@@ -474,21 +490,20 @@ inline void send_and_receive(const std::vector<PointToPoint>& operations, cudaSt
 #ifdef LLMC_CPU
     const std::vector<std::vector<PointToPoint>> groups = sub_groups(operations, cpu_group_order());
     cudacpu::on_stream(stream, [=] {
-        for (const std::vector<PointToPoint>& group : groups) run_sub_group(group);
+        for (const std::vector<PointToPoint>& group : groups) {
+            connect_sub_group(group);
+            run_sub_group(group);
+        }
     });
 #else
-    // the operation the watchdog names if the group stalls: a receive (what this rank waits for), else a send
-    const PointToPoint* named = &operations[0];
-    for (const PointToPoint& op : operations)
-        if (op.kind == PointToPoint::Receive) { named = &op; break; }
     ncclCheck(ncclGroupStart());
     for (const PointToPoint& op : operations) {
         if (op.kind == PointToPoint::Send) ncclCheck(ncclSend(op.data, op.count, nccl_type<floatX>(), op.peer, op.comm->nccl, stream));
         else ncclCheck(ncclRecv(op.data, op.count, nccl_type<floatX>(), op.peer, op.comm->nccl, stream));
     }
     ncclCheck(ncclGroupEnd());
-    watch_enqueued(named->watch >= 0 ? named->watch : named->comm->watch, named->comm->rank,
-                   named->kind == PointToPoint::Receive ? "receive" : "send", named->peer, stream);
+    const PointToPoint& named = p2p_named_operation(operations);
+    watch_enqueued(p2p_watch_group(named), named.comm->rank, p2p_operation_name(named), named.peer, stream);
 #endif
 }
 
