@@ -18,9 +18,13 @@ kernel per communicator, one after another on the stream, in an order it chooses
 multiple NCCL communicators concurrently"; NVIDIA/nccl #1347 is such a deadlock), and the CPU build does the
 same (llmc/parallel/comm.h, LLMC_CPU_GROUP_ORDER). With a communicator per neighbour link, as this file once
 had, a middle rank's group holds operations on two links, and which link's kernel runs first decides whether
-the ranks' groups meet: dev/test/test_pipeline.cu finds layouts of every multi-link schedule that deadlock so
-under one order or another (pipeline_check_message_groups with each message on its old link). On the one
-communicator each group is one kernel and the order question does not arise. NCCL's point to point works on
+the ranks' groups meet. dev/test/test_pipeline.cu plays every schedule's groups with each message on its old
+link (pipeline_check_message_groups, p = 2..8) under three orders: interleaved deadlocks under an order both
+ends agree on (28 of its 104 layouts, the wrap-around link closing a cycle), interleaved and zbv under orders
+each rank picks for itself (54 and all 56); gpipe, 1f1b and zb-h1 survive these three. The CPU build showed
+it too: interleaved at pp 3, m 3, V 2 on per-link communicators (LLMC_FAULT_PER_LINK_P2P) hung under
+LLMC_CPU_GROUP_ORDER=hash and ran under reverse (the communicators' identities decide which order is which). On the one communicator each group is one kernel and the order
+question does not arise. NCCL's point to point works on
 any communicator; the price is that messages between two ranks now share one channel per direction, paired
 in the order they are posted. zbv's two chunks both cross each neighbour pair, both ways: rank r sends r+1
 chunk 0's activations and chunk 1's gradients, which r+1 receives in its own action order. So
