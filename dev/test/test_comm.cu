@@ -652,6 +652,73 @@ static void test_grouped_attention(Communicator& world, ContextParallelMode mode
     }
 }
 
+#ifdef LLMC_CPU
+// NCCL's rules in the CPU build (llmc/parallel/comm.h, "The CPU build is as strict as NCCL"), on pairs of ranks
+// (2q, 2q+1) and two communicators that join each pair, as zbv's two chunk links once did: the order in
+// which a group's communicators run, that order in force, and the first uses of links and collectives.
+static void test_strict_rules(Communicator& world) {
+    if (world.size < 2) return;
+    if (world.rank == 0) printf("NCCL's rules: a group runs one communicator at a time (%s order), first uses\n",
+                                getenv("LLMC_CPU_GROUP_ORDER") ? getenv("LLMC_CPU_GROUP_ORDER") : "hash");
+    const bool paired = world.rank / 2 * 2 + 1 < world.size;  // an odd world leaves its last rank out
+    const int pair = paired ? world.rank / 2 : kNotInGroup;
+    Communicator a = comm_split(world, pair, world.rank, "pair, first"), b = comm_split(world, pair, world.rank, "pair, second"),
+                 c = comm_split(world, pair, world.rank, "pair, third");
+    if (!paired) {
+        for (Communicator* comm : {&a, &b, &c}) comm_destroy(*comm);
+        return;
+    }
+    const int peer = 1 - a.rank;
+    // both ends compute each communicator's identity alike, and the two differ
+    const std::vector<uint64_t> identities = all_gather_words(a, {a.identity, b.identity}, nullptr);
+    check("both ends of a pair compute the same identities", identities[0] == identities[2] && identities[1] == identities[3]);
+    check("two communicators with the same members differ in identity", identities[0] != identities[1]);
+    const std::vector<PointToPoint> group = {{PointToPoint::Send, &a, nullptr, 1, peer},
+                                             {PointToPoint::Receive, &b, nullptr, 1, peer},
+                                             {PointToPoint::Send, &a, nullptr, 1, peer}};
+    const bool a_first = a.identity < b.identity;
+    const std::vector<std::vector<PointToPoint>> hash = sub_groups(group, GroupOrder::Hash),
+                                                 reverse = sub_groups(group, GroupOrder::Reverse),
+                                                 issue = sub_groups(group, GroupOrder::Issue);
+    check("hash order: one sub-group per communicator, by identity, in issue order within",
+          hash.size() == 2 && hash[0][0].comm == (a_first ? &a : &b) && hash[a_first ? 0 : 1].size() == 2);
+    check("reverse order: the other way round", reverse.size() == 2 && reverse[0][0].comm == hash[1][0].comm);
+    check("issue order: as the group first names them", issue.size() == 2 && issue[0][0].comm == &a);
+    // A structure that completes only when the sender's first communicator runs first: the even end sends x
+    // on `first` and receives y on `second` in one group; the odd end receives x, and only then, in a group
+    // of its own, sends y. Run the other way round, the even end would wait for y, which the odd end sends
+    // only after receiving x (that deadlock is the pipeline's test with LLMC_FAULT_PER_LINK_P2P).
+    const std::vector<std::vector<PointToPoint>> order = sub_groups(
+        {{PointToPoint::Send, &a, nullptr, 1, peer}, {PointToPoint::Receive, &b, nullptr, 1, peer}}, cpu_group_order());
+    Communicator& first = *order[0][0].comm;
+    Communicator& second = *order[1][0].comm;
+    const size_t count = 5;
+    Buffer<floatX> x(std::vector<float>(count, 3.0f + world.rank)), y(std::vector<float>(count, 7.0f + world.rank));
+    Buffer<floatX> got(count);
+    if (a.rank == 0) {
+        send_and_receive({{PointToPoint::Send, &first, x.ptr, count, peer},
+                          {PointToPoint::Receive, &second, got.ptr, count, peer}}, nullptr);
+        check("a group over two communicators, run in order, completes", got.download() == std::vector<float>(count, 7.0f + world.rank + 1));
+    } else {
+        send_and_receive({{PointToPoint::Receive, &first, got.ptr, count, peer}}, nullptr);
+        check("the first communicator's message arrives", got.download() == std::vector<float>(count, 3.0f + world.rank - 1));
+        send_and_receive({{PointToPoint::Send, &second, y.ptr, count, peer}}, nullptr);
+    }
+    check("after the first use the links are connected", !first_use(first.mpi, peer) && !first_use(second.mpi, peer));
+    // the first use of a collective on a fresh communicator, and first uses that come late: the odd end
+    // starts 0.2 s after the even one, which waits at its first use (a barrier, then a token each way)
+    if (c.rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    Buffer<float> sum(std::vector<float>{(float)c.rank + 1});
+    all_reduce(c, sum.ptr, 1, Reduction::Sum, nullptr);
+    check("the first collective on a new communicator waits for both and sums", sum.download() == std::vector<float>{3.0f});
+    Buffer<floatX> back(count);
+    if (c.rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    send_recv(c, x.ptr, peer, back.ptr, peer, count, nullptr);
+    check("send_recv's first use connects and exchanges", back.download() == std::vector<float>(count, 3.0f + world.rank + (peer > a.rank ? 1 : -1)));
+    for (Communicator* comm : {&a, &b, &c}) comm_destroy(*comm);
+}
+#endif
+
 int main() {
     Communicator world = comm_init_world();
     world_rank = world.rank;
@@ -714,6 +781,9 @@ int main() {
           table.find("4 ranks = dp_replicate 1 x dp_shard 2 x pp 1 x cp 1 x tp 2") != std::string::npos &&
           table.find("     3             0         1   0   0   1") != std::string::npos, table);
 
+#ifdef LLMC_CPU
+    test_strict_rules(world);
+#endif
     if (world.rank == 0) printf("launcher detection, bootstrap through a file, and failures\n");
     test_launcher_detection();
     test_file_bootstrap(world);

@@ -824,6 +824,7 @@ int main(int argc, char** argv) {
     test_broken_input_is_caught();
     test_records();
     test_message_groups();
+    test_communicator_orders();
     test_held_chunks();
     printf("%d passed, %d failed\n", lab.passed, lab.failed);
     return lab.failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;

@@ -180,6 +180,65 @@ std::vector<std::vector<std::vector<PipelineMessage>>> eager_message_groups(
     return groups;
 }
 
+// The mutation: every message on the communicator of its neighbour link, as the executor once sent them (a
+// two-rank communicator per pair (q, q+1), the wrap-around (p-1, 0) included, and under zbv one per chunk: the
+// chunk going down the ranks and the one coming up).
+std::vector<std::vector<std::vector<PipelineMessage>>> on_link_communicators(
+    std::vector<std::vector<std::vector<PipelineMessage>>> groups, PipelineSchedule schedule) {
+    const int p = (int)groups.size();
+    for (int r = 0; r < p; r++)
+        for (auto& group : groups[r])
+            for (PipelineMessage& message : group) {
+                const int sender = message.send ? r : message.peer, receiver = message.send ? message.peer : r;
+                const int pair = p == 2 ? 0 : receiver == (sender + 1) % p ? sender : receiver;
+                const int chunk = schedule == PipelineSchedule::ZeroBubbleV && message.from_stage >= p ? 1 : 0;
+                message.communicator = 1 + chunk * p + pair;
+            }
+    return groups;
+}
+
+// Every schedule on p = 2..8 (the grid's layouts) under each order in which NCCL may run a group's
+// communicators: the executor's groups (one communicator) must complete under all of them; the groups on the
+// old per-link communicators are counted where they deadlock, and must deadlock somewhere.
+void test_communicator_orders() {
+    printf("groups run one communicator at a time (pipeline_check_message_groups under each order)\n");
+    const PipelineCommOrder orders[] = {PipelineCommOrder::Hash, PipelineCommOrder::Reverse, PipelineCommOrder::Issue};
+    int old_deadlocks_total = 0;
+    for (PipelineSchedule schedule : kSchedules) {
+        lab.quiet = true;
+        const int failed_before = lab.failed;
+        int layouts = 0, deadlocked[3] = {0, 0, 0};
+        std::string example;
+        for (const ScheduleLayout& l : grid(schedule)) {
+            if (l.p < 2) continue;
+            layouts++;
+            const auto groups = pipeline_message_groups(all_lists(l), l.schedule, l.V);
+            const auto old_groups = on_link_communicators(groups, schedule);
+            for (int o = 0; o < 3; o++) {
+                const std::string order = pipeline_comm_order_name(orders[o]);
+                const std::string problem = pipeline_check_message_groups(groups, orders[o]);
+                check_true(l.name() + ", " + order + " order: the groups complete", problem.empty(), problem);
+                const std::string old = pipeline_check_message_groups(old_groups, orders[o]);
+                if (old.find("deadlock") == 0) {
+                    deadlocked[o]++;
+                    if (example.empty()) example = l.name() + ", " + order + " order: " + old;
+                } else {
+                    check_true(l.name() + ", per-link communicators, " + order +
+                               " order: complete or deadlock, never mispaired", old.empty(), old);
+                }
+            }
+        }
+        old_deadlocks_total += deadlocked[0] + deadlocked[1] + deadlocked[2];
+        lab.quiet = false;
+        printf("  %-12s %3d layouts (p 2..8) complete under hash, reverse and issue order: %s; on per-link "
+               "communicators the layouts that deadlock: hash %d, reverse %d, issue %d\n",
+               pipeline_schedule_name(schedule), layouts, lab.failed == failed_before ? "yes" : "NO", deadlocked[0],
+               deadlocked[1], deadlocked[2]);
+        if (!example.empty()) printf("    for example %s\n", example.c_str());
+    }
+    check_true("the mutation (per-link communicators) deadlocks under some order", old_deadlocks_total > 0);
+}
+
 void test_message_groups() {
     printf("groups of sends and receives (pipeline_message_groups) under synchronous semantics\n");
     lab.quiet = true;
@@ -200,7 +259,7 @@ void test_message_groups() {
             check_true(l.name() + ": every send held back still finds its data", late.empty(), late);
             layouts_seen++;
             ungrouped_deadlocks +=
-                !pipeline_check_message_groups(eager_message_groups(lists, l.schedule, l.V), /*one_at_a_time=*/true)
+                !pipeline_check_message_groups(eager_message_groups(lists, l.schedule, l.V), PipelineCommOrder::Hash, /*one_at_a_time=*/true)
                      .empty();
         }
         printf("  %-12s %d checks passed, %d failed\n", pipeline_schedule_name(schedule), lab.passed - passed_before,
@@ -212,7 +271,7 @@ void test_message_groups() {
     // the structure NCCL deadlocks on: 1f1b p=2 m=4, each send and receive alone
     const std::vector<std::vector<std::vector<PipelineMessage>>> one_f_one_b =
         eager_message_groups(all_lists({PipelineSchedule::OneFOneB, 2, 4, 1}), PipelineSchedule::OneFOneB, 1);
-    const std::string alone = pipeline_check_message_groups(one_f_one_b, /*one_at_a_time=*/true);
+    const std::string alone = pipeline_check_message_groups(one_f_one_b, PipelineCommOrder::Hash, /*one_at_a_time=*/true);
     check_true("1f1b p=2 m=4, operations one at a time: both ranks wait in a send",
                alone == "deadlock: rank 0 waits to send the activations of microbatch 1 from stage 0 to 1; rank 1 "
                         "waits to send the gradient of microbatch 0 from stage 1 to 0",

@@ -26,6 +26,11 @@ nothing and cannot be hurt by a stray variable).
         ncclCommAbort when the watchdog fires never returns, as NCCL's abort sometimes does)
     LLMC_FAULT_NO_BOARD=RANK
         world rank RANK's allocation of the watchdog's arrival board (an MPI window) reports failure
+    LLMC_FAULT_PER_LINK_P2P=1
+        the pipeline's messages travel on a communicator per neighbour pair (and per chunk under zbv), as they
+        once did, instead of all on the pp axis (llmc/parallel/pipeline_links.h): a group then spans two
+        communicators, which NCCL runs one after the other in an order of its choosing, and the test sees it
+        deadlock here under such an order too (LLMC_CPU_GROUP_ORDER, llmc/parallel/comm.h)
 A malformed value stops the program with one line, so a test cannot pass by injecting nothing.
 */
 #pragma once
@@ -102,15 +107,16 @@ inline void fault_point(const char* point, int rank, long long step) {
     raise(SIGKILL);
 }
 
+// Whether a switch LLMC_FAULT_...=1 is on; any other value stops the program with one line.
+inline bool fault_switch(const char* name) {
+    const std::vector<std::string> f = fault_fields(name, 1);
+    if (f.empty()) return false;
+    if (f[0] != "1") fatal("%s=%s: expected 1", name, f[0].c_str());
+    return true;
+}
 // Whether LLMC_FAULT_UNGROUPED_P2P=1 asks for point-to-point operations one at a time (read once).
 inline bool fault_ungrouped_point_to_point() {
-    static const bool ungrouped = [] {
-        const char* name = "LLMC_FAULT_UNGROUPED_P2P";
-        const std::vector<std::string> f = fault_fields(name, 1);
-        if (f.empty()) return false;
-        if (f[0] != "1") fatal("%s=%s: expected 1", name, f[0].c_str());
-        return true;
-    }();
+    static const bool ungrouped = fault_switch("LLMC_FAULT_UNGROUPED_P2P");
     return ungrouped;
 }
 
@@ -154,10 +160,17 @@ inline bool fault_no_board(int rank) {
     }();
     return planned == rank;
 }
+
+// Whether LLMC_FAULT_PER_LINK_P2P=1 asks for the pipeline's messages on a communicator per link (read once).
+inline bool fault_per_link_point_to_point() {
+    static const bool per_link = fault_switch("LLMC_FAULT_PER_LINK_P2P");
+    return per_link;
+}
 #else
 inline const PlannedBitFlip* planned_bit_flip() { return nullptr; }
 inline void fault_stall(const char*, int) {}
 inline bool fault_no_board(int) { return false; }
 inline void fault_point(const char*, int, long long) {}
 inline bool fault_ungrouped_point_to_point() { return false; }
+inline bool fault_per_link_point_to_point() { return false; }
 #endif

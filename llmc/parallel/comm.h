@@ -16,7 +16,7 @@ The operations, with `count` in elements and every buffer in device memory of T 
   reduce_scatter(comm, out, in, count, op, stream) in holds size*count; out = block `rank` of the sum/mean/max
   all_gather(comm, out, in, count, stream)         out holds size*count; block r is rank r's `in`
   broadcast(comm, data, count, root, stream)       everyone's data = root's data
-  send_and_receive(operations, stream)                     point to point: sends and receives (PointToPoint) as one
+  send_and_receive(operations, stream)             point to point: sends and receives (PointToPoint) as one
                                                    group that completes when all of them have
   send_recv(comm, send_data, send_peer, recv_data, recv_peer, count, stream)
                                                    a send and a receive at once: a ring shift cannot deadlock
@@ -55,6 +55,30 @@ in fp32: the count describes the algorithm, so CPU runs predict GPU traffic):
 Fractions are rounded down to whole bytes, once per call. A single rank (n = 1) sends nothing.
 
 Every MPI and NCCL call is checked; a failure stops the program with one line naming the call.
+
+The CPU build is as strict as NCCL. MPI forgives what NCCL does not, so the CPU build keeps NCCL's rules, and
+a structure that would hang on GPUs hangs on the laptop first (where the watchdog names it):
+  - A group of sends and receives over several communicators progresses one communicator at a time: NCCL
+    launches one kernel per communicator, one after the other on the stream, in an order it chooses (its
+    user guide, "Using multiple NCCL communicators concurrently"). send_and_receive runs a sub-group per
+    communicator (post all its operations, wait for all), in the order LLMC_CPU_GROUP_ORDER names:
+      hash     (the default) by the communicator's identity, a hash of how it was made (its parent's
+               identity, which split of the parent, the color, its members and name): both ends agree
+      reverse  the reverse of that: the other order NCCL could pick with both ends agreeing
+      issue    the order in which this rank first names each communicator in the group: the ends may
+               disagree, which a group whose ends name its communicators in different orders cannot survive
+    Within a communicator the messages between two ranks pair in the order they are posted, per direction.
+    The tests run the pipeline suites under hash and reverse (scripts/test/test_pipeline*.sh).
+  - A send completes only with its receive: every send of send_and_receive, send_recv and all_to_all_v is
+    synchronous (MPI_Issend), where MPI's plain sends return early for small messages.
+  - Creating or splitting a communicator is a collective of its members: comm_split ends with a barrier on
+    the new group, as ncclCommSplit returns only once every member has joined.
+  - NCCL connects lazily, and the calling thread blocks until the other end comes: the first send or
+    receive between two ranks on a communicator waits for the peer's first use of that link (a token each
+    way, on a tag of its own), and the first collective on a communicator waits for every member's (a
+    barrier). Both are watched as the operation "connect". The CPU device runs a stream's work as it is
+    issued, so this happens at issue time as on the GPU's host thread (under LLMC_CPU_LATE_STREAMS it
+    waits with the stream's work: the CPU device cannot run a stream while its host thread is blocked).
 
 The watchdog (llmc/parallel/watchdog.h). A rank that stops (a dead GPU, a hung process, a lost node) leaves
 the others blocked in their next collective forever, because NCCL and MPI wait for every member. So every
@@ -109,6 +133,9 @@ point), the group (dp, shard, tp, a pp link, cp ...), the step, and the ranks th
 #include <cerrno>
 #include <cstdint>
 #include <functional>
+#include <iterator>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 #include <type_traits>
@@ -192,7 +219,19 @@ struct Communicator {
 #endif
     uint64_t bytes_sent = 0;       // see "Counting bytes" above; reset it by assigning 0
     int watch = -1;                // the group as the watchdog names it (llmc/parallel/watchdog.h)
+    uint64_t identity = 0;         // the same on every member, different for every group (comm_split)
+    int splits = 0;                // comm_split calls made on it so far (alike on all its members)
 };
+
+// FNV-1a over 64-bit words, then mixed so that neighbouring inputs land far apart
+inline uint64_t hash_words(const std::vector<uint64_t>& words) {
+    uint64_t h = 1469598103934665603ULL;
+    for (uint64_t word : words)
+        for (int byte = 0; byte < 8; byte++) h = (h ^ ((word >> (8 * byte)) & 0xff)) * 1099511628211ULL;
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdULL;
+    return h ^ (h >> 33);
+}
 
 enum class Reduction { Sum, Average, Max };
 
@@ -246,6 +285,59 @@ inline uint64_t ring_share(uint64_t bytes, int n, int passes = 1) {
     return (uint64_t)passes * bytes * (uint64_t)(n - 1) / (uint64_t)n;
 }
 
+#ifdef LLMC_CPU
+// ----------------------------------------------------------------------------
+// NCCL's rules in the CPU build (see "The CPU build is as strict as NCCL" at the top)
+
+constexpr int kDataTag = 0, kConnectTag = 1;  // data, and the tokens of a first use (never mistaken for data)
+
+// Which links (communicator, peer; peer -1: the communicator's collectives) this rank has used
+struct FirstUses {
+    std::mutex lock;
+    std::set<std::pair<MPI_Comm, int>> connected;
+};
+inline FirstUses& first_uses() {
+    static FirstUses* uses = new FirstUses;  // never destroyed: a rank may exit with a stream still queued
+    return *uses;
+}
+inline bool first_use(MPI_Comm comm, int peer) {
+    FirstUses& uses = first_uses();
+    std::lock_guard<std::mutex> guard(uses.lock);
+    return uses.connected.insert({comm, peer}).second;
+}
+inline void forget_first_uses(MPI_Comm comm) {
+    FirstUses& uses = first_uses();
+    std::lock_guard<std::mutex> guard(uses.lock);
+    for (auto it = uses.connected.begin(); it != uses.connected.end();)
+        it = it->first == comm ? uses.connected.erase(it) : std::next(it);
+}
+
+// The first collective on a communicator waits for every member's first (NCCL connects its rings then).
+inline void connect_collective(MPI_Comm comm, int watch, int me) {
+    if (!first_use(comm, -1)) return;
+    CollectiveWait wait(watch, me, "connect");
+    mpiCheck(MPI_Barrier(comm));
+}
+
+// The first send or receive between this rank and each of `peers` on `comm` waits until the peer has come
+// to its own first use of the link: a token each way, synchronous, on a tag of its own.
+inline void connect_peers(MPI_Comm comm, const std::vector<int>& peers, int watch, int me) {
+    std::vector<int> fresh;
+    for (int peer : peers)
+        if (std::find(fresh.begin(), fresh.end(), peer) == fresh.end() && first_use(comm, peer)) fresh.push_back(peer);
+    if (fresh.empty()) return;
+    CollectiveWait wait(watch, me, "connect", fresh[0]);
+    std::vector<char> tokens(fresh.size());
+    const char token = 0;
+    std::vector<MPI_Request> requests(2 * fresh.size(), MPI_REQUEST_NULL);
+    for (size_t i = 0; i < fresh.size(); i++) {
+        mpiCheck(MPI_Issend(&token, 1, MPI_CHAR, fresh[i], kConnectTag, comm, &requests[2 * i]));
+        mpiCheck(MPI_Irecv(&tokens[i], 1, MPI_CHAR, fresh[i], kConnectTag, comm, &requests[2 * i + 1]));
+    }
+    mpiCheck(MPI_Waitall((int)requests.size(), requests.data(), MPI_STATUSES_IGNORE));
+}
+#endif
+
 // ----------------------------------------------------------------------------
 // collectives
 
@@ -258,6 +350,7 @@ void all_reduce(Communicator& comm, T* data, size_t count, Reduction op, cudaStr
     const MPI_Comm group = comm.mpi;
     const int watch = comm.watch, me = comm.rank;
     cudacpu::on_stream(stream, [=] {
+        connect_collective(group, watch, me);
         CollectiveWait wait(watch, me, "all-reduce");
         if constexpr (std::is_same_v<T, float>) {
             mpiCheck(MPI_Allreduce(MPI_IN_PLACE, data, mpi_count(count), MPI_FLOAT, reduction, group));
@@ -282,6 +375,7 @@ void reduce_scatter(Communicator& comm, T* out, const T* in, size_t count, Reduc
     const MPI_Comm group = comm.mpi;
     const int size = comm.size, watch = comm.watch, me = comm.rank;
     cudacpu::on_stream(stream, [=] {
+        connect_collective(group, watch, me);
         CollectiveWait wait(watch, me, "reduce-scatter");
         // MPI wants separate buffers and `out` may be this rank's own block of `in`: reduce into scratch first
         std::vector<float> reduced(count);
@@ -309,6 +403,7 @@ void all_gather(Communicator& comm, T* out, const T* in, size_t count, cudaStrea
     const MPI_Comm group = comm.mpi;
     const int watch = comm.watch, me = comm.rank;
     cudacpu::on_stream(stream, [=] {
+        connect_collective(group, watch, me);
         CollectiveWait wait(watch, me, "all-gather");
         mpiCheck(MPI_Allgather(source, mpi_count(count), mpi_raw_type<T>(), out, mpi_count(count), mpi_raw_type<T>(),
                                group));
@@ -326,6 +421,7 @@ void broadcast(Communicator& comm, T* data, size_t count, int root, cudaStream_t
     const MPI_Comm group = comm.mpi;
     const int watch = comm.watch, me = comm.rank;
     cudacpu::on_stream(stream, [=] {
+        connect_collective(group, watch, me);
         CollectiveWait wait(watch, me, "broadcast");
         mpiCheck(MPI_Bcast(data, mpi_count(count), mpi_raw_type<T>(), root, group));
     });
@@ -340,42 +436,113 @@ void broadcast(Communicator& comm, T* data, size_t count, int root, cudaStream_t
 // NCCL's send and receive block the GPU until the peer arrives, and operations that must progress at the same
 // time have to be in one group (ncclGroupStart/End): 1F1B's neighbours each send one message and receive the
 // other's at the same moment, and two lone operations would wait for each other forever. So every pipeline
-// transfer goes through send_and_receive(), which issues its operations as one group that completes when all of
-// them have. The CPU build gives the same semantics at every message size: its sends are synchronous
-// (MPI_Issend completes only once the matching receive has started), where MPI's plain sends return early
-// for small messages and would hide a structure that deadlocks on a GPU. Messages between the same two
-// ranks on one communicator are paired in the order they are issued (NCCL has no tags).
+// transfer goes through send_and_receive(), which issues its operations as one group. Messages between the
+// same two ranks on one communicator are paired in the order they are issued, per direction (NCCL has no tags).
+// `watch` names the group the watchdog reports a stalled operation under, when that is not the communicator
+// itself: the pipeline's neighbour links are named groups of the pp axis (llmc/parallel/pipeline_links.h), so
+// the axis' own arrival counts stay those of its collectives. Its members must be the communicator's.
 struct PointToPoint {
     enum Kind { Send, Receive } kind;
     Communicator* comm;
     floatX* data;
     size_t count;
-    int peer;  // the other end's rank in comm
+    int peer;        // the other end's rank in comm
+    int watch = -1;  // the watchdog's group (-1: comm's)
 };
+
+// The operation the watchdog names if a group stalls: a receive (what this rank waits for), else a send; and
+// the group it names it under.
+inline const PointToPoint& p2p_named_operation(const std::vector<PointToPoint>& operations) {
+    for (const PointToPoint& op : operations)
+        if (op.kind == PointToPoint::Receive) return op;
+    return operations[0];
+}
+inline int p2p_watch_group(const PointToPoint& op) { return op.watch >= 0 ? op.watch : op.comm->watch; }
+inline const char* p2p_operation_name(const PointToPoint& op) {
+    return op.kind == PointToPoint::Receive ? "receive" : "send";
+}
+
+#ifdef LLMC_CPU
+enum class GroupOrder { Hash, Reverse, Issue };
+
+// LLMC_CPU_GROUP_ORDER, read once; a bad value stops the program with one line
+inline GroupOrder cpu_group_order() {
+    static const GroupOrder order = [] {
+        const char* value = getenv("LLMC_CPU_GROUP_ORDER");
+        const std::string text = value ? value : "";
+        if (text.empty() || text == "hash") return GroupOrder::Hash;
+        if (text == "reverse") return GroupOrder::Reverse;
+        if (text == "issue") return GroupOrder::Issue;
+        fatal("LLMC_CPU_GROUP_ORDER=%s: expected hash, reverse or issue", text.c_str());
+    }();
+    return order;
+}
+
+// A group's operations as NCCL runs them: one sub-group per communicator, in LLMC_CPU_GROUP_ORDER's order
+// (by identity, its reverse, or the order in which this rank first names each communicator).
+inline std::vector<std::vector<PointToPoint>> sub_groups(const std::vector<PointToPoint>& operations,
+                                                         GroupOrder order) {
+    std::vector<std::vector<PointToPoint>> groups;
+    std::vector<uint64_t> identities;
+    for (const PointToPoint& op : operations) {
+        size_t g = 0;
+        while (g < groups.size() && groups[g][0].comm->mpi != op.comm->mpi) g++;
+        if (g == groups.size()) groups.emplace_back(), identities.push_back(op.comm->identity);
+        groups[g].push_back(op);
+    }
+    if (order == GroupOrder::Issue) return groups;
+    std::vector<size_t> by(groups.size());
+    for (size_t g = 0; g < by.size(); g++) by[g] = g;
+    std::sort(by.begin(), by.end(), [&](size_t a, size_t b) {
+        return order == GroupOrder::Hash ? identities[a] < identities[b] : identities[a] > identities[b];
+    });
+    std::vector<std::vector<PointToPoint>> sorted;
+    for (size_t g : by) sorted.push_back(groups[g]);
+    return sorted;
+}
+
+// A sub-group's first uses of its links, just before its operations. NCCL connects a whole group's links at
+// ncclGroupEnd, before any of its kernels run, but its host thread runs ahead of the GPU; the CPU device runs
+// a stream's work on the host thread, and connecting all of a group's links first would also wait for peers
+// that reach a link only after this group's earlier sub-groups have moved their data, which NCCL does not.
+inline void connect_sub_group(const std::vector<PointToPoint>& operations) {
+    const PointToPoint& named = p2p_named_operation(operations);
+    std::vector<int> peers;
+    for (const PointToPoint& op : operations) peers.push_back(op.peer);
+    connect_peers(named.comm->mpi, peers, p2p_watch_group(named), named.comm->rank);
+}
+
+// One sub-group: every operation posted and all of them waited for. The sends are synchronous (MPI_Issend
+// completes only once the matching receive has started): MPI's plain sends return early for small messages
+// and would hide a structure that deadlocks on a GPU.
+inline void run_sub_group(const std::vector<PointToPoint>& operations) {
+    const PointToPoint& named = p2p_named_operation(operations);
+    const MPI_Comm comm = named.comm->mpi;
+    CollectiveWait wait(p2p_watch_group(named), named.comm->rank, p2p_operation_name(named), named.peer);
+    std::vector<MPI_Request> requests(operations.size(), MPI_REQUEST_NULL);
+    for (size_t i = 0; i < operations.size(); i++) {
+        const PointToPoint& op = operations[i];
+        const int count = mpi_count(op.count);
+        if (op.kind == PointToPoint::Send)
+            mpiCheck(MPI_Issend(op.data, count, mpi_raw_type<floatX>(), op.peer, kDataTag, comm, &requests[i]));
+        else
+            mpiCheck(MPI_Irecv(op.data, count, mpi_raw_type<floatX>(), op.peer, kDataTag, comm, &requests[i]));
+    }
+    mpiCheck(MPI_Waitall((int)requests.size(), requests.data(), MPI_STATUSES_IGNORE));
+}
+#endif
 
 inline void send_and_receive(const std::vector<PointToPoint>& operations, cudaStream_t stream) {
     if (operations.empty()) return;
-    // the operation the watchdog names if the group stalls: a receive (what this rank waits for), else a send
-    const PointToPoint* named = &operations[0];
-    for (const PointToPoint& op : operations)
-        if (op.kind == PointToPoint::Receive) { named = &op; break; }
     for (const PointToPoint& op : operations)
         if (op.kind == PointToPoint::Send) op.comm->bytes_sent += op.count * sizeof(floatX);
-    const int watch = named->comm->watch, me = named->comm->rank, peer = named->peer;
-    const char* what = named->kind == PointToPoint::Receive ? "receive" : "send";
 #ifdef LLMC_CPU
+    const std::vector<std::vector<PointToPoint>> groups = sub_groups(operations, cpu_group_order());
     cudacpu::on_stream(stream, [=] {
-        CollectiveWait wait(watch, me, what, peer);
-        std::vector<MPI_Request> requests(operations.size(), MPI_REQUEST_NULL);
-        for (size_t i = 0; i < operations.size(); i++) {
-            const PointToPoint& op = operations[i];
-            const int count = mpi_count(op.count);
-            if (op.kind == PointToPoint::Send)
-                mpiCheck(MPI_Issend(op.data, count, mpi_raw_type<floatX>(), op.peer, 0, op.comm->mpi, &requests[i]));
-            else
-                mpiCheck(MPI_Irecv(op.data, count, mpi_raw_type<floatX>(), op.peer, 0, op.comm->mpi, &requests[i]));
+        for (const std::vector<PointToPoint>& group : groups) {
+            connect_sub_group(group);
+            run_sub_group(group);
         }
-        mpiCheck(MPI_Waitall((int)requests.size(), requests.data(), MPI_STATUSES_IGNORE));
     });
 #else
     ncclCheck(ncclGroupStart());
@@ -384,7 +551,8 @@ inline void send_and_receive(const std::vector<PointToPoint>& operations, cudaSt
         else ncclCheck(ncclRecv(op.data, op.count, nccl_type<floatX>(), op.peer, op.comm->nccl, stream));
     }
     ncclCheck(ncclGroupEnd());
-    watch_enqueued(watch, me, what, peer, stream);
+    const PointToPoint& named = p2p_named_operation(operations);
+    watch_enqueued(p2p_watch_group(named), named.comm->rank, p2p_operation_name(named), named.peer, stream);
 #endif
 }
 
@@ -396,9 +564,13 @@ void send_recv(Communicator& comm, const T* send_data, int send_peer, T* recv_da
     const MPI_Comm group = comm.mpi;
     const int watch = comm.watch, me = comm.rank;
     cudacpu::on_stream(stream, [=] {
+        connect_peers(group, {send_peer, recv_peer}, watch, me);
         CollectiveWait wait(watch, me, "receive", recv_peer);  // the send cannot block without the receive
-        mpiCheck(MPI_Sendrecv(send_data, mpi_count(count), mpi_raw_type<T>(), send_peer, 0, recv_data, mpi_count(count),
-                              mpi_raw_type<T>(), recv_peer, 0, group, MPI_STATUS_IGNORE));
+        // a synchronous send, as NCCL's: the call completes only once the receiver has its message
+        MPI_Request requests[2];
+        mpiCheck(MPI_Issend(send_data, mpi_count(count), mpi_raw_type<T>(), send_peer, kDataTag, group, &requests[0]));
+        mpiCheck(MPI_Irecv(recv_data, mpi_count(count), mpi_raw_type<T>(), recv_peer, kDataTag, group, &requests[1]));
+        mpiCheck(MPI_Waitall(2, requests, MPI_STATUSES_IGNORE));
     });
 #else
     // inside one group NCCL starts both transfers together, so neither side waits for the other to receive
@@ -417,6 +589,7 @@ void all_to_all(Communicator& comm, T* out, const T* in, size_t count, cudaStrea
     const MPI_Comm group = comm.mpi;
     const int watch = comm.watch, me = comm.rank;
     cudacpu::on_stream(stream, [=] {
+        connect_collective(group, watch, me);
         CollectiveWait wait(watch, me, "all-to-all");
         mpiCheck(MPI_Alltoall(in, mpi_count(count), mpi_raw_type<T>(), out, mpi_count(count), mpi_raw_type<T>(), group));
     });
@@ -445,22 +618,34 @@ void all_to_all_v(Communicator& comm, T* out, const std::vector<size_t>& receive
     for (int peer = 0; peer < comm.size; peer++)
         if (peer != comm.rank) comm.bytes_sent += send_counts[peer] * sizeof(T);
 #ifdef LLMC_CPU
-    std::vector<int> sends(comm.size), receives(comm.size), send_offsets(comm.size), receive_offsets(comm.size);
-    size_t send_at = 0, receive_at = 0;
-    for (int peer = 0; peer < comm.size; peer++) {
-        sends[peer] = mpi_count(send_counts[peer]);
-        receives[peer] = mpi_count(receive_counts[peer]);
-        send_offsets[peer] = mpi_count(send_at);
-        receive_offsets[peer] = mpi_count(receive_at);
-        send_at += send_counts[peer];
-        receive_at += receive_counts[peer];
-    }
+    // the operations NCCL's path issues (one send and one receive per peer with something to move), with
+    // synchronous sends: the call completes only once every receiver has its block
+    std::vector<int> peers;
+    for (int peer = 0; peer < comm.size; peer++)
+        if (peer != comm.rank && (send_counts[peer] > 0 || receive_counts[peer] > 0)) peers.push_back(peer);
     const MPI_Comm group = comm.mpi;
-    const int watch = comm.watch, me = comm.rank;
+    const int watch = comm.watch, me = comm.rank, size = comm.size;
     cudacpu::on_stream(stream, [=] {
+        connect_peers(group, peers, watch, me);
         CollectiveWait wait(watch, me, "all-to-all");
-        mpiCheck(MPI_Alltoallv(in, sends.data(), send_offsets.data(), mpi_raw_type<T>(), out, receives.data(),
-                               receive_offsets.data(), mpi_raw_type<T>(), group));
+        std::vector<MPI_Request> requests;
+        size_t send_at = 0, receive_at = 0;
+        for (int peer = 0; peer < size; peer++) {
+            MPI_Request request;
+            if (send_counts[peer] > 0) {
+                mpiCheck(MPI_Issend(in + send_at, mpi_count(send_counts[peer]), mpi_raw_type<T>(), peer, kDataTag, group,
+                                    &request));
+                requests.push_back(request);
+            }
+            if (receive_counts[peer] > 0) {
+                mpiCheck(MPI_Irecv(out + receive_at, mpi_count(receive_counts[peer]), mpi_raw_type<T>(), peer, kDataTag,
+                                   group, &request));
+                requests.push_back(request);
+            }
+            send_at += send_counts[peer];
+            receive_at += receive_counts[peer];
+        }
+        mpiCheck(MPI_Waitall((int)requests.size(), requests.data(), MPI_STATUSES_IGNORE));
     });
 #else
     ncclCheck(ncclGroupStart());
@@ -542,6 +727,7 @@ inline std::vector<uint64_t> all_gather_words(Communicator& comm, const std::vec
 inline void barrier(Communicator& comm, cudaStream_t stream) {
 #ifdef LLMC_CPU
     cudaCheck(cudaStreamSynchronize(stream));  // the stream drained (a no-op unless its work is queued)
+    connect_collective(comm.mpi, comm.watch, comm.rank);
     CollectiveWait wait(comm.watch, comm.rank, "barrier");
     mpiCheck(MPI_Barrier(comm.mpi));
 #else
@@ -846,6 +1032,7 @@ inline Communicator comm_split(Communicator& parent, int color, int key, const s
     const std::vector<float> keys = gather_values(parent, (float)key, nullptr);
     Communicator group;
     const bool member = color != kNotInGroup;
+    const int split = parent.splits++;
     const std::vector<int> parent_members = watched_members(parent.watch);
     fault_stall("in-split", parent_members.empty() ? parent.rank : parent_members[parent.rank]);  // the tests' stall
     {
@@ -859,6 +1046,9 @@ inline Communicator comm_split(Communicator& parent, int color, int key, const s
 #endif
     }
     if (!member) {
+        // registered all the same, without members: every rank registers one group per split, so that a
+        // group's index (its column on the watchdog's arrival board) is the same on all its members
+        watched_group(name, {});
         group.rank = -1;
         group.size = 0;
         return group;
@@ -878,13 +1068,25 @@ inline Communicator comm_split(Communicator& parent, int color, int key, const s
     make_barrier_token(group);
 #endif
     group.watch = watched_group(name, members);
-#ifndef LLMC_CPU
+    std::vector<uint64_t> words = {parent.identity, (uint64_t)split, (uint64_t)color};
+    for (int member_rank : members) words.push_back((uint64_t)member_rank);
+    for (char c : name) words.push_back((uint64_t)(unsigned char)c);
+    group.identity = hash_words(words);
+#ifdef LLMC_CPU
+    {   // ncclCommSplit returns once every member has joined the new communicator; MPI_Comm_split need not
+        CollectiveWait wait(group.watch, group.rank, "split");
+        mpiCheck(MPI_Barrier(group.mpi));
+    }
+#else
     watched_group_nccl(group.watch, group.nccl);
 #endif
     return group;
 }
 
 inline void comm_destroy(Communicator& comm) {
+#ifdef LLMC_CPU
+    forget_first_uses(comm.mpi);  // MPI may hand the same handle to a later communicator
+#endif
     if (comm.mpi != MPI_COMM_NULL) mpiCheck(MPI_Comm_free(&comm.mpi));
 #ifndef LLMC_CPU
     watched_group_nccl(comm.watch, nullptr);  // not one to abort any more

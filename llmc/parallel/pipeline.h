@@ -37,8 +37,8 @@ Everything a backward pass needs from its forward pass is one stage record (llmc
 StageActivations). A rank keeps a pool of them, as many as its schedule has microbatches in flight:
 m under gpipe, p - r under 1f1b (pipeline_record_assignment says which record each action uses), and a pool
 of weight records for the B passes whose W has not run yet (pipeline_weight_record_assignment).
-The rank's side of the pipeline (its actions and records, the links to its neighbours that carry the
-activations and gradients, and the bytes they send) is llmc/parallel/pipeline_links.h; a stage's pieces of
+The rank's side of the pipeline (its actions and records, how the activations and gradients travel to its
+neighbours, and the bytes they send) is llmc/parallel/pipeline_links.h; a stage's pieces of
 the model (embed, blocks, head and loss, and their backward passes) are llmc/model/forward_backward.cuh's.
 
 The tied embeddings (GPT-2). wte gets a gradient on the first stage (the lookup) and on the last (the LM head).
@@ -50,7 +50,7 @@ sharding): its gradient on the last stage is 0. The gradient norm counts the fir
 
 Data parallelism and ZeRO work within a stage: each stage's chunks are sharded and reduced over that
 stage's gradient group, exactly as without a pipeline (llmc/parallel/zero.h is unchanged but for the chunks it
-skips). Tensor parallelism composes too: the pp links join the ranks of equal tp rank, each sending its
+skips). Tensor parallelism composes too: the pp axis joins the ranks of equal tp rank, each sending its
 R = N (N/tp under sequence parallelism) rows.
 
 Measuring. On the step being measured every rank notes, with the clock, the start and end of each action
@@ -290,9 +290,7 @@ inline void pipeline_exchange(ParallelContext& par, GPT2& model, const PipelineR
                        : message.gradient  ? record.doutput
                        : message.send      ? record.output()
                                            : record.input;
-        Communicator& link = pipeline_link(pipe, message);
-        return PointToPoint{message.send ? PointToPoint::Send : PointToPoint::Receive, &link, data, rows,
-                            /*the other end of a two-rank link*/ 1 - link.rank};
+        return pipeline_point_to_point(pipe, message, data, rows);
     };
     if (!run.messages[i].empty()) fault_stall("before-first-p2p", par.world.rank);  // the tests' stalled rank
     if (!fault_ungrouped_point_to_point()) {

@@ -1,7 +1,7 @@
 /*
 A pipeline rank (llmc/parallel/pipeline.h runs it): which stages it holds, its schedule's actions over the
 step's microbatches, the stage record and weight record each one uses, the messages it exchanges with its
-neighbours before each action, and the links that carry them.
+neighbours before each action, and how they travel.
 
 Point to point as NCCL guarantees it. NCCL's send and receive block the GPU until the peer arrives, and
 operations that must progress together must be in one group: under 1F1B neighbours send to each other at
@@ -13,11 +13,27 @@ groups free of deadlock under these semantics, and shows that lone operations de
 completes before the action starts. The CPU build's sends are synchronous (MPI_Issend) so the tests see
 NCCL's semantics at every message size.
 
-Each neighbour pair (r, r+1) has a link of its own, a two-rank communicator that carries the activations
-and gradients both ways (and (p-1, 0) for the interleaved schedule's wrap-around; zbv's turn at the bottom of
-its V stays on rank p-1, in memory); messages between two ranks are paired in the order they are issued, which
-the schedule's groups keep the same at both ends.
-Ranks outside a pair get no communicator (comm_split's kNotInGroup).
+One communicator for every message: the pp axis. NCCL runs a group that spans several communicators as one
+kernel per communicator, one after another on the stream, in an order it chooses (its user guide, "Using
+multiple NCCL communicators concurrently"; NVIDIA/nccl #1347 is such a deadlock), and the CPU build does the
+same (llmc/parallel/comm.h, LLMC_CPU_GROUP_ORDER). With a communicator per neighbour link, as this file once
+had, a middle rank's group holds operations on two links, and which link's kernel runs first decides whether
+the ranks' groups meet. dev/test/test_pipeline.cu plays every schedule's groups with each message on its old
+link (pipeline_check_message_groups, p = 2..8) under three orders: interleaved deadlocks under an order both
+ends agree on (28 of its 104 layouts, the wrap-around link closing a cycle), interleaved and zbv under orders
+each rank picks for itself (54 and all 56); gpipe, 1f1b and zb-h1 survive these three. The CPU build showed
+it too: interleaved at pp 3, m 3, V 2 on per-link communicators (LLMC_FAULT_PER_LINK_P2P) hung under
+LLMC_CPU_GROUP_ORDER=hash and ran under reverse (the communicators' identities decide which order is which). On the one communicator each group is one kernel and the order
+question does not arise. NCCL's point to point works on
+any communicator; the price is that messages between two ranks now share one channel per direction, paired
+in the order they are posted. zbv's two chunks both cross each neighbour pair, both ways: rank r sends r+1
+chunk 0's activations and chunk 1's gradients, which r+1 receives in its own action order. So
+pipeline_message_groups posts a rank's sends to each peer in the order the peer receives them (holding a send
+back, if need be, to the group of the one the peer takes before it), and pipeline_match_messages checks, for
+every schedule, that the k-th message posted from a to b is the k-th that b receives from a.
+For the watchdog each neighbour pair is still a named group ("pp link r-(r+1)", the axis' members), so a
+stalled exchange is reported as a wait on that link for that peer, and the axis' own arrival counts stay those
+of its collectives (the loss's broadcast, the norm's sum).
 
 Bytes this rank sends per step on the pp axis, for a = B T C activation elements per message (B T C / tp
 under sequence parallelism), s bytes per element, and this rank's V stages:
@@ -36,6 +52,7 @@ under sequence parallelism), s bytes per element, and this rank's V stages:
 #include <string>
 #include <vector>
 #include "../utils.h"
+#include "../cpu/faults.h"
 #include "comm.h"
 #include "mesh.h"
 #include "../model/gpt2.cuh"
@@ -60,10 +77,9 @@ struct Pipeline {
     int records = 1, weight_records = 0;    // the pools' sizes
     int heads = 0;
     int outboxes = 0;
-    Communicator* group = nullptr;          // the pp axis: the loss's broadcast, the norm's sum
-    // the pairs (r, r+1) and (r-1, r), one communicator per link of a pair (pipeline_message_link: zbv's two
-    // chunks have one each); p = 2: the same pair both ways
-    std::vector<Communicator> next_links, previous_links;
+    Communicator* group = nullptr;          // the pp axis: the messages, the loss's broadcast, the norm's sum
+    std::vector<int> link_watch;            // per neighbour pair (q, q+1 mod p): its name for the watchdog
+    std::vector<Communicator> fault_links;  // LLMC_FAULT_PER_LINK_P2P only: per (chunk, pair), this rank's pairs
     bool tied_head = true;                  // the LM head is wte (GPT-2): the last stage holds a copy of it
     Communicator tied;                      // the first and the last stage's ranks, if two: wte's gradient
     // the step being measured
@@ -74,12 +90,26 @@ struct Pipeline {
 
 inline int pipeline_stage_count(const Pipeline& pipe) { return pipe.size * pipe.virtual_stages; }
 
-// The link that carries a message to or from a neighbour.
-inline Communicator& pipeline_link(Pipeline& pipe, const PipelineMessage& message) {
-    const int p = pipe.size, peer = message.peer;
-    if (peer == (pipe.rank + 1) % p) return pipe.next_links.at(message.link);
-    if (peer == (pipe.rank + p - 1) % p) return pipe.previous_links.at(message.link);
-    fatal("pipeline: rank %d has no link to rank %d", pipe.rank, peer);
+// The watchdog's group for a message to or from neighbour `peer`: the link of the pair.
+inline int pipeline_link_watch(const Pipeline& pipe, int peer) {
+    const int p = pipe.size, r = pipe.rank;
+    if (peer == (r + 1) % p) return pipe.link_watch.at(p == 2 ? 0 : r);
+    if (peer == (r + p - 1) % p) return pipe.link_watch.at(p == 2 ? 0 : (r + p - 1) % p);
+    fatal("pipeline: rank %d has no link to rank %d", r, peer);
+}
+
+// The send or receive of a message, `count` elements at `data`: on the pp axis, or under LLMC_FAULT_PER_LINK_P2P
+// on the communicator of its pair and chunk (the old structure, which the fault's test sees deadlock).
+inline PointToPoint pipeline_point_to_point(Pipeline& pipe, const PipelineMessage& message, floatX* data,
+                                            size_t count) {
+    const PointToPoint::Kind kind = message.send ? PointToPoint::Send : PointToPoint::Receive;
+    const int watch = pipeline_link_watch(pipe, message.peer);
+    if (pipe.fault_links.empty()) return PointToPoint{kind, pipe.group, data, count, message.peer, watch};
+    const int p = pipe.size, pairs = (int)pipe.link_watch.size();
+    const int pair = p == 2 ? 0 : message.peer == (pipe.rank + 1) % p ? pipe.rank : message.peer;
+    const int chunk = pipe.schedule == PipelineSchedule::ZeroBubbleV && message.from_stage >= p ? 1 : 0;
+    Communicator& link = pipe.fault_links.at(chunk * pairs + pair);
+    return PointToPoint{kind, &link, data, count, 1 - link.rank, link.watch};
 }
 
 // Every rank's groups of sends and receives for the schedule's lists (pipeline_message_groups).
@@ -110,7 +140,7 @@ inline ModelPart pipeline_model_part(PipelineSchedule schedule, int rank, int p,
     return part;
 }
 
-// Every rank calls this together (the links are made by splitting the pp axis).
+// Every rank calls this together (the tied embeddings' group is a split of the pp axis).
 inline void pipeline_create(Pipeline& pipe, Mesh& mesh, PipelineSchedule schedule, int V, int m,
                             const std::vector<int>& stage_layers, bool tied_head) {
     pipe.schedule = schedule;
@@ -147,23 +177,26 @@ inline void pipeline_create(Pipeline& pipe, Mesh& mesh, PipelineSchedule schedul
               pipeline_peak_head_records(schedule, r, p, m, V));
     pipe.group = &mesh.axis[PP];
     if (p > 1) {
-        // one split of the pp axis per neighbour pair (q, q+1); the wrap-around pair (p-1, 0) only where a
-        // schedule sends across it (interleaved), and with p = 2 it is the pair (0, 1) again
+        // the watchdog's name for each neighbour pair (q, q+1), the wrap-around (p-1, 0) only where a schedule
+        // sends across it (interleaved); with p = 2 it is the pair (0, 1) again. Every rank registers them
+        // in the same order, so equal links get equal indices.
         const int pairs = p == 2 ? 1 : schedule == PipelineSchedule::Interleaved ? p : p - 1;
-        const int links = schedule == PipelineSchedule::ZeroBubbleV ? 2 : 1;
-        pipe.next_links.resize(links);
-        pipe.previous_links.resize(links);
-        for (int c = 0; c < links; c++)
-            for (int q = 0; q < pairs; q++) {
-                const int low = q, high = (q + 1) % p;
-                const bool member = r == low || r == high;
-                Communicator link = comm_split(mesh.axis[PP], member ? 0 : kNotInGroup, r,
-                                               "pp link " + std::to_string(low) + "-" + std::to_string(high) +
-                                                   (links > 1 ? " chunk " + std::to_string(c) : ""));
-                if (!member) continue;
-                (r == low ? pipe.next_links[c] : pipe.previous_links[c]) = link;
-            }
-        if (p == 2) (r == 0 ? pipe.previous_links : pipe.next_links) = r == 0 ? pipe.next_links : pipe.previous_links;
+        const std::vector<int> members = watched_members(mesh.axis[PP].watch);
+        for (int q = 0; q < pairs; q++)
+            pipe.link_watch.push_back(
+                watched_group("pp link " + std::to_string(q) + "-" + std::to_string((q + 1) % p), members));
+        if (fault_per_link_point_to_point()) {
+            const int chunks = schedule == PipelineSchedule::ZeroBubbleV ? 2 : 1;
+            pipe.fault_links.resize(chunks * pairs);
+            for (int c = 0; c < chunks; c++)
+                for (int q = 0; q < pairs; q++) {
+                    const bool member = r == q || r == (q + 1) % p;
+                    pipe.fault_links[c * pairs + q] =
+                        comm_split(mesh.axis[PP], member ? 0 : kNotInGroup, r,
+                                   "pp link " + std::to_string(q) + "-" + std::to_string((q + 1) % p) + " chunk " +
+                                       std::to_string(c));
+                }
+        }
         // zbv holds the first and the last stage on rank 0: one copy of wte, nothing to add up; an untied head
         // leaves wte on the first stage alone
         const bool holds_wte = tied_head && pipe.last_stage_rank != 0 && (r == 0 || r == pipe.last_stage_rank);
@@ -172,26 +205,15 @@ inline void pipeline_create(Pipeline& pipe, Mesh& mesh, PipelineSchedule schedul
 }
 
 inline void pipeline_free(Pipeline& pipe) {
-    for (Communicator& link : pipe.next_links) comm_destroy(link);
-    if (pipe.size > 2)
-        for (Communicator& link : pipe.previous_links) comm_destroy(link);
+    for (Communicator& link : pipe.fault_links) comm_destroy(link);
     comm_destroy(pipe.tied);
     pipe = Pipeline{};
 }
 
-// bytes sent over the pipeline's own groups (the pp axis itself counts with the mesh's groups)
-inline uint64_t pipeline_link_bytes(const Pipeline& pipe) {
-    uint64_t bytes = pipe.tied.bytes_sent;
-    for (const Communicator& link : pipe.next_links) bytes += link.bytes_sent;
-    if (pipe.size > 2)
-        for (const Communicator& link : pipe.previous_links) bytes += link.bytes_sent;
-    return bytes;
-}
-inline void pipeline_reset_bytes(Pipeline& pipe) {
-    pipe.tied.bytes_sent = 0;
-    for (Communicator& link : pipe.next_links) link.bytes_sent = 0;
-    for (Communicator& link : pipe.previous_links) link.bytes_sent = 0;
-}
+// bytes sent over the pipeline's own group, the tied embeddings' (the messages travel on the pp axis, which
+// counts with the mesh's groups)
+inline uint64_t pipeline_link_bytes(const Pipeline& pipe) { return pipe.tied.bytes_sent; }
+inline void pipeline_reset_bytes(Pipeline& pipe) { pipe.tied.bytes_sent = 0; }
 
 // The loss (or anything in a device float) from the last stage's rank to the others of the pp axis.
 inline void pipeline_share_from_last_stage(Pipeline& pipe, float* value, size_t count, cudaStream_t stream) {

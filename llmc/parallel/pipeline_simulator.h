@@ -15,6 +15,7 @@ bubble here (llmc/planning/planner.h), and dev/test/test_pipeline.cu checks ever
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
 #include <string>
 #include <tuple>
@@ -191,9 +192,11 @@ pipeline_message_groups lists the groups; pipeline_check_message_groups runs eve
 those synchronous semantics (a group completes when each of its operations' matching operations has been
 posted by the peer) and says whether they can deadlock; given `one_at_a_time` it runs each operation as a
 group of its own instead, the structure that deadlocks 1F1B (dev/test/test_pipeline.cu shows both, for every
-schedule). Messages between two ranks on one link are paired in the order they are issued (NCCL has no tags),
-so the check also requires the k-th send from rank a to rank b on a link to be the message b expects as its
-k-th receive from a on that link.
+schedule). A group that spans several communicators runs as one sub-group per communicator, one after
+another, in an order NCCL may choose (PipelineCommOrder); the executor's messages all go on one, the pp
+axis (llmc/parallel/pipeline_links.h says why). Messages between two ranks on one communicator are paired in
+the order they are issued (NCCL has no tags), so the check also requires the k-th send from rank a to rank b
+to be the message b expects as its k-th receive from a.
 */
 struct PipelineMessage {
     bool send;                 // this rank sends it (else receives it)
@@ -201,19 +204,12 @@ struct PipelineMessage {
     int microbatch;
     int from_stage, to_stage;  // model stages: to = from + 1 for activations, from - 1 for gradients
     int peer;                  // the pipeline rank at the other end
-    int link;                  // which of the pair's links carries it: zbv's chunk (0 going down the ranks, 1
-                               // coming up), else 0
     int action;                // in the rank's list: the action that made it (send) or needs it (receive)
     int outbox = -1;           // a gradient sent from a copy (see pipeline_message_groups), else -1
+    int communicator = 0;      // which communicator carries it, by an id every rank gives it alike: the
+                               // executor's are all on the pp axis (0); a test gives them others to model
+                               // a structure with more than one
 };
-
-// zbv sends both ways on both chunks: from rank r to r + 1 go chunk 0's activations and chunk 1's gradients,
-// issued in one order by r and received in another by r + 1. Messages on one link pair up in the order they
-// are issued, so each chunk has a link of its own, on which each direction carries one kind, in microbatch
-// order at both ends. The loops' stages all go the same way round, and one link per pair suffices.
-inline int pipeline_message_link(PipelineSchedule schedule, int from_stage, int p) {
-    return schedule == PipelineSchedule::ZeroBubbleV && from_stage >= p ? 1 : 0;
-}
 
 // Each message of the pipeline, once: who sends it and who receives it, and the actions that make and need it.
 inline void pipeline_messages_of(PipelineSchedule schedule, int rank, int p, int S, size_t i, const PipelineAction& a,
@@ -221,13 +217,13 @@ inline void pipeline_messages_of(PipelineSchedule schedule, int rank, int p, int
     const int s = pipeline_model_stage(schedule, rank, a.virtual_stage, p), j = a.microbatch, at = (int)i;
     auto to = [&](int stage) { return pipeline_stage_rank(schedule, stage, p); };
     if (a.kind == PipelineAction::Forward && s < S - 1 && to(s + 1) != rank)
-        sends->push_back({true, false, j, s, s + 1, to(s + 1), pipeline_message_link(schedule, s, p), at});
+        sends->push_back({true, false, j, s, s + 1, to(s + 1), at});
     if (a.kind == PipelineAction::Backward && s > 0 && to(s - 1) != rank)
-        sends->push_back({true, true, j, s, s - 1, to(s - 1), pipeline_message_link(schedule, s, p), at});
+        sends->push_back({true, true, j, s, s - 1, to(s - 1), at});
     if (a.kind == PipelineAction::Forward && s > 0 && to(s - 1) != rank)
-        receives->push_back({false, false, j, s - 1, s, to(s - 1), pipeline_message_link(schedule, s - 1, p), at});
+        receives->push_back({false, false, j, s - 1, s, to(s - 1), at});
     if (a.kind == PipelineAction::Backward && s < S - 1 && to(s + 1) != rank)
-        receives->push_back({false, true, j, s + 1, s, to(s + 1), pipeline_message_link(schedule, s + 1, p), at});
+        receives->push_back({false, true, j, s + 1, s, to(s + 1), at});
 }
 
 inline bool pipeline_same_message(const PipelineMessage& a, const PipelineMessage& b) {
@@ -236,9 +232,13 @@ inline bool pipeline_same_message(const PipelineMessage& a, const PipelineMessag
 }
 
 // Every rank's groups (lists[r]: rank r's actions): groups[r][i] is issued before rank r's action i, and
-// groups[r][n] after its last. Within a group the sends come first, in the order their actions ran, then the
-// receives. A gradient whose send waits past the next forward that takes its record carries an outbox slot:
-// the lowest free one, busy from its B to the group that sends it.
+// groups[r][n] after its last. Within a group the sends come first, then the receive (an action needs one
+// message at most). Messages between two ranks share one channel per direction, paired in the order they are
+// posted, so a rank posts its sends to each peer in the order the peer receives them: a send goes in the
+// first group that starts no earlier than its receiver posts the receive, but no earlier than the group of
+// the send that the peer receives before it, and after that one within the group. A gradient whose send waits
+// past the next forward that takes its record carries an outbox slot: the lowest free one, busy from its B to
+// the group that sends it.
 inline std::vector<std::vector<std::vector<PipelineMessage>>> pipeline_message_groups(
     const std::vector<std::vector<PipelineAction>>& lists, PipelineSchedule schedule, int V) {
     const int p = (int)lists.size(), S = p * V;
@@ -249,8 +249,9 @@ inline std::vector<std::vector<std::vector<PipelineMessage>>> pipeline_message_g
     const PipelineTimeline model = pipeline_simulate_actions(lists, schedule, m, V, 1.0, 2.0);
     if (!model.problem.empty())
         fatal("pipeline %s: the lists do not run: %s", pipeline_schedule_name(schedule), model.problem.c_str());
-    // when each receive is posted: as its rank ends the action before the one that needs it
-    std::map<std::tuple<bool, int, int, int>, double> posted;  // (gradient, microbatch, from, to) -> time
+    // when each receive is posted (as its rank ends the action before the one that needs it), and that action
+    struct Posted { double time; int action; };
+    std::map<std::tuple<bool, int, int, int>, Posted> posted;  // (gradient, microbatch, from, to)
     auto key = [](const PipelineMessage& m) {
         return std::make_tuple(m.gradient, m.microbatch, m.from_stage, m.to_stage);
     };
@@ -261,39 +262,63 @@ inline std::vector<std::vector<std::vector<PipelineMessage>>> pipeline_message_g
             std::vector<PipelineMessage> sends, receives;
             pipeline_messages_of(schedule, r, p, S, i, lists[r][i], &sends, &receives);
             for (const PipelineMessage& receive : receives) {
-                posted[key(receive)] = i == 0 ? 0.0 : model.ranks[r][i - 1].end_ms;
+                posted[key(receive)] = {i == 0 ? 0.0 : model.ranks[r][i - 1].end_ms, (int)i};
                 groups[r][i].push_back(receive);
             }
         }
     }
     for (int r = 0; r < p; r++) {
         const size_t n = lists[r].size();
-        int pool = 0;
-        const std::vector<int> record_of = pipeline_record_assignment(lists[r], &pool);
-        std::vector<std::vector<PipelineMessage>> sends_before(n + 1);
-        std::vector<size_t> outbox_busy_until;  // per slot: the group that sends its copy
+        struct Placed { PipelineMessage send; size_t group; int received_at; };
+        std::vector<Placed> placed;  // in the order the actions made them
         for (size_t i = 0; i < n; i++) {
             std::vector<PipelineMessage> sends, receives;
             pipeline_messages_of(schedule, r, p, S, i, lists[r][i], &sends, &receives);
-            for (PipelineMessage send : sends) {
-                const double receiver_ready = posted.at(key(send));
+            for (const PipelineMessage& send : sends) {
+                const Posted receiver = posted.at(key(send));
                 size_t k = i + 1;
-                bool retaken = false;  // a forward takes the gradient's record before the send goes
-                for (; k < n && model.ranks[r][k].start_ms < receiver_ready; k++)
-                    retaken |= send.gradient && lists[r][k].kind == PipelineAction::Forward &&
-                               record_of[k] == record_of[i];
-                if (retaken) {
-                    size_t slot = 0;
-                    while (slot < outbox_busy_until.size() && outbox_busy_until[slot] > i) slot++;
-                    if (slot == outbox_busy_until.size()) outbox_busy_until.push_back(0);
-                    outbox_busy_until[slot] = k;
-                    send.outbox = (int)slot;
-                }
-                sends_before[k].push_back(send);
+                while (k < n && model.ranks[r][k].start_ms < receiver.time) k++;
+                placed.push_back({send, k, receiver.action});
             }
         }
-        for (size_t k = 0; k <= n; k++)
-            groups[r][k].insert(groups[r][k].begin(), sends_before[k].begin(), sends_before[k].end());
+        // each peer's messages in the order it receives them: none in an earlier group than the one before it
+        std::vector<size_t> by_receipt(placed.size());
+        for (size_t x = 0; x < placed.size(); x++) by_receipt[x] = x;
+        std::stable_sort(by_receipt.begin(), by_receipt.end(), [&](size_t a, size_t b) {
+            return std::make_pair(placed[a].send.peer, placed[a].received_at) <
+                   std::make_pair(placed[b].send.peer, placed[b].received_at);
+        });
+        for (size_t x = 1; x < by_receipt.size(); x++) {
+            const Placed& before = placed[by_receipt[x - 1]];
+            Placed& after = placed[by_receipt[x]];
+            if (before.send.peer == after.send.peer) after.group = std::max(after.group, before.group);
+        }
+        int pool = 0;
+        const std::vector<int> record_of = pipeline_record_assignment(lists[r], &pool);
+        std::vector<size_t> outbox_busy_until;  // per slot: the group that sends its copy
+        std::vector<std::vector<Placed>> sends_before(n + 1);
+        for (Placed& x : placed) {
+            const size_t i = x.send.action;
+            bool retaken = false;  // a forward takes the gradient's record before the send goes
+            for (size_t k = i + 1; k < x.group; k++)
+                retaken |= x.send.gradient && lists[r][k].kind == PipelineAction::Forward && record_of[k] == record_of[i];
+            if (retaken) {
+                size_t slot = 0;
+                while (slot < outbox_busy_until.size() && outbox_busy_until[slot] > i) slot++;
+                if (slot == outbox_busy_until.size()) outbox_busy_until.push_back(0);
+                outbox_busy_until[slot] = x.group;
+                x.send.outbox = (int)slot;
+            }
+            sends_before[x.group].push_back(x);
+        }
+        for (size_t k = 0; k <= n; k++) {
+            std::vector<Placed>& sends = sends_before[k];
+            std::stable_sort(sends.begin(), sends.end(),
+                             [](const Placed& a, const Placed& b) { return a.received_at < b.received_at; });
+            std::vector<PipelineMessage> messages;
+            for (const Placed& x : sends) messages.push_back(x.send);
+            groups[r][k].insert(groups[r][k].begin(), messages.begin(), messages.end());
+        }
     }
     return groups;
 }
@@ -350,17 +375,16 @@ inline std::string pipeline_message_label(const PipelineMessage& message) {
            std::to_string(message.to_stage);
 }
 
-// Where each operation's match is: the k-th send from rank a to rank b on a link pairs with the k-th receive
-// on b from a on that link. Fills match[rank][group][operation] with the peer's (group, operation); returns ""
-// or what is mispaired.
+// Where each operation's match is: the k-th send from rank a to rank b on a communicator pairs with the k-th
+// receive on b from a on that communicator (a channel). Fills match[rank][group][operation] with the peer's
+// (group, operation); returns "" or what is mispaired.
 struct PipelinePlace { int group, index; };
 inline std::string pipeline_match_messages(const std::vector<std::vector<std::vector<PipelineMessage>>>& lists,
                                            std::vector<std::vector<std::vector<PipelinePlace>>>* match) {
     const int p = (int)lists.size();
     match->assign(p, {});
-    constexpr int kLinks = 2;  // per pair (pipeline_message_link)
-    auto channel = [p](int from, int to, int link) { return ((size_t)from * p + to) * kLinks + link; };
-    std::vector<std::vector<PipelinePlace>> sent((size_t)p * p * kLinks), received((size_t)p * p * kLinks);
+    using Channel = std::tuple<int, int, int>;  // (from, to, communicator)
+    std::map<Channel, std::vector<PipelinePlace>> sent, received;
     for (int r = 0; r < p; r++) {
         (*match)[r].resize(lists[r].size());
         for (size_t g = 0; g < lists[r].size(); g++) {
@@ -369,56 +393,96 @@ inline std::string pipeline_match_messages(const std::vector<std::vector<std::ve
                 const PipelineMessage& message = lists[r][g][k];
                 if (message.peer < 0 || message.peer >= p || message.peer == r)
                     return "rank " + std::to_string(r) + " has a message to no other rank";
-                if (message.link < 0 || message.link >= kLinks)
-                    return "rank " + std::to_string(r) + " has a message on no link";
-                (message.send ? sent[channel(r, message.peer, message.link)]
-                              : received[channel(message.peer, r, message.link)]).push_back({(int)g, (int)k});
+                (message.send ? sent[{r, message.peer, message.communicator}]
+                              : received[{message.peer, r, message.communicator}]).push_back({(int)g, (int)k});
             }
         }
     }
-    for (int a = 0; a < p; a++)
-        for (int b = 0; b < p; b++)
-            for (int link = 0; link < kLinks; link++) {
-                const std::vector<PipelinePlace>&out_places = sent[channel(a, b, link)],
-                                             &in_places = received[channel(a, b, link)];
-                if (out_places.size() != in_places.size())
-                    return "rank " + std::to_string(a) + " sends " + std::to_string(out_places.size()) +
-                           " messages to rank " + std::to_string(b) + " on link " + std::to_string(link) +
-                           ", which receives " + std::to_string(in_places.size());
-                for (size_t k = 0; k < out_places.size(); k++) {
-                    const PipelinePlace out = out_places[k], in = in_places[k];
-                    const PipelineMessage &m_out = lists[a][out.group][out.index],
-                                          &m_in = lists[b][in.group][in.index];
-                    if (!pipeline_same_message(m_out, m_in))
-                        return "mismatched messages: rank " + std::to_string(a) + "'s send " + std::to_string(k) +
-                               " to rank " + std::to_string(b) + " is the " + pipeline_message_label(m_out) +
-                               ", its receive expects the " + pipeline_message_label(m_in);
-                    (*match)[a][out.group][out.index] = in;
-                    (*match)[b][in.group][in.index] = out;
-                }
-            }
+    for (const auto& [channel, in_places] : received)
+        if (!sent.count(channel))
+            return "rank " + std::to_string(std::get<1>(channel)) + " receives " + std::to_string(in_places.size()) +
+                   " messages from rank " + std::to_string(std::get<0>(channel)) + ", which sends none";
+    for (const auto& [channel, out_places] : sent) {
+        const auto [a, b, communicator] = channel;
+        const std::vector<PipelinePlace>& in_places = received[channel];
+        const std::string where = communicator ? " on communicator " + std::to_string(communicator) : "";
+        if (out_places.size() != in_places.size())
+            return "rank " + std::to_string(a) + " sends " + std::to_string(out_places.size()) + " messages to rank " +
+                   std::to_string(b) + where + ", which receives " + std::to_string(in_places.size());
+        for (size_t k = 0; k < out_places.size(); k++) {
+            const PipelinePlace out = out_places[k], in = in_places[k];
+            const PipelineMessage &m_out = lists[a][out.group][out.index], &m_in = lists[b][in.group][in.index];
+            if (!pipeline_same_message(m_out, m_in))
+                return "mismatched messages: rank " + std::to_string(a) + "'s send " + std::to_string(k) + " to rank " +
+                       std::to_string(b) + where + " is the " + pipeline_message_label(m_out) +
+                       ", its receive expects the " + pipeline_message_label(m_in);
+            (*match)[a][out.group][out.index] = in;
+            (*match)[b][in.group][in.index] = out;
+        }
+    }
     return "";
 }
 
+// The order in which a group's communicators run, one after another, as NCCL runs a group that spans several
+// (one kernel per communicator on the stream; llmc/parallel/comm.h emulates it, LLMC_CPU_GROUP_ORDER):
+//   Hash     by a hash of the communicator's id, which both ends compute alike
+//   Reverse  the reverse of that
+//   Issue    the order in which the rank's group first names each (the two ends may disagree)
+enum class PipelineCommOrder { Hash, Reverse, Issue };
+inline const char* pipeline_comm_order_name(PipelineCommOrder order) {
+    return order == PipelineCommOrder::Hash ? "hash" : order == PipelineCommOrder::Reverse ? "reverse" : "issue";
+}
+
+// A group cut into its communicators' sub-groups, in the order they run.
+inline std::vector<std::vector<PipelineMessage>> pipeline_sub_groups(const std::vector<PipelineMessage>& group,
+                                                                     PipelineCommOrder order) {
+    auto hash = [](int id) {  // splitmix64's finaliser: any fixed function of the id will do
+        uint64_t h = (uint64_t)id + 0x9e3779b97f4a7c15ULL;
+        h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ULL;
+        h = (h ^ (h >> 27)) * 0x94d049bb133111ebULL;
+        return h ^ (h >> 31);
+    };
+    std::vector<std::vector<PipelineMessage>> sub;
+    for (const PipelineMessage& message : group) {
+        size_t c = 0;
+        while (c < sub.size() && sub[c][0].communicator != message.communicator) c++;
+        if (c == sub.size()) sub.emplace_back();
+        sub[c].push_back(message);
+    }
+    if (order != PipelineCommOrder::Issue)
+        std::stable_sort(sub.begin(), sub.end(), [&](const auto& a, const auto& b) {
+            const uint64_t x = hash(a[0].communicator), y = hash(b[0].communicator);
+            return order == PipelineCommOrder::Hash ? x < y : x > y;
+        });
+    return sub;
+}
+
 // Whether every rank's groups (lists[r]: the group before each action and after the last) complete under
-// synchronous point-to-point semantics: "" if they do, else what deadlocks or is mispaired. A group completes
-// once every one of its operations' matching operations is posted, that is, once the peer has reached the
-// group that holds it; a rank reaches its next group when its current one completes (the action between takes
-// no part). With one_at_a_time each operation is a group of its own, in the same order.
+// synchronous point-to-point semantics: "" if they do, else what deadlocks or is mispaired. A group runs as
+// its communicators' sub-groups, one after another in `order` (one sub-group when one communicator carries
+// everything); a sub-group completes once every one of its operations' matching operations is posted, that
+// is, once the peer has reached (is running, or has finished) the sub-group that holds it; a rank reaches its
+// next sub-group when its current one completes (the action between groups takes no part). With
+// one_at_a_time each operation is a group of its own, in the same order.
 inline std::string pipeline_check_message_groups(std::vector<std::vector<std::vector<PipelineMessage>>> lists,
+                                                 PipelineCommOrder order = PipelineCommOrder::Hash,
                                                  bool one_at_a_time = false) {
     const int p = (int)lists.size();
-    if (one_at_a_time)
-        for (auto& groups : lists) {
-            std::vector<std::vector<PipelineMessage>> alone;
-            for (const auto& group : groups)
-                for (const PipelineMessage& message : group) alone.push_back({message});
-            groups = alone;
-        }
+    for (auto& groups : lists) {
+        std::vector<std::vector<PipelineMessage>> serial;
+        for (const auto& group : groups)
+            if (one_at_a_time) {
+                for (const PipelineMessage& message : group) serial.push_back({message});
+            } else {
+                for (const auto& sub : pipeline_sub_groups(group, order)) serial.push_back(sub);
+                if (group.empty()) serial.emplace_back();
+            }
+        groups = serial;
+    }
     std::vector<std::vector<std::vector<PipelinePlace>>> match;
     const std::string mispaired = pipeline_match_messages(lists, &match);
     if (!mispaired.empty()) return mispaired;
-    // run: every rank stands at (has posted) its first unfinished group
+    // run: every rank stands at (has posted) its first unfinished sub-group
     std::vector<size_t> at(p, 0);
     for (bool progressed = true; progressed;) {
         progressed = false;

@@ -12,6 +12,7 @@
 # pipeline_bytes_per_step (llmc/parallel/pipeline.h), exactly; the activation and workspace memory rank 0 held
 # against llmc/planning/memory.h's formula, exactly; the records in flight at each pp rank's peak against the
 # schedule's formula (llmc/parallel/pipeline_schedule.h); and 1f1b holding fewer activations than gpipe at m = 2p.
+# The layouts alternate between two orders of a group's communicators (LLMC_CPU_GROUP_ORDER=hash, reverse).
 # Also: checkpoints saved at pp 2 x dp 2 and resumed at pp 1 and pp 4, one rank's model.bin loaded at pp 4,
 # the trace of an interleaved step, and impossible layouts refused with one error line.
 #   usage: scripts/test/test_pipeline.sh ./train_gpt_fp32_cpu
@@ -57,11 +58,17 @@ layouts="pp2_gpipe_m1:2:8:--pp,2,--pp-schedule,gpipe pp2_gpipe_m2:2:4:--pp,2,--p
          pp2_v2_m4:2:2:--pp,2,--pp-schedule,interleaved,--pp-virtual,2,--trace,TRACE
          pp2_dp2_zero1:4:2:--pp,2,--zero,1,--checkpoint-every,3,--keep-checkpoints,5
          pp2_dp2_zero3:4:1:--pp,2,--zero,3 pp2_tp2_sp:4:2:--pp,2,--tp,2,--sequence-parallel"
+# NCCL may run a group's communicators in either order (llmc/parallel/comm.h): the layouts alternate between
+# the CPU build's hash order and its reverse, so that every schedule runs under both
+orders=(hash reverse) index=0 reversed=""
 for layout in $layouts; do
     IFS=: read -r name ranks batch layout_flags <<<"$layout"
     layout_flags=${layout_flags//TRACE/$work/trace.json}
+    export LLMC_CPU_GROUP_ORDER=${orders[index++ % 2]}
+    [[ $LLMC_CPU_GROUP_ORDER == reverse ]] && reversed+=" $name"
     run "$name" "$ranks" "$batch" ${layout_flags//,/ }
 done
+unset LLMC_CPU_GROUP_ORDER
 
 # checkpoints across pp sizes: saved at step 3 by pp 2 x dp 2 at ZeRO-1 (B 2: 4 rows per micro-step, which
 # the data loader's position needs kept), resumed by one rank and by pp 4 (B 4, m 2); the last 2 steps must
@@ -75,6 +82,7 @@ run from_file_one 1 8 --model "$work/one/model.bin" --steps 2
 run from_file_pp4 4 2 --model "$work/one/model.bin" --steps 2 --pp 4
 
 echo "pipeline parallelism vs one rank ($binary)"
+echo "  groups in reverse communicator order (the others in hash order):$reversed"
 PYTHONPATH="$(dirname "$0")" /usr/bin/python3 - "$work" $layouts >"$work/compare.out" <<'EOF' || true
 import json, sys
 from layout_check import (compare_continued, compare_resumed, compare_run, events, memory_against_formula, pp_bytes,

@@ -15,7 +15,9 @@
 # and gathers the blocks as often as the rank's order of passes, read from the run's trace, asks for them.
 # Also: a checkpoint saved by an even split (pp 3, 3 layers each) resumed by an uneven one (zbv at
 # pp 2: 4 stages in a V), and impossible splits refused with one error line. Every point-to-point send is synchronous
-# (MPI_Issend, llmc/parallel/comm.h), as NCCL's are.
+# (MPI_Issend, llmc/parallel/comm.h), as NCCL's are, and the layouts alternate between two orders of a group's
+# communicators (LLMC_CPU_GROUP_ORDER=hash, reverse). Two structures that deadlock on GPUs must deadlock here:
+# sends and receives issued one at a time, and a communicator per link run in each rank's own order.
 #   usage: scripts/test/test_pipeline_stages.sh ./train_gpt_fp32_cpu
 set -u
 binary=${1:?usage: $0 TRAIN_BINARY}
@@ -48,12 +50,18 @@ layouts="pp2_auto_1f1b:2:2:1:--pp,2
          zbv_pp2_tp2_sp_selective:4:2:1:--pp,2,--pp-schedule,zbv,--tp,2,--sequence-parallel,--recompute,selective
          zbv_pp2_cp2:4:2:1:--pp,2,--pp-schedule,zbv,--cp,2
          zbv_pp2_full:2:2:1:--pp,2,--pp-schedule,zbv,--recompute,full,--recompute-every,2"
+# NCCL may run a group's communicators in either order (llmc/parallel/comm.h): the layouts alternate between
+# the CPU build's hash order and its reverse, so that every schedule runs under both
+orders=(hash reverse) index=0 reversed=""
 for layout in $layouts; do
     IFS=: read -r name ranks batch dp layout_flags <<<"$layout"
     layout_flags=${layout_flags//TRACE/$work/$name.trace.json}
     layout_flags=${layout_flags//,/ }
+    export LLMC_CPU_GROUP_ORDER=${orders[index++ % 2]}
+    [[ $LLMC_CPU_GROUP_ORDER == reverse ]] && reversed+=" $name"
     run "$name" "$ranks" "$batch" "$dp" ${layout_flags//+/,}
 done
+unset LLMC_CPU_GROUP_ORDER
 
 # a checkpoint saved at step 3 by an even split (pp 3: 3 layers each) resumed by the balanced split of zbv at
 # pp 2 (4 stages, rank 0 holding the first and the last); the last 2 steps must match the uninterrupted single rank
@@ -62,6 +70,7 @@ mkdir -p "$work/resumed_uneven" && cp "$work"/saved_even/checkpoint_3* "$work/re
 run resumed_uneven 2 2 1 --pp 2 --pp-schedule zbv --resume
 
 echo "pipeline stages of any size and zero-bubble schedules vs one rank ($binary)"
+echo "  groups in reverse communicator order (the others in hash order):$reversed"
 PYTHONPATH="$(dirname "$0")" /usr/bin/python3 - "$work" $layouts >"$work/compare.out" <<'PYTHON' || true
 import json, sys
 from layout_check import (compare_resumed, compare_run, dp_bytes, events, memory_against_formula, pp_bytes, report,
@@ -133,6 +142,22 @@ if [[ $status -ne 0 && $status -ne 124 && -n $deadlock ]]; then
     ok "sends and receives issued one at a time deadlock 1f1b at pp 2 under synchronous sends: $deadlock"
 else
     bad "the ungrouped structure was expected to deadlock (exit $status): $(grep -m2 error: "$work/ungrouped.out")"
+fi
+
+# the structure the pipeline had before its messages moved to the pp axis: a communicator per neighbour link and
+# zbv chunk (LLMC_FAULT_PER_LINK_P2P), under the order in which each rank runs its group's communicators as it
+# first names them. dev/test/test_pipeline.cu's simulator says every zbv layout deadlocks so; the watchdog must
+# end the run, and the same layout on the pp axis (zbv_pp2 above) completes.
+LLMC_FAULT_PER_LINK_P2P=1 LLMC_CPU_GROUP_ORDER=issue timeout 120 mpirun --oversubscribe --allow-run-as-root -np 2 \
+    "$binary" "${flags[@]}" --model custom --batch-size 2 --pp 2 --pp-schedule zbv --steps 1 --collective-timeout 3 \
+    --output-dir "$work/per_link" >"$work/per_link.out" 2>&1
+status=$?
+deadlock=$(grep -m1 "^error: rank [01] waited [0-9]* s in [a-z]* [a-z]* rank [01] on the pp link 0-1 chunk [01] group" \
+    "$work/per_link.out")
+if [[ $status -ne 0 && $status -ne 124 && -n $deadlock ]]; then
+    ok "a communicator per link deadlocks zbv at pp 2 when each rank runs them in its own order: $deadlock"
+else
+    bad "the per-link structure was expected to deadlock (exit $status): $(grep -m2 error: "$work/per_link.out")"
 fi
 
 # impossible splits: one "error:" line naming the problem, a non-zero exit
