@@ -12,9 +12,9 @@ failed`.
 #include <vector>
 #include "../lab/lab.h"
 #include "small_models.h"
+#include "../../llmc/parallel/pipeline.h"  // before memory.h: the Pipeline without its executor
 #include "../../llmc/planning/memory.h"
 #include "../../llmc/parallel/zero.h"
-#include "../../llmc/parallel/pipeline_links.h"
 
 static std::string describe(double got, double want) {
     char text[128];
@@ -502,7 +502,7 @@ static void test_korthikanti_llama() {
 // (g) a pipeline rank's part of the model, allocated
 
 /*
-Under pipeline parallelism gpt2_allocate gets the rank's part (llmc/parallel/pipeline_links.h's
+Under pipeline parallelism gpt2_allocate gets the rank's part (llmc/parallel/pipeline.h's
 pipeline_model_part): the chunks it holds, l = L / (p V) layers per stage and K stage records, the peak of its
 schedule's records in flight. For every rank of p = 2 and 4 under gpipe, 1f1b and interleaved (V = 2), m = 8 microbatches, an
 8-layer model and each recompute policy, the bytes gpt2_allocate books per kind must be
@@ -533,7 +533,8 @@ static void test_pipeline_parts() {
                                           PipelineSchedule::Interleaved, PipelineSchedule::ZeroBubbleV}) {
             const int V = schedule == PipelineSchedule::Interleaved || schedule == PipelineSchedule::ZeroBubbleV ? 2 : 1;
             for (int r = 0; r < p; r++) {
-                ModelPart part = pipeline_model_part(schedule, r, p, V, m, std::vector<int>(p * V, L / (p * V)), true);
+                ModelPart part = pipeline_model_part(schedule, r, p, V, m, std::vector<int>(p * V, L / (p * V)), true,
+                                                     pipeline_outboxes(pipeline_all_groups(schedule, p, V, m)[r]));
                 int pool = 0;
                 pipeline_record_assignment(pipeline_actions(schedule, r, p, m, V), &pool);
                 std::string wrong;
@@ -605,7 +606,8 @@ static void test_pipeline_zero_buffers() {
         const std::vector<int> stages(p, config.num_layers / p);
         for (int stage = 2; stage <= 3; stage++)
             for (int r = 0; r < p; r++) {
-                ModelPart part = pipeline_model_part(PipelineSchedule::OneFOneB, r, p, 1, m, stages, config.tied_head());
+                ModelPart part = pipeline_model_part(PipelineSchedule::OneFOneB, r, p, 1, m, stages, config.tied_head(),
+                                                     pipeline_outboxes(pipeline_all_groups(PipelineSchedule::OneFOneB, p, 1, m)[r]));
                 part.full_gradients = false;
                 part.full_parameters = stage < 3;
                 const GPT2MemoryShape shape = gpt2_memory_shape(config, layout, part);

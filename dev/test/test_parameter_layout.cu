@@ -10,7 +10,7 @@ conversions to and from the model file's layout. Prints `N passed, M failed`.
 #include <vector>
 #include "../lab/lab.h"
 #include "small_models.h"
-#include "../../llmc/parallel/pipeline_links.h"
+#include "../../llmc/parallel/pipeline.h"
 
 // ----------------------------------------------------------------------------
 // (a) the alignment of the trainer's matmul operands in the real parameter layouts

@@ -1,7 +1,7 @@
 /*
 Tests of the pipeline schedules (llmc/parallel/pipeline_schedule.h), without a model: the action lists, the simulator
 that runs them and the groups of messages between them (llmc/parallel/pipeline_simulator.h), the bubble and memory
-formulas, the Chrome trace.
+formulas, the Chrome trace (llmc/parallel/pipeline_timeline.h).
 
   1. small cases worked out by hand in the comments (action lists, start times, step time, bubble);
   2. every schedule on every layout of a grid (p = 1..8, m = 1..16, V = 1..4 for interleaved where
@@ -29,7 +29,7 @@ scripts/pipeline_timeline.py to draw.
 #include "../lab/lab.h"
 #include "../../llmc/parallel/pipeline_schedule.h"
 #include "../../llmc/parallel/pipeline_simulator.h"
-#include "../../llmc/parallel/pipeline_split.h"
+#include "../../llmc/parallel/pipeline_timeline.h"
 
 // the time model of the formulas: forward 1, backward 2 (per rank's share of the layers), free sends
 constexpr double kForwardMs = 1.0, kBackwardMs = 2.0;

@@ -24,8 +24,8 @@ layouts' shape. Prints `N passed, M failed`.
 #include <string>
 #include <vector>
 #include "../lab/lab.h"
+#include "../../llmc/parallel/pipeline.h"  // before planner.h: the Pipeline without its executor
 #include "../../llmc/planning/planner.h"
-#include "../../llmc/parallel/pipeline_split.h"
 
 static std::string describe(double got, double want) {
     char text[128];

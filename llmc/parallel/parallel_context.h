@@ -5,7 +5,7 @@ The parallel context: this rank's place on every axis of the mesh, built once fr
       -> the world's ranks (llmc/parallel/comm.h) cut into the mesh's groups (llmc/parallel/mesh.h)
       -> tp   this rank's slice of every matmul and the stream f's backward runs on   tensor_parallel.h
          cp   its positions of every sequence, the ring's buffers and stream          context_parallel.h
-         pipe its pipeline stages, schedule, records and links                        pipeline_links.h
+         pipe its pipeline stages, schedule, records and links                        pipeline.h
          ep   its experts, and the group its routed rows travel in                    expert_parallel.h
          zero its shards of the parameters, gradients and optimizer state             zero.h
               (set up once the model is allocated: zero_init)
@@ -28,7 +28,7 @@ the bytes sent per axis.
 #include "layout.h"
 #include "tensor_parallel.h"
 #include "context_parallel.h"
-#include "pipeline_links.h"
+#include "pipeline.h"  // its first half, the Pipeline (the executor, its second, needs this file)
 #include "expert_parallel.h"
 #include "zero.h"
 #include "../model/gpt2.cuh"
@@ -146,7 +146,7 @@ inline ModelPart model_part(const ParallelContext& par) {
     const Layout& l = par.layout;
     const Pipeline& pipe = par.pipe;
     ModelPart part = pipeline_model_part(l.schedule, pipe.rank, pipe.size, pipe.virtual_stages, pipe.microbatches,
-                                         pipe.stage_layers, pipe.tied_head);
+                                         pipe.stage_layers, pipe.tied_head, pipe.outboxes);
     part.tp = l.tp;
     part.tp_rank = par.tp.rank;
     part.sequence_parallel = l.sequence_parallel;
@@ -228,3 +228,6 @@ inline void parallel_reset_traffic(ParallelContext& par) {
     ep_reset_bytes(par.ep);
     pipeline_reset_bytes(par.pipe);
 }
+
+// This file has been read to its end: llmc/parallel/pipeline.h's executor, which takes the context, may compile.
+#define LLMC_PARALLEL_CONTEXT_READ

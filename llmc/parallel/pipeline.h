@@ -1,9 +1,10 @@
 /*
-Pipeline parallelism: the executor that runs a schedule's actions on a model's stages.
+Pipeline parallelism behind one door: the Pipeline a rank holds, how it is made (its stages' layers, its actions,
+records and messages), its links to its neighbours, and the executor that runs its actions on the model's stages.
 
 The pp ranks of the mesh (llmc/parallel/mesh.h) each hold V runs of consecutive layers, the model stages of
-llmc/parallel/pipeline_schedule.h (which stage sits on which rank) and llmc/parallel/pipeline_split.h (how many
-layers each stage holds: balanced by cost, or as --pp-layers lists them). The first stage also holds the
+llmc/parallel/pipeline_schedule.h (which stage sits on which rank) and the stage split below (how many layers
+each stage holds: balanced by cost, or as --pp-layers lists them). The first stage also holds the
 embeddings, the last one the final norm and the LM head. GPT-2's head is tied to wte: its last stage keeps its
 own copy of the embedding chunk (llmc/model/parameters.h's ParameterLayout holds only a rank's chunks); Llama's
 is a tensor of its own in the final chunk, and wte stays on the first stage alone. A step's
@@ -25,21 +26,20 @@ rank runs the passes of (microbatch, virtual stage); pipeline_step runs any such
     W(j, s)   (zb-h1, zbv) the weight gradients of the stage's blocks from the weight record, accumulated
               (stage S-1: the head's share of dwte too, from its head record, which is then free)
 Why the head splits with the blocks: the LM head costs as much as several blocks (2 V C FLOPs per token each
-way against a block's 24 C^2), and the stage split (llmc/parallel/pipeline_split.h) counts it as that many
+way against a block's 24 C^2), and the stage split (below) counts it as that many
 layer-equivalents. Each of the head's three matmuls (logits, their input gradient, dwte) then lands in F, B and
 W as a block's do, and the last stage's F, B and W each match the other stages'. Left whole in the last stage's
 F, the head makes that F several blocks long, and every other stage waits for it once per microbatch.
 Before each action the rank exchanges, as one group, the receives this action needs and the sends of earlier
-results whose receiver is waiting for them by then (llmc/parallel/pipeline_links.h says why,
+results whose receiver is waiting for them by then (below, "Point to point", says why,
 pipeline_simulator.h's pipeline_message_groups which).
 
 Everything a backward pass needs from its forward pass is one stage record (llmc/model/gpt2.cuh's
 StageActivations). A rank keeps a pool of them, as many as its schedule has microbatches in flight:
 m under gpipe, p - r under 1f1b (pipeline_record_assignment says which record each action uses), and a pool
 of weight records for the B passes whose W has not run yet (pipeline_weight_record_assignment).
-The rank's side of the pipeline (its actions and records, how the activations and gradients travel to its
-neighbours, and the bytes they send) is llmc/parallel/pipeline_links.h; a stage's pieces of
-the model (embed, blocks, head and loss, and their backward passes) are llmc/model/forward_backward.cuh's.
+A stage's pieces of the model (embed, blocks, head and loss, and their backward passes) are
+llmc/model/forward_backward.cuh's.
 
 The tied embeddings (GPT-2). wte gets a gradient on the first stage (the lookup) and on the last (the LM head).
 Under zbv both are on rank 0, which adds the two into its one copy. Otherwise, after the step's data-parallel
@@ -53,178 +53,415 @@ stage's gradient group, exactly as without a pipeline (llmc/parallel/zero.h is u
 skips). Tensor parallelism composes too: the pp axis joins the ranks of equal tp rank, each sending its
 R = N (N/tp under sequence parallelism) rows.
 
-Measuring. On the step being measured every rank notes, with the clock, the start and end of each action
-and of each wait for a message (on a GPU it then waits for the stream after each action: the timeline is
-honest, the overlap slightly lower). pipeline_collect_timeline gathers them to rank 0, which prints the
-bubble beside the formula and writes a Chrome trace (--trace, scripts/pipeline_timeline.py draws it).
-*/
-#pragma once
+Point to point, as NCCL guarantees it. NCCL's send and receive block the GPU until the peer arrives, and
+operations that must progress together must be in one group: under 1F1B neighbours send to each other at
+the same moment (one the activations, the other a gradient), and two lone operations would wait for each
+other. So before each action the rank issues one group (llmc/parallel/comm.h's send_and_receive): the receives
+this action needs and the sends of earlier results whose receiver is ready for them (pipeline_message_groups in
+llmc/parallel/pipeline_simulator.h finds them by playing all ranks' lists, once, in pipeline_create; its checker proves every schedule's
+groups free of deadlock under these semantics, and shows that lone operations deadlock 1F1B). The group
+completes before the action starts. The CPU build's sends are synchronous (MPI_Issend) so the tests see
+NCCL's semantics at every message size.
 
+One communicator for every message: the pp axis. NCCL runs a group that spans several communicators as one
+kernel per communicator, one after another on the stream, in an order it chooses (its user guide, "Using
+multiple NCCL communicators concurrently"; NVIDIA/nccl #1347 is such a deadlock), and the CPU build does the
+same (llmc/parallel/comm.h, LLMC_CPU_GROUP_ORDER). With a communicator per neighbour link, as this project once
+had, a middle rank's group holds operations on two links, and which link's kernel runs first decides whether
+the ranks' groups meet. dev/test/test_pipeline.cu plays every schedule's groups with each message on its old
+link (pipeline_check_message_groups, p = 2..8) under three orders: interleaved deadlocks under an order both
+ends agree on (28 of its 104 layouts, the wrap-around link closing a cycle), interleaved and zbv under orders
+each rank picks for itself (54 and all 56); gpipe, 1f1b and zb-h1 survive these three. The CPU build showed
+it too: interleaved at pp 3, m 3, V 2 on per-link communicators (LLMC_FAULT_PER_LINK_P2P) hung under
+LLMC_CPU_GROUP_ORDER=hash and ran under reverse (the communicators' identities decide which order is which). On the one communicator each group is one kernel and the order
+question does not arise. NCCL's point to point works on
+any communicator; the price is that messages between two ranks now share one channel per direction, paired
+in the order they are posted. zbv's two chunks both cross each neighbour pair, both ways: rank r sends r+1
+chunk 0's activations and chunk 1's gradients, which r+1 receives in its own action order. So
+pipeline_message_groups posts a rank's sends to each peer in the order the peer receives them (holding a send
+back, if need be, to the group of the one the peer takes before it), and pipeline_match_messages checks, for
+every schedule, that the k-th message posted from a to b is the k-th that b receives from a.
+For the watchdog each neighbour pair is still a named group ("pp link r-(r+1)", the axis' members), so a
+stalled exchange is reported as a wait on that link for that peer, and the axis' own arrival counts stay those
+of its collectives (the loss's broadcast, the norm's sum).
+
+Bytes this rank sends per step on the pp axis, for a = B T C activation elements per message (B T C / tp
+under sequence parallelism), s bytes per element, and this rank's V stages:
+    activations   m a s for each of its stages whose next stage is on another rank (not the last, S-1)
+    gradients     m a s for each of its stages whose previous stage is on another rank (not the first, 0)
+    tied wte      e s on the first and the last stage's ranks, when they differ, e = the embedding chunk's
+                  gradient this rank holds: the whole chunk at ZeRO-0, its shard at ZeRO >= 1 (a two-rank
+                  all-reduce sends half of it twice)
+    loss, norm    4 (p-1)/p and 8 (p-1)/p bytes (rounded down): the loss broadcast from the last stage and
+                  the all-reduce of the squared gradient norm
+(pipeline_bytes_per_step)
+
+Measuring a step and writing its Chrome trace: llmc/parallel/pipeline_timeline.h.
+
+This file is read top to bottom, and compiled in two halves. The first (the Pipeline, the stage split, creation,
+the links) is what llmc/parallel/parallel_context.h needs to hold a Pipeline; the second (the executor) runs the
+model's stage passes (llmc/model/forward_backward.cuh), which take that parallel context. C++ needs the struct
+before the context and the context before the executor, so the second half compiles where this file is
+included after parallel_context.h has been read to its end (train_gpt.cu includes both).
+*/
+#ifndef LLMC_PARALLEL_PIPELINE_H
+#define LLMC_PARALLEL_PIPELINE_H
+
+#include <algorithm>
 #include <chrono>
-#include <ctime>
+#include <cmath>
 #include <string>
 #include <vector>
 #include "../utils.h"
-#include "comm.h"
-#include "pipeline_links.h"
-#include "pipeline_simulator.h"
-#include "parallel_context.h"
-#include "../model/forward_backward.cuh"
-#include "../io/logger.h"
 #include "../cpu/faults.h"
+#include "comm.h"
+#include "mesh.h"
+#include "layout.h"
+#include "../model/gpt2.cuh"
+#include "pipeline_schedule.h"
+#include "pipeline_simulator.h"
+
+struct Pipeline {
+    PipelineSchedule schedule = PipelineSchedule::OneFOneB;
+    int size = 1, rank = 0;                 // p, and this rank's place on the pp axis
+    int virtual_stages = 1;                 // V
+    int microbatches = 1;                   // m
+    std::vector<int> stage_layers;          // layers of each of the p V model stages
+    int last_stage_rank = 0;                // the rank of the last model stage: the loss
+    std::vector<PipelineAction> actions;    // this rank's, in order
+    std::vector<std::vector<PipelineMessage>> messages;  // per action, and one more after the last: the group
+                                                         // of sends and receives issued before it
+    std::vector<int> record_of;             // per action: the stage record it uses
+    std::vector<int> weight_record_of;      // per action: the weight record it uses (-1: none)
+    std::vector<int> outbox_of;             // per action: the outbox its gradient is copied to (-1: none)
+    std::vector<int> head_of;               // per action: the head record it uses (-1: none)
+    int records = 1, weight_records = 0;    // the pools' sizes
+    int heads = 0;
+    int outboxes = 0;
+    // validation's and sampling's pass: one microbatch forward through this rank's stages, on record 0
+    std::vector<PipelineAction> forward_only_actions;
+    std::vector<std::vector<PipelineMessage>> forward_only_messages;
+    Communicator* group = nullptr;          // the pp axis: the messages, the loss's broadcast, the norm's sum
+    std::vector<int> link_watch;            // per neighbour pair (q, q+1 mod p): its name for the watchdog
+    std::vector<Communicator> fault_links;  // LLMC_FAULT_PER_LINK_P2P only: per (chunk, pair), this rank's pairs
+    bool tied_head = true;                  // the LM head is wte (GPT-2): the last stage holds a copy of it
+    Communicator tied;                      // the first and the last stage's ranks, if two: wte's gradient
+    // the step being measured
+    bool measuring = false;
+    std::chrono::steady_clock::time_point origin;
+    std::vector<PipelineEvent> events;      // this rank's actions and waits
+};
+
+inline int pipeline_stage_count(const Pipeline& pipe) { return pipe.size * pipe.virtual_stages; }
+
+// The watchdog's group for a message to or from neighbour `peer`: the link of the pair.
+inline int pipeline_link_watch(const Pipeline& pipe, int peer) {
+    const int p = pipe.size, r = pipe.rank;
+    if (peer == (r + 1) % p) return pipe.link_watch.at(p == 2 ? 0 : r);
+    if (peer == (r + p - 1) % p) return pipe.link_watch.at(p == 2 ? 0 : (r + p - 1) % p);
+    fatal("pipeline: rank %d has no link to rank %d", r, peer);
+}
+
+// The send or receive of a message, `count` elements at `data`: on the pp axis, or under LLMC_FAULT_PER_LINK_P2P
+// on the communicator of its pair and chunk (the old structure, which the fault's test sees deadlock).
+inline PointToPoint pipeline_point_to_point(Pipeline& pipe, const PipelineMessage& message, floatX* data,
+                                            size_t count) {
+    const PointToPoint::Kind kind = message.send ? PointToPoint::Send : PointToPoint::Receive;
+    const int watch = pipeline_link_watch(pipe, message.peer);
+    if (pipe.fault_links.empty()) return PointToPoint{kind, pipe.group, data, count, message.peer, watch};
+    const int p = pipe.size, pairs = (int)pipe.link_watch.size();
+    const int pair = p == 2 ? 0 : message.peer == (pipe.rank + 1) % p ? pipe.rank : message.peer;
+    const int chunk = pipe.schedule == PipelineSchedule::ZeroBubbleV && message.from_stage >= p ? 1 : 0;
+    Communicator& link = pipe.fault_links.at(chunk * pairs + pair);
+    return PointToPoint{kind, &link, data, count, 1 - link.rank, link.watch};
+}
 
 // ----------------------------------------------------------------------------
-// measuring
+// the stage split: how many consecutive layers each model stage holds
 
-// Milliseconds since the measured step began (on a GPU, once the stream has done what it was given); 0
-// when not measuring.
-inline double pipeline_clock(const Pipeline& pipe, GPT2& model) {
-    if (!pipe.measuring) return 0.0;
-    cudaCheck(cudaStreamSynchronize(model.stream));
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - pipe.origin).count();
-}
-inline void pipeline_note(Pipeline& pipe, const PipelineAction& action, bool wait, double start, double end,
-                          double work_ms = -1) {
-    if (pipe.measuring) pipe.events.push_back({action, start, end, wait, work_ms});
-}
-
-// Milliseconds of processor time this process has used (the CPU build: its ranks may share cores, and an
-// action's wall time then counts the other ranks' turns too); -1 on a GPU, where an action's work is its
-// wall time, and when not measuring.
-inline double pipeline_work_clock(const Pipeline& pipe) {
-#ifdef LLMC_CPU
-    timespec now{};
-    if (!pipe.measuring || clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now) != 0) return -1.0;
-    return now.tv_sec * 1e3 + now.tv_nsec * 1e-6;
-#else
-    (void)pipe;
-    return -1.0;
-#endif
-}
-
-// The measured step replayed with one core per rank: each action takes the processor time it took and
-// starts as soon as its rank is free and its input has come. With free sends (pipeline_simulate_actions) on a
-// GPU, or with a core per rank, this is the measured step without the messages' time; on fewer cores than
-// ranks it is the step the ranks would take each on a core of their own, which the wall clock cannot show.
-// With synchronous groups (pipeline_simulate_groups) each action also waits, as the executor does, until its
-// group's peers have posted their side.
-inline PipelineTimeline pipeline_replay(const PipelineTimeline& measured, PipelineSchedule schedule,
-                                        bool synchronous_groups) {
-    std::vector<std::vector<PipelineAction>> lists(measured.p);
-    std::vector<std::vector<double>> durations(measured.p);
-    for (int r = 0; r < measured.p; r++)
-        for (const PipelineEvent& e : measured.ranks[r]) {
-            if (e.wait) continue;
-            lists[r].push_back(e.action);
-            durations[r].push_back(e.work_ms >= 0 ? e.work_ms : e.end_ms - e.start_ms);
+/*
+The balanced split of L layers over S model stages. Stages are contiguous runs of layers, each >= 1. A stage's
+cost is its layer count, plus first_stage_extra on stage 0 (the embedding) and last_stage_extra on stage S-1
+(the LM head and loss), both in layer-equivalents of cost. The split minimises the most expensive stage:
+  M = the least bound for which the capacities c_s = floor(M - extra_s) are all >= 1 and sum to at least L
+  (M is some k + 0, k + first or k + last (+ both when S = 1), so the candidates are searched in order);
+  every stage starts at its capacity, and the surplus is then taken away one layer at a time from the stage
+  of the highest cost that still has more than one layer (ties: the highest stage index), which spreads the
+  rest evenly and is deterministic.
+Example: L = 8, S = 4, last extra 3: M = 4 (capacities 4, 4, 4, 1 sum to 13), the 5 surplus layers leave
+stages 2, 1, 0, 2, 1 in turn: {3, 2, 2, 1}, costs 3, 2, 2, 4.
+*/
+inline std::vector<int> pipeline_balanced_layers(int L, int S, double first_stage_extra, double last_stage_extra) {
+    std::vector<double> extra(S, 0.0);
+    extra[0] += first_stage_extra;
+    extra[S - 1] += last_stage_extra;
+    std::vector<double> candidates;
+    for (int k = 1; k <= L; k++)
+        for (double e : {0.0, first_stage_extra, last_stage_extra, first_stage_extra + last_stage_extra})
+            candidates.push_back(k + e);
+    std::sort(candidates.begin(), candidates.end());
+    constexpr double kSlack = 1e-9;  // a bound equal to k + extra must admit k layers despite rounding
+    std::vector<int> layers(S, 0);
+    for (double bound : candidates) {
+        long long total = 0;
+        bool every_stage_fits = true;
+        for (int s = 0; s < S; s++) {
+            layers[s] = (int)std::floor(bound - extra[s] + kSlack);
+            if (layers[s] < 1) every_stage_fits = false;
+            total += layers[s];
         }
-    if (!synchronous_groups)
-        return pipeline_simulate_actions(lists, schedule, measured.m, measured.V, 0, 0, 0, &durations);
-    return pipeline_simulate_groups(lists, pipeline_message_groups(lists, schedule, measured.V), schedule, measured.m,
-                                    measured.V, durations);
-}
-
-// Starts measuring the next pipeline_step: the stages agree on the moment it begins.
-inline void pipeline_begin_measuring(Pipeline& pipe, GPT2& model) {
-    barrier(*pipe.group, model.stream);
-    pipe.measuring = true;
-    pipe.events.clear();
-    pipe.origin = std::chrono::steady_clock::now();
-}
-
-// The measured step's events of every pipeline rank, on pp rank 0 (a collective over the pp axis; the other
-// ranks get an empty timeline). Events travel as 7 floats each: kind, microbatch, virtual stage, wait,
-// start, end, work.
-inline PipelineTimeline pipeline_collect_timeline(Pipeline& pipe, GPT2& model) {
-    pipe.measuring = false;
-    const size_t capacity = 6 * (size_t)pipe.microbatches * pipe.virtual_stages;  // F, B, W actions and their waits
-    if (pipe.events.size() > capacity) fatal("pipeline: %zu events measured, room for %zu", pipe.events.size(), capacity);
-    constexpr size_t kFields = 7;
-    std::vector<float> mine(kFields * capacity, -1.0f);
-    for (size_t i = 0; i < pipe.events.size(); i++) {
-        const PipelineEvent& e = pipe.events[i];
-        const float fields[kFields] = {(float)e.action.kind, (float)e.action.microbatch, (float)e.action.virtual_stage,
-                                       e.wait ? 1.0f : 0.0f, (float)e.start_ms, (float)e.end_ms, (float)e.work_ms};
-        std::copy(fields, fields + kFields, mine.begin() + kFields * i);
+        if (every_stage_fits && total >= L) break;
     }
-    float* device = tracked_alloc<float>(mine.size() * pipe.size, MemoryKind::Communication, "pipeline timeline");
-    copy_to_device(device + mine.size() * pipe.rank, mine.data(), mine.size(), model.stream);
-    all_gather(*pipe.group, device, device + mine.size() * pipe.rank, mine.size(), model.stream);
-    std::vector<float> everyone(mine.size() * pipe.size);
-    copy_to_host(everyone.data(), device, everyone.size(), model.stream);
-    tracked_free(device);
-    PipelineTimeline timeline;
-    if (pipe.rank != 0) return timeline;
-    timeline.schedule = pipeline_schedule_name(pipe.schedule);
-    timeline.p = pipe.size;
-    timeline.m = pipe.microbatches;
-    timeline.V = pipe.virtual_stages;
-    timeline.ranks.resize(pipe.size);
-    for (int r = 0; r < pipe.size; r++)
-        for (size_t i = 0; i < capacity; i++) {
-            const float* f = everyone.data() + (r * capacity + i) * kFields;
-            if (f[0] < 0) break;
-            const PipelineAction action{(PipelineAction::Kind)(int)f[0], (int)f[1], (int)f[2]};
-            timeline.ranks[r].push_back({action, f[4], f[5], f[3] != 0, f[6]});
+    long long surplus = -(long long)L;
+    for (int n : layers) surplus += n;
+    for (; surplus > 0; surplus--) {
+        int take = -1;
+        for (int s = 0; s < S; s++)
+            if (layers[s] > 1 && (take < 0 || layers[s] + extra[s] >= layers[take] + extra[take])) take = s;
+        layers[take]--;
+    }
+    return layers;
+}
+
+/*
+The balanced split for zbv's V, where rank r runs stages r and 2p - 1 - r, and rank 0 holds the LM head (stage
+2p - 1) as well as the embedding (stage 0). What a rank costs is the sum of its two stages, so the ranks are
+balanced, not the stages: balancing the 2p stages one by one would give rank 0 a full first stage on top of the
+head. The ranks' layer counts are the balanced split of L over p with rank 0's extra the head's (each rank
+holds at least two layers: one layer of each is set aside, which shifts every rank's cost alike and leaves the
+balance unchanged). A rank's layers then go to its two stages as evenly as their costs allow: the stage
+coming back up (the head's, on rank 0) gets floor((n - extra) / 2), at least 1, the stage going down the rest.
+Example: L = 32, p = 4, head 8.2: ranks {2, 10, 10, 10} (rank 0: 2 + 8.2), stages {1, 5, 5, 5, 5, 5, 5, 1}.
+*/
+inline std::vector<int> pipeline_balanced_v_layers(int L, int p, double head_extra) {
+    if (L < 2 * p) fatal("%d layers cannot be cut into the %d stages of zbv at pp %d", L, 2 * p, p);
+    std::vector<int> rank_layers = pipeline_balanced_layers(L - p, p, head_extra, 0.0);
+    std::vector<int> stages(2 * p, 0);
+    for (int r = 0; r < p; r++) {
+        const int n = rank_layers[r] + 1;
+        const double extra = r == 0 ? head_extra : 0.0;
+        const int up = std::min(n - 1, std::max(1, (int)std::floor((n - extra) / 2)));
+        stages[2 * p - 1 - r] = up;
+        stages[r] = n - up;
+    }
+    return stages;
+}
+
+/*
+The layers of each of the S = pp V model stages. A given --pp-layers list is checked (count S, each >= 1, sum L).
+Auto balances the compute: FLOPs per token, forward + backward (the backward twice the forward):
+  one block:        6 W for the four matmuls' W weights (GPT-2: 12 C^2, so 72 C^2; Llama: C (C + 2k) + C^2 + 3 C H
+                    with k = C kv_heads / heads the channels of K and of V, H the SwiGLU's hidden units)
+                    + 12 C T (attention's scores and mixing)
+  LM head + loss:   6 C Vp (the LM head's matmul, tied or not) + 10 Vp (softmax, loss and their gradient, a few
+                    per logit)
+  embedding lookup: ~0 (a gather and a scatter-add of C values per token)
+so the first stage's extra is 0 and the last's is head / block in layer-equivalents (zbv: the ranks' totals
+balanced, pipeline_balanced_v_layers). Memory is not balanced:
+the planner reports each stage's (the first stage holds the most activation records under 1f1b).
+*/
+// The FLOP counts above, per token of a sequence of T. A mixture of experts' MLP weighs as much as what a token
+// meets: the shared experts, its K routed ones and the router (E x C). With a mixture every N blocks, a block
+// weighs the blocks' mean (the split counts blocks as equals).
+inline double pipeline_block_flops_per_token(const GPT2Config& config, int T) {
+    const double C = config.channels;
+    double weights = 0;
+    for (int layer = 0; layer < config.num_layers; layer++) {
+        const GPT2Config b = config.block(layer);
+        weights += C * b.qkv_channels() + C * C + C * b.fc_channels() + (double)b.hidden() * C;
+        if (b.moe())
+            weights += (double)b.experts_per_token * C * (b.expert_fc_channels() + b.expert_hidden()) + (double)b.experts * C;
+    }
+    return 6 * weights / config.num_layers + 12 * C * T;
+}
+inline double pipeline_head_flops_per_token(const GPT2Config& config) {
+    const double C = config.channels, Vp = config.padded_vocab_size;
+    return 6 * C * Vp + 10 * Vp;
+}
+
+// Why a list of layers per stage cannot be the split of L layers into S stages ("": it can).
+inline std::string pipeline_split_error(const std::vector<int>& stage_layers, int L, int S) {
+    if ((int)stage_layers.size() != S)
+        return "--pp-layers lists " + std::to_string(stage_layers.size()) + " stages, the pipeline has " +
+               std::to_string(S) + " (pp x virtual stages per rank)";
+    int sum = 0;
+    for (size_t s = 0; s < stage_layers.size(); s++) {
+        if (stage_layers[s] < 1) return "--pp-layers gives stage " + std::to_string(s) + " no layers";
+        sum += stage_layers[s];
+    }
+    if (sum != L) return "--pp-layers adds up to " + std::to_string(sum) + " layers, the model has " + std::to_string(L);
+    return "";
+}
+
+inline std::vector<int> pipeline_stage_split(const GPT2Config& config, const Layout& l) {
+    const int L = config.num_layers, S = l.pp * l.pp_virtual;
+    if (L < S) fatal("%d layers cannot be cut into %d stages (pp %d x %d per rank) of at least one layer", L, S, l.pp,
+                     l.pp_virtual);
+    if (l.pp_layers.empty()) {
+        const double head = pipeline_head_flops_per_token(config) / pipeline_block_flops_per_token(config, l.seq_len);
+        if (l.schedule == PipelineSchedule::ZeroBubbleV) return pipeline_balanced_v_layers(L, l.pp, head);
+        return pipeline_balanced_layers(L, S, 0.0, head);
+    }
+    const std::string error = pipeline_split_error(l.pp_layers, L, S);
+    if (!error.empty()) fatal("%s", error.c_str());
+    return l.pp_layers;
+}
+
+// The part of the model pipeline rank `rank` runs (llmc/model/gpt2.cuh): its chunks, the most layers of any of
+// its stages (its records are sized for that stage), as many stage, weight and head records as its schedule
+// has passes in flight, and `outboxes`, as many as its sends hold at once (pipeline_outboxes of its groups, from
+// the one play of every rank's lists: pipeline_all_groups).
+inline ModelPart pipeline_model_part(PipelineSchedule schedule, int rank, int p, int V, int m,
+                                     const std::vector<int>& stage_layers, bool tied_head, int outboxes) {
+    ModelPart part;
+    part.outboxes = outboxes;
+    part.held_chunks = pipeline_held_chunks(schedule, rank, p, V, stage_layers, tied_head);
+    for (int v = 0; v < V; v++) {
+        const int stage = pipeline_model_stage(schedule, rank, v, p);
+        part.stage_layers = std::max(part.stage_layers, stage_layers[stage]);
+        part.stage_first_layers.push_back(pipeline_first_layer(stage_layers, stage));
+        part.stage_sizes.push_back(stage_layers[stage]);
+    }
+    part.records = pipeline_peak_activations(schedule, rank, p, m, V);
+    part.weight_records = pipeline_peak_weight_records(schedule, rank, p, m, V);
+    part.heads = std::max(1, pipeline_peak_head_records(schedule, rank, p, m, V));  // 1: unused off the last stage
+    return part;
+}
+
+// Every rank calls this together (the tied embeddings' group is a split of the pp axis).
+inline void pipeline_create(Pipeline& pipe, Mesh& mesh, PipelineSchedule schedule, int V, int m,
+                            const std::vector<int>& stage_layers, bool tied_head) {
+    pipe.schedule = schedule;
+    pipe.tied_head = tied_head;
+    pipe.size = mesh.layout.sizes[PP];
+    pipe.rank = mesh.coords[PP];
+    pipe.virtual_stages = V;
+    pipe.microbatches = m;
+    pipe.stage_layers = stage_layers;
+    const int p = pipe.size, r = pipe.rank, S = p * V;
+    pipe.last_stage_rank = pipeline_stage_rank(schedule, S - 1, p);
+    pipe.actions = pipeline_actions(schedule, r, p, m, V);
+    const std::vector<std::vector<std::vector<PipelineMessage>>> groups = pipeline_all_groups(schedule, p, V, m);
+    const std::string stuck = pipeline_check_message_groups(groups);
+    if (!stuck.empty()) fatal("pipeline %s: its sends and receives cannot run: %s", pipeline_schedule_name(schedule),
+                              stuck.c_str());
+    pipe.messages = groups[r];
+    pipe.outboxes = pipeline_outboxes(pipe.messages);
+    pipe.outbox_of.assign(pipe.actions.size(), -1);
+    for (const std::vector<PipelineMessage>& group : pipe.messages)
+        for (const PipelineMessage& message : group)
+            if (message.send && message.outbox >= 0) pipe.outbox_of[message.action] = message.outbox;
+    pipe.record_of = pipeline_record_assignment(pipe.actions, &pipe.records);
+    const std::string late = pipeline_check_send_buffers(pipe.actions, pipe.messages, pipe.record_of, schedule, r, p, V);
+    if (!late.empty()) fatal("pipeline %s: %s", pipeline_schedule_name(schedule), late.c_str());
+    pipe.weight_record_of = pipeline_weight_record_assignment(pipe.actions, &pipe.weight_records);
+    pipe.head_of = pipeline_head_assignment(pipe.actions, schedule, r, p, V, &pipe.heads);
+    if (pipe.records != pipeline_peak_activations(schedule, r, p, m, V) ||
+        pipe.weight_records != pipeline_peak_weight_records(schedule, r, p, m, V) ||
+        pipe.heads != pipeline_peak_head_records(schedule, r, p, m, V))
+        fatal("pipeline %s: the actions need %d records, %d weight records and %d head records, the formulas say "
+              "%d, %d and %d", pipeline_schedule_name(schedule), pipe.records, pipe.weight_records, pipe.heads,
+              pipeline_peak_activations(schedule, r, p, m, V), pipeline_peak_weight_records(schedule, r, p, m, V),
+              pipeline_peak_head_records(schedule, r, p, m, V));
+    // the forward-only pass's lists, played once too
+    for (int v = 0; v < V; v++) pipe.forward_only_actions.push_back({PipelineAction::Forward, 0, v});
+    const std::vector<std::vector<PipelineAction>> forward_only_lists(p, pipe.forward_only_actions);  // every rank's
+    pipe.forward_only_messages = pipeline_message_groups(forward_only_lists, schedule, V)[r];
+    // every stage runs on record 0: each output must leave before the next stage here overwrites it
+    for (size_t g = 0; g < pipe.forward_only_messages.size(); g++)
+        for (const PipelineMessage& message : pipe.forward_only_messages[g])
+            if (message.send && g != (size_t)message.action + 1)
+                fatal("pipeline: the forward-only pass would send stage %d's output late", message.from_stage);
+    pipe.group = &mesh.axis[PP];
+    if (p > 1) {
+        // the watchdog's name for each neighbour pair (q, q+1), the wrap-around (p-1, 0) only where a schedule
+        // sends across it (interleaved); with p = 2 it is the pair (0, 1) again. Every rank registers them
+        // in the same order, so equal links get equal indices.
+        const int pairs = p == 2 ? 1 : schedule == PipelineSchedule::Interleaved ? p : p - 1;
+        const std::vector<int> members = watched_members(mesh.axis[PP].watch);
+        for (int q = 0; q < pairs; q++)
+            pipe.link_watch.push_back(
+                watched_group("pp link " + std::to_string(q) + "-" + std::to_string((q + 1) % p), members));
+        if (fault_per_link_point_to_point()) {
+            const int chunks = schedule == PipelineSchedule::ZeroBubbleV ? 2 : 1;
+            pipe.fault_links.resize(chunks * pairs);
+            for (int c = 0; c < chunks; c++)
+                for (int q = 0; q < pairs; q++) {
+                    const bool member = r == q || r == (q + 1) % p;
+                    pipe.fault_links[c * pairs + q] =
+                        comm_split(mesh.axis[PP], member ? 0 : kNotInGroup, r,
+                                   "pp link " + std::to_string(q) + "-" + std::to_string((q + 1) % p) + " chunk " +
+                                       std::to_string(c));
+                }
         }
-    pipeline_measure(timeline);
-    return timeline;
-}
-
-// Rank 0's report of a measured step: each stage's bubble, measured and replayed with a core per rank (free
-// sends; synchronous groups), beside the schedule's formula, and its peak of records in flight beside the
-// schedule's.
-inline void pipeline_print_timeline(const PipelineTimeline& t, const PipelineTimeline& replayed,
-                                    const PipelineTimeline& synchronous, PipelineSchedule schedule) {
-    printf("pipeline %s, p %d, m %d, V %d: the measured step took %.1f ms (replayed with a core per rank: %.1f with "
-           "free sends, %.1f with synchronous groups); the formula's bubble %.3f\n", t.schedule.c_str(), t.p, t.m,
-           t.V, t.step_ms, replayed.step_ms, synchronous.step_ms, pipeline_bubble_fraction(schedule, t.p, t.m, t.V));
-    for (int r = 0; r < t.p; r++)
-        printf("  pp rank %d: bubble %.3f measured, %.3f and %.3f replayed; records in flight at the peak %d "
-               "(formula %d)\n", r, t.bubble_fraction[r], replayed.bubble_fraction[r],
-               synchronous.bubble_fraction[r], t.peak_activations[r],
-               pipeline_peak_activations(schedule, r, t.p, t.m, t.V));
-}
-
-// After the measured step: rank 0 prints each stage's bubble and records in flight beside the formulas, logs
-// them, and writes the timeline as a Chrome trace if asked (the gathering is a collective over the pp axis).
-inline void pipeline_report_timeline(ParallelContext& par, GPT2& model, Logger& logger, const std::string& trace_path) {
-    Pipeline& pipe = par.pipe;
-    const PipelineTimeline timeline = pipeline_collect_timeline(pipe, model);
-    if (!par.main_rank) return;
-    const PipelineTimeline replayed = pipeline_replay(timeline, pipe.schedule, false),
-                           synchronous = pipeline_replay(timeline, pipe.schedule, true);
-    for (const PipelineTimeline* t : {&replayed, &synchronous})
-        if (!t->problem.empty()) fatal("pipeline: the measured step does not replay: %s", t->problem.c_str());
-    pipeline_print_timeline(timeline, replayed, synchronous, pipe.schedule);
-    std::string bubbles, replayed_bubbles, synchronous_bubbles, peaks, peak_formulas, layers;
-    for (int r = 0; r < pipe.size; r++) {
-        bubbles += (r ? ", " : "") + std::to_string(timeline.bubble_fraction[r]);
-        replayed_bubbles += (r ? ", " : "") + std::to_string(replayed.bubble_fraction[r]);
-        synchronous_bubbles += (r ? ", " : "") + std::to_string(synchronous.bubble_fraction[r]);
-        peaks += (r ? ", " : "") + std::to_string(timeline.peak_activations[r]);
-        peak_formulas += (r ? ", " : "") + std::to_string(pipeline_peak_activations(pipe.schedule, r, pipe.size,
-                                                                                    pipe.microbatches, pipe.virtual_stages));
-    }
-    for (size_t s = 0; s < pipe.stage_layers.size(); s++) layers += (s ? ", " : "") + std::to_string(pipe.stage_layers[s]);
-    logger.write(JsonLine("pipeline").text("schedule", timeline.schedule).integer("pp", pipe.size)
-                     .integer("microbatches", pipe.microbatches).integer("virtual_stages", pipe.virtual_stages)
-                     .number("step_ms", timeline.step_ms).raw("bubble", "[" + bubbles + "]")
-                     .number("step_ms_replayed", replayed.step_ms).raw("bubble_replayed", "[" + replayed_bubbles + "]")
-                     .number("step_ms_replayed_synchronous", synchronous.step_ms)
-                     .raw("bubble_replayed_synchronous", "[" + synchronous_bubbles + "]")
-                     .number("bubble_formula", pipeline_bubble_fraction(pipe.schedule, pipe.size, pipe.microbatches,
-                                                                        pipe.virtual_stages))
-                     .raw("peak_records", "[" + peaks + "]").raw("peak_records_formula", "[" + peak_formulas + "]")
-                     .raw("stage_layers", "[" + layers + "]"));
-    if (!trace_path.empty()) {
-        write_text_file(trace_path, pipeline_chrome_trace(timeline));
-        printf("wrote %s\n", trace_path.c_str());
+        // zbv holds the first and the last stage on rank 0: one copy of wte, nothing to add up; an untied head
+        // leaves wte on the first stage alone
+        const bool holds_wte = tied_head && pipe.last_stage_rank != 0 && (r == 0 || r == pipe.last_stage_rank);
+        pipe.tied = comm_split(mesh.axis[PP], holds_wte ? 0 : kNotInGroup, r, "pp first and last stage");
     }
 }
+
+inline void pipeline_free(Pipeline& pipe) {
+    for (Communicator& link : pipe.fault_links) comm_destroy(link);
+    comm_destroy(pipe.tied);
+    pipe = Pipeline{};
+}
+
+// bytes sent over the pipeline's own group, the tied embeddings' (the messages travel on the pp axis, which
+// counts with the mesh's groups)
+inline uint64_t pipeline_link_bytes(const Pipeline& pipe) { return pipe.tied.bytes_sent; }
+inline void pipeline_reset_bytes(Pipeline& pipe) { pipe.tied.bytes_sent = 0; }
+
+// The loss (or anything in a device float) from the last stage's rank to the others of the pp axis.
+inline void pipeline_share_from_last_stage(Pipeline& pipe, float* value, size_t count, cudaStream_t stream) {
+    if (pipe.size > 1) broadcast(*pipe.group, value, count, pipe.last_stage_rank, stream);
+}
+
+// Host values on the last stage's rank become the same on every rank of the pp axis (a collective).
+template <typename T>
+void pipeline_share_host_from_last_stage(Pipeline& pipe, T* values, size_t count, cudaStream_t stream) {
+    if (pipe.size > 1) broadcast_host(*pipe.group, values, count, pipe.last_stage_rank, stream);
+}
+
+// One number from every rank of the pp axis, on all of them (a collective): for reports per stage.
+inline std::vector<float> pipeline_gather_values(Pipeline& pipe, float value, cudaStream_t stream) {
+    return pipe.size == 1 ? std::vector<float>{value} : gather_values(*pipe.group, value, stream);
+}
+
+// ----------------------------------------------------------------------------
+// the bytes formula (see the top of the file)
+
+inline double pipeline_bytes_per_step(PipelineSchedule schedule, int rank, int p, int V, int m,
+                                      double activation_elements, double element_bytes,
+                                      double embedding_gradient_elements) {
+    if (p == 1) return 0.0;
+    const int S = p * V, last_stage_rank = pipeline_stage_rank(schedule, S - 1, p);
+    const double message = m * activation_elements * element_bytes;
+    double bytes = 0;
+    for (int v = 0; v < V; v++) {
+        const int s = pipeline_model_stage(schedule, rank, v, p);
+        if (s < S - 1 && pipeline_stage_rank(schedule, s + 1, p) != rank) bytes += message;
+        if (s > 0 && pipeline_stage_rank(schedule, s - 1, p) != rank) bytes += message;
+    }
+    if (last_stage_rank != 0 && (rank == 0 || rank == last_stage_rank))
+        bytes += embedding_gradient_elements * element_bytes;
+    bytes += (double)ring_share(sizeof(float), p) + (double)ring_share(sizeof(float), p, 2);
+    return bytes;
+}
+
+#endif  // the first half
 
 // ----------------------------------------------------------------------------
 // running a schedule
+
+// (the second half: see the top of the file)
+
+#if defined(LLMC_PARALLEL_CONTEXT_READ) && !defined(LLMC_PARALLEL_PIPELINE_EXECUTOR)
+#define LLMC_PARALLEL_PIPELINE_EXECUTOR
+
+#include "parallel_context.h"
+#include "../model/forward_backward.cuh"
+#include "pipeline_timeline.h"
 
 inline int pipeline_model_stage(const Pipeline& pipe, const PipelineAction& a) {
     return pipeline_model_stage(pipe.schedule, pipe.rank, a.virtual_stage, pipe.size);
@@ -421,24 +658,16 @@ inline void pipeline_step(ParallelContext& par, GPT2& model, const int* tokens, 
                  tokens, targets, dloss, /*training=*/true, B, T);
 }
 
-// The forward pass of one microbatch through every stage, in stage order (validation, sampling), on record 0:
-// on the last stage, the loss added up (targets given) or the logits left in head record 0.
+// The forward pass of one microbatch through every stage, in stage order (validation, sampling), on record 0
+// (its actions and messages made in pipeline_create): on the last stage, the loss added up (targets given) or the
+// logits left in head record 0.
 inline void pipeline_forward_only(ParallelContext& par, GPT2& model, const int* tokens, const int* targets, int B,
                                   int T) {
     const Pipeline& pipe = par.pipe;
-    std::vector<PipelineAction> actions;
-    for (int v = 0; v < pipe.virtual_stages; v++) actions.push_back({PipelineAction::Forward, 0, v});
-    const std::vector<std::vector<PipelineAction>> lists(pipe.size, actions);  // every rank's
-    const std::vector<std::vector<PipelineMessage>> messages =
-        pipeline_message_groups(lists, pipe.schedule, pipe.virtual_stages)[pipe.rank];
-    // every stage runs on record 0: each output must leave before the next stage here overwrites it
-    for (size_t g = 0; g < messages.size(); g++)
-        for (const PipelineMessage& message : messages[g])
-            if (message.send && g != (size_t)message.action + 1)
-                fatal("pipeline: the forward-only pass would send stage %d's output late", message.from_stage);
+    const std::vector<PipelineAction>& actions = pipe.forward_only_actions;
     const std::vector<int> record_of(actions.size(), 0), none(actions.size(), -1);
-    pipeline_run(par, model, {actions, messages, record_of, none, none, record_of}, tokens, targets, 0.0f,
-                 /*training=*/false, B, T);
+    pipeline_run(par, model, {actions, pipe.forward_only_messages, record_of, none, none, record_of}, tokens, targets,
+                 0.0f, /*training=*/false, B, T);
 }
 
 // After the step's gradient reductions (zero_wait_for_gradients): wte's (and wpe's) gradient on the first
@@ -450,3 +679,4 @@ inline void pipeline_sum_tied_embedding(ParallelContext& par, GPT2& model) {
     all_reduce(par.pipe.tied, gradient, count, Reduction::Sum, model.stream);
 }
 
+#endif  // the second half

@@ -1,8 +1,8 @@
 /*
 Pipeline parallelism as data: which forward and backward passes each pipeline rank runs, in which order.
 
-The model's layers are cut into S = p * V consecutive stages (llmc/parallel/pipeline_split.h says how many layers
-each); pipeline rank r of p holds V of them, its "virtual stages". In loops, virtual stage v of rank r is model
+The model's layers are cut into S = p * V consecutive stages (llmc/parallel/pipeline.h's stage split says how many
+layers each); pipeline rank r of p holds V of them, its "virtual stages". In loops, virtual stage v of rank r is model
 stage s = v * p + r: rank r holds stages r, r + p, r + 2p, ... (every schedule but zbv). In a V (zbv, V = 2) it
 holds stages r and 2p - 1 - r: the forward pass goes down the ranks 0..p-1 and comes back up p-1..0, so rank
 p - 1 holds two neighbouring stages (p - 1 and p: the hand-over between them stays in memory) and rank 0 holds
@@ -68,6 +68,7 @@ zbv 2p on every rank (above their generators).
 #pragma once
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
 #include <vector>
 #include "../utils.h"
@@ -114,6 +115,31 @@ inline int pipeline_stage_rank(PipelineSchedule schedule, int stage, int p) {
     return schedule == PipelineSchedule::ZeroBubbleV && stage >= p ? 2 * p - 1 - stage : stage % p;
 }
 
+// The first layer (0-based) of model stage `stage`: the layers of the stages before it.
+inline int pipeline_first_layer(const std::vector<int>& stage_layers, int stage) {
+    int first = 0;
+    for (int s = 0; s < stage; s++) first += stage_layers[s];
+    return first;
+}
+
+// Which of the L + 2 parameter chunks (llmc/model/parameters.h: embeddings, blocks 0..L-1, final norm and an
+// untied LM head) rank `rank` holds: the blocks of its stages, the embedding chunk on the ranks of the first
+// stage (the lookup) and, when the LM head is tied to wte (GPT-2), of the last, the final chunk on the last.
+inline std::vector<char> pipeline_held_chunks(PipelineSchedule schedule, int rank, int p, int V,
+                                              const std::vector<int>& stage_layers, bool tied_head) {
+    const int L = pipeline_first_layer(stage_layers, (int)stage_layers.size());
+    std::vector<char> held(L + 2, 0);
+    for (int v = 0; v < V; v++) {
+        const int s = pipeline_model_stage(schedule, rank, v, p);
+        const int first = pipeline_first_layer(stage_layers, s), end = first + stage_layers[s];
+        for (int layer = first; layer < end; layer++) held[layer + 1] = 1;
+        if (first == 0) held[0] = 1;
+        if (end == L) held[L + 1] = 1;
+        if (end == L && tied_head) held[0] = 1;
+    }
+    return held;
+}
+
 // Refuses a layout no schedule can run, in one line.
 inline void pipeline_check_layout(PipelineSchedule schedule, int rank, int p, int m, int V) {
     const char* name = pipeline_schedule_name(schedule);
@@ -129,6 +155,35 @@ inline void pipeline_check_layout(PipelineSchedule schedule, int rank, int p, in
         fatal("pipeline zb-h1: %d microbatches are fewer than the %d pipeline ranks", m, p);
     if (schedule == PipelineSchedule::ZeroBubbleV && m < 2 * p - 1)
         fatal("pipeline zbv: %d microbatches are fewer than 2 p - 1 = %d", m, 2 * p - 1);
+}
+
+// One line saying why this layout cannot run (empty: it can). Whether the world splits into pp ranks is the
+// mesh's to check, whether a --pp-layers list fits pipeline_stage_split's.
+inline std::string pipeline_layout_error(PipelineSchedule schedule, int p, int V, int m, int num_layers) {
+    const char* name = pipeline_schedule_name(schedule);
+    char text[256] = "";
+    if (schedule == PipelineSchedule::ZeroBubbleV && V != 2) {
+        snprintf(text, sizeof(text), "--pp-virtual %d: zbv holds two stages per rank, in a V", V);
+    } else if (schedule != PipelineSchedule::Interleaved && schedule != PipelineSchedule::ZeroBubbleV && V != 1) {
+        snprintf(text, sizeof(text), "--pp-virtual %d: only the interleaved schedule has virtual stages (the schedule "
+                 "is %s)", V, name);
+    } else if (num_layers < p * V) {
+        snprintf(text, sizeof(text), "%d layers cannot be cut into %d stages (pp %d x %d per rank) of at least one "
+                 "layer", num_layers, p * V, p, V);
+    } else if (schedule == PipelineSchedule::Interleaved && p == 1) {
+        snprintf(text, sizeof(text), "the interleaved schedule needs --pp at least 2 (with one pipeline rank there is "
+                 "nothing to interleave)");
+    } else if (schedule == PipelineSchedule::Interleaved && m % p != 0) {
+        snprintf(text, sizeof(text), "the interleaved schedule needs the microbatches (%d: --total-batch-size / (B x T "
+                 "x data-parallel ranks)) to be a multiple of --pp %d", m, p);
+    } else if (schedule == PipelineSchedule::ZeroBubbleH1 && m < p) {
+        snprintf(text, sizeof(text), "zb-h1 needs at least as many microbatches (%d: --total-batch-size / (B x T x "
+                 "data-parallel ranks)) as --pp %d", m, p);
+    } else if (schedule == PipelineSchedule::ZeroBubbleV && m < 2 * p - 1) {
+        snprintf(text, sizeof(text), "zbv needs at least 2 x --pp - 1 = %d microbatches (%d: --total-batch-size / (B x "
+                 "T x data-parallel ranks))", 2 * p - 1, m);
+    }
+    return text;
 }
 
 // ----------------------------------------------------------------------------
@@ -429,89 +484,4 @@ inline std::vector<int> pipeline_head_assignment(const std::vector<PipelineActio
                 head[where[k]] = pool[f];
     }
     return head;
-}
-
-// ----------------------------------------------------------------------------
-// timelines: what ran when. Filled by the simulator (pipeline_simulator.h), and by the training program
-// from measured times (llmc/parallel/pipeline.h); both are measured and written out the same way.
-
-struct PipelineEvent {
-    PipelineAction action;
-    double start_ms, end_ms;
-    bool wait = false;    // measured runs: the rank waited for the action's message (not work)
-    double work_ms = -1;  // measured runs: the processor time the action took (-1: end - start)
-};
-
-struct PipelineTimeline {
-    std::string schedule;                           // its name, for the trace
-    int p = 1, m = 1, V = 1;
-    std::vector<std::vector<PipelineEvent>> ranks;  // per pipeline rank, in the order it ran them
-    // what pipeline_measure finds
-    double step_ms = 0;                             // first start to last end, over all ranks
-    std::vector<double> bubble_fraction;            // per rank: (step_ms - its busy time) / step_ms, where busy
-                                                    // time is the actions' (waits are bubble)
-    std::vector<int> peak_activations;              // per rank: most forwards whose backward had not run yet
-    std::string problem;                            // simulator: why the lists cannot run (empty: they ran)
-};
-
-// Fills step_ms, bubble_fraction and peak_activations from the events.
-inline void pipeline_measure(PipelineTimeline& timeline) {
-    double first = 0, last = 0;
-    bool any = false;
-    for (const auto& events : timeline.ranks)
-        for (const PipelineEvent& e : events) {
-            first = any ? std::min(first, e.start_ms) : e.start_ms;
-            last = any ? std::max(last, e.end_ms) : e.end_ms;
-            any = true;
-        }
-    timeline.step_ms = last - first;
-    timeline.bubble_fraction.assign(timeline.ranks.size(), 0.0);
-    timeline.peak_activations.assign(timeline.ranks.size(), 0);
-    for (size_t r = 0; r < timeline.ranks.size(); r++) {
-        double busy = 0;
-        int in_flight = 0;
-        for (const PipelineEvent& e : timeline.ranks[r]) {
-            if (e.wait) continue;
-            busy += e.end_ms - e.start_ms;
-            in_flight += e.action.kind == PipelineAction::Forward ? 1 : e.action.kind == PipelineAction::Backward ? -1 : 0;
-            timeline.peak_activations[r] = std::max(timeline.peak_activations[r], in_flight);
-        }
-        timeline.bubble_fraction[r] = timeline.step_ms > 0 ? (timeline.step_ms - busy) / timeline.step_ms : 0.0;
-    }
-}
-
-// ----------------------------------------------------------------------------
-// Chrome trace event format (chrome://tracing, https://ui.perfetto.dev, scripts/pipeline_timeline.py): one
-// complete event ("ph": "X") per action ("F3", "B3", "W3"; category "work") and per measured wait for a message
-// ("wait F3": before F3, category "wait"), thread = pipeline rank, times in microseconds (an action's processor
-// time, where measured, as args.work_ms), plus a name for each rank's row and the layout under "otherData".
-
-inline std::string pipeline_chrome_trace(const PipelineTimeline& timeline) {
-    std::string json = "{\"otherData\": {\"schedule\": \"" + timeline.schedule + "\", \"pipeline_ranks\": " +
-                       std::to_string(timeline.p) + ", \"microbatches\": " + std::to_string(timeline.m) +
-                       ", \"virtual_stages\": " + std::to_string(timeline.V) + "},\n\"traceEvents\": [";
-    char line[320];
-    const char* separator = "\n";
-    for (size_t r = 0; r < timeline.ranks.size(); r++) {
-        snprintf(line, sizeof(line), "%s{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %zu, "
-                 "\"args\": {\"name\": \"rank %zu\"}}", separator, r, r);
-        json += line;
-        separator = ",\n";
-    }
-    for (size_t r = 0; r < timeline.ranks.size(); r++)
-        for (const PipelineEvent& e : timeline.ranks[r]) {
-            char work[48] = "";  // the action's processor time, where it was measured (the CPU build)
-            if (!e.wait && e.work_ms >= 0) snprintf(work, sizeof(work), ", \"work_ms\": %.3f", e.work_ms);
-            snprintf(line, sizeof(line),
-                     "%s{\"name\": \"%s%c%d\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": 0, \"tid\": %zu, \"ts\": %.3f, "
-                     "\"dur\": %.3f, \"args\": {\"microbatch\": %d, \"virtual_stage\": %d%s}}",
-                     separator, e.wait ? "wait " : "", e.action.kind == PipelineAction::Forward ? 'F' : e.action.kind == PipelineAction::Backward ? 'B' : 'W',
-                     e.action.microbatch, e.wait ? "wait" : "work", r,
-                     e.start_ms * 1000.0, (e.end_ms - e.start_ms) * 1000.0, e.action.microbatch,
-                     e.action.virtual_stage, work);
-            json += line;
-            separator = ",\n";
-        }
-    json += "\n]}\n";
-    return json;
 }

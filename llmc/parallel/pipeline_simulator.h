@@ -8,9 +8,10 @@ rank. Everything here needs all p lists together: when an action can start, give
 other ranks (pipeline_simulate_actions); which messages the actions exchange, and in which group each send goes
 so that its receiver is already waiting (pipeline_message_groups places them by that simulated time); and whether
 those groups complete under NCCL's synchronous semantics (pipeline_check_message_groups) and how long they take
-(pipeline_simulate_groups). The executor takes its groups from here (llmc/parallel/pipeline_links.h), the
-measured step is replayed here (llmc/parallel/pipeline.h's pipeline_replay), the planner times a layout's
-bubble here (llmc/planning/planner.h), and dev/test/test_pipeline.cu checks every schedule's formulas against it.
+(pipeline_simulate_groups). A pipeline plays every rank's lists once, when it is made (llmc/parallel/pipeline.h's
+pipeline_create, through pipeline_all_groups), and keeps its rank's groups; the measured step is replayed here
+(llmc/parallel/pipeline_timeline.h's pipeline_replay), the planner times a layout's bubble here
+(llmc/planning/planner.h), and dev/test/test_pipeline.cu checks every schedule's formulas against it.
 */
 #pragma once
 
@@ -22,6 +23,66 @@ bubble here (llmc/planning/planner.h), and dev/test/test_pipeline.cu checks ever
 #include <vector>
 #include "../utils.h"
 #include "pipeline_schedule.h"
+
+// ----------------------------------------------------------------------------
+// timelines: what ran when. Filled by the simulator below, and by the training program from measured times
+// (llmc/parallel/pipeline_timeline.h); both are measured and written out the same way.
+
+struct PipelineEvent {
+    PipelineAction action;
+    double start_ms, end_ms;
+    bool wait = false;    // measured runs: the rank waited for the action's message (not work)
+    double work_ms = -1;  // measured runs: the processor time the action took (-1: end - start)
+};
+
+struct PipelineTimeline {
+    std::string schedule;                           // its name, for the trace
+    int p = 1, m = 1, V = 1;
+    std::vector<std::vector<PipelineEvent>> ranks;  // per pipeline rank, in the order it ran them
+    // what pipeline_measure finds
+    double step_ms = 0;                             // first start to last end, over all ranks
+    std::vector<double> bubble_fraction;            // per rank: (step_ms - its busy time) / step_ms, where busy
+                                                    // time is the actions' (waits are bubble)
+    std::vector<int> peak_activations;              // per rank: most forwards whose backward had not run yet
+    std::string problem;                            // simulator: why the lists cannot run (empty: they ran)
+};
+
+// Fills step_ms, bubble_fraction and peak_activations from the events.
+inline void pipeline_measure(PipelineTimeline& timeline) {
+    double first = 0, last = 0;
+    bool any = false;
+    for (const auto& events : timeline.ranks)
+        for (const PipelineEvent& e : events) {
+            first = any ? std::min(first, e.start_ms) : e.start_ms;
+            last = any ? std::max(last, e.end_ms) : e.end_ms;
+            any = true;
+        }
+    timeline.step_ms = last - first;
+    timeline.bubble_fraction.assign(timeline.ranks.size(), 0.0);
+    timeline.peak_activations.assign(timeline.ranks.size(), 0);
+    for (size_t r = 0; r < timeline.ranks.size(); r++) {
+        double busy = 0;
+        int in_flight = 0;
+        for (const PipelineEvent& e : timeline.ranks[r]) {
+            if (e.wait) continue;
+            busy += e.end_ms - e.start_ms;
+            in_flight += e.action.kind == PipelineAction::Forward ? 1 : e.action.kind == PipelineAction::Backward ? -1 : 0;
+            timeline.peak_activations[r] = std::max(timeline.peak_activations[r], in_flight);
+        }
+        timeline.bubble_fraction[r] = timeline.step_ms > 0 ? (timeline.step_ms - busy) / timeline.step_ms : 0.0;
+    }
+}
+
+// An empty timeline of the layout, for the simulator or a measured step to fill.
+inline PipelineTimeline pipeline_timeline_of(PipelineSchedule schedule, int p, int m, int V) {
+    PipelineTimeline timeline;
+    timeline.schedule = pipeline_schedule_name(schedule);
+    timeline.p = p;
+    timeline.m = m;
+    timeline.V = V;
+    timeline.ranks.resize(p);
+    return timeline;
+}
 
 // ----------------------------------------------------------------------------
 // the simulator
@@ -45,12 +106,7 @@ inline PipelineTimeline pipeline_simulate_actions(const std::vector<std::vector<
                                                   PipelineSchedule schedule, int m, int V,
                                                   double forward_ms, double backward_ms, double send_ms = 0,
                                                   const std::vector<std::vector<double>>* durations = nullptr) {
-    PipelineTimeline timeline;
-    timeline.schedule = pipeline_schedule_name(schedule);
-    timeline.p = (int)lists.size();
-    timeline.m = m;
-    timeline.V = V;
-    timeline.ranks.resize(lists.size());
+    PipelineTimeline timeline = pipeline_timeline_of(schedule, (int)lists.size(), m, V);
     const int p = timeline.p, S = p * V;
     // a message takes send_ms between ranks; zbv's two stages on rank p - 1 hand over in memory
     auto arrives_after = [&](int from_stage, int to_stage) {
@@ -194,7 +250,7 @@ posted by the peer) and says whether they can deadlock; given `one_at_a_time` it
 group of its own instead, the structure that deadlocks 1F1B (dev/test/test_pipeline.cu shows both, for every
 schedule). A group that spans several communicators runs as one sub-group per communicator, one after
 another, in an order NCCL may choose (PipelineCommOrder); the executor's messages all go on one, the pp
-axis (llmc/parallel/pipeline_links.h says why). Messages between two ranks on one communicator are paired in
+axis (llmc/parallel/pipeline.h says why). Messages between two ranks on one communicator are paired in
 the order they are issued (NCCL has no tags), so the check also requires the k-th send from rank a to rank b
 to be the message b expects as its k-th receive from a.
 */
@@ -321,6 +377,16 @@ inline std::vector<std::vector<std::vector<PipelineMessage>>> pipeline_message_g
         }
     }
     return groups;
+}
+
+// Every rank's groups of sends and receives for the schedule's lists (pipeline_message_groups): the one play of
+// all ranks' lists that a pipeline makes (pipeline_create) and that the planner makes for a layout. The outboxes
+// a rank's part of the model holds (pipeline_model_part) are read from it.
+inline std::vector<std::vector<std::vector<PipelineMessage>>> pipeline_all_groups(PipelineSchedule schedule, int p,
+                                                                                int V, int m) {
+    std::vector<std::vector<PipelineAction>> lists;
+    for (int q = 0; q < p; q++) lists.push_back(pipeline_actions(schedule, q, p, m, V));
+    return pipeline_message_groups(lists, schedule, V);
 }
 
 // The outboxes a rank's groups use at once (the pool's size).
@@ -520,12 +586,7 @@ inline PipelineTimeline pipeline_simulate_groups(const std::vector<std::vector<P
                                                  const std::vector<std::vector<std::vector<PipelineMessage>>>& groups,
                                                  PipelineSchedule schedule, int m, int V,
                                                  const std::vector<std::vector<double>>& durations) {
-    PipelineTimeline timeline;
-    timeline.schedule = pipeline_schedule_name(schedule);
-    timeline.p = (int)actions.size();
-    timeline.m = m;
-    timeline.V = V;
-    timeline.ranks.resize(actions.size());
+    PipelineTimeline timeline = pipeline_timeline_of(schedule, (int)actions.size(), m, V);
     const int p = timeline.p;
     std::vector<std::vector<std::vector<PipelinePlace>>> match;
     timeline.problem = pipeline_match_messages(groups, &match);

@@ -16,7 +16,7 @@ work:
     memory per rank     llmc/planning/memory.h plan_training_memory, per pp rank (the stages hold different layers,
                         records in flight and the embedding / LM head); "fits" takes the largest
     bytes per step      dp: the ZeRO stage's collectives (memory.h's communication row), tp: tensor_parallel.h
-    on each axis        tp_bytes_per_step, pp: pipeline_links.h pipeline_bytes_per_step (the busiest pp rank),
+    on each axis        tp_bytes_per_step, pp: pipeline.h pipeline_bytes_per_step (the busiest pp rank),
                         cp: context_parallel.h cp_bytes_per_step, from a tp rank's heads: the ring carries K
                         and V alone, so a model with grouped K/V heads passes kv_heads HS / tp columns of
                         each (Llama 3 405B: 1/16 of C/tp); Ulysses' all-to-alls carry q, k and v rows;
@@ -72,6 +72,7 @@ cuBLASLt's workspace and NCCL's buffers, which no formula here counts) is at mos
 #include <string>
 #include <vector>
 #include "../utils.h"
+#include "../parallel/pipeline.h"  // before memory.h: the Pipeline's half without its executor (see pipeline.h)
 #include "memory.h"
 #include "mfu.h"
 #include "../parallel/recompute.h"
@@ -81,10 +82,8 @@ cuBLASLt's workspace and NCCL's buffers, which no formula here counts) is at mos
 #include "../parallel/context_parallel.h"
 #include "../parallel/expert_parallel.h"
 #include "../parallel/layout.h"
-#include "../parallel/pipeline_links.h"
 #include "../parallel/pipeline_schedule.h"
 #include "../parallel/pipeline_simulator.h"
-#include "../parallel/pipeline_split.h"
 
 // what the plan does not count but a GPU needs: the CUDA context (~0.5 GiB), cuBLASLt's 32 MiB workspace,
 // NCCL's buffers (a few hundred MiB with several communicators)
@@ -270,8 +269,10 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
 
     // memory and pp bytes, per pp rank
     plan.stage_layers = pipeline_stage_split(config, l);
+    const std::vector<std::vector<std::vector<PipelineMessage>>> groups = pipeline_all_groups(l.schedule, p, V, m);
     for (int r = 0; r < p; r++) {
-        const ModelPart part = pipeline_model_part(l.schedule, r, p, V, m, plan.stage_layers, config.tied_head());
+        const ModelPart part = pipeline_model_part(l.schedule, r, p, V, m, plan.stage_layers, config.tied_head(),
+                                                   pipeline_outboxes(groups[r]));
         const GPT2MemoryShape shape = gpt2_memory_shape(config, l, part);
         const ParameterLayout layout(config, shards, l.tp, 0, part.held_chunks, l.ep, 0);
         plan.shapes.push_back(shape);
@@ -289,7 +290,7 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
     plan.bytes[PLAN_DP] = plan.stages[0].communication;
     plan.bytes[PLAN_TP] = plan_tp_bytes(config, l, m);
     plan.bytes[PLAN_PP] = *std::max_element(plan.pp_bytes.begin(), plan.pp_bytes.end());
-    // each stage's compute per microbatch (llmc/parallel/pipeline_split.h's FLOP counts, this rank's 1/tp and
+    // each stage's compute per microbatch (llmc/parallel/pipeline.h's FLOP counts, this rank's 1/tp and
     // T/cp share); a pp rank works the sum of its stages', and the busiest rank sets the pipeline's pace
     const double block_flops = pipeline_block_flops_per_token(config, l.seq_len) / l.tp;
     const double head_flops = pipeline_head_flops_per_token(config) / l.tp;
@@ -363,7 +364,7 @@ inline std::string plan_layout_name(const LayoutPlan& plan) {
 
 // Per model stage: its layers and its compute per microbatch (the embedding on the first, the LM head and loss
 // on the last); per pp rank: its records in flight, memory and the bytes it sends on the pp axis per step
-// (llmc/parallel/pipeline_links.h's formula); and the schedule's bubble.
+// (llmc/parallel/pipeline.h's formula); and the schedule's bubble.
 inline void print_pipeline_plan(const LayoutPlan& plan, FILE* out = stdout) {
     const Layout& l = plan.layout;
     const int p = l.pp, V = l.pp_virtual, m = plan.accumulation;
@@ -394,7 +395,7 @@ inline void print_plan_communication(const LayoutPlan& plan, const PlanHardware&
     const char* where[kPlanAxes] = {
         "the ZeRO stage's gradient and parameter collectives (the memory plan's communication row)",
         "the tp axis (llmc/parallel/tensor_parallel.h), for this rank's layers",
-        "the pp axis (llmc/parallel/pipeline_links.h), the busiest pp rank",
+        "the pp axis (llmc/parallel/pipeline.h), the busiest pp rank",
         "the cp axis (llmc/parallel/context_parallel.h)",
         "the ep axis's all-to-alls (llmc/parallel/expert_parallel.h), rows spread evenly over the experts"};
     const int sizes[kPlanAxes] = {plan.dp * l.cp, l.tp, l.pp, l.cp, l.ep};
