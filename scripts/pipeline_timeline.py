@@ -4,12 +4,12 @@ backward pass, the waits for a message hatched, idle time left grey.
 
     /usr/bin/python3 scripts/pipeline_timeline.py TRACE.json [-o TIMELINE.png]
 
-The trace is the one llmc/parallel/pipeline_schedule.h writes (pipeline_chrome_trace): complete events ("ph": "X") with
+The trace is the one llmc/parallel/pipeline_timeline.h writes (pipeline_chrome_trace): complete events ("ph": "X") with
 tid = pipeline rank, names "F3" / "B3", args microbatch and virtual_stage, times in microseconds; the
 simulator writes it (build/test_pipeline --trace 1f1b 4 8 out.json), and the training program writes it from
 the times it measured on its last step (--trace), with the waits for messages added: "wait F3" (category
 "wait") is the time the rank waited for F3's input (before B3: for its output's gradient). The title gives
-the measured bubble as pipeline_measure in llmc/parallel/pipeline_schedule.h defines it: over the step, from the first
+the measured bubble as pipeline_measure in llmc/parallel/pipeline_simulator.h defines it: over the step, from the first
 start to the last end on any rank, the fraction of time a rank does not compute, waits included (the mean
 over ranks, and the range when they differ).
 
@@ -85,8 +85,8 @@ def read_trace(path):
 
 
 def measure(events):
-    """Step time and each rank's bubble fraction, as pipeline_measure in llmc/parallel/pipeline_schedule.h defines them:
-    the step spans every event, waits included; only the forward and backward passes are busy time."""
+    """Step time and each rank's bubble fraction, as pipeline_measure in llmc/parallel/pipeline_simulator.h defines
+    them: the step spans every event, waits included; only the forward and backward passes are busy time."""
     first = min(e["start"] for e in events)
     last = max(e["end"] for e in events)
     step = last - first
@@ -163,7 +163,7 @@ def draw(events, row_names, layout, output, title=None):
 
 def main():
     parser = argparse.ArgumentParser(description="Draws a pipeline timeline (PNG) from a Chrome trace (JSON).")
-    parser.add_argument("trace", help="Chrome trace JSON (llmc/parallel/pipeline_schedule.h's pipeline_chrome_trace)")
+    parser.add_argument("trace", help="Chrome trace JSON (llmc/parallel/pipeline_timeline.h's pipeline_chrome_trace)")
     parser.add_argument("-o", "--output", help="PNG to write (default: the trace's name with .png)")
     parser.add_argument("--title", help="title instead of the schedule and layout")
     args = parser.parse_args()

@@ -606,8 +606,9 @@ static void test_pipeline_zero_buffers() {
         const std::vector<int> stages(p, config.num_layers / p);
         for (int stage = 2; stage <= 3; stage++)
             for (int r = 0; r < p; r++) {
-                ModelPart part = pipeline_model_part(PipelineSchedule::OneFOneB, r, p, 1, m, stages, config.tied_head(),
-                                                     pipeline_outboxes(pipeline_all_groups(PipelineSchedule::OneFOneB, p, 1, m)[r]));
+                const PipelineSchedule schedule = PipelineSchedule::OneFOneB;
+                ModelPart part = pipeline_model_part(schedule, r, p, 1, m, stages, config.tied_head(),
+                                                     pipeline_outboxes(pipeline_all_groups(schedule, p, 1, m)[r]));
                 part.full_gradients = false;
                 part.full_parameters = stage < 3;
                 const GPT2MemoryShape shape = gpt2_memory_shape(config, layout, part);

@@ -28,7 +28,7 @@ nothing and cannot be hurt by a stray variable).
         world rank RANK's allocation of the watchdog's arrival board (an MPI window) reports failure
     LLMC_FAULT_PER_LINK_P2P=1
         the pipeline's messages travel on a communicator per neighbour pair (and per chunk under zbv), as they
-        once did, instead of all on the pp axis (llmc/parallel/pipeline_links.h): a group then spans two
+        once did, instead of all on the pp axis (llmc/parallel/pipeline.h): a group then spans two
         communicators, which NCCL runs one after the other in an order of its choosing, and the test sees it
         deadlock here under such an order too (LLMC_CPU_GROUP_ORDER, llmc/parallel/comm.h)
 A malformed value stops the program with one line, so a test cannot pass by injecting nothing.

@@ -375,7 +375,7 @@ inline void staged_upload(StagedUpload& upload, int* device, const int* host, si
 // The part of the model a rank holds and runs, and how it keeps it: what its place on each parallel axis
 // decides (llmc/parallel/parallel_context.h's model_part; the defaults are one rank's whole model).
 struct ModelPart {
-    // pipeline parallelism (llmc/parallel/pipeline_links.h's pipeline_model_part): the chunks it holds
+    // pipeline parallelism (llmc/parallel/pipeline.h's pipeline_model_part): the chunks it holds
     // (empty: all of them), the most layers of any of its stages (0: all L), how many stage records it keeps
     // at once, and how many weight-gradient records (schedules that split the backward pass; 0 otherwise)
     std::vector<char> held_chunks;

@@ -375,7 +375,7 @@ inline std::vector<SliceRun> tensor_slice(const GPT2Config& c, int kind, int tp,
 //   [ embedding chunk: wte wpe ][ block 0: ln1w ... fcprojb ] ... [ block L-1 ][ final chunk: lnfw lnfb lmhead ]
 // Under tensor parallelism the buffer holds tp rank `tp_rank`'s slices (tensor_slice), laid out the same
 // way. Under pipeline parallelism it holds only the chunks of this rank's stages (`held`, one flag per
-// chunk, from pipeline_held_chunks in llmc/parallel/pipeline_split.h): their blocks, the embedding chunk on the
+// chunk, from pipeline_held_chunks in llmc/parallel/pipeline_schedule.h): their blocks, the embedding chunk on the
 // first stage (and on the last, where the LM head is tied to wte) and the final chunk on the last. A chunk not
 // held takes no room: its size is 0 and its start is that of the next chunk held. Each chunk is padded with
 // zeros to a multiple of kChunkPaddingElements (128) * shards elements (ZeRO: every rank keeps 1/shards of

@@ -439,7 +439,7 @@ void broadcast(Communicator& comm, T* data, size_t count, int root, cudaStream_t
 // transfer goes through send_and_receive(), which issues its operations as one group. Messages between the
 // same two ranks on one communicator are paired in the order they are issued, per direction (NCCL has no tags).
 // `watch` names the group the watchdog reports a stalled operation under, when that is not the communicator
-// itself: the pipeline's neighbour links are named groups of the pp axis (llmc/parallel/pipeline_links.h), so
+// itself: the pipeline's neighbour links are named groups of the pp axis (llmc/parallel/pipeline.h), so
 // the axis' own arrival counts stay those of its collectives. Its members must be the communicator's.
 struct PointToPoint {
     enum Kind { Send, Receive } kind;

@@ -58,8 +58,9 @@ operations that must progress together must be in one group: under 1F1B neighbou
 the same moment (one the activations, the other a gradient), and two lone operations would wait for each
 other. So before each action the rank issues one group (llmc/parallel/comm.h's send_and_receive): the receives
 this action needs and the sends of earlier results whose receiver is ready for them (pipeline_message_groups in
-llmc/parallel/pipeline_simulator.h finds them by playing all ranks' lists, once, in pipeline_create; its checker proves every schedule's
-groups free of deadlock under these semantics, and shows that lone operations deadlock 1F1B). The group
+llmc/parallel/pipeline_simulator.h finds them by playing all ranks' lists, once, in pipeline_create; its checker
+proves every schedule's groups free of deadlock under these semantics, and shows that lone operations deadlock
+1F1B). The group
 completes before the action starts. The CPU build's sends are synchronous (MPI_Issend) so the tests see
 NCCL's semantics at every message size.
 

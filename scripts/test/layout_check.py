@@ -81,7 +81,7 @@ def pipeline_stage_rank(schedule, stage, p):
 
 def pp_bytes(schedule, p, V, m, B, seq_len, channels, max_seq_len, padded_vocab, tp=1, sp=False, shards=1, zero=0,
              rank=0, value_bytes=4, tied_head=True):
-    """The bytes pipeline rank `rank` sends per step (pipeline_bytes_per_step in llmc/parallel/pipeline_links.h): m a s
+    """The bytes pipeline rank `rank` sends per step (pipeline_bytes_per_step in llmc/parallel/pipeline.h): m a s
     for each of its stages whose next stage is on another rank (the activations), m a s for each whose previous
     stage is (the gradients), the tied embedding chunk's gradient e s (its shard at ZeRO >= 1) when the first and
     the last stage are on different ranks and this is one of them (GPT-2; an untied head, Llama's, has none), and
