@@ -3,7 +3,7 @@
 # m = 8 microbatches on the CPU build (FP32), stages balanced by cost (--pp-layers auto), under each schedule:
 # gpipe, 1f1b, interleaved (V = 2), zb-h1 and zbv, at p = 2 and at p = 4. Each run trains 2 steps; the last is
 # measured: every rank notes the start and end of each action and of each wait for a message, and the processor
-# time each action took (llmc/parallel/pipeline.h). The bubble of a rank is the share of the step it did not
+# time each action took (llmc/parallel/pipeline_timeline.h). The bubble of a rank is the share of the step it did not
 # work, two ways:
 #   measured   on the wall clock. It holds where each rank has a core (p = 2 on 2 cores); with fewer cores than
 #              ranks the ranks take turns on the cores, and the wall clock measures the turns as much as the
