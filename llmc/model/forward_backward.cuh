@@ -157,10 +157,11 @@ inline BlockParams block_parameters_for_backward(GPT2& model, ParallelContext& p
     return p;
 }
 
-// The MLP's half backwards, output = residual2 + fcproj(act(fc(ln2))): a.dresidual, the gradient of both terms,
-// becomes the gradient of residual2; the weight gradients go where t says.
-inline void block_mlp_backward(GPT2& model, ParallelContext& par, int layer, const BlockParams& p,
-                               const BlockActivations& a, int B, int T, const BlockBackwardTargets& t) {
+// The block's steps backwards, the forward pass's in reverse order, for both the whole pass and B: a.dresidual,
+// the gradient of the block's output, becomes the gradient of its input (this rank's R rows); what else the
+// steps compute goes where t says.
+inline void block_backward_steps(GPT2& model, ParallelContext& par, int layer, const BlockParams& p,
+                                 const BlockActivations& a, int B, int T, const BlockBackwardTargets& t) {
     const GPT2Config c = model.config.block(layer);
     const TensorParallel& tp = par.tp;
     SharedBuffers& s = model.shared;
@@ -168,7 +169,9 @@ inline void block_mlp_backward(GPT2& model, ParallelContext& par, int layer, con
     const BlockParams& g = t.gradients;
     const BlockWeightRecord& at = t.operands;
     const int N = B * T, C = c.channels, R = tp_rows(tp, N);
+    const int attention = C / tp.size, qkv = c.qkv_channels() / tp.size;
     const int hidden = c.hidden() / tp.size, fc = c.fc_channels() / tp.size;
+    // output = residual2 + fcproj(act(fc(ln2))): dresidual is the gradient of both terms
     const floatX* dmlp = tp_leave_backward(tp, a.dresidual, at.dmlp, N, C, stream);
     // a mixture of experts: the routed experts' and the router's share of ln2's gradient on this tp rank's
     // sequences, into dchannels, before ln2 is gathered again where dmlp may be (under SP this rank's sequences
@@ -202,20 +205,7 @@ inline void block_mlp_backward(GPT2& model, ParallelContext& par, int layer, con
     tp_join(tp, stream);
     norm_backward(c, a.dresidual, t.dln2w, t.dln2b, s.layernorm_scratch, dln2, a.residual2, p.ln2w, a.ln2_mean,
                   a.ln2_rstd, R, stream);
-}
-
-// The attention's half backwards, residual2 = input + attproj(attention(qkv(ln1))): a.dresidual, the gradient of
-// residual2, becomes the gradient of the block's input; the weight gradients go where t says.
-inline void block_attention_backward(GPT2& model, ParallelContext& par, int layer, const BlockParams& p,
-                                     const BlockActivations& a, int B, int T, const BlockBackwardTargets& t) {
-    const GPT2Config c = model.config.block(layer);
-    const TensorParallel& tp = par.tp;
-    SharedBuffers& s = model.shared;
-    cudaStream_t stream = model.stream;
-    const BlockParams& g = t.gradients;
-    const BlockWeightRecord& at = t.operands;
-    const int N = B * T, C = c.channels, R = tp_rows(tp, N);
-    const int attention = C / tp.size, qkv = c.qkv_channels() / tp.size;
+    // residual2 = input + attproj(attention(qkv(ln1))): dresidual is now the gradient of residual2
     const floatX* dattention = tp_leave_backward(tp, a.dresidual, at.dattention, N, C, stream);
     matmul_backward_input(s.dchannels, dattention, p.attprojw, N, attention, C, stream);
     weight_gradient_now_or_kept(t.weights_later, g.attprojw, g.attprojb, s.matmul_scratch, dattention, at.dattention,
@@ -235,7 +225,6 @@ inline void block_attention_backward(GPT2& model, ParallelContext& par, int laye
 
 // The whole backward pass of block `layer`: a.dresidual, the gradient of the block's output, becomes the
 // gradient of its input (this rank's R rows), and the block's parameter gradients accumulate in its chunk.
-// The forward pass's steps run backwards, the MLP's half first.
 inline void block_backward(GPT2& model, ParallelContext& par, int layer, const BlockActivations& a, int B, int T) {
     const BlockParams p = block_parameters_for_backward(model, par, layer, a, B, T);
     const BlockParams g = block_gradients(model, par, layer);
@@ -245,12 +234,11 @@ inline void block_backward(GPT2& model, ParallelContext& par, int layer, const B
     shared.dqkv = s.dqkv;
     shared.dhidden = s.dhidden;
     const BlockBackwardTargets into_chunk{g, shared, g.ln1w, g.ln1b, g.ln2w, g.ln2b, /*weights_later=*/false};
-    block_mlp_backward(model, par, layer, p, a, B, T, into_chunk);
-    block_attention_backward(model, par, layer, p, a, B, T, into_chunk);
+    block_backward_steps(model, par, layer, p, a, B, T, into_chunk);
 }
 
-// B: the same steps with the block's chunk untouched, a.dresidual turned into the gradient of the block's input
-// and the weight gradients' operands and this microbatch's norm gradients kept in w, for block_weight_gradients.
+// B: the same steps with the block's chunk untouched: a.dresidual becomes the gradient of the block's input, and
+// the weight gradients' operands and this microbatch's norm gradients are kept in w, for block_weight_gradients.
 inline void block_input_gradients(GPT2& model, ParallelContext& par, int layer, const BlockActivations& a, int B,
                                   int T, const BlockWeightRecord& w) {
     const BlockParams p = block_parameters_for_backward(model, par, layer, a, B, T);
@@ -258,8 +246,7 @@ inline void block_input_gradients(GPT2& model, ParallelContext& par, int layer, 
     cudaCheck(cudaMemsetAsync(w.dlayernorm, 0, (size_t)4 * C * sizeof(floatX), model.stream));
     const BlockBackwardTargets into_record{BlockParams{}, w, w.dlayernorm, w.dlayernorm + C, w.dlayernorm + 2 * C,
                                            w.dlayernorm + 3 * C, /*weights_later=*/true};
-    block_mlp_backward(model, par, layer, p, a, B, T, into_record);
-    block_attention_backward(model, par, layer, p, a, B, T, into_record);
+    block_backward_steps(model, par, layer, p, a, B, T, into_record);
 }
 
 // W: block `layer`'s parameter gradients from what its B kept in w: the four matmuls' dW += dY^T X and
