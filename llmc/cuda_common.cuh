@@ -224,45 +224,45 @@ __device__ __forceinline__ void store128cs(ElementType* target, Packed128<Elemen
 }
 
 // ----------------------------------------------------------------------------
-// reductions inside a warp and a block (fp32)
+// reductions inside a warp and a block (fp32), by an operation that is associative and commutative: how it
+// combines two values, and its identity, which stands for a value no thread holds
 
-__device__ __forceinline__ float warp_reduce_sum(float value) {
-    for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffff, value, offset);
+struct ReduceSum {
+    static constexpr float identity = 0.0f;
+    __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+struct ReduceMax {
+    static constexpr float identity = -INFINITY;
+    __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+template <class Reduce>
+__device__ __forceinline__ float warp_reduce(float value) {
+    for (int offset = 16; offset > 0; offset /= 2) value = Reduce()(value, __shfl_xor_sync(0xffffffff, value, offset));
     return value;
 }
-__device__ __forceinline__ float warp_reduce_max(float value) {
-    for (int offset = 16; offset > 0; offset /= 2) value = fmaxf(value, __shfl_xor_sync(0xffffffff, value, offset));
-    return value;
-}
 
-// Sum over all threads of the block; every thread gets the result. blockDim.x must be a multiple of 32.
-// The trailing barrier lets a caller use block_reduce_sum twice in a row without a race on `partials`.
-__device__ inline float block_reduce_sum(float value) {
+// Over all threads of the block; every thread gets the result. blockDim.x must be a multiple of 32. The
+// trailing barrier lets a caller reduce twice in a row without a race on `partials` (one array per operation).
+template <class Reduce>
+__device__ inline float block_reduce(float value) {
     __shared__ float partials[32];
     const int lane = threadIdx.x % 32;
     const int warp = threadIdx.x / 32;
     const int num_warps = blockDim.x / 32;
-    value = warp_reduce_sum(value);
+    value = warp_reduce<Reduce>(value);
     if (lane == 0) partials[warp] = value;
     __syncthreads();
-    value = lane < num_warps ? partials[lane] : 0.0f;
-    value = warp_reduce_sum(value);
+    value = lane < num_warps ? partials[lane] : Reduce::identity;
+    value = warp_reduce<Reduce>(value);
     __syncthreads();
     return value;
 }
-__device__ inline float block_reduce_max(float value) {
-    __shared__ float partials[32];
-    const int lane = threadIdx.x % 32;
-    const int warp = threadIdx.x / 32;
-    const int num_warps = blockDim.x / 32;
-    value = warp_reduce_max(value);
-    if (lane == 0) partials[warp] = value;
-    __syncthreads();
-    value = lane < num_warps ? partials[lane] : -INFINITY;
-    value = warp_reduce_max(value);
-    __syncthreads();
-    return value;
-}
+
+__device__ __forceinline__ float warp_reduce_sum(float value) { return warp_reduce<ReduceSum>(value); }
+__device__ __forceinline__ float warp_reduce_max(float value) { return warp_reduce<ReduceMax>(value); }
+__device__ inline float block_reduce_sum(float value) { return block_reduce<ReduceSum>(value); }
+__device__ inline float block_reduce_max(float value) { return block_reduce<ReduceMax>(value); }
 
 // ----------------------------------------------------------------------------
 // Deterministic column sums. Several backward kernels (bias gradient, layernorm weight/bias gradients)

@@ -186,6 +186,36 @@ struct AttentionPair {
 #endif
 
 // ----------------------------------------------------------------------------
+// launchers for one head size (attention_forward and the others below check the shapes and dispatch), of
+// whichever implementation the build included: both name their kernels, their shared memory per block and a
+// block's rows and threads alike.
+
+template <int HS>
+void launch_attention_forward(floatX* out, float* lse, const AttentionPair& pair, int B, int NH, cudaStream_t stream) {
+    const size_t shared_bytes = attention_forward_shared_bytes<HS>();
+    opt_in_shared_memory(attention_forward_kernel<HS>, shared_bytes);
+    const dim3 grid(ceil_div(pair.Tq, kAttentionBlockRows), NH, B);
+    launch(attention_forward_kernel<HS>, grid, dim3(kAttentionThreads), shared_bytes, stream, out, lse, pair, NH);
+}
+
+// the dK/dV and dQ kernels, once D is in place: dK, dV into dkv_target in the keys' layout (pair.kv_row_stride
+// per row, dV pair.v_offset after dK), dQ into the q columns of dq_target (rows of pair.q_row_stride), written
+// or (ACCUMULATE) added. dK/dV: a block per key tile and K/V head; dQ: per query tile and query head.
+template <int HS, bool ACCUMULATE>
+void launch_attention_backward(floatX* dq_target, floatX* dkv_target, const float* D, const floatX* dout,
+                               const AttentionPair& pair, const float* lse, int B, int NH, int KVH,
+                               cudaStream_t stream) {
+    const size_t dkdv_bytes = attention_dkdv_shared_bytes<HS>();
+    const size_t dq_bytes = attention_dq_shared_bytes<HS>();
+    opt_in_shared_memory(attention_backward_dkdv_kernel<HS, ACCUMULATE>, dkdv_bytes);
+    opt_in_shared_memory(attention_backward_dq_kernel<HS, ACCUMULATE>, dq_bytes);
+    launch(attention_backward_dkdv_kernel<HS, ACCUMULATE>, dim3(ceil_div(pair.Tk, kAttentionBlockRows), KVH, B),
+           dim3(kAttentionThreads), dkdv_bytes, stream, dkv_target, dout, pair, lse, D, NH);
+    launch(attention_backward_dq_kernel<HS, ACCUMULATE>, dim3(ceil_div(pair.Tq, kAttentionBlockRows), NH, B),
+           dim3(kAttentionThreads), dq_bytes, stream, dq_target, dout, pair, lse, D, NH);
+}
+
+// ----------------------------------------------------------------------------
 // Row `index` of an lse-shaped (B, NH, T) array is head h of position t of batch b; where that head's HS
 // columns start in the matching (B, T, NH * HS) array (out, dout).
 __device__ __forceinline__ size_t attention_row_start(size_t index, int T, int NH, int HS) {

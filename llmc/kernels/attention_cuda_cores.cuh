@@ -63,6 +63,7 @@ default 48 KiB for the forward at HS = 128, dK/dV at HS >= 80 and dQ at HS >= 96
 
 constexpr int kAttentionTile = 32;                                          // rows per tile (queries or keys)
 constexpr int kAttentionThreads = 128;                                      // threads per block
+constexpr int kAttentionBlockRows = kAttentionTile;                         // rows a block owns
 constexpr int kThreadsPerRow = kAttentionThreads / kAttentionTile;          // 4 threads share a row
 constexpr int kScoresPerThread = kAttentionTile / kThreadsPerRow;           // 8 of the row's 32 scores
 constexpr int kColumnStride = kAttentionTile + 1;                           // padded row of a column or score tile
@@ -477,7 +478,7 @@ __global__ void attention_backward_dq_kernel(floatX* dq_target, const floatX* do
 }
 
 // ----------------------------------------------------------------------------
-// launchers for one head size (llmc/kernels/attention.cuh checks the shapes and dispatches)
+// shared memory per block for one head size, which the launchers in llmc/kernels/attention.cuh opt in to
 
 template <int HS>
 size_t attention_forward_shared_bytes() {
@@ -491,29 +492,4 @@ size_t attention_dkdv_shared_bytes() {
 template <int HS>
 size_t attention_dq_shared_bytes() {
     return sizeof(float) * (2 * row_tile_floats<HS>() + 2 * column_tile_floats<HS>() + kScoreTileFloats);
-}
-
-template <int HS>
-void launch_attention_forward(floatX* out, float* lse, const AttentionPair& pair, int B, int NH, cudaStream_t stream) {
-    const size_t shared_bytes = attention_forward_shared_bytes<HS>();
-    opt_in_shared_memory(attention_forward_kernel<HS>, shared_bytes);
-    const dim3 grid(ceil_div(pair.Tq, kAttentionTile), NH, B);
-    launch(attention_forward_kernel<HS>, grid, dim3(kAttentionThreads), shared_bytes, stream, out, lse, pair, NH);
-}
-
-// the dK/dV and dQ kernels, once D is in place: dK, dV into dkv_target in the keys' layout (pair.kv_row_stride
-// per row, dV pair.v_offset after dK), dQ into the q columns of dq_target (rows of pair.q_row_stride), written
-// or (ACCUMULATE) added. dK/dV: a block per key tile and K/V head; dQ: per query tile and query head.
-template <int HS, bool ACCUMULATE>
-void launch_attention_backward(floatX* dq_target, floatX* dkv_target, const float* D, const floatX* dout,
-                               const AttentionPair& pair, const float* lse, int B, int NH, int KVH,
-                               cudaStream_t stream) {
-    const size_t dkdv_bytes = attention_dkdv_shared_bytes<HS>();
-    const size_t dq_bytes = attention_dq_shared_bytes<HS>();
-    opt_in_shared_memory(attention_backward_dkdv_kernel<HS, ACCUMULATE>, dkdv_bytes);
-    opt_in_shared_memory(attention_backward_dq_kernel<HS, ACCUMULATE>, dq_bytes);
-    launch(attention_backward_dkdv_kernel<HS, ACCUMULATE>, dim3(ceil_div(pair.Tk, kAttentionTile), KVH, B),
-           dim3(kAttentionThreads), dkdv_bytes, stream, dkv_target, dout, pair, lse, D, NH);
-    launch(attention_backward_dq_kernel<HS, ACCUMULATE>, dim3(ceil_div(pair.Tq, kAttentionTile), NH, B),
-           dim3(kAttentionThreads), dq_bytes, stream, dq_target, dout, pair, lse, D, NH);
 }

@@ -64,10 +64,10 @@ static_assert(sizeof(floatX) == 2, "the tensor-core attention takes bf16 operand
 // geometry
 
 constexpr int kMmaAttentionWarps = 4;
-constexpr int kMmaAttentionThreads = kMmaAttentionWarps * 32;
-constexpr int kMmaBlockRows = kMmaAttentionWarps * 16;  // rows a block owns: 16 per warp
-constexpr int kForwardKeyStep = 64;                     // keys per step of the forward pass
-constexpr int kBackwardStep = 32;                       // queries (dK/dV) or keys (dQ) per backward step
+constexpr int kAttentionThreads = kMmaAttentionWarps * 32;    // threads per block
+constexpr int kAttentionBlockRows = kMmaAttentionWarps * 16;  // rows a block owns: 16 per warp
+constexpr int kForwardKeyStep = 64;                           // keys per step of the forward pass
+constexpr int kBackwardStep = 32;                             // queries (dK/dV) or keys (dQ) per backward step
 constexpr float kLog2e = 1.4426950408889634f;
 
 // bf16 elements per row of a shared tile
@@ -192,9 +192,9 @@ __device__ __forceinline__ int fragment_column(int n, int e) { return 8 * n + 2 
 // of the tile.
 
 template <int HS>
-__global__ void __launch_bounds__(kMmaAttentionThreads)
-attention_forward_mma_kernel(floatX* out, float* lse, AttentionPair pair, int NH) {
-    constexpr int tile_elements = kMmaBlockRows * padded_row<HS>();
+__global__ void __launch_bounds__(kAttentionThreads)
+attention_forward_kernel(floatX* out, float* lse, AttentionPair pair, int NH) {
+    constexpr int tile_elements = kAttentionBlockRows * padded_row<HS>();
     DYNAMIC_SHARED(floatX, shared);
     floatX* q_tile = shared;                                               // this block's queries; then output
     floatX* k_tiles = q_tile + tile_elements;                              // two buffers of key steps
@@ -211,12 +211,12 @@ attention_forward_mma_kernel(floatX* out, float* lse, AttentionPair pair, int NH
     const floatX* k_head = pair.k_head(b, pair.kv_head_of(h), HS);
     const floatX* v_head = k_head + pair.v_offset;
     const int warp_row = 16 * (threadIdx.x / 32);  // the warp's first row within the tile
-    const int first_query = query_tile * kMmaBlockRows;
+    const int first_query = query_tile * kAttentionBlockRows;
     const float scale_log2 = kLog2e / sqrtf((float)HS);
-    const int steps = ceil_div(pair.keys_seen_by(first_query, kMmaBlockRows), kForwardKeyStep);
+    const int steps = ceil_div(pair.keys_seen_by(first_query, kAttentionBlockRows), kForwardKeyStep);
 
     if (steps > 0) {  // (a tile that sees no key loads nothing: its zero output is staged in q_tile directly)
-        load_rows_async<HS, kMmaBlockRows>(q_tile, q_head, qkv_row_stride, first_query, Tq);
+        load_rows_async<HS, kAttentionBlockRows>(q_tile, q_head, qkv_row_stride, first_query, Tq);
         load_rows_async<HS, kForwardKeyStep>(k_tiles, k_head, kv_row_stride, 0, Tk);
         load_rows_async<HS, kForwardKeyStep>(v_tiles, v_head, kv_row_stride, 0, Tk);
         cp_async_commit();
@@ -330,7 +330,7 @@ attention_forward_mma_kernel(floatX* out, float* lse, AttentionPair pair, int NH
         }
     }
     __syncthreads();  // the whole output tile is staged
-    store_rows<HS, kMmaBlockRows>(out + (size_t)b * Tq * C + h * HS, C, q_tile, first_query, Tq);
+    store_rows<HS, kAttentionBlockRows>(out + (size_t)b * Tq * C + h * HS, C, q_tile, first_query, Tq);
 }
 
 // ----------------------------------------------------------------------------
@@ -343,10 +343,10 @@ attention_forward_mma_kernel(floatX* out, float* lse, AttentionPair pair, int NH
 // (keys as rows), so that the block's own keys are the rows of every accumulator.
 
 template <int HS, bool ACCUMULATE>
-__global__ void __launch_bounds__(kMmaAttentionThreads)
-attention_backward_dkdv_mma_kernel(floatX* dkv_target, const floatX* dout, AttentionPair pair,
-                                   const float* lse, const float* D, int NH) {
-    constexpr int tile_elements = kMmaBlockRows * padded_row<HS>();
+__global__ void __launch_bounds__(kAttentionThreads)
+attention_backward_dkdv_kernel(floatX* dkv_target, const floatX* dout, AttentionPair pair,
+                               const float* lse, const float* D, int NH) {
+    constexpr int tile_elements = kAttentionBlockRows * padded_row<HS>();
     constexpr int step_elements = kBackwardStep * padded_row<HS>();
     DYNAMIC_SHARED(floatX, shared);
     floatX* k_tile = shared;                                     // this block's keys; then dK
@@ -366,7 +366,7 @@ attention_backward_dkdv_mma_kernel(floatX* dkv_target, const floatX* dout, Atten
     const floatX* k_head = pair.k_head(b, kv_head, HS);
     const floatX* v_head = k_head + pair.v_offset;
     const int warp_row = 16 * (threadIdx.x / 32);
-    const int first_key = key_tile * kMmaBlockRows;
+    const int first_key = key_tile * kAttentionBlockRows;
     const int query_start = pair.first_query_seeing(first_key);
     const int head_steps = query_start < Tq ? ceil_div(Tq - query_start, kBackwardStep) : 0;  // per query head
     const int steps = pair.group * head_steps;
@@ -402,8 +402,8 @@ attention_backward_dkdv_mma_kernel(floatX* dkv_target, const floatX* dout, Atten
         }
     };
     if (steps > 0) {  // (no step: K, V stay unloaded and the zero dK, dV are staged without a barrier)
-        load_rows_async<HS, kMmaBlockRows>(k_tile, k_head, kv_row_stride, first_key, Tk);
-        load_rows_async<HS, kMmaBlockRows>(v_tile, v_head, kv_row_stride, first_key, Tk);
+        load_rows_async<HS, kAttentionBlockRows>(k_tile, k_head, kv_row_stride, first_key, Tk);
+        load_rows_async<HS, kAttentionBlockRows>(v_tile, v_head, kv_row_stride, first_key, Tk);
         load_query_step(0);
         cp_async_commit();
     }
@@ -480,8 +480,8 @@ attention_backward_dkdv_mma_kernel(floatX* dkv_target, const floatX* dout, Atten
     stage_accumulators<HS>(v_tile, warp_row, dv, 1.0f, 1.0f);
     __syncthreads();
     floatX* dk_head = dkv_target + (size_t)b * Tk * kv_row_stride + kv_head * HS;
-    store_rows<HS, kMmaBlockRows>(dk_head, kv_row_stride, k_tile, first_key, Tk, ACCUMULATE);
-    store_rows<HS, kMmaBlockRows>(dk_head + pair.v_offset, kv_row_stride, v_tile, first_key, Tk, ACCUMULATE);
+    store_rows<HS, kAttentionBlockRows>(dk_head, kv_row_stride, k_tile, first_key, Tk, ACCUMULATE);
+    store_rows<HS, kAttentionBlockRows>(dk_head + pair.v_offset, kv_row_stride, v_tile, first_key, Tk, ACCUMULATE);
 }
 
 // ----------------------------------------------------------------------------
@@ -490,10 +490,10 @@ attention_backward_dkdv_mma_kernel(floatX* dkv_target, const floatX* dout, Atten
 // self-attention). Warp w: query rows 16 w .. 16 w + 15.
 
 template <int HS, bool ACCUMULATE>
-__global__ void __launch_bounds__(kMmaAttentionThreads)
-attention_backward_dq_mma_kernel(floatX* dq_target, const floatX* dout, AttentionPair pair,
-                                 const float* lse, const float* D, int NH) {
-    constexpr int tile_elements = kMmaBlockRows * padded_row<HS>();
+__global__ void __launch_bounds__(kAttentionThreads)
+attention_backward_dq_kernel(floatX* dq_target, const floatX* dout, AttentionPair pair,
+                             const float* lse, const float* D, int NH) {
+    constexpr int tile_elements = kAttentionBlockRows * padded_row<HS>();
     constexpr int step_elements = kBackwardStep * padded_row<HS>();
     DYNAMIC_SHARED(floatX, shared);
     floatX* q_tile = shared;                                     // this block's queries; then dQ
@@ -513,8 +513,8 @@ attention_backward_dq_mma_kernel(floatX* dq_target, const floatX* dout, Attentio
     const floatX* v_head = k_head + pair.v_offset;
     const floatX* dout_head = dout + (size_t)b * Tq * C + h * HS;
     const int warp_row = 16 * (threadIdx.x / 32);
-    const int first_query = query_tile * kMmaBlockRows;
-    const int steps = ceil_div(pair.keys_seen_by(first_query, kMmaBlockRows), kBackwardStep);
+    const int first_query = query_tile * kAttentionBlockRows;
+    const int steps = ceil_div(pair.keys_seen_by(first_query, kAttentionBlockRows), kBackwardStep);
     if (ACCUMULATE && steps == 0) return;  // no row of the tile sees a key: nothing to add
     const float scale = 1.0f / sqrtf((float)HS);
     const float scale_log2 = scale * kLog2e;
@@ -529,8 +529,8 @@ attention_backward_dq_mma_kernel(floatX* dq_target, const floatX* dout, Attentio
     }
 
     if (steps > 0) {  // (no step: nothing is loaded and the zero dQ is staged without a barrier)
-        load_rows_async<HS, kMmaBlockRows>(q_tile, q_head, qkv_row_stride, first_query, Tq);
-        load_rows_async<HS, kMmaBlockRows>(dout_tile, dout_head, C, first_query, Tq);
+        load_rows_async<HS, kAttentionBlockRows>(q_tile, q_head, qkv_row_stride, first_query, Tq);
+        load_rows_async<HS, kAttentionBlockRows>(dout_tile, dout_head, C, first_query, Tq);
         load_rows_async<HS, kBackwardStep>(k_steps, k_head, kv_row_stride, 0, Tk);
         load_rows_async<HS, kBackwardStep>(v_steps, v_head, kv_row_stride, 0, Tk);
         cp_async_commit();
@@ -604,49 +604,23 @@ attention_backward_dq_mma_kernel(floatX* dq_target, const floatX* dout, Attentio
 
     stage_accumulators<HS>(q_tile, warp_row, dq, scale, scale);  // the warp's own Q rows
     __syncthreads();
-    store_rows<HS, kMmaBlockRows>(dq_target + (size_t)b * Tq * qkv_row_stride + h * HS, qkv_row_stride, q_tile,
-                                  first_query, Tq, ACCUMULATE);
+    store_rows<HS, kAttentionBlockRows>(dq_target + (size_t)b * Tq * qkv_row_stride + h * HS, qkv_row_stride,
+                                        q_tile, first_query, Tq, ACCUMULATE);
 }
 
 // ----------------------------------------------------------------------------
-// launchers for one head size (llmc/kernels/attention.cuh checks the shapes and dispatches)
+// shared memory per block for one head size, which the launchers in llmc/kernels/attention.cuh opt in to
 
 template <int HS>
 constexpr size_t attention_forward_shared_bytes() {
-    return sizeof(floatX) * (kMmaBlockRows + 4 * kForwardKeyStep) * padded_row<HS>();
+    return sizeof(floatX) * (kAttentionBlockRows + 4 * kForwardKeyStep) * padded_row<HS>();
 }
 template <int HS>
 constexpr size_t attention_dkdv_shared_bytes() {
-    return sizeof(floatX) * (2 * kMmaBlockRows + 4 * kBackwardStep) * padded_row<HS>() +
+    return sizeof(floatX) * (2 * kAttentionBlockRows + 4 * kBackwardStep) * padded_row<HS>() +
            sizeof(float) * 4 * kBackwardStep;
 }
 template <int HS>
 constexpr size_t attention_dq_shared_bytes() {
-    return sizeof(floatX) * (2 * kMmaBlockRows + 4 * kBackwardStep) * padded_row<HS>();
-}
-
-template <int HS>
-void launch_attention_forward(floatX* out, float* lse, const AttentionPair& pair, int B, int NH, cudaStream_t stream) {
-    constexpr size_t shared_bytes = attention_forward_shared_bytes<HS>();
-    opt_in_shared_memory(attention_forward_mma_kernel<HS>, shared_bytes);
-    const dim3 grid(ceil_div(pair.Tq, kMmaBlockRows), NH, B);
-    launch(attention_forward_mma_kernel<HS>, grid, dim3(kMmaAttentionThreads), shared_bytes, stream,
-           out, lse, pair, NH);
-}
-
-// the dK/dV and dQ kernels, once D is in place: dK, dV into dkv_target in the keys' layout (pair.kv_row_stride
-// per row, dV pair.v_offset after dK), dQ into the q columns of dq_target (rows of pair.q_row_stride), written
-// or (ACCUMULATE) added. dK/dV: a block per key tile and K/V head; dQ: per query tile and query head.
-template <int HS, bool ACCUMULATE>
-void launch_attention_backward(floatX* dq_target, floatX* dkv_target, const float* D, const floatX* dout,
-                               const AttentionPair& pair, const float* lse, int B, int NH, int KVH,
-                               cudaStream_t stream) {
-    constexpr size_t dkdv_bytes = attention_dkdv_shared_bytes<HS>();
-    constexpr size_t dq_bytes = attention_dq_shared_bytes<HS>();
-    opt_in_shared_memory(attention_backward_dkdv_mma_kernel<HS, ACCUMULATE>, dkdv_bytes);
-    opt_in_shared_memory(attention_backward_dq_mma_kernel<HS, ACCUMULATE>, dq_bytes);
-    launch(attention_backward_dkdv_mma_kernel<HS, ACCUMULATE>, dim3(ceil_div(pair.Tk, kMmaBlockRows), KVH, B),
-           dim3(kMmaAttentionThreads), dkdv_bytes, stream, dkv_target, dout, pair, lse, D, NH);
-    launch(attention_backward_dq_mma_kernel<HS, ACCUMULATE>, dim3(ceil_div(pair.Tq, kMmaBlockRows), NH, B),
-           dim3(kMmaAttentionThreads), dq_bytes, stream, dq_target, dout, pair, lse, D, NH);
+    return sizeof(floatX) * (2 * kAttentionBlockRows + 4 * kBackwardStep) * padded_row<HS>();
 }

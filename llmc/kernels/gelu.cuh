@@ -29,6 +29,12 @@ constexpr float GELU_CUBIC_COEFFICIENT = 0.044715f;
 // ----------------------------------------------------------------------------
 // kernels
 
+// s = 1 / (1 + exp(-2u)) = (1 + tanh(u)) / 2, u = sqrt(2/pi) (x + 0.044715 x^3): gelu(x) = x s
+__device__ __forceinline__ float gelu_logistic(float x) {
+    const float u = GELU_SQRT_2_OVER_PI * (x + GELU_CUBIC_COEFFICIENT * x * x * x);
+    return 1.0f / (1.0f + expf(-2.0f * u));
+}
+
 __global__ void gelu_forward_kernel(floatX* out, const floatX* inp, size_t N) {
     const GridStride chunks = grid_stride(N / x128::size);
     for (size_t chunk = chunks.first; chunk < chunks.end; chunk += chunks.step) {
@@ -37,8 +43,7 @@ __global__ void gelu_forward_kernel(floatX* out, const floatX* inp, size_t N) {
         x128 result;
         for (int k = 0; k < x128::size; k++) {
             const float xk = (float)x[k];
-            const float u = GELU_SQRT_2_OVER_PI * (xk + GELU_CUBIC_COEFFICIENT * xk * xk * xk);
-            const float s = 1.0f / (1.0f + expf(-2.0f * u));
+            const float s = gelu_logistic(xk);
             result[k] = (floatX)(xk * s);
         }
         store128(out + i, result);
@@ -55,8 +60,7 @@ __global__ void gelu_backward_kernel(floatX* dinp, const floatX* inp, const floa
         x128 result;
         for (int k = 0; k < x128::size; k++) {
             const float xk = (float)x[k];
-            const float u = GELU_SQRT_2_OVER_PI * (xk + GELU_CUBIC_COEFFICIENT * xk * xk * xk);
-            const float s = 1.0f / (1.0f + expf(-2.0f * u));
+            const float s = gelu_logistic(xk);
             const float du_dx = GELU_SQRT_2_OVER_PI * (1.0f + 3.0f * GELU_CUBIC_COEFFICIENT * xk * xk);
             const float slope = s + 2.0f * xk * s * (1.0f - s) * du_dx;
             result[k] = (floatX)(slope * (float)g[k]);

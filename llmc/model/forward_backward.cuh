@@ -131,85 +131,122 @@ inline void block_recompute_selective(GPT2& model, const TensorParallel& tp, con
 // Under tensor parallelism f's backward sum (tp_enter_backward) has no weight matmul beside it in B; the
 // copies into the record take its place.
 
-// a.dresidual: in, the gradient of the block's output; out, the gradient of its input (this rank's R rows).
-// Without `w` the block's parameter gradients accumulate (the whole backward pass); with `w` this is B: the
-// weight gradients' operands and the layernorm gradients go into w, for block_weight_gradients. Under
-// selective recomputation the outputs the layer did not keep come first; then the steps run the forward
-// pass backwards.
-inline void block_backward(GPT2& model, ParallelContext& par, int layer, const BlockActivations& a, int B, int T,
-                           BlockWeightRecord* w = nullptr) {
+// Where one block's backward pass puts what it computes besides the gradient of the block's input. The whole
+// pass adds each matmul's weight gradients and the norms' into the block's chunk at once, and works in the
+// shared buffers, which the next block reuses. B adds nothing to the chunk: it works in its weight-gradient
+// record, so that W's operands are gathered or computed where W reads them (the others are copied there), and
+// sums the norms' gradients there, from 0.
+struct BlockBackwardTargets {
+    BlockParams gradients;       // the whole pass: the chunk's parameter gradients (B: none)
+    BlockWeightRecord operands;  // where the weight gradients' operands are gathered (under SP) or computed:
+                                 // the shared buffers (the whole pass), or B's record, which W reads
+    floatX* dln1w;               // the norms' weight and bias gradients: the chunk's, or (B) the record's
+    floatX* dln1b;
+    floatX* dln2w;
+    floatX* dln2b;
+    bool weights_later;          // B: each matmul's operands are kept in `operands`, not multiplied now
+};
+
+// Block `layer`'s parameters for its backward pass; under selective recomputation the outputs the layer did
+// not keep are computed first.
+inline BlockParams block_parameters_for_backward(GPT2& model, ParallelContext& par, int layer,
+                                                 const BlockActivations& a, int B, int T) {
+    const BlockParams p = block_parameters(model, par, layer);
+    if (par.layout.recompute.policy == RecomputePolicy::Selective)
+        block_recompute_selective(model, par.tp, par.ep, layer, p, a, B, T);
+    return p;
+}
+
+// The block's steps backwards, the forward pass's in reverse order, for both the whole pass and B: a.dresidual,
+// the gradient of the block's output, becomes the gradient of its input (this rank's R rows); what else the
+// steps compute goes where t says.
+inline void block_backward_steps(GPT2& model, ParallelContext& par, int layer, const BlockParams& p,
+                                 const BlockActivations& a, int B, int T, const BlockBackwardTargets& t) {
     const GPT2Config c = model.config.block(layer);
     const TensorParallel& tp = par.tp;
     SharedBuffers& s = model.shared;
     cudaStream_t stream = model.stream;
-    const BlockParams p = block_parameters(model, par, layer);
-    if (par.layout.recompute.policy == RecomputePolicy::Selective) block_recompute_selective(model, tp, par.ep, layer, p, a, B, T);
-    const BlockParams g = w ? BlockParams{} : block_gradients(model, par, layer);
-    const BlockWeightRecord kept = w ? *w : BlockWeightRecord{};
-    floatX* dresidual = a.dresidual;
+    const BlockParams& g = t.gradients;
+    const BlockWeightRecord& at = t.operands;
     const int N = B * T, C = c.channels, R = tp_rows(tp, N);
     const int attention = C / tp.size, qkv = c.qkv_channels() / tp.size;
     const int hidden = c.hidden() / tp.size, fc = c.fc_channels() / tp.size;
-    const AttentionHeads heads = rank_attention_heads(c, tp);
-    // a matmul's weight gradients from its output gradient dout and input inp (IC -> OC features): now, or
-    // (B) their operands kept
-    auto weight_gradients = [&](floatX* dweight, floatX* dbias, const floatX* dout, floatX* kept_dout,
-                                const floatX* inp, floatX* kept_inp, int IC, int OC) {
-        weight_gradient_now_or_kept(w != nullptr, dweight, dbias, s.matmul_scratch, dout, kept_dout, inp, kept_inp, N,
-                                    IC, OC, stream);
-    };
-    // where the norms' weight and bias gradients go: the chunk's, or (B) this microbatch's alone
-    floatX* dln1w = w ? kept.dlayernorm : g.ln1w;
-    floatX* dln1b = w ? kept.dlayernorm + C : g.ln1b;
-    floatX* dln2w = w ? kept.dlayernorm + 2 * C : g.ln2w;
-    floatX* dln2b = w ? kept.dlayernorm + 3 * C : g.ln2b;
-    if (w) cudaCheck(cudaMemsetAsync(kept.dlayernorm, 0, (size_t)4 * C * sizeof(floatX), stream));
-    floatX* dhidden = w ? kept.dhidden : s.dhidden;  // (B) computed where W reads it
-    floatX* dqkv = w ? kept.dqkv : s.dqkv;
     // output = residual2 + fcproj(act(fc(ln2))): dresidual is the gradient of both terms
-    const floatX* dmlp = tp_leave_backward(tp, dresidual, w ? kept.dmlp : s.gathered, N, C, stream);
+    const floatX* dmlp = tp_leave_backward(tp, a.dresidual, at.dmlp, N, C, stream);
     // a mixture of experts: the routed experts' and the router's share of ln2's gradient on this tp rank's
     // sequences, into dchannels, before ln2 is gathered again where dmlp may be (under SP this rank's sequences
-    // are its own rows of ln2); (B) their weight gradients' operands into w
+    // are its own rows of ln2); (B) their weight gradients' operands kept
     if (c.moe()) {
         cudaCheck(cudaMemsetAsync(s.dchannels, 0, (size_t)N * C * sizeof(floatX), stream));
         const MoERows rows = moe_rows(tp, B, T, C);
         if (rows.sequences > 0)
-            moe_backward(model, par.ep, par.cp, p, g, a, s.dchannels + rows.offset, a.ln2 + (tp.sequence_parallel ? 0 : rows.offset),
-                         dmlp + rows.offset, layer, rows.sequences, T, w);
+            moe_backward(model, par.ep, par.cp, p, g, a, s.dchannels + rows.offset,
+                         a.ln2 + (tp.sequence_parallel ? 0 : rows.offset), dmlp + rows.offset, layer, rows.sequences,
+                         T, t.weights_later ? &at : nullptr);
     }
-    floatX* dactivation = w && !c.llama() ? dhidden : s.dactivation;  // GELU's backward runs in place
+    floatX* dactivation = c.llama() ? s.dactivation : at.dhidden;  // GELU's backward runs in place
     if (hidden > 0) {
         matmul_backward_input(dactivation, dmlp, p.fcprojw, N, hidden, C, stream);
-        weight_gradients(g.fcprojw, g.fcprojb, dmlp, kept.dmlp, a.fch_gelu, kept.fch_gelu, hidden, C);
-        activation_backward(c, dhidden, a.fch, dactivation, N, hidden, stream);
+        weight_gradient_now_or_kept(t.weights_later, g.fcprojw, g.fcprojb, s.matmul_scratch, dmlp, at.dmlp,
+                                    a.fch_gelu, at.fch_gelu, N, hidden, C, stream);
+        activation_backward(c, at.dhidden, a.fch, dactivation, N, hidden, stream);
     }
-    const floatX* ln2 = tp_enter(tp, a.ln2, w ? kept.ln2 : s.gathered, N, C, stream);  // gathered again under SP
+    const floatX* ln2 = tp_enter(tp, a.ln2, at.ln2, N, C, stream);  // gathered again under SP
     if (hidden > 0 && c.moe()) {  // the shared experts' share added to the routed one
-        matmul_backward_input(s.routed_output, dhidden, p.fcw, N, C, fc, stream);
+        matmul_backward_input(s.routed_output, at.dhidden, p.fcw, N, C, fc, stream);
         residual_forward(s.dchannels, s.dchannels, s.routed_output, (size_t)N * C, stream);
     } else if (hidden > 0) {
-        matmul_backward_input(s.dchannels, dhidden, p.fcw, N, C, fc, stream);
+        matmul_backward_input(s.dchannels, at.dhidden, p.fcw, N, C, fc, stream);
     }
     const floatX* dln2 = tp_enter_backward(tp, s.dchannels, N, C, stream);  // summed beside the next line
-    if (hidden > 0) weight_gradients(g.fcw, g.fcb, dhidden, kept.dhidden, ln2, kept.ln2, C, fc);
+    if (hidden > 0)
+        weight_gradient_now_or_kept(t.weights_later, g.fcw, g.fcb, s.matmul_scratch, at.dhidden, at.dhidden, ln2,
+                                    at.ln2, N, C, fc, stream);
     tp_join(tp, stream);
-    norm_backward(c, dresidual, dln2w, dln2b, s.layernorm_scratch, dln2, a.residual2, p.ln2w, a.ln2_mean,
+    norm_backward(c, a.dresidual, t.dln2w, t.dln2b, s.layernorm_scratch, dln2, a.residual2, p.ln2w, a.ln2_mean,
                   a.ln2_rstd, R, stream);
     // residual2 = input + attproj(attention(qkv(ln1))): dresidual is now the gradient of residual2
-    const floatX* dattention = tp_leave_backward(tp, dresidual, w ? kept.dattention : s.gathered, N, C, stream);
+    const floatX* dattention = tp_leave_backward(tp, a.dresidual, at.dattention, N, C, stream);
     matmul_backward_input(s.dchannels, dattention, p.attprojw, N, attention, C, stream);
-    weight_gradients(g.attprojw, g.attprojb, dattention, kept.dattention, a.atty, kept.atty, attention, C);
-    cp_attention_backward(par.cp, dqkv, s.attention_D, s.dchannels, a.qkv, a.atty, a.lse, B, T, heads,
-                          stream);  // [cp ring or Ulysses]
-    positions_in_attention(model, par, dqkv, B, T, /*backward=*/true, stream);
-    const floatX* ln1 = tp_enter(tp, a.ln1, w ? kept.ln1 : s.gathered, N, C, stream);
-    matmul_backward_input(s.dchannels, dqkv, p.qkvw, N, C, qkv, stream);
+    weight_gradient_now_or_kept(t.weights_later, g.attprojw, g.attprojb, s.matmul_scratch, dattention, at.dattention,
+                                a.atty, at.atty, N, attention, C, stream);
+    cp_attention_backward(par.cp, at.dqkv, s.attention_D, s.dchannels, a.qkv, a.atty, a.lse, B, T,
+                          rank_attention_heads(c, tp), stream);  // [cp ring or Ulysses]
+    positions_in_attention(model, par, at.dqkv, B, T, /*backward=*/true, stream);
+    const floatX* ln1 = tp_enter(tp, a.ln1, at.ln1, N, C, stream);  // gathered again under SP
+    matmul_backward_input(s.dchannels, at.dqkv, p.qkvw, N, C, qkv, stream);
     const floatX* dln1 = tp_enter_backward(tp, s.dchannels, N, C, stream);  // summed beside the next line
-    weight_gradients(g.qkvw, g.qkvb, dqkv, kept.dqkv, ln1, kept.ln1, C, qkv);
+    weight_gradient_now_or_kept(t.weights_later, g.qkvw, g.qkvb, s.matmul_scratch, at.dqkv, at.dqkv, ln1, at.ln1, N,
+                                C, qkv, stream);
     tp_join(tp, stream);
-    norm_backward(c, dresidual, dln1w, dln1b, s.layernorm_scratch, dln1, a.input, p.ln1w, a.ln1_mean, a.ln1_rstd, R,
-                  stream);
+    norm_backward(c, a.dresidual, t.dln1w, t.dln1b, s.layernorm_scratch, dln1, a.input, p.ln1w, a.ln1_mean,
+                  a.ln1_rstd, R, stream);
+}
+
+// The whole backward pass of block `layer`: a.dresidual, the gradient of the block's output, becomes the
+// gradient of its input (this rank's R rows), and the block's parameter gradients accumulate in its chunk.
+inline void block_backward(GPT2& model, ParallelContext& par, int layer, const BlockActivations& a, int B, int T) {
+    const BlockParams p = block_parameters_for_backward(model, par, layer, a, B, T);
+    const BlockParams g = block_gradients(model, par, layer);
+    const SharedBuffers& s = model.shared;
+    BlockWeightRecord shared{};  // the operands W would read, in the shared buffers
+    shared.ln1 = shared.dattention = shared.ln2 = shared.dmlp = s.gathered;  // gathered under SP
+    shared.dqkv = s.dqkv;
+    shared.dhidden = s.dhidden;
+    const BlockBackwardTargets into_chunk{g, shared, g.ln1w, g.ln1b, g.ln2w, g.ln2b, /*weights_later=*/false};
+    block_backward_steps(model, par, layer, p, a, B, T, into_chunk);
+}
+
+// B: the same steps with the block's chunk untouched: a.dresidual becomes the gradient of the block's input, and
+// the weight gradients' operands and this microbatch's norm gradients are kept in w, for block_weight_gradients.
+inline void block_input_gradients(GPT2& model, ParallelContext& par, int layer, const BlockActivations& a, int B,
+                                  int T, const BlockWeightRecord& w) {
+    const BlockParams p = block_parameters_for_backward(model, par, layer, a, B, T);
+    const int C = model.config.channels;
+    cudaCheck(cudaMemsetAsync(w.dlayernorm, 0, (size_t)4 * C * sizeof(floatX), model.stream));
+    const BlockBackwardTargets into_record{BlockParams{}, w, w.dlayernorm, w.dlayernorm + C, w.dlayernorm + 2 * C,
+                                           w.dlayernorm + 3 * C, /*weights_later=*/true};
+    block_backward_steps(model, par, layer, p, a, B, T, into_record);
 }
 
 // W: block `layer`'s parameter gradients from what its B kept in w: the four matmuls' dW += dY^T X and
@@ -398,7 +435,7 @@ inline void gpt2_head_weights(GPT2& model, ParallelContext& par, const HeadRecor
 // The stage's blocks backwards: record.doutput, the gradient of the stage's output, becomes the gradient of
 // its input. Last block first, in segments (llmc/parallel/recompute.h): under full recomputation a segment's
 // forward passes run again from its checkpoint (the output kept before it, or the stage's input) to refill the
-// shared records; otherwise a segment is a block (under selective, block_backward recomputes its layernorm and
+// shared records; otherwise a segment is a block (under selective, its backward pass recomputes its layernorm and
 // GELU outputs first). A stage shorter than the records segments its own layers: a segment of at most
 // min(C, layers) consecutive blocks uses as many distinct shared records, and its checkpoint is kept.
 // Without `w` each block's parameter gradients accumulate and its chunk's gradient is then done; with `w`
@@ -414,9 +451,13 @@ inline void gpt2_stage_backward(GPT2& model, ParallelContext& par, StageActivati
             for (int i = start; i < end; i++)
                 block_forward(model, par, first_layer + i, stage_block(record, i, layers), B, T);
         for (int i = end - 1; i >= start; i--) {
-            block_backward(model, par, first_layer + i, stage_block(record, i, layers), B, T,
-                           w ? &w->blocks[i] : nullptr);
-            if (w == nullptr) chunk_gradient_done(model, par, first_layer + i + 1);
+            const BlockActivations a = stage_block(record, i, layers);
+            if (w) {
+                block_input_gradients(model, par, first_layer + i, a, B, T, w->blocks[i]);
+            } else {
+                block_backward(model, par, first_layer + i, a, B, T);
+                chunk_gradient_done(model, par, first_layer + i + 1);
+            }
         }
     }
 }

@@ -139,7 +139,7 @@ inline BlockActivations stage_block(const StageActivations& record, int i, int l
 
 // What the weight gradients of one block need, kept by the input-gradient half of its backward pass (B) for
 // the weight-gradient half (W) that a zero-bubble schedule runs later (llmc/model/forward_backward.cuh,
-// block_backward and block_weight_gradients). Each matmul's weight gradient is dW += dY^T X (and db += the
+// block_input_gradients and block_weight_gradients). Each matmul's weight gradient is dW += dY^T X (and db += the
 // column sums of dY): its input X exactly as matmul_backward_weights reads it (gathered from the tp ranks under
 // sequence parallelism) and its output gradient dY. Copies, not pointers into the activation record: B frees
 // the record for the next microbatch, and recomputation's shared buffers are overwritten by the next block.
