@@ -1,5 +1,5 @@
 /*
-Kernel lab: the mixture-of-experts kernels (llmc/kernels/moe.cuh), each case run through the whole chain as
+Kernel lab: the mixture-of-experts kernels (llmc/kernels/moe_routing.cuh), each case run through the whole chain as
 training runs it: router forward, dispatch plan, permute, unpermute, their backward passes, the aux and z
 losses, the router backward. Every output is compared with a plain double-precision loop written from the
 definitions, not from the kernels' rearrangements: the plan by counting sorts in the order the definition
@@ -15,7 +15,7 @@ assignments and the other experts get no rows).
 #pragma once
 
 #include "lab.h"
-#include "../../llmc/kernels/moe.cuh"
+#include "../../llmc/kernels/moe_routing.cuh"
 
 namespace moe_lab {
 

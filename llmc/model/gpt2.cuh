@@ -60,7 +60,7 @@ data-parallel ranks are in llmc/parallel/zero.h.
 #include "../kernels/gelu.cuh"
 #include "../kernels/rope.cuh"
 #include "../kernels/swiglu.cuh"
-#include "../kernels/moe.cuh"
+#include "../kernels/moe_routing.cuh"
 #include "../kernels/fused_classifier.cuh"
 #include "../kernels/adamw.cuh"
 #include "../kernels/global_norm.cuh"

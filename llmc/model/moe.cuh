@@ -21,7 +21,7 @@ see the split. The kernels take each piece of each sequence as a sequence of its
 T/pieces). The ranks gather every piece's counts of assignments per expert (moe_sequence_counts); a capacity
 then gives each piece what its sequence's pieces before it in position order left of it, and once the plan
 is made a piece's counts are replaced by its whole sequence's, for the balance loss, to which each piece adds
-its rows' part (llmc/kernels/moe.cuh).
+its rows' part (llmc/kernels/moe_routing.cuh).
 
 Two losses keep the router healthy, both added to the cross-entropy's gradient (the reported loss is the
 cross-entropy alone; the log shows them apart):
@@ -39,7 +39,7 @@ its other experts and its residual). Without it (the default) nothing is dropped
 Where the numbers live: the router's and the experts' weights in the block's chunk (llmc/model/parameters.h:
 routerw, expertfcw, expertprojw; the shared experts are fcw and fcprojw); the routing and the experts'
 activations in the block's record (llmc/model/gpt2.cuh's BlockActivations); the kernels in
-llmc/kernels/moe.cuh, the expert matmuls through llmc/kernels/matmul.cuh, one per expert on its rows. Under
+llmc/kernels/moe_routing.cuh, the expert matmuls through llmc/kernels/matmul.cuh, one per expert on its rows. Under
 expert parallelism (llmc/parallel/expert_parallel.h) a rank holds E/ep of the experts, and the sorted rows
 travel to the rank of their expert and back between the permute and the unpermute.
 */
