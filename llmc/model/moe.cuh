@@ -41,7 +41,10 @@ routerw, expertfcw, expertprojw; the shared experts are fcw and fcprojw); the ro
 activations in the block's record (llmc/model/gpt2.cuh's BlockActivations); the kernels in
 llmc/kernels/moe_routing.cuh, the expert matmuls through llmc/kernels/matmul.cuh, one per expert on its rows. Under
 expert parallelism (llmc/parallel/expert_parallel.h) a rank holds E/ep of the experts, and the sorted rows
-travel to the rank of their expert and back between the permute and the unpermute.
+travel to the rank of their expert and back between the permute and the unpermute. The settings, each in one
+place: the capacity factor in the layout (llmc/parallel/layout.h), the two losses' weights and the routing
+counts' room in model.moe (MoETraining), a row's weight in the step's loss in step_loss_scale
+(llmc/parallel/parallel_context.h). Every function below reaches them, and the groups, through one MoEPass.
 */
 #pragma once
 
