@@ -247,11 +247,11 @@ int main(int argc, char** argv) {
     gpt2_allocate(model, config, ref.B, ref.T);
     model.moe.aux_coefficient = ref.aux_coefficient;
     model.moe.z_coefficient = ref.z_coefficient;
-    model.moe.capacity_factor = ref.capacity_factor;
-    model.moe.loss_scale = 1.0f / (ref.B * ref.T);
 
     const int B = ref.B, T = ref.T, N = B * T;
     ParallelContext par;  // one process: every axis of size 1, ZeRO stage 0 with the whole optimizer state here
+    par.layout.batch_size = B, par.T_local = T;  // one microbatch of B x T rows a step (step_loss_scale)
+    par.layout.capacity_factor = ref.capacity_factor;
     zero_init(par.zero, 0, nullptr, model, gpt2_read_parameters(model_path, layout));
     AdamWConfig adamw;
     adamw.beta1 = ref.beta1;
@@ -269,7 +269,7 @@ int main(int argc, char** argv) {
             report("logits", relative_error_in_norm(logits.data(), ref.logits.data(), logits.size()),
                    kLogitsTolerance, "rel err (norm)");
         }
-        gpt2_loss(model, par, model.heads[0], ref.targets.data(), B, T, 1.0f / N);
+        gpt2_loss(model, par, model.heads[0], ref.targets.data(), B, T, step_loss_scale(par));
         gpt2_backward(model, par, B, T);
         gpt2_mean_loss(model, 1);
         gpt2_grad_norm_squared(model);
@@ -314,7 +314,7 @@ int main(int argc, char** argv) {
         zero_optimizer_step(par.zero, model, adamw, ref.learning_rate, step + 1, scale, 1234u + step);
     }
     printf("sampling with the key/value cache, after the steps\n");
-    model.moe.capacity_factor = 0.0f;  // decoding a row at a time keeps every assignment: compare it dropless
+    par.layout.capacity_factor = 0.0f;  // decoding a row at a time keeps every assignment: compare it dropless
     check_cached_logits(model, par, std::vector<int>(ref.inputs.begin(), ref.inputs.begin() + T));
     zero_free(par.zero);
     gpt2_free(model);

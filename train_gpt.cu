@@ -62,7 +62,7 @@ static StepResults train_step(ParallelContext& par, GPT2& model, const StepBatch
                               int step) {
     const int B = par.layout.batch_size, T = par.T_local, m = par.microbatches;
     zero_begin_step(par.zero, model);                     // no gradient yet
-    pipeline_step(par, model, batch.inputs.data(), batch.targets.data(), B, T, 1.0f / (B * T * m));
+    pipeline_step(par, model, batch.inputs.data(), batch.targets.data(), B, T, step_loss_scale(par));
     fault_point("mid-step", par.world.rank, step + 1);    // the tests' killed rank (llmc/cpu/faults.h)
     zero_wait_for_gradients(par.zero, model);             // the data-parallel reductions (which overlapped the
                                                           // backward passes) are done
@@ -330,10 +330,9 @@ int main(int argc, char** argv) {
     parallel_create(par, options.layout, config, options.nccl_init_file, options.collective_timeout);
     const int B = par.layout.batch_size, T = par.layout.seq_len;
     GPT2 model;
-    gpt2_allocate(model, config, B, par.T_local, model_part(par));
+    gpt2_allocate(model, config, B, par.T_local, model_part(par, config));
     model.moe.aux_coefficient = options.moe_aux_loss;
     model.moe.z_coefficient = options.moe_z_loss;
-    model.moe.capacity_factor = options.capacity_factor;
     zero_init(par.zero, par.layout.zero_stage, &par.mesh, model, initial_parameters(options, model), &par.ep);
     if (par.main_rank) print_run(par, model);
 

@@ -1,5 +1,5 @@
 /*
-Kernel lab: the mixture-of-experts kernels (llmc/kernels/moe.cuh), each case run through the whole chain as
+Kernel lab: the mixture-of-experts kernels (llmc/kernels/moe_routing.cuh), each case run through the whole chain as
 training runs it: router forward, dispatch plan, permute, unpermute, their backward passes, the aux and z
 losses, the router backward. Every output is compared with a plain double-precision loop written from the
 definitions, not from the kernels' rearrangements: the plan by counting sorts in the order the definition
@@ -15,7 +15,7 @@ assignments and the other experts get no rows).
 #pragma once
 
 #include "lab.h"
-#include "../../llmc/kernels/moe.cuh"
+#include "../../llmc/kernels/moe_routing.cuh"
 
 namespace moe_lab {
 
@@ -212,6 +212,7 @@ struct RouterRowGradient {
 inline void check(const Case& c) {
     const int B = c.B, T = c.T, E = c.E, K = c.K, C = c.C, N = B * T;
     const std::string shape = c.name();
+    const MoeShape sizes{B, T, T, E, K, C};
 
     // router forward
     const std::vector<float> logits = make_logits(c);
@@ -221,7 +222,9 @@ inline void check(const Case& c) {
     DeviceBuffer<int> d_experts((size_t)N * K);
     d_logits.upload(logits);
     d_probs.poison(), d_lse.poison(), d_weights.poison(), d_experts.poison();
-    moe_router_forward(d_probs.ptr, d_lse.ptr, d_experts.ptr, d_weights.ptr, d_logits.ptr, N, E, K, 0);
+    MoeRouting routing;
+    routing.probs = d_probs.ptr, routing.lse = d_lse.ptr, routing.experts = d_experts.ptr, routing.weights = d_weights.ptr;
+    moe_router_forward(routing, d_logits.ptr, sizes, 0);
     cudaCheck(cudaDeviceSynchronize());
     // fp32 in both builds, from the same logits. p: z - m is exact (multiples of 1/8), expf within 2 ulp,
     // S a sum of positive terms over at most 8 + 5 additions (a lane's, then the warp's), one division:
@@ -239,7 +242,8 @@ inline void check(const Case& c) {
     const PlanReference plan = reference_plan(router.experts, B, T, K, E, c.capacity);
     DeviceBuffer<int> d_slots((size_t)N * K), d_expert_counts(E), d_routed((size_t)B * E);
     d_slots.poison(), d_expert_counts.poison(), d_routed.poison();
-    moe_dispatch_plan(d_slots.ptr, d_expert_counts.ptr, d_routed.ptr, d_experts.ptr, B, T, K, E, c.capacity, 0);
+    routing.slots = d_slots.ptr, routing.routed_counts = d_routed.ptr;
+    moe_dispatch_plan(routing, d_expert_counts.ptr, sizes, c.capacity, 0);
     cudaCheck(cudaDeviceSynchronize());
     check_equal("moe_dispatch_plan slots" + shape, download_ints(d_slots), plan.slots);
     check_equal("moe_dispatch_plan expert_counts" + shape, download_ints(d_expert_counts), plan.expert_counts);
@@ -252,9 +256,8 @@ inline void check(const Case& c) {
         DeviceBuffer<int> d_left(left.size());
         d_left.upload(left);
         d_slots.poison(), d_expert_counts.poison(), d_routed.poison();
-        moe_count_routed(d_routed.ptr, d_experts.ptr, B, T, K, E, 0);
-        moe_place_assignments(d_slots.ptr, d_expert_counts.ptr, d_routed.ptr, d_experts.ptr, B, T, K, E, c.capacity,
-                              d_left.ptr, 0);
+        moe_count_routed(routing, sizes, 0);
+        moe_place_assignments(routing, d_expert_counts.ptr, sizes, c.capacity, d_left.ptr, 0);
         cudaCheck(cudaDeviceSynchronize());
         check_equal("moe_place_assignments slots, capacity partly spent" + shape, download_ints(d_slots), pieces.slots);
         check_equal("moe_place_assignments expert_counts, capacity partly spent" + shape,
@@ -271,7 +274,7 @@ inline void check(const Case& c) {
     DeviceBuffer<floatX> d_h(h.size()), d_permuted(rows * C);
     d_h.upload(h);
     d_permuted.poison();
-    moe_permute_forward(d_permuted.ptr, d_h.ptr, d_slots.ptr, N, K, C, 0);
+    moe_permute_forward(d_permuted.ptr, d_h.ptr, routing, sizes, 0);
     cudaCheck(cudaDeviceSynchronize());
     std::vector<double> permuted_ref(rows * C);
     for (size_t a = 0; a < plan.slots.size(); a++)
@@ -302,8 +305,8 @@ inline void check(const Case& c) {
     d_dpermuted.upload(dpermuted);
     d_y.upload(y);
     d_dh.poison(), d_out.poison();
-    moe_permute_backward(d_dh.ptr, d_dpermuted.ptr, d_slots.ptr, N, K, C, 0);
-    moe_unpermute_forward(d_out.ptr, d_y.ptr, d_slots.ptr, d_weights.ptr, N, K, C, 0);
+    moe_permute_backward(d_dh.ptr, d_dpermuted.ptr, routing, sizes, 0);
+    moe_unpermute_forward(d_out.ptr, d_y.ptr, routing, sizes, 0);
     cudaCheck(cudaDeviceSynchronize());
     check_close("moe_permute_backward dinp" + shape, d_dh.download(), dh_ref, 0.0, gather_rtol, dh_allowance);
     check_close("moe_unpermute_forward out" + shape, d_out.download(), out_ref, 0.0, gather_rtol, out_allowance);
@@ -325,7 +328,8 @@ inline void check(const Case& c) {
     DeviceBuffer<float> d_dweights((size_t)N * K);
     d_dout.upload(dout);
     d_dy.poison(), d_dweights.poison();
-    moe_unpermute_backward(d_dy.ptr, d_dweights.ptr, d_dout.ptr, d_y.ptr, d_slots.ptr, d_weights.ptr, N, K, C, 0);
+    routing.dweights = d_dweights.ptr;
+    moe_unpermute_backward(d_dy.ptr, d_dout.ptr, d_y.ptr, routing, sizes, 0);
     cudaCheck(cudaDeviceSynchronize());
     // dy: one fp32 product, rounded once (FP32: half an ulp; BF16: to 8 mantissa bits, 2^-8 with margin);
     // dweights: fp32 in both builds, 0 where dropped
@@ -351,7 +355,8 @@ inline void check(const Case& c) {
         DeviceBuffer<float> d_aux(1), d_z(1);
         d_aux.upload(std::vector<float>{aux_start});
         d_z.upload(std::vector<float>{z_start});
-        moe_aux_loss_forward(d_aux.ptr, d_z.ptr, d_probs.ptr, d_lse.ptr, d_routed.ptr, B, T, S, E, K, 0);
+        const MoeShape of_S{B, T, S, E, K, C};
+        moe_aux_loss_forward(d_aux.ptr, d_z.ptr, routing, of_S, 0);
         cudaCheck(cudaDeviceSynchronize());
         // fp32 sums of non-negative terms: a thread adds its share (N E / 1024 products, N / 1024 squares), the
         // block's tree 10 rounds more, then the scaling and the += a few roundings: that many ulp of the result
@@ -370,7 +375,9 @@ inline void check(const Case& c) {
             }
         DeviceBuffer<float> d_dprobs((size_t)N * E);
         d_dprobs.poison();
-        moe_aux_loss_backward(d_dprobs.ptr, d_routed.ptr, B, T, S, E, K, aux_scale, 0);
+        MoeRouting with_dprobs = routing;
+        with_dprobs.dprobs = d_dprobs.ptr;
+        moe_aux_loss_backward(with_dprobs, of_S, aux_scale, 0);
         cudaCheck(cudaDeviceSynchronize());
         // four fp32 roundings (S K, /, E, /S) of exact integers and aux_scale
         check_close("moe_aux_loss_backward dprobs" + of, d_dprobs.download(), daux_ref, 0.0, 8 * kUnit);
@@ -397,8 +404,9 @@ inline void check(const Case& c) {
     d_aux_part.upload(aux_part);
     d_dweights_in.upload(dweights);
     d_dlogits.poison();
-    moe_router_backward(d_dlogits.ptr, d_aux_part.ptr, d_probs.ptr, d_lse.ptr, d_experts.ptr, d_weights.ptr,
-                        d_dweights_in.ptr, N, E, K, z_scale, 0);
+    MoeRouting gradients = routing;
+    gradients.dprobs = d_aux_part.ptr, gradients.dweights = d_dweights_in.ptr;
+    moe_router_backward(d_dlogits.ptr, gradients, sizes, z_scale, 0);
     cudaCheck(cudaDeviceSynchronize());
     // BF16: dlogits rounded to 8 mantissa bits (2^-8 with margin) on top
     check_close("moe_router_backward dlogits" + shape, d_dlogits.download(), dlogits_ref, 0.0,
@@ -447,16 +455,16 @@ inline void check_scale() {
 
 inline void check_bad_input() {
     expect_failure("moe_router_forward refuses E > 256",
-                   [] { moe_router_forward(nullptr, nullptr, nullptr, nullptr, nullptr, 4, 257, 2, 0); },
+                   [] { moe_router_forward(MoeRouting{}, nullptr, MoeShape{4, 1, 1, 257, 2, 0}, 0); },
                    "257 experts");
     expect_failure("moe_router_forward refuses K > E",
-                   [] { moe_router_forward(nullptr, nullptr, nullptr, nullptr, nullptr, 4, 4, 5, 0); },
+                   [] { moe_router_forward(MoeRouting{}, nullptr, MoeShape{4, 1, 1, 4, 5, 0}, 0); },
                    "5 experts per token out of 4");
     expect_failure("moe_dispatch_plan refuses K = 0",
-                   [] { moe_dispatch_plan(nullptr, nullptr, nullptr, nullptr, 2, 3, 0, 4, 0, 0); },
+                   [] { moe_dispatch_plan(MoeRouting{}, nullptr, MoeShape{2, 3, 3, 4, 0, 0}, 0, 0); },
                    "0 experts per token");
     expect_failure("moe_permute_forward refuses C off 16 bytes",
-                   [] { moe_permute_forward(nullptr, nullptr, nullptr, 4, 2, x128::size + 1, 0); },
+                   [] { moe_permute_forward(nullptr, nullptr, MoeRouting{}, MoeShape{4, 1, 1, 2, 2, x128::size + 1}, 0); },
                    "C = " + std::to_string(x128::size + 1));
 }
 
@@ -473,30 +481,33 @@ inline void bench(int B, int T, int E, int K, int C, const std::string& note) {
     d_h.upload(round_to_floatX(random_floats((size_t)N * C)));
     d_permuted.upload(round_to_floatX(random_floats((size_t)N * K * C)));
     d_scalars.zero();
+    const MoeShape sizes{B, T, T, E, K, C};
+    MoeRouting routing;
+    routing.probs = d_probs.ptr, routing.lse = d_lse.ptr, routing.experts = d_experts.ptr, routing.weights = d_weights.ptr;
+    routing.slots = d_slots.ptr, routing.routed_counts = d_routed.ptr, routing.dprobs = d_dprobs.ptr;
+    routing.dweights = d_dweights.ptr;
     double ms = time_ms([&] {
-        moe_router_forward(d_probs.ptr, d_lse.ptr, d_experts.ptr, d_weights.ptr, d_logits.ptr, N, E, K, 0);
+        moe_router_forward(routing, d_logits.ptr, sizes, 0);
     });
     report_bench("moe_router_forward" + shape, ms, (double)N * E * (sizeof(floatX) + 4) + N * K * 8.0, 0);
     ms = time_ms([&] {
-        moe_dispatch_plan(d_slots.ptr, d_counts.ptr, d_routed.ptr, d_experts.ptr, B, T, K, E, 0, 0);
+        moe_dispatch_plan(routing, d_counts.ptr, sizes, 0, 0);
     });
     report_bench("moe_dispatch_plan (dropless)" + shape, ms, N * K * 4.0 * 3, 0);
-    ms = time_ms([&] { moe_permute_forward(d_permuted.ptr, d_h.ptr, d_slots.ptr, N, K, C, 0); });
+    ms = time_ms([&] { moe_permute_forward(d_permuted.ptr, d_h.ptr, routing, sizes, 0); });
     report_bench("moe_permute_forward" + shape, ms, 2.0 * N * K * C * sizeof(floatX), 0);
-    ms = time_ms([&] { moe_unpermute_forward(d_out.ptr, d_permuted.ptr, d_slots.ptr, d_weights.ptr, N, K, C, 0); });
+    ms = time_ms([&] { moe_unpermute_forward(d_out.ptr, d_permuted.ptr, routing, sizes, 0); });
     report_bench("moe_unpermute_forward" + shape, ms, (double)N * (K + 1) * C * sizeof(floatX), 0);
     ms = time_ms([&] {
-        moe_unpermute_backward(d_dpermuted.ptr, d_dweights.ptr, d_out.ptr, d_permuted.ptr, d_slots.ptr, d_weights.ptr,
-                               N, K, C, 0);
+        moe_unpermute_backward(d_dpermuted.ptr, d_out.ptr, d_permuted.ptr, routing, sizes, 0);
     });
     report_bench("moe_unpermute_backward" + shape, ms, 3.0 * N * K * C * sizeof(floatX), 0);
     ms = time_ms([&] {
-        moe_aux_loss_forward(d_scalars.ptr, d_scalars.ptr + 1, d_probs.ptr, d_lse.ptr, d_routed.ptr, B, T, T, E, K, 0);
+        moe_aux_loss_forward(d_scalars.ptr, d_scalars.ptr + 1, routing, sizes, 0);
     });
     report_bench("moe_aux_loss_forward" + shape, ms, (double)N * E * 4, 0);
     ms = time_ms([&] {
-        moe_router_backward(d_dlogits.ptr, d_dprobs.ptr, d_probs.ptr, d_lse.ptr, d_experts.ptr, d_weights.ptr,
-                            d_dweights.ptr, N, E, K, 1e-3f, 0);
+        moe_router_backward(d_dlogits.ptr, routing, sizes, 1e-3f, 0);
     });
     report_bench("moe_router_backward" + shape, ms, (double)N * E * (8 + sizeof(floatX)), 0);
 }

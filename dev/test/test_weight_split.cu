@@ -56,7 +56,7 @@ static std::vector<float> gradients_of(ParallelContext& par, const Recompute& re
     const int second_layers = L - v.first_layers;
     par.layout.recompute = recompute;
     par.layout.zero_stage = zero_stage;
-    ModelPart part = model_part(par);
+    ModelPart part = model_part(par, config);
     part.stage_layers = v.first_layers > 0 ? std::max(v.first_layers, second_layers) : L;
     part.records = v.first_layers > 0 ? 2 : 1;
     part.weight_records = v.split ? part.records : 0;

@@ -23,7 +23,7 @@ struct Options {
     float rope_theta = 0.0f;
     int experts = 0, experts_per_token = 0, shared_experts = 0;  // custom mixture of experts (0 experts: dense)
     int moe_every = 1;
-    float moe_aux_loss = 0.0f, moe_z_loss = 0.0f, capacity_factor = 0.0f;  // training a mixture of experts
+    float moe_aux_loss = 0.0f, moe_z_loss = 0.0f;  // training a mixture of experts (its capacity: the layout's)
     // the data
     std::string train_data, val_data, tokenizer;
     bool shuffle = true;
@@ -234,7 +234,7 @@ inline Options parse_options(int argc, char** argv) {
     o.arch = arch, o.kv_heads = kv_heads, o.ffn_hidden = ffn_hidden, o.rope_theta = rope_theta;
     o.experts = experts, o.experts_per_token = experts_per_token, o.shared_experts = shared_experts;
     o.moe_every = moe_every;
-    o.moe_aux_loss = moe_aux_loss, o.moe_z_loss = moe_z_loss, o.capacity_factor = capacity_factor;
+    o.moe_aux_loss = moe_aux_loss, o.moe_z_loss = moe_z_loss;
     o.train_data = train_data, o.val_data = val_data, o.tokenizer = tokenizer_path;
     o.shuffle = shuffle, o.data_seed = data_seed;
     Layout& l = o.layout;

@@ -94,7 +94,7 @@ inline void block_forward(GPT2& model, ParallelContext& par, int layer, const Bl
         activation_forward(c, a.fch_gelu, a.fch, N, hidden, stream);
         matmul_forward(s.projection, a.fch_gelu, p.fcprojw, tp_row_parallel_bias(tp, p.fcprojb), N, hidden, C, stream);
     }
-    if (c.moe()) moe_add_routed_output(model, tp, par.ep, par.cp, p, a, s.projection, /*shared=*/hidden > 0, ln2, B, T);
+    if (c.moe()) moe_add_routed_output(moe_pass(model, par, layer, a, B, T), p, s.projection, /*shared=*/hidden > 0, ln2);
     const floatX* mlp_branch = tp_leave(tp, s.projection, N, C, stream);
     residual_forward(a.output, a.residual2, mlp_branch, (size_t)R * C, stream);
 }
@@ -176,14 +176,8 @@ inline void block_backward_steps(GPT2& model, ParallelContext& par, int layer, c
     // a mixture of experts: the routed experts' and the router's share of ln2's gradient on this tp rank's
     // sequences, into dchannels, before ln2 is gathered again where dmlp may be (under SP this rank's sequences
     // are its own rows of ln2); (B) their weight gradients' operands kept
-    if (c.moe()) {
-        cudaCheck(cudaMemsetAsync(s.dchannels, 0, (size_t)N * C * sizeof(floatX), stream));
-        const MoERows rows = moe_rows(tp, B, T, C);
-        if (rows.sequences > 0)
-            moe_backward(model, par.ep, par.cp, p, g, a, s.dchannels + rows.offset,
-                         a.ln2 + (tp.sequence_parallel ? 0 : rows.offset), dmlp + rows.offset, layer, rows.sequences,
-                         T, t.weights_later ? &at : nullptr);
-    }
+    if (c.moe())
+        moe_backward(moe_pass(model, par, layer, a, B, T), p, g, s.dchannels, dmlp, t.weights_later ? &at : nullptr);
     floatX* dactivation = c.llama() ? s.dactivation : at.dhidden;  // GELU's backward runs in place
     if (hidden > 0) {
         matmul_backward_input(dactivation, dmlp, p.fcprojw, N, hidden, C, stream);

@@ -60,7 +60,7 @@ data-parallel ranks are in llmc/parallel/zero.h.
 #include "../kernels/gelu.cuh"
 #include "../kernels/rope.cuh"
 #include "../kernels/swiglu.cuh"
-#include "../kernels/moe.cuh"
+#include "../kernels/moe_routing.cuh"
 #include "../kernels/fused_classifier.cuh"
 #include "../kernels/adamw.cuh"
 #include "../kernels/global_norm.cuh"
@@ -229,15 +229,18 @@ struct SharedBuffers {
 struct MoETraining {
     float aux_coefficient = 0.0f;   // alpha: the load-balancing loss's weight in the total loss
     float z_coefficient = 0.0f;     // beta: the router z-loss's
-    float capacity_factor = 0.0f;   // > 0: at most ceil(cf S K / E) assignments per expert and sequence of S
-    float loss_scale = 0.0f;        // dloss of the step: 1 / (this rank's rows per microbatch x microbatches)
     float* loss_sums = nullptr;     // device: the aux loss and the z-loss added up since the log read them (the
                                     // first 2 floats of statistics)
     std::vector<long long> tokens;  // host: rows each (layer, expert) ran since then (L x E)
     long long dropped = 0;          // host: assignments dropped by the capacity since then
                                     // (train_gpt.cu's log_expert_routing reads and clears the three)
-    int* gathered_counts = nullptr;  // device room for the routing counts' gathers under cp (moe_sequence_counts),
-    size_t gathered_counts_elements = 0;  // made on the first step and kept
+    // device room for the routing counts' gathers, kept from one layer to the next: every ep rank's rows per
+    // expert ((ep, E), ep_gather_counts; made with the model at ep > 1), and under cp each piece's counts gathered
+    // over the tp and cp ranks, with their sums (moe_sequence_counts; made by the first step, grown for a larger
+    // batch)
+    int* gathered_rows = nullptr;
+    int* gathered_counts = nullptr;
+    size_t gathered_counts_elements = 0;
     long long layer_passes = 0;     // host: moe_forward's calls so far, each one copy of the rows per expert to
                                     // the host (the step's budget of host waits counts them)
     float* statistics = nullptr;    // device: the loss sums, then room for tokens and dropped (3 + L E floats),
@@ -389,9 +392,10 @@ struct ModelPart {
     int tp = 1, tp_rank = 0;
     bool sequence_parallel = false;
     // expert parallelism: this rank's experts of a mixture of experts (E/ep), which run the ep group's rows (at
-    // most moe_expert_rows of them: a capacity factor > 0 bounds them)
+    // most moe_expert_rows of them: a capacity bounds them, the most rows an expert takes from one sequence under
+    // the layout's capacity factor, moe_capacity; 0: none)
     int ep = 1, ep_rank = 0;
-    float capacity_factor = 0.0f;
+    int expert_capacity = 0;
     // context parallelism: the ranks each sequence's positions are split over, and the pieces they come in on
     // this rank (zigzag: 2)
     int cp = 1, sequence_pieces = 1;
@@ -463,7 +467,7 @@ inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int
         a.output = with_output ? values(R * C, kind) : nullptr;
         if (mixture) {
             const size_t E = c.experts, K = c.experts_per_token, M = N * K;
-            const size_t Mr = moe_expert_rows(c, B, T, part.ep, part.capacity_factor, part.cp);
+            const size_t Mr = moe_expert_rows(c, B, T, part.ep, part.expert_capacity);
             a.router_probs = floats(N * E, kind);
             a.router_lse = floats(N, kind);
             a.routed_experts = (int*)buffer(M, sizeof(int), kind);
@@ -530,7 +534,7 @@ inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int
             w.dmlp = values(N * C, MemoryKind::Activations);
             w.dlayernorm = values(4 * C, MemoryKind::Activations);
             if (part.slot_has_mixture(c, i)) {
-                const size_t Mr = moe_expert_rows(c, B, T, part.ep, part.capacity_factor, part.cp);
+                const size_t Mr = moe_expert_rows(c, B, T, part.ep, part.expert_capacity);
                 w.expert_input = values(Mr * C, MemoryKind::Activations);
                 w.expert_dfch = values(Mr * c.expert_fc_channels(), MemoryKind::Activations);
                 w.expert_act = values(Mr * c.expert_hidden(), MemoryKind::Activations);
@@ -615,12 +619,12 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, c
     if (model.first_stage) encoder_backward_workspace_create(&s.encoder_workspace, (int)N, (int)C);
     if (config.moe()) {
         const size_t E = config.experts, M = N * config.experts_per_token, G = part.ep;
-        const size_t Mr = moe_expert_rows(config, B, T, part.ep, part.capacity_factor, part.cp);
+        const size_t Mr = moe_expert_rows(config, B, T, part.ep, part.expert_capacity);
         s.router_logits = tracked_alloc<floatX>(N * E, MemoryKind::Workspace);
         s.router_dprobs = tracked_alloc<float>(N * E, MemoryKind::Workspace);
         s.routed_dweights = tracked_alloc<float>(M, MemoryKind::Workspace);
         s.expert_rows = tracked_alloc<int>(E, MemoryKind::Workspace);
-        s.capacity_left = part.cp > 1 && part.capacity_factor > 0
+        s.capacity_left = part.cp > 1 && part.expert_capacity > 0
                               ? tracked_alloc<int>((size_t)part.sequence_pieces * B * E, MemoryKind::Workspace)
                               : nullptr;
         s.routed_output = tracked_alloc<floatX>(N * C, MemoryKind::Workspace);
@@ -634,6 +638,7 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, c
         model.moe.loss_sums = model.moe.statistics;
         cudaCheck(cudaMemsetAsync(model.moe.loss_sums, 0, 2 * sizeof(float), model.stream));
         model.moe.tokens.assign((size_t)config.num_layers * E, 0);
+        model.moe.gathered_rows = G > 1 ? tracked_alloc<int>(G * E, MemoryKind::Communication, "routing counts") : nullptr;
     }
 }
 
@@ -654,7 +659,7 @@ inline void gpt2_free(GPT2& model) {
     for (void* p : {(void*)s.router_logits, (void*)s.router_dprobs, (void*)s.routed_dweights, (void*)s.expert_rows,
                     (void*)s.capacity_left, (void*)s.routed_output, (void*)s.expert_doutput, (void*)s.expert_dfch,
                     (void*)s.expert_dispatch, (void*)s.expert_exchange, (void*)model.moe.statistics,
-                    (void*)model.moe.gathered_counts})
+                    (void*)model.moe.gathered_rows, (void*)model.moe.gathered_counts})
         tracked_free(p);
     for (void* p : {(void*)s.projection, (void*)s.dchannels, (void*)s.dhidden, (void*)s.dqkv,
                     (void*)s.gathered, (void*)s.softmax_stats, (void*)s.attention_D, (void*)s.matmul_scratch, (void*)s.layernorm_scratch, (void*)s.norm_scratch,

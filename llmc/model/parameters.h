@@ -103,15 +103,14 @@ inline int moe_capacity(const GPT2Config& c, float capacity_factor, int T) {
     return (int)std::ceil((double)capacity_factor * T * c.experts_per_token / c.experts);
 }
 
-// The most rows one rank's experts run in a layer, for B sequences of T rows per rank (T of each sequence's T cp
-// positions under context parallelism): its own B T K at ep 1; under expert parallelism
-// (llmc/parallel/expert_parallel.h) the rows of all ep ranks of its group may come to its experts, ep B T K
-// without a capacity, and with one at most `capacity` rows (a whole sequence's) of each of the group's ep B
-// sequences for each of its E/ep experts. The buffers these rows pass through are sized by it.
-inline size_t moe_expert_rows(const GPT2Config& c, int B, int T, int ep, float capacity_factor, int cp) {
+// The most rows one rank's experts run in a layer, for B sequences of T rows per rank: its own B T K at ep 1;
+// under expert parallelism (llmc/parallel/expert_parallel.h) the rows of all ep ranks of its group may come to its
+// experts, ep B T K without a capacity, and with one (moe_capacity of a whole sequence's positions, T cp under
+// context parallelism; 0: none) at most `capacity` rows of each of the group's ep B sequences for each of its E/ep
+// experts. The buffers these rows pass through are sized by it.
+inline size_t moe_expert_rows(const GPT2Config& c, int B, int T, int ep, int capacity) {
     const size_t own = (size_t)B * T * c.experts_per_token;
     if (ep == 1) return own;
-    const int capacity = moe_capacity(c, capacity_factor, T * cp);
     const size_t all = (size_t)ep * own;
     return capacity > 0 ? std::min(all, (size_t)ep * B * (c.experts / ep) * capacity) : all;
 }

@@ -52,8 +52,6 @@ struct ExpertParallel {
     Communicator dense_replicas;       // the ep group again, for ZeRO 1-3's average of the dense gradient
                                        // (data-parallel traffic, kept apart from the all-to-alls' count)
     Communicator whole_model;          // ep x pp x tp: together they hold one whole copy of the model
-    int* gathered_rows = nullptr;      // device (ep, E): every rank's rows per expert (ep_gather_counts), made
-                                       // once so that no layer allocates
 };
 
 // "" when --ep fits the layout and model, else the one line that says why not.
@@ -73,7 +71,7 @@ inline std::string ep_layout_error(int experts, const Layout& l) {
 }
 
 // Every rank of the world calls this together, with the mesh built.
-inline void ep_create(ExpertParallel& ep, Communicator& world, const Mesh& mesh, int size, int experts) {
+inline void ep_create(ExpertParallel& ep, Communicator& world, const Mesh& mesh, int size) {
     ep.size = size;
     const int dp_rank = mesh_data_parallel_rank(mesh);
     ep.rank = dp_rank % size;
@@ -85,31 +83,36 @@ inline void ep_create(ExpertParallel& ep, Communicator& world, const Mesh& mesh,
     ep.dense_replicas = comm_split(world, ((group_index * pps + pp) * cps + cp) * tps + tp, world.rank,
                                    "dense replicas (ep)");
     ep.whole_model = comm_split(world, group_index * cps + cp, world.rank, "whole model (ep x pp x tp)");
-    ep.gathered_rows = tracked_alloc<int>((size_t)size * experts, MemoryKind::Communication, "routing counts");
 }
 
 inline void ep_destroy(ExpertParallel& ep) {
     if (ep.size == 1) return;
-    tracked_free(ep.gathered_rows);
     comm_destroy(ep.group);
     comm_destroy(ep.experts_replicas);
     comm_destroy(ep.dense_replicas);
     comm_destroy(ep.whole_model);
 }
 
-// The formula above per step, for a rank routing B sequences of T rows through `layers` MoE layers in
-// `microbatches` micro-steps (forward_passes: 2 where full recomputation reruns each forward pass), its rows
-// spread evenly over the experts (exact where every row goes to every expert, K = E): (ep-1)/ep of its N K rows
-// leave it in each dispatch and as many come back in each combine; plus the gradient norm's all-reduce of one
-// fp32 over the ep group, once per step, rounded down to whole bytes as comm.h counts it.
-inline double ep_bytes_per_step(int ep, int experts, int experts_per_token, int channels, int B, int T, int layers,
-                                int microbatches, int forward_passes, size_t value_bytes) {
+// What a step routes on one rank, as the formula below counts it: B sequences of T rows through `layers` MoE
+// layers in `microbatches` micro-steps (forward_passes: 2 where full recomputation reruns each forward pass), each
+// row sent to experts_per_token of the `experts`, as `channels` values of value_bytes bytes.
+struct RoutedSteps {
+    int experts = 0, experts_per_token = 0, channels = 0;
+    int B = 0, T = 0, layers = 0, microbatches = 1, forward_passes = 1;
+    size_t value_bytes = 0;
+};
+
+// The formula above per step, the rows spread evenly over the experts (exact where every row goes to every expert,
+// K = E): (ep-1)/ep of the rank's N K rows leave it in each dispatch and as many come back in each combine; plus the
+// gradient norm's all-reduce of one fp32 over the ep group, once per step, rounded down to whole bytes as comm.h
+// counts it.
+inline double ep_bytes_per_step(int ep, const RoutedSteps& r) {
     if (ep == 1) return 0.0;
-    const double share = (ep - 1.0) / ep, rows = (double)B * T * experts_per_token;
-    const double counts = (ep - 1.0) * experts * 4;
-    const double forward = counts + 2 * share * rows * channels * value_bytes;   // counts, dispatch, combine
-    const double backward = 2 * share * rows * channels * value_bytes;
-    return (double)layers * microbatches * (forward_passes * forward + backward) + std::floor(2 * share * 4);
+    const double share = (ep - 1.0) / ep, rows = (double)r.B * r.T * r.experts_per_token;
+    const double counts = (ep - 1.0) * r.experts * 4;
+    const double forward = counts + 2 * share * rows * r.channels * r.value_bytes;   // counts, dispatch, combine
+    const double backward = 2 * share * rows * r.channels * r.value_bytes;
+    return (double)r.layers * r.microbatches * (r.forward_passes * forward + backward) + std::floor(2 * share * 4);
 }
 
 // bytes this rank sent over the ep groups (the exchanges, the gradients' reductions, the whole model)
@@ -125,10 +128,11 @@ inline void ep_reset_bytes(ExpertParallel& ep) {
 // the routed rows' journey
 
 // Rows per (source ep rank, expert), source-major, on the host: what ep_gather_counts gathered and moe_forward
-// copied back. With ep 1, this rank's.
+// copied back (with ep 1, this rank's), and how wide a row is where the exchanges below move rows.
 struct ExpertCounts {
     const int* rows;  // (ep, E) host
     int experts, ep, rank;
+    size_t width;     // values per row
     int local() const { return experts / ep; }
     int from(int source, int local_expert) const { return rows[source * experts + rank * local() + local_expert]; }
     // rows source s sends to ep rank o's experts
@@ -139,15 +143,15 @@ struct ExpertCounts {
     }
 };
 
-// Every ep rank's rows per expert (E ints on the device each), gathered on the device: returns the (ep, E)
-// device table, source-major, that the host copies back in one piece (this rank's own counts at ep 1). The
-// ints travel as pairs of bf16 elements, which collectives move bit for bit.
-inline const int* ep_gather_counts(ExpertParallel& ep, const int* my_rows, int E, cudaStream_t stream) {
+// Every ep rank's rows per expert (E ints on the device each), gathered on the device into `gathered` (ep E ints):
+// returns the (ep, E) device table, source-major, that the host copies back in one piece (this rank's own counts
+// at ep 1). The ints travel as pairs of bf16 elements, which collectives move bit for bit.
+inline const int* ep_gather_counts(ExpertParallel& ep, int* gathered, const int* my_rows, int E, cudaStream_t stream) {
     if (ep.size == 1) return my_rows;
     static_assert(sizeof(int) == 2 * sizeof(__nv_bfloat16), "an int travels as two bf16 elements");
-    all_gather(ep.group, reinterpret_cast<__nv_bfloat16*>(ep.gathered_rows),
-               reinterpret_cast<const __nv_bfloat16*>(my_rows), 2 * (size_t)E, stream);
-    return ep.gathered_rows;
+    all_gather(ep.group, reinterpret_cast<__nv_bfloat16*>(gathered), reinterpret_cast<const __nv_bfloat16*>(my_rows),
+               2 * (size_t)E, stream);
+    return gathered;
 }
 
 // Calls fn(local_expert, first_row, rows) for every expert of this rank with rows, its rows the block
@@ -164,9 +168,9 @@ void for_each_local_expert(const ExpertCounts& n, Function&& fn) {
 }
 
 // Moves row blocks between the two orders of the rows this rank's experts run: as received (by source, then
-// expert) and as the experts run them (by expert, then source). width: values per row.
-inline void ep_reorder(const ExpertCounts& n, floatX* out, const floatX* in, size_t width, bool to_expert_order,
-                       cudaStream_t stream) {
+// expert) and as the experts run them (by expert, then source).
+inline void ep_reorder(const ExpertCounts& n, floatX* out, const floatX* in, bool to_expert_order, cudaStream_t stream) {
+    const size_t width = n.width;
     std::vector<size_t> expert_first(n.local() + 1, 0);  // where each expert's rows start, by expert
     for (int e = 0; e < n.local(); e++) {
         size_t rows = 0;
@@ -191,21 +195,21 @@ inline void ep_reorder(const ExpertCounts& n, floatX* out, const floatX* in, siz
 // Sends this rank's rows (sent: sorted by expert, so one block per owner) to the ranks of their experts;
 // `received` gets the rows for this rank's experts sorted by expert, then source. exchange: room for them.
 inline void ep_dispatch(ExpertParallel& ep, const ExpertCounts& n, floatX* received, const floatX* sent,
-                        floatX* exchange, size_t width, cudaStream_t stream) {
+                        floatX* exchange, cudaStream_t stream) {
     std::vector<size_t> send(ep.size), receive(ep.size);
-    for (int o = 0; o < ep.size; o++) send[o] = n.block(ep.rank, o) * width;
-    for (int s = 0; s < ep.size; s++) receive[s] = n.block(s, ep.rank) * width;
+    for (int o = 0; o < ep.size; o++) send[o] = n.block(ep.rank, o) * n.width;
+    for (int s = 0; s < ep.size; s++) receive[s] = n.block(s, ep.rank) * n.width;
     all_to_all_v(ep.group, exchange, receive, sent, send, stream);
-    ep_reorder(n, received, exchange, width, /*to_expert_order=*/true, stream);
+    ep_reorder(n, received, exchange, /*to_expert_order=*/true, stream);
 }
 
 // The reverse of ep_dispatch: this rank's experts' rows (sorted by expert, then source) go home; `returned`
 // gets this rank's own rows back, in the order they were sent.
 inline void ep_combine(ExpertParallel& ep, const ExpertCounts& n, floatX* returned, const floatX* run,
-                       floatX* exchange, size_t width, cudaStream_t stream) {
-    ep_reorder(n, exchange, run, width, /*to_expert_order=*/false, stream);
+                       floatX* exchange, cudaStream_t stream) {
+    ep_reorder(n, exchange, run, /*to_expert_order=*/false, stream);
     std::vector<size_t> send(ep.size), receive(ep.size);
-    for (int s = 0; s < ep.size; s++) send[s] = n.block(s, ep.rank) * width;
-    for (int o = 0; o < ep.size; o++) receive[o] = n.block(ep.rank, o) * width;
+    for (int s = 0; s < ep.size; s++) send[s] = n.block(s, ep.rank) * n.width;
+    for (int o = 0; o < ep.size; o++) receive[o] = n.block(ep.rank, o) * n.width;
     all_to_all_v(ep.group, returned, receive, exchange, send, stream);
 }

@@ -28,7 +28,9 @@ struct Layout {
     int tp = 1, pp = 1, cp = 1;           // dp = ranks / (tp pp cp)
     bool sequence_parallel = false;
     int ep = 1;                           // expert parallelism: dp ranks per expert group
-    float capacity_factor = 0.0f;         // a mixture of experts' (0: dropless): bounds the rows ep brings
+    float capacity_factor = 0.0f;         // a mixture of experts' (0: dropless): at most ceil(cf S K / E) rows
+                                          // per expert and sequence of S (moe_capacity), which bounds the rows ep
+                                          // brings; the routing and the buffers read it here
     ContextParallelMode cp_mode = ContextParallelMode::Ring;
     SequenceSplit cp_split = SequenceSplit::Zigzag;
     PipelineSchedule schedule = PipelineSchedule::OneFOneB;

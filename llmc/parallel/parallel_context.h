@@ -64,6 +64,14 @@ inline int micro_step_tokens(int batch_size, int seq_len, int ranks) {
     return (int)tokens;
 }
 
+// How much each of this rank's rows weighs in the step's loss (dloss = d loss / d a row's loss): the loss is the
+// mean over the step's rows, B T of them per microbatch here (T of each sequence's positions under cp), in
+// `microbatches` microbatches (the ranks' gradients are averaged after that: llmc/parallel/zero.h). The
+// cross-entropy's gradient and a mixture of experts' own losses (llmc/model/moe.cuh) both weigh rows by it.
+inline float step_loss_scale(const ParallelContext& par) {
+    return 1.0f / (par.layout.batch_size * par.T_local * par.microbatches);
+}
+
 // Every rank of the launcher (mpirun, srun, torchrun; one rank without) calls this together. Stops with one
 // line naming the flag if the layout cannot run this model on these ranks. From here on a rank that waits
 // longer than `collective_timeout` seconds in one collective ends the job (llmc/parallel/watchdog.h).
@@ -108,7 +116,7 @@ inline void parallel_create(ParallelContext& par, const Layout& asked, const GPT
     if (!moe_error.empty()) fatal("%s", moe_error.c_str());
     const std::string ep_error = ep_layout_error(config.experts, l);
     if (!ep_error.empty()) fatal("%s", ep_error.c_str());
-    if (l.ep > 1) ep_create(par.ep, par.world, par.mesh, l.ep, config.experts);
+    if (l.ep > 1) ep_create(par.ep, par.world, par.mesh, l.ep);
     tp_check_layout(config, l.tp, l.sequence_parallel, T);
     par.cp.size = l.cp;
     par.cp.rank = par.mesh.coords[CP];
@@ -142,7 +150,7 @@ inline void parallel_create(ParallelContext& par, const Layout& asked, const GPT
 }
 
 // The part of the model this rank holds and how it keeps it (llmc/model/gpt2.cuh's gpt2_allocate takes it).
-inline ModelPart model_part(const ParallelContext& par) {
+inline ModelPart model_part(const ParallelContext& par, const GPT2Config& config) {
     const Layout& l = par.layout;
     const Pipeline& pipe = par.pipe;
     ModelPart part = pipeline_model_part(l.schedule, pipe.rank, pipe.size, pipe.virtual_stages, pipe.microbatches,
@@ -154,7 +162,8 @@ inline ModelPart model_part(const ParallelContext& par) {
     part.cp = l.cp;
     part.sequence_pieces = l.cp > 1 ? cp_chunks_per_rank(l.cp_split) : 1;
     part.ep_rank = par.ep.rank;
-    part.capacity_factor = l.capacity_factor;
+    // a capacity counts a whole sequence's positions, T cp
+    part.expert_capacity = config.moe() ? moe_capacity(config, l.capacity_factor, par.T_local * l.cp) : 0;
     part.shards = zero_shard_count(l.zero_stage, &par.mesh, &par.ep);
     part.full_parameters = l.zero_stage < 3;
     part.full_gradients = l.zero_stage < 2;

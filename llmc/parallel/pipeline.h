@@ -653,7 +653,6 @@ inline void pipeline_run(ParallelContext& par, GPT2& model, const PipelineRun& r
 inline void pipeline_step(ParallelContext& par, GPT2& model, const int* tokens, const int* targets, int B, int T,
                           float dloss) {
     const Pipeline& pipe = par.pipe;
-    model.moe.loss_scale = dloss;  // a mixture of experts' losses weigh their rows alike (llmc/model/moe.cuh)
     pipeline_run(par, model,
                  {pipe.actions, pipe.messages, pipe.record_of, pipe.weight_record_of, pipe.outbox_of, pipe.head_of},
                  tokens, targets, dloss, /*training=*/true, B, T);

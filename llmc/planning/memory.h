@@ -249,8 +249,10 @@ inline ActivationBytes gpt2_activation_bytes(const GPT2MemoryShape& shape, bool 
     const double F = shape.llama ? 2 * H : H;
     const double E = shape.experts, M = N * shape.experts_per_token, He = shape.expert_hidden, G = shape.ep;
     const double pieces = shape.cp > 1 ? shape.cp_chunks : 1;
-    const double Mr = moe ? (double)moe_expert_rows(gpt2_memory_shape_config(shape), shape.batch, shape.seq_len,
-                                                    shape.ep, shape.capacity_factor, shape.cp) : 0;
+    const GPT2Config shape_config = gpt2_memory_shape_config(shape);
+    const double Mr = moe ? (double)moe_expert_rows(shape_config, shape.batch, shape.seq_len, shape.ep,
+                                                    moe_capacity(shape_config, shape.capacity_factor,
+                                                                 shape.seq_len * shape.cp)) : 0;
     const double Fe = shape.llama ? 2 * He : He;
     const double n = shape.llama ? 2 : 4;
     const double l = shape.stage_layers > 0 ? shape.stage_layers : shape.num_layers, K = shape.records;
@@ -751,7 +753,7 @@ inline void report_memory(ParallelContext& par, GPT2& model, Logger& logger) {
     const MemoryTotals held = memory_totals();
     const size_t model_state = held.peak[(int)MemoryKind::Parameters] + held.peak[(int)MemoryKind::Gradients] +
                                held.peak[(int)MemoryKind::OptimizerState];
-    const GPT2MemoryShape shape = gpt2_memory_shape(model.config, l, model_part(par));
+    const GPT2MemoryShape shape = gpt2_memory_shape(model.config, l, model_part(par, model.config));
     const MemoryPlan formula = plan_training_memory(model.layout.total, l.zero_stage, par.mesh.gradient.size,
                                                     par.zero.shards, l.bf16, par.microbatches);
     const MemoryPlan with_buffers = plan_training_memory(model.layout.total, l.zero_stage, par.mesh.gradient.size,

@@ -319,10 +319,9 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
                                             l.recompute.policy == RecomputePolicy::Full ? 2 : 1, m, (size_t)s);
     // the ep axis: routed rows spread evenly over the experts, a tp rank routing B/tp of the sequences
     const bool full = l.recompute.policy == RecomputePolicy::Full;
-    plan.bytes[PLAN_EP] = config.moe() ? ep_bytes_per_step(l.ep, config.experts, config.experts_per_token,
-                                                           config.channels, l.batch_size / l.tp, T_local, most_mixtures, m,
-                                                           full ? 2 : 1, (size_t)s)
-                                       : 0.0;
+    const RoutedSteps routed{config.experts, config.experts_per_token, config.channels, l.batch_size / l.tp, T_local,
+                             most_mixtures, m, full ? 2 : 1, (size_t)s};
+    plan.bytes[PLAN_EP] = config.moe() ? ep_bytes_per_step(l.ep, routed) : 0.0;
     // (consecutive dp ranks are tp cp pp world ranks apart)
     const int spans[kPlanAxes] = {l.ranks, l.tp, l.tp * l.cp * l.pp, l.tp * l.cp, l.tp * l.cp * l.pp * l.ep};
     plan.bubble_formula = pipeline_bubble_fraction(l.schedule, p, m, V);

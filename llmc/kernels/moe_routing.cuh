@@ -457,6 +457,28 @@ __global__ void moe_scale_kernel(floatX* data, float factor, size_t count) {
 
 // ----------------------------------------------------------------------------
 // launchers
+//
+// They take a routing's device arrays as one MoeRouting and its sizes as one MoeShape: every launcher reads and
+// writes the same few arrays, so a caller names them once (llmc/model/moe.cuh: from the block's record).
+
+// B sequences of T rows each (N = B T rows), of S positions each (S = T, or more where a rank holds T of each
+// sequence's positions: context parallelism), E experts, K of them per row, C channels per row.
+struct MoeShape {
+    int B = 0, T = 0, S = 0, E = 0, K = 0, C = 0;
+    int rows() const { return B * T; }
+};
+
+// A routing's device arrays, each written by one launcher and read by those after it (the table above).
+struct MoeRouting {
+    float* probs = nullptr;        // (N, E) the router's probabilities (fp32)
+    float* lse = nullptr;          // (N)    the logits' logsumexp
+    int* experts = nullptr;        // (N, K) each row's experts, best first
+    float* weights = nullptr;      // (N, K) their renormalised weights
+    int* slots = nullptr;          // (N K)  each assignment's row in the expert-sorted order, -1 if dropped
+    int* routed_counts = nullptr;  // (B, E) each sequence's assignments per expert, before drops
+    float* dprobs = nullptr;       // (N, E) the gradient of probs (the aux loss's part)
+    float* dweights = nullptr;     // (N, K) the gradient of weights
+};
 
 inline void moe_check_experts(const char* caller, int E, int K) {
     if (E < 1 || E > MOE_MAX_EXPERTS)
@@ -481,14 +503,13 @@ inline void moe_check_width(const char* caller, int C) {
         fatal("%s: C = %d must be a positive multiple of %d (16 bytes of %s)", caller, C, x128::size, PRECISION_NAME);
 }
 
-// N rows of E router logits -> fp32 probabilities (N x E), logsumexp (N), the top-K experts (N x K, int) and
-// their renormalised weights (N x K, fp32). Ties: smaller expert index first; k in descending p.
-void moe_router_forward(float* probs, float* lse, int* experts, float* weights, const floatX* logits, int N, int E,
-                        int K, cudaStream_t stream) {
-    moe_check_experts("moe_router_forward", E, K);
-    moe_check_rows("moe_router_forward", N, K);
-    launch(moe_router_forward_kernel, grid_size_for(N, MOE_WARPS_PER_BLOCK), MOE_BLOCK_SIZE, 0, stream, probs, lse,
-           experts, weights, logits, N, E, K);
+// N rows of E router logits -> r.probs, r.lse, the top-K r.experts and their renormalised r.weights. Ties: smaller
+// expert index first; k in descending p.
+void moe_router_forward(const MoeRouting& r, const floatX* logits, const MoeShape& s, cudaStream_t stream) {
+    moe_check_experts("moe_router_forward", s.E, s.K);
+    moe_check_rows("moe_router_forward", s.rows(), s.K);
+    launch(moe_router_forward_kernel, grid_size_for(s.rows(), MOE_WARPS_PER_BLOCK), MOE_BLOCK_SIZE, 0, stream, r.probs,
+           r.lse, r.experts, r.weights, logits, s.rows(), s.E, s.K);
 }
 
 inline void moe_check_plan(const char* caller, int B, int T, int K, int E) {
@@ -497,71 +518,72 @@ inline void moe_check_plan(const char* caller, int B, int T, int K, int E) {
     moe_check_rows(caller, (long long)B * T, K);
 }
 
-// The dispatch plan's first step alone: routed_counts[b*E + e] (B*E ints) = assignments of sequence b to e.
-void moe_count_routed(int* routed_counts, const int* experts, int B, int T, int K, int E, cudaStream_t stream) {
-    moe_check_plan("moe_count_routed", B, T, K, E);
-    launch(moe_count_routed_kernel, B, MOE_PLAN_BLOCK_SIZE, 0, stream, routed_counts, experts, T, K, E);
+// The dispatch plan's first step alone: r.routed_counts[b*E + e] = assignments of sequence b to e (from r.experts).
+void moe_count_routed(const MoeRouting& r, const MoeShape& s, cudaStream_t stream) {
+    moe_check_plan("moe_count_routed", s.B, s.T, s.K, s.E);
+    launch(moe_count_routed_kernel, s.B, MOE_PLAN_BLOCK_SIZE, 0, stream, r.routed_counts, r.experts, s.T,
+           s.K, s.E);
 }
 
-// The rest of the plan, from the routed_counts that moe_count_routed left (and leaves them so again): slots and
+// The rest of the plan, from the r.routed_counts that moe_count_routed left (and leaves them so again): r.slots and
 // expert_counts as moe_dispatch_plan's. capacity_left (B*E ints, or null: `capacity` for every one) is the room
 // each sequence has left for each expert, where the pieces of a longer sequence before it used some.
-void moe_place_assignments(int* slots, int* expert_counts, int* routed_counts, const int* experts, int B, int T, int K,
-                           int E, int capacity, const int* capacity_left, cudaStream_t stream) {
-    moe_check_plan("moe_place_assignments", B, T, K, E);
-    launch(moe_expert_offsets_kernel, ceil_div(E, MOE_WARPS_PER_BLOCK), MOE_BLOCK_SIZE, 0, stream, expert_counts,
-           routed_counts, B, E, capacity, capacity_left);
-    launch(moe_place_kernel, B, MOE_PLAN_BLOCK_SIZE, 0, stream, slots, routed_counts, experts, expert_counts, T, K, E,
-           capacity, capacity_left);
+void moe_place_assignments(const MoeRouting& r, int* expert_counts, const MoeShape& s, int capacity,
+                           const int* capacity_left, cudaStream_t stream) {
+    moe_check_plan("moe_place_assignments", s.B, s.T, s.K, s.E);
+    launch(moe_expert_offsets_kernel, ceil_div(s.E, MOE_WARPS_PER_BLOCK), MOE_BLOCK_SIZE, 0, stream, expert_counts,
+           r.routed_counts, s.B, s.E, capacity, capacity_left);
+    launch(moe_place_kernel, s.B, MOE_PLAN_BLOCK_SIZE, 0, stream, r.slots, r.routed_counts, r.experts,
+           expert_counts, s.T, s.K, s.E, capacity, capacity_left);
 }
 
-// Where each of the N*K assignments goes in the expert-sorted order: slots[n*K+k] = its row in the permuted
+// Where each of the N*K assignments goes in the expert-sorted order: r.slots[n*K+k] = its row in the permuted
 // buffer, or -1 if dropped by capacity. Sorted by expert, then by (n, k). expert_counts[e] (E ints) = kept
-// assignments of expert e; routed_counts[b*E + e] (B*E ints) = assignments of sequence b to e before drops.
+// assignments of expert e; r.routed_counts[b*E + e] = assignments of sequence b to e before drops.
 // capacity <= 0: dropless; else at most `capacity` kept per expert per sequence, visiting (t, then k).
-// Rows: N = B*T. Returns nothing; the caller copies expert_counts to the host when it needs them.
-void moe_dispatch_plan(int* slots, int* expert_counts, int* routed_counts, const int* experts, int B, int T, int K,
-                       int E, int capacity, cudaStream_t stream) {
-    moe_count_routed(routed_counts, experts, B, T, K, E, stream);
-    moe_place_assignments(slots, expert_counts, routed_counts, experts, B, T, K, E, capacity, nullptr, stream);
+// Returns nothing; the caller copies expert_counts to the host when it needs them.
+void moe_dispatch_plan(const MoeRouting& r, int* expert_counts, const MoeShape& s, int capacity, cudaStream_t stream) {
+    moe_count_routed(r, s, stream);
+    moe_place_assignments(r, expert_counts, s, capacity, nullptr, stream);
 }
 
-// permuted[slots[n*K+k]] = inp[n] for every kept assignment (C channels)
-void moe_permute_forward(floatX* permuted, const floatX* inp, const int* slots, int N, int K, int C,
+// permuted[r.slots[n*K+k]] = inp[n] for every kept assignment (C channels)
+void moe_permute_forward(floatX* permuted, const floatX* inp, const MoeRouting& r, const MoeShape& s,
                          cudaStream_t stream) {
-    moe_check_rows("moe_permute_forward", N, K);
-    moe_check_width("moe_permute_forward", C);
-    launch(moe_permute_forward_kernel, grid_size_for((long long)N * K * (C / x128::size), MOE_BLOCK_SIZE),
-           MOE_BLOCK_SIZE, 0, stream, permuted, inp, slots, N, K, C);
+    moe_check_rows("moe_permute_forward", s.rows(), s.K);
+    moe_check_width("moe_permute_forward", s.C);
+    launch(moe_permute_forward_kernel, grid_size_for((long long)s.rows() * s.K * (s.C / x128::size), MOE_BLOCK_SIZE),
+           MOE_BLOCK_SIZE, 0, stream, permuted, inp, r.slots, s.rows(), s.K, s.C);
 }
 
-// dinp[n] = sum over kept k (in order k = 0..K-1, summed in fp32) of dpermuted[slots[n*K+k]]  (overwrites; 0 if
+// dinp[n] = sum over kept k (in order k = 0..K-1, summed in fp32) of dpermuted[r.slots[n*K+k]]  (overwrites; 0 if
 // all dropped)
-void moe_permute_backward(floatX* dinp, const floatX* dpermuted, const int* slots, int N, int K, int C,
+void moe_permute_backward(floatX* dinp, const floatX* dpermuted, const MoeRouting& r, const MoeShape& s,
                           cudaStream_t stream) {
-    moe_check_rows("moe_permute_backward", N, K);
-    moe_check_width("moe_permute_backward", C);
-    launch(moe_gather_rows_kernel, grid_size_for((long long)N * (C / x128::size), MOE_BLOCK_SIZE), MOE_BLOCK_SIZE, 0,
-           stream, dinp, dpermuted, slots, (const float*)nullptr, N, K, C);
+    moe_check_rows("moe_permute_backward", s.rows(), s.K);
+    moe_check_width("moe_permute_backward", s.C);
+    launch(moe_gather_rows_kernel, grid_size_for((long long)s.rows() * (s.C / x128::size), MOE_BLOCK_SIZE),
+           MOE_BLOCK_SIZE, 0, stream, dinp, dpermuted, r.slots, (const float*)nullptr, s.rows(), s.K, s.C);
 }
 
-// out[n] = sum over kept k (in order, fp32) of weights[n*K+k] * expert_out[slots[n*K+k]]  (overwrites)
-void moe_unpermute_forward(floatX* out, const floatX* expert_out, const int* slots, const float* weights, int N, int K,
-                           int C, cudaStream_t stream) {
-    moe_check_rows("moe_unpermute_forward", N, K);
-    moe_check_width("moe_unpermute_forward", C);
-    launch(moe_gather_rows_kernel, grid_size_for((long long)N * (C / x128::size), MOE_BLOCK_SIZE), MOE_BLOCK_SIZE, 0,
-           stream, out, expert_out, slots, weights, N, K, C);
+// out[n] = sum over kept k (in order, fp32) of r.weights[n*K+k] * expert_out[r.slots[n*K+k]]  (overwrites)
+void moe_unpermute_forward(floatX* out, const floatX* expert_out, const MoeRouting& r, const MoeShape& s,
+                           cudaStream_t stream) {
+    moe_check_rows("moe_unpermute_forward", s.rows(), s.K);
+    moe_check_width("moe_unpermute_forward", s.C);
+    launch(moe_gather_rows_kernel, grid_size_for((long long)s.rows() * (s.C / x128::size), MOE_BLOCK_SIZE),
+           MOE_BLOCK_SIZE, 0, stream, out, expert_out, r.slots, r.weights, s.rows(), s.K,
+           s.C);
 }
 
-// dexpert_out[slot] = weights[n*K+k] * dout[n] for kept (n,k); dweights[n*K+k] = dot(dout[n], expert_out[slot]) in
-// fp32 (0 if dropped)
-void moe_unpermute_backward(floatX* dexpert_out, float* dweights, const floatX* dout, const floatX* expert_out,
-                            const int* slots, const float* weights, int N, int K, int C, cudaStream_t stream) {
-    moe_check_rows("moe_unpermute_backward", N, K);
-    moe_check_width("moe_unpermute_backward", C);
-    launch(moe_unpermute_backward_kernel, grid_size_for(N, MOE_WARPS_PER_BLOCK), MOE_BLOCK_SIZE, 0, stream,
-           dexpert_out, dweights, dout, expert_out, slots, weights, N, K, C);
+// dexpert_out[slot] = r.weights[n*K+k] * dout[n] for kept (n,k); r.dweights[n*K+k] = dot(dout[n], expert_out[slot])
+// in fp32 (0 if dropped)
+void moe_unpermute_backward(floatX* dexpert_out, const floatX* dout, const floatX* expert_out, const MoeRouting& r,
+                            const MoeShape& s, cudaStream_t stream) {
+    moe_check_rows("moe_unpermute_backward", s.rows(), s.K);
+    moe_check_width("moe_unpermute_backward", s.C);
+    launch(moe_unpermute_backward_kernel, grid_size_for(s.rows(), MOE_WARPS_PER_BLOCK), MOE_BLOCK_SIZE, 0, stream,
+           dexpert_out, r.dweights, dout, expert_out, r.slots, r.weights, s.rows(), s.K, s.C);
 }
 
 // data[i] = data[i] * factor in fp32, rounded once to floatX, for i < count
@@ -573,30 +595,27 @@ void moe_scale(floatX* data, float factor, size_t count, cudaStream_t stream) {
 
 // The aux loss's value and the z-loss's: aux_sum += sum_b E * sum_e f[b,e] P[b,e]; z_sum += sum_n lse[n]^2 (fp32
 // device scalars; the caller divides by B and N). T rows per sequence here, of its S positions.
-void moe_aux_loss_forward(float* aux_sum, float* z_sum, const float* probs, const float* lse, const int* routed_counts,
-                          int B, int T, int S, int E, int K, cudaStream_t stream) {
-    moe_check_experts("moe_aux_loss_forward", E, K);
-    moe_check_sequences("moe_aux_loss_forward", B, T, S);
-    launch(moe_aux_loss_forward_kernel, 1, MOE_AUX_BLOCK_SIZE, 0, stream, aux_sum, z_sum, probs, lse, routed_counts,
-           B, T, S, E, K);
+void moe_aux_loss_forward(float* aux_sum, float* z_sum, const MoeRouting& r, const MoeShape& s, cudaStream_t stream) {
+    moe_check_experts("moe_aux_loss_forward", s.E, s.K);
+    moe_check_sequences("moe_aux_loss_forward", s.B, s.T, s.S);
+    launch(moe_aux_loss_forward_kernel, 1, MOE_AUX_BLOCK_SIZE, 0, stream, aux_sum, z_sum, r.probs,
+           r.lse, r.routed_counts, s.B, s.T, s.S, s.E, s.K);
 }
 
-// the aux loss's gradient: dprobs[n*E+e] = aux_scale * E * f[b,e] / S   (overwrites: dprobs starts as the aux part)
-void moe_aux_loss_backward(float* dprobs, const int* routed_counts, int B, int T, int S, int E, int K, float aux_scale,
-                           cudaStream_t stream) {
-    moe_check_experts("moe_aux_loss_backward", E, K);
-    moe_check_sequences("moe_aux_loss_backward", B, T, S);
-    launch(moe_aux_loss_backward_kernel, grid_size_for((long long)B * T * E, MOE_BLOCK_SIZE), MOE_BLOCK_SIZE, 0,
-           stream, dprobs, routed_counts, B, T, S, E, K, aux_scale);
+// the aux loss's gradient: r.dprobs[n*E+e] = aux_scale * E * f[b,e] / S   (overwrites: dprobs starts as the aux part)
+void moe_aux_loss_backward(const MoeRouting& r, const MoeShape& s, float aux_scale, cudaStream_t stream) {
+    moe_check_experts("moe_aux_loss_backward", s.E, s.K);
+    moe_check_sequences("moe_aux_loss_backward", s.B, s.T, s.S);
+    launch(moe_aux_loss_backward_kernel, grid_size_for((long long)s.rows() * s.E, MOE_BLOCK_SIZE), MOE_BLOCK_SIZE, 0,
+           stream, r.dprobs, r.routed_counts, s.B, s.T, s.S, s.E, s.K, aux_scale);
 }
 
-// dlogits (floatX, N x E) from dprobs (in: the aux part; may be modified) plus the renormalised weights' gradient
-// dweights (N x K) and the z-loss (z_scale * 2 * lse * p); see the spec for the formulas.
-void moe_router_backward(floatX* dlogits, float* dprobs, const float* probs, const float* lse, const int* experts,
-                         const float* weights, const float* dweights, int N, int E, int K, float z_scale,
-                         cudaStream_t stream) {
-    moe_check_experts("moe_router_backward", E, K);
-    moe_check_rows("moe_router_backward", N, K);
-    launch(moe_router_backward_kernel, grid_size_for(N, MOE_WARPS_PER_BLOCK), MOE_BLOCK_SIZE, 0, stream, dlogits,
-           dprobs, probs, lse, experts, weights, dweights, N, E, K, z_scale);
+// dlogits (floatX, N x E) from r.dprobs (the aux part; read only) plus the renormalised weights' gradient
+// r.dweights and the z-loss (z_scale * 2 * lse * p); see the spec for the formulas.
+void moe_router_backward(floatX* dlogits, const MoeRouting& r, const MoeShape& s, float z_scale, cudaStream_t stream) {
+    moe_check_experts("moe_router_backward", s.E, s.K);
+    moe_check_rows("moe_router_backward", s.rows(), s.K);
+    launch(moe_router_backward_kernel, grid_size_for(s.rows(), MOE_WARPS_PER_BLOCK), MOE_BLOCK_SIZE, 0, stream,
+           dlogits, r.dprobs, r.probs, r.lse, r.experts,
+           r.weights, r.dweights, s.rows(), s.E, s.K, z_scale);
 }
