@@ -11,8 +11,8 @@ the planner takes too.
 #include "flags.h"
 #include "../schedulers.h"
 #include "../parallel/layout.h"
-#include "../parallel/zero.h"
-#include "../planning/planner.h"
+#include "../optimizer_config.h"
+#include "../planning/hardware.h"
 
 struct Options {
     // the model: a GPT-2 shape by name, a custom shape, or a model file
