@@ -165,10 +165,13 @@ public:
     std::string exact_value(const std::string& name) const {
         const Flag* flag = find(name);
         if (!flag) fatal("exact_value: no flag named --%s", name.c_str());
-        if (flag->type != kFloat) return value_text(*flag);
         char text[64];
-        snprintf(text, sizeof(text), "%a", flag->float_value);
-        return text;
+        switch (flag->type) {
+            case kInt: return std::to_string(flag->int_value);
+            case kFloat: snprintf(text, sizeof(text), "%a", flag->float_value); return text;
+            case kBool: return flag->bool_value ? "true" : "false";
+            default: return flag->string_value;
+        }
     }
 
     void print_help(FILE* out) const {
