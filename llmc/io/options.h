@@ -98,7 +98,7 @@ inline Options parse_options(Flags& flags, int argc, char** argv) {
         "custom: a mixture of experts in every block's MLP (or every --moe-every-th), of this many experts (0: a "
         "dense MLP)", 0, 256);
     int& experts_per_token = flags.add_int("experts-per-token", 2, "custom, with --experts: experts each token goes to "
-                                           "(top-K of the router)", 1, 16);
+                                           "(top-K of the router), at most --experts", 1, 16);
     int& shared_experts = flags.add_int("shared-experts", 0, "custom, with --experts: experts every token goes to",
                                         0, 256);
     int& moe_every = flags.add_int("moe-every", 1, "custom, with --experts: every N-th block's MLP is a mixture "
@@ -122,7 +122,7 @@ inline Options parse_options(Flags& flags, int argc, char** argv) {
     bool& shuffle = flags.add_bool("shuffle", true, "visit training rows in a random order each epoch");
     int& data_seed = flags.add_int("data-seed", 1337, "seed of the shuffled order", 0);
     flags.heading("Batch");
-    int& batch_size = flags.add_int("batch-size", 4, "sequences per micro-batch and rank (B)", 1, 1 << 20);
+    int& batch_size = flags.add_int("batch-size", 4, "sequences per micro-batch and data-parallel rank (B)", 1, 1 << 20);
     int& seq_len = flags.add_int("seq-len", 64, "tokens per sequence (T)", 1, 1 << 20);
     int& total_batch_size = flags.add_int("total-batch-size", 0,
         "tokens per optimizer step, all ranks together; a multiple of B*T*data-parallel ranks, the rest is "
@@ -197,11 +197,13 @@ inline Options parse_options(Flags& flags, int argc, char** argv) {
         "attention work), or chunk i of cp (contiguous)");
     flags.heading("Activation recomputation");
     std::string& recompute_policy = flags.add_choice("recompute", "none", recompute_policy_names(),
-        "what the forward pass keeps: everything (none), all but the layernorm and GELU outputs (selective), "
-        "only the input of every --recompute-every'th block (full); the backward pass computes the rest again");
+        "what the forward pass keeps: everything (none), all but the norms' outputs and the MLP activation's "
+        "(selective), only the input of every --recompute-every'th block (full); the backward pass computes the "
+        "rest again");
     int& recompute_every = flags.add_int("recompute-every", 1,
         "full: keep the input of every C-th block; the backward pass reruns C blocks at a time (sqrt(layers) "
         "needs the least memory)", 1, 1 << 20);
+    flags.heading("Launching without MPI");
     std::string& nccl_init_file = flags.add_string("nccl-init-file", "",
         "a path on a file system all ranks share, fresh for every run (put the job id in it): rank 0 hands the "
         "NCCL id to the others there; needed by srun / torchrun launches without MPI (GPU build)");
@@ -228,7 +230,7 @@ inline Options parse_options(Flags& flags, int argc, char** argv) {
     float& infiniband_gbps = flags.add_float("infiniband-bandwidth", 50.0f,
         "planning: GB/s per GPU across nodes (NDR InfiniBand, 400 Gb/s: 50)", 1e-3f);
     float& peak_tflops = flags.add_float("peak-tflops", 989.4f,
-        "planning: peak TFLOP/s per GPU (H100 SXM dense BF16: 989)", 1e-3f);
+        "planning: peak TFLOP/s per GPU (H100 SXM dense BF16: 989.4)", 1e-3f);
     float& efficiency = flags.add_float("efficiency", 0.5f, "planning: fraction of the peak the matmuls reach",
                                         1e-3f, 1.0f);
     int& plan_top = flags.add_int("plan-top", 10, "--plan-search: layouts listed", 1);
