@@ -11,6 +11,7 @@ Prints `N passed, M failed` and exits non-zero on any failure.
 #include <vector>
 #include "../lab/lab.h"
 #include "../../llmc/io/flags.h"
+#include "../../llmc/io/options.h"
 #include "../../llmc/io/checkpoint.h"
 #include "../../llmc/schedulers.h"
 #include "../../llmc/io/logger.h"
@@ -120,7 +121,7 @@ void test_flags() {
         bool all = status == 0 && contains(text, "Usage: train_gpt") && contains(text, "Trains GPT-2 on token shards.");
         for (const char* part : {"Model and data:", "Optimizer:", "--batch-size INT", "sequences per micro-batch",
                                  "(default: 4; between 1 and 1024)", "--shift INT", "(default: 0)",
-                                 "--learning-rate NUMBER", "(default: 0.000300000014; at least 0)",
+                                 "--learning-rate NUMBER", "(default: 0.0003; at least 0)",
                                  "--resume[=true|false]", "--output-dir TEXT", "--lr-schedule cosine|constant",
                                  "(default: cosine)", "--help, -h"})
             all = all && contains(text, part);
@@ -132,7 +133,7 @@ void test_flags() {
     t.parse({"--output-dir", "a \"quoted\"\\path", "--batch-size", "16"});
     std::string json = t.flags.to_json();
     std::string expected_json =
-        "{\"batch-size\": 16, \"shift\": 0, \"learning-rate\": 0.000300000014, \"dropout\": 0, \"resume\": false, "
+        "{\"batch-size\": 16, \"shift\": 0, \"learning-rate\": 0.0003, \"dropout\": 0, \"resume\": false, "
         "\"output-dir\": \"a \\\"quoted\\\"\\\\path\", \"lr-schedule\": \"cosine\"}";
     check_true("to_json: numbers bare, strings quoted and escaped", json == expected_json, json);
     std::string summary = t.flags.summary();
@@ -146,6 +147,153 @@ void test_flags() {
                    contains(command, "--output-dir=\"a \\\"quoted\\\"\\\\path\""),
                command);
     check_true("json_quote escapes control characters", json_quote("a\nb\x01") == "\"a\\nb\\u0001\"");
+}
+
+// ----------------------------------------------------------------------------
+// train_gpt's flags: what --help states, held against what the parser does
+
+// One flag's row of --help: "  --name USAGE  help (default: D; range)".
+struct HelpRow {
+    std::string name, usage, help, default_text, range;
+};
+
+std::vector<HelpRow> help_rows(const std::string& help) {
+    std::vector<HelpRow> rows;
+    size_t start = 0;
+    while (start < help.size()) {
+        size_t end = help.find('\n', start);
+        if (end == std::string::npos) end = help.size();
+        const std::string line = help.substr(start, end - start);
+        start = end + 1;
+        const size_t opened = line.rfind(" (default: ");
+        if (line.rfind("  --", 0) != 0 || opened == std::string::npos || line.back() != ')') continue;
+        HelpRow row;
+        const size_t name_end = line.find_first_of(" [", 4), usage_end = line.find("  ", 4);
+        row.name = line.substr(4, name_end - 4);
+        row.usage = line.substr(2, usage_end - 2);
+        row.help = line.substr(line.find_first_not_of(' ', usage_end), opened - line.find_first_not_of(' ', usage_end));
+        std::string stated = line.substr(opened + 11, line.size() - 1 - (opened + 11));
+        const size_t semicolon = stated.find("; ");
+        row.default_text = stated.substr(0, semicolon);
+        if (semicolon != std::string::npos) row.range = stated.substr(semicolon + 2);
+        rows.push_back(row);
+    }
+    return rows;
+}
+
+// train_gpt's table with `arguments` parsed (on bad input the parser ends the process, as in the program)
+void parse_train_gpt(Flags& flags, std::vector<std::string> arguments) {
+    arguments.insert(arguments.begin(), "train_gpt");
+    std::vector<char*> argv;
+    for (std::string& a : arguments) argv.push_back(a.data());
+    parse_options(flags, (int)argv.size(), argv.data());
+}
+
+// Whether the parser refuses `--name=value` with its one line; a refusal after parsing (a later check on
+// the values together) does not count: the parser took the value.
+bool parser_refuses(const std::string& name, const std::string& value) {
+    auto [status, output] = run_in_child([&] { Flags flags("train_gpt", ""); parse_train_gpt(flags, {"--" + name + "=" + value}); });
+    return status != 0 && contains(output, "error: flag --" + name + " ");
+}
+
+// Every row of train_gpt's --help: its default parses back to the parser's default exactly; a number's default
+// has no more digits than reading it back needs; each end of a stated range is accepted and the value just
+// past it refused; each listed choice is accepted and another refused; a "0: ..." meaning is accepted.
+void test_train_gpt_help() {
+    printf("train_gpt's --help against its parser\n");
+    auto [status, help] = run_in_child([] {
+        std::string program = "train_gpt", flag = "--help";
+        char* argv[] = {program.data(), flag.data()};
+        parse_options(2, argv);
+    });
+    Flags defaults("train_gpt", "");
+    parse_train_gpt(defaults, {});
+    const std::vector<HelpRow> rows = help_rows(help);
+    std::vector<std::string> listed;
+    for (const HelpRow& row : rows) listed.push_back(row.name);
+    check_true("--help exits 0 and has one row per flag of the table, in order", status == 0 && listed == defaults.names(),
+               std::to_string(rows.size()) + " rows, " + std::to_string(defaults.names().size()) + " flags");
+    check_true("--help says what it trains", contains(help, "GPT-2 or Llama 3") && contains(help, "mixture of experts") &&
+                                                 !contains(help, "Trains GPT-2 on"));
+
+    std::string wrong_default, long_number, wrong_range, wrong_choice, wrong_zero;
+    for (const HelpRow& row : rows) {
+        const bool is_int = contains(row.usage, " INT"), is_number = contains(row.usage, " NUMBER");
+        auto [reread_status, reread] = run_in_child([&] {  // (a default the parser refuses ends the child)
+            Flags flags("train_gpt", "");
+            parse_train_gpt(flags, {"--" + row.name + "=" + row.default_text});
+            printf("%s", flags.exact_value(row.name).c_str());
+        });
+        if (reread_status != 0 || reread != defaults.exact_value(row.name))
+            wrong_default += " --" + row.name + " states " + row.default_text + ", holds " +
+                             defaults.exact_value(row.name) + ", reads back " + reread;
+        if (is_number) {  // written with the fewest significant digits: one fewer reads back another float
+            const float value = strtof(row.default_text.c_str(), nullptr);
+            int digits = 0;
+            bool leading = true;
+            for (char c : row.default_text.substr(0, row.default_text.find('e'))) {
+                if (!isdigit((unsigned char)c)) continue;
+                if (c != '0') leading = false;
+                if (!leading) digits++;
+            }
+            char shorter[64];
+            snprintf(shorter, sizeof(shorter), "%.*g", std::max(digits - 1, 1), value);
+            const bool whole = value == std::floor(value);  // whole numbers are written out in full
+            if (digits > 1 && !whole && strtof(shorter, nullptr) == value)
+                long_number += " --" + row.name + " " + row.default_text + " (" + shorter + " reads back the same)";
+        }
+        if (!row.range.empty()) {
+            // "between A and B", "at least A", "at most B"
+            std::string low, high;
+            if (row.range.rfind("between ", 0) == 0) {
+                const size_t and_at = row.range.find(" and ");
+                low = row.range.substr(8, and_at - 8), high = row.range.substr(and_at + 5);
+            } else if (row.range.rfind("at least ", 0) == 0) {
+                low = row.range.substr(9);
+            } else if (row.range.rfind("at most ", 0) == 0) {
+                high = row.range.substr(8);
+            } else {
+                wrong_range += " --" + row.name + " states an unknown range '" + row.range + "'";
+                continue;
+            }
+            for (const bool is_low : {true, false}) {
+                const std::string& bound = is_low ? low : high;
+                if (bound.empty()) continue;
+                std::string outside;
+                if (is_int) {
+                    outside = std::to_string(strtoll(bound.c_str(), nullptr, 10) + (is_low ? -1 : 1));
+                } else {
+                    char text[64];
+                    snprintf(text, sizeof(text), "%.9g", std::nextafter(strtof(bound.c_str(), nullptr),
+                                                                        is_low ? -INFINITY : INFINITY));
+                    outside = text;
+                }
+                if (parser_refuses(row.name, bound)) wrong_range += " --" + row.name + " refuses " + bound;
+                if (!parser_refuses(row.name, outside)) wrong_range += " --" + row.name + " accepts " + outside;
+            }
+        }
+        const size_t space = row.usage.find(' ');
+        if (!is_int && !is_number && space != std::string::npos && row.usage.find(" TEXT") == std::string::npos) {
+            std::string choices = row.usage.substr(space + 1) + "|";  // "a|b|c|"
+            for (size_t at = 0, bar; (bar = choices.find('|', at)) != std::string::npos; at = bar + 1)
+                if (parser_refuses(row.name, choices.substr(at, bar - at)))
+                    wrong_choice += " --" + row.name + " refuses " + choices.substr(at, bar - at);
+            if (!parser_refuses(row.name, "no-such-choice")) wrong_choice += " --" + row.name + " accepts no-such-choice";
+        }
+        if ((is_int || is_number) && (contains(row.help, "(0:") || contains(row.help, "; 0:")) &&
+            parser_refuses(row.name, "0"))
+            wrong_zero += " --" + row.name;
+    }
+    check_true("every stated default reads back as the parser's default", wrong_default.empty(), wrong_default);
+    check_true("number defaults as written: 0.01, 0.0003, 0.9, 1e-8, 500000, no digit too many",
+               long_number.empty() && contains(help, "(default: 0.01;") && contains(help, "(default: 0.0003;") &&
+                   contains(help, "(default: 0.9;") && contains(help, "(default: 1e-8;") &&
+                   contains(help, "(default: 500000;"),
+               long_number);
+    check_true("every stated range: both ends accepted, the value just past each refused", wrong_range.empty(),
+               wrong_range);
+    check_true("every listed choice accepted, another refused", wrong_choice.empty(), wrong_choice);
+    check_true("every flag whose help gives 0 a meaning accepts 0", wrong_zero.empty(), wrong_zero);
 }
 
 // ----------------------------------------------------------------------------
@@ -271,6 +419,21 @@ void test_checkpoints() {
                    !parse_checkpoint_name("checkpoint_12.shard0.bin", &step, &file) &&
                    !parse_checkpoint_name("checkpoint_12.shard.bin", &step, &file) &&
                    !parse_checkpoint_name("checkpoint_12.bin.tmp", &step, &file));
+    {
+        // P 2 x T 3 x X 2 x S 2 files: p varies slowest, then t, x, and the shard k fastest
+        const ShardFileGrid grid{2, 3, 2, 2};
+        bool round_trip = grid.files() == 24;
+        for (int file = 0; file < grid.files(); file++) {
+            const ShardOwner o = shard_file_owner(grid, file);
+            round_trip = round_trip && shard_file(grid, o) == file && o.pp_rank < 2 && o.tp_rank < 3 && o.ep_rank < 2 &&
+                         o.shard < 2;
+        }
+        const ShardOwner last = shard_file_owner(grid, 23), some = shard_file_owner(grid, 13);
+        check_true("shard files: 24 of a 2 x 3 x 2 x 2 grid; shard_file_owner inverts shard_file; file 13 is "
+                   "p 1, t 0, x 0, k 1 (((1 3 + 0) 2 + 0) 2 + 1)",
+                   round_trip && last.pp_rank == 1 && last.tp_rank == 2 && last.ep_rank == 1 && last.shard == 1 &&
+                       some.pp_rank == 1 && some.tp_rank == 0 && some.ep_rank == 0 && some.shard == 1);
+    }
     check_true("checkpoint_path and shard_path spell the names",
                checkpoint_path("d", 12) == "d/checkpoint_12.bin" &&
                    shard_path(checkpoint_path("d", 12), 2) == "d/checkpoint_12.shard2.bin");
@@ -796,6 +959,7 @@ int main() {
     if (!mkdtemp(dir_template)) fatal("cannot create a temporary directory: %s", strerror(errno));
     test_dir = dir_template;
     test_flags();
+    test_train_gpt_help();
     test_checkpoints();
     test_schedulers();
     test_logger();

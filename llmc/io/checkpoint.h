@@ -267,7 +267,7 @@ private:
 // checkpoints in an output directory
 //
 // A checkpoint of step s is one main file, checkpoint_<s>.bin, and, for a sharded run, shard files
-// checkpoint_<s>.shard<k>.bin (k = 1 .. files-1; which rank writes which: llmc/parallel/reshard.h). So
+// checkpoint_<s>.shard<k>.bin (k = 1 .. files-1; which rank's shard is which: shard_file below). So
 // that the files of two checkpoints can never be mixed, each file carries two sections:
 //     "checkpoint_id"  a 64-bit number drawn when the save began, the same in every file of the checkpoint
 //     "step"           s
@@ -295,6 +295,29 @@ inline std::string checkpoint_path(const std::string& directory, long long step)
 inline std::string shard_path(const std::string& main_path, int file) {
     if (file == 0) return main_path;
     return main_path.substr(0, main_path.size() - 4) + ".shard" + std::to_string(file) + ".bin";  // drops ".bin"
+}
+
+// The files of a sharded checkpoint form a grid: for every pipeline rank p, tp rank t and ep rank x of the
+// layout that saved it (P x T x X ranks), its S ZeRO shards k, file ((p T + t) X + x) S + k (file 0 is the
+// main file). shard_file numbers a shard's file and shard_file_owner tells whose a file is; nothing else
+// does that arithmetic.
+struct ShardFileGrid {
+    int pp = 1, tp = 1, ep = 1, shards = 1;
+    int files() const { return pp * tp * ep * shards; }
+};
+struct ShardOwner {
+    int pp_rank = 0, tp_rank = 0, ep_rank = 0, shard = 0;
+};
+inline int shard_file(const ShardFileGrid& grid, const ShardOwner& owner) {
+    return ((owner.pp_rank * grid.tp + owner.tp_rank) * grid.ep + owner.ep_rank) * grid.shards + owner.shard;
+}
+inline ShardOwner shard_file_owner(const ShardFileGrid& grid, int file) {
+    ShardOwner owner;
+    owner.shard = file % grid.shards;
+    owner.ep_rank = file / grid.shards % grid.ep;
+    owner.tp_rank = file / (grid.shards * grid.ep) % grid.tp;
+    owner.pp_rank = file / (grid.shards * grid.ep * grid.tp);
+    return owner;
 }
 
 // The two sections every file of a checkpoint carries.

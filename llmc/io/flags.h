@@ -5,7 +5,7 @@ The parser and the --help text both read the same table, so the help can never d
 accepted. Each add_*() call appends a row (name, type, default, help text, allowed values) and returns a
 reference to the value, which parse() then overwrites:
 
-    Flags flags("train_gpt", "Trains GPT-2 on token shards.");
+    Flags flags("train_gpt", "Trains a model on token shards.");
     flags.heading("Model and data");                                      // optional help sections
     int& batch_size = flags.add_int("batch-size", 4, "sequences per micro-batch", 1);       // min 1
     float& lr = flags.add_float("learning-rate", 3e-4f, "peak learning rate", 0.0f);        // min 0
@@ -151,6 +151,27 @@ public:
         const Flag* flag = find(name);
         if (!flag) fatal("was_given: no flag named --%s", name.c_str());
         return flag->given;
+    }
+
+    // Every flag's name, in the table's order.
+    std::vector<std::string> names() const {
+        std::vector<std::string> list;
+        for (const auto& flag : flags_) list.push_back(flag->name);
+        return list;
+    }
+
+    // A flag's value exactly (a float in hexadecimal), so that two values print alike only when they are
+    // equal: what a test compares with the default --help states.
+    std::string exact_value(const std::string& name) const {
+        const Flag* flag = find(name);
+        if (!flag) fatal("exact_value: no flag named --%s", name.c_str());
+        char text[64];
+        switch (flag->type) {
+            case kInt: return std::to_string(flag->int_value);
+            case kFloat: snprintf(text, sizeof(text), "%a", flag->float_value); return text;
+            case kBool: return flag->bool_value ? "true" : "false";
+            default: return flag->string_value;
+        }
     }
 
     void print_help(FILE* out) const {
@@ -328,10 +349,27 @@ private:
         return text;
     }
 
+    // A number as a person writes it: the fewest significant digits that read back as the same float (9
+    // always do), so 0.01f prints as 0.01, not 0.00999999978; whole numbers in full (500000, not 5e+05), and
+    // an exponent without its sign's + and leading zeros (1e-8).
     static std::string number_text(float value) {
         char text[64];
-        snprintf(text, sizeof(text), "%.9g", value);  // 9 significant digits give back the same float
-        return text;
+        if (value == std::floor(value) && std::fabs(value) < 1e15f) {
+            snprintf(text, sizeof(text), "%.0f", value);
+            return text;
+        }
+        for (int digits = 1; digits <= 9; digits++) {
+            snprintf(text, sizeof(text), "%.*g", digits, value);
+            if (strtof(text, nullptr) == value) break;
+        }
+        std::string number = text;
+        const size_t e = number.find('e');
+        if (e == std::string::npos) return number;
+        size_t digits = e + 1;
+        if (number[digits] == '+') number.erase(digits, 1);
+        else if (number[digits] == '-') digits++;
+        while (digits + 1 < number.size() && number[digits] == '0') number.erase(digits, 1);
+        return number;
     }
 
     static std::string value_text(const Flag& flag) {

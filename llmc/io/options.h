@@ -7,12 +7,13 @@ the planner takes too.
 */
 #pragma once
 
+#include <cmath>
 #include <string>
 #include "flags.h"
 #include "../schedulers.h"
 #include "../parallel/layout.h"
-#include "../parallel/zero.h"
-#include "../planning/planner.h"
+#include "../optimizer_config.h"
+#include "../planning/hardware.h"
 
 struct Options {
     // the model: a GPT-2 shape by name, a custom shape, or a model file
@@ -71,8 +72,9 @@ inline std::vector<int> parse_pp_layers(const std::string& text) {
     }
 }
 
-inline Options parse_options(int argc, char** argv) {
-    Flags flags("train_gpt", "Trains GPT-2 on token shards (llm.c's format), on one GPU or on the CPU.");
+// Declares train_gpt's flags in `flags` (empty), parses argv and returns the Options; `flags` then holds
+// the table and its values (dev/test/test_host.cu holds every row's help against the parser).
+inline Options parse_options(Flags& flags, int argc, char** argv) {
     flags.heading("Model");
     std::string& model_name = flags.add_string("model", "124M",
         "124M, 350M, 774M or 1558M (GPT-2 shapes), llama3-8B, llama3-70B or llama3-405B (Llama 3 shapes), "
@@ -89,17 +91,19 @@ inline Options parse_options(int argc, char** argv) {
     int& kv_heads = flags.add_int("kv-heads", 0, "custom llama: K/V heads, a divisor of --heads (0: --heads)", 0, 1024);
     int& ffn_hidden = flags.add_int("ffn-hidden", 0, "custom llama: the SwiGLU MLP's hidden units (0: 4 C)", 0,
                                     1 << 20);
-    float& rope_theta = flags.add_float("rope-theta", 500000.0f, "custom llama: RoPE's base", 1.0f);
+    // the model's check refuses a base of 1 (RoPE's angles would not turn), so the least accepted is the next float
+    float& rope_theta = flags.add_float("rope-theta", 500000.0f, "custom llama: RoPE's base, above 1",
+                                        std::nextafter(1.0f, 2.0f));
     int& experts = flags.add_int("experts", 0,
         "custom: a mixture of experts in every block's MLP (or every --moe-every-th), of this many experts (0: a "
         "dense MLP)", 0, 256);
     int& experts_per_token = flags.add_int("experts-per-token", 2, "custom, with --experts: experts each token goes to "
-                                           "(top-K of the router)", 1, 16);
+                                           "(top-K of the router), at most --experts", 1, 16);
     int& shared_experts = flags.add_int("shared-experts", 0, "custom, with --experts: experts every token goes to",
                                         0, 256);
     int& moe_every = flags.add_int("moe-every", 1, "custom, with --experts: every N-th block's MLP is a mixture "
                                    "(blocks N-1, 2N-1, ...), the others dense", 1, 1 << 20);
-    int& init_seed = flags.add_int("init-seed", 42, "seed of the GPT-2 initialisation (from-scratch models)", 0);
+    int& init_seed = flags.add_int("init-seed", 42, "seed of the initialisation (models trained from scratch)", 0);
     flags.heading("Mixture of experts (a model with experts)");
     float& moe_aux_loss = flags.add_float("moe-aux-loss", 0.01f,
         "weight of the load-balancing loss (per sequence: experts x sum over experts of the share of its tokens "
@@ -118,11 +122,11 @@ inline Options parse_options(int argc, char** argv) {
     bool& shuffle = flags.add_bool("shuffle", true, "visit training rows in a random order each epoch");
     int& data_seed = flags.add_int("data-seed", 1337, "seed of the shuffled order", 0);
     flags.heading("Batch");
-    int& batch_size = flags.add_int("batch-size", 4, "sequences per micro-batch and rank (B)", 1, 1 << 20);
+    int& batch_size = flags.add_int("batch-size", 4, "sequences per micro-batch and data-parallel rank (B)", 1, 1 << 20);
     int& seq_len = flags.add_int("seq-len", 64, "tokens per sequence (T)", 1, 1 << 20);
     int& total_batch_size = flags.add_int("total-batch-size", 0,
-        "tokens per optimizer step, all ranks together; a multiple of B*T*ranks, the rest is gradient "
-        "accumulation (0: B*T*ranks)", 0);
+        "tokens per optimizer step, all ranks together; a multiple of B*T*data-parallel ranks, the rest is "
+        "gradient accumulation (0: B*T*data-parallel ranks)", 0);
     flags.heading("Optimizer");
     int& steps = flags.add_int("steps", 100, "optimizer steps in the whole run (the schedule spans them)", 1);
     float& learning_rate = flags.add_float("learning-rate", 3e-4f, "peak learning rate", 0.0f, 10.0f);
@@ -155,7 +159,7 @@ inline Options parse_options(int argc, char** argv) {
         "too (FSDP)", 0, 3);
     int& dp_shard = flags.add_int("dp-shard", 0,
         "data-parallel ranks that share one sharded copy of the state (HSDP: the rest replicate it); 0: all of "
-        "them", 0);
+        "them, which --ep needs", 0);
     int& tp_size = flags.add_int("tp", 1,
         "tensor parallelism: ranks that split every matmul (Megatron), neighbours in rank order; the world is "
         "data-parallel x pp x cp x tp ranks", 1, 4096);
@@ -179,23 +183,27 @@ inline Options parse_options(int argc, char** argv) {
         "(chrome://tracing, ui.perfetto.dev; scripts/pipeline_timeline.py draws it)");
     int& ep_size = flags.add_int("ep", 1,
         "expert parallelism: a mixture of experts' experts split over groups of this many consecutive "
-        "data-parallel ranks, the routed rows moved to their experts and back by all-to-alls (ZeRO 0)", 1, 4096);
+        "data-parallel ranks (it divides them and the experts), the routed rows moved to their experts and back "
+        "by all-to-alls", 1, 4096);
     int& cp_size = flags.add_int("cp", 1,
         "context parallelism: ranks that split every sequence (each holds T/cp positions); the world is "
         "data-parallel x pp x cp x tp ranks", 1, 4096);
     std::string& cp_mode_flag = flags.add_choice("cp-mode", "ring", cp_mode_names(),
         "how attention sees the other ranks' positions: key/value blocks passed around a ring (ring), or "
-        "all-to-alls from a split of the sequence to a split of the heads (ulysses: heads / tp must divide by cp)");
+        "all-to-alls from a split of the sequence to a split of the heads (ulysses: cp must divide each tp rank's "
+        "query heads and K/V heads)");
     std::string& cp_split_flag = flags.add_choice("cp-split", "zigzag", cp_split_names(),
         "which positions a cp rank holds: chunks i and 2cp-1-i of 2cp (zigzag: every rank the same causal "
         "attention work), or chunk i of cp (contiguous)");
     flags.heading("Activation recomputation");
     std::string& recompute_policy = flags.add_choice("recompute", "none", recompute_policy_names(),
-        "what the forward pass keeps: everything (none), all but the layernorm and GELU outputs (selective), "
-        "only the input of every --recompute-every'th block (full); the backward pass computes the rest again");
+        "what the forward pass keeps: everything (none), all but the norms' outputs and the MLP activation's "
+        "(selective), only the input of every --recompute-every'th block (full); the backward pass computes the "
+        "rest again");
     int& recompute_every = flags.add_int("recompute-every", 1,
         "full: keep the input of every C-th block; the backward pass reruns C blocks at a time (sqrt(layers) "
         "needs the least memory)", 1, 1 << 20);
+    flags.heading("Launching without MPI");
     std::string& nccl_init_file = flags.add_string("nccl-init-file", "",
         "a path on a file system all ranks share, fresh for every run (put the job id in it): rank 0 hands the "
         "NCCL id to the others there; needed by srun / torchrun launches without MPI (GPU build)");
@@ -211,8 +219,9 @@ inline Options parse_options(int argc, char** argv) {
         "print the memory per rank, the bytes per step on each axis, the pipeline bubble and the estimated step "
         "time of this run on N ranks, and exit (0: train)", 0);
     int& search_ranks = flags.add_int("plan-search", 0,
-        "list the layouts of N ranks (tp, pp, cp, ZeRO stage, recompute policy) that fit in --gpu-memory, fastest "
-        "first by the estimated step time, and exit (0: train)", 0);
+        "list the layouts of N ranks (tp with or without sequence parallelism, pp and its schedule, cp and its "
+        "mode, ZeRO stage, recompute policy) that fit in --gpu-memory, fastest first by the estimated step time, "
+        "and exit (0: train)", 0);
     float& gpu_memory_gib = flags.add_float("gpu-memory", 80.0f, "planning: memory per GPU, GiB", 0.0f);
     int& gpus_per_node = flags.add_int("gpus-per-node", 8,
         "planning: GPUs joined by NVLink; groups spanning more use InfiniBand", 1, 1 << 20);
@@ -221,7 +230,7 @@ inline Options parse_options(int argc, char** argv) {
     float& infiniband_gbps = flags.add_float("infiniband-bandwidth", 50.0f,
         "planning: GB/s per GPU across nodes (NDR InfiniBand, 400 Gb/s: 50)", 1e-3f);
     float& peak_tflops = flags.add_float("peak-tflops", 989.4f,
-        "planning: peak TFLOP/s per GPU (H100 SXM dense BF16: 989)", 1e-3f);
+        "planning: peak TFLOP/s per GPU (H100 SXM dense BF16: 989.4)", 1e-3f);
     float& efficiency = flags.add_float("efficiency", 0.5f, "planning: fraction of the peak the matmuls reach",
                                         1e-3f, 1.0f);
     int& plan_top = flags.add_int("plan-top", 10, "--plan-search: layouts listed", 1);
@@ -263,4 +272,10 @@ inline Options parse_options(int argc, char** argv) {
     hw.peak_flops = peak_tflops * 1e12, hw.efficiency = efficiency;
     o.flags_json = flags.to_json();
     return o;
+}
+
+inline Options parse_options(int argc, char** argv) {
+    Flags flags("train_gpt", "Trains a GPT-2 or Llama 3 model, dense or a mixture of experts, on token shards "
+                "(llm.c's format), on one GPU, on many, or on the CPU.");
+    return parse_options(flags, argc, argv);
 }

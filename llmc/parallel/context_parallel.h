@@ -78,21 +78,10 @@ counted.
 #include "../kernels/attention.cuh"
 #include "../kernels/encoder.cuh"
 #include "../io/logger.h"
+#include "layout.h"
 
 // ----------------------------------------------------------------------------
-// the split and the mode, and what they need of the model
-
-// How attention is split over the cp axis (llmc/parallel/context_parallel.h), and which positions each cp rank
-// holds: these decide what the sequence and the heads must divide by.
-enum class ContextParallelMode {
-    Ring,     // ring attention: key/value blocks travel around the cp ranks
-    Ulysses,  // all-to-all swaps a sequence split for a head split: each tp rank's heads divide over cp
-};
-enum class SequenceSplit {
-    Zigzag,      // 2 cp chunks, rank i holding chunks i and 2cp-1-i, so every rank gets the same share of
-                 // the causal mask's work
-    Contiguous,  // cp chunks, rank i holding chunk i
-};
+// the split and the mode (their names: llmc/parallel/layout.h), and what they need of the model
 
 // The one line that says why a sequence of seq_len positions cannot be split over cp ranks ("" when it
 // can): zigzag cuts it into 2 cp chunks, contiguous into cp; Ulysses hands each cp rank heads / tp / cp of
@@ -198,23 +187,6 @@ inline int cp_owner_of_position(const ContextParallel& cp, int position, int T, 
                 return rank;
             }
     fatal("position %d is outside a sequence of %d", position, T);
-}
-
-inline const char* cp_mode_name(ContextParallelMode mode) { return mode == ContextParallelMode::Ring ? "ring" : "ulysses"; }
-inline const char* cp_split_name(SequenceSplit split) { return split == SequenceSplit::Zigzag ? "zigzag" : "contiguous"; }
-inline const std::vector<std::string>& cp_mode_names() {
-    static const std::vector<std::string> names = {"ring", "ulysses"};
-    return names;
-}
-inline const std::vector<std::string>& cp_split_names() {
-    static const std::vector<std::string> names = {"zigzag", "contiguous"};
-    return names;
-}
-inline ContextParallelMode cp_mode_from_name(const std::string& name) {
-    return name == "ulysses" ? ContextParallelMode::Ulysses : ContextParallelMode::Ring;
-}
-inline SequenceSplit cp_split_from_name(const std::string& name) {
-    return name == "contiguous" ? SequenceSplit::Contiguous : SequenceSplit::Zigzag;
 }
 
 // ----------------------------------------------------------------------------

@@ -17,11 +17,41 @@ two cannot drift apart.
 */
 #pragma once
 
+#include <string>
 #include <vector>
 
-#include "context_parallel.h"
+#include "../cuda_common.cuh"
 #include "pipeline_schedule.h"
 #include "recompute.h"
+
+// How attention is split over the cp axis (llmc/parallel/context_parallel.h), and which positions each cp rank
+// holds: these decide what the sequence and the heads must divide by (cp_layout_error).
+enum class ContextParallelMode {
+    Ring,     // ring attention: key/value blocks travel around the cp ranks
+    Ulysses,  // all-to-all swaps a sequence split for a head split: each tp rank's heads divide over cp
+};
+enum class SequenceSplit {
+    Zigzag,      // 2 cp chunks, rank i holding chunks i and 2cp-1-i, so every rank gets the same share of
+                 // the causal mask's work
+    Contiguous,  // cp chunks, rank i holding chunk i
+};
+
+inline const char* cp_mode_name(ContextParallelMode mode) { return mode == ContextParallelMode::Ring ? "ring" : "ulysses"; }
+inline const char* cp_split_name(SequenceSplit split) { return split == SequenceSplit::Zigzag ? "zigzag" : "contiguous"; }
+inline const std::vector<std::string>& cp_mode_names() {
+    static const std::vector<std::string> names = {"ring", "ulysses"};
+    return names;
+}
+inline const std::vector<std::string>& cp_split_names() {
+    static const std::vector<std::string> names = {"zigzag", "contiguous"};
+    return names;
+}
+inline ContextParallelMode cp_mode_from_name(const std::string& name) {
+    return name == "ulysses" ? ContextParallelMode::Ulysses : ContextParallelMode::Ring;
+}
+inline SequenceSplit cp_split_from_name(const std::string& name) {
+    return name == "contiguous" ? SequenceSplit::Contiguous : SequenceSplit::Zigzag;
+}
 
 struct Layout {
     int ranks = 1;                        // the world (the planner's --plan N; the launcher's, when training)

@@ -7,16 +7,17 @@ for_each_common_run (llmc/model/parameters.h), which says which elements of one 
 elements of the other's.
 
 Checkpoints of the sharded state. A checkpoint of S shards at tensor-parallel size T, expert-parallel size
-X and P pipeline ranks is P*T*X*S files: file ((p T + t) X + x) S + k holds, for every chunk pipeline rank p
-holds, shard k of tp rank t's parameters (with ep rank x's experts), fp32 master weights and two moments, as
-laid out for S shards, T slices and X expert groups
-(llmc/model/parameters.h pads each chunk to a multiple of 128 S). The embedding chunk is in the files of
-the first and of the last stage: the two copies are equal, and a reader takes either. The ranks of the
-first replica group write them: rank 0 writes file 0, the main file, together with everything that is not
-sharded (step, data position, ...), after a barrier that guarantees the other files are complete, so a
-checkpoint whose main file exists is whole. Reading does not need the same layout: each rank copies, from
-every saved file, the elements that fall in the shards it holds now. A run saved on 4 ranks at ZeRO-1 can
-continue on 2 ranks at ZeRO-3, and one saved at tp 2 or pp 2 on 1 rank, or at tp 4 or pp 4.
+X and P pipeline ranks is P*T*X*S files, numbered by shard_file (llmc/io/checkpoint.h): file
+((p T + t) X + x) S + k holds, for every chunk pipeline rank p holds, shard k of tp rank t's parameters
+(with ep rank x's experts), fp32 master weights and two moments, as laid out for S shards, T slices and X
+expert groups (llmc/model/parameters.h pads each chunk to a multiple of 128 S). The embedding chunk is in
+the files of the first and of the last stage: the two copies are equal, and a reader takes either. The
+ranks of the first replica group write them: rank 0 writes file 0, the main file, together with everything
+that is not sharded (step, data position, ...), after a barrier that guarantees the other files are
+complete, so a checkpoint whose main file exists is whole. Reading does not need the same layout: each
+rank copies, from every saved file, the elements that fall in the shards it holds now (zero_write_shard
+and zero_read_shards, llmc/parallel/zero.h). A run saved on 4 ranks at ZeRO-1 can continue on 2 ranks at
+ZeRO-3, and one saved at tp 2 or pp 2 on 1 rank, or at tp 4 or pp 4.
 */
 #pragma once
 
@@ -34,33 +35,13 @@ continue on 2 ranks at ZeRO-3, and one saved at tp 2 or pp 2 on 1 rank, or at tp
 #include "../model/gpt2.cuh"
 #include "parallel_context.h"
 
-// which of a checkpoint's files this rank's shard goes to
+// The grid of files of this layout's checkpoints (llmc/io/checkpoint.h), and which of them this rank's shard
+// goes to.
+inline ShardFileGrid checkpoint_grid(const ParallelContext& par) {
+    return ShardFileGrid{par.pipe.size, par.tp.size, par.ep.size, par.zero.shards};
+}
 inline int checkpoint_file_of(const ParallelContext& par) {
-    const Zero& z = par.zero;
-    return ((par.pipe.rank * par.tp.size + par.tp.rank) * par.ep.size + par.ep.rank) * z.shards + z.shard_rank;
-}
-
-// whether this rank writes a file (the first replica group does; the others hold the same shards)
-inline bool zero_writes_shard(const Zero& z) {
-    return z.replicate_group == nullptr || z.replicate_group->rank == 0;
-}
-
-// Adds this rank's shard of the parameters and the optimizer state to `writer`.
-inline void zero_write_shard(Zero& z, GPT2& model, CheckpointWriter& writer) {
-    const size_t count = model.layout.total / z.shards;
-    std::vector<floatX> params(count);
-    for (int c = 0; c < model.layout.num_chunks(); c++) {
-        if (!model.layout.holds(c)) continue;
-        const floatX* from = z.stage == 3 ? z.param_shard + shard_offset(z, c) : model.params + shard_start(z, c);
-        copy_to_host(params.data() + shard_offset(z, c), from, shard_size(z, c), model.stream);
-    }
-    writer.add("params", params.data(), count * sizeof(floatX));
-    std::vector<float> state(count);
-    for (auto [name, buffer] : {std::pair<const char*, float*>{"master", z.master}, {"adamw_m", z.m}, {"adamw_v", z.v}}) {
-        if (!buffer) continue;
-        copy_to_host(state.data(), buffer, count, model.stream);
-        writer.add(name, state.data(), count * sizeof(float));
-    }
+    return shard_file(checkpoint_grid(par), ShardOwner{par.pipe.rank, par.tp.rank, par.ep.rank, par.zero.shard_rank});
 }
 
 // The pipeline a checkpoint was written by: which ranks held which layers.
@@ -70,71 +51,21 @@ struct SavedPipeline {
     std::vector<int> stage_layers;  // layers of each model stage
 };
 
-// Reads a checkpoint of `saved_shards` shards at tensor-parallel size `saved_tp` and expert-parallel size
-// `saved_ep` on the pipeline `saved_pipeline` (main file at main_path, listing `shard_files`, of step `step`)
-// into this rank's parameters and optimizer state.
-inline void zero_read_shards(Zero& z, GPT2& model, const std::string& main_path, int saved_shards, int saved_tp,
-                             int saved_ep, const SavedPipeline& saved_pipeline,
-                             const std::vector<ShardFileEntry>& shard_files, long long step) {
-    const int saved_pp = saved_pipeline.pp;
-    const int files = saved_pp * saved_tp * saved_ep * saved_shards;
-    if (shard_files.size() + 1 != (size_t)files)
-        fatal("%s lists %zu shard files; its layout (pp %d x tp %d x ep %d x %d shards) has %d", main_path.c_str(),
-              shard_files.size(), saved_pp, saved_tp, saved_ep, saved_shards, files - 1);
-    const ParameterLayout& now = model.layout;
-    // host copies of what this rank holds: all parameters (stages 0-2) or its shard (stage 3), and its state
-    const size_t my_count = now.total / z.shards;
-    std::vector<floatX> params(z.stage == 3 ? my_count : now.total, (floatX)0.0f);
-    std::vector<float> master(z.master ? my_count : 0, 0.0f), m(my_count, 0.0f), v(my_count, 0.0f);
-
-    for (int file = 0; file < files; file++) {
-        const int pp_rank = file / (saved_tp * saved_ep * saved_shards), t = file / (saved_ep * saved_shards) % saved_tp;
-        const int x = file / saved_shards % saved_ep, k = file % saved_shards;
-        const ParameterLayout saved(model.config, saved_shards, saved_tp, t,
-                                    pipeline_held_chunks(saved_pipeline.schedule, pp_rank, saved_pp,
-                                                         saved_pipeline.virtual_stages, saved_pipeline.stage_layers,
-                                                         model.config.tied_head()),
-                                    saved_ep, x);
-        const size_t saved_count = saved.total / saved_shards;
-        const std::string path = shard_path(main_path, file);
-        CheckpointReader reader(path);
-        if (file > 0) check_shard_file(reader, path, main_path, shard_files[file - 1], step);
-        std::vector<floatX> saved_params(saved_count);
-        std::vector<float> saved_master(z.master ? saved_count : 0), saved_m(saved_count), saved_v(saved_count);
-        reader.read("params", saved_params.data(), saved_count * sizeof(floatX));
-        if (z.master) reader.read("master", saved_master.data(), saved_count * sizeof(float));
-        reader.read("adamw_m", saved_m.data(), saved_count * sizeof(float));
-        reader.read("adamw_v", saved_v.data(), saved_count * sizeof(float));
-        // the parameters both layouts hold, as runs in parameter-buffer coordinates of each
-        for_each_common_run(saved, now, [&](size_t from, size_t to, size_t count) {
-            const int c = saved.chunk_of_offset(from);  // a run lies in one tensor, so in one chunk
-            // clipped to saved shard k, which the file holds at its chunk c's offset
-            const size_t saved_size = saved.chunk_size(c) / saved_shards;
-            const size_t saved_first = saved.chunk_start(c) + k * saved_size;
-            const size_t first = std::max(from, saved_first), end = std::min(from + count, saved_first + saved_size);
-            if (first >= end) return;
-            const size_t in_file = saved.chunk_start(c) / saved_shards - saved_first;  // + element -> file index
-            const size_t target = to - from;                                           // + element -> `now`'s
-            // parameters: the whole buffer (stages 0-2) or this rank's shard (stage 3)
-            const size_t mine = shard_start(z, c), mine_end = mine + shard_size(z, c), my_at = shard_offset(z, c);
-            for (size_t e = first; e < end; e++) {
-                const size_t here = e + target;
-                if (z.stage < 3) params[here] = saved_params[e + in_file];
-                if (here < mine || here >= mine_end) continue;
-                const size_t i = my_at + (here - mine);
-                if (z.stage == 3) params[i] = saved_params[e + in_file];
-                if (z.master) master[i] = saved_master[e + in_file];
-                m[i] = saved_m[e + in_file];
-                v[i] = saved_v[e + in_file];
-            }
-        });
+// What each file of a checkpoint saved on `grid` and `pipeline` holds: which shard of which rank's part of
+// the model (its pipeline stages' chunks, its tp slice, its ep group's experts), in file order.
+inline std::vector<SavedShard> saved_shards(const GPT2Config& config, const ShardFileGrid& grid,
+                                            const SavedPipeline& pipeline) {
+    std::vector<SavedShard> files;
+    for (int file = 0; file < grid.files(); file++) {
+        const ShardOwner owner = shard_file_owner(grid, file);
+        const std::vector<char> held = pipeline_held_chunks(pipeline.schedule, owner.pp_rank, pipeline.pp,
+                                                            pipeline.virtual_stages, pipeline.stage_layers,
+                                                            config.tied_head());
+        files.push_back(SavedShard{ParameterLayout(config, grid.shards, grid.tp, owner.tp_rank, held, grid.ep,
+                                                   owner.ep_rank),
+                                   owner.shard});
     }
-    // on the compute stream, after the work already issued there (set-up's master weights, for one)
-    copy_to_device(z.stage == 3 ? z.param_shard : model.params, params.data(), params.size(), model.stream);
-    if (z.master) copy_to_device(z.master, master.data(), my_count, model.stream);
-    copy_to_device(z.m, m.data(), my_count, model.stream);
-    copy_to_device(z.v, v.data(), my_count, model.stream);
-    for (int& chunk : z.gathered_chunk) chunk = -1;
+    return files;
 }
 
 // ----------------------------------------------------------------------------
@@ -218,8 +149,7 @@ inline void save_checkpoint(const std::string& output_dir, int step, int keep_la
     fault_point("before-main-file", par.world.rank, step);
     if (!par.main_rank) return;
     std::vector<ShardFileEntry> shard_files;
-    const int files = par.pipe.size * par.tp.size * par.ep.size * optimizer.shards;
-    for (int f = 1; f < files; f++) {
+    for (int f = 1; f < checkpoint_grid(par).files(); f++) {
         CheckpointReader shard(shard_path(path, f));
         const ShardFileEntry entry{(uint64_t)f, id, shard.table_checksum()};
         check_shard_file(shard, shard_path(path, f), path, entry, step);  // what the writer just committed
@@ -290,7 +220,11 @@ inline int load_checkpoint(const std::string& path, long long step, GPT2& model,
     const std::string split_error = pipeline_split_error(pipeline.stage_layers, saved.num_layers,
                                                          (int)pipeline.stage_layers.size());
     if (!split_error.empty()) fatal("%s: %s", path.c_str(), split_error.c_str());
-    zero_read_shards(par.zero, model, path, shards, saved_tp, saved_ep, pipeline, shard_files, step);
+    const ShardFileGrid grid{pipeline.pp, saved_tp, saved_ep, shards};
+    if (shard_files.size() + 1 != (size_t)grid.files())
+        fatal("%s lists %zu shard files; its layout (pp %d x tp %d x ep %d x %d shards) has %d", path.c_str(),
+              shard_files.size(), grid.pp, grid.tp, grid.ep, grid.shards, grid.files() - 1);
+    zero_read_shards(par.zero, model, path, shard_files, step, saved_shards(model.config, grid, pipeline));
     *data = reader.read_value<DataLoaderState>("train_data");
     *sample_rng = reader.read_value<Rng>("sample_rng");
     return (int)step;

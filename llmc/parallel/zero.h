@@ -73,25 +73,26 @@ scripts/test/test_moe_layouts.sh holds the runs' bytes against these.
 
 The global gradient norm (for clipping) is the norm of the averaged gradient: at stage 0 every rank has
 all of it; at stages 1-2 each rank squares its shard and the squares are summed over the shard group.
+
+Checkpoints: a rank writes its shard of the parameters and the state to its file (zero_write_shard) and
+reads what it holds back from the files of any layout (zero_read_shards); which file is whose, and the
+rest of a checkpoint: llmc/parallel/reshard.h.
 */
 #pragma once
 
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <string>
+#include <vector>
 #include "../cuda_common.cuh"
 #include "comm.h"
 #include "mesh.h"
 #include "expert_parallel.h"
 #include "../model/gpt2.cuh"
 #include "../device_memory.h"
-
-struct AdamWConfig {
-    float beta1 = 0.9f;
-    float beta2 = 0.95f;
-    float eps = 1e-8f;
-    float weight_decay = 0.1f;
-};
+#include "../io/checkpoint.h"
+#include "../optimizer_config.h"
 
 struct Zero {
     int stage = 0;
@@ -520,4 +521,95 @@ inline std::vector<float> zero_parameters(Zero& z, GPT2& model) {
         std::copy(chunk_values.begin(), chunk_values.end(), values.begin() + model.layout.chunk_start(c));
     }
     return values;
+}
+
+// ----------------------------------------------------------------------------
+// checkpoints (llmc/parallel/reshard.h): this rank's shard into a file, and back from the files of any layout
+
+// whether this rank writes a file (the first replica group does; the others hold the same shards)
+inline bool zero_writes_shard(const Zero& z) {
+    return z.replicate_group == nullptr || z.replicate_group->rank == 0;
+}
+
+// Adds this rank's shard of the parameters and the optimizer state to `writer`.
+inline void zero_write_shard(Zero& z, GPT2& model, CheckpointWriter& writer) {
+    const size_t count = model.layout.total / z.shards;
+    std::vector<floatX> params(count);
+    for (int c = 0; c < model.layout.num_chunks(); c++) {
+        if (!model.layout.holds(c)) continue;
+        const floatX* from = z.stage == 3 ? z.param_shard + shard_offset(z, c) : model.params + shard_start(z, c);
+        copy_to_host(params.data() + shard_offset(z, c), from, shard_size(z, c), model.stream);
+    }
+    writer.add("params", params.data(), count * sizeof(floatX));
+    std::vector<float> state(count);
+    for (auto [name, buffer] : {std::pair<const char*, float*>{"master", z.master}, {"adamw_m", z.m}, {"adamw_v", z.v}}) {
+        if (!buffer) continue;
+        copy_to_host(state.data(), buffer, count, model.stream);
+        writer.add(name, state.data(), count * sizeof(float));
+    }
+}
+
+// One file of a checkpoint as zero_read_shards reads it: shard `shard` of `part`, the part of the model the rank
+// that saved it held (its pipeline stages' chunks, its tp slice, its ep group's experts, padded for its
+// shard count; llmc/parallel/reshard.h's saved_shards).
+struct SavedShard {
+    ParameterLayout part;
+    int shard = 0;
+};
+
+// Reads the checkpoint whose main file is main_path (of step `step`, listing `shard_files`; file f holding
+// saved_files[f]) into this rank's parameters and optimizer state: from every file, the elements that fall in
+// what this rank holds now, whatever layout saved them.
+inline void zero_read_shards(Zero& z, GPT2& model, const std::string& main_path,
+                             const std::vector<ShardFileEntry>& shard_files, long long step,
+                             const std::vector<SavedShard>& saved_files) {
+    const ParameterLayout& now = model.layout;
+    // host copies of what this rank holds: all parameters (stages 0-2) or its shard (stage 3), and its state
+    const size_t my_count = now.total / z.shards;
+    std::vector<floatX> params(z.stage == 3 ? my_count : now.total, (floatX)0.0f);
+    std::vector<float> master(z.master ? my_count : 0, 0.0f), m(my_count, 0.0f), v(my_count, 0.0f);
+
+    for (int file = 0; file < (int)saved_files.size(); file++) {
+        const ParameterLayout& saved = saved_files[file].part;
+        const int saved_shards = saved.shards, k = saved_files[file].shard;
+        const size_t saved_count = saved.total / saved_shards;
+        const std::string path = shard_path(main_path, file);
+        CheckpointReader reader(path);
+        if (file > 0) check_shard_file(reader, path, main_path, shard_files[file - 1], step);
+        std::vector<floatX> saved_params(saved_count);
+        std::vector<float> saved_master(z.master ? saved_count : 0), saved_m(saved_count), saved_v(saved_count);
+        reader.read("params", saved_params.data(), saved_count * sizeof(floatX));
+        if (z.master) reader.read("master", saved_master.data(), saved_count * sizeof(float));
+        reader.read("adamw_m", saved_m.data(), saved_count * sizeof(float));
+        reader.read("adamw_v", saved_v.data(), saved_count * sizeof(float));
+        // the parameters both layouts hold, as runs in parameter-buffer coordinates of each
+        for_each_common_run(saved, now, [&](size_t from, size_t to, size_t count) {
+            const int c = saved.chunk_of_offset(from);  // a run lies in one tensor, so in one chunk
+            // clipped to saved shard k, which the file holds at its chunk c's offset
+            const size_t saved_size = saved.chunk_size(c) / saved_shards;
+            const size_t saved_first = saved.chunk_start(c) + k * saved_size;
+            const size_t first = std::max(from, saved_first), end = std::min(from + count, saved_first + saved_size);
+            if (first >= end) return;
+            const size_t in_file = saved.chunk_start(c) / saved_shards - saved_first;  // + element -> file index
+            const size_t target = to - from;                                           // + element -> `now`'s
+            // parameters: the whole buffer (stages 0-2) or this rank's shard (stage 3)
+            const size_t mine = shard_start(z, c), mine_end = mine + shard_size(z, c), my_at = shard_offset(z, c);
+            for (size_t e = first; e < end; e++) {
+                const size_t here = e + target;
+                if (z.stage < 3) params[here] = saved_params[e + in_file];
+                if (here < mine || here >= mine_end) continue;
+                const size_t i = my_at + (here - mine);
+                if (z.stage == 3) params[i] = saved_params[e + in_file];
+                if (z.master) master[i] = saved_master[e + in_file];
+                m[i] = saved_m[e + in_file];
+                v[i] = saved_v[e + in_file];
+            }
+        });
+    }
+    // on the compute stream, after the work already issued there (set-up's master weights, for one)
+    copy_to_device(z.stage == 3 ? z.param_shard : model.params, params.data(), params.size(), model.stream);
+    if (z.master) copy_to_device(z.master, master.data(), my_count, model.stream);
+    copy_to_device(z.m, m.data(), my_count, model.stream);
+    copy_to_device(z.v, v.data(), my_count, model.stream);
+    for (int& chunk : z.gathered_chunk) chunk = -1;
 }

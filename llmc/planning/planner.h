@@ -82,6 +82,7 @@ cuBLASLt's workspace and NCCL's buffers, which no formula here counts) is at mos
 #include "../parallel/context_parallel.h"
 #include "../parallel/expert_parallel.h"
 #include "../parallel/layout.h"
+#include "hardware.h"
 #include "../parallel/pipeline_schedule.h"
 #include "../parallel/pipeline_simulator.h"
 
@@ -92,15 +93,7 @@ constexpr double kPlanReserveBytes = 2.0 * (1 << 30);
 // ----------------------------------------------------------------------------
 // the inputs
 
-// The machine the estimate assumes.
-struct PlanHardware {
-    double gpu_memory_bytes = 80.0 * (1 << 30);
-    int gpus_per_node = 8;
-    double nvlink_bytes_per_second = 450e9;      // per direction per GPU (H100 SXM, NVLink 4)
-    double infiniband_bytes_per_second = 50e9;   // per GPU (NDR, 400 Gb/s)
-    double peak_flops = 989.4e12;                // dense BF16 (H100 SXM, llmc/planning/mfu.h)
-    double efficiency = 0.5;                     // fraction of peak the matmuls reach
-};
+// The machine the estimate assumes: PlanHardware (llmc/planning/hardware.h).
 
 // The axes whose bytes the plan counts, in the order they are printed.
 enum PlanAxis { PLAN_DP = 0, PLAN_TP, PLAN_PP, PLAN_CP, PLAN_EP };

@@ -1,0 +1,14 @@
+/*
+The machine the planner assumes (llmc/planning/planner.h), as the flags set it (llmc/io/options.h). Kept
+apart from the planner so that reading the flags needs neither the model nor a kernel.
+*/
+#pragma once
+
+struct PlanHardware {
+    double gpu_memory_bytes = 80.0 * (1 << 30);
+    int gpus_per_node = 8;
+    double nvlink_bytes_per_second = 450e9;      // per direction per GPU (H100 SXM, NVLink 4)
+    double infiniband_bytes_per_second = 50e9;   // per GPU (NDR, 400 Gb/s)
+    double peak_flops = 989.4e12;                // dense BF16 (H100 SXM, llmc/planning/mfu.h)
+    double efficiency = 0.5;                     // fraction of peak the matmuls reach
+};
