@@ -6,6 +6,8 @@ precision, on the GPU or on the CPU device. With --bench it also times each kern
     ./kernel_lab_fp32_cpu --only attention
     ./kernel_lab_cpu --only models       every kernel at every named model's widths, under the H100's and the
                                          A100's limits, and the table of their launches (lab_models.cuh)
+    ./kernel_lab_cpu --skip models       all checks but that family (make test's reverse-lane runs: the
+                                         forward-lane run of each precision has it)
     ./kernel_lab --bench                 checks, then timings (GPU build)
 */
 #include "lab.h"
@@ -30,8 +32,10 @@ int main(int argc, char** argv) {
             lab.bench = true;
         } else if (arg == "--only" && i + 1 < argc) {
             lab.only = argv[++i];
+        } else if (arg == "--skip" && i + 1 < argc) {
+            lab.skip = argv[++i];
         } else {
-            fprintf(stderr, "usage: %s [--bench] [--only FAMILY]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--bench] [--only FAMILY] [--skip FAMILY]\n", argv[0]);
             return EXIT_FAILURE;
         }
     }

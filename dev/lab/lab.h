@@ -35,6 +35,7 @@ struct LabState {
     int failed = 0;
     bool bench = false;        // --bench: also time each kernel at GPT-2 124M shapes
     std::string only;          // --only NAME: run the families whose name contains NAME
+    std::string skip;          // --skip NAME: leave out the family named exactly NAME
     uint64_t seed = 1337;      // advanced for every random array, so inputs are fresh everywhere
     bool quiet = false;        // print failed checks only (suites with thousands of checks)
 };
@@ -241,7 +242,8 @@ inline void report_bench(const std::string& name, double ms, double bytes, doubl
 }
 
 inline bool family_selected(const char* family) {
-    bool selected = lab.only.empty() || std::string(family).find(lab.only) != std::string::npos;
+    bool selected = (lab.only.empty() || std::string(family).find(lab.only) != std::string::npos) &&
+                    lab.skip != family;
     if (selected) printf("%s\n", family);
     return selected;
 }

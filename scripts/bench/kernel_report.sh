@@ -49,12 +49,20 @@ if g++ -std=c++17 -DLLMC_CPU -fopenmp "${precision_flag[@]}" -I. -x c++ "$work/s
     "$work/shared_bytes" >"$work/shared_bytes.txt"
 fi
 
+# one compile per architecture, side by side (each is one single-threaded nvcc; make test runs this alone)
+compiles=()
 for arch in "${archs[@]}"; do
     dir="$work/sm_$arch"
     mkdir -p "$dir"
     # -c: no link needed; --keep leaves the PTX (and the cubin) in $dir
-    if ! "$nvcc" -std=c++17 -O3 -gencode "arch=compute_$arch,code=sm_$arch" -Xptxas -v --keep --keep-dir "$dir" \
-            "${precision_flag[@]}" -x cu -c dev/lab/kernel_lab.cu -o "$dir/kernel_lab.o" >"$dir/ptxas.txt" 2>&1; then
+    "$nvcc" -std=c++17 -O3 -gencode "arch=compute_$arch,code=sm_$arch" -Xptxas -v --keep --keep-dir "$dir" \
+        "${precision_flag[@]}" -x cu -c dev/lab/kernel_lab.cu -o "$dir/kernel_lab.o" >"$dir/ptxas.txt" 2>&1 &
+    compiles+=($!)
+done
+for i in "${!archs[@]}"; do
+    arch=${archs[$i]} dir="$work/sm_${archs[$i]}"
+    if ! wait "${compiles[$i]}"; then
+        kill "${compiles[@]}" 2>/dev/null || true
         tail -n 20 "$dir/ptxas.txt" >&2
         echo "error: nvcc failed to compile dev/lab/kernel_lab.cu for sm_$arch" >&2
         exit 1

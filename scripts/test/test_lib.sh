@@ -69,12 +69,13 @@ EOF
 
 # run_layout NAME RANKS B [FLAGS...]: the script's $binary (or $run_binary, when set) on RANKS MPI ranks with
 # the script's array `flags`, B rows per data-parallel rank and micro-step, then FLAGS, into $work/NAME
-# (output in $work/NAME.out); 5 steps and --model custom unless FLAGS give them. A failed run is one bad line.
+# (output in $work/NAME.out); $run_steps steps (5 unless the script sets it) and --model custom unless FLAGS give
+# them. A failed run is one bad line.
 run_layout() {
     local name=$1 ranks=$2 batch=$3
     shift 3
     local extra=("$@")
-    [[ " ${extra[*]} " == *" --steps "* ]] || extra+=(--steps 5)
+    [[ " ${extra[*]} " == *" --steps "* ]] || extra+=(--steps "${run_steps:-5}")
     [[ " ${extra[*]} " == *" --model "* ]] || extra+=(--model custom)
     if ! mpirun --oversubscribe --allow-run-as-root -np "$ranks" "${run_binary:-$binary}" "${flags[@]}" --batch-size "$batch" \
         --output-dir "$work/$name" "${extra[@]}" >>"$work/$name.out" 2>&1; then
@@ -87,7 +88,7 @@ run_layout() {
 # steady_steps FLAGS...: whether a run with these flags has steps the budget holds for: not a resumed run, and
 # at least 3 steps (the first may allocate; under pp the last measures its timeline)
 steady_steps() {
-    local args=" $* " steps=5
+    local args=" $* " steps=${run_steps:-5}
     [[ $args == *" --resume "* ]] && return 1
     [[ $args =~ " --steps "([0-9]+)" " ]] && steps=${BASH_REMATCH[1]}
     [[ $steps -ge 3 ]]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Pipeline parallelism against one rank: the same 4-layer model, the same global batch (8 rows of 16
-# tokens), 5 steps, with a validation loss and a text sample at the end (mpirun, CPU build, FP32). The
+# tokens), 3 steps, with a validation loss and a text sample at the end (mpirun, CPU build, FP32). The
 # global batch stays fixed and B sets the microbatches m = 8 / (B x data-parallel ranks): every layout's
 # losses must agree with the single rank's within 1e-5 relative, and so must its final model.bin (in norm)
 # and its validation losses: a pipeline only moves layers to other ranks and cuts the batch into
@@ -23,12 +23,13 @@ export OMP_NUM_THREADS=1
 
 # 4 layers: pp 4 leaves one layer per rank, pp 2 x V 2 one per stage; 4 heads split over tp 2
 flags=(--layers 4 --heads 4 --channels 64 --vocab-size 50257 --max-seq-len 32 --seq-len 16
-       --lr-schedule constant --learning-rate 1e-3 --val-every 5 --sample-tokens 8
+       --lr-schedule constant --learning-rate 1e-3 --val-every 3 --sample-tokens 8
        --train-data "data/classics_train.bin" --val-data "data/classics_val.bin" --total-batch-size 128)
 # validation reads --val-batches batches of B x data-parallel ranks rows, in file order: every run measures
 # the same 16 rows (2 batches of the one rank's 8), whatever its B and data-parallel ranks
 validation_rows=16
-run() {  # run NAME RANKS B [FLAGS...]: 5 steps unless given
+run() {  # run NAME RANKS B [FLAGS...]: 3 steps unless given (a step after the first, which may allocate, for the
+         # budget, and one after the checkpoint of step 2)
     local name=$1 ranks=$2 batch=$3
     shift 3
     local extra=("$@") pp=1 tp=1 i
@@ -36,7 +37,7 @@ run() {  # run NAME RANKS B [FLAGS...]: 5 steps unless given
         [[ ${extra[i]} == --pp ]] && pp=${extra[i + 1]}
         [[ ${extra[i]} == --tp ]] && tp=${extra[i + 1]}
     done
-    [[ " ${extra[*]} " == *" --steps "* ]] || extra+=(--steps 5)
+    [[ " ${extra[*]} " == *" --steps "* ]] || extra+=(--steps 3)
     [[ " ${extra[*]} " == *" --model "* ]] || extra+=(--model custom)
     if mpirun --oversubscribe --allow-run-as-root -np "$ranks" "$binary" "${flags[@]}" --batch-size "$batch" \
         --val-batches $((validation_rows / (batch * ranks / (pp * tp)))) --output-dir "$work/$name" "${extra[@]}" \
@@ -56,7 +57,7 @@ layouts="pp2_gpipe_m1:2:8:--pp,2,--pp-schedule,gpipe pp2_gpipe_m2:2:4:--pp,2,--p
          pp4_1f1b_m4:4:2:--pp,4,--pp-schedule,1f1b pp4_1f1b_m8:4:1:--pp,4,--pp-schedule,1f1b
          pp2_v2_m2:2:4:--pp,2,--pp-schedule,interleaved,--pp-virtual,2
          pp2_v2_m4:2:2:--pp,2,--pp-schedule,interleaved,--pp-virtual,2,--trace,TRACE
-         pp2_dp2_zero1:4:2:--pp,2,--zero,1,--checkpoint-every,3,--keep-checkpoints,5
+         pp2_dp2_zero1:4:2:--pp,2,--zero,1,--checkpoint-every,2,--keep-checkpoints,5
          pp2_dp2_zero3:4:1:--pp,2,--zero,3 pp2_tp2_sp:4:2:--pp,2,--tp,2,--sequence-parallel"
 # NCCL may run a group's communicators in either order (llmc/parallel/comm.h): the layouts alternate between
 # the CPU build's hash order and its reverse, so that every schedule runs under both
@@ -70,10 +71,10 @@ for layout in $layouts; do
 done
 unset LLMC_CPU_GROUP_ORDER
 
-# checkpoints across pp sizes: saved at step 3 by pp 2 x dp 2 at ZeRO-1 (B 2: 4 rows per micro-step, which
-# the data loader's position needs kept), resumed by one rank and by pp 4 (B 4, m 2); the last 2 steps must
+# checkpoints across pp sizes: saved at step 2 by pp 2 x dp 2 at ZeRO-1 (B 2: 4 rows per micro-step, which
+# the data loader's position needs kept), resumed by one rank and by pp 4 (B 4, m 2); the last step must
 # match the uninterrupted single rank
-for name in resumed_pp1 resumed_pp4; do mkdir -p "$work/$name" && cp "$work"/pp2_dp2_zero1/checkpoint_3* "$work/$name/"; done
+for name in resumed_pp1 resumed_pp4; do mkdir -p "$work/$name" && cp "$work"/pp2_dp2_zero1/checkpoint_2* "$work/$name/"; done
 run resumed_pp1 1 4 --resume
 run resumed_pp4 4 4 --pp 4 --resume
 # a model file (the whole model, llm.c's format) loads into any pipeline: one rank's model.bin trained on for
@@ -109,7 +110,7 @@ for name, ranks, batch, flags in layouts:
     sp = "--sequence-parallel" in flags
     dp = ranks // (p * tp)
     m = 8 // (B * dp)
-    same_run, run_words = compare_run(work, name, "one", steps=5, validations=2, sample=True)
+    same_run, run_words = compare_run(work, name, "one", steps=3, validations=2, sample=True)
     theory = pp_bytes(schedule, p, V, m, B, seq_len=16, channels=64, max_seq_len=32, padded_vocab=50304, tp=tp, sp=sp,
                       shards=dp, zero=zero)
     sent = events(work, name, "step")[-1]["pp_comm_bytes"]
@@ -141,8 +142,8 @@ except (OSError, ValueError, KeyError) as error:
     counts, good = str(error), False
 results.append(report(good, f"--trace of pp 2 x V 2, m 4: work events per pp rank {counts} (expected 16 each)"))
 
-results.append(compare_resumed(work, "resumed_pp1", "one", 3, "saved at pp 2 x dp 2 (ZeRO-1), resumed on one rank"))
-results.append(compare_resumed(work, "resumed_pp4", "one", 3, "saved at pp 2 x dp 2 (ZeRO-1), resumed at pp 4"))
+results.append(compare_resumed(work, "resumed_pp1", "one", 2, "saved at pp 2 x dp 2 (ZeRO-1), resumed on one rank"))
+results.append(compare_resumed(work, "resumed_pp4", "one", 2, "saved at pp 2 x dp 2 (ZeRO-1), resumed at pp 4"))
 results.append(compare_continued(work, "from_file_pp4", "from_file_one", 2, "a model file loaded at pp 4 (m 4)"))
 result(results)
 EOF
