@@ -653,7 +653,7 @@ static void test_grouped_attention(Communicator& world, ContextParallelMode mode
 }
 
 #ifdef LLMC_CPU
-// NCCL's rules in the CPU build (llmc/parallel/comm.h, "The CPU build is as strict as NCCL"), on pairs of ranks
+// NCCL's rules in the CPU build (llmc/parallel/cpu_nccl_rules.h, "The CPU build is as strict as NCCL"), on pairs of ranks
 // (2q, 2q+1) and two communicators that join each pair, as zbv's two chunk links once did: the order in
 // which a group's communicators run, that order in force, and the first uses of links and collectives.
 static void test_strict_rules(Communicator& world) {

@@ -30,7 +30,7 @@ nothing and cannot be hurt by a stray variable).
         the pipeline's messages travel on a communicator per neighbour pair (and per chunk under zbv), as they
         once did, instead of all on the pp axis (llmc/parallel/pipeline.h): a group then spans two
         communicators, which NCCL runs one after the other in an order of its choosing, and the test sees it
-        deadlock here under such an order too (LLMC_CPU_GROUP_ORDER, llmc/parallel/comm.h)
+        deadlock here under such an order too (LLMC_CPU_GROUP_ORDER, llmc/parallel/cpu_nccl_rules.h)
 A malformed value stops the program with one line, so a test cannot pass by injecting nothing.
 */
 #pragma once

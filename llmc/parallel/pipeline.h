@@ -67,7 +67,7 @@ NCCL's semantics at every message size.
 One communicator for every message: the pp axis. NCCL runs a group that spans several communicators as one
 kernel per communicator, one after another on the stream, in an order it chooses (its user guide, "Using
 multiple NCCL communicators concurrently"; NVIDIA/nccl #1347 is such a deadlock), and the CPU build does the
-same (llmc/parallel/comm.h, LLMC_CPU_GROUP_ORDER). With a communicator per neighbour link, as this project once
+same (llmc/parallel/cpu_nccl_rules.h, LLMC_CPU_GROUP_ORDER). With a communicator per neighbour link, as this project once
 had, a middle rank's group holds operations on two links, and which link's kernel runs first decides whether
 the ranks' groups meet. dev/test/test_pipeline.cu plays every schedule's groups with each message on its old
 link (pipeline_check_message_groups, p = 2..8) under three orders: interleaved deadlocks under an order both

@@ -490,7 +490,7 @@ inline std::string pipeline_match_messages(const std::vector<std::vector<std::ve
 }
 
 // The order in which a group's communicators run, one after another, as NCCL runs a group that spans several
-// (one kernel per communicator on the stream; llmc/parallel/comm.h emulates it, LLMC_CPU_GROUP_ORDER):
+// (one kernel per communicator on the stream; llmc/parallel/cpu_nccl_rules.h emulates it, LLMC_CPU_GROUP_ORDER):
 //   Hash     by a hash of the communicator's id, which both ends compute alike
 //   Reverse  the reverse of that
 //   Issue    the order in which the rank's group first names each (the two ends may disagree)

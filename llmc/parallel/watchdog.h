@@ -358,7 +358,7 @@ private:
 };
 
 #ifndef LLMC_CPU
-// Brackets one NCCL host call (llmc/parallel/comm.h's ncclCheck), named by its text, when no bracket that
+// Brackets one NCCL host call (llmc/parallel/communicator.h's ncclCheck), named by its text, when no bracket that
 // knows more (a collective's, a split's) is open. It counts no arrival: the call's group is found when the
 // watchdog fires, as the communicator still in progress.
 class HostCallWait : public CollectiveWait {
@@ -390,7 +390,7 @@ inline void watch_enqueued(int group, int group_rank, const char* operation, int
 #endif
 
 // Starts watching (timeout 0: never fires, costs nothing), before MPI or NCCL starts, so that start-up is
-// watched too: `rank` is what the launcher's environment says (llmc/parallel/comm.h's detect_launcher).
+// watched too: `rank` is what the launcher's environment says (llmc/parallel/launcher.h's detect_launcher).
 inline void watchdog_start(double timeout_seconds, int rank) {
     watchdog::State& s = watchdog::state();
     if (timeout_seconds <= 0.0 || s.thread.joinable()) return;

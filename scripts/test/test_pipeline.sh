@@ -59,7 +59,7 @@ layouts="pp2_gpipe_m1:2:8:--pp,2,--pp-schedule,gpipe pp2_gpipe_m2:2:4:--pp,2,--p
          pp2_v2_m4:2:2:--pp,2,--pp-schedule,interleaved,--pp-virtual,2,--trace,TRACE
          pp2_dp2_zero1:4:2:--pp,2,--zero,1,--checkpoint-every,2,--keep-checkpoints,5
          pp2_dp2_zero3:4:1:--pp,2,--zero,3 pp2_tp2_sp:4:2:--pp,2,--tp,2,--sequence-parallel"
-# NCCL may run a group's communicators in either order (llmc/parallel/comm.h): the layouts alternate between
+# NCCL may run a group's communicators in either order (llmc/parallel/cpu_nccl_rules.h): the layouts alternate between
 # the CPU build's hash order and its reverse, so that every schedule runs under both
 orders=(hash reverse) index=0 reversed=""
 for layout in $layouts; do

@@ -15,7 +15,7 @@
 # and gathers the blocks as often as the rank's order of passes, read from the run's trace, asks for them.
 # Also: a checkpoint saved by an even split (pp 3, 3 layers each) resumed by an uneven one (zbv at
 # pp 2: 4 stages in a V), and impossible splits refused with one error line. Every point-to-point send is synchronous
-# (MPI_Issend, llmc/parallel/comm.h), as NCCL's are, and the layouts alternate between two orders of a group's
+# (MPI_Issend, llmc/parallel/cpu_nccl_rules.h), as NCCL's are, and the layouts alternate between two orders of a group's
 # communicators (LLMC_CPU_GROUP_ORDER=hash, reverse). Two structures that deadlock on GPUs must deadlock here:
 # sends and receives issued one at a time, and a communicator per link run in each rank's own order.
 #   usage: scripts/test/test_pipeline_stages.sh ./train_gpt_fp32_cpu
@@ -50,7 +50,7 @@ layouts="pp2_auto_1f1b:2:2:1:--pp,2
          zbv_pp2_tp2_sp_selective:4:2:1:--pp,2,--pp-schedule,zbv,--tp,2,--sequence-parallel,--recompute,selective
          zbv_pp2_cp2:4:2:1:--pp,2,--pp-schedule,zbv,--cp,2
          zbv_pp2_full:2:2:1:--pp,2,--pp-schedule,zbv,--recompute,full,--recompute-every,2"
-# NCCL may run a group's communicators in either order (llmc/parallel/comm.h): the layouts alternate between
+# NCCL may run a group's communicators in either order (llmc/parallel/cpu_nccl_rules.h): the layouts alternate between
 # the CPU build's hash order and its reverse, so that every schedule runs under both
 orders=(hash reverse) index=0 reversed=""
 for layout in $layouts; do
