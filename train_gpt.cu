@@ -330,10 +330,10 @@ static void print_run(const ParallelContext& par, const GPT2& model) {
            l.batch_size, l.seq_len, par.dp_size, par.microbatches, l.total_batch_size);
     if (!batch_ramp_is_fixed(par.ramp)) {
         const int micro_step = l.batch_size * l.seq_len * par.dp_size;
-        printf("batch ramp (the schedule on the tokens axis):");
-        for (const BatchPhase& phase : par.ramp.phases)
-            printf(" from %lld tokens seen %d per step (%d micro-steps);", phase.threshold, phase.tokens,
-                   phase.tokens / micro_step);
+        printf("batch ramp (the learning-rate schedule on the tokens seen):");
+        for (size_t k = 0; k < par.ramp.phases.size(); k++)
+            printf("%s from %lld tokens seen, %d per step (%d micro-steps)", k ? ";" : "", par.ramp.phases[k].threshold,
+                   par.ramp.phases[k].tokens, par.ramp.phases[k].tokens / micro_step);
         printf("\n");
     }
     printf("recompute: %s\n", recompute_describe(l.recompute).c_str());
