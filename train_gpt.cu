@@ -264,6 +264,8 @@ static int run_planner(const Options& options) {
     Layout layout = options.layout;
     layout.ranks = options.plan_ranks > 0 ? options.plan_ranks : options.search_ranks;
     if (options.search_ranks > 0) {
+        if (!layout.batch_ramp.phases.empty())
+            fatal("--plan-search ranks layouts for one batch: give --total-batch-size (--plan takes a --batch-ramp)");
         print_plan_search(config, plan_search(config, layout, options.hardware), layout, options.hardware,
                           options.plan_top);
         return EXIT_SUCCESS;
