@@ -22,6 +22,8 @@ tokens), its gradient squared as soon as it is complete and before the next micr
 averaged over the data-parallel ranks (each measured its own microbatch: a better estimate of E|G_small|^2); the
 big batch is the step's averaged gradient (B_big = the step's tokens), whose squared norm clipping needs anyway.
 Where measured: llmc/parallel/zero.h's zero_small_batch_norm, llmc/parallel/parallel_context.h's gradient_norm.
+Where a microbatch's gradient is not whole on one rank when its backward pass completes a chunk, or a later
+microbatch can add to a chunk first, the run is refused (noise_scale_layout_error below).
 Cost: two small kernel launches per parameter chunk of the first microbatch, one more float in the tp, ep and pp
 sums of the squared norm, and one scalar all-reduce over the data-parallel ranks; none of it when off.
 
@@ -97,10 +99,15 @@ inline std::string noise_scale_layout_error(const Layout& l, bool tied_head, boo
                " at --zero " + std::to_string(l.zero_stage) + ": a microbatch's " +
                (l.sequence_parallel ? "layernorm" : "router and expert") + " gradients are partial sums over the tp "
                "ranks until the step's last microbatch (--zero 2 or 3 sums them after every microbatch)";
-    if (l.pp > 1 && tied_head && l.schedule != PipelineSchedule::ZeroBubbleV)
+    if (l.pp > 1 && tied_head)
         return flag + " with --pp " + std::to_string(l.pp) + " and GPT-2's tied embeddings: a microbatch's wte "
-               "gradient is split between the first and the last stage until the step's sum (--pp-schedule zbv "
-               "keeps both on one rank; --arch llama has an untied head)";
+               "gradient is split between the first and the last stage until the step's sum (under zbv, on one rank, "
+               "a later microbatch's lookup share can come before microbatch 0's head share); --arch llama has an "
+               "untied head";
+    if (l.pp > 1 && pipeline_splits_backward(l.schedule))
+        return flag + " with --pp-schedule " + pipeline_schedule_name(l.schedule) + ": the final norm's weight "
+               "gradient of a later microbatch (its B pass) can be added to the last chunk before microbatch 0's W "
+               "pass completes that chunk; use 1f1b, gpipe or interleaved";
     if (data_parallel * microbatches == 1)
         return flag + " with one microbatch per step on one data-parallel rank: the small batch (a microbatch) is "
                "the whole step's batch, so there is nothing to compare; raise --total-batch-size";
