@@ -62,8 +62,9 @@ struct NoiseScaleMeasurement {
     double b_simple = NAN;                               // NaN while the smoothed |G|^2 is not positive
 };
 
-// Adds one step's norms to the averages and returns the step's measurement. B_small < B_big (a step whose small
-// batch is the whole batch says nothing about the noise: noise_scale_layout_error refuses such runs).
+// Adds one step's norms to the averages and returns the step's measurement. A step whose small batch is its whole
+// batch (B_small >= B_big: noise_scale_layout_error refuses such a run, but a batch ramp's phase may be one) says
+// nothing about the noise: its estimates are NaN (null in the log) and the averages stay as they were.
 inline NoiseScaleMeasurement noise_scale_update(NoiseScaleState& state, double decay, long long step,
                                                 double small_tokens, double big_tokens, double small_norm_squared,
                                                 double big_norm_squared) {
@@ -71,6 +72,10 @@ inline NoiseScaleMeasurement noise_scale_update(NoiseScaleState& state, double d
     m.step = step;
     m.small_tokens = small_tokens, m.big_tokens = big_tokens;
     m.small_norm_squared = small_norm_squared, m.big_norm_squared = big_norm_squared;
+    if (small_tokens >= big_tokens) {
+        m.grad_squared = m.trace = m.grad_squared_smoothed = m.trace_smoothed = NAN;
+        return m;
+    }
     m.grad_squared = (big_tokens * big_norm_squared - small_tokens * small_norm_squared) / (big_tokens - small_tokens);
     m.trace = (small_norm_squared - big_norm_squared) / (1.0 / small_tokens - 1.0 / big_tokens);
     state.grad_squared_ema = decay * state.grad_squared_ema + (1.0 - decay) * m.grad_squared;
