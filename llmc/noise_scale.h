@@ -24,8 +24,11 @@ big batch is the step's averaged gradient (B_big = the step's tokens), whose squ
 Where measured: llmc/parallel/zero.h's zero_small_batch_norm, llmc/parallel/parallel_context.h's gradient_norm.
 Where a microbatch's gradient is not whole on one rank when its backward pass completes a chunk, or a later
 microbatch can add to a chunk first, the run is refused (noise_scale_layout_error below).
-Cost: two small kernel launches per parameter chunk of the first microbatch, one more float in the tp, ep and pp
-sums of the squared norm, and one scalar all-reduce over the data-parallel ranks; none of it when off.
+The gradient buffer holds a microbatch's gradient divided by the step's m microbatches (the loss is the mean over
+the step's rows), so the trainer multiplies the measured square by m^2 before it comes here.
+Cost: two small kernel launches per parameter chunk of the first microbatch (a few more on a tp rank that leaves
+replicated tensors out), one more float in the tp, ep and pp sums of the squared norm, and one scalar all-reduce
+over the data-parallel ranks; no extra copy to the host (the step's one read carries it); none of it when off.
 
 Each step's two estimates are noisy (the estimate of |G|^2 can even come out negative), and their ratio is a
 biased estimate of B_simple; so, as the paper advises, each is smoothed on its own by an exponential moving
