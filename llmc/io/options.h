@@ -29,6 +29,7 @@ struct Options {
     std::string train_data, val_data, tokenizer;
     bool shuffle = true;
     int data_seed = 0;
+    float noise_scale_decay = 0.0f;  // the noise scale's moving averages (llmc/noise_scale.h; on: layout.noise_scale)
     // the batch (B, T, tokens per step) and how the ranks split the work
     Layout layout;
     std::string trace;           // the last step's pipeline timeline as a Chrome trace ("": none)
@@ -134,6 +135,14 @@ inline Options parse_options(Flags& flags, int argc, char** argv) {
         "--total-batch-size. --steps still counts optimizer steps; the learning-rate schedule is drawn on the "
         "tokens seen: warmup over the tokens of the first --warmup-steps steps, the decay ending at the last "
         "step's (empty: --total-batch-size throughout)");
+    bool& noise_scale = flags.add_bool("noise-scale", false,
+        "measure the gradient noise scale B_simple = tr(Sigma) / |G|^2 in tokens every step, from the squared "
+        "gradient norms of each rank's first microbatch and of the whole step (README: The gradient noise scale); "
+        "logged as \"noise_scale\" events");
+    float& noise_scale_decay = flags.add_float("noise-scale-decay", 0.95f,
+        "--noise-scale: decay of the moving averages of the |G|^2 and tr(Sigma) estimates, whose ratio is B_simple; "
+        "one step's estimates are too noisy alone (|G|^2's can come out negative), and 0.95 averages about the "
+        "last 20 steps while still following the training's drift", 0.0f, 0.9999f);
     flags.heading("Optimizer");
     int& steps = flags.add_int("steps", 100, "optimizer steps in the whole run (the schedule spans them; under "
                                "--batch-ramp, the tokens they see)", 1);
@@ -269,6 +278,7 @@ inline Options parse_options(Flags& flags, int argc, char** argv) {
         const std::string error = batch_ramp_parse(batch_ramp, &l.batch_ramp);
         if (!error.empty()) fatal("%s", error.c_str());
     }
+    l.noise_scale = noise_scale, o.noise_scale_decay = noise_scale_decay;
     o.trace = trace_path, o.nccl_init_file = nccl_init_file;
     o.steps = steps;
     o.schedule = make_lr_schedule(lr_schedule, learning_rate, warmup_steps, steps, final_lr_fraction);
