@@ -8,7 +8,7 @@
 # second phase's first) and of step 3 (256 seen, in the middle of the second phase) must continue bit for bit:
 # the same logged losses, model.bin equal byte for byte. A resume whose ramp puts the step elsewhere, a phase the
 # layout cannot split, bad syntax and thresholds that do not increase are refused with one line. --plan prints
-# every phase.
+# every phase. The dp 2 layouts measure the noise scale (--noise-scale) along the ramp: the same on each.
 #   usage: scripts/test/test_batch_ramp.sh ./train_gpt_fp32_cpu
 set -u
 binary=${1:?usage: $0 TRAIN_BINARY}
@@ -24,10 +24,12 @@ refused_flags=("${model[@]}" --model custom --steps 1)       # expect_refused's 
 
 # name:ranks:B:flags; B x 16 tokens x data-parallel ranks is one micro-step
 run_layout one 1 4 --checkpoint-every 1 --keep-checkpoints 10
-run_layouts "dp2_zero1:2:2:--zero,1
-             dp2_zero3:2:2:--zero,3
+# the dp 2 layouts measure the gradient noise scale too (llmc/noise_scale.h): each has the same small batch (a
+# rank's first microbatch, 2 x 16 tokens), so their noise-scale logs must agree while the ramp moves the big one
+run_layouts "dp2_zero1:2:2:--zero,1,--noise-scale
+             dp2_zero3:2:2:--zero,3,--noise-scale
              pp2_gpipe:2:2:--pp,2,--pp-schedule,gpipe
-             tp2_dp2:4:2:--tp,2"
+             tp2_dp2:4:2:--tp,2,--noise-scale"
 if [[ $(grep -o '"batch_tokens": [0-9]*' "$work/one/log.jsonl" | awk '{printf "%s ", $2}') == "64 64 128 128 256 " ]]; then
     ok "one rank: the step events' batch_tokens are 64 64 128 128 256"
 else
@@ -103,4 +105,34 @@ result(results)
 EOF
 grep -v '^RESULT' "$work/compare.out"
 add_python_result "$work/compare.out"
+
+# The noise scale under the ramp: every step's estimator saw that step's batch (big_tokens = batch_tokens: 64, 64,
+# 128, 128, 256) and the rank's microbatch (32 tokens), and the three dp 2 layouts agree: the squared norms at the
+# layout tolerance (1e-5 relative), what is derived from them at 1e-4 (a difference of two large terms while the
+# noise dominates magnifies the norms' relative error; scripts/test/test_noise_scale.sh measured ~2e-5)
+/usr/bin/python3 - "$work" >"$work/noise.out" <<'EOF' || true
+import json, sys
+work = sys.argv[1]
+def events(name, kind):
+    return [e for e in (json.loads(line) for line in open(f"{work}/{name}/log.jsonl")) if e["event"] == kind]
+def error(a, b):  # relative; B_simple is null while the smoothed |G|^2 is not positive
+    return 0.0 if a is None and b is None else abs(a - b) / abs(b) if None not in (a, b) else float("inf")
+FIELDS = {"small_norm_sq": 1e-5, "big_norm_sq": 1e-5, "grad_sq": 1e-4, "trace_sigma": 1e-4, "b_simple": 1e-4}
+reference = events("dp2_zero1", "noise_scale")
+batches = [e["batch_tokens"] for e in events("dp2_zero1", "step")]
+good = len(reference) == 5 and [e["big_tokens"] for e in reference] == batches and all(e["small_tokens"] == 32 for e in reference)
+print(f"  {'ok  ' if good else 'FAIL'} dp2_zero1: the estimator saw each step's batch {[e['big_tokens'] for e in reference]}"
+      f" (steps: {batches}) and a 32-token microbatch")
+results = [good]
+for name in ["dp2_zero3", "tp2_dp2"]:
+    mine = events(name, "noise_scale")
+    worst = {f: max((error(a[f], b[f]) for a, b in zip(mine, reference)), default=float("inf")) for f in FIELDS}
+    good = len(mine) == len(reference) and all(worst[f] <= FIELDS[f] for f in FIELDS)
+    print(f"  {'ok  ' if good else 'FAIL'} {name}: the noise scale under the ramp as dp2_zero1's, worst relative "
+          + ", ".join(f"{f} {worst[f]:.1e}" for f in FIELDS))
+    results.append(good)
+print(f"RESULT {sum(results)} {len(results) - sum(results)}")
+EOF
+grep -v '^RESULT' "$work/noise.out"
+add_python_result "$work/noise.out"
 finish
