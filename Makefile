@@ -79,17 +79,19 @@ build/test_cpu_layer: dev/test/test_cpu_layer.cu $(HEADERS) | check-cpu-tools
 build/test_cpu_layer_asan: dev/test/test_cpu_layer.cu $(HEADERS) | check-cpu-tools
 	@mkdir -p build
 	$(CXX) $(ASAN_FLAGS) -x c++ $< -o $@ $(CPU_LIBS)
-# host-side tests: flags, checkpoints, schedules, logging, MFU; data loader and tokenizer
-build/test_host: dev/test/test_host.cu $(HEADERS) | check-cpu-tools
-	@mkdir -p build
-	$(CXX) $(CPU_FLAGS) -x c++ $< -o $@ $(CPU_LIBS)
-build/test_data: dev/test/test_data.cu $(HEADERS) | check-cpu-tools
-	@mkdir -p build
-	$(CXX) $(CPU_FLAGS) -x c++ $< -o $@ $(CPU_LIBS)
-# pipeline schedules, their simulator and trace (no model); --trace writes a simulated trace to draw
-build/test_pipeline: dev/test/test_pipeline.cu $(HEADERS) | check-cpu-tools check-mpi-tools
+# host-side suites, one program compiled once (dev/test/host_suites.cu) and linked under each suite's name:
+# flags, checkpoints, schedules, logging, MFU (test_host); data loader and tokenizer (test_data); memory accounting
+# and the --plan arithmetic (test_memory); the parameter buffer's layout: operand alignment, a pipeline or ep
+# rank's chunks, conversions between layouts (test_parameter_layout); the planner against published layouts
+# (test_planner); pipeline schedules, their simulator and trace, no model (test_pipeline; --trace writes a
+# simulated trace to draw)
+HOST_SUITES := test_host test_data test_memory test_parameter_layout test_planner test_pipeline
+build/host_suites: dev/test/host_suites.cu $(foreach suite,$(HOST_SUITES),dev/test/$(suite).cu) $(HEADERS) \
+                   | check-cpu-tools check-mpi-tools
 	@mkdir -p build
 	$(CXX) $(CPU_FLAGS) $(MPI_COMPILE_FLAGS) -x c++ $< -o $@ $(CPU_LIBS) $(MPI_LINK_FLAGS)
+$(addprefix build/,$(HOST_SUITES)): build/host_suites
+	ln -sf host_suites $@
 # the backward pass split into input and weight gradients against the fused one, bit for bit (FP32)
 build/test_weight_split: dev/test/test_weight_split.cu $(HEADERS) | check-cpu-tools check-mpi-tools
 	@mkdir -p build
@@ -102,18 +104,6 @@ build/test_comm: dev/test/test_comm.cu $(HEADERS) | check-cpu-tools check-mpi-to
 build/test_comm_gpu: dev/test/test_comm.cu $(HEADERS) | check-gpu-tools check-mpi-tools
 	@mkdir -p build
 	$(NVCC) $(NVCC_FLAGS) $(MPI_NVCC_COMPILE_FLAGS) -x cu $< -o $@ $(NVCC_LIBS) $(MPI_NVCC_LINK_FLAGS)
-# memory accounting and the --plan arithmetic
-build/test_memory: dev/test/test_memory.cu $(HEADERS) | check-cpu-tools check-mpi-tools
-	@mkdir -p build
-	$(CXX) $(CPU_FLAGS) $(MPI_COMPILE_FLAGS) -x c++ $< -o $@ $(CPU_LIBS) $(MPI_LINK_FLAGS)
-# the parameter buffer's layout: operand alignment, a pipeline or ep rank's chunks, conversions between layouts
-build/test_parameter_layout: dev/test/test_parameter_layout.cu $(HEADERS) | check-cpu-tools check-mpi-tools
-	@mkdir -p build
-	$(CXX) $(CPU_FLAGS) $(MPI_COMPILE_FLAGS) -x c++ $< -o $@ $(CPU_LIBS) $(MPI_LINK_FLAGS)
-# the planner (--plan, --plan-search) against published layouts: arithmetic only, no ranks
-build/test_planner: dev/test/test_planner.cu $(HEADERS) | check-cpu-tools check-mpi-tools
-	@mkdir -p build
-	$(CXX) $(CPU_FLAGS) $(MPI_COMPILE_FLAGS) -x c++ $< -o $@ $(CPU_LIBS) $(MPI_LINK_FLAGS)
 build/test_bf16: dev/test/test_bf16.cpp llmc/cpu/bf16.h | check-gpu-tools
 	@mkdir -p build
 	$(CXX) -std=c++17 -O2 -I$(CUDA_INCLUDE) $< -o $@
