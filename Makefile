@@ -55,12 +55,12 @@ gpu: $(addsuffix $(SUFFIX),$(PROGRAMS))
 cpu: $(addsuffix $(SUFFIX)_cpu,$(PROGRAMS))
 
 # $(1) program name, $(2) its source: rules for the GPU and CPU variants in both precisions, and the
-# CPU variant under AddressSanitizer + UBSan
+# CPU variant under AddressSanitizer + UBSan ($$(NVCC_FLAGS) is read when the recipe runs, so a target may add to it)
 define program_rules
 $(1): $(2) $(HEADERS) | check-gpu-tools check-mpi-tools
-	$(NVCC) $(NVCC_FLAGS) $(MPI_NVCC_COMPILE_FLAGS) -x cu $(2) -o $$@ $(NVCC_LIBS) $(MPI_NVCC_LINK_FLAGS)
+	$(NVCC) $$(NVCC_FLAGS) $(MPI_NVCC_COMPILE_FLAGS) -x cu $(2) -o $$@ $(NVCC_LIBS) $(MPI_NVCC_LINK_FLAGS)
 $(1)_fp32: $(2) $(HEADERS) | check-gpu-tools check-mpi-tools
-	$(NVCC) $(NVCC_FLAGS) $(MPI_NVCC_COMPILE_FLAGS) -DENABLE_FP32 -x cu $(2) -o $$@ $(NVCC_LIBS) $(MPI_NVCC_LINK_FLAGS)
+	$(NVCC) $$(NVCC_FLAGS) $(MPI_NVCC_COMPILE_FLAGS) -DENABLE_FP32 -x cu $(2) -o $$@ $(NVCC_LIBS) $(MPI_NVCC_LINK_FLAGS)
 $(1)_cpu: $(2) $(HEADERS) | check-cpu-tools check-mpi-tools
 	$(CXX) $(CPU_FLAGS) $(MPI_COMPILE_FLAGS) -x c++ $(2) -o $$@ $(CPU_LIBS) $(MPI_LINK_FLAGS)
 $(1)_fp32_cpu: $(2) $(HEADERS) | check-cpu-tools check-mpi-tools
@@ -71,6 +71,14 @@ endef
 $(eval $(call program_rules,train_gpt,train_gpt.cu))
 $(eval $(call program_rules,test_gpt,test_gpt.cu))
 $(eval $(call program_rules,kernel_lab,dev/lab/kernel_lab.cu))
+# kernel_lab's GPU build keeps nvcc's intermediate files, among them its PTX per architecture
+# (build/kernel_lab_ptx/kernel_lab.compute_<arch>.ptx): make test's kernel report runs ptxas on that PTX instead
+# of compiling dev/lab/kernel_lab.cu once more per architecture
+KERNEL_LAB_PTX := build/kernel_lab_ptx
+kernel_lab: NVCC_FLAGS += --keep --keep-dir $(KERNEL_LAB_PTX)
+kernel_lab: | $(KERNEL_LAB_PTX)
+$(KERNEL_LAB_PTX):
+	mkdir -p $@
 
 # tests of the CPU execution layer itself
 build/test_cpu_layer: dev/test/test_cpu_layer.cu $(HEADERS) | check-cpu-tools
