@@ -92,8 +92,8 @@ build/test_cpu_layer_asan: dev/test/test_cpu_layer.cu $(HEADERS) | check-cpu-too
 # and the --plan arithmetic (test_memory); the parameter buffer's layout: operand alignment, a pipeline or ep
 # rank's chunks, conversions between layouts (test_parameter_layout); the planner against published layouts
 # (test_planner); pipeline schedules, their simulator and trace, no model (test_pipeline; --trace writes a
-# simulated trace to draw)
-HOST_SUITES := test_host test_data test_memory test_parameter_layout test_planner test_pipeline
+# simulated trace to draw); the communication layer and the mesh, under mpirun (test_comm)
+HOST_SUITES := test_host test_data test_memory test_parameter_layout test_planner test_pipeline test_comm
 build/host_suites: dev/test/host_suites.cu $(foreach suite,$(HOST_SUITES),dev/test/$(suite).cu) $(HEADERS) \
                    | check-cpu-tools check-mpi-tools
 	@mkdir -p build
@@ -104,12 +104,9 @@ $(addprefix build/,$(HOST_SUITES)): build/host_suites
 build/test_weight_split: dev/test/test_weight_split.cu $(HEADERS) | check-cpu-tools check-mpi-tools
 	@mkdir -p build
 	$(CXX) $(CPU_FLAGS) $(MPI_COMPILE_FLAGS) -DENABLE_FP32 -x c++ $< -o $@ $(CPU_LIBS) $(MPI_LINK_FLAGS)
-# the communication layer and the device mesh: the CPU build runs under mpirun (scripts/test/run_tests.sh); the
-# GPU build proves that NCCL and MPI link, and runs on one GPU when there is one
-build/test_comm: dev/test/test_comm.cu $(HEADERS) | check-cpu-tools check-mpi-tools
-	@mkdir -p build
-	$(CXX) $(CPU_FLAGS) $(MPI_COMPILE_FLAGS) -x c++ $< -o $@ $(CPU_LIBS) $(MPI_LINK_FLAGS)
-build/test_comm_gpu: dev/test/test_comm.cu $(HEADERS) | check-gpu-tools check-mpi-tools
+# the communication layer and the device mesh: the CPU build (build/test_comm, a host suite) runs under mpirun
+# (scripts/test/run_tests.sh); the GPU build proves that NCCL and MPI link, and runs on one GPU when there is one
+build/test_comm_gpu: dev/test/test_comm_gpu.cu dev/test/test_comm.cu $(HEADERS) | check-gpu-tools check-mpi-tools
 	@mkdir -p build
 	$(NVCC) $(NVCC_FLAGS) $(MPI_NVCC_COMPILE_FLAGS) -x cu $< -o $@ $(NVCC_LIBS) $(MPI_NVCC_LINK_FLAGS)
 build/test_bf16: dev/test/test_bf16.cpp llmc/cpu/bf16.h | check-gpu-tools
