@@ -55,12 +55,12 @@ gpu: $(addsuffix $(SUFFIX),$(PROGRAMS))
 cpu: $(addsuffix $(SUFFIX)_cpu,$(PROGRAMS))
 
 # $(1) program name, $(2) its source: rules for the GPU and CPU variants in both precisions, and the
-# CPU variant under AddressSanitizer + UBSan
+# CPU variant under AddressSanitizer + UBSan ($$(NVCC_FLAGS) is read when the recipe runs, so a target may add to it)
 define program_rules
 $(1): $(2) $(HEADERS) | check-gpu-tools check-mpi-tools
-	$(NVCC) $(NVCC_FLAGS) $(MPI_NVCC_COMPILE_FLAGS) -x cu $(2) -o $$@ $(NVCC_LIBS) $(MPI_NVCC_LINK_FLAGS)
+	$(NVCC) $$(NVCC_FLAGS) $(MPI_NVCC_COMPILE_FLAGS) -x cu $(2) -o $$@ $(NVCC_LIBS) $(MPI_NVCC_LINK_FLAGS)
 $(1)_fp32: $(2) $(HEADERS) | check-gpu-tools check-mpi-tools
-	$(NVCC) $(NVCC_FLAGS) $(MPI_NVCC_COMPILE_FLAGS) -DENABLE_FP32 -x cu $(2) -o $$@ $(NVCC_LIBS) $(MPI_NVCC_LINK_FLAGS)
+	$(NVCC) $$(NVCC_FLAGS) $(MPI_NVCC_COMPILE_FLAGS) -DENABLE_FP32 -x cu $(2) -o $$@ $(NVCC_LIBS) $(MPI_NVCC_LINK_FLAGS)
 $(1)_cpu: $(2) $(HEADERS) | check-cpu-tools check-mpi-tools
 	$(CXX) $(CPU_FLAGS) $(MPI_COMPILE_FLAGS) -x c++ $(2) -o $$@ $(CPU_LIBS) $(MPI_LINK_FLAGS)
 $(1)_fp32_cpu: $(2) $(HEADERS) | check-cpu-tools check-mpi-tools
@@ -71,6 +71,14 @@ endef
 $(eval $(call program_rules,train_gpt,train_gpt.cu))
 $(eval $(call program_rules,test_gpt,test_gpt.cu))
 $(eval $(call program_rules,kernel_lab,dev/lab/kernel_lab.cu))
+# kernel_lab's GPU build keeps nvcc's intermediate files, among them its PTX per architecture
+# (build/kernel_lab_ptx/kernel_lab.compute_<arch>.ptx): make test's kernel report runs ptxas on that PTX instead
+# of compiling dev/lab/kernel_lab.cu once more per architecture
+KERNEL_LAB_PTX := build/kernel_lab_ptx
+kernel_lab: NVCC_FLAGS += --keep --keep-dir $(KERNEL_LAB_PTX)
+kernel_lab: | $(KERNEL_LAB_PTX)
+$(KERNEL_LAB_PTX):
+	mkdir -p $@
 
 # tests of the CPU execution layer itself
 build/test_cpu_layer: dev/test/test_cpu_layer.cu $(HEADERS) | check-cpu-tools
@@ -79,41 +87,28 @@ build/test_cpu_layer: dev/test/test_cpu_layer.cu $(HEADERS) | check-cpu-tools
 build/test_cpu_layer_asan: dev/test/test_cpu_layer.cu $(HEADERS) | check-cpu-tools
 	@mkdir -p build
 	$(CXX) $(ASAN_FLAGS) -x c++ $< -o $@ $(CPU_LIBS)
-# host-side tests: flags, checkpoints, schedules, logging, MFU; data loader and tokenizer
-build/test_host: dev/test/test_host.cu $(HEADERS) | check-cpu-tools
-	@mkdir -p build
-	$(CXX) $(CPU_FLAGS) -x c++ $< -o $@ $(CPU_LIBS)
-build/test_data: dev/test/test_data.cu $(HEADERS) | check-cpu-tools
-	@mkdir -p build
-	$(CXX) $(CPU_FLAGS) -x c++ $< -o $@ $(CPU_LIBS)
-# pipeline schedules, their simulator and trace (no model); --trace writes a simulated trace to draw
-build/test_pipeline: dev/test/test_pipeline.cu $(HEADERS) | check-cpu-tools check-mpi-tools
+# host-side suites, one program compiled once (dev/test/host_suites.cu) and linked under each suite's name:
+# flags, checkpoints, schedules, logging, MFU (test_host); data loader and tokenizer (test_data); memory accounting
+# and the --plan arithmetic (test_memory); the parameter buffer's layout: operand alignment, a pipeline or ep
+# rank's chunks, conversions between layouts (test_parameter_layout); the planner against published layouts
+# (test_planner); pipeline schedules, their simulator and trace, no model (test_pipeline; --trace writes a
+# simulated trace to draw); the communication layer and the mesh, under mpirun (test_comm)
+HOST_SUITES := test_host test_data test_memory test_parameter_layout test_planner test_pipeline test_comm
+build/host_suites: dev/test/host_suites.cu $(foreach suite,$(HOST_SUITES),dev/test/$(suite).cu) $(HEADERS) \
+                   | check-cpu-tools check-mpi-tools
 	@mkdir -p build
 	$(CXX) $(CPU_FLAGS) $(MPI_COMPILE_FLAGS) -x c++ $< -o $@ $(CPU_LIBS) $(MPI_LINK_FLAGS)
+$(addprefix build/,$(HOST_SUITES)): build/host_suites
+	ln -sf host_suites $@
 # the backward pass split into input and weight gradients against the fused one, bit for bit (FP32)
 build/test_weight_split: dev/test/test_weight_split.cu $(HEADERS) | check-cpu-tools check-mpi-tools
 	@mkdir -p build
 	$(CXX) $(CPU_FLAGS) $(MPI_COMPILE_FLAGS) -DENABLE_FP32 -x c++ $< -o $@ $(CPU_LIBS) $(MPI_LINK_FLAGS)
-# the communication layer and the device mesh: the CPU build runs under mpirun (scripts/test/run_tests.sh); the
-# GPU build proves that NCCL and MPI link, and runs on one GPU when there is one
-build/test_comm: dev/test/test_comm.cu $(HEADERS) | check-cpu-tools check-mpi-tools
-	@mkdir -p build
-	$(CXX) $(CPU_FLAGS) $(MPI_COMPILE_FLAGS) -x c++ $< -o $@ $(CPU_LIBS) $(MPI_LINK_FLAGS)
-build/test_comm_gpu: dev/test/test_comm.cu $(HEADERS) | check-gpu-tools check-mpi-tools
+# the communication layer and the device mesh: the CPU build (build/test_comm, a host suite) runs under mpirun
+# (scripts/test/run_tests.sh); the GPU build proves that NCCL and MPI link, and runs on one GPU when there is one
+build/test_comm_gpu: dev/test/test_comm_gpu.cu dev/test/test_comm.cu $(HEADERS) | check-gpu-tools check-mpi-tools
 	@mkdir -p build
 	$(NVCC) $(NVCC_FLAGS) $(MPI_NVCC_COMPILE_FLAGS) -x cu $< -o $@ $(NVCC_LIBS) $(MPI_NVCC_LINK_FLAGS)
-# memory accounting and the --plan arithmetic
-build/test_memory: dev/test/test_memory.cu $(HEADERS) | check-cpu-tools check-mpi-tools
-	@mkdir -p build
-	$(CXX) $(CPU_FLAGS) $(MPI_COMPILE_FLAGS) -x c++ $< -o $@ $(CPU_LIBS) $(MPI_LINK_FLAGS)
-# the parameter buffer's layout: operand alignment, a pipeline or ep rank's chunks, conversions between layouts
-build/test_parameter_layout: dev/test/test_parameter_layout.cu $(HEADERS) | check-cpu-tools check-mpi-tools
-	@mkdir -p build
-	$(CXX) $(CPU_FLAGS) $(MPI_COMPILE_FLAGS) -x c++ $< -o $@ $(CPU_LIBS) $(MPI_LINK_FLAGS)
-# the planner (--plan, --plan-search) against published layouts: arithmetic only, no ranks
-build/test_planner: dev/test/test_planner.cu $(HEADERS) | check-cpu-tools check-mpi-tools
-	@mkdir -p build
-	$(CXX) $(CPU_FLAGS) $(MPI_COMPILE_FLAGS) -x c++ $< -o $@ $(CPU_LIBS) $(MPI_LINK_FLAGS)
 build/test_bf16: dev/test/test_bf16.cpp llmc/cpu/bf16.h | check-gpu-tools
 	@mkdir -p build
 	$(CXX) -std=c++17 -O2 -I$(CUDA_INCLUDE) $< -o $@

@@ -27,6 +27,8 @@ Each rank checks; rank 0 prints the sum over ranks as `N passed, M failed`.
 #include "../../llmc/parallel/mesh.h"
 #include "../../llmc/parallel/context_parallel.h"
 
+namespace test_comm {  // one suite of dev/test/host_suites.cu; dev/test/test_comm_gpu.cu for nvcc
+
 static int world_rank = 0;
 
 // every rank checks; only failures are printed (lab.quiet), named with the rank
@@ -719,7 +721,7 @@ static void test_strict_rules(Communicator& world) {
 }
 #endif
 
-int main() {
+int run(int, char**) {
     Communicator world = comm_init_world();
     world_rank = world.rank;
     lab.quiet = true;  // thousands of checks per rank: print failures only
@@ -799,3 +801,4 @@ int main() {
     comm_finalize();
     return all_passed ? EXIT_SUCCESS : EXIT_FAILURE;
 }
+}  // namespace test_comm

@@ -1,8 +1,8 @@
 /*
 Tests of the host-side data path: the token-shard data loader (llmc/io/dataloader.h), the tokenizer
-(llmc/io/tokenizer.h) and the random number generator (llmc/rand.h). Host code only; builds either way:
-    g++ -std=c++17 -O2 -DLLMC_CPU -x c++ dev/test/test_data.cu -o test_data
-    ./test_data [path/to/gpt2_tokenizer.bin]
+(llmc/io/tokenizer.h) and the random number generator (llmc/rand.h). Host code only; one of the host suites
+(dev/test/host_suites.cu):
+    make build/test_data && build/test_data [path/to/gpt2_tokenizer.bin]
 The real GPT-2 tokenizer file (default data/gpt2_tokenizer.bin, made by data/prepare.py) is checked
 when it exists; otherwise those checks are counted as skipped. Bad inputs are exercised in forked
 children, which must exit non-zero with one line on stderr naming the problem.
@@ -24,6 +24,8 @@ children, which must exit non-zero with one line on stderr naming the problem.
 #include "../../llmc/io/dataloader.h"
 #include "../../llmc/rand.h"
 #include "../../llmc/io/tokenizer.h"
+
+namespace test_data {  // one suite of dev/test/host_suites.cu
 
 static int skipped = 0;
 
@@ -473,7 +475,7 @@ static void test_rand() {
           s1.next_u64() != s2.next_u64() && s3.next_u64() == rng_for_stream(3, {0, 1}).next_u64());
 }
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
     lab.quiet = true;  // print failed checks only
     char pattern[] = "/tmp/test_data_XXXXXX";
     if (!mkdtemp(pattern)) fatal("cannot make a temporary folder");
@@ -495,3 +497,4 @@ int main(int argc, char** argv) {
     printf("%d passed, %d failed, %d skipped\n", lab.passed, lab.failed, skipped);
     return lab.failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
+}  // namespace test_data

@@ -20,6 +20,8 @@ Prints `N passed, M failed` and exits non-zero on any failure.
 #include "../../llmc/planning/mfu.h"
 #include "../../llmc/kernels/matmul.cuh"
 
+namespace test_host {  // one suite of dev/test/host_suites.cu
+
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 // ----------------------------------------------------------------------------
@@ -1070,7 +1072,7 @@ void test_matmul_plan_cache() {
                MatmulPlanCache<MatmulPlan>{}.capacity == MATMUL_PLAN_CACHE_CAPACITY && MATMUL_PLAN_CACHE_CAPACITY > 0);
 }
 
-int main() {
+int run(int, char**) {
     char dir_template[] = "/tmp/test_host_XXXXXX";
     if (!mkdtemp(dir_template)) fatal("cannot create a temporary directory: %s", strerror(errno));
     test_dir = dir_template;
@@ -1088,3 +1090,4 @@ int main() {
     printf("%d passed, %d failed\n", lab.passed, lab.failed);
     return lab.failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
+}  // namespace test_host

@@ -16,6 +16,8 @@ failed`.
 #include "../../llmc/planning/memory.h"
 #include "../../llmc/parallel/zero.h"
 
+namespace test_memory {  // one suite of dev/test/host_suites.cu
+
 static std::string describe(double got, double want) {
     char text[128];
     snprintf(text, sizeof(text), "got %.12g, expected %.12g", got, want);
@@ -721,7 +723,7 @@ static void test_weight_records() {
 #endif
 }
 
-int main() {
+int run(int, char**) {
     test_accounting();
     test_paper();
     test_formulas();
@@ -735,3 +737,4 @@ int main() {
     printf("%d passed, %d failed\n", lab.passed, lab.failed);
     return lab.failed != 0;
 }
+}  // namespace test_memory

@@ -12,6 +12,8 @@ conversions to and from the model file's layout. Prints `N passed, M failed`.
 #include "small_models.h"
 #include "../../llmc/parallel/pipeline.h"
 
+namespace test_parameter_layout {  // one suite of dev/test/host_suites.cu
+
 // ----------------------------------------------------------------------------
 // (a) the alignment of the trainer's matmul operands in the real parameter layouts
 
@@ -268,9 +270,10 @@ static void test_held_layouts() {
                    "a parameter layout of 6 chunks given 5 flags");
 }
 
-int main() {
+int run(int, char**) {
     test_matmul_alignment();
     test_held_layouts();
     printf("%d passed, %d failed\n", lab.passed, lab.failed);
     return lab.failed != 0;
 }
+}  // namespace test_parameter_layout

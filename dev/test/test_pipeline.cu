@@ -31,6 +31,8 @@ scripts/pipeline_timeline.py to draw.
 #include "../../llmc/parallel/pipeline_simulator.h"
 #include "../../llmc/parallel/pipeline_timeline.h"
 
+namespace test_pipeline {  // one suite of dev/test/host_suites.cu
+
 // the time model of the formulas: forward 1, backward 2 (per rank's share of the layers), free sends
 constexpr double kForwardMs = 1.0, kBackwardMs = 2.0;
 // Unit times divided by V <= 4 and summed over at most 2 m V = 128 actions per rank: every time is a
@@ -811,7 +813,7 @@ int write_trace(int argc, char** argv) {
     return EXIT_SUCCESS;
 }
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
     if (argc > 1 && std::string(argv[1]) == "--trace") return write_trace(argc, argv);
     if (argc > 1) fatal("usage: %s [--trace SCHEDULE P M [V] OUT.json]", argv[0]);
     test_by_hand();
@@ -829,3 +831,4 @@ int main(int argc, char** argv) {
     printf("%d passed, %d failed\n", lab.passed, lab.failed);
     return lab.failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
+}  // namespace test_pipeline

@@ -27,6 +27,8 @@ layouts' shape. Prints `N passed, M failed`.
 #include "../../llmc/parallel/pipeline.h"  // before planner.h: the Pipeline without its executor
 #include "../../llmc/planning/planner.h"
 
+namespace test_planner {  // one suite of dev/test/host_suites.cu
+
 static std::string describe(double got, double want) {
     char text[128];
     snprintf(text, sizeof(text), "got %.12g, expected %.12g", got, want);
@@ -584,7 +586,7 @@ static void test_experts() {
                plan_layout_error(every2, l));
 }
 
-int main() {
+int run(int, char**) {
     test_experts();
     test_balanced_layers();
     Table4Result results[3];
@@ -600,3 +602,4 @@ int main() {
     printf("%d passed, %d failed\n", lab.passed, lab.failed);
     return lab.failed != 0;
 }
+}  // namespace test_planner

@@ -6,10 +6,20 @@
 # holds the arithmetic and the model). Fails on any register spill, and in the BF16 build on an attention
 # forward/backward kernel without HMMA, or when the kernels a grouped-query attention case launches (Llama 3
 # 8B's heads: 32 query heads over 8 K/V heads of 128) have none. Ends with `N passed, M failed`.
-#   usage: scripts/bench/kernel_report.sh [BF16|FP32]       (GPU_ARCH="80 90" by default, as the Makefile)
+#   usage: scripts/bench/kernel_report.sh [BF16|FP32] [--ptx DIR]  (GPU_ARCH="80 90" by default, as the Makefile)
+# --ptx DIR: the PTX that the Makefile's kernel_lab build keeps (BF16, DIR/kernel_lab.compute_<arch>.ptx, make
+# test passes build/kernel_lab_ptx); only ptxas runs then, on that PTX, instead of the whole compile. An
+# architecture whose PTX is missing, or older than a file in llmc/ or dev/lab/, is compiled as without it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+ptx_dir=
+if [[ ${1:-} == --ptx ]]; then set -- BF16 "$@"; fi
 precision=${1:-BF16}
+if [[ $# -ge 2 ]]; then
+    [[ $2 == --ptx && $# -eq 3 ]] || { echo "error: usage: $0 [BF16|FP32] [--ptx DIR]" >&2; exit 2; }
+    [[ $precision == BF16 ]] || { echo "error: --ptx holds kernel_lab's BF16 PTX, not $precision's" >&2; exit 2; }
+    ptx_dir=$3
+fi
 case $precision in
     BF16) precision_flag=() ;;
     FP32) precision_flag=(-DENABLE_FP32) ;;
@@ -49,14 +59,25 @@ if g++ -std=c++17 -DLLMC_CPU -fopenmp "${precision_flag[@]}" -I. -x c++ "$work/s
     "$work/shared_bytes" >"$work/shared_bytes.txt"
 fi
 
-# one compile per architecture, side by side (each is one single-threaded nvcc; make test runs this alone)
+# one compile per architecture, side by side (each is one single-threaded nvcc; make test runs this alone), or
+# ptxas alone on the kept PTX where it is there and newer than every source
 compiles=()
 for arch in "${archs[@]}"; do
     dir="$work/sm_$arch"
     mkdir -p "$dir"
-    # -c: no link needed; --keep leaves the PTX (and the cubin) in $dir
-    "$nvcc" -std=c++17 -O3 -gencode "arch=compute_$arch,code=sm_$arch" -Xptxas -v --keep --keep-dir "$dir" \
-        "${precision_flag[@]}" -x cu -c dev/lab/kernel_lab.cu -o "$dir/kernel_lab.o" >"$dir/ptxas.txt" 2>&1 &
+    kept="$ptx_dir/kernel_lab.compute_$arch.ptx"
+    if [[ -n $ptx_dir && -f $kept && -z $(find llmc dev/lab -newer "$kept" -print -quit) ]]; then
+        echo "sm_$arch: ptxas on $kept"
+        cp "$kept" "$dir/"
+        # as nvcc runs ptxas for kernel_lab (-lineinfo: --generate-line-info), with -v for the report
+        "$nvcc" -cubin -arch="sm_$arch" -Xptxas -v,--generate-line-info "$dir/kernel_lab.compute_$arch.ptx" \
+            -o "$dir/kernel_lab.cubin" >"$dir/ptxas.txt" 2>&1 &
+    else
+        [[ -n $ptx_dir ]] && echo "sm_$arch: no up-to-date $kept, compiling dev/lab/kernel_lab.cu"
+        # -c: no link needed; --keep leaves the PTX (and the cubin) in $dir
+        "$nvcc" -std=c++17 -O3 -gencode "arch=compute_$arch,code=sm_$arch" -Xptxas -v --keep --keep-dir "$dir" \
+            "${precision_flag[@]}" -x cu -c dev/lab/kernel_lab.cu -o "$dir/kernel_lab.o" >"$dir/ptxas.txt" 2>&1 &
+    fi
     compiles+=($!)
 done
 for i in "${!archs[@]}"; do

@@ -118,8 +118,9 @@ run_suite "activation recomputation vs none, bit for bit, CPU, FP32 and BF16" \
     bash scripts/test/test_recompute.sh ./train_gpt_fp32_cpu ./train_gpt_cpu
 run_suite "stream waits: late streams vs one rank, CPU, FP32 (and BF16)" \
     bash scripts/test/test_streams.sh ./train_gpt_fp32_cpu ./train_gpt_cpu
-# what the compiler says about the GPU kernels (spills, tensor-core instructions): needs nvcc, not a GPU
-run_suite "kernel report (ptxas, PTX)" bash scripts/bench/kernel_report.sh
+# what the compiler says about the GPU kernels (spills, tensor-core instructions): needs nvcc, not a GPU; ptxas
+# reads the PTX that kernel_lab's build kept
+run_suite "kernel report (ptxas, PTX)" bash scripts/bench/kernel_report.sh --ptx build/kernel_lab_ptx
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     run_suite "kernel lab, GPU, BF16" ./kernel_lab
     run_suite "kernel lab, GPU, FP32" ./kernel_lab_fp32
