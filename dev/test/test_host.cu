@@ -241,7 +241,7 @@ void test_train_gpt_help() {
                 if (!leading) digits++;
             }
             char shorter[64];
-            snprintf(shorter, sizeof(shorter), "%.*g", std::max(digits - 1, 1), value);
+            snprintf(shorter, sizeof(shorter), "%.*g", std::clamp(digits - 1, 1, 17), value);
             const bool whole = value == std::floor(value);  // whole numbers are written out in full
             if (digits > 1 && !whole && strtof(shorter, nullptr) == value)
                 long_number += " --" + row.name + " " + row.default_text + " (" + shorter + " reads back the same)";
