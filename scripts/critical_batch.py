@@ -280,6 +280,7 @@ def command_report(args):
     print("\n".join(lines))
     print("\n".join(summary))
     if args.markdown:
+        os.makedirs(os.path.dirname(os.path.abspath(args.markdown)), exist_ok=True)
         with open(args.markdown, "w") as out:
             out.write("\n".join(lines) + "\n\n" + "\n".join(f"- {line}" for line in summary) + "\n")
     if args.png:
@@ -308,7 +309,7 @@ def draw(path, target, rows, ramp, ramp_hit, s_min, e_min, fit_ok, b_crit):
                       label=f"(S/S_min - 1)(E/E_min - 1) = 1, B_crit = {b_crit:,.0f}")
         tradeoff.axhline(s_min, color="gray", ls="--", lw=0.8)
         tradeoff.axvline(e_min, color="gray", ls="--", lw=0.8)
-        tradeoff.plot(2 * e_min, 2 * s_min, "kx", markersize=9)
+        tradeoff.plot(2 * e_min, 2 * s_min, "kx", markersize=9, label="B = B_crit: 2 S_min steps, 2 E_min tokens")
         noise.axhline(b_crit, color="black", ls="--", lw=1, label=f"B_crit from the fit, {b_crit:,.0f}")
     if ramp_hit:
         tradeoff.plot(ramp_hit[1], ramp_hit[0], "k*", markersize=14, label="the ramp")
@@ -323,9 +324,8 @@ def draw(path, target, rows, ramp, ramp_hit, s_min, e_min, fit_ok, b_crit):
     noise.set_xlabel("tokens seen (dotted: where each run reached the target)")
     noise.set_ylabel("tokens per step")
     noise.set_title("the gradient noise scale B_simple over training")
-    if noise.lines:
-        noise.legend(fontsize=8)
-    else:
+    noise.legend(fontsize=8)
+    if not any(r["run"].noise_scale() for r in rows):
         noise.text(0.5, 0.5, "no noise-scale events in the logs", ha="center", transform=noise.transAxes)
     figure.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
