@@ -354,13 +354,15 @@ int main(int argc, char** argv) {
 
     // ---- resume
     int first_step = 0;
+    NoiseScaleState noise;  // the gradient noise scale's moving averages (llmc/noise_scale.h), when measured
+    NoiseScaleState* measured_noise = par.layout.noise_scale ? &noise : nullptr;
     if (options.resume) {
         // the newest complete one: a save that a crash interrupted is skipped, with a line that says so
         const long long latest = agreed_latest_checkpoint(par, options.output_dir, model.stream);
         if (latest < 0) fatal("--resume: no complete checkpoint in %s", options.output_dir.c_str());
         const std::string path = checkpoint_path(options.output_dir, latest);
         DataLoaderState data_state;
-        first_step = load_checkpoint(path, latest, model, par, &data_state, &sample_rng);
+        first_step = load_checkpoint(path, latest, model, par, &data_state, &sample_rng, measured_noise);
         train_loader.restore(data_state);
         if (par.main_rank) printf("resumed from %s at step %d\n", path.c_str(), first_step);
     }
@@ -409,13 +411,17 @@ int main(int argc, char** argv) {
         logger.step(step + 1, results.loss, options.schedule.at(step), sqrtf(results.grad_norm_squared), seconds,
                     traffic,  // (a measured pipeline timeline waits on its events: not counted)
                     measured ? std::vector<HostCalls>{} : host_calls_of_every_rank(par, step_calls, model.stream));
+        if (measured_noise)  // the first microbatch's gradient was the step's / microbatches: squared, x m^2
+            logger.noise_scale(noise_scale_update(noise, options.noise_scale_decay, step + 1, (double)B * T,
+                                                  par.layout.total_batch_size, results.small_batch_norm_squared *
+                                                  (double)par.microbatches * par.microbatches, results.grad_norm_squared));
         if (config.moe()) log_expert_routing(par, model, logger, step + 1);
         if (last && par.cp.size > 1) cp_report_attention_balance(par.cp, logger, par.main_rank, model.stream);
         if (measured) pipeline_report_timeline(par, model, logger, options.trace);
 
         if (options.checkpoint_every > 0 && ((step + 1) % options.checkpoint_every == 0 || last)) {
             save_checkpoint(options.output_dir, step + 1, options.keep_checkpoints, model, par, train_loader.state(),
-                            sample_rng);
+                            sample_rng, measured_noise);
             logger.checkpoint(step + 1, checkpoint_path(options.output_dir, step + 1));
         }
     }

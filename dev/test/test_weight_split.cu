@@ -69,7 +69,7 @@ static std::vector<float> gradients_of(ParallelContext& par, const Recompute& re
     const float dloss = 1.0f / (N * kMicrobatches);
     const size_t rows = (size_t)tp_rows(par.tp, N) * config.channels;
     for (int m = 0; m < kMicrobatches; m++) {
-        zero_begin_microbatch(par.zero, m == kMicrobatches - 1);
+        zero_begin_microbatch(par.zero, m == 0, m == kMicrobatches - 1);
         const int* x = tokens.data() + m * N;
         const int* y = targets.data() + m * N;
         if (v.first_layers == 0) {

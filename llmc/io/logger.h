@@ -55,6 +55,7 @@ the bytes the program holds through cudaMalloc.
 #include "../cuda_common.cuh"
 #include "flags.h"
 #include "../planning/mfu.h"
+#include "../noise_scale.h"
 #include "../utils.h"
 
 inline size_t device_memory_in_use_bytes() {
@@ -307,6 +308,20 @@ public:
         layers += tokens.empty() ? "]" : "]]";
         write(JsonLine("experts").integer("step", step).number("aux_loss", aux_loss).number("z_loss", z_loss)
                   .integer("dropped", dropped).raw("tokens", layers));
+    }
+
+    // The gradient noise scale after a step (llmc/noise_scale.h): B_simple and the smoothed estimates of |G|^2 and
+    // tr(Sigma) it is the ratio of, then the step's own estimates and what they came from.
+    void noise_scale(const NoiseScaleMeasurement& m) {
+        if (!enabled_) return;
+        printf("noise scale: B_simple %.6g tokens | |G|^2 %.4e | tr(Sigma) %.4e (smoothed)\n", m.b_simple,
+               m.grad_squared_smoothed, m.trace_smoothed);
+        fflush(stdout);
+        write(JsonLine("noise_scale").integer("step", m.step).number("b_simple", m.b_simple)
+                  .number("grad_sq", m.grad_squared_smoothed).number("trace_sigma", m.trace_smoothed)
+                  .number("grad_sq_step", m.grad_squared).number("trace_sigma_step", m.trace)
+                  .number("small_norm_sq", m.small_norm_squared).number("big_norm_sq", m.big_norm_squared)
+                  .number("small_tokens", m.small_tokens).number("big_tokens", m.big_tokens));
     }
 
     void val_loss(long long step, float loss) {

@@ -29,6 +29,7 @@ struct Options {
     std::string train_data, val_data, tokenizer;
     bool shuffle = true;
     int data_seed = 0;
+    float noise_scale_decay = 0.0f;  // the noise scale's moving averages (llmc/noise_scale.h; on: layout.noise_scale)
     // the batch (B, T, tokens per step) and how the ranks split the work
     Layout layout;
     std::string trace;           // the last step's pipeline timeline as a Chrome trace ("": none)
@@ -127,6 +128,14 @@ inline Options parse_options(Flags& flags, int argc, char** argv) {
     int& total_batch_size = flags.add_int("total-batch-size", 0,
         "tokens per optimizer step, all ranks together; a multiple of B*T*data-parallel ranks, the rest is "
         "gradient accumulation (0: B*T*data-parallel ranks)", 0);
+    bool& noise_scale = flags.add_bool("noise-scale", false,
+        "measure the gradient noise scale B_simple = tr(Sigma) / |G|^2 in tokens every step, from the squared "
+        "gradient norms of each rank's first microbatch and of the whole step (README: The gradient noise scale); "
+        "logged as \"noise_scale\" events");
+    float& noise_scale_decay = flags.add_float("noise-scale-decay", 0.95f,
+        "--noise-scale: decay of the moving averages of the |G|^2 and tr(Sigma) estimates, whose ratio is B_simple; "
+        "one step's estimates are too noisy alone (|G|^2's can come out negative), and 0.95 averages about the "
+        "last 20 steps while still following the training's drift", 0.0f, 0.9999f);
     flags.heading("Optimizer");
     int& steps = flags.add_int("steps", 100, "optimizer steps in the whole run (the schedule spans them)", 1);
     float& learning_rate = flags.add_float("learning-rate", 3e-4f, "peak learning rate", 0.0f, 10.0f);
@@ -256,6 +265,7 @@ inline Options parse_options(Flags& flags, int argc, char** argv) {
     l.pp_layers = parse_pp_layers(pp_layers);
     l.zero_stage = zero_stage, l.dp_shard = dp_shard;
     l.batch_size = batch_size, l.seq_len = seq_len, l.total_batch_size = total_batch_size;
+    l.noise_scale = noise_scale, o.noise_scale_decay = noise_scale_decay;
     o.trace = trace_path, o.nccl_init_file = nccl_init_file;
     o.steps = steps;
     o.schedule = make_lr_schedule(lr_schedule, learning_rate, warmup_steps, steps, final_lr_fraction);

@@ -49,12 +49,15 @@ inline BlockParams block_gradients(GPT2& model, ParallelContext& par, int layer)
 // rank: final layernorm, blocks L-1 .. 0, embeddings). When ZeRO reduces it now (the step's last
 // microbatch; every microbatch at stages 2 and 3), the tp ranks' shares of its partial gradients are added up
 // first (SP's layernorms, a mixture of experts' router and experts), on the compute stream, the only stream
-// that talks to the tp group.
+// that talks to the tp group. On the step's first microbatch the noise scale, when measured, squares the
+// chunk's gradient before it is reduced (zero_small_batch_norm).
 inline void chunk_gradient_done(GPT2& model, ParallelContext& par, int chunk) {
-    if (!zero_reduces_now(par.zero)) return;
-    tp_sum_partial_gradients(par.tp, zero_unreduced_gradient(par.zero, model, chunk), model.layout, chunk,
-                             model.stream);
-    zero_reduce_chunk(par.zero, model, chunk);
+    const bool reduce = zero_reduces_now(par.zero);
+    if (reduce)
+        tp_sum_partial_gradients(par.tp, zero_unreduced_gradient(par.zero, model, chunk), model.layout, chunk,
+                                 model.stream);
+    zero_small_batch_norm(par.zero, model, chunk);
+    if (reduce) zero_reduce_chunk(par.zero, model, chunk);
 }
 
 // ----------------------------------------------------------------------------

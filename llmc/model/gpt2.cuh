@@ -49,6 +49,7 @@ data-parallel ranks are in llmc/parallel/zero.h.
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <string>
 #include <vector>
 #include "../utils.h"
@@ -277,6 +278,11 @@ struct KVCache {
 struct StepResults {
     float loss;               // the mean loss (gpt2_mean_loss), averaged over ranks by llmc/parallel/zero.h
     float grad_norm_squared;  // the squared global gradient norm (gpt2_grad_norm_squared, zero_gradient_norm)
+    // the noise scale's small batch (llmc/noise_scale.h): the squared norm of the step's first microbatch's
+    // gradient / microbatches, averaged over the data-parallel ranks (zero_small_batch_norm, gradient_norm);
+    // allocated, and so read, only when the noise scale is measured. Next to grad_norm_squared: the two are
+    // summed over the tp, ep and pp ranks as one 2-float reduction.
+    float small_batch_norm_squared;
 };
 
 // Host data for the device through pinned memory, so the copy is asynchronous. Two slots, used in turn:
@@ -324,6 +330,8 @@ struct GPT2 {
     StagedUpload inputs_upload, targets_upload;
     StepResults* results = nullptr;   // device
     StepResults* results_host = nullptr;  // pinned
+    size_t results_bytes = 0;         // of them on the device: without the small batch's slot when it is not measured
+    float* small_batch_norm_squared = nullptr;  // &results->small_batch_norm_squared, or null: not measured
     SharedBuffers shared{};
     KVCache cache;                    // sampling's keys and values (kv_cache_reserve; empty before a sample)
     MoETraining moe;                  // a mixture of experts' settings and statistics
@@ -403,6 +411,7 @@ struct ModelPart {
     int shards = 1;
     bool full_parameters = true, full_gradients = true;
     Recompute recompute;  // what the forward pass keeps
+    bool small_batch_norm = false;  // the step's results hold the noise scale's small batch (llmc/noise_scale.h)
     // rows of the residual stream of N token rows: N, or this rank's N/tp under sequence parallelism
     size_t rows(size_t N) const { return sequence_parallel ? N / tp : N; }
     // Whether layer `slot` of a stage record may run a mixture of experts: block `slot` of one of the stages this
@@ -592,8 +601,13 @@ inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, c
     cudaCheck(cudaMemsetAsync(model.loss_sum, 0, sizeof(double), model.stream));
     staged_upload_create(model.inputs_upload, N);
     staged_upload_create(model.targets_upload, N);
-    model.results = tracked_alloc<StepResults>(1, MemoryKind::Workspace);
+    // (floats, so that without the small batch's slot the results are the two floats the memory formula counts)
+    static_assert(sizeof(StepResults) == 3 * sizeof(float), "StepResults: three floats");
+    model.results_bytes = part.small_batch_norm ? sizeof(StepResults) : offsetof(StepResults, small_batch_norm_squared);
+    model.results = (StepResults*)tracked_alloc<float>(model.results_bytes / sizeof(float), MemoryKind::Workspace);
+    if (part.small_batch_norm) model.small_batch_norm_squared = &model.results->small_batch_norm_squared;
     cudaCheck(cudaMallocHost(&model.results_host, sizeof(StepResults)));
+    *model.results_host = StepResults{};
 
     SharedBuffers& s = model.shared;
     s.projection = tracked_alloc<floatX>(N * C, MemoryKind::Workspace);
@@ -880,7 +894,7 @@ inline void gpt2_grad_norm_squared(GPT2& model) {
 
 // Waits for the device and returns what the step computed: the one point per step where the host waits.
 inline StepResults gpt2_read_results(GPT2& model) {
-    cudaCheck(cudaMemcpyAsync(model.results_host, model.results, sizeof(StepResults), cudaMemcpyDeviceToHost,
+    cudaCheck(cudaMemcpyAsync(model.results_host, model.results, model.results_bytes, cudaMemcpyDeviceToHost,
                               model.stream));
     cudaCheck(cudaStreamSynchronize(model.stream));
     return *model.results_host;

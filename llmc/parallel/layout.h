@@ -73,6 +73,7 @@ struct Layout {
     int total_batch_size = 0;             // tokens per step (0: one micro-step, B T dp)
     bool bf16 = sizeof(floatX) == 2;      // the build's precision (planning: the one assumed)
     int multiprocessors = 132;            // the device's (planning: H100 SXM's); sizes two scratch buffers
+    bool noise_scale = false;             // measured (llmc/noise_scale.h): the step's results hold one more float
 };
 
 // data-parallel ranks: what is left of the world after pp, cp and tp

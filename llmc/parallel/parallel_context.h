@@ -31,6 +31,7 @@ the bytes sent per axis.
 #include "pipeline.h"  // its first half, the Pipeline (the executor, its second, needs this file)
 #include "expert_parallel.h"
 #include "zero.h"
+#include "../noise_scale.h"
 #include "../model/gpt2.cuh"
 #include "../io/logger.h"
 
@@ -139,6 +140,9 @@ inline void parallel_create(ParallelContext& par, const Layout& asked, const GPT
     if (!pipeline_error.empty()) fatal("%s", pipeline_error.c_str());
     pipeline_create(par.pipe, par.mesh, l.schedule, l.pp_virtual, par.microbatches, pipeline_stage_split(config, l),
                     config.tied_head());
+    const std::string noise_error = l.noise_scale ? noise_scale_layout_error(l, config.tied_head(), config.moe(),
+                                                                             par.dp_size, par.microbatches) : "";
+    if (!noise_error.empty()) fatal("%s", noise_error.c_str());
     // (after the tp and pipeline checks, which name their flags; these add the cp axis's)
     mesh_check_model(par.mesh, config.num_layers, config.num_heads);
     cp_check_layout(l.cp, l.cp_mode, l.cp_split, T, config.num_heads, l.tp);
@@ -168,6 +172,7 @@ inline ModelPart model_part(const ParallelContext& par, const GPT2Config& config
     part.full_parameters = l.zero_stage < 3;
     part.full_gradients = l.zero_stage < 2;
     part.recompute = l.recompute;
+    part.small_batch_norm = l.noise_scale;
     return part;
 }
 
@@ -199,13 +204,21 @@ inline void mean_loss_on_every_rank(ParallelContext& par, GPT2& model, int count
 // model.results->grad_norm_squared = the squared norm of the whole model's averaged gradient, the same on
 // every rank: each rank's part (llmc/parallel/zero.h: the gradient it holds, each tensor counted once over
 // its copies) summed over the ranks that hold different parts: the shard group (in zero_gradient_norm), the
-// tp slices, the ep ranks' experts and the pipeline's stages.
+// tp slices, the ep ranks' experts and the pipeline's stages. When the noise scale is measured, the step's first
+// microbatch's squared norm (llmc/noise_scale.h; each data-parallel rank's own, averaged over them first) rides
+// in the same sums: it sits next to grad_norm_squared, so each is a reduction of 2 floats.
 inline void gradient_norm(ParallelContext& par, GPT2& model) {
     zero_gradient_norm(par.zero, model);
     float* squared = &model.results->grad_norm_squared;
-    if (par.tp.size > 1) all_reduce(*par.tp.group, squared, 1, Reduction::Sum, model.stream);
-    if (par.ep.size > 1) all_reduce(par.ep.group, squared, 1, Reduction::Sum, model.stream);
-    if (par.pipe.size > 1) all_reduce(*par.pipe.group, squared, 1, Reduction::Sum, model.stream);
+    int count = 1;
+    if (model.small_batch_norm_squared) {
+        count = 2;
+        if (par.zero.data_parallel && par.zero.data_parallel->size > 1)
+            all_reduce(*par.zero.data_parallel, model.small_batch_norm_squared, 1, Reduction::Average, model.stream);
+    }
+    if (par.tp.size > 1) all_reduce(*par.tp.group, squared, count, Reduction::Sum, model.stream);
+    if (par.ep.size > 1) all_reduce(par.ep.group, squared, count, Reduction::Sum, model.stream);
+    if (par.pipe.size > 1) all_reduce(*par.pipe.group, squared, count, Reduction::Sum, model.stream);
 }
 
 // The logits of position `position` (of a sequence of `rows` positions after the last forward pass of one

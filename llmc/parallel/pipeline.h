@@ -632,7 +632,7 @@ inline void pipeline_run(ParallelContext& par, GPT2& model, const PipelineRun& r
         pipeline_exchange(par, model, run, i, B, T);
         const double start = pipeline_clock(pipe, model), work_start = pipeline_work_clock(pipe);
         pipeline_note(pipe, a, true, waiting, start);
-        zero_begin_microbatch(par.zero, a.microbatch == pipe.microbatches - 1);
+        zero_begin_microbatch(par.zero, a.microbatch == 0, a.microbatch == pipe.microbatches - 1);
         const int* microbatch_targets = targets ? targets + a.microbatch * N : nullptr;
         switch (a.kind) {
             case PipelineAction::Forward:

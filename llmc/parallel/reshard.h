@@ -127,9 +127,11 @@ inline std::vector<float> gather_whole_model(Communicator& model_group, const La
 // shard writes it to its own file; after a barrier, rank 0 reads back every shard file's identity and
 // table checksum, lists them in the main file with its own shard and everything that is not sharded (the
 // data position, ...), and commits it, which completes the checkpoint. Only then are old checkpoints beyond
-// the newest keep_last removed, so a crash at any moment leaves a complete checkpoint behind.
+// the newest keep_last removed, so a crash at any moment leaves a complete checkpoint behind. `noise`: the noise
+// scale's moving averages (llmc/noise_scale.h), when measured (null: not).
 inline void save_checkpoint(const std::string& output_dir, int step, int keep_last, GPT2& model,
-                            ParallelContext& par, const DataLoaderState& data, const Rng& sample_rng) {
+                            ParallelContext& par, const DataLoaderState& data, const Rng& sample_rng,
+                            const NoiseScaleState* noise = nullptr) {
     watchdog_phase("checkpoint of step", step);
     Zero& optimizer = par.zero;
     const std::string path = checkpoint_path(output_dir, step);
@@ -162,6 +164,7 @@ inline void save_checkpoint(const std::string& output_dir, int step, int keep_la
     writer.add_value("precision_bytes", (int)sizeof(floatX));
     writer.add_value("train_data", data);
     writer.add_value("sample_rng", sample_rng);
+    if (noise) writer.add_value("noise_scale", *noise);
     writer.add_value("shards", optimizer.shards);
     writer.add_value("tensor_parallel", par.tp.size);
     writer.add_value("expert_parallel", par.ep.size);
@@ -183,9 +186,10 @@ inline long long agreed_latest_checkpoint(ParallelContext& par, const std::strin
     return (long long)step_plus_one - 1;
 }
 
-// Restores the model and optimizer, whatever layout the checkpoint was written with; returns its step.
+// Restores the model and optimizer, whatever layout the checkpoint was written with; returns its step. `noise`
+// (null: not measured) gets the noise scale's averages, or starts afresh from a checkpoint that has none.
 inline int load_checkpoint(const std::string& path, long long step, GPT2& model, ParallelContext& par,
-                           DataLoaderState* data, Rng* sample_rng) {
+                           DataLoaderState* data, Rng* sample_rng, NoiseScaleState* noise = nullptr) {
     CheckpointReader reader(path);
     const std::vector<ShardFileEntry> shard_files = listed_shard_files(reader, path, step);
     const GPT2Config saved = reader.read_value<GPT2Config>("config");
@@ -227,5 +231,6 @@ inline int load_checkpoint(const std::string& path, long long step, GPT2& model,
     zero_read_shards(par.zero, model, path, shard_files, step, saved_shards(model.config, grid, pipeline));
     *data = reader.read_value<DataLoaderState>("train_data");
     *sample_rng = reader.read_value<Rng>("sample_rng");
+    if (noise) *noise = reader.has("noise_scale") ? reader.read_value<NoiseScaleState>("noise_scale") : NoiseScaleState{};
     return (int)step;
 }

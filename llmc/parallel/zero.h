@@ -105,7 +105,11 @@ struct Zero {
     Communicator* expert_replicas = nullptr; // expert parallelism: the ranks holding the same experts
     Communicator* dense_replicas = nullptr;  // ... and the ep group, which holds the dense parts alike
     int ep = 1;
-    bool last_microbatch = true;             // the backward pass now running is the step's last microbatch's
+    bool first_microbatch = true;            // the backward pass now running is the step's first microbatch's
+    bool last_microbatch = true;             // ... its last microbatch's
+    // the tensors this rank leaves out of gradient norms (other ranks count their copies), as ascending
+    // [offset, end) ranges of the parameter buffer (norm_left_out)
+    std::vector<std::pair<size_t, size_t>> left_out_of_norm;
 
     float* master = nullptr;                 // this rank's shard: fp32 master weights (BF16 build only)
     float* m = nullptr;                      // ... AdamW's first moment
@@ -137,6 +141,33 @@ inline size_t shard_start(const Zero& z, int chunk) {
     return z.layout->chunk_start(chunk) + (size_t)z.shard_rank * shard_size(z, chunk);
 }
 inline size_t shard_offset(const Zero& z, int chunk) { return z.layout->chunk_start(chunk) / z.shards; }
+
+// The tensors of `layout` this rank leaves out of a gradient norm: of a tensor that other ranks hold copies of,
+// only one copy counts (ParameterLayout::counts_in_norm: under tensor parallelism the replicated tensors on tp
+// rank 0, under pipeline parallelism the first stage's embeddings). Ascending [offset, end) ranges.
+inline std::vector<std::pair<size_t, size_t>> norm_left_out(const ParameterLayout& layout) {
+    std::vector<std::pair<size_t, size_t>> left_out;
+    for_each_tensor_in_file_order(layout, [&](int kind, int, size_t offset, size_t elements) {
+        if (!layout.counts_in_norm(kind)) left_out.push_back({offset, offset + elements});
+    });
+    std::sort(left_out.begin(), left_out.end());
+    return left_out;
+}
+
+// The parts of [first, end) (parameter-buffer coordinates) outside the ascending ranges `left_out`, ascending.
+inline std::vector<std::pair<size_t, size_t>> norm_counted_parts(const std::vector<std::pair<size_t, size_t>>& left_out,
+                                                                 size_t first, size_t end) {
+    std::vector<std::pair<size_t, size_t>> parts;
+    size_t next = first;  // counted up to here
+    for (const auto& [out_first, out_end] : left_out) {
+        if (out_end <= next) continue;
+        if (out_first >= end) break;
+        if (out_first > next) parts.push_back({next, out_first});
+        next = std::max(next, out_end);
+    }
+    if (next < end) parts.push_back({next, end});
+    return parts;
+}
 
 // stage 0 to 3; mesh null for a single process. The model's layout must be padded for the shard count
 // (gpt2_allocate with zero_shard_count()), allocated without full gradients from stage 2 on and without
@@ -203,6 +234,7 @@ inline void zero_init(Zero& z, int stage, Mesh* mesh, GPT2& model, const std::ve
                       ExpertParallel* ep = nullptr) {
     z.stage = stage;
     z.layout = &model.layout;
+    z.left_out_of_norm = norm_left_out(model.layout);
     z.shards = zero_shard_count(stage, mesh, ep);
     const bool experts_split = ep && ep->size > 1;
     z.shard_rank = z.shards > 1 ? (experts_split ? ep->experts_replicas.rank : mesh->shard.rank) : 0;
@@ -288,6 +320,8 @@ inline void zero_free(Zero& z) {
 
 // Start of a step: no gradient yet.
 inline void zero_begin_step(Zero& z, GPT2& model) {
+    if (model.small_batch_norm_squared)
+        cudaCheck(cudaMemsetAsync(model.small_batch_norm_squared, 0, sizeof(float), model.stream));
     if (z.stage < 2) {
         gpt2_zero_grads(model);
     } else {  // the working buffers are cleared after each use
@@ -318,8 +352,11 @@ inline floatX* zero_gradients_of(Zero& z, GPT2& model, int chunk) {
     return zero_unreduced_gradient(z, model, chunk);
 }
 
-// Before each microbatch's backward pass: whether it is the step's last.
-inline void zero_begin_microbatch(Zero& z, bool last) { z.last_microbatch = last; }
+// Before each microbatch's passes: whether it is the step's first, and its last.
+inline void zero_begin_microbatch(Zero& z, bool first, bool last) {
+    z.first_microbatch = first;
+    z.last_microbatch = last;
+}
 
 // Whether a chunk's gradient, once complete, is reduced now: on the step's last microbatch, or on every one
 // at stages 2 and 3 (there is no full-size gradient buffer to accumulate in).
@@ -421,29 +458,13 @@ inline void zero_gradient_norm(Zero& z, GPT2& model) {
         if (!counted.empty() && counted.back().second == first) counted.back().second = end;
         else counted.push_back({first, end});
     };
-    // the tensors this rank leaves out, as ascending [offset, end) ranges of the parameter buffer
-    std::vector<std::pair<size_t, size_t>> left_out;
-    for_each_tensor_in_file_order(layout, [&](int kind, int, size_t offset, size_t elements) {
-        if (!layout.counts_in_norm(kind)) left_out.push_back({offset, offset + elements});
-    });
-    std::sort(left_out.begin(), left_out.end());
-    size_t skip = 0;  // the first left-out range not yet passed
     for (int c = 0; c < layout.num_chunks(); c++) {
         // chunk c's part of the buffer: [held, held_end) in parameter-buffer coordinates, at `at` in `grads`
         const size_t held = z.stage == 0 ? layout.chunk_start(c) : shard_start(z, c);
         const size_t held_end = held + (z.stage == 0 ? layout.chunk_size(c) : shard_size(z, c));
         const size_t at = z.stage == 0 ? held : shard_offset(z, c);
-        size_t next = held;  // counted up to here
-        while (skip < left_out.size() && left_out[skip].first < held_end) {
-            const size_t first = std::max(left_out[skip].first, held), end = std::min(left_out[skip].second, held_end);
-            if (first < end) {
-                count(at + (next - held), at + (first - held));  // what lies before this left-out tensor
-                next = end;
-            }
-            if (left_out[skip].second > held_end) break;  // it goes on into the next chunk's part
-            skip++;
-        }
-        count(at + (next - held), at + (held_end - held));
+        for (const auto& [first, end] : norm_counted_parts(z.left_out_of_norm, held, held_end))
+            count(at + (first - held), at + (end - held));
     }
     float* squared = &model.results->grad_norm_squared;
     cudaCheck(cudaMemsetAsync(squared, 0, sizeof(float), model.stream));
@@ -451,6 +472,20 @@ inline void zero_gradient_norm(Zero& z, GPT2& model) {
         global_norm_squared_accumulate(squared, model.shared.norm_scratch, grads + first, end - first, model.stream);
     if (z.stage > 0 && z.shard_group && z.shard_group->size > 1)
         all_reduce(*z.shard_group, squared, 1, Reduction::Sum, model.stream);
+}
+
+// The noise scale's small batch (llmc/noise_scale.h): when the step's first microbatch has completed chunk c's
+// gradient (on every tp rank whole: its partial sums added up, which llmc/noise_scale.h's layout check ensures),
+// adds the squares of the parts this rank counts to *model.small_batch_norm_squared, on the compute stream before
+// the chunk's reduction (zero_reduce_chunk) or the next microbatch's passes touch the buffer. The buffer holds
+// the microbatch's gradient / microbatches (the loss's scale, step_loss_scale).
+inline void zero_small_batch_norm(Zero& z, GPT2& model, int chunk) {
+    if (!model.small_batch_norm_squared || !z.first_microbatch) return;
+    const floatX* grads = zero_unreduced_gradient(z, model, chunk);  // element chunk_start + k at grads[k]
+    const size_t start = z.layout->chunk_start(chunk);
+    for (const auto& [first, end] : norm_counted_parts(z.left_out_of_norm, start, start + z.layout->chunk_size(chunk)))
+        global_norm_squared_accumulate(model.small_batch_norm_squared, model.shared.norm_scratch, grads + (first - start),
+                                       end - first, model.stream);
 }
 
 // Where this rank keeps the gradient of chunk c once the step's reductions are done: the whole chunk

@@ -90,6 +90,7 @@ struct GPT2MemoryShape {
     int batch = 0;             // B: the micro-batch
     int seq_len = 0;           // T
     int multiprocessors = 132; // sizes two scratch buffers; 132 = H100 SXM (device_properties() at run time)
+    int step_results = 2;      // floats of the step's results: 3 with the noise scale's small batch
     int tp = 1;                // tensor-parallel ranks (llmc/parallel/tensor_parallel.h)
     bool sequence_parallel = false;
     Recompute recompute;       // what the forward pass keeps (llmc/parallel/recompute.h)
@@ -126,6 +127,7 @@ inline GPT2MemoryShape gpt2_memory_shape(const GPT2Config& config, const Layout&
     shape.tp = layout.tp;
     shape.sequence_parallel = layout.sequence_parallel;
     shape.recompute = layout.recompute;
+    shape.step_results = layout.noise_scale ? 3 : 2;
     shape.stage_layers = part.stage_layers;
     shape.records = part.records;
     shape.weight_records = part.weight_records;
@@ -205,7 +207,7 @@ struct ActivationBytes {
 //              dqkv Nq, and under sequence parallelism the gathered rows NC (GPT-2, t = 1: 9 NC s);
 //              fp32 attention_D N h, the vocabulary-parallel loss's statistics 4N (t > 1, last stage),
 //              matmul bias scratch ceil(N/64) max(C, F, q), layernorm scratch 2C min(ceil(R/8), 3 SMs), norm
-//              scratch 4 SMs, the step's results 2 (loss, squared norm), Llama's RoPE frequencies hs/2, the first stage's encoder partial
+//              scratch 4 SMs, the step's results 2 (loss, squared norm; 3 with the noise scale's small batch), Llama's RoPE frequencies hs/2, the first stage's encoder partial
 //              rows (floor(N/64) + floor(N/65)) C and int encoder workspace 4N + 3 floor(N/65); the running
 //              loss sum, one double;
 //              under context parallelism (cp > 1): ring attention's K/V blocks and their gradients, two of
@@ -305,7 +307,7 @@ inline ActivationBytes gpt2_activation_bytes(const GPT2MemoryShape& shape, bool 
     const double experts = moe ? (N * E + N * C + Mr * C + Mr * Fe + (shape.llama ? Mr * He : 0) + in_transit) * s +
                                  (N * E + M + 3 + shape.num_layers * E) * f + (E + capacity_left) * i : 0;
     a.workspace = experts + (2 * N * C + N * F + dactivation + N * q + gathered) * s +
-                  (N * h + rope_frequencies + softmax_stats + bias_rows * std::max({C, F, q}) + 2 * C * layernorm_blocks + 4 * SMs + 2) * f +
+                  (N * h + rope_frequencies + softmax_stats + bias_rows * std::max({C, F, q}) + 2 * C * layernorm_blocks + 4 * SMs + shape.step_results) * f +
                   encoder + sizeof(double) + a.recompute + context;
     return a;
 }
