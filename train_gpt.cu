@@ -268,9 +268,22 @@ static int run_planner(const Options& options) {
                           options.plan_top);
         return EXIT_SUCCESS;
     }
-    const LayoutPlan plan = plan_layout(config, layout, options.hardware);
-    if (!plan.error.empty()) fatal("%s", plan.error.c_str());
-    print_layout_plan(config, plan, options.hardware);
+    if (layout.batch_ramp.phases.empty()) {
+        const LayoutPlan plan = plan_layout(config, layout, options.hardware);
+        if (!plan.error.empty()) fatal("%s", plan.error.c_str());
+        print_layout_plan(config, plan, options.hardware);
+        return EXIT_SUCCESS;
+    }
+    // a batch ramp: the first phase in full, then every phase's line
+    std::vector<LayoutPlan> phases;
+    for (const BatchPhase& phase : layout.batch_ramp.phases) {
+        layout.total_batch_size = phase.tokens;
+        phases.push_back(plan_layout(config, layout, options.hardware));
+        if (!phases.back().error.empty())
+            fatal("--batch-ramp phase %lld:%d: %s", phase.threshold, phase.tokens, phases.back().error.c_str());
+    }
+    print_layout_plan(config, phases[0], options.hardware);
+    print_batch_ramp_plan(layout.batch_ramp, phases);
     return EXIT_SUCCESS;
 }
 
@@ -315,6 +328,14 @@ static void print_run(const ParallelContext& par, const GPT2& model) {
     }
     printf("batch: %d x %d tokens on each of %d rank(s), %d micro-step(s) per step: %d tokens per step\n",
            l.batch_size, l.seq_len, par.dp_size, par.microbatches, l.total_batch_size);
+    if (!batch_ramp_is_fixed(par.ramp)) {
+        const int micro_step = l.batch_size * l.seq_len * par.dp_size;
+        printf("batch ramp (the learning-rate schedule on the tokens seen):");
+        for (size_t k = 0; k < par.ramp.phases.size(); k++)
+            printf("%s from %lld tokens seen, %d per step (%d micro-steps)", k ? ";" : "", par.ramp.phases[k].threshold,
+                   par.ramp.phases[k].tokens, par.ramp.phases[k].tokens / micro_step);
+        printf("\n");
+    }
     printf("recompute: %s\n", recompute_describe(l.recompute).c_str());
 }
 
@@ -362,7 +383,16 @@ int main(int argc, char** argv) {
         if (latest < 0) fatal("--resume: no complete checkpoint in %s", options.output_dir.c_str());
         const std::string path = checkpoint_path(options.output_dir, latest);
         DataLoaderState data_state;
-        first_step = load_checkpoint(path, latest, model, par, &data_state, &sample_rng, measured_noise);
+        long long tokens_seen = -1;
+        first_step = load_checkpoint(path, latest, model, par, &data_state, &sample_rng, &tokens_seen,
+                                     measured_noise);
+        // where in the batch ramp it stands: this run's ramp must put its step at the same tokens seen (a checkpoint
+        // older than the ramp did not record them: step x the batch)
+        if (tokens_seen < 0) tokens_seen = (long long)first_step * par.ramp.phases[0].tokens;
+        if (tokens_seen != batch_ramp_tokens_after(par.ramp, first_step))
+            fatal("--resume: %s stands at %lld tokens seen after %d steps; this run's batch (--batch-ramp, "
+                  "--total-batch-size) puts step %d at %lld", path.c_str(), tokens_seen, first_step, first_step,
+                  batch_ramp_tokens_after(par.ramp, first_step));
         train_loader.restore(data_state);
         if (par.main_rank) printf("resumed from %s at step %d\n", path.c_str(), first_step);
     }
@@ -371,15 +401,12 @@ int main(int argc, char** argv) {
         logger.sample(step, sample_text(par, model, tokenizer, sample_rng, options.sample_tokens, options.sample_cache));
     };
     logger.config(options.flags_json);
-    // model FLOPs (llmc/planning/mfu.h) and hardware FLOPs, which count the recomputed forward passes too:
-    // this rank's share
-    const double flops_per_step = model_flops_per_token(config, T) * par.layout.total_batch_size;
-    const double hardware_flops_per_step = flops_per_step + recompute_extra_flops_per_token(
-        par.layout.recompute, active_block_parameters(config), config.num_layers, config.channels, T) *
-        par.layout.total_batch_size;
-    logger.run(options.steps, par.layout.total_batch_size, flops_per_step / par.world.size,
-               hardware_flops_per_step / par.world.size, peak_flops_per_second(device_properties().name,
-                                                                                 PRECISION_NAME));
+    // model FLOPs (llmc/planning/mfu.h) and hardware FLOPs, which count the recomputed forward passes too, per
+    // token: each step's are its tokens' (a batch ramp changes them), this rank's share
+    logger.run(options.steps, model_flops_per_token(config, T), recompute_extra_flops_per_token(
+                   par.layout.recompute, active_block_parameters(config), config.num_layers, config.channels, T),
+               par.world.size, peak_flops_per_second(device_properties().name, PRECISION_NAME),
+               !batch_ramp_is_fixed(par.ramp));
 
     // ---- training
     for (int step = first_step; step < options.steps; step++) {
@@ -390,6 +417,11 @@ int main(int argc, char** argv) {
         // the main rank's logger prints it
         if (options.sample_tokens > 0 && options.sample_every > 0 && step > first_step && step % options.sample_every == 0)
             sample(step);
+
+        // the batch of this step's phase (llmc/batch_ramp.h): its micro-steps and the pipeline's play
+        const int step_tokens = batch_ramp_step_tokens(par.ramp, step);
+        parallel_set_step_tokens(par, step_tokens);
+        logger.step_tokens(step_tokens);
 
         const auto start = std::chrono::steady_clock::now();
         parallel_reset_traffic(par);
@@ -420,8 +452,8 @@ int main(int argc, char** argv) {
         if (measured) pipeline_report_timeline(par, model, logger, options.trace);
 
         if (options.checkpoint_every > 0 && ((step + 1) % options.checkpoint_every == 0 || last)) {
-            save_checkpoint(options.output_dir, step + 1, options.keep_checkpoints, model, par, train_loader.state(),
-                            sample_rng, measured_noise);
+            save_checkpoint(options.output_dir, step + 1, batch_ramp_tokens_after(par.ramp, step + 1),
+                            options.keep_checkpoints, model, par, train_loader.state(), sample_rng, measured_noise);
             logger.checkpoint(step + 1, checkpoint_path(options.output_dir, step + 1));
         }
     }

@@ -14,6 +14,8 @@ Prints `N passed, M failed` and exits non-zero on any failure.
 #include "../../llmc/io/options.h"
 #include "../../llmc/io/checkpoint.h"
 #include "../../llmc/schedulers.h"
+#include "../../llmc/batch_ramp.h"
+#include "../../llmc/rand.h"
 #include "../../llmc/io/logger.h"
 #include "../../llmc/planning/mfu.h"
 #include "../../llmc/kernels/matmul.cuh"
@@ -506,6 +508,76 @@ void test_checkpoints() {
 }
 
 // ----------------------------------------------------------------------------
+// batch ramps (llmc/batch_ramp.h)
+
+void test_batch_ramp() {
+    printf("batch ramps\n");
+    BatchRamp ramp;
+    check_true("parses 0:16384,2000000:32768,8000000:65536",
+               batch_ramp_parse("0:16384,2000000:32768,8000000:65536", &ramp).empty() && ramp.phases.size() == 3 &&
+                   ramp.phases[1].threshold == 2000000 && ramp.phases[1].tokens == 32768 &&
+                   ramp.phases[2].threshold == 8000000 && ramp.phases[2].tokens == 65536);
+    auto refused = [](const std::string& text, const std::string& part) {
+        BatchRamp r;
+        const std::string error = batch_ramp_parse(text, &r);
+        check_true("refuses '" + text + "'", contains(error, "--batch-ramp " + text + ": ") &&
+                   contains(error, part) && error.find('\n') == std::string::npos, error);
+    };
+    refused("16:64", "must start at 0");
+    refused("0:64,128:128,128:256", "thresholds must increase");
+    refused("0:64,256:128,128:256", "thresholds must increase");
+    refused("0:0", "between 1 and 2147483647");
+    refused("0:4294967296", "between 1 and 2147483647");
+    refused("0:64,", "is not TOKENS_SEEN:TOKENS_PER_STEP");
+    refused("0-64", "is not TOKENS_SEEN:TOKENS_PER_STEP");
+    refused("0:64x", "is not TOKENS_SEEN:TOKENS_PER_STEP");
+    refused("0:-64", "is not TOKENS_SEEN:TOKENS_PER_STEP");
+    refused("", "is not TOKENS_SEEN:TOKENS_PER_STEP");
+
+    // 0:64,128:128,384:256: steps of 64 until 128 seen (2 steps), of 128 until 384 (2 more), then 256:
+    // tokens seen after n steps 0, 64, 128, 256, 384, 640, 896
+    batch_ramp_parse("0:64,128:128,384:256", &ramp);
+    const std::vector<long long> seen = {0, 64, 128, 256, 384, 640, 896};
+    bool all = true;
+    for (size_t n = 0; n < seen.size(); n++) all = all && batch_ramp_tokens_after(ramp, (long long)n) == seen[n];
+    check_true("tokens seen after n steps, by hand", all);
+    check_true("each step's batch: 64, 64, 128, 128, 256",
+               batch_ramp_step_tokens(ramp, 0) == 64 && batch_ramp_step_tokens(ramp, 1) == 64 &&
+                   batch_ramp_step_tokens(ramp, 2) == 128 && batch_ramp_step_tokens(ramp, 3) == 128 &&
+                   batch_ramp_step_tokens(ramp, 4) == 256);
+    check_true("the phase at a count of tokens seen: the last threshold reached",
+               batch_ramp_phase(ramp, 127).tokens == 64 && batch_ramp_phase(ramp, 128).tokens == 128 &&
+                   batch_ramp_phase(ramp, 383).tokens == 128 && batch_ramp_phase(ramp, 1LL << 40).tokens == 256);
+    // a threshold that falls inside a step: 0:100,150:1000 -> steps of 100 at 0 and 100 (150 not yet seen
+    // before the second), then 1000 from 200 on; a phase skipped by one step: 0:100,50:7,60:1000 -> the second
+    // step starts at 100, past both, and runs at 1000
+    batch_ramp_parse("0:100,150:1000", &ramp);
+    check_true("a step is never cut: the threshold's phase starts with the next step",
+               batch_ramp_tokens_after(ramp, 2) == 200 && batch_ramp_tokens_after(ramp, 3) == 1200 &&
+                   batch_ramp_step_tokens(ramp, 1) == 100 && batch_ramp_step_tokens(ramp, 2) == 1000);
+    batch_ramp_parse("0:100,50:7,60:1000", &ramp);
+    check_true("a phase whose threshold and the next one's fall inside one step is skipped",
+               batch_ramp_tokens_after(ramp, 1) == 100 && batch_ramp_step_tokens(ramp, 1) == 1000 &&
+                   batch_ramp_tokens_after(ramp, 3) == 2100);
+    // brute force: tokens seen step by step against the closed form, over ramps of up to 4 random phases
+    Rng rng = rng_from_seed(7);
+    bool brute = true;
+    std::string detail;
+    for (int trial = 0; trial < 200 && brute; trial++) {
+        BatchRamp r{{BatchPhase{0, 1 + (int)(rng.next_u32() % 50)}}};
+        for (int k = 1; k < 4; k++)
+            r.phases.push_back(BatchPhase{r.phases.back().threshold + 1 + rng.next_u32() % 300,
+                                          1 + (int)(rng.next_u32() % 50)});
+        long long t = 0;
+        for (long long n = 0; n < 60 && brute; n++) {
+            if (batch_ramp_tokens_after(r, n) != t) brute = false, detail = "trial " + std::to_string(trial);
+            t += batch_ramp_phase(r, t).tokens;
+        }
+    }
+    check_true("tokens seen: the closed form equals stepping through the phases (200 random ramps)", brute, detail);
+}
+
+// ----------------------------------------------------------------------------
 // learning-rate schedules
 
 bool near(double got, double expected) { return fabs(got - expected) <= 1e-6 * fabs(expected) + 1e-12; }
@@ -545,6 +617,50 @@ void test_schedulers() {
     expect_failure("final fraction above 1", [] { make_lr_schedule("cosine", 1, 0, 10, 1.5f); }, "between 0 and 1");
     expect_failure("zero steps", [] { make_lr_schedule("cosine", 1, 0, 0, 0); }, "at least 1 step");
     expect_failure("negative warmup", [] { make_lr_schedule("cosine", 1, -1, 10, 0); }, "warmup steps must be >= 0");
+
+    // the token axis for a fixed batch B is the step formulas bit for bit (llmc/schedulers.h's header): the
+    // step formulas as they were before the token axis, against the schedule over fixed batches
+    auto step_formula = [](const std::string& kind, float max_lr, int W, int total, float fraction, int s) {
+        if (s < W) return (float)((double)max_lr * (s + 1) / W);
+        if (kind == "constant") return max_lr;
+        const double min_lr = (double)max_lr * fraction;
+        const int decay_steps = total - 1 - W;
+        double progress = decay_steps > 0 ? (double)(s - W) / decay_steps : 0.0;
+        if (progress > 1.0) progress = 1.0;
+        return (float)(min_lr + (max_lr - min_lr) * 0.5 * (1.0 + cos(3.14159265358979323846 * progress)));
+    };
+    int compared = 0;
+    std::string first_difference;
+    for (const char* kind : {"cosine", "constant"})
+        for (float max_lr : {6e-4f, 3e-4f, 1e-3f, 0.1f / 3})
+            for (int W : {0, 1, 3, 7, 700})
+                for (int total : {1, 2, 10, 97, 19073})
+                    for (int B : {1, 3, 64, 524288, 1000003, 16777215}) {
+                        LearningRateSchedule schedule = make_lr_schedule(kind, max_lr, W, total, 0.1f);
+                        schedule.ramp = batch_ramp_fixed(B);
+                        for (int s : {0, 1, 2, W - 1, W, W + 1, total / 2, total - 2, total - 1, total, total + 5}) {
+                            if (s < 0) continue;
+                            const float token_axis = schedule.at(s), steps = step_formula(kind, max_lr, W, total, 0.1f, s);
+                            compared++;
+                            if (memcmp(&token_axis, &steps, sizeof(float)) != 0 && first_difference.empty())
+                                first_difference = std::string(kind) + " W " + std::to_string(W) + " total " +
+                                                   std::to_string(total) + " B " + std::to_string(B) + " step " +
+                                                   std::to_string(s);
+                        }
+                    }
+    check_true("a fixed batch: the token axis gives the step formulas bit for bit (" + std::to_string(compared) +
+               " rates)", first_difference.empty(), first_difference);
+    // a ramp and a fixed batch that see the same tokens decay alike: 0:64,128:128,384:256 over 6 steps sees
+    // 0, 64, 128, 256, 384, 640 before its steps; warmup 2 steps = 128 tokens, the decay ends at 640. A fixed
+    // batch of 64 over 11 steps (warmup 2) ends its decay at 640 too: where both have seen the same tokens (128,
+    // 256, 384, 640: its steps 2, 4, 6, 10) the rates are equal
+    LearningRateSchedule ramped = make_lr_schedule("cosine", 1e-3f, 2, 6, 0.0f), fixed = make_lr_schedule("cosine", 1e-3f, 2, 11, 0.0f);
+    batch_ramp_parse("0:64,128:128,384:256", &ramped.ramp);
+    fixed.ramp = batch_ramp_fixed(64);
+    check_true("a ramp's warmup: (t + b) / t_W = 0.5, 1", ramped.at(0) == 5e-4f && ramped.at(1) == 1e-3f);
+    check_true("a ramp and a fixed batch at the same tokens seen: the same rate",
+               ramped.at(2) == fixed.at(2) && ramped.at(3) == fixed.at(4) && ramped.at(4) == fixed.at(6) &&
+                   ramped.at(5) == fixed.at(10) && ramped.at(5) == 0.0f && near(ramped.at(3), 1e-3 * 0.5 * (1 + cos(M_PI / 4))));
 }
 
 // ----------------------------------------------------------------------------
@@ -961,6 +1077,7 @@ int main() {
     test_flags();
     test_train_gpt_help();
     test_checkpoints();
+    test_batch_ramp();
     test_schedulers();
     test_logger();
     test_mfu();

@@ -20,6 +20,8 @@ after that many steps, so the three agree.
 
 Console line:
     step   12/5000 | loss 5.214573 | lr 3.00e-04 | norm 1.1234 | 312.5 ms | 104858 tok/s | 2341 MiB | MFU 41.3% | ETA 25m59s
+Under a batch ramp (llmc/batch_ramp.h) the line shows the step's tokens too, "| batch 32768" after the memory;
+the JSON line always has them ("batch_tokens").
 The ETA is the steps still to run times the mean step time of this run (StepTimer below): the first step
 is left out of the mean once there are others, because it pays for warm-up (cuBLAS heuristics, first-touch
 allocations) that later steps do not. Validation, samples and checkpoints are not counted in it.
@@ -32,7 +34,7 @@ JSON line (same numbers; "time_s", seconds since the logger was created, ends ev
 number such as a NaN loss becomes null, because JSON has no NaN and a diverged run is exactly the one whose
 log must still parse; so does an unknown MFU):
     {"event": "step", "step": 12, "total_steps": 5000, "loss": 5.2145729, "lr": 0.000300000014,
-     "grad_norm": 1.12339997, "ms": 312.5, "tokens_per_s": 104857.6, "memory_mib": 2341, "mfu": 0.413, ..., "eta_s": 1558.75, "time_s": 12.5}
+     "grad_norm": 1.12339997, "ms": 312.5, "batch_tokens": 32768, "tokens_per_s": 104857.6, "memory_mib": 2341, "mfu": 0.413, ..., "eta_s": 1558.75, "time_s": 12.5}
 
 Each line is flushed as it is written, so a killed run keeps its log up to the last step. With append =
 true (resuming) the file is continued instead of started over. A disabled logger (ranks other than 0)
@@ -181,7 +183,8 @@ struct StepStats {
     float learning_rate = 0.0f;
     float grad_norm = 0.0f;
     double seconds = 0.0;       // wall time of this step
-    long long tokens = 0;       // tokens trained on in this step, all ranks together
+    long long tokens = 0;       // tokens trained on in this step, all ranks together (the batch)
+    bool show_batch = false;    // on the console line too (a batch ramp: it changes)
     size_t memory_bytes = 0;    // device_memory_in_use_bytes()
     double mfu = -1.0;          // fraction of peak (0.41 = 41%); negative when the GPU's peak is unknown
     double hfu = -1.0;          // the same for the hardware FLOPs, recomputation included (llmc/parallel/recompute.h)
@@ -216,13 +219,22 @@ public:
     void config(const Flags& flags) { config(flags.to_json()); }
     void config(const std::string& flags_json) { write(JsonLine("config").raw("flags", flags_json)); }
 
-    // What every step of the run shares, for the step lines: the steps, the tokens of a step (all ranks), this
-    // rank's share of a step's model FLOPs and of the FLOPs it runs (recomputation included, llmc/parallel/
-    // recompute.h), and the device's peak FLOP/s (negative: unknown, llmc/planning/mfu.h).
-    void run(long long total_steps, long long tokens_per_step, double model_flops, double hardware_flops,
-             double peak_flops) {
-        total_steps_ = total_steps, tokens_per_step_ = tokens_per_step, model_flops_ = model_flops;
-        hardware_flops_ = hardware_flops, peak_flops_ = peak_flops;
+    // What every step of the run shares, for the step lines: the steps, the model's FLOPs per token and the extra
+    // FLOPs per token that recomputation runs (llmc/planning/mfu.h, llmc/parallel/recompute.h), the ranks that
+    // share them, and the device's peak FLOP/s (negative: unknown). `ramped`: the batch changes during the run
+    // (llmc/batch_ramp.h), and the console line shows it.
+    void run(long long total_steps, double model_flops_per_token, double recompute_flops_per_token, int ranks,
+             double peak_flops, bool ramped = false) {
+        total_steps_ = total_steps, model_flops_per_token_ = model_flops_per_token;
+        recompute_flops_per_token_ = recompute_flops_per_token, ranks_ = ranks, peak_flops_ = peak_flops;
+        ramped_ = ramped;
+    }
+    // The tokens of the steps that follow, all ranks together, and this rank's share of their FLOPs.
+    void step_tokens(long long tokens) {
+        tokens_per_step_ = tokens;
+        const double model_flops = model_flops_per_token_ * tokens;
+        const double hardware_flops = model_flops + recompute_flops_per_token_ * tokens;
+        model_flops_ = model_flops / ranks_, hardware_flops_ = hardware_flops / ranks_;
     }
 
     // A step's line, from what it measured: the statistics the log keeps, MFU (llmc/planning/mfu.h) included.
@@ -236,6 +248,7 @@ public:
         stats.grad_norm = grad_norm;
         stats.seconds = seconds;
         stats.tokens = tokens_per_step_;
+        stats.show_batch = ramped_;
         stats.memory_bytes = device_memory_in_use_bytes();
         stats.mfu = model_flops_utilization(model_flops_, seconds, peak_flops_);
         stats.hfu = model_flops_utilization(hardware_flops_, seconds, peak_flops_);
@@ -260,6 +273,8 @@ public:
                          "step %*lld/%lld | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s | %.0f MiB",
                          width, s.step, s.total_steps, s.loss, s.learning_rate, s.grad_norm, s.seconds * 1e3,
                          tokens_per_second, memory_mib);
+        if (s.show_batch && n > 0 && n < (int)sizeof(line))
+            n += snprintf(line + n, sizeof(line) - n, " | batch %lld", s.tokens);
         if (s.mfu >= 0 && n > 0 && n < (int)sizeof(line)) {
             n += snprintf(line + n, sizeof(line) - n, " | MFU %.1f%%", 100.0 * s.mfu);
             if (s.hfu >= 0 && n < (int)sizeof(line)) n += snprintf(line + n, sizeof(line) - n, " HFU %.1f%%", 100.0 * s.hfu);
@@ -278,6 +293,7 @@ public:
         JsonLine json("step");
         json.integer("step", s.step).integer("total_steps", s.total_steps).number("loss", s.loss);
         json.number("lr", s.learning_rate).number("grad_norm", s.grad_norm).number("ms", s.seconds * 1e3);
+        json.integer("batch_tokens", s.tokens);
         json.number("tokens_per_s", tokens_per_second).number("memory_mib", memory_mib);
         json.number("mfu", s.mfu >= 0 ? s.mfu : NAN);  // unknown peak: null
         json.number("hfu", s.hfu >= 0 ? s.hfu : NAN);
@@ -373,8 +389,12 @@ private:
     bool enabled_;
     std::chrono::steady_clock::time_point start_;
     StepTimer step_timer_;  // this run's steps only: a resumed run starts a new logger and a new mean
-    long long total_steps_ = 0, tokens_per_step_ = 0;  // set by run()
-    double model_flops_ = 0, hardware_flops_ = 0, peak_flops_ = 0;
+    long long total_steps_ = 0;  // set by run()
+    double model_flops_per_token_ = 0, recompute_flops_per_token_ = 0, peak_flops_ = 0;
+    int ranks_ = 1;
+    bool ramped_ = false;
+    long long tokens_per_step_ = 0;  // set by step_tokens()
+    double model_flops_ = 0, hardware_flops_ = 0;
     std::string path_;
     FILE* file_ = nullptr;
 };

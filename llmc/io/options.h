@@ -128,6 +128,13 @@ inline Options parse_options(Flags& flags, int argc, char** argv) {
     int& total_batch_size = flags.add_int("total-batch-size", 0,
         "tokens per optimizer step, all ranks together; a multiple of B*T*data-parallel ranks, the rest is "
         "gradient accumulation (0: B*T*data-parallel ranks)", 0);
+    std::string& batch_ramp = flags.add_string("batch-ramp", "",
+        "tokens per step that grow with the tokens seen, phases of TOKENS_SEEN:TOKENS_PER_STEP, e.g. "
+        "0:16384,2000000:32768 (the first at 0, thresholds increasing; a phase starts with the first step that "
+        "begins at or past its threshold; each batch a multiple of B*T*data-parallel ranks); replaces "
+        "--total-batch-size. --steps still counts optimizer steps; the learning-rate schedule is drawn on the "
+        "tokens seen: warmup over the tokens of the first --warmup-steps steps, the decay ending at the last "
+        "step's (empty: --total-batch-size throughout)");
     bool& noise_scale = flags.add_bool("noise-scale", false,
         "measure the gradient noise scale B_simple = tr(Sigma) / |G|^2 in tokens every step, from the squared "
         "gradient norms of each rank's first microbatch and of the whole step (README: The gradient noise scale); "
@@ -137,7 +144,8 @@ inline Options parse_options(Flags& flags, int argc, char** argv) {
         "one step's estimates are too noisy alone (|G|^2's can come out negative), and 0.95 averages about the "
         "last 20 steps while still following the training's drift", 0.0f, 0.9999f);
     flags.heading("Optimizer");
-    int& steps = flags.add_int("steps", 100, "optimizer steps in the whole run (the schedule spans them)", 1);
+    int& steps = flags.add_int("steps", 100, "optimizer steps in the whole run (the schedule spans them; under "
+                               "--batch-ramp, the tokens they see)", 1);
     float& learning_rate = flags.add_float("learning-rate", 3e-4f, "peak learning rate", 0.0f, 10.0f);
     std::string& lr_schedule = flags.add_choice("lr-schedule", "cosine", lr_schedule_names(),
                                                 "warmup then cosine decay, or warmup then constant");
@@ -266,9 +274,15 @@ inline Options parse_options(Flags& flags, int argc, char** argv) {
     l.zero_stage = zero_stage, l.dp_shard = dp_shard;
     l.batch_size = batch_size, l.seq_len = seq_len, l.total_batch_size = total_batch_size;
     l.noise_scale = noise_scale, o.noise_scale_decay = noise_scale_decay;
+    if (!batch_ramp.empty()) {
+        if (total_batch_size != 0) fatal("--batch-ramp and --total-batch-size: give one (the ramp's phases are the batch)");
+        const std::string error = batch_ramp_parse(batch_ramp, &l.batch_ramp);
+        if (!error.empty()) fatal("%s", error.c_str());
+    }
     o.trace = trace_path, o.nccl_init_file = nccl_init_file;
     o.steps = steps;
     o.schedule = make_lr_schedule(lr_schedule, learning_rate, warmup_steps, steps, final_lr_fraction);
+    if (!l.batch_ramp.phases.empty()) o.schedule.ramp = l.batch_ramp;
     o.adamw.beta1 = beta1, o.adamw.beta2 = beta2, o.adamw.eps = eps, o.adamw.weight_decay = weight_decay;
     o.grad_clip = grad_clip;
     o.val_every = val_every, o.val_batches = val_batches, o.sample_every = sample_every;

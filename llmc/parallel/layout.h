@@ -10,7 +10,7 @@ The layout of a run: how its ranks split the work, one struct for the trainer an
     ep   ranks that split a mixture of experts' experts (llmc/parallel/expert_parallel.h): groups of ep
          consecutive dp ranks, so not a factor of the world of its own
 plus what a rank keeps (ZeRO stage, recompute policy) and the batch: B x T tokens per data-parallel rank
-and micro-step, total_batch_size tokens per optimizer step; the micro-steps of a step are the pipeline's
+and micro-step, total_batch_size tokens per optimizer step (or a batch ramp's phases); the micro-steps of a step are the pipeline's
 microbatches. train_gpt fills it from the flags (llmc/io/options.h) and builds the parallel context from
 it (llmc/parallel/parallel_context.h); --plan hands the same struct to llmc/planning/planner.h, so the
 two cannot drift apart.
@@ -21,6 +21,7 @@ two cannot drift apart.
 #include <vector>
 
 #include "../cuda_common.cuh"
+#include "../batch_ramp.h"
 #include "pipeline_schedule.h"
 #include "recompute.h"
 
@@ -70,7 +71,9 @@ struct Layout {
     int dp_shard = 0;                     // data-parallel ranks per shard group (0: all of them)
     Recompute recompute;
     int batch_size = 1, seq_len = 1024;   // B x T per data-parallel rank and micro-step
-    int total_batch_size = 0;             // tokens per step (0: one micro-step, B T dp)
+    int total_batch_size = 0;             // tokens per step (0: one micro-step, B T dp); under a ramp, the
+                                          // current phase's (llmc/parallel/parallel_context.h sets it)
+    BatchRamp batch_ramp;                 // --batch-ramp's phases (none: total_batch_size throughout)
     bool bf16 = sizeof(floatX) == 2;      // the build's precision (planning: the one assumed)
     int multiprocessors = 132;            // the device's (planning: H100 SXM's); sizes two scratch buffers
     bool noise_scale = false;             // measured (llmc/noise_scale.h): the step's results hold one more float

@@ -42,6 +42,8 @@ struct ParallelContext {
     bool main_rank = true;  // world rank 0: prints, logs, samples and writes files
     int dp_rank = 0, dp_size = 1;  // this rank's data-parallel replica: which rows the data loader gives it
     int microbatches = 1;   // micro-steps per optimizer step: gradient accumulation, the pipeline's microbatches
+                            // (the current batch phase's: parallel_set_step_tokens)
+    BatchRamp ramp;         // tokens per step by tokens seen: --batch-ramp's phases, or one of total_batch_size
     int T_local = 0;        // the positions of each sequence this rank holds: T / cp
     TensorParallel tp;
     ContextParallel cp;
@@ -84,6 +86,31 @@ inline std::string moe_layout_error(const GPT2Config& c, const Layout& l) {
         return "--batch-size " + std::to_string(l.batch_size) + " with --tp " + std::to_string(l.tp) +
                ": each tp rank routes whole sequences through the experts, so tp must divide the batch";
     return "";
+}
+
+// Why a phase of the batch cannot run on this layout ("": it can): its tokens must be whole micro-steps of
+// B x T x data-parallel ranks, and their count m must suit the pipeline's schedule. Under a ramp the line names
+// the phase.
+inline std::string batch_phase_error(const BatchPhase& phase, const Layout& l, const GPT2Config& config,
+                                     int tokens_per_micro_step) {
+    const std::string which = l.batch_ramp.phases.empty()
+                                  ? ""
+                                  : "--batch-ramp phase " + std::to_string(phase.threshold) + ":" +
+                                        std::to_string(phase.tokens) + ": ";
+    if (phase.tokens % tokens_per_micro_step != 0)
+        return which + std::to_string(phase.tokens) + " tokens per step are not a multiple of --batch-size x --seq-len" +
+               " x data-parallel ranks = " + std::to_string(tokens_per_micro_step);
+    const std::string error = pipeline_layout_error(l.schedule, l.pp, l.pp_virtual, phase.tokens / tokens_per_micro_step,
+                                                    config.num_layers);
+    return error.empty() ? "" : which + error;
+}
+
+// The next steps train on `tokens` per step (a phase of the batch, checked in parallel_create): the micro-steps,
+// and the pipeline's play, of that many.
+inline void parallel_set_step_tokens(ParallelContext& par, int tokens) {
+    par.layout.total_batch_size = tokens;
+    par.microbatches = tokens / micro_step_tokens(par.layout.batch_size, par.layout.seq_len, par.dp_size);
+    pipeline_use_microbatches(par.pipe, par.microbatches);
 }
 
 inline void parallel_create(ParallelContext& par, const Layout& asked, const GPT2Config& config,
@@ -129,17 +156,26 @@ inline void parallel_create(ParallelContext& par, const Layout& asked, const GPT
     par.tp.rank = par.mesh.coords[TP];
     par.tp.sequence_parallel = l.sequence_parallel;
     par.tp.group = l.tp > 1 ? &par.mesh.axis[TP] : nullptr;
+    // every phase of the batch (one without a ramp) must split into micro-steps and into the pipeline's schedule
     const int tokens_per_micro_step = micro_step_tokens(B, T, par.dp_size);
-    if (l.total_batch_size == 0) l.total_batch_size = tokens_per_micro_step;
-    if (l.total_batch_size % tokens_per_micro_step != 0)
-        fatal("--total-batch-size %d is not a multiple of --batch-size x --seq-len x ranks = %d", l.total_batch_size,
-              tokens_per_micro_step);
-    par.microbatches = l.total_batch_size / tokens_per_micro_step;
-    const std::string pipeline_error = pipeline_layout_error(l.schedule, l.pp, l.pp_virtual, par.microbatches,
-                                                             config.num_layers);
-    if (!pipeline_error.empty()) fatal("%s", pipeline_error.c_str());
-    pipeline_create(par.pipe, par.mesh, l.schedule, l.pp_virtual, par.microbatches, pipeline_stage_split(config, l),
+    if (l.batch_ramp.phases.empty()) {
+        if (l.total_batch_size == 0) l.total_batch_size = tokens_per_micro_step;
+        if (l.total_batch_size % tokens_per_micro_step != 0)
+            fatal("--total-batch-size %d is not a multiple of --batch-size x --seq-len x ranks = %d", l.total_batch_size,
+                  tokens_per_micro_step);
+        par.ramp = batch_ramp_fixed(l.total_batch_size);
+    } else {
+        par.ramp = l.batch_ramp;
+    }
+    std::vector<int> microbatch_counts;
+    for (const BatchPhase& phase : par.ramp.phases) {
+        const std::string error = batch_phase_error(phase, l, config, tokens_per_micro_step);
+        if (!error.empty()) fatal("%s", error.c_str());
+        microbatch_counts.push_back(phase.tokens / tokens_per_micro_step);
+    }
+    pipeline_create(par.pipe, par.mesh, l.schedule, l.pp_virtual, microbatch_counts, pipeline_stage_split(config, l),
                     config.tied_head());
+    parallel_set_step_tokens(par, par.ramp.phases[0].tokens);
     const std::string noise_error = l.noise_scale ? noise_scale_layout_error(l, config.tied_head(), config.moe(),
                                                                              par.dp_size, par.microbatches) : "";
     if (!noise_error.empty()) fatal("%s", noise_error.c_str());
@@ -159,6 +195,8 @@ inline ModelPart model_part(const ParallelContext& par, const GPT2Config& config
     const Pipeline& pipe = par.pipe;
     ModelPart part = pipeline_model_part(l.schedule, pipe.rank, pipe.size, pipe.virtual_stages, pipe.microbatches,
                                          pipe.stage_layers, pipe.tied_head, pipe.outboxes);
+    // the pools as the pipeline's plays need them: the most of any microbatch count of the run
+    part.records = pipe.records, part.weight_records = pipe.weight_records, part.heads = std::max(1, pipe.heads);
     part.tp = l.tp;
     part.tp_rank = par.tp.rank;
     part.sequence_parallel = l.sequence_parallel;

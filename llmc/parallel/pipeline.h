@@ -8,8 +8,11 @@ each stage holds: balanced by cost, or as --pp-layers lists them). The first sta
 embeddings, the last one the final norm and the LM head. GPT-2's head is tied to wte: its last stage keeps its
 own copy of the embedding chunk (llmc/model/parameters.h's ParameterLayout holds only a rank's chunks); Llama's
 is a tensor of its own in the final chunk, and wte stays on the first stage alone. A step's
-batch is cut into m microbatches, the gradient-accumulation micro-steps. The schedule says in which order a
-rank runs the passes of (microbatch, virtual stage); pipeline_step runs any such list:
+batch is cut into m microbatches, the gradient-accumulation micro-steps (a batch ramp, llmc/batch_ramp.h,
+changes m between steps: pipeline_create plays the schedule once for each m of the run, the pools of records
+sized for the most any play needs, and pipeline_use_microbatches picks the play of the next steps). The
+schedule says in which order a rank runs the passes of (microbatch, virtual stage); pipeline_step runs any such
+list:
 
     F(j, s)   the input activations (B x T x C): received from stage s-1, handed over in memory when s-1 is on
               this rank too (zbv's turn at the bottom of its V), or looked up (stage 0: the embeddings)
@@ -122,13 +125,10 @@ included after parallel_context.h has been read to its end (train_gpt.cu include
 #include "pipeline_schedule.h"
 #include "pipeline_simulator.h"
 
-struct Pipeline {
-    PipelineSchedule schedule = PipelineSchedule::OneFOneB;
-    int size = 1, rank = 0;                 // p, and this rank's place on the pp axis
-    int virtual_stages = 1;                 // V
+// One play of the schedule for m microbatches (pipeline_create plays every rank's lists once per m): this rank's
+// actions, the group of messages before each, and the records, outboxes and head records each action uses.
+struct PipelinePlay {
     int microbatches = 1;                   // m
-    std::vector<int> stage_layers;          // layers of each of the p V model stages
-    int last_stage_rank = 0;                // the rank of the last model stage: the loss
     std::vector<PipelineAction> actions;    // this rank's, in order
     std::vector<std::vector<PipelineMessage>> messages;  // per action, and one more after the last: the group
                                                          // of sends and receives issued before it
@@ -136,7 +136,19 @@ struct Pipeline {
     std::vector<int> weight_record_of;      // per action: the weight record it uses (-1: none)
     std::vector<int> outbox_of;             // per action: the outbox its gradient is copied to (-1: none)
     std::vector<int> head_of;               // per action: the head record it uses (-1: none)
-    int records = 1, weight_records = 0;    // the pools' sizes
+    int records = 1, weight_records = 0, heads = 0, outboxes = 0;  // what it needs of each pool
+};
+
+struct Pipeline {
+    PipelineSchedule schedule = PipelineSchedule::OneFOneB;
+    int size = 1, rank = 0;                 // p, and this rank's place on the pp axis
+    int virtual_stages = 1;                 // V
+    int microbatches = 1;                   // m of the step being run (a batch ramp changes it between steps)
+    std::vector<int> stage_layers;          // layers of each of the p V model stages
+    int last_stage_rank = 0;                // the rank of the last model stage: the loss
+    std::vector<PipelinePlay> plays;        // one per microbatch count of the run (one without a batch ramp)
+    size_t play = 0;                        // the one of `microbatches`
+    int records = 1, weight_records = 0;    // the pools' sizes: the most any play needs
     int heads = 0;
     int outboxes = 0;
     // validation's and sampling's pass: one microbatch forward through this rank's stages, on record 0
@@ -329,41 +341,75 @@ inline ModelPart pipeline_model_part(PipelineSchedule schedule, int rank, int p,
     return part;
 }
 
-// Every rank calls this together (the tied embeddings' group is a split of the pp axis).
-inline void pipeline_create(Pipeline& pipe, Mesh& mesh, PipelineSchedule schedule, int V, int m,
-                            const std::vector<int>& stage_layers, bool tied_head) {
+// This rank's play of the schedule for m microbatches, every rank's lists played once: the message groups
+// (checked free of deadlock), the records, weight records, head records and outboxes each action uses (checked
+// against the formulas, which size the model's pools).
+inline PipelinePlay pipeline_play(PipelineSchedule schedule, int r, int p, int V, int m) {
+    PipelinePlay play;
+    play.microbatches = m;
+    play.actions = pipeline_actions(schedule, r, p, m, V);
+    const std::vector<std::vector<std::vector<PipelineMessage>>> groups = pipeline_all_groups(schedule, p, V, m);
+    const std::string stuck = pipeline_check_message_groups(groups);
+    if (!stuck.empty()) fatal("pipeline %s: its sends and receives cannot run: %s", pipeline_schedule_name(schedule),
+                              stuck.c_str());
+    play.messages = groups[r];
+    play.outboxes = pipeline_outboxes(play.messages);
+    play.outbox_of.assign(play.actions.size(), -1);
+    for (const std::vector<PipelineMessage>& group : play.messages)
+        for (const PipelineMessage& message : group)
+            if (message.send && message.outbox >= 0) play.outbox_of[message.action] = message.outbox;
+    play.record_of = pipeline_record_assignment(play.actions, &play.records);
+    const std::string late = pipeline_check_send_buffers(play.actions, play.messages, play.record_of, schedule, r, p, V);
+    if (!late.empty()) fatal("pipeline %s: %s", pipeline_schedule_name(schedule), late.c_str());
+    play.weight_record_of = pipeline_weight_record_assignment(play.actions, &play.weight_records);
+    play.head_of = pipeline_head_assignment(play.actions, schedule, r, p, V, &play.heads);
+    if (play.records != pipeline_peak_activations(schedule, r, p, m, V) ||
+        play.weight_records != pipeline_peak_weight_records(schedule, r, p, m, V) ||
+        play.heads != pipeline_peak_head_records(schedule, r, p, m, V))
+        fatal("pipeline %s: the actions need %d records, %d weight records and %d head records, the formulas say "
+              "%d, %d and %d", pipeline_schedule_name(schedule), play.records, play.weight_records, play.heads,
+              pipeline_peak_activations(schedule, r, p, m, V), pipeline_peak_weight_records(schedule, r, p, m, V),
+              pipeline_peak_head_records(schedule, r, p, m, V));
+    return play;
+}
+
+// The steps that follow run m microbatches: the play of m (pipeline_create made one for every m of the run).
+inline void pipeline_use_microbatches(Pipeline& pipe, int m) {
+    for (size_t i = 0; i < pipe.plays.size(); i++)
+        if (pipe.plays[i].microbatches == m) {
+            pipe.play = i;
+            pipe.microbatches = m;
+            return;
+        }
+    fatal("pipeline: no schedule was played for %d microbatches", m);
+}
+
+// Every rank calls this together (the tied embeddings' group is a split of the pp axis). `microbatch_counts`:
+// every m the run's steps use (a batch ramp's phases), the first the one the run starts with; the pools are
+// sized for the most any of them needs.
+inline void pipeline_create(Pipeline& pipe, Mesh& mesh, PipelineSchedule schedule, int V,
+                            const std::vector<int>& microbatch_counts, const std::vector<int>& stage_layers,
+                            bool tied_head) {
     pipe.schedule = schedule;
     pipe.tied_head = tied_head;
     pipe.size = mesh.layout.sizes[PP];
     pipe.rank = mesh.coords[PP];
     pipe.virtual_stages = V;
-    pipe.microbatches = m;
     pipe.stage_layers = stage_layers;
     const int p = pipe.size, r = pipe.rank, S = p * V;
     pipe.last_stage_rank = pipeline_stage_rank(schedule, S - 1, p);
-    pipe.actions = pipeline_actions(schedule, r, p, m, V);
-    const std::vector<std::vector<std::vector<PipelineMessage>>> groups = pipeline_all_groups(schedule, p, V, m);
-    const std::string stuck = pipeline_check_message_groups(groups);
-    if (!stuck.empty()) fatal("pipeline %s: its sends and receives cannot run: %s", pipeline_schedule_name(schedule),
-                              stuck.c_str());
-    pipe.messages = groups[r];
-    pipe.outboxes = pipeline_outboxes(pipe.messages);
-    pipe.outbox_of.assign(pipe.actions.size(), -1);
-    for (const std::vector<PipelineMessage>& group : pipe.messages)
-        for (const PipelineMessage& message : group)
-            if (message.send && message.outbox >= 0) pipe.outbox_of[message.action] = message.outbox;
-    pipe.record_of = pipeline_record_assignment(pipe.actions, &pipe.records);
-    const std::string late = pipeline_check_send_buffers(pipe.actions, pipe.messages, pipe.record_of, schedule, r, p, V);
-    if (!late.empty()) fatal("pipeline %s: %s", pipeline_schedule_name(schedule), late.c_str());
-    pipe.weight_record_of = pipeline_weight_record_assignment(pipe.actions, &pipe.weight_records);
-    pipe.head_of = pipeline_head_assignment(pipe.actions, schedule, r, p, V, &pipe.heads);
-    if (pipe.records != pipeline_peak_activations(schedule, r, p, m, V) ||
-        pipe.weight_records != pipeline_peak_weight_records(schedule, r, p, m, V) ||
-        pipe.heads != pipeline_peak_head_records(schedule, r, p, m, V))
-        fatal("pipeline %s: the actions need %d records, %d weight records and %d head records, the formulas say "
-              "%d, %d and %d", pipeline_schedule_name(schedule), pipe.records, pipe.weight_records, pipe.heads,
-              pipeline_peak_activations(schedule, r, p, m, V), pipeline_peak_weight_records(schedule, r, p, m, V),
-              pipeline_peak_head_records(schedule, r, p, m, V));
+    for (int m : microbatch_counts) {
+        bool played = false;
+        for (const PipelinePlay& play : pipe.plays) played = played || play.microbatches == m;
+        if (played) continue;
+        pipe.plays.push_back(pipeline_play(schedule, r, p, V, m));
+        const PipelinePlay& play = pipe.plays.back();
+        pipe.records = std::max(pipe.records, play.records);
+        pipe.weight_records = std::max(pipe.weight_records, play.weight_records);
+        pipe.heads = std::max(pipe.heads, play.heads);
+        pipe.outboxes = std::max(pipe.outboxes, play.outboxes);
+    }
+    pipeline_use_microbatches(pipe, microbatch_counts.at(0));
     // the forward-only pass's lists, played once too
     for (int v = 0; v < V; v++) pipe.forward_only_actions.push_back({PipelineAction::Forward, 0, v});
     const std::vector<std::vector<PipelineAction>> forward_only_lists(p, pipe.forward_only_actions);  // every rank's
@@ -652,9 +698,9 @@ inline void pipeline_run(ParallelContext& par, GPT2& model, const PipelineRun& r
 // reduces each chunk's as soon as microbatch m-1 has finished it.
 inline void pipeline_step(ParallelContext& par, GPT2& model, const int* tokens, const int* targets, int B, int T,
                           float dloss) {
-    const Pipeline& pipe = par.pipe;
+    const PipelinePlay& play = par.pipe.plays.at(par.pipe.play);
     pipeline_run(par, model,
-                 {pipe.actions, pipe.messages, pipe.record_of, pipe.weight_record_of, pipe.outbox_of, pipe.head_of},
+                 {play.actions, play.messages, play.record_of, play.weight_record_of, play.outbox_of, play.head_of},
                  tokens, targets, dloss, /*training=*/true, B, T);
 }
 

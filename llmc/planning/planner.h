@@ -462,6 +462,21 @@ inline void print_layout_plan(const GPT2Config& config, const LayoutPlan& plan, 
         print_korthikanti_table2(plan.shapes[0], l.bf16, out);  // in 2-byte activations, as the paper counts
 }
 
+// A batch ramp (llmc/batch_ramp.h): one plan per phase (the layout with that phase's tokens per step), one line
+// each: its microbatches, bubble, step time and the fullest pp rank's memory (gpipe keeps every microbatch's
+// records, so its memory grows with m; 1f1b's stays at p - r).
+inline void print_batch_ramp_plan(const BatchRamp& ramp, const std::vector<LayoutPlan>& phases, FILE* out = stdout) {
+    fprintf(out, "batch ramp: %zu phases, each planned with its tokens per step\n", phases.size());
+    for (size_t k = 0; k < phases.size(); k++) {
+        const LayoutPlan& plan = phases[k];
+        fprintf(out, "  phase %zu from %lld tokens seen: %d tokens per step, %d microbatch(es) per step, bubble %.3f, "
+                "estimated step %.3f s (%.0f tokens/s), memory %s on the fullest pp rank (%d)%s\n", k,
+                ramp.phases[k].threshold, ramp.phases[k].tokens, plan.accumulation, plan.bubble, plan.step_seconds,
+                plan.tokens / plan.step_seconds, format_bytes(plan.peak_bytes).c_str(), plan.fullest_stage,
+                plan.fits ? "" : ": does NOT fit");
+    }
+}
+
 // ----------------------------------------------------------------------------
 // the search (--plan-search)
 
