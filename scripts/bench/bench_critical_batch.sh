@@ -40,14 +40,17 @@ fi
 batches=($micro $((2 * micro)) $((4 * micro)) $((8 * micro)) $((16 * micro)))
 make --no-print-directory -s "${binary#./}" data >/dev/null
 
+# The noise scale's moving averages span about 1 / (1 - decay) steps: 5 here, as the runs take 8 to 40 steps
+# to the target (the default 20 would average over most of a run, back to the start's loss).
+help=$("$binary" --help 2>&1 || true)  # (grep -q on a pipe would end the binary early: pipefail)
 noise=()
-if "$binary" --help 2>&1 | grep -q -- "--noise-scale"; then
-    noise=(--noise-scale 1)
+if grep -q -- "--noise-scale" <<<"$help"; then
+    noise=(--noise-scale --noise-scale-decay 0.8)
 else
     echo "MISSING: $binary has no --noise-scale: the runs measure no noise scale, and no ramp is built from it"
 fi
 has_ramp=0
-if "$binary" --help 2>&1 | grep -q -- "--batch-ramp"; then has_ramp=1; else
+if grep -q -- "--batch-ramp" <<<"$help"; then has_ramp=1; else
     echo "MISSING: $binary has no --batch-ramp: no ramped run"
 fi
 
@@ -88,7 +91,8 @@ if ((has_ramp)) && ((${#noise[@]})); then
         "${fixed[@]}") || { echo "FAILED: no ramp from the measured noise scale"; exit 1; }
     read -r ramp ramp_lr <<<"$plan"
     echo "  the ramp from the measured noise scale: --batch-ramp $ramp, at the best fixed batch's learning rate $ramp_lr"
-    train ramp "$ramp_lr" $((val_tokens / micro)) $((max_tokens / micro)) --batch-ramp "$ramp"
+    # validated every step: its steps are few once the batch has grown
+    train ramp "$ramp_lr" 1 $((max_tokens / micro)) --batch-ramp "$ramp"
     ramp_args=(--ramp "$output/ramp")
 fi
 
