@@ -86,6 +86,12 @@ class Run:
         self.val = [(e["step"], e["loss"]) for e in self.events
                     if e.get("event") == "val_loss" and e.get("loss") is not None]
         self.steps_logged = max([e["step"] for e in self.events if e.get("event") == "step"], default=0)
+        # the trainer's own count where it logs one (batch_tokens, with --batch-ramp): the same, or this reads
+        # the ramp wrongly
+        for e in self.events:
+            if e.get("event") == "step" and "batch_tokens" in e and e["batch_tokens"] != self.batch_of_step(e["step"] - 1):
+                raise SystemExit(f"{directory}: step {e['step']} trained {e['batch_tokens']} tokens, the ramp "
+                                 f"{self.phases} says {self.batch_of_step(e['step'] - 1)}")
         times = [e["time_s"] for e in self.events if "time_s" in e]
         self.seconds = max(times) if times else 0.0
 
@@ -181,32 +187,32 @@ def best_fixed(runs, target):
 
 def command_ramp(args):
     """Prints a --batch-ramp and the learning rate of the best fixed batch, for the ramp to compete at.
-    Each allowed batch starts when the noise scale, measured in the given runs, has reached it: the batch at
-    T tokens seen is the largest allowed one not above B_simple(T), never shrinking. The runs' estimates at
-    about T are pooled by their median (a run logs none where its step is one microbatch)."""
+    The batch follows the noise scale the given runs measured (a run logs none where its step is one
+    microbatch): a power law B_simple = a T^k fitted to all their estimates against the tokens seen T (least
+    squares on the logarithms: one estimate is noisy, the runs' trend is not), and at T the allowed batch
+    nearest to it in ratio, up or down as the trend goes, until the most tokens a fixed run took."""
     batches = sorted(int(b) for b in args.batches.split(","))
     runs = [Run(d) for d in args.runs]
     best = best_fixed(runs, args.target)
     if best is None:
         print("no fixed-batch run reached the target", file=sys.stderr)
         return 1
-    points = sorted((seen, b) for run in runs for _, seen, b in run.noise_scale() if math.isfinite(b) and b > 0)
-    if not points:
+    points = [(seen, b) for run in runs for _, seen, b in run.noise_scale() if math.isfinite(b) and b > 0]
+    if len(points) < 2:
         print("no noise-scale measurements in the runs (train_gpt without --noise-scale?)", file=sys.stderr)
         return 1
-    phases, current = [(0, batches[0])], batches[0]
-    # pool in windows of tokens seen: the estimates of different runs at about the same point in training
-    edges = np.unique(np.geomspace(max(points[0][0], 1), points[-1][0] + 1, 24).astype(np.int64))
-    for low, high in zip(edges, edges[1:]):
-        window = [b for seen, b in points if low <= seen < high]
-        if not window:
-            continue
-        noise = float(np.median(window))
-        fitting = [b for b in batches if b <= noise and b > current]
-        if fitting:
-            current = fitting[-1]
-            phases.append((int(low), current))
+    seen, noise = np.log([p[0] for p in points]), np.log([p[1] for p in points])
+    exponent, log_scale = np.polyfit(seen, noise, 1)
+    end = max(hit[1] for hit in (run.crossing(args.target) for run in runs) if hit)
+    phases = []
+    for tokens in np.geomspace(min(p[0] for p in points), end, 200):
+        trend = math.exp(log_scale) * tokens ** exponent
+        nearest = min(batches, key=lambda b: abs(math.log(b / trend)))
+        if not phases or nearest != phases[-1][1]:
+            phases.append((int(tokens) if phases else 0, nearest))
     print(",".join(f"{threshold}:{tokens}" for threshold, tokens in phases), f"{best.learning_rate:g}")
+    print(f"noise scale trend B_simple = {math.exp(log_scale):.4g} T^{exponent:.3f} over {len(points)} estimates",
+          file=sys.stderr)
     return 0
 
 
