@@ -70,7 +70,7 @@ train() {
     echo "  $name: reached $target in $((SECONDS - started)) s"
 }
 
-rm -rf "$output"
+rm -rf "$output" docs/batch/critical_batch.md  # (an older run's table never passes for this one's)
 mkdir -p "$output"
 echo "critical batch: $binary, target validation loss $target, batches ${batches[*]} tokens per step," \
      "microbatch $micro tokens, OMP_NUM_THREADS=${OMP_NUM_THREADS:-unset}, $(getconf _NPROCESSORS_ONLN) cores"
@@ -99,5 +99,7 @@ fi
 status=0
 $python scripts/critical_batch.py report --target "$target" --fixed "${fixed[@]}" "${ramp_args[@]}" \
     --png docs/batch/critical_batch.png --markdown docs/batch/critical_batch.md || status=$?
-echo "bench_critical_batch.sh: $(( $(date +%s) - start )) s wall"
+runtime="bench_critical_batch.sh: $(( $(date +%s) - start )) s wall, OMP_NUM_THREADS=${OMP_NUM_THREADS:-unset}, $(getconf _NPROCESSORS_ONLN) cores, $(date -u +%F)"
+echo "$runtime"
+[[ -f docs/batch/critical_batch.md ]] && echo "- $runtime" >>docs/batch/critical_batch.md
 exit $status
