@@ -22,8 +22,13 @@ tokens), its gradient squared as soon as it is complete and before the next micr
 averaged over the data-parallel ranks (each measured its own microbatch: a better estimate of E|G_small|^2); the
 big batch is the step's averaged gradient (B_big = the step's tokens), whose squared norm clipping needs anyway.
 Where measured: llmc/parallel/zero.h's zero_small_batch_norm, llmc/parallel/parallel_context.h's gradient_norm.
-Cost: two small kernel launches per parameter chunk of the first microbatch, one more float in the tp, ep and pp
-sums of the squared norm, and one scalar all-reduce over the data-parallel ranks; none of it when off.
+Where a microbatch's gradient is not whole on one rank when its backward pass completes a chunk, or a later
+microbatch can add to a chunk first, the run is refused (noise_scale_layout_error below).
+The gradient buffer holds a microbatch's gradient divided by the step's m microbatches (the loss is the mean over
+the step's rows), so the trainer multiplies the measured square by m^2 before it comes here.
+Cost: two small kernel launches per parameter chunk of the first microbatch (a few more on a tp rank that leaves
+replicated tensors out), one more float in the tp, ep and pp sums of the squared norm, and one scalar all-reduce
+over the data-parallel ranks; no extra copy to the host (the step's one read carries it); none of it when off.
 
 Each step's two estimates are noisy (the estimate of |G|^2 can even come out negative), and their ratio is a
 biased estimate of B_simple; so, as the paper advises, each is smoothed on its own by an exponential moving
@@ -60,8 +65,9 @@ struct NoiseScaleMeasurement {
     double b_simple = NAN;                               // NaN while the smoothed |G|^2 is not positive
 };
 
-// Adds one step's norms to the averages and returns the step's measurement. B_small < B_big (a step whose small
-// batch is the whole batch says nothing about the noise: noise_scale_layout_error refuses such runs).
+// Adds one step's norms to the averages and returns the step's measurement. A step whose small batch is its whole
+// batch (B_small >= B_big: noise_scale_layout_error refuses such a run, but a batch ramp's phase may be one) says
+// nothing about the noise: its estimates are NaN (null in the log) and the averages stay as they were.
 inline NoiseScaleMeasurement noise_scale_update(NoiseScaleState& state, double decay, long long step,
                                                 double small_tokens, double big_tokens, double small_norm_squared,
                                                 double big_norm_squared) {
@@ -69,6 +75,10 @@ inline NoiseScaleMeasurement noise_scale_update(NoiseScaleState& state, double d
     m.step = step;
     m.small_tokens = small_tokens, m.big_tokens = big_tokens;
     m.small_norm_squared = small_norm_squared, m.big_norm_squared = big_norm_squared;
+    if (small_tokens >= big_tokens) {
+        m.grad_squared = m.trace = m.grad_squared_smoothed = m.trace_smoothed = NAN;
+        return m;
+    }
     m.grad_squared = (big_tokens * big_norm_squared - small_tokens * small_norm_squared) / (big_tokens - small_tokens);
     m.trace = (small_norm_squared - big_norm_squared) / (1.0 / small_tokens - 1.0 / big_tokens);
     state.grad_squared_ema = decay * state.grad_squared_ema + (1.0 - decay) * m.grad_squared;
@@ -97,10 +107,15 @@ inline std::string noise_scale_layout_error(const Layout& l, bool tied_head, boo
                " at --zero " + std::to_string(l.zero_stage) + ": a microbatch's " +
                (l.sequence_parallel ? "layernorm" : "router and expert") + " gradients are partial sums over the tp "
                "ranks until the step's last microbatch (--zero 2 or 3 sums them after every microbatch)";
-    if (l.pp > 1 && tied_head && l.schedule != PipelineSchedule::ZeroBubbleV)
+    if (l.pp > 1 && tied_head)
         return flag + " with --pp " + std::to_string(l.pp) + " and GPT-2's tied embeddings: a microbatch's wte "
-               "gradient is split between the first and the last stage until the step's sum (--pp-schedule zbv "
-               "keeps both on one rank; --arch llama has an untied head)";
+               "gradient is split between the first and the last stage until the step's sum (under zbv, on one rank, "
+               "a later microbatch's lookup share can come before microbatch 0's head share); --arch llama has an "
+               "untied head";
+    if (l.pp > 1 && pipeline_splits_backward(l.schedule))
+        return flag + " with --pp-schedule " + pipeline_schedule_name(l.schedule) + ": the final norm's weight "
+               "gradient of a later microbatch (its B pass) can be added to the last chunk before microbatch 0's W "
+               "pass completes that chunk; use 1f1b, gpipe or interleaved";
     if (data_parallel * microbatches == 1)
         return flag + " with one microbatch per step on one data-parallel rank: the small batch (a microbatch) is "
                "the whole step's batch, so there is nothing to compare; raise --total-batch-size";

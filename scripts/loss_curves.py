@@ -12,6 +12,11 @@ the point where the first run stopped): the last value logged for a step wins, a
 that carried on. A NaN loss is logged as null and left out of the curve. The legend names each curve after
 the log's directory (out/a/log.jsonl -> a) unless --labels is given.
 
+When a log holds "noise_scale" events (a run with --noise-scale, llmc/noise_scale.h), a second panel beside
+the losses draws the gradient noise scale B_simple (in tokens, log scale) against the step, with the step's
+batch in tokens as a dashed line: where B_simple lies above the batch, a bigger batch would still save steps.
+Steps whose B_simple is null (the smoothed |G|^2 not yet positive) are left out.
+
 make train calls it at the end (scripts/train_default.sh) to write <output-dir>/loss.png.
 Needs matplotlib (Debian: python3-matplotlib; call /usr/bin/python3).
 """
@@ -28,22 +33,27 @@ from matplotlib.ticker import FormatStrFormatter, MaxNLocator  # noqa: E402
 
 
 def read_losses(path):
-    """Returns ({step: training loss}, {step: validation loss}) from one log, the last value of a step
-    winning. Lines that are not JSON (a run killed mid-write leaves a partial last line) are skipped."""
-    train, val = {}, {}
+    """Returns ({step: training loss}, {step: validation loss}, {step: (B_simple, tokens per step)}) from one
+    log, the last value of a step winning. Lines that are not JSON (a run killed mid-write leaves a partial last
+    line) are skipped."""
+    train, val, noise = {}, {}, {}
     with open(path) as log:
         for line in log:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if not isinstance(record, dict) or record.get("loss") is None or record.get("step") is None:
+            if not isinstance(record, dict) or record.get("step") is None:
+                continue
+            if record.get("event") == "noise_scale" and record.get("b_simple") is not None:
+                noise[int(record["step"])] = (float(record["b_simple"]), float(record["big_tokens"]))
+            if record.get("loss") is None:
                 continue
             if record.get("event") == "step":
                 train[int(record["step"])] = float(record["loss"])
             elif record.get("event") == "val_loss":
                 val[int(record["step"])] = float(record["loss"])
-    return train, val
+    return train, val, noise
 
 
 def default_label(path):
@@ -63,14 +73,18 @@ def main():
         parser.error(f"{len(args.labels)} labels for {len(args.logs)} logs")
     labels = args.labels or [default_label(path) for path in args.logs]
 
-    figure, axes = plt.subplots(figsize=(9, 5.5))
+    try:
+        logs = [read_losses(path) for path in args.logs]
+    except OSError as error:
+        sys.exit(f"error: cannot read {error.filename}: {error.strerror}")
+    with_noise = any(noise for _, _, noise in logs)
+    if with_noise:
+        figure, (axes, noise_axes) = plt.subplots(1, 2, figsize=(15, 5.5))
+    else:
+        figure, axes = plt.subplots(figsize=(9, 5.5))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     summary = []
-    for index, (path, label) in enumerate(zip(args.logs, labels)):
-        try:
-            train, val = read_losses(path)
-        except OSError as error:
-            sys.exit(f"error: cannot read {path}: {error.strerror}")
+    for index, ((train, val, noise), label) in enumerate(zip(logs, labels)):
         colour = colours[index % len(colours)]
         if train:
             steps = sorted(train)
@@ -80,9 +94,15 @@ def main():
             steps = sorted(val)
             axes.plot(steps, [val[s] for s in steps], color=colour, linewidth=1.8, marker="o", markersize=4,
                       label=f"{label} val")
+        if noise:
+            steps = sorted(noise)
+            noise_axes.plot(steps, [noise[s][0] for s in steps], color=colour, linewidth=1.2, label=f"{label} B_simple")
+            noise_axes.plot(steps, [noise[s][1] for s in steps], color=colour, linewidth=1.0, linestyle="--",
+                            label=f"{label} batch")
         if not train and not val:
-            print(f"warning: {path} holds no losses", file=sys.stderr)
-        summary.append(f"{label}: {len(train)} steps, {len(val)} validation losses")
+            print(f"warning: {args.logs[index]} holds no losses", file=sys.stderr)
+        summary.append(f"{label}: {len(train)} steps, {len(val)} validation losses" +
+                       (f", {len(noise)} noise scales" if noise else ""))
 
     axes.set_xlabel("step")
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
@@ -95,6 +115,14 @@ def main():
     axes.grid(True, which="both", alpha=0.3)
     if axes.get_legend_handles_labels()[0]:
         axes.legend()
+    if with_noise:
+        noise_axes.set_xlabel("step")
+        noise_axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+        noise_axes.set_ylabel("tokens")
+        noise_axes.set_yscale("log")
+        noise_axes.set_title("gradient noise scale B_simple = tr(Sigma) / |G|^2 (smoothed), and the batch")
+        noise_axes.grid(True, which="both", alpha=0.3)
+        noise_axes.legend()
     figure.tight_layout()
     figure.savefig(args.output, dpi=120)
     print(f"wrote {args.output} ({'; '.join(summary)})")

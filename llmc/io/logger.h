@@ -330,7 +330,9 @@ public:
     // tr(Sigma) it is the ratio of, then the step's own estimates and what they came from.
     void noise_scale(const NoiseScaleMeasurement& m) {
         if (!enabled_) return;
-        printf("noise scale: B_simple %.6g tokens | |G|^2 %.4e | tr(Sigma) %.4e (smoothed)\n", m.b_simple,
+        char b_simple[32] = "n/a";  // while the smoothed |G|^2 is not positive (null in the log)
+        if (std::isfinite(m.b_simple)) snprintf(b_simple, sizeof(b_simple), "%.0f tokens", m.b_simple);
+        printf("noise scale: B_simple %s | |G|^2 %.4e | tr(Sigma) %.4e (smoothed)\n", b_simple,
                m.grad_squared_smoothed, m.trace_smoothed);
         fflush(stdout);
         write(JsonLine("noise_scale").integer("step", m.step).number("b_simple", m.b_simple)
