@@ -264,6 +264,8 @@ static int run_planner(const Options& options) {
     Layout layout = options.layout;
     layout.ranks = options.plan_ranks > 0 ? options.plan_ranks : options.search_ranks;
     if (options.search_ranks > 0) {
+        if (!layout.batch_ramp.phases.empty())
+            fatal("--plan-search ranks layouts for one batch: give --total-batch-size (--plan takes a --batch-ramp)");
         print_plan_search(config, plan_search(config, layout, options.hardware), layout, options.hardware,
                           options.plan_top);
         return EXIT_SUCCESS;
@@ -383,16 +385,7 @@ int main(int argc, char** argv) {
         if (latest < 0) fatal("--resume: no complete checkpoint in %s", options.output_dir.c_str());
         const std::string path = checkpoint_path(options.output_dir, latest);
         DataLoaderState data_state;
-        long long tokens_seen = -1;
-        first_step = load_checkpoint(path, latest, model, par, &data_state, &sample_rng, &tokens_seen,
-                                     measured_noise);
-        // where in the batch ramp it stands: this run's ramp must put its step at the same tokens seen (a checkpoint
-        // older than the ramp did not record them: step x the batch)
-        if (tokens_seen < 0) tokens_seen = (long long)first_step * par.ramp.phases[0].tokens;
-        if (tokens_seen != batch_ramp_tokens_after(par.ramp, first_step))
-            fatal("--resume: %s stands at %lld tokens seen after %d steps; this run's batch (--batch-ramp, "
-                  "--total-batch-size) puts step %d at %lld", path.c_str(), tokens_seen, first_step, first_step,
-                  batch_ramp_tokens_after(par.ramp, first_step));
+        first_step = load_checkpoint(path, latest, model, par, &data_state, &sample_rng, measured_noise);
         train_loader.restore(data_state);
         if (par.main_rank) printf("resumed from %s at step %d\n", path.c_str(), first_step);
     }
@@ -452,8 +445,8 @@ int main(int argc, char** argv) {
         if (measured) pipeline_report_timeline(par, model, logger, options.trace);
 
         if (options.checkpoint_every > 0 && ((step + 1) % options.checkpoint_every == 0 || last)) {
-            save_checkpoint(options.output_dir, step + 1, batch_ramp_tokens_after(par.ramp, step + 1),
-                            options.keep_checkpoints, model, par, train_loader.state(), sample_rng, measured_noise);
+            save_checkpoint(options.output_dir, step + 1, options.keep_checkpoints, model, par, train_loader.state(),
+                            sample_rng, measured_noise);
             logger.checkpoint(step + 1, checkpoint_path(options.output_dir, step + 1));
         }
     }

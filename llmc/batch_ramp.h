@@ -105,10 +105,3 @@ inline long long batch_ramp_tokens_after(const BatchRamp& ramp, long long steps)
 inline int batch_ramp_step_tokens(const BatchRamp& ramp, long long step) {
     return batch_ramp_phase(ramp, batch_ramp_tokens_after(ramp, step)).tokens;
 }
-
-// Every phase's batch once, in order, for checks and plans that look at each.
-inline std::vector<int> batch_ramp_batches(const BatchRamp& ramp) {
-    std::vector<int> batches;
-    for (const BatchPhase& phase : ramp.phases) batches.push_back(phase.tokens);
-    return batches;
-}

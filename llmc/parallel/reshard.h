@@ -127,10 +127,10 @@ inline std::vector<float> gather_whole_model(Communicator& model_group, const La
 // shard writes it to its own file; after a barrier, rank 0 reads back every shard file's identity and
 // table checksum, lists them in the main file with its own shard and everything that is not sharded (the
 // data position, the tokens seen, which say where in a batch ramp the run stands, ...), and commits it,
-// which completes the checkpoint. Only then are old checkpoints beyond the newest keep_last removed, so a
-// crash at any moment leaves a complete checkpoint behind. `noise`: the noise scale's moving averages
-// (llmc/noise_scale.h), when measured (null: not).
-inline void save_checkpoint(const std::string& output_dir, int step, long long tokens_seen, int keep_last, GPT2& model,
+// which completes the checkpoint. Only then are old checkpoints beyond
+// the newest keep_last removed, so a crash at any moment leaves a complete checkpoint behind. `noise`: the
+// noise scale's moving averages (llmc/noise_scale.h), when measured (null: not).
+inline void save_checkpoint(const std::string& output_dir, int step, int keep_last, GPT2& model,
                             ParallelContext& par, const DataLoaderState& data, const Rng& sample_rng,
                             const NoiseScaleState* noise = nullptr) {
     watchdog_phase("checkpoint of step", step);
@@ -165,7 +165,7 @@ inline void save_checkpoint(const std::string& output_dir, int step, long long t
     writer.add_value("precision_bytes", (int)sizeof(floatX));
     writer.add_value("train_data", data);
     writer.add_value("sample_rng", sample_rng);
-    writer.add_value("tokens_seen", tokens_seen);
+    writer.add_value("tokens_seen", batch_ramp_tokens_after(par.ramp, step));
     if (noise) writer.add_value("noise_scale", *noise);
     writer.add_value("shards", optimizer.shards);
     writer.add_value("tensor_parallel", par.tp.size);
@@ -188,12 +188,12 @@ inline long long agreed_latest_checkpoint(ParallelContext& par, const std::strin
     return (long long)step_plus_one - 1;
 }
 
-// Restores the model and optimizer, whatever layout the checkpoint was written with; returns its step, and in
-// *tokens_seen the tokens trained on before it (-1: a checkpoint from before they were recorded). `noise`
-// (null: not measured) gets the noise scale's averages, or starts afresh from a checkpoint that has none.
+// Restores the model and optimizer, whatever layout the checkpoint was written with; returns its step. Where in
+// a batch ramp it stands (the tokens seen; a checkpoint from before they were recorded: step x the batch) must
+// be where this run's ramp puts that step, so that the run goes on bit for bit. `noise` (null: not measured)
+// gets the noise scale's averages, or starts afresh from a checkpoint that has none.
 inline int load_checkpoint(const std::string& path, long long step, GPT2& model, ParallelContext& par,
-                           DataLoaderState* data, Rng* sample_rng, long long* tokens_seen,
-                           NoiseScaleState* noise = nullptr) {
+                           DataLoaderState* data, Rng* sample_rng, NoiseScaleState* noise = nullptr) {
     CheckpointReader reader(path);
     const std::vector<ShardFileEntry> shard_files = listed_shard_files(reader, path, step);
     const GPT2Config saved = reader.read_value<GPT2Config>("config");
@@ -235,7 +235,12 @@ inline int load_checkpoint(const std::string& path, long long step, GPT2& model,
     zero_read_shards(par.zero, model, path, shard_files, step, saved_shards(model.config, grid, pipeline));
     *data = reader.read_value<DataLoaderState>("train_data");
     *sample_rng = reader.read_value<Rng>("sample_rng");
-    *tokens_seen = reader.has("tokens_seen") ? reader.read_value<long long>("tokens_seen") : -1;
+    const long long tokens_seen = reader.has("tokens_seen") ? reader.read_value<long long>("tokens_seen")
+                                                            : step * par.ramp.phases[0].tokens;
+    if (tokens_seen != batch_ramp_tokens_after(par.ramp, step))
+        fatal("--resume: %s stands at %lld tokens seen after %lld steps; this run's batch (--batch-ramp, "
+              "--total-batch-size) puts step %lld at %lld", path.c_str(), tokens_seen, step, step,
+              batch_ramp_tokens_after(par.ramp, step));
     if (noise) *noise = reader.has("noise_scale") ? reader.read_value<NoiseScaleState>("noise_scale") : NoiseScaleState{};
     return (int)step;
 }

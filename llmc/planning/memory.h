@@ -779,11 +779,15 @@ inline void report_memory(ParallelContext& par, GPT2& model, Logger& logger) {
         par.pipe, (float)held.peak[(int)MemoryKind::Activations], model.stream);
     const std::vector<float> stage_formulas = pipeline_gather_values(par.pipe, (float)with_buffers.activations,
                                                                      model.stream);
+    // the records are kept for the batch phase of the most microbatches (one phase without a batch ramp)
+    int most_microbatches = 0;
+    for (const BatchPhase& phase : par.ramp.phases)
+        most_microbatches = std::max(most_microbatches, phase.tokens / (l.batch_size * l.seq_len * par.dp_size));
     if (par.main_rank && l.pp > 1)
         for (int r = 0; r < l.pp; r++)
             printf("  pp rank %d: activations %s held at the peak, formula %s (%d record(s) in flight)\n", r,
                    format_bytes(stage_activations[r]).c_str(), format_bytes(stage_formulas[r]).c_str(),
-                   pipeline_peak_activations(l.schedule, r, l.pp, par.microbatches, l.pp_virtual));
+                   pipeline_peak_activations(l.schedule, r, l.pp, most_microbatches, l.pp_virtual));
     logger.write(JsonLine("memory").integer("model_state_bytes", (long long)model_state)
                      .integer("activation_bytes", (long long)held.peak[(int)MemoryKind::Activations])
                      .number("activation_formula_bytes", with_buffers.activations)
