@@ -29,6 +29,7 @@ if ! $python -c "import numpy, matplotlib" 2>/dev/null; then
 fi
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    # not yet run on a GPU: the target and the learning rates are make train's, the budget a guess
     binary=./train_gpt
     model=(--model 124M --batch-size 8 --seq-len 1024)
     micro=8192 target=${1:-6.0} lr_max=6e-4 lr_full_batch=32768 val_tokens=65536 val_batches=4 max_tokens=20000000
