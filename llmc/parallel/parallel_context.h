@@ -162,8 +162,8 @@ inline void parallel_create(ParallelContext& par, const Layout& asked, const GPT
     if (l.batch_ramp.phases.empty()) {
         if (l.total_batch_size == 0) l.total_batch_size = tokens_per_micro_step;
         if (l.total_batch_size % tokens_per_micro_step != 0)
-            fatal("--total-batch-size %d is not a multiple of --batch-size x --seq-len x ranks = %d", l.total_batch_size,
-                  tokens_per_micro_step);
+            fatal("--total-batch-size %d is not a multiple of --batch-size x --seq-len x data-parallel ranks = %d",
+                  l.total_batch_size, tokens_per_micro_step);
         par.ramp = batch_ramp_fixed(l.total_batch_size);
     } else {
         par.ramp = l.batch_ramp;
