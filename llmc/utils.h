@@ -11,6 +11,7 @@ never a crash or a silently wrong answer; these helpers make that the easy path.
 #include <cstring>
 #include <cerrno>
 #include <string>
+#include <vector>
 #include <sys/stat.h>
 
 #ifdef LLMC_FUZZ
@@ -91,4 +92,17 @@ inline size_t file_size(const std::string& path) {
     struct stat info;
     if (stat(path.c_str(), &info) != 0) fatal("cannot open %s: %s", path.c_str(), strerror(errno));
     return (size_t)info.st_size;
+}
+
+// "a,b,,c" -> {"a", "b", "", "c"}; "" -> {}
+inline std::vector<std::string> split_string(const std::string& text, char separator) {
+    std::vector<std::string> parts;
+    if (text.empty()) return parts;
+    size_t start = 0;
+    while (true) {
+        const size_t end = text.find(separator, start);
+        parts.push_back(text.substr(start, end == std::string::npos ? std::string::npos : end - start));
+        if (end == std::string::npos) return parts;
+        start = end + 1;
+    }
 }

@@ -220,6 +220,14 @@ inline Options parse_options(Flags& flags, int argc, char** argv) {
     int& recompute_every = flags.add_int("recompute-every", 1,
         "full: keep the input of every C-th block; the backward pass reruns C blocks at a time (sqrt(layers) "
         "needs the least memory)", 1, 1 << 20);
+    std::string& recompute_blocks = flags.add_string("recompute-blocks", "",
+        "what each block of a stage keeps, one letter per block: k (keep), s (selective), f (full), o (offload "
+        "to host memory); e.g. kkso (--recompute auto prints the letters it chose)");
+    flags.heading("Offload to host memory");
+    std::string& offload = flags.add_string("offload", "",
+        "what lives in pinned host memory: optimizer (the fp32 master weights and AdamW's m and v of this rank's "
+        "shard), activations (every block's record, back one block ahead of its backward pass), or both, "
+        "comma-separated");
     flags.heading("Launching without MPI");
     std::string& nccl_init_file = flags.add_string("nccl-init-file", "",
         "a path on a file system all ranks share, fresh for every run (put the job id in it): rank 0 hands the "
@@ -246,6 +254,8 @@ inline Options parse_options(Flags& flags, int argc, char** argv) {
         "planning: GB/s per direction per GPU within a node (H100 SXM, NVLink 4: 450)", 1e-3f);
     float& infiniband_gbps = flags.add_float("infiniband-bandwidth", 50.0f,
         "planning: GB/s per GPU across nodes (NDR InfiniBand, 400 Gb/s: 50)", 1e-3f);
+    float& pcie_gbps = flags.add_float("pcie-bandwidth", 50.0f,
+        "planning: GB/s per direction between a GPU and its host's pinned memory (H100 nodes, PCIe 5 x16: 50)", 1e-3f);
     float& peak_tflops = flags.add_float("peak-tflops", 989.4f,
         "planning: peak TFLOP/s per GPU (H100 SXM dense BF16: 989.4)", 1e-3f);
     float& efficiency = flags.add_float("efficiency", 0.5f, "planning: fraction of the peak the matmuls reach",
@@ -264,7 +274,13 @@ inline Options parse_options(Flags& flags, int argc, char** argv) {
     o.train_data = train_data, o.val_data = val_data, o.tokenizer = tokenizer_path;
     o.shuffle = shuffle, o.data_seed = data_seed;
     Layout& l = o.layout;
-    l.recompute = recompute_from_flags(recompute_policy, recompute_every);
+    bool offload_activations = false;
+    for (const std::string& what : split_string(offload, ',')) {
+        if (what == "optimizer") l.offload_optimizer = true;
+        else if (what == "activations") offload_activations = true;
+        else fatal("--offload %s: '%s' is not optimizer or activations", offload.c_str(), what.c_str());
+    }
+    l.recompute = recompute_from_flags(recompute_policy, recompute_every, recompute_blocks, offload_activations);
     l.tp = tp_size, l.pp = pp_size, l.cp = cp_size, l.sequence_parallel = sequence_parallel, l.ep = ep_size;
     l.capacity_factor = capacity_factor;
     l.cp_mode = cp_mode_from_name(cp_mode_flag), l.cp_split = cp_split_from_name(cp_split_flag);
@@ -293,6 +309,7 @@ inline Options parse_options(Flags& flags, int argc, char** argv) {
     PlanHardware& hw = o.hardware;
     hw.gpu_memory_bytes = gpu_memory_gib * (double)(1 << 30), hw.gpus_per_node = gpus_per_node;
     hw.nvlink_bytes_per_second = nvlink_gbps * 1e9, hw.infiniband_bytes_per_second = infiniband_gbps * 1e9;
+    hw.pcie_bytes_per_second = pcie_gbps * 1e9;
     hw.peak_flops = peak_tflops * 1e12, hw.efficiency = efficiency;
     o.flags_json = flags.to_json();
     return o;

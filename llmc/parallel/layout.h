@@ -70,6 +70,7 @@ struct Layout {
     int zero_stage = 0;
     int dp_shard = 0;                     // data-parallel ranks per shard group (0: all of them)
     Recompute recompute;
+    bool offload_optimizer = false;       // master weights and AdamW's moments in pinned host memory (zero.h)
     int batch_size = 1, seq_len = 1024;   // B x T per data-parallel rank and micro-step
     int total_batch_size = 0;             // tokens per step (0: one micro-step, B T dp); under a ramp, the
                                           // current phase's (llmc/parallel/parallel_context.h sets it)

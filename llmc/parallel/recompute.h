@@ -21,6 +21,16 @@ Three policies (--recompute):
              records; C = sqrt(L) gives O(sqrt(L)) records (Chen et al. 2016), C = 1 keeps one input per
              layer and one record.
 
+Per block. A stage record's layers need not all keep the same: --recompute-blocks gives one letter per
+position of a stage record (a block of the stage: the layer without pipeline parallelism), and --recompute
+auto lets the program choose them for --gpu-memory (llmc/planning/recompute_choice.h):
+  k  keep       the whole record, as none
+  s  selective  as selective: the norms' and the activation's outputs recomputed
+  f  full       only the block's output (the next block's input) kept; the rest is recomputed from the
+                block's input in a record every full block shares (full with a checkpoint every block)
+  o  offload    the whole record goes to pinned host memory after the block's forward pass, on a copy stream,
+                and comes back one block ahead of its backward pass (--offload activations: every block)
+
 Every policy gives the same bits as none: the forward kernels are deterministic, so a recomputed
 activation equals the stored one exactly (at ZeRO-3 the rerun gathers the same parameters again, under
 tensor parallelism the rerun's collectives add the same numbers in the same order).
@@ -34,34 +44,96 @@ does, so selective (layernorms and GELU: elementwise) adds none; full reruns eve
 #pragma once
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <vector>
 #include "../utils.h"
 
-enum class RecomputePolicy { None, Selective, Full };
+// PerBlock: `blocks` says, per position of a stage record. Auto: the program is to choose the blocks for a
+// memory budget; the layout holds PerBlock once it has (a run never sees Auto).
+enum class RecomputePolicy { None, Selective, Full, PerBlock, Auto };
+
+// What one block of a stage record keeps (see the top of the file; the letters of --recompute-blocks).
+enum class BlockKeep { Keep, Selective, Full, Offload };
+constexpr int kNumBlockKeeps = 4;
 
 struct Recompute {
     RecomputePolicy policy = RecomputePolicy::None;
-    int every = 1;  // full: a checkpoint every this many blocks
+    int every = 1;                 // full: a checkpoint every this many blocks
+    std::vector<BlockKeep> blocks;  // PerBlock: one per position of a stage record
 };
 
 inline const std::vector<std::string>& recompute_policy_names() {
-    static const std::vector<std::string> names = {"none", "selective", "full"};
+    static const std::vector<std::string> names = {"none", "selective", "full", "auto"};
     return names;
 }
 inline RecomputePolicy recompute_policy_from_name(const std::string& name) {
     if (name == "none") return RecomputePolicy::None;
     if (name == "selective") return RecomputePolicy::Selective;
     if (name == "full") return RecomputePolicy::Full;
-    fatal("--recompute %s: not a policy (none, selective, full)", name.c_str());
+    if (name == "auto") return RecomputePolicy::Auto;
+    fatal("--recompute %s: not a policy (none, selective, full, auto)", name.c_str());
 }
-inline Recompute recompute_from_flags(const std::string& policy, int every) {
+
+inline char block_keep_letter(BlockKeep keep) { return "ksfo"[(int)keep]; }
+inline const char* block_keep_name(BlockKeep keep) {
+    static const char* names[kNumBlockKeeps] = {"keep", "selective", "full", "offload"};
+    return names[(int)keep];
+}
+
+// "kkssfo" -> the blocks; "" and the error line when a letter is not one of k, s, f, o
+inline std::string recompute_blocks_parse(const std::string& letters, std::vector<BlockKeep>* blocks) {
+    blocks->clear();
+    if (letters.empty()) return "--recompute-blocks: empty (one letter per block: k, s, f or o)";
+    for (char letter : letters) {
+        const char* found = strchr("ksfo", letter);
+        if (letter == 0 || found == nullptr)
+            return std::string("--recompute-blocks ") + letters + ": '" + letter +
+                   "' is not k (keep), s (selective), f (full) or o (offload)";
+        blocks->push_back((BlockKeep)(found - "ksfo"));
+    }
+    return "";
+}
+inline std::string recompute_blocks_text(const std::vector<BlockKeep>& blocks) {
+    std::string text;
+    for (BlockKeep keep : blocks) text += block_keep_letter(keep);
+    return text;
+}
+
+// What position `slot` of a stage record keeps, for the policies a block can say alone (full with a checkpoint
+// every C > 1 blocks is a segment's, not a block's: that is Full here too, and recompute_segment says more).
+inline BlockKeep recompute_block_keep(const Recompute& r, int slot) {
+    switch (r.policy) {
+        case RecomputePolicy::Selective: return BlockKeep::Selective;
+        case RecomputePolicy::Full: return BlockKeep::Full;
+        case RecomputePolicy::PerBlock: return r.blocks.at(slot);
+        default: return BlockKeep::Keep;
+    }
+}
+// --recompute, --recompute-every, --recompute-blocks and whether --offload names activations (every block offloaded)
+inline Recompute recompute_from_flags(const std::string& policy, int every, const std::string& blocks = "",
+                                      bool offload_activations = false) {
     Recompute r;
     r.policy = recompute_policy_from_name(policy);
     if (every < 1) fatal("--recompute-every %d: must be at least 1", every);
     if (every != 1 && r.policy != RecomputePolicy::Full)
         fatal("--recompute-every %d applies to --recompute full only (the policy is %s)", every, policy.c_str());
     r.every = every;
+    if (!blocks.empty()) {
+        if (r.policy != RecomputePolicy::None)
+            fatal("--recompute-blocks and --recompute %s: give one (the letters are the policy, block by block)",
+                  policy.c_str());
+        if (offload_activations)
+            fatal("--recompute-blocks and --offload activations: give one (the letter o offloads a block)");
+        const std::string error = recompute_blocks_parse(blocks, &r.blocks);
+        if (!error.empty()) fatal("%s", error.c_str());
+        r.policy = RecomputePolicy::PerBlock;
+    } else if (offload_activations) {
+        if (r.policy != RecomputePolicy::None && r.policy != RecomputePolicy::Auto)
+            fatal("--offload activations and --recompute %s: offloading keeps every block's record (on the host); "
+                  "mix the two with --recompute-blocks", policy.c_str());
+        if (r.policy == RecomputePolicy::None) r.policy = RecomputePolicy::PerBlock;  // blocks filled per stage
+    }
     return r;
 }
 
@@ -86,13 +158,21 @@ inline int recompute_kept_outputs(const Recompute& r, int num_layers) {
 }
 
 // FLOPs per token the recomputation adds (see the top of the file); block_parameters: one block's.
+// (per block: the share of the blocks that are full)
 inline double recompute_extra_flops_per_token(const Recompute& r, double block_parameters, int num_layers,
                                               int channels, int seq_len) {
-    if (r.policy != RecomputePolicy::Full) return 0.0;
-    return num_layers * (2.0 * block_parameters + 4.0 * channels * seq_len);
+    double full_share = r.policy == RecomputePolicy::Full ? 1.0 : 0.0;
+    if (r.policy == RecomputePolicy::PerBlock && !r.blocks.empty())
+        full_share = (double)std::count(r.blocks.begin(), r.blocks.end(), BlockKeep::Full) / r.blocks.size();
+    return full_share * num_layers * (2.0 * block_parameters + 4.0 * channels * seq_len);
 }
 
 inline std::string recompute_describe(const Recompute& r) {
-    if (r.policy == RecomputePolicy::Full) return "full (a checkpoint every " + std::to_string(r.every) + " block(s))";
-    return r.policy == RecomputePolicy::Selective ? "selective" : "none";
+    switch (r.policy) {
+        case RecomputePolicy::Full: return "full (a checkpoint every " + std::to_string(r.every) + " block(s))";
+        case RecomputePolicy::Selective: return "selective";
+        case RecomputePolicy::PerBlock: return "per block " + recompute_blocks_text(r.blocks);
+        case RecomputePolicy::Auto: return "auto";
+        default: return "none";
+    }
 }

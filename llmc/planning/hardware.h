@@ -9,6 +9,7 @@ struct PlanHardware {
     int gpus_per_node = 8;
     double nvlink_bytes_per_second = 450e9;      // per direction per GPU (H100 SXM, NVLink 4)
     double infiniband_bytes_per_second = 50e9;   // per GPU (NDR, 400 Gb/s)
+    double pcie_bytes_per_second = 50e9;         // per direction, GPU <-> pinned host memory (PCIe 5 x16)
     double peak_flops = 989.4e12;                // dense BF16 (H100 SXM, llmc/planning/mfu.h)
     double efficiency = 0.5;                     // fraction of peak the matmuls reach
 };

@@ -281,6 +281,7 @@ inline ActivationBytes gpt2_activation_bytes(const GPT2MemoryShape& shape, bool 
             a.recompute = segment * (a.record + mixture) - R * C * s;
             break;
         }
+        default: fatal("gpt2_activation_bytes: recompute %s is not counted yet", recompute_describe(shape.recompute).c_str());
     }
     a.record += mixture;
     a.per_layer = a.kept_layers / l;
