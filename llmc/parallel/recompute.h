@@ -100,6 +100,17 @@ inline std::string recompute_blocks_text(const std::vector<BlockKeep>& blocks) {
     return text;
 }
 
+// A PerBlock policy for stage records of `slots` positions: --offload activations alone leaves the letters to
+// fill (every block offloaded); given letters must be one per position. "" or the error line.
+inline std::string recompute_blocks_resolve(Recompute& r, int slots) {
+    if (r.policy != RecomputePolicy::PerBlock) return "";
+    if (r.blocks.empty()) r.blocks.assign(slots, BlockKeep::Offload);
+    if ((int)r.blocks.size() != slots)
+        return "--recompute-blocks " + recompute_blocks_text(r.blocks) + ": " + std::to_string(r.blocks.size()) +
+               " letters for stage records of " + std::to_string(slots) + " blocks (one letter per block)";
+    return "";
+}
+
 // What position `slot` of a stage record keeps, for the policies a block can say alone (full with a checkpoint
 // every C > 1 blocks is a segment's, not a block's: that is Full here too, and recompute_segment says more).
 inline BlockKeep recompute_block_keep(const Recompute& r, int slot) {

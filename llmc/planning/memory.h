@@ -115,6 +115,8 @@ struct GPT2MemoryShape {
     int experts = 0, experts_per_token = 0, expert_hidden = 0;
     int moe_every = 1;         // ... in every moe_every-th block (the others dense, of expert_hidden units)
     int mixture_slots = -1;    // layers of a stage record with a mixture's buffers (ModelPart's; -1: all)
+    std::vector<char> mixture_slot;  // per position of a stage record, whether it has them (empty: as mixture_slots
+                                     // says, all or none; only per-block recomputation needs to know which)
     int ep = 1;                // expert parallelism: this rank's experts run the rows of ep ranks
     float capacity_factor = 0; // ... at most moe_expert_rows of them (llmc/model/parameters.h)
 };
@@ -148,6 +150,9 @@ inline GPT2MemoryShape gpt2_memory_shape(const GPT2Config& config, const Layout&
     shape.expert_hidden = config.moe() ? (int)config.expert_hidden() : 0;
     shape.moe_every = config.moe_every;
     shape.mixture_slots = part.mixture_slots(config, part.stage_layers > 0 ? part.stage_layers : config.num_layers);
+    if (shape.recompute.policy == RecomputePolicy::PerBlock && config.moe())
+        for (int slot = 0; slot < (part.stage_layers > 0 ? part.stage_layers : config.num_layers); slot++)
+            shape.mixture_slot.push_back(part.slot_has_mixture(config, slot));
     return shape;
 }
 
@@ -181,7 +186,33 @@ struct ActivationBytes {
     double activations = 0;  // the stage records (kept_layers, input, doutput each), the weight-gradient
                              // records (l blocks each) + the final layernorm, logits, losses, token ids
     double workspace = 0;    // the buffers every layer reuses, gradients of activations included
+    double host = 0;         // pinned host memory: the offloaded blocks' records (per-block recomputation)
 };
+
+// Per-block recomputation (llmc/parallel/recompute.h's BlockKeep), one position of a stage record: what it keeps on
+// the device and in pinned host memory, and the workspace the kinds in use add (their shared buffers). Terms of
+// gpt2_activation_bytes below: `record` one layer's whole record without a mixture's buffers, `mixture` those,
+// `dropped` what selective recomputes, `output` the block's output R C s.
+struct BlockKeepBytes { double device = 0, host = 0; };
+inline BlockKeepBytes block_keep_bytes(BlockKeep keep, double record, double mixture, double dropped, double output) {
+    switch (keep) {
+        case BlockKeep::Keep: return {record + mixture, 0};
+        case BlockKeep::Selective: return {record - dropped + mixture, 0};
+        case BlockKeep::Full: return {output, 0};
+        case BlockKeep::Offload: return {output, record - output + mixture};
+    }
+    return {};
+}
+// used[k]: whether some position keeps BlockKeep k; `mixture` a mixture's buffers if the model has experts
+// (full's shared record and offload's staging carry them whenever the model has experts)
+inline double block_keep_workspace_bytes(const bool used[kNumBlockKeeps], double record, double mixture,
+                                         double dropped, double output) {
+    double bytes = 0;
+    if (used[(int)BlockKeep::Selective]) bytes += dropped;                            // shared ln1, ln2, fch_gelu
+    if (used[(int)BlockKeep::Full]) bytes += record + mixture - output;               // one shared record
+    if (used[(int)BlockKeep::Offload]) bytes += 2 * (record + mixture - output);      // two staging records
+    return bytes;
+}
 
 // With N = B*T rows, s = sizeof(floatX), f = 4 (fp32 statistics), i = 4 (int), and under tensor
 // parallelism over t ranks (t = 1 without): a rank's attention channels c = C/t, heads h = NH/t, qkv columns
@@ -281,7 +312,20 @@ inline ActivationBytes gpt2_activation_bytes(const GPT2MemoryShape& shape, bool 
             a.recompute = segment * (a.record + mixture) - R * C * s;
             break;
         }
-        default: fatal("gpt2_activation_bytes: recompute %s is not counted yet", recompute_describe(shape.recompute).c_str());
+        case RecomputePolicy::PerBlock: {
+            bool used[kNumBlockKeeps] = {};
+            for (int slot = 0; slot < (int)l; slot++) {
+                const BlockKeep keep = shape.recompute.blocks.at(slot);
+                const bool has_mixture = moe && (shape.mixture_slot.empty() || shape.mixture_slot[slot]);
+                const BlockKeepBytes bytes = block_keep_bytes(keep, a.record, has_mixture ? mixture : 0, dropped, R * C * s);
+                a.kept_layers += bytes.device;
+                a.host += K * bytes.host;
+                used[(int)keep] = true;
+            }
+            a.recompute = block_keep_workspace_bytes(used, a.record, mixture, dropped, R * C * s);
+            break;
+        }
+        default: fatal("gpt2_activation_bytes: recompute %s: choose the blocks first", recompute_describe(shape.recompute).c_str());
     }
     a.record += mixture;
     a.per_layer = a.kept_layers / l;
