@@ -15,6 +15,11 @@ cannot hold: the line names the category (and the buffer, given a label as third
 for and the device's free and total memory, so the user knows which flag to lower. A mutex guards the
 books, so any thread may allocate.
 
+Pinned host memory that stands in for device memory (offload: llmc/parallel/zero.h's optimizer state, the
+offloaded blocks' records) is booked the same way in books of its own, by tracked_host_alloc (cudaMallocHost)
+and the same tracked_free; host_memory_totals() reads them. Staging and read-back buffers of a few bytes are
+not booked.
+
 What a run will need, by formula, is llmc/planning/memory.h's; train_gpt prints the two side by side.
 */
 #pragma once
@@ -51,8 +56,9 @@ struct MemoryTotals {
 
 struct MemoryBooks {
     std::mutex mutex;
-    MemoryTotals totals;
-    struct Entry { size_t bytes; MemoryKind kind; };
+    MemoryTotals totals;       // device memory
+    MemoryTotals host_totals;  // pinned host memory
+    struct Entry { size_t bytes; MemoryKind kind; bool host; };
     std::unordered_map<void*, Entry> allocations;
 };
 inline MemoryBooks& memory_books() {
@@ -67,6 +73,18 @@ inline MemoryBooks& memory_books() {
 [[noreturn]] inline void memory_allocation_failed(size_t count, size_t element_size, MemoryKind kind, const char* what,
                                                   cudaError_t error);
 
+inline void memory_book(void* pointer, size_t bytes, MemoryKind kind, bool host) {
+    MemoryBooks& books = memory_books();
+    std::lock_guard<std::mutex> lock(books.mutex);
+    books.allocations[pointer] = MemoryBooks::Entry{bytes, kind, host};
+    MemoryTotals& t = host ? books.host_totals : books.totals;
+    const int k = (int)kind;
+    t.current[k] += bytes;
+    t.peak[k] = std::max(t.peak[k], t.current[k]);
+    t.current_total += bytes;
+    t.peak_total = std::max(t.peak_total, t.current_total);
+}
+
 // count elements of T in device memory, charged to `kind`; `what` (optional) names the buffer in the error
 // line when the device cannot hold it. A zero count gives nullptr and charges nothing.
 template <class T>
@@ -77,38 +95,52 @@ T* tracked_alloc(size_t count, MemoryKind kind, const char* what = nullptr) {
     T* pointer = nullptr;
     const cudaError_t error = cudaMalloc(&pointer, bytes);
     if (error != cudaSuccess) memory_allocation_failed(count, sizeof(T), kind, what, error);
-    MemoryBooks& books = memory_books();
-    std::lock_guard<std::mutex> lock(books.mutex);
-    books.allocations[(void*)pointer] = MemoryBooks::Entry{bytes, kind};
-    MemoryTotals& t = books.totals;
-    const int k = (int)kind;
-    t.current[k] += bytes;
-    t.peak[k] = std::max(t.peak[k], t.current[k]);
-    t.current_total += bytes;
-    t.peak_total = std::max(t.peak_total, t.current_total);
+    memory_book((void*)pointer, bytes, kind, /*host=*/false);
+    return pointer;
+}
+
+// count elements of T in pinned host memory, charged to `kind` in the host books
+template <class T>
+T* tracked_host_alloc(size_t count, MemoryKind kind, const char* what = nullptr) {
+    if (count == 0) return nullptr;
+    if (count > SIZE_MAX / sizeof(T)) fatal("cannot allocate %zu elements of host memory for %s", count, memory_kind_name(kind));
+    T* pointer = nullptr;
+    const cudaError_t error = cudaMallocHost(&pointer, count * sizeof(T));
+    if (error != cudaSuccess)
+        fatal("cannot allocate %.2f GiB of pinned host memory for %s%s%s: %s", (double)count * sizeof(T) / (1 << 30),
+              memory_kind_name(kind), what ? " " : "", what ? what : "", cudaGetErrorString(error));
+    memory_book((void*)pointer, count * sizeof(T), kind, /*host=*/true);
     return pointer;
 }
 
 inline void tracked_free(void* pointer) {
     if (pointer == nullptr) return;
+    MemoryBooks::Entry entry{};
     {
         MemoryBooks& books = memory_books();
         std::lock_guard<std::mutex> lock(books.mutex);
         auto found = books.allocations.find(pointer);
         if (found == books.allocations.end())
             fatal("tracked_free: %p was not allocated by tracked_alloc (or was already freed)", pointer);
-        const MemoryBooks::Entry entry = found->second;
+        entry = found->second;
         books.allocations.erase(found);
-        books.totals.current[(int)entry.kind] -= entry.bytes;
-        books.totals.current_total -= entry.bytes;
+        MemoryTotals& t = entry.host ? books.host_totals : books.totals;
+        t.current[(int)entry.kind] -= entry.bytes;
+        t.current_total -= entry.bytes;
     }
-    cudaCheck(cudaFree(pointer));
+    if (entry.host) cudaCheck(cudaFreeHost(pointer));
+    else cudaCheck(cudaFree(pointer));
 }
 
 inline MemoryTotals memory_totals() {
     MemoryBooks& books = memory_books();
     std::lock_guard<std::mutex> lock(books.mutex);
     return books.totals;
+}
+inline MemoryTotals host_memory_totals() {
+    MemoryBooks& books = memory_books();
+    std::lock_guard<std::mutex> lock(books.mutex);
+    return books.host_totals;
 }
 
 // "12.0 MiB": bytes in binary units, three significant digits or so

@@ -5,7 +5,9 @@
 # first and pass the second: the CPU device's default in-order execution cannot see it. One line per
 # wait and a closing count. Slow (a build and three passes of the test per wait, a few minutes each on
 # 2 cores): not part of `make test`.
-#   usage: scripts/test/mutate_waits.sh
+# PATTERN (an extended regular expression) limits the deletions to the sites whose "file:line:code" matches it,
+# e.g. 'zero.h' or 'offload'.
+#   usage: scripts/test/mutate_waits.sh [PATTERN]
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 scratch=$(mktemp -d)
@@ -13,7 +15,9 @@ trap 'rm -rf "$scratch"' EXIT
 mkdir -p "$scratch/base"  # a snapshot, so that edits made meanwhile do not leak into the runs
 cp -r "$root/llmc" "$root/scripts" "$root/Makefile" "$root/train_gpt.cu" "$scratch/base/"
 caught=0 missed=0
-mapfile -t sites < <(cd "$scratch/base" && grep -n -E 'cudaCheck\(cudaStreamWaitEvent\(' llmc/*/*.h llmc/*/*.cuh | cut -d: -f1,2)
+pattern=${1:-.}
+mapfile -t sites < <(cd "$scratch/base" && grep -n -E 'cudaCheck\(cudaStreamWaitEvent\(' llmc/*/*.h llmc/*/*.cuh |
+                     grep -E -- "$pattern" | cut -d: -f1,2)
 for site in "${sites[@]}"; do
     file=${site%%:*} line=${site##*:}
     rm -rf "$scratch/tree" && cp -r "$scratch/base" "$scratch/tree" && ln -s "$root/data" "$scratch/tree/data"
