@@ -150,12 +150,12 @@ struct BlockBackwardTargets {
     bool weights_later;          // B: each matmul's operands are kept in `operands`, not multiplied now
 };
 
-// Block `layer`'s parameters for its backward pass; under selective recomputation the outputs the layer did
+// Block `layer`'s parameters for its backward pass; where the block was recomputed selectively the outputs it did
 // not keep are computed first.
 inline BlockParams block_parameters_for_backward(GPT2& model, ParallelContext& par, int layer,
                                                  const BlockActivations& a, int B, int T) {
     const BlockParams p = block_parameters(model, par, layer);
-    if (par.layout.recompute.policy == RecomputePolicy::Selective)
+    if (a.keep == BlockKeep::Selective)
         block_recompute_selective(model, par.tp, par.ep, layer, p, a, B, T);
     return p;
 }
@@ -334,10 +334,18 @@ inline void check_stage_layers(const GPT2& model, int layers) {
 }
 
 // The blocks first_layer .. first_layer + layers - 1 on record.input; the last one's output is record.output().
+// An offloaded block runs in its staging record, once that is free, and its record is then copied to the host
+// (llmc/model/activation_offload.cuh).
 inline void gpt2_stage_forward(GPT2& model, ParallelContext& par, StageActivations& record, int first_layer,
                                int layers, int B, int T) {
     check_stage_layers(model, layers);
-    for (int i = 0; i < layers; i++) block_forward(model, par, first_layer + i, stage_block(record, i, layers), B, T);
+    for (int i = 0; i < layers; i++) {
+        const BlockActivations a = stage_block(record, i, layers);
+        if (a.keep == BlockKeep::Offload) activation_offload_wait(model.offload, i, model.stream);
+        block_forward(model, par, first_layer + i, a, B, T);
+        if (a.keep == BlockKeep::Offload)
+            activation_offload_copy_out(model.offload, i, record.offloaded[i], model.stream);
+    }
 }
 
 // The LM head's weights (Vp x C, this rank's Vp/tp rows under tp): wte for GPT-2, lmhead in the final chunk for
@@ -434,7 +442,10 @@ inline void gpt2_head_weights(GPT2& model, ParallelContext& par, const HeadRecor
 // forward passes run again from its checkpoint (the output kept before it, or the stage's input) to refill the
 // shared records; otherwise a segment is a block (under selective, its backward pass recomputes its layernorm and
 // GELU outputs first). A stage shorter than the records segments its own layers: a segment of at most
-// min(C, layers) consecutive blocks uses as many distinct shared records, and its checkpoint is kept.
+// min(C, layers) consecutive blocks uses as many distinct shared records, and its checkpoint is kept. Per block,
+// a full block's forward pass runs again from its input first, and an offloaded block's record comes back from
+// the host one block ahead: block i-1's is fetched while block i's backward pass runs, the last block's at
+// the start (llmc/model/activation_offload.cuh).
 // Without `w` each block's parameter gradients accumulate and its chunk's gradient is then done; with `w`
 // this is B only, and gpt2_stage_weights later does the rest from w.
 inline void gpt2_stage_backward(GPT2& model, ParallelContext& par, StageActivations& record, int first_layer,
@@ -442,6 +453,11 @@ inline void gpt2_stage_backward(GPT2& model, ParallelContext& par, StageActivati
     check_stage_layers(model, layers);
     const Recompute& recompute = par.layout.recompute;
     const int segment = recompute_segment(recompute, layers);
+    auto fetch = [&](int i) {
+        if (i >= 0 && record.blocks[i].keep == BlockKeep::Offload)
+            activation_offload_fetch(model.offload, i, record.offloaded[i]);
+    };
+    fetch(layers - 1);
     for (int start = (layers - 1) / segment * segment; start >= 0; start -= segment) {
         const int end = std::min(start + segment, layers);
         if (recompute.policy == RecomputePolicy::Full)
@@ -449,12 +465,17 @@ inline void gpt2_stage_backward(GPT2& model, ParallelContext& par, StageActivati
                 block_forward(model, par, first_layer + i, stage_block(record, i, layers), B, T);
         for (int i = end - 1; i >= start; i--) {
             const BlockActivations a = stage_block(record, i, layers);
+            fetch(i - 1);
+            if (recompute.policy == RecomputePolicy::PerBlock && a.keep == BlockKeep::Full)
+                block_forward(model, par, first_layer + i, a, B, T);
+            if (a.keep == BlockKeep::Offload) activation_offload_wait(model.offload, i, model.stream);
             if (w) {
                 block_input_gradients(model, par, first_layer + i, a, B, T, w->blocks[i]);
             } else {
                 block_backward(model, par, first_layer + i, a, B, T);
                 chunk_gradient_done(model, par, first_layer + i + 1);
             }
+            if (a.keep == BlockKeep::Offload) activation_offload_release(model.offload, i, model.stream);
         }
     }
 }

@@ -68,6 +68,7 @@ data-parallel ranks are in llmc/parallel/zero.h.
 #include "../device_memory.h"
 #include "parameters.h"
 #include "../parallel/recompute.h"
+#include "activation_offload.cuh"
 
 // ----------------------------------------------------------------------------
 // activations
@@ -109,6 +110,8 @@ struct BlockActivations {
     floatX* expert_fch;      // (Mr, He or 2He) the experts' fc outputs
     floatX* expert_act;      // (Mr, He) their activations
     floatX* expert_output;   // (M, C)   this rank's rows' expert outputs, before the weighted sum
+    BlockKeep keep = BlockKeep::Keep;  // what the forward pass keeps of this block (llmc/parallel/recompute.h);
+                                       // an offloaded block's buffers but its output are a staging record's
 };
 
 // One microbatch's pass through one pipeline stage of consecutive layers (without pipeline parallelism:
@@ -124,6 +127,8 @@ struct StageActivations {
                                            // residual stream, block by block, and leaves the gradient of
                                            // the stage's input in it
     std::vector<int> tokens;               // first stage: the token ids, for the embeddings' backward pass
+    std::vector<std::vector<void*>> offloaded;  // per layer: an offloaded block's record in pinned host memory
+                                                // (its staging record's buffers in order; empty: not offloaded)
     // The stage's output, whatever its number of layers: a record is sized for the rank's longest stage, a
     // shorter stage runs on its first blocks and its last block writes here (stage_block), a buffer every
     // recompute policy keeps.
@@ -336,6 +341,7 @@ struct GPT2 {
     KVCache cache;                    // sampling's keys and values (kv_cache_reserve; empty before a sample)
     MoETraining moe;                  // a mixture of experts' settings and statistics
     cudaStream_t stream = nullptr;    // non-blocking: created by gpt2_allocate, destroyed by gpt2_free
+    ActivationOffload offload;        // the offloaded blocks' staging records and copy stream (llmc/model/activation_offload.cuh)
 };
 
 // A cache of at least `capacity` positions for the layers this rank holds (tp: its K/V heads). Made by the first
@@ -432,8 +438,11 @@ struct ModelPart {
 // The pool of part.records stage records of stage_layers layers each, as the recompute policy has them
 // (llmc/parallel/recompute.h): every buffer of every layer (none); the layernorm and GELU outputs shared by all
 // layers of all records (selective); or only the outputs at the ends of segments kept, every other buffer
-// in `segment` records that all layers of all records share (full). What the forward pass keeps counts as
-// activations, the shared buffers as workspace (llmc/planning/memory.h counts the same). Then the pool of
+// in `segment` records that all layers of all records share (full). Per block, each position of a record as
+// its letter says: k as none, s as selective, f its output and one record every f position shares, o its
+// output and its record in pinned host memory (one per record), run in one of two staging records
+// (llmc/model/activation_offload.cuh). What the forward pass keeps counts as activations (on the host: host
+// activations), the shared buffers as workspace (llmc/planning/memory.h counts the same). Then the pool of
 // part.weight_records weight-gradient records, each with a BlockWeightRecord per layer (activations too).
 inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int T) {
     const GPT2Config& c = model.config;
@@ -444,9 +453,11 @@ inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int
     // differ under --moe-every), and carries a mixture's buffers where one of the rank's stages has a mixture
     const size_t hidden = c.widest_hidden() / part.tp, fc = c.widest_fc_channels() / part.tp;
     const bool layernorm = !c.llama();  // RMSNorm keeps no mean
+    std::vector<std::pair<void*, size_t>>* staging = nullptr;  // while a staging record is made: its buffers
     auto buffer = [&](size_t count, size_t element_bytes, MemoryKind kind) {
         void* pointer = tracked_alloc<char>(count * element_bytes, kind);
         model.record_buffers.push_back(pointer);
+        if (staging && pointer) staging->push_back({pointer, count * element_bytes});
         return pointer;
     };
     auto values = [&](size_t count, MemoryKind kind) { return (floatX*)buffer(count, sizeof(floatX), kind); };
@@ -457,10 +468,10 @@ inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int
         model.host_buffers.push_back(pointer);
         return pointer;
     };
-    // one layer's whole record; `kind` for every buffer but those the policy shares
-    auto record = [&](MemoryKind kind, bool with_output, bool mixture) {
+    // one layer's whole record; `kind` for every buffer but those the policy shares (selective: the norms' and
+    // the activation's outputs)
+    auto record = [&](MemoryKind kind, bool with_output, bool mixture, bool selective = false) {
         BlockActivations a{};
-        const bool selective = r.policy == RecomputePolicy::Selective;
         a.ln1 = selective ? nullptr : values(R * C, kind);
         a.ln1_mean = layernorm ? floats(R, kind) : nullptr;
         a.ln1_rstd = floats(R, kind);
@@ -496,8 +507,28 @@ inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int
     if (r.policy == RecomputePolicy::Full)
         for (int i = 0; i < segment; i++)  // (each serves every segment-th layer: a mixture's buffers if any)
             shared.push_back(record(MemoryKind::Workspace, /*with_output=*/i < segment - 1, c.moe()));
+    bool used[kNumBlockKeeps] = {};  // which kinds the positions keep
+    for (int i = 0; i < (int)layers; i++) used[(int)recompute_block_keep(r, i)] = true;
+    const bool per_block = r.policy == RecomputePolicy::PerBlock;
+    BlockActivations full_record{};  // per block: the record every f position shares (a mixture's buffers if any)
+    if (per_block && used[(int)BlockKeep::Full]) full_record = record(MemoryKind::Workspace, false, c.moe());
+    ActivationOffload& offload = model.offload;
+    BlockActivations staged[2] = {};  // per block: the two staging records of the o positions
+    if (per_block && used[(int)BlockKeep::Offload]) {
+        if (c.moe()) fatal("--recompute-blocks %s: a mixture of experts cannot be offloaded (o): its routing counts "
+                           "are read on the host", recompute_blocks_text(r.blocks).c_str());
+        activation_offload_create(offload);
+        for (int k = 0; k < 2; k++) {
+            staging = &offload.staging[k].buffers;
+            staged[k] = record(MemoryKind::Workspace, false, false);
+            staging = nullptr;
+        }
+        int offloaded = 0;
+        for (int i = 0; i < (int)layers; i++)
+            offload.staging_of.push_back(r.blocks[i] == BlockKeep::Offload ? offloaded++ % 2 : -1);
+    }
     floatX *ln1 = nullptr, *ln2 = nullptr, *fch_gelu = nullptr;  // selective: shared by every layer
-    if (r.policy == RecomputePolicy::Selective) {
+    if (used[(int)BlockKeep::Selective]) {
         ln1 = values(R * C, MemoryKind::Workspace);
         ln2 = values(R * C, MemoryKind::Workspace);
         fch_gelu = values(N * hidden, MemoryKind::Workspace);
@@ -507,19 +538,33 @@ inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int
         stage.input = values(R * C, MemoryKind::Activations);
         stage.doutput = values(R * C, MemoryKind::Activations);
         stage.blocks.resize(layers);
+        stage.offloaded.assign(layers, {});
         for (int i = 0; i < (int)layers; i++) {
             BlockActivations& a = stage.blocks[i];
+            const BlockKeep keep = recompute_block_keep(r, i);
             if (r.policy == RecomputePolicy::Full) {
                 a = shared[i % segment];
                 if (recompute_keeps_output(r, i, (int)layers)) a.output = values(R * C, MemoryKind::Activations);
-                continue;
+            } else if (keep == BlockKeep::Full) {
+                a = full_record;
+                a.output = values(R * C, MemoryKind::Activations);
+            } else if (keep == BlockKeep::Offload) {
+                a = staged[offload.staging_of[i]];
+                a.output = values(R * C, MemoryKind::Activations);
+                for (const std::pair<void*, size_t>& piece : offload.staging[offload.staging_of[i]].buffers)
+                    stage.offloaded[i].push_back(tracked_host_alloc<char>(piece.second, MemoryKind::Activations,
+                                                                          "offloaded record"));
+                model.record_buffers.insert(model.record_buffers.end(), stage.offloaded[i].begin(),
+                                            stage.offloaded[i].end());
+            } else {
+                a = record(MemoryKind::Activations, true, part.slot_has_mixture(c, i), keep == BlockKeep::Selective);
+                if (keep == BlockKeep::Selective) {
+                    a.ln1 = ln1;
+                    a.ln2 = ln2;
+                    a.fch_gelu = fch_gelu;
+                }
             }
-            a = record(MemoryKind::Activations, true, part.slot_has_mixture(c, i));
-            if (r.policy == RecomputePolicy::Selective) {
-                a.ln1 = ln1;
-                a.ln2 = ln2;
-                a.fch_gelu = fch_gelu;
-            }
+            a.keep = keep;
         }
         for (int i = 0; i < (int)layers; i++) {
             stage.blocks[i].input = i == 0 ? stage.input : stage.blocks[i - 1].output;
@@ -665,6 +710,7 @@ inline void gpt2_free(GPT2& model) {
     staged_upload_free(model.inputs_upload);
     staged_upload_free(model.targets_upload);
     cudaCheck(cudaFreeHost(model.results_host));
+    activation_offload_free(model.offload);  // (its copies read and write the record buffers)
     for (void* p : model.record_buffers) tracked_free(p);
     for (void* p : model.host_buffers) cudaCheck(cudaFreeHost(p));
     SharedBuffers& s = model.shared;

@@ -140,7 +140,7 @@ inline void parallel_create(ParallelContext& par, const Layout& asked, const GPT
     if (par.main_rank) mesh_print(par.mesh);
 
     if (l.offload_optimizer) fatal("--offload optimizer: not built yet");
-    if (l.recompute.policy == RecomputePolicy::PerBlock || l.recompute.policy == RecomputePolicy::Auto)
+    if (l.recompute.policy == RecomputePolicy::Auto)
         fatal("--recompute %s: not built yet", recompute_describe(l.recompute).c_str());
     const int B = l.batch_size, T = l.seq_len;
     if (T > config.max_seq_len) fatal("--seq-len %d exceeds the model's %d positions", T, config.max_seq_len);
@@ -180,6 +180,12 @@ inline void parallel_create(ParallelContext& par, const Layout& asked, const GPT
     pipeline_create(par.pipe, par.mesh, l.schedule, l.pp_virtual, microbatch_counts, pipeline_stage_split(config, l),
                     config.tied_head());
     parallel_set_step_tokens(par, par.ramp.phases[0].tokens);
+    // per-block recomputation: a letter per position of this rank's stage records (the most layers of its stages)
+    int positions = 0;
+    for (int v = 0; v < par.pipe.virtual_stages; v++)
+        positions = std::max(positions, par.pipe.stage_layers[pipeline_model_stage(l.schedule, par.pipe.rank, v, l.pp)]);
+    const std::string blocks_error = recompute_blocks_resolve(l.recompute, positions);
+    if (!blocks_error.empty()) fatal("%s", blocks_error.c_str());
     const std::string noise_error = l.noise_scale ? noise_scale_layout_error(l, config.tied_head(), config.moe(),
                                                                              par.dp_size,
                                                                              *std::max_element(microbatch_counts.begin(), microbatch_counts.end())) : "";

@@ -149,10 +149,12 @@ inline GPT2MemoryShape gpt2_memory_shape(const GPT2Config& config, const Layout&
     shape.experts_per_token = config.experts_per_token;
     shape.expert_hidden = config.moe() ? (int)config.expert_hidden() : 0;
     shape.moe_every = config.moe_every;
-    shape.mixture_slots = part.mixture_slots(config, part.stage_layers > 0 ? part.stage_layers : config.num_layers);
+    const int positions = part.stage_layers > 0 ? part.stage_layers : config.num_layers;
+    shape.mixture_slots = part.mixture_slots(config, positions);
     if (shape.recompute.policy == RecomputePolicy::PerBlock && config.moe())
-        for (int slot = 0; slot < (part.stage_layers > 0 ? part.stage_layers : config.num_layers); slot++)
-            shape.mixture_slot.push_back(part.slot_has_mixture(config, slot));
+        for (int slot = 0; slot < positions; slot++) shape.mixture_slot.push_back(part.slot_has_mixture(config, slot));
+    const std::string blocks_error = recompute_blocks_resolve(shape.recompute, positions);  // --offload activations
+    if (!blocks_error.empty()) fatal("%s", blocks_error.c_str());
     return shape;
 }
 
@@ -819,6 +821,12 @@ inline void report_memory(ParallelContext& par, GPT2& model, Logger& logger) {
                format_bytes((double)held.peak[(int)MemoryKind::Workspace]).c_str(),
                format_bytes(with_buffers.workspace).c_str());
     }
+    const double host_activations = gpt2_activation_bytes(shape, l.bf16).host;  // offloaded blocks' records
+    const MemoryTotals host_held = host_memory_totals();
+    if (par.main_rank && host_activations > 0)
+        printf("offloaded activations (pinned host memory): %s held at the peak; formula %s\n",
+               format_bytes((double)host_held.peak[(int)MemoryKind::Activations]).c_str(),
+               format_bytes(host_activations).c_str());
     // under a pipeline, each stage's activations (its records in flight) beside its formula
     const std::vector<float> stage_activations = pipeline_gather_values(
         par.pipe, (float)held.peak[(int)MemoryKind::Activations], model.stream);
@@ -841,4 +849,7 @@ inline void report_memory(ParallelContext& par, GPT2& model, Logger& logger) {
                      .number("formula_bytes", formula.model_state)
                      .number("formula_with_buffers_bytes", with_buffers.model_state)
                      .integer("peak_bytes", (long long)held.peak_total));
+    if (host_activations > 0)
+        logger.write(JsonLine("host_memory").integer("activation_bytes", (long long)host_held.peak[(int)MemoryKind::Activations])
+                         .number("activation_formula_bytes", host_activations));
 }
