@@ -507,12 +507,29 @@ static void test_korthikanti_llama() {
 Under pipeline parallelism gpt2_allocate gets the rank's part (llmc/parallel/pipeline.h's
 pipeline_model_part): the chunks it holds, l = L / (p V) layers per stage and K stage records, the peak of its
 schedule's records in flight. For every rank of p = 2 and 4 under gpipe, 1f1b and interleaved (V = 2), m = 8 microbatches, an
-8-layer model and each recompute policy, the bytes gpt2_allocate books per kind must be
+8-layer model and each recompute policy (per block: mixes of k, f, s, o, and every block offloaded), the bytes
+gpt2_allocate books per kind must be
   parameters, gradients   sizeof(floatX) x the rank's ParameterLayout total (its chunks only)
   activations, workspace  gpt2_activation_bytes with stage_layers l, records K, first_stage on rank 0 (it
                           holds stage 0) and last_stage on rank p - 1 (stage S - 1 = (V - 1) p + p - 1)
+  host activations        its host term (the offloaded blocks' records, K of each)
 and K must be the pool of records its actions use (pipeline_record_assignment).
 */
+// Per-block policies for records of `positions` blocks: the letters k, f, s, o in turn from `first` (so that
+// every position meets every letter across the calls), and every block offloaded.
+static std::vector<Recompute> per_block_policies(int positions) {
+    std::vector<Recompute> policies;
+    for (int first = 0; first < 4; first++) {
+        Recompute r{RecomputePolicy::PerBlock, 1};
+        for (int i = 0; i < positions; i++) r.blocks.push_back((BlockKeep)"\0\2\1\3"[(first + i) % 4]);
+        policies.push_back(r);
+    }
+    Recompute offloaded{RecomputePolicy::PerBlock, 1};
+    recompute_blocks_resolve(offloaded, positions);
+    policies.push_back(offloaded);
+    return policies;
+}
+
 static void test_pipeline_parts() {
     printf("pipeline parts: gpt2_allocate against gpt2_activation_bytes\n");
     GPT2Config config = small_gpt2(8);
@@ -528,8 +545,8 @@ static void test_pipeline_parts() {
     const bool is_bf16 = sizeof(floatX) == 2;
     const int m = 8, L = config.num_layers;
     // full every 3 on the 4-layer stages of gpipe and 1f1b at p = 2: segments of 3 and 1, two outputs kept
-    const Recompute policies[] = {Recompute{}, Recompute{RecomputePolicy::Selective, 1},
-                                  Recompute{RecomputePolicy::Full, 1}, Recompute{RecomputePolicy::Full, 3}};
+    const std::vector<Recompute> uniform = {Recompute{}, Recompute{RecomputePolicy::Selective, 1},
+                                            Recompute{RecomputePolicy::Full, 1}, Recompute{RecomputePolicy::Full, 3}};
     for (int p : {2, 4})
         for (PipelineSchedule schedule : {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB,
                                           PipelineSchedule::Interleaved, PipelineSchedule::ZeroBubbleV}) {
@@ -544,6 +561,8 @@ static void test_pipeline_parts() {
                     wrong += " records " + std::to_string(part.records) + ", pool " + std::to_string(pool);
                 if (part.stage_layers != L / (p * V)) wrong += " stage_layers " + std::to_string(part.stage_layers);
                 const double P = (double)ParameterLayout(config, 1, 1, 0, part.held_chunks).total;
+                std::vector<Recompute> policies = uniform;
+                for (const Recompute& r : per_block_policies(L / (p * V))) policies.push_back(r);
                 for (const Recompute& recompute : policies) {
                     GPT2MemoryShape stage = shape;
                     stage.recompute = recompute;
@@ -554,11 +573,11 @@ static void test_pipeline_parts() {
                     stage.first_stage = r == 0;
                     stage.last_stage = r == pipeline_stage_rank(schedule, p * V - 1, p);  // zbv: rank 0
                     const ActivationBytes want = gpt2_activation_bytes(stage, is_bf16);
-                    const MemoryTotals before = memory_totals();
+                    const MemoryTotals before = memory_totals(), host_before = host_memory_totals();
                     GPT2 model;
                     part.recompute = recompute;
                     gpt2_allocate(model, config, shape.batch, shape.seq_len, part);
-                    const MemoryTotals after = memory_totals();
+                    const MemoryTotals after = memory_totals(), host_after = host_memory_totals();
                     auto booked = [&](MemoryKind kind) {
                         return (double)after.current[(int)kind] - (double)before.current[(int)kind];
                     };
@@ -572,12 +591,19 @@ static void test_pipeline_parts() {
                     compare("workspace", booked(MemoryKind::Workspace), want.workspace);
                     compare("all", (double)after.current_total - (double)before.current_total,
                             2 * sizeof(floatX) * P + want.activations + want.workspace);
+                    compare("host activations",
+                            (double)host_after.current[(int)MemoryKind::Activations] -
+                                (double)host_before.current[(int)MemoryKind::Activations], want.host);
+                    compare("host, all", (double)host_after.current_total - (double)host_before.current_total,
+                            want.host);
                     compare("records", (double)model.records.size(), part.records);
                     compare("first stage", model.first_stage, stage.first_stage);
                     compare("last stage", model.last_stage, stage.last_stage);
                     gpt2_free(model);
                     compare("left after gpt2_free", (double)memory_totals().current_total,
                             (double)before.current_total);
+                    compare("host left after gpt2_free", (double)host_memory_totals().current_total,
+                            (double)host_before.current_total);
                 }
                 char name[160];
                 snprintf(name, sizeof(name), "%s p=%d%s rank %d: l %d, K %d records, every policy",
@@ -669,14 +695,17 @@ static void test_weight_records() {
     shape.max_seq_len = config.max_seq_len;
     shape.multiprocessors = device_properties().multiProcessorCount;
     const bool is_bf16 = sizeof(floatX) == 2;
-    const Recompute policies[] = {Recompute{}, Recompute{RecomputePolicy::Selective, 1},
-                                  Recompute{RecomputePolicy::Full, 1}, Recompute{RecomputePolicy::Full, 2}};
+    const std::vector<Recompute> uniform = {Recompute{}, Recompute{RecomputePolicy::Selective, 1},
+                                            Recompute{RecomputePolicy::Full, 1}, Recompute{RecomputePolicy::Full, 2}};
     for (int tp_size : {1, 2})
         for (bool sequence_parallel : {false, true}) {
             if (sequence_parallel && tp_size == 1) continue;
             for (int stage_layers : {0, 3})
                 for (int weight_records : {1, 3}) {
                     std::string wrong;
+                    std::vector<Recompute> policies = uniform;
+                    for (const Recompute& r : per_block_policies(stage_layers > 0 ? stage_layers : config.num_layers))
+                        policies.push_back(r);
                     for (const Recompute& recompute : policies) {
                         ModelPart part;
                         part.tp = tp_size;
@@ -695,10 +724,13 @@ static void test_weight_records() {
                         expected_shape.weight_records = weight_records;
                         expected_shape.heads = weight_records;
                         const ActivationBytes want = gpt2_activation_bytes(expected_shape, is_bf16);
-                        const MemoryTotals before = memory_totals();
+                        const MemoryTotals before = memory_totals(), host_before = host_memory_totals();
                         GPT2 model;
                         gpt2_allocate(model, config, shape.batch, shape.seq_len, part);
                         const MemoryTotals after = memory_totals();
+                        const double host = (double)host_memory_totals().current_total - host_before.current_total;
+                        if (host != want.host)
+                            wrong += " " + recompute_describe(recompute) + ": host " + describe(host, want.host);
                         auto booked = [&](MemoryKind kind) {
                             return (double)after.current[(int)kind] - (double)before.current[(int)kind];
                         };
@@ -715,7 +747,7 @@ static void test_weight_records() {
                     }
                     char name[160];
                     snprintf(name, sizeof(name), "gpt2_allocate, %d weight-gradient and head record(s) of %d layers, "
-                             "tp %d%s, every policy", weight_records, stage_layers > 0 ? stage_layers : config.num_layers,
+                             "tp %d%s, every policy (per block: k f s o mixes, all o)", weight_records, stage_layers > 0 ? stage_layers : config.num_layers,
                              tp_size, sequence_parallel ? " + sp" : "");
                     check_true(name, wrong.empty(), wrong);
                 }
