@@ -39,16 +39,19 @@ field() {  # field RUN EVENT FIELD: a number from the run's last EVENT line
         "from layout_check import events; print(events('$work', '$1', '$2')[-1]['$3'])" 2>/dev/null
 }
 
-# where:ranks:flags (commas for spaces):mixes (pp 2: records of 2 blocks)
+# where:ranks:flags (commas for spaces, slashes for commas):mixes (pp 2: stages of 2 blocks, records of 2)
 layouts=("one:1::kfso sfok all-o" "zero1:2:--zero,1:kfso all-o" "zero3:2:--zero,3:sfok all-o"
-         "pp2_1f1b:2:--pp,2,--schedule,1f1b:fo sk all-o" "pp2_zbh1:2:--pp,2,--schedule,zb-h1:of all-o"
+         "pp2_1f1b:2:--pp,2,--pp-layers,2/2,--pp-schedule,1f1b:fo sk all-o"
+         "pp2_zbh1:2:--pp,2,--pp-layers,2/2,--pp-schedule,zb-h1:of all-o"
          "tp2_sp:2:--tp,2,--sequence-parallel:kfso all-o")
 echo "per-block recomputation and offload vs none, FP32 ($binary)"
 for layout in "${layouts[@]}"; do
     IFS=: read -r where ranks layout_flags mixes <<<"$layout"
-    run "${where}_none" "$ranks" none ${layout_flags//,/ }
+    layout_flags=${layout_flags//,/ }
+    layout_flags=${layout_flags//\//,}
+    run "${where}_none" "$ranks" none $layout_flags
     for blocks in $mixes; do
-        run "${where}_$blocks" "$ranks" "$blocks" ${layout_flags//,/ }
+        run "${where}_$blocks" "$ranks" "$blocks" $layout_flags
         if same_bits "${where}_$blocks" "${where}_none"; then
             ok "$where, $blocks: losses and model.bin bit-identical to none"
         else
@@ -94,7 +97,7 @@ refused_flags=("${flags[@]}" --batch-size 8)
 expect_refused "a letter that is not k, s, f or o" "'x' is not k (keep)" 1 --recompute-blocks kxso
 expect_refused "three letters for records of 4 blocks" "3 letters for stage records of 4 blocks" 1 --recompute-blocks kso
 expect_refused "4 letters for pp 2's records of 2 blocks" "4 letters for stage records of 2 blocks" 2 \
-    --recompute-blocks kfso --pp 2
+    --recompute-blocks kfso --pp 2 --pp-layers 2,2
 expect_refused "letters and a policy" "--recompute-blocks and --recompute selective" 1 --recompute-blocks kfso \
     --recompute selective
 expect_refused "an offloaded mixture of experts" "a mixture of experts cannot be offloaded" 1 --offload activations \
