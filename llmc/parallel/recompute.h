@@ -30,6 +30,17 @@ auto lets the program choose them for --gpu-memory (llmc/planning/recompute_choi
                 block's input in a record every full block shares (full with a checkpoint every block)
   o  offload    the whole record goes to pinned host memory after the block's forward pass, on a copy stream,
                 and comes back one block ahead of its backward pass (--offload activations: every block)
+The letters name positions of a stage record, not layers: with pipeline parallelism a rank's records have as
+many positions as its longest stage has blocks (--pp-layers makes them even), and every record in flight keeps
+what its positions say (llmc/model/activation_offload.cuh says why every record in flight is offloaded). A
+block's record knows its letter (BlockActivations::keep): gpt2_allocate_records lays the records out,
+gpt2_stage_forward and gpt2_stage_backward (llmc/model/forward_backward.cuh) rerun, recompute, copy out and
+fetch. Every schedule works, the zero-bubble ones too (B fetches or reruns as the whole pass does; W reads only
+its weight record). A mixture of experts' block is not offloaded (refused): its routing counts are read on the
+host, which would need the record back before the step's end. Memory: llmc/planning/memory.h's
+block_keep_bytes per position (device and host) and block_keep_workspace_bytes (the shared buffers: one set of
+selective's outputs, one record for every f position, two staging records for the o positions), held by the
+run to the byte (dev/test/test_memory.cu, scripts/test/test_recompute_blocks.sh).
 
 Every policy gives the same bits as none: the forward kernels are deterministic, so a recomputed
 activation equals the stored one exactly (at ZeRO-3 the rerun gathers the same parameters again, under
