@@ -335,15 +335,15 @@ inline void check_stage_layers(const GPT2& model, int layers) {
 
 // The blocks first_layer .. first_layer + layers - 1 on record.input; the last one's output is record.output().
 // An offloaded block runs in its staging record, once that is free, and its record is then copied to the host
-// (llmc/model/activation_offload.cuh).
+// (llmc/model/activation_offload.cuh), unless no backward pass follows (validation, sampling: `for_backward` false).
 inline void gpt2_stage_forward(GPT2& model, ParallelContext& par, StageActivations& record, int first_layer,
-                               int layers, int B, int T) {
+                               int layers, int B, int T, bool for_backward = true) {
     check_stage_layers(model, layers);
     for (int i = 0; i < layers; i++) {
         const BlockActivations a = stage_block(record, i, layers);
         if (a.keep == BlockKeep::Offload) activation_offload_wait(model.offload, i, model.stream);
         block_forward(model, par, first_layer + i, a, B, T);
-        if (a.keep == BlockKeep::Offload)
+        if (a.keep == BlockKeep::Offload && for_backward)
             activation_offload_copy_out(model.offload, i, record.offloaded[i], model.stream);
     }
 }

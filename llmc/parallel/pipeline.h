@@ -611,7 +611,8 @@ inline void pipeline_forward(ParallelContext& par, GPT2& model, const PipelineRu
         cudaCheck(cudaMemcpyAsync(record.input, from.output(), rows * sizeof(floatX), cudaMemcpyDeviceToDevice,
                                   model.stream));
     }
-    gpt2_stage_forward(model, par, record, pipeline_first_layer(pipe.stage_layers, s), pipe.stage_layers[s], B, T);
+    gpt2_stage_forward(model, par, record, pipeline_first_layer(pipe.stage_layers, s), pipe.stage_layers[s], B, T,
+                       /*for_backward=*/training);
     if (s < S - 1) return;
     HeadRecord& head = model.heads[run.head_of[i]];
     gpt2_head_forward(model, par, record, head, B, T);
