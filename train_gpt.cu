@@ -203,12 +203,12 @@ static std::vector<HostCalls> host_calls_of_every_rank(ParallelContext& par, con
     if (!host_calls_counted) return {};
     const std::vector<uint64_t> words = all_gather_words(par.world, {(uint64_t)mine.allocations, (uint64_t)mine.frees,
         (uint64_t)mine.device_to_host_copies, (uint64_t)mine.synchronizations, (uint64_t)mine.event_waits,
-        (uint64_t)mine.moe_layer_passes}, stream);
+        (uint64_t)mine.moe_layer_passes, (uint64_t)mine.offload_downloads}, stream);
     std::vector<HostCalls> ranks(par.world.size);
     for (int r = 0; r < par.world.size; r++) {
-        const uint64_t* w = &words[(size_t)r * 6];
+        const uint64_t* w = &words[(size_t)r * 7];
         ranks[r] = HostCalls{(long long)w[0], (long long)w[1], (long long)w[2], (long long)w[3], (long long)w[4],
-                             (long long)w[5]};
+                             (long long)w[5], (long long)w[6]};
     }
     return ranks;
 }
@@ -356,7 +356,8 @@ int main(int argc, char** argv) {
     gpt2_allocate(model, config, B, par.T_local, model_part(par, config));
     model.moe.aux_coefficient = options.moe_aux_loss;
     model.moe.z_coefficient = options.moe_z_loss;
-    zero_init(par.zero, par.layout.zero_stage, &par.mesh, model, initial_parameters(options, model), &par.ep);
+    zero_init(par.zero, par.layout.zero_stage, &par.mesh, model, initial_parameters(options, model), &par.ep,
+              par.layout.offload_optimizer);
     if (par.main_rank) print_run(par, model);
 
     // ---- data: each data-parallel rank reads its own rows of every global batch
@@ -424,10 +425,11 @@ int main(int argc, char** argv) {
         if (measured) pipeline_begin_measuring(par.pipe, model);
         if (last && par.cp.size > 1) cp_begin_measuring(par.cp);  // each cp rank's attention time
         const HostCalls calls_before = host_calls_so_far();
-        const long long moe_passes_before = model.moe.layer_passes;
+        const long long moe_passes_before = model.moe.layer_passes, downloads_before = par.zero.offload_downloads;
         const StepResults results = train_step(par, model, batch, options, step);
         HostCalls step_calls = host_calls_since(calls_before);
         step_calls.moe_layer_passes = model.moe.layer_passes - moe_passes_before;
+        step_calls.offload_downloads = par.zero.offload_downloads - downloads_before;
         inject_planned_bit_flip(par, model, step + 1);  // the tests' silent corruption (llmc/cpu/faults.h)
         if (options.check_replicas > 0 && (step + 1) % options.check_replicas == 0) check_replicas(par, model, step + 1);
         cudaCheck(cudaDeviceSynchronize());

@@ -163,6 +163,12 @@ static void test_formulas() {
     check_equal("bf16 P=1000 N=8 stage 2", plan_training_memory(1000, 2, 8, 8, true).model_state, 3750);
     // stage 0 ignores the shard count: 16 P on every rank
     check_equal("stage 0 ignores shard ranks", plan_training_memory(1000, 0, 8, 4, true).model_state, 16000);
+    // --offload optimizer: the state to the host (12P/N, 8P/N in FP32); without a shape no staging is counted
+    const MemoryPlan offloaded = plan_training_memory(1000, 1, 8, 8, true, 1, nullptr, true);
+    check_equal("offloaded bf16 P=1000 N=8 stage 1: host 12P/N", offloaded.host_total, 1500);
+    check_equal("offloaded bf16 P=1000 N=8 stage 1: device 2P + 2P", offloaded.model_state, 4000);
+    check_equal("offloaded fp32 P=1000 stage 0: host 8P", plan_training_memory(1000, 0, 1, 1, false, 1, nullptr, true).host_total,
+                8000);
 
     // communication, P = 1024
     //   stage 0, BF16, D = 8: 2 * 7/8 * 1024 * 2 = 3584
@@ -244,11 +250,13 @@ static void test_activations() {
     const bool is_bf16 = sizeof(floatX) == 2;
     auto in_use = [] { return (double)cudacpu::allocations().in_use; };
     // one rank's whole model at each ZeRO stage: what gpt2_allocate and zero_init allocate against the plan
-    auto check_stages = [&](const GPT2Config& model_config, const GPT2MemoryShape& model_shape, const std::string& name) {
+    auto check_stages = [&](const GPT2Config& model_config, const GPT2MemoryShape& model_shape, const std::string& base_name) {
         const ActivationBytes expected = gpt2_activation_bytes(model_shape, is_bf16);
         const size_t P = ParameterLayout(model_config, 1).total;
         for (int stage = 0; stage <= 3; stage++) {
-            const double before = in_use();
+          for (bool offload : {false, true}) {  // --offload optimizer: the state in host memory, staging on the device
+            const std::string name = base_name + (offload ? "offloaded optimizer, " : "");
+            const double before = in_use(), host_before = (double)host_memory_totals().current_total;
             GPT2 model;
             ModelPart whole;  // one rank's whole model, kept as ZeRO's stage keeps it
             whole.full_gradients = stage < 2;
@@ -256,18 +264,27 @@ static void test_activations() {
             gpt2_allocate(model, model_config, model_shape.batch, model_shape.seq_len, whole);
             const double model_bytes = in_use() - before;
             Zero zero;
-            zero_init(zero, stage, nullptr, model, std::vector<float>(P, 0.01f));
+            zero_init(zero, stage, nullptr, model, std::vector<float>(P, 0.01f), nullptr, offload);
             const double all_bytes = in_use() - before;
-            const MemoryPlan p = plan_training_memory(P, stage, 1, 1, is_bf16, 1, &model_shape);
+            const double host_bytes = (double)host_memory_totals().current_total - host_before;
+            const MemoryPlan p = plan_training_memory(P, stage, 1, 1, is_bf16, 1, &model_shape, offload);
             // the model: full parameters below stage 3, full gradients below stage 2, activations, workspace
             const double s = sizeof(floatX);
             check_equal(name + "gpt2_allocate bytes, stage " + std::to_string(stage), model_bytes,
                         (stage < 3 ? s * P : 0) + (stage < 2 ? s * P : 0) + expected.activations + expected.workspace);
             // everything: the plan's total
             check_equal(name + "gpt2_allocate + zero_init bytes, stage " + std::to_string(stage), all_bytes, p.total);
+            // and the pinned host memory: the optimizer state when offloaded, nothing otherwise
+            check_equal(name + "zero_init host bytes, stage " + std::to_string(stage), host_bytes, p.host_total);
+            if (offload)
+                check_equal(name + "host bytes == (master +) m + v of the shard, stage " + std::to_string(stage),
+                            host_bytes, (is_bf16 ? 12.0 : 8.0) * P);
             zero_free(zero);
             gpt2_free(model);
             check_equal(name + "all freed, stage " + std::to_string(stage), in_use(), before);
+            check_equal(name + "host memory freed, stage " + std::to_string(stage),
+                        (double)host_memory_totals().current_total, host_before);
+          }
         }
     };
     check_stages(config, shape, "");

@@ -238,6 +238,23 @@ static void test_by_hand() {
     check_true("one rank: MFU == efficiency", std::fabs(plan.mfu - 0.25) < 1e-12, describe(plan.mfu, 0.25));
     check_true("one rank: 8 micro-steps", plan.accumulation == 8, describe(plan.accumulation, 8));
 
+    // --offload optimizer: the state, 12 bytes per parameter of the padded layout, in host memory; the device keeps
+    // two staging slots of one block chunk (12 C^2 + 13 C = 7,087,872 elements, a multiple of 128) x 12 bytes; the
+    // step moves the state up and down once over PCIe, none of it hidden
+    Layout offloaded = one;
+    offloaded.offload_optimizer = true;
+    const LayoutPlan off = plan_layout(small, offloaded, hw);
+    const double host = 12.0 * (double)ParameterLayout(small).total, pcie = 2 * host / hw.pcie_bytes_per_second;
+    check_true("offload: host bytes 12 P", off.stages[0].host_total == host, describe(off.stages[0].host_total, host));
+    check_true("offload: device optimizer state == 2 staging slots x 7087872 x 12 bytes",
+               off.stages[0].optimizer_state == 2 * 7087872.0 * 12, describe(off.stages[0].optimizer_state, 2 * 7087872.0 * 12));
+    check_true("offload: device total == without offload - 12 P + staging",
+               off.stages[0].total == plan.stages[0].total - host + 2 * 7087872.0 * 12,
+               describe(off.stages[0].total, plan.stages[0].total - host + 2 * 7087872.0 * 12));
+    check_true("offload: step == without + 2 x host bytes / PCIe 50 GB/s",
+               std::fabs(off.step_seconds - plan.step_seconds - pcie) <= 1e-12 * off.step_seconds &&
+                   off.offload_seconds == pcie, describe(off.step_seconds - plan.step_seconds, pcie));
+
     // full recomputation: + one forward pass of the blocks (2 P_block + 4 C T per layer and token)
     one.recompute = Recompute{RecomputePolicy::Full, 1};
     const LayoutPlan full = plan_layout(small, one, hw);

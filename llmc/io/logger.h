@@ -27,8 +27,9 @@ is left out of the mean once there are others, because it pays for warm-up (cuBL
 allocations) that later steps do not. Validation, samples and checkpoints are not counted in it.
 Where the build counts them (the CPU build: HostCalls below), the step's line in log.jsonl adds each rank's
 allocations, frees, device-to-host copies, synchronisations and event waits inside train_step, one list per kind in rank
-order, and the mixture-of-experts layer passes they ran: "host_calls": {"allocations": [0, 0], "frees": [0, 0],
-"d2h_copies": [1, 1], "syncs": [1, 1], "event_waits": [6, 6], "moe_layer_passes": [0, 0]} (the README's budget; the console line
+order, the mixture-of-experts layer passes they ran, and of the copies those of the offloaded optimizer state:
+"host_calls": {"allocations": [0, 0], "frees": [0, 0], "d2h_copies": [1, 1], "syncs": [1, 1], "event_waits": [6, 6],
+"moe_layer_passes": [0, 0], "offload_downloads": [0, 0]} (the README's budget; the console line
 leaves them out). A step whose pipeline timeline the trainer measures (the last, under pp or --trace) has none.
 JSON line (same numbers; "time_s", seconds since the logger was created, ends every line; a non-finite
 number such as a NaN loss becomes null, because JSON has no NaN and a diverged run is exactly the one whose
@@ -78,9 +79,11 @@ inline size_t device_memory_in_use_bytes() {
 // llmc/cpu/runtime.h says why apart). The CPU build counts them (llmc/cpu/runtime.h); the
 // GPU build does not, and reports none (host_calls_counted). moe_layer_passes is not a call: the mixture-of-
 // experts layers' forward passes in the stretch, each of which copies its rows per expert to the host once.
+// offload_downloads, of the device-to-host copies, are those of the offloaded optimizer state (--offload
+// optimizer, llmc/parallel/zero.h): ordered by events, never read by the host in the step, so they take no lead.
 struct HostCalls {
     long long allocations = 0, frees = 0, device_to_host_copies = 0, synchronizations = 0, event_waits = 0;
-    long long moe_layer_passes = 0;
+    long long moe_layer_passes = 0, offload_downloads = 0;
 };
 #ifdef LLMC_CPU
 constexpr bool host_calls_counted = true;
@@ -374,7 +377,7 @@ public:
 
 private:
     // {"allocations": [per rank], "frees": [...], "d2h_copies": [...], "syncs": [...], "event_waits": [...],
-    //  "moe_layer_passes": [...]}
+    //  "moe_layer_passes": [...], "offload_downloads": [...]}
     static std::string host_calls_json(const std::vector<HostCalls>& ranks) {
         auto list = [&](long long HostCalls::*member) {
             std::string text = "[";
@@ -385,6 +388,7 @@ private:
                ", \"d2h_copies\": " + list(&HostCalls::device_to_host_copies) + ", \"syncs\": " +
                list(&HostCalls::synchronizations) + ", \"event_waits\": " + list(&HostCalls::event_waits) +
                ", \"moe_layer_passes\": " + list(&HostCalls::moe_layer_passes) +
+               ", \"offload_downloads\": " + list(&HostCalls::offload_downloads) +
                "}";
     }
 

@@ -74,6 +74,32 @@ scripts/test/test_moe_layouts.sh holds the runs' bytes against these.
 The global gradient norm (for clipping) is the norm of the averaged gradient: at stage 0 every rank has
 all of it; at stages 1-2 each rank squares its shard and the squares are summed over the shard group.
 
+Optimizer offload (--offload optimizer; DeepSpeed's ZeRO-Offload). The fp32 master weights (BF16 build) and
+AdamW's m and v of this rank's shard live in pinned host memory; in the FP32 build the parameters are their own
+master copy and stay on the device, so only m and v move. The parameters and gradients stay on the device. The
+update streams the state through the device's own AdamW kernel in pieces (each chunk's shard cut into pieces of
+at most one block chunk's shard and at most kOffloadPieceElements elements), double-buffered in two device
+staging slots, on a copy stream of its own:
+    copy stream:     up(0) up(1) [wait updated(0)] down(0) up(2) [wait updated(1)] down(1) up(3) ...
+    compute stream:  [wait uploaded(0)] AdamW(0) [wait uploaded(1)] AdamW(1) [wait uploaded(2)] AdamW(2) ...
+So piece k+1 travels up while piece k updates, and piece k travels down after its update. Piece k+2 reuses
+piece k's slot: its upload follows piece k's download on the copy stream, and that download waited for piece
+k's update, so stream order alone keeps the slot until it is free. Two waits, both events, no host
+synchronisation inside the step:
+    compute waits for copy   uploaded[slot], before a piece's update (its state has arrived)
+    copy waits for compute   updated[slot], before a piece's download (its update has written the slot)
+The next step's first upload follows this step's last download on the same stream. Checkpoints read and write
+the host copies directly, after synchronising the copy stream (outside the step).
+Why the device's kernel and not a host AdamW (DeepSpeed's CPU Adam): the same kernel on the same numbers gives
+the same bits as without offload, on the CPU build and on a GPU alike (adamw.cuh computes every element from its
+own values and (seed, index) alone, so cutting tensors into pieces changes no bit), and there is one AdamW to
+read and test instead of two that would have to agree. The price: the state crosses PCIe twice per step (up and
+down, 2 x 12 bytes per parameter of the shard in BF16, 2 x 8 in FP32), after the gradients are final, so none of
+it hides behind the forward and backward passes (llmc/planning/planner.h counts it whole). A host AdamW would
+move only the gradients down and the parameters up (2 x 2 bytes) but compute at the host's speed, in a second
+implementation of the update whose rounding would differ.
+Device memory kept: the two staging slots, 2 x piece x (12 or 8) bytes (llmc/planning/memory.h counts them).
+
 Checkpoints: a rank writes its shard of the parameters and the state to its file (zero_write_shard) and
 reads what it holds back from the files of any layout (zero_read_shards); which file is whose, and the
 rest of a checkpoint: llmc/parallel/reshard.h.
@@ -113,7 +139,19 @@ struct Zero {
 
     float* master = nullptr;                 // this rank's shard: fp32 master weights (BF16 build only)
     float* m = nullptr;                      // ... AdamW's first moment
-    float* v = nullptr;                      // ... and second moment
+    float* v = nullptr;                      // ... and second moment (all three in pinned host memory
+                                             // when offloaded)
+
+    // --offload optimizer: master, m, v above are host memory; pieces of them visit the device's staging slots
+    bool offload = false;
+    struct OffloadPiece { int chunk; size_t first, count; };  // elements [first, + count) of the shard buffers
+    std::vector<OffloadPiece> offload_pieces;  // every held chunk's shard, in order, cut into pieces
+    float* staging[2][3] = {};               // per slot: master (BF16 build only), m, v of one piece
+    cudaEvent_t uploaded[2] = {};            // recorded on the copy stream when a slot's upload ends
+    cudaEvent_t updated[2] = {};             // recorded on the compute stream when a slot's update ends
+    cudaStream_t copy_stream = nullptr;      // non-blocking: the uploads and downloads of the state
+    long long offload_downloads = 0;         // device-to-host copies of the state so far (the host never
+                                             // reads them in the step: llmc/io/logger.h's HostCalls)
     floatX* grad_shard = nullptr;            // stage 1, 2: the averaged gradient of this rank's shard
 
     // stage 2: where chunk gradients are computed before they are reduced into grad_shard
@@ -228,11 +266,63 @@ inline floatX* zero_gather_chunk(Zero& z, GPT2& model, int chunk) {
     return z.gathered[w];
 }
 
+// Chunk c's part of this rank's shard on the device: its parameters (where AdamW writes them; element k of the
+// shard is parameter shard_start + k) and its averaged gradient, once the step's reductions are done.
+inline floatX* shard_parameters(const Zero& z, GPT2& model, int chunk) {
+    return z.stage == 3 ? z.param_shard + shard_offset(z, chunk) : model.params + shard_start(z, chunk);
+}
+inline const floatX* shard_gradients(const Zero& z, GPT2& model, int chunk) {
+    return z.stage == 0 ? model.grads + shard_start(z, chunk) : z.grad_shard + shard_offset(z, chunk);
+}
+
+// --offload optimizer: the most elements of one piece (64 MiB per fp32 array), and the elements of a piece for
+// `layout`: one block chunk's shard (the blocks go up one piece each, the larger embedding chunk in several),
+// at most kOffloadPieceElements. A multiple of 128, as chunks are padded to 128 x shards: every piece starts
+// 16-byte aligned in the shard buffers, as the staging slots do.
+constexpr size_t kOffloadPieceElements = (size_t)1 << 24;
+inline size_t offload_piece_elements(const ParameterLayout& layout) {
+    return std::min(kOffloadPieceElements, layout.largest_block_chunk() / layout.shards);
+}
+
+// --offload optimizer: the state in pinned host memory (m, v zero; the master weights, BF16 build, from the
+// parameters the device holds), the pieces, the staging slots, their events and the copy stream.
+inline void offload_init(Zero& z, GPT2& model) {
+    const size_t shard_total = z.layout->total / z.shards;
+    z.m = tracked_host_alloc<float>(shard_total, MemoryKind::OptimizerState, "(AdamW m, offloaded)");
+    z.v = tracked_host_alloc<float>(shard_total, MemoryKind::OptimizerState, "(AdamW v, offloaded)");
+    std::fill(z.m, z.m + shard_total, 0.0f);
+    std::fill(z.v, z.v + shard_total, 0.0f);
+    if (sizeof(floatX) != sizeof(float)) {
+        z.master = tracked_host_alloc<float>(shard_total, MemoryKind::OptimizerState, "(master weights, offloaded)");
+        std::fill(z.master, z.master + shard_total, 0.0f);
+        std::vector<floatX> params;
+        for (int c = 0; c < z.layout->num_chunks(); c++) {
+            if (!z.layout->holds(c)) continue;
+            params.resize(shard_size(z, c));
+            copy_to_host(params.data(), shard_parameters(z, model, c), params.size(), model.stream);
+            std::copy(params.begin(), params.end(), z.master + shard_offset(z, c));  // as init_master_weights
+        }
+    }
+    const size_t piece = offload_piece_elements(*z.layout);
+    for (int c = 0; c < z.layout->num_chunks(); c++)
+        for (size_t at = 0; z.layout->holds(c) && at < shard_size(z, c); at += piece)
+            z.offload_pieces.push_back({c, shard_offset(z, c) + at, std::min(piece, shard_size(z, c) - at)});
+    for (int slot = 0; slot < 2; slot++) {
+        for (int a = z.master ? 0 : 1; a < 3; a++)
+            z.staging[slot][a] = tracked_alloc<float>(piece, MemoryKind::OptimizerState, "offload staging");
+        cudaCheck(cudaEventCreateWithFlags(&z.uploaded[slot], cudaEventDisableTiming));
+        cudaCheck(cudaEventCreateWithFlags(&z.updated[slot], cudaEventDisableTiming));
+    }
+    cudaCheck(cudaStreamCreateWithFlags(&z.copy_stream, cudaStreamNonBlocking));
+}
+
 // Sets up the optimizer for `stage` and gives the model its parameters `values` (host, in the layout's
-// order): whole in model.params, or, at stage 3, this rank's shard of them.
+// order): whole in model.params, or, at stage 3, this rank's shard of them. offload_optimizer: the master
+// weights and moments in pinned host memory (the top of the file).
 inline void zero_init(Zero& z, int stage, Mesh* mesh, GPT2& model, const std::vector<float>& values,
-                      ExpertParallel* ep = nullptr) {
+                      ExpertParallel* ep = nullptr, bool offload_optimizer = false) {
     z.stage = stage;
+    z.offload = offload_optimizer;
     z.layout = &model.layout;
     z.left_out_of_norm = norm_left_out(model.layout);
     z.shards = zero_shard_count(stage, mesh, ep);
@@ -253,10 +343,8 @@ inline void zero_init(Zero& z, int stage, Mesh* mesh, GPT2& model, const std::ve
         if (stage >= 1) z.shard_group = &ep->experts_replicas;
     }
     const size_t shard_total = model.layout.total / z.shards;
-    const floatX* params_of_shard = nullptr;  // this rank's parameters, where shard_start() points
     if (stage < 3) {
         gpt2_set_parameters(model, values);
-        params_of_shard = model.params;
     } else {
         std::vector<floatX> mine(shard_total);
         for (int c = 0; c < model.layout.num_chunks(); c++)
@@ -269,16 +357,20 @@ inline void zero_init(Zero& z, int stage, Mesh* mesh, GPT2& model, const std::ve
             cudaCheck(cudaEventCreateWithFlags(&z.gather_done[w], cudaEventDisableTiming));
         }
     }
-    z.m = tracked_alloc<float>(shard_total, MemoryKind::OptimizerState);
-    z.v = tracked_alloc<float>(shard_total, MemoryKind::OptimizerState);
-    cudaCheck(cudaMemsetAsync(z.m, 0, shard_total * sizeof(float), model.stream));
-    cudaCheck(cudaMemsetAsync(z.v, 0, shard_total * sizeof(float), model.stream));
-    if (sizeof(floatX) != sizeof(float)) {
-        z.master = tracked_alloc<float>(shard_total, MemoryKind::OptimizerState);
-        for (int c = 0; c < model.layout.num_chunks(); c++) {
-            if (!model.layout.holds(c)) continue;
-            const floatX* from = stage < 3 ? params_of_shard + shard_start(z, c) : z.param_shard + shard_offset(z, c);
-            init_master_weights(z.master + shard_offset(z, c), from, shard_size(z, c), model.stream);
+    if (z.offload) {
+        offload_init(z, model);
+    } else {
+        z.m = tracked_alloc<float>(shard_total, MemoryKind::OptimizerState);
+        z.v = tracked_alloc<float>(shard_total, MemoryKind::OptimizerState);
+        cudaCheck(cudaMemsetAsync(z.m, 0, shard_total * sizeof(float), model.stream));
+        cudaCheck(cudaMemsetAsync(z.v, 0, shard_total * sizeof(float), model.stream));
+        if (sizeof(floatX) != sizeof(float)) {
+            z.master = tracked_alloc<float>(shard_total, MemoryKind::OptimizerState);
+            for (int c = 0; c < model.layout.num_chunks(); c++) {
+                if (!model.layout.holds(c)) continue;
+                init_master_weights(z.master + shard_offset(z, c), shard_parameters(z, model, c), shard_size(z, c),
+                                    model.stream);
+            }
         }
     }
     if (stage >= 1) z.grad_shard = tracked_alloc<floatX>(shard_total, MemoryKind::Gradients);
@@ -299,6 +391,15 @@ inline void zero_init(Zero& z, int stage, Mesh* mesh, GPT2& model, const std::ve
 }
 
 inline void zero_free(Zero& z) {
+    if (z.offload) {
+        cudaCheck(cudaStreamSynchronize(z.copy_stream));  // the last downloads into the host memory freed below
+        for (int slot = 0; slot < 2; slot++) {
+            for (float* buffer : z.staging[slot]) tracked_free(buffer);
+            cudaCheck(cudaEventDestroy(z.uploaded[slot]));
+            cudaCheck(cudaEventDestroy(z.updated[slot]));
+        }
+        cudaCheck(cudaStreamDestroy(z.copy_stream));
+    }
     for (void* p : {(void*)z.master, (void*)z.m, (void*)z.v, (void*)z.grad_shard, (void*)z.reduced,
                     (void*)z.param_shard, (void*)z.gathered[0], (void*)z.gathered[1], (void*)z.gathered[2],
                     (void*)z.gathered[3]})
@@ -498,6 +599,51 @@ inline floatX* zero_chunk_gradient(Zero& z, GPT2& model, int chunk, size_t* coun
 // ----------------------------------------------------------------------------
 // the optimizer step
 
+// --offload optimizer: the AdamW step of zero_optimizer_step, piece by piece through the staging slots (the
+// diagram at the top of the file). chunk_tensors: each chunk's tensors, in chunk-shard coordinates; a piece
+// takes the parts of them that fall in it, each with the index of its first element within its tensor.
+inline void offloaded_update(Zero& z, GPT2& model, const std::vector<std::vector<AdamWTensor>>& chunk_tensors,
+                             const AdamWConfig& adamw, float learning_rate, int step, float grad_scale) {
+    const std::vector<Zero::OffloadPiece>& pieces = z.offload_pieces;
+    float* host[3] = {z.master, z.m, z.v};
+    auto move = [&](int k, bool up) {  // piece k's state between the host and its slot, on the copy stream
+        for (int a = 0; a < 3; a++) {
+            if (!host[a]) continue;
+            float* on_host = host[a] + pieces[k].first;
+            const size_t bytes = pieces[k].count * sizeof(float);
+            if (up) {
+                cudaCheck(cudaMemcpyAsync(z.staging[k % 2][a], on_host, bytes, cudaMemcpyHostToDevice, z.copy_stream));
+            } else {
+                cudaCheck(cudaMemcpyAsync(on_host, z.staging[k % 2][a], bytes, cudaMemcpyDeviceToHost, z.copy_stream));
+                z.offload_downloads++;
+            }
+        }
+        if (up) cudaCheck(cudaEventRecord(z.uploaded[k % 2], z.copy_stream));
+    };
+    const int count = (int)pieces.size();
+    for (int k = 0; k < std::min(2, count); k++) move(k, true);
+    std::vector<AdamWTensor> tensors;
+    for (int k = 0; k < count; k++) {
+        const int slot = k % 2, c = pieces[k].chunk;
+        const size_t first = pieces[k].first - shard_offset(z, c), end = first + pieces[k].count;  // in c's shard
+        tensors.clear();
+        for (const AdamWTensor& t : chunk_tensors[c]) {
+            const size_t from = std::max(t.offset, first), to = std::min(t.offset + t.count, end);
+            if (from < to) tensors.push_back({from - first, to - from, t.first_index + (from - t.offset), t.seed,
+                                              t.weight_decay});
+        }
+        cudaCheck(cudaStreamWaitEvent(model.stream, z.uploaded[slot], 0));
+        adamw_update_tensors(shard_parameters(z, model, c) + first, z.staging[slot][0], z.staging[slot][1],
+                             z.staging[slot][2], shard_gradients(z, model, c) + first, tensors.data(),
+                             (int)tensors.size(), learning_rate, adamw.beta1, adamw.beta2, adamw.eps, step, grad_scale,
+                             model.stream);
+        cudaCheck(cudaEventRecord(z.updated[slot], model.stream));
+        cudaCheck(cudaStreamWaitEvent(z.copy_stream, z.updated[slot], 0));
+        move(k, false);
+        if (k + 2 < count) move(k + 2, true);  // into the slot piece k just left, after its download
+    }
+}
+
 // One AdamW step on this rank's shard of every tensor (weight decay on matrices only), then, at stages 1-2,
 // an all-gather of every chunk so that all ranks hold all the new parameters. step: 1-based; grad_scale
 // multiplies the gradients (clipping); seed: fresh per step, for the stochastic rounding to bf16.
@@ -522,15 +668,17 @@ inline void zero_optimizer_step(Zero& z, GPT2& model, const AdamWConfig& adamw, 
                                                                 : (size_t)model.layout.tp_rank * count;
         chunk_tensors[chunk].push_back({in_chunk_shard, end - first, slice_first + first - offset, tensor_seed, decay});
     });
-    for (int c = 0; c < model.layout.num_chunks(); c++) {
-        if (!model.layout.holds(c)) continue;
-        // the shard's element k is parameter shard_start + k, and element shard_offset + k of the shard buffers
-        const size_t in_shard = shard_offset(z, c);
-        const floatX* grads = z.stage == 0 ? model.grads + shard_start(z, c) : z.grad_shard + in_shard;
-        floatX* params = z.stage == 3 ? z.param_shard + in_shard : model.params + shard_start(z, c);
-        adamw_update_tensors(params, z.master ? z.master + in_shard : nullptr, z.m + in_shard, z.v + in_shard, grads,
-                             chunk_tensors[c].data(), (int)chunk_tensors[c].size(), learning_rate, adamw.beta1,
-                             adamw.beta2, adamw.eps, step, grad_scale, model.stream);
+    if (z.offload) {
+        offloaded_update(z, model, chunk_tensors, adamw, learning_rate, step, grad_scale);
+    } else {
+        for (int c = 0; c < model.layout.num_chunks(); c++) {
+            if (!model.layout.holds(c)) continue;
+            const size_t in_shard = shard_offset(z, c);  // the shard's element k is element in_shard + k of the state
+            adamw_update_tensors(shard_parameters(z, model, c), z.master ? z.master + in_shard : nullptr,
+                                 z.m + in_shard, z.v + in_shard, shard_gradients(z, model, c), chunk_tensors[c].data(),
+                                 (int)chunk_tensors[c].size(), learning_rate, adamw.beta1, adamw.beta2, adamw.eps, step,
+                                 grad_scale, model.stream);
+        }
     }
     if (z.stage == 3) {
         for (int& chunk : z.gathered_chunk) chunk = -1;  // every gathered copy is stale now
@@ -577,9 +725,11 @@ inline void zero_write_shard(Zero& z, GPT2& model, CheckpointWriter& writer) {
     }
     writer.add("params", params.data(), count * sizeof(floatX));
     std::vector<float> state(count);
+    if (z.offload) cudaCheck(cudaStreamSynchronize(z.copy_stream));  // the last step's downloads have landed
     for (auto [name, buffer] : {std::pair<const char*, float*>{"master", z.master}, {"adamw_m", z.m}, {"adamw_v", z.v}}) {
         if (!buffer) continue;
-        copy_to_host(state.data(), buffer, count, model.stream);
+        if (z.offload) std::copy(buffer, buffer + count, state.begin());  // host memory already
+        else copy_to_host(state.data(), buffer, count, model.stream);
         writer.add(name, state.data(), count * sizeof(float));
     }
 }
@@ -643,8 +793,15 @@ inline void zero_read_shards(Zero& z, GPT2& model, const std::string& main_path,
     }
     // on the compute stream, after the work already issued there (set-up's master weights, for one)
     copy_to_device(z.stage == 3 ? z.param_shard : model.params, params.data(), params.size(), model.stream);
-    if (z.master) copy_to_device(z.master, master.data(), my_count, model.stream);
-    copy_to_device(z.m, m.data(), my_count, model.stream);
-    copy_to_device(z.v, v.data(), my_count, model.stream);
+    if (z.offload) {  // host memory: written once no download is still on its way into it
+        cudaCheck(cudaStreamSynchronize(z.copy_stream));
+        if (z.master) std::copy(master.begin(), master.end(), z.master);
+        std::copy(m.begin(), m.end(), z.m);
+        std::copy(v.begin(), v.end(), z.v);
+    } else {
+        if (z.master) copy_to_device(z.master, master.data(), my_count, model.stream);
+        copy_to_device(z.m, m.data(), my_count, model.stream);
+        copy_to_device(z.v, v.data(), my_count, model.stream);
+    }
     for (int& chunk : z.gathered_chunk) chunk = -1;
 }

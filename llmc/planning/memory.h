@@ -28,6 +28,10 @@ With a model shape the plan also counts the buffers llmc/parallel/zero.h keeps b
            embedding chunk, two block chunks and the final chunk, padded as ParameterLayout pads them; a
            pipeline rank only those of the chunks it holds) and one largest shard that receives a reduce-scatter;
   stage 3: as many again for the gathered parameters of the chunks being worked on.
+Optimizer offload (--offload optimizer, llmc/parallel/zero.h): the optimizer state above (12 P or 8 P, / N from
+stage 1) moves to pinned host memory, counted apart as host bytes; the device keeps, with a model shape, its two
+staging slots of one piece each (offload_piece_elements: one block chunk's shard, at most 16M elements), for the
+master weights (BF16 build), m and v:  2 x piece x 12 bytes (BF16) or 2 x piece x 8 bytes (FP32).
 
 Communication, bytes this rank sends per optimizer step under the ring algorithms whose counts
 llmc/parallel/comm.h keeps (s = bytes per element of the communicated data: gradients and parameters travel as
@@ -614,6 +618,10 @@ struct MemoryPlan {
     double model_state = 0;                 // parameters + gradients + optimizer state
     double total = 0;                       // everything above
     double communication = 0;               // bytes this rank sends per optimizer step
+    // --offload optimizer: the optimizer state in pinned host memory (optimizer_state is then the device's
+    // staging slots), and everything on the host
+    bool offload_optimizer = false;
+    double host_optimizer_state = 0, host_total = 0;
     // each line's formula, with the numbers put in
     std::string parameters_formula, gradients_formula, optimizer_formula, activations_formula, workspace_formula,
         communication_formula;
@@ -630,10 +638,11 @@ __attribute__((format(printf, 1, 2))) inline std::string plan_format(const char*
 
 // zero_stage 0-3; data_parallel_ranks D = M groups * shard_ranks N; bf16: the mixed-precision build (false:
 // FP32); accumulation_steps A >= 1; shape: a GPT-2 shape for the activations (and llmc/parallel/zero.h's extra
-// buffers), or null. Impossible layouts stop with one error line.
+// buffers), or null; offload_optimizer: the optimizer state in host memory. Impossible layouts stop with one
+// error line.
 inline MemoryPlan plan_training_memory(size_t num_parameters, int zero_stage, int data_parallel_ranks,
                                        int shard_ranks, bool bf16, int accumulation_steps = 1,
-                                       const GPT2MemoryShape* shape = nullptr) {
+                                       const GPT2MemoryShape* shape = nullptr, bool offload_optimizer = false) {
     if (zero_stage < 0 || zero_stage > 3) fatal("memory plan: ZeRO stage %d does not exist (0-3)", zero_stage);
     if (data_parallel_ranks < 1 || shard_ranks < 1 || accumulation_steps < 1)
         fatal("memory plan: data-parallel ranks (%d), shard ranks (%d) and accumulation steps (%d) must be >= 1",
@@ -671,6 +680,20 @@ inline MemoryPlan plan_training_memory(size_t num_parameters, int zero_stage, in
     p.optimizer_state = optimizer * P * (zero_stage >= 1 ? 1 / N : 1);
     p.optimizer_formula = (zero_stage >= 1 ? plan_format("%.0f P / %d", optimizer, n) : plan_format("%.0f P", optimizer)) +
                           "  (" + optimizer_parts + ")";
+    p.offload_optimizer = offload_optimizer;
+    if (offload_optimizer) {  // to the host; the device keeps the staging slots (with a shape)
+        p.host_optimizer_state = p.optimizer_state;
+        p.optimizer_state = 0;
+        p.optimizer_formula = "offloaded to host memory: " + p.optimizer_formula;
+        if (shape) {
+            const ParameterLayout chunks_of(gpt2_memory_shape_config(*shape), n, shape->tp, 0, {},
+                                            shape->experts > 0 ? shape->ep : 1, 0);
+            const double piece = (double)offload_piece_elements(chunks_of);
+            p.optimizer_state = 2 * piece * optimizer;
+            p.optimizer_formula += plan_format("; on the device 2 staging slots x %.0f elements x %.0f bytes", piece,
+                                               optimizer);
+        }
+    }
 
     if (zero_stage == 1 && shape) {  // llmc/parallel/zero.h's grad_shard, next to the full gradient
         p.gradients += s * P / N;
@@ -766,6 +789,7 @@ inline MemoryPlan plan_training_memory(size_t num_parameters, int zero_stage, in
 
     p.model_state = p.parameters + p.gradients + p.optimizer_state;
     p.total = p.model_state + p.activations + p.workspace;
+    p.host_total = p.host_optimizer_state;
     return p;
 }
 
@@ -789,6 +813,9 @@ inline void print_memory_plan(const MemoryPlan& p, FILE* out = stdout) {
     row("total", p.total, p.has_shape ? "model state + activations + workspace (not counted: cuBLASLt workspace, "
                                         "NCCL buffers, the CUDA context)" : "model state only");
     row("communication", p.communication, p.communication_formula + "  (sent per step)");
+    if (p.offload_optimizer)
+        row("host memory", p.host_total, "pinned, per rank: the offloaded optimizer state (moves up and down once "
+                                         "per step over PCIe)");
 }
 
 // ----------------------------------------------------------------------------
@@ -804,9 +831,12 @@ inline void report_memory(ParallelContext& par, GPT2& model, Logger& logger) {
                                held.peak[(int)MemoryKind::OptimizerState];
     const GPT2MemoryShape shape = gpt2_memory_shape(model.config, l, model_part(par, model.config));
     const MemoryPlan formula = plan_training_memory(model.layout.total, l.zero_stage, par.mesh.gradient.size,
-                                                    par.zero.shards, l.bf16, par.microbatches);
+                                                    par.zero.shards, l.bf16, par.microbatches, nullptr,
+                                                    l.offload_optimizer);
     const MemoryPlan with_buffers = plan_training_memory(model.layout.total, l.zero_stage, par.mesh.gradient.size,
-                                                         par.zero.shards, l.bf16, par.microbatches, &shape);
+                                                         par.zero.shards, l.bf16, par.microbatches, &shape,
+                                                         l.offload_optimizer);
+    const MemoryTotals host = host_memory_totals();
     if (par.main_rank) {
         printf("device memory of rank 0, by category (now and at its peak):\n");
         print_memory_totals(held);
@@ -820,12 +850,16 @@ inline void report_memory(ParallelContext& par, GPT2& model, Logger& logger) {
         printf("workspace (buffers the layers share): %s held at the peak; formula %s\n",
                format_bytes((double)held.peak[(int)MemoryKind::Workspace]).c_str(),
                format_bytes(with_buffers.workspace).c_str());
+        if (l.offload_optimizer)
+            printf("pinned host memory, optimizer state (offloaded): %s held; formula %s (the device keeps %s of "
+                   "staging, counted above)\n", format_bytes((double)host.peak[(int)MemoryKind::OptimizerState]).c_str(),
+                   format_bytes(with_buffers.host_optimizer_state).c_str(),
+                   format_bytes(with_buffers.optimizer_state).c_str());
     }
     const double host_activations = gpt2_activation_bytes(shape, l.bf16).host;  // offloaded blocks' records
-    const MemoryTotals host_held = host_memory_totals();
     if (par.main_rank && host_activations > 0)
         printf("offloaded activations (pinned host memory): %s held at the peak; formula %s\n",
-               format_bytes((double)host_held.peak[(int)MemoryKind::Activations]).c_str(),
+               format_bytes((double)host.peak[(int)MemoryKind::Activations]).c_str(),
                format_bytes(host_activations).c_str());
     // under a pipeline, each stage's activations (its records in flight) beside its formula
     const std::vector<float> stage_activations = pipeline_gather_values(
@@ -848,8 +882,10 @@ inline void report_memory(ParallelContext& par, GPT2& model, Logger& logger) {
                      .number("workspace_formula_bytes", with_buffers.workspace)
                      .number("formula_bytes", formula.model_state)
                      .number("formula_with_buffers_bytes", with_buffers.model_state)
-                     .integer("peak_bytes", (long long)held.peak_total));
+                     .integer("peak_bytes", (long long)held.peak_total)
+                     .integer("host_optimizer_bytes", (long long)host.peak[(int)MemoryKind::OptimizerState])
+                     .number("host_optimizer_formula_bytes", with_buffers.host_optimizer_state));
     if (host_activations > 0)
-        logger.write(JsonLine("host_memory").integer("activation_bytes", (long long)host_held.peak[(int)MemoryKind::Activations])
+        logger.write(JsonLine("host_memory").integer("activation_bytes", (long long)host.peak[(int)MemoryKind::Activations])
                          .number("activation_formula_bytes", host_activations));
 }

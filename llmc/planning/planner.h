@@ -57,6 +57,13 @@ passes the next K/V block on a stream of its own while the compute stream works 
 (plan_cp_shown_seconds); Ulysses' all-to-alls sit between the qkv matmul, attention and the output projection,
 each waiting for the other, and show whole. The pipeline's idle time stretches all of a microbatch's work,
 communication on the critical path included: / (1 - bubble).
+Optimizer offload (--offload optimizer, llmc/parallel/zero.h): every step moves the rank's optimizer state (the
+memory plan's host bytes, 12 or 8 bytes per parameter of its shard) up to the device and back down once, over
+PCIe at --pcie-bandwidth (default 50 GB/s per direction, PCIe 5 x16), up and down one after the other on one copy
+stream: offload = 2 x host bytes / PCIe bandwidth, on the rank with the most. None of it counts as hidden: the
+update runs after the gradients are final and the next step's forward pass needs its parameters, so it adds to
+the step whole (the double buffering hides the kernels behind the copies, not the copies behind the step):
+    step     += offload
 Not modelled: the efficiency lost by small matmuls at large tp or small B T, kernel launch overheads,
 the optimizer step, contention of several axes for one link. The ranking is for comparing layouts, not
 a promise of seconds; --efficiency sets the fraction of peak a well-fed matmul reaches.
@@ -126,6 +133,7 @@ struct LayoutPlan {
     double compute_seconds = 0, axis_seconds[kPlanAxes] = {}, exposed_dp_seconds = 0, step_seconds = 0;
     double shown_cp_seconds = 0;  // the part of axis_seconds[PLAN_CP] that attention does not hide
     double mfu = 0;
+    double offload_bytes = 0, offload_seconds = 0;  // --offload optimizer: up and down per step, the rank with the most
     Layout layout;
 };
 
@@ -270,7 +278,8 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
         const ParameterLayout layout(config, shards, l.tp, 0, part.held_chunks, l.ep, 0);
         plan.shapes.push_back(shape);
         plan.stages.push_back(plan_training_memory(layout.total, l.zero_stage, gradient_ranks, shard_ranks, l.bf16, m,
-                                                   &shape));
+                                                   &shape, l.offload_optimizer));
+        plan.offload_bytes = std::max(plan.offload_bytes, 2 * plan.stages.back().host_optimizer_state);
         // the tied embeddings' gradient, summed between the first and the last stage (GPT-2)
         const double embedding = part.held_chunks[0] && config.tied_head() ? (double)layout.chunk_size(0) / shards : 0.0;
         plan.pp_bytes.push_back(pipeline_bytes_per_step(l.schedule, r, p, V, m, activation_elements, s, embedding));
@@ -340,6 +349,8 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
     plan.step_seconds = (plan.compute_seconds + plan.axis_seconds[PLAN_TP] + plan.shown_cp_seconds +
                          plan.axis_seconds[PLAN_PP] + plan.axis_seconds[PLAN_EP]) / (1.0 - plan.bubble) +
                         plan.exposed_dp_seconds;
+    plan.offload_seconds = plan.offload_bytes / hw.pcie_bytes_per_second;  // none hidden (the top of the file)
+    plan.step_seconds += plan.offload_seconds;
     plan.mfu = plan.model_flops / l.ranks / plan.step_seconds / hw.peak_flops;
     return plan;
 }
@@ -419,6 +430,11 @@ inline void print_plan_estimate(const LayoutPlan& plan, const PlanHardware& hw, 
             plan.layout.ep > 1 ? plan_format(" + ep %.3f", plan.axis_seconds[PLAN_EP]).c_str() : "", plan.bubble,
             plan.exposed_dp_seconds, 100 * plan.mfu, plan.tokens,
             plan.model_flops, plan.hardware_flops, hw.peak_flops / 1e12, hw.efficiency);
+    if (plan.layout.offload_optimizer)
+        fprintf(out, "optimizer offload: + %.3f s in the step above, not hidden (%s up and down per step over PCIe at "
+                "%.0f GB/s); pinned host memory per rank %s (the fullest pp rank's)\n", plan.offload_seconds,
+                format_bytes(plan.offload_bytes).c_str(), hw.pcie_bytes_per_second / 1e9,
+                format_bytes(plan.stages[plan.fullest_stage].host_total).c_str());
     fprintf(out, "fits in %s per GPU: %s (the fullest pp rank, %d: %s + %s reserved for the CUDA context, cuBLASLt "
             "and NCCL)\n", format_bytes(hw.gpu_memory_bytes).c_str(), plan.fits ? "yes" : "NO", plan.fullest_stage,
             format_bytes(plan.peak_bytes).c_str(), format_bytes(kPlanReserveBytes).c_str());

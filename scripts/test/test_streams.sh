@@ -11,9 +11,11 @@
 # per step, validation every 2 steps, checkpoints), on one rank, at --zero 0, 1, 2 and 3 on 2 ranks, in
 # 2 x 2 hybrid sharding at --zero 3, tp 2 with sequence parallelism x dp 2 at --zero 2, a 3-stage 1f1b
 # pipeline at --zero 2, ring attention at cp 2 x dp 2 at --zero 2 and at cp 2 x tp 2 with sequence
-# parallelism, resumed on 2 ranks at ZeRO-3 from the 2-rank ZeRO-1 run's step-3 checkpoint, and activation
+# parallelism, resumed on 2 ranks at ZeRO-3 from the 2-rank ZeRO-1 run's step-3 checkpoint, activation
 # offload (llmc/model/activation_offload.cuh: the copy stream beside compute) on one rank with every block offloaded
-# (3 blocks: the first staging record is reused) and on 2 ranks at ZeRO-3 with blocks o, f, o. In each mode every run must be bit-identical (losses and final parameters) to the same run
+# (3 blocks: the first staging record is reused) and on 2 ranks at ZeRO-3 with blocks o, f, o, and 2 ranks at
+# --zero 3 with --offload optimizer (the state's pieces go up and down on a copy stream of their own,
+# llmc/parallel/zero.h). In each mode every run must be bit-identical (losses and final parameters) to the same run
 # without the flag: with every wait in place the same operations see the same data in the same order.
 # (Bit for bit, not within a tolerance: a missing wait can merely reorder additions - two micro-steps'
 # gradients summed in a working buffer before its reduction instead of after it.) The runs without the
@@ -57,7 +59,7 @@ same_losses() {  # same_losses A B COUNT: COUNT losses and the final parameters,
 layouts="one:1:0:1 zero0:2:0:2 zero1:2:1:2 zero2:2:2:2 zero3:2:3:2 hsdp3_2x2:4:3:2
          tp2_sp_zero2:4:2:2:--tp,2,--sequence-parallel pp3_zero2:3:2:1:--pp,3 cp2_ring_zero2:4:2:2:--cp,2
          cp2_tp2_sp_zero1:4:1:1:--cp,2,--tp,2,--sequence-parallel offload_one:1:0:1:--offload,activations
-         offload_zero3:2:3:2:--recompute-blocks,ofo"
+         offload_zero3:2:3:2:--recompute-blocks,ofo offload_optimizer_zero3:2:3:2:--offload,optimizer"
 for mode in 0 $late_modes; do
     for layout in $layouts; do
         IFS=: read -r name ranks zero shard layout_flags <<<"$layout"
