@@ -140,7 +140,7 @@ inline void parallel_create(ParallelContext& par, const Layout& asked, const GPT
     if (par.main_rank) mesh_print(par.mesh);
 
     if (l.offload_optimizer) fatal("--offload optimizer: not built yet");
-    if (l.recompute.policy == RecomputePolicy::PerBlock || l.recompute.policy == RecomputePolicy::Auto)
+    if (l.recompute.policy == RecomputePolicy::PerBlock)
         fatal("--recompute %s: not built yet", recompute_describe(l.recompute).c_str());
     const int B = l.batch_size, T = l.seq_len;
     if (T > config.max_seq_len) fatal("--seq-len %d exceeds the model's %d positions", T, config.max_seq_len);
