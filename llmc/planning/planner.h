@@ -692,5 +692,8 @@ inline void recompute_auto_for_run(ParallelContext& par, const GPT2Config& confi
     const int positions = mine.stage_layers > 0 ? mine.stage_layers : config.num_layers;
     par.layout.recompute = Recompute{RecomputePolicy::PerBlock, 1,
                                      std::vector<BlockKeep>(letters.begin(), letters.begin() + positions)};
-    if (par.main_rank) print_recompute_choice(plan.recompute_choice, hw);
+    if (par.main_rank) {
+        print_recompute_choice(plan.recompute_choice, hw);
+        fflush(stdout);  // before any rank may stop the job
+    }
 }

@@ -351,10 +351,10 @@ inline RecomputeChoice recompute_choose(const std::vector<RecomputeRank>& ranks,
         double least = 0;
         for (const RecomputeRank& r : ranks) least = std::max(least, recompute_rank_bytes(r, choice.blocks));
         choice.error = plan_format("--recompute auto: no choice of k, s, f, o per block fits --gpu-memory %s (%s for the "
-                                   "plan after --memory-reserve %s); the least memory possible is %s (+ %s reserved = "
-                                   "%s), with --recompute-blocks %s", format_bytes(hw.gpu_memory_bytes).c_str(),
+                                   "plan after --memory-reserve %s); the least memory possible is %s (%.0f B; + %s "
+                                   "reserved = %s), with --recompute-blocks %s", format_bytes(hw.gpu_memory_bytes).c_str(),
                                    format_bytes(budget).c_str(), format_bytes(hw.reserve_bytes).c_str(),
-                                   format_bytes(least).c_str(), format_bytes(hw.reserve_bytes).c_str(),
+                                   format_bytes(least).c_str(), least, format_bytes(hw.reserve_bytes).c_str(),
                                    format_bytes(least + hw.reserve_bytes).c_str(),
                                    recompute_blocks_text(choice.blocks).c_str());
     }
@@ -387,7 +387,7 @@ inline void print_recompute_choice(const RecomputeChoice& choice, const PlanHard
         std::fill(run.begin() + start, run.begin() + end + 1, b[start]);
         const bool held = (int)start < fullest.positions;
         const std::string where = start == end ? std::to_string(start) : std::to_string(start) + "-" + std::to_string(end);
-        fprintf(out, "  %-12s %c %-9s %14s %14s %16.4f\n", where.c_str(), block_keep_letter(b[start]),
+        fprintf(out, "  %-12s %c %-9s %14s %14s %16.4g\n", where.c_str(), block_keep_letter(b[start]),
                 block_keep_name(b[start]),
                 held ? format_bytes(fullest.records * fullest.bytes[start][(int)b[start]].device).c_str() : "-",
                 held ? format_bytes(fullest.records * fullest.bytes[start][(int)b[start]].host).c_str() : "-",
@@ -396,9 +396,10 @@ inline void print_recompute_choice(const RecomputeChoice& choice, const PlanHard
     }
     unsigned kinds = 0;
     for (int slot = 0; slot < fullest.positions; slot++) kinds |= 1u << (int)b[slot];
-    fprintf(out, "  workspace the kinds add %s; the fullest pp rank %s of %s (host %s); %.4f s added per step\n",
-            format_bytes(recompute_workspace_bytes(fullest.terms, kinds)).c_str(),
-            format_bytes(choice.rank_bytes[choice.fullest]).c_str(), format_bytes(choice.budget).c_str(),
-            format_bytes(choice.rank_host[choice.fullest]).c_str(), choice.seconds);
+    fprintf(out, "  workspace the kinds add %s; the fullest pp rank %s (%.0f B) of %s (%.0f B) (host %s); %.4g s added per "
+            "step\n", format_bytes(recompute_workspace_bytes(fullest.terms, kinds)).c_str(),
+            format_bytes(choice.rank_bytes[choice.fullest]).c_str(), choice.rank_bytes[choice.fullest],
+            format_bytes(choice.budget).c_str(), choice.budget, format_bytes(choice.rank_host[choice.fullest]).c_str(),
+            choice.seconds);
     fprintf(out, "  letters: --recompute-blocks %s\n", recompute_blocks_text(b).c_str());
 }

@@ -116,6 +116,8 @@ run_suite "faults: a stalled rank (also at start-up, in a split, before a first 
     bash scripts/test/test_faults.sh ./train_gpt_fp32_cpu
 run_suite "activation recomputation vs none, bit for bit, CPU, FP32 and BF16" \
     bash scripts/test/test_recompute.sh ./train_gpt_fp32_cpu ./train_gpt_cpu
+run_suite "--recompute auto: three budgets and one too small, the plan's letters, bits equal to none, a layout vs one rank, CPU, FP32" \
+    bash scripts/test/test_recompute_auto.sh ./train_gpt_fp32_cpu
 run_suite "stream waits: late streams vs one rank, CPU, FP32 (and BF16)" \
     bash scripts/test/test_streams.sh ./train_gpt_fp32_cpu ./train_gpt_cpu
 # what the compiler says about the GPU kernels (spills, tensor-core instructions): needs nvcc, not a GPU; ptxas
