@@ -358,6 +358,16 @@ inline RecomputeChoice recompute_choose(const std::vector<RecomputeRank>& ranks,
                                    format_bytes(least + hw.reserve_bytes).c_str(),
                                    recompute_blocks_text(choice.blocks).c_str());
     }
+    // positions that differ in nothing (no mixture slots, equal records) make the order of the letters arbitrary:
+    // keep, selective, full, offload from the first position, so that equal choices print alike
+    bool interchangeable = true;
+    for (const RecomputeRank& r : ranks)
+        for (int slot = 0; slot < r.positions && interchangeable; slot++)
+            for (int k = 0; k < kNumBlockKeeps; k++)
+                interchangeable = interchangeable && r.positions == ranks[0].positions &&
+                                  r.bytes[slot][k].device == r.bytes[0][k].device &&
+                                  r.bytes[slot][k].host == r.bytes[0][k].host && r.seconds[slot][k] == r.seconds[0][k];
+    if (interchangeable) std::sort(choice.blocks.begin(), choice.blocks.end());
     choice.seconds = recompute_seconds(ranks, choice.blocks);
     for (size_t r = 0; r < ranks.size(); r++) {
         double host = 0;
