@@ -46,7 +46,10 @@ The cost model of the estimated step time (one step, seconds; each term printed 
                 nodes runs at one GPU's network bandwidth). Defaults: H100 SXM: NVLink 4, 450 GB/s per
                 direction per GPU; InfiniBand NDR 400 Gb/s = 50 GB/s per GPU; peak 989 TFLOP/s (dense BF16)
     cp shown  = the part of the cp axis's time that attention does not hide (ring; below), or all of it (Ulysses)
-    step      = (compute + tp + cp shown + pp) / (1 - bubble)  +  max(0, dp - compute)
+    recompute = selective's elementwise passes at HBM bandwidth and offload's PCIe transfers that compute does not
+                hide (llmc/planning/recompute_choice.h), for the policies and letters that have them (full's rerun
+                is in compute and tp)
+    step      = (compute + tp + cp shown + pp + recompute) / (1 - bubble)  +  max(0, dp - compute)
 Overlap: dp (the gradient all-reduce or reduce-scatter, the ZeRO all-gathers) runs on its own stream
 while the blocks compute (llmc/parallel/zero.h reduces each chunk as soon as its gradient is final, ZeRO-3 gathers
 ahead), so only the part longer than the compute shows. tp and pp are counted in full: a tp all-reduce
