@@ -603,7 +603,177 @@ static void test_experts() {
                plan_layout_error(every2, l));
 }
 
+// ----------------------------------------------------------------------------
+// (e) --recompute auto (llmc/planning/recompute_choice.h): the dynamic programme against every one of the 4^l
+// letter strings, on small cases and many budgets
+
+struct AutoCase {
+    const char* name;
+    GPT2Config config;
+    Layout layout;
+    PlanHardware hw;
+};
+
+// What the exhaustive search found over every budget of one case, for the closing checks.
+struct AutoCoverage {
+    bool kind_won[kNumBlockKeeps] = {};
+    int workspace_mattered = 0;  // budgets where a faster string fits without its kinds' workspace, not with it
+    int mixed = 0;               // budgets whose optimum uses two or more kinds
+    int none_fit = 0;            // budgets below the least memory (the error line)
+};
+
+static void check_auto_case(const AutoCase& c, AutoCoverage& coverage) {
+    printf("recompute auto against every letter string: %s\n", c.name);
+    const std::vector<int> stages = pipeline_stage_split(c.config, c.layout);
+    const int positions = *std::max_element(stages.begin(), stages.end());
+    Layout keep = c.layout;
+    keep.recompute = Recompute{RecomputePolicy::PerBlock, 1, std::vector<BlockKeep>(positions, BlockKeep::Keep)};
+    const LayoutPlan kept = plan_layout(c.config, keep, c.hw);
+    if (!check_true(std::string(c.name) + ": planned", kept.error.empty(), kept.error)) return;
+    const std::vector<RecomputeRank> ranks = plan_recompute_ranks(c.config, keep, c.hw, kept, true);
+    // every string: each rank's total from plan_training_memory with that PerBlock policy (the formula, not the
+    // programme's sum), the workspace its kinds add, and the seconds the programme minimises
+    const int strings = 1 << (2 * positions), R = (int)ranks.size();
+    std::vector<double> fullest(strings), fullest_without_workspace(strings), seconds(strings);
+    int sums_equal = 0;
+    std::vector<BlockKeep> letters(positions);
+    for (int code = 0; code < strings; code++) {
+        for (int i = 0; i < positions; i++) letters[i] = (BlockKeep)((code >> (2 * i)) & 3);
+        fullest[code] = fullest_without_workspace[code] = 0;
+        for (int r = 0; r < R; r++) {
+            GPT2MemoryShape shape = kept.shapes[r];
+            shape.recompute = Recompute{RecomputePolicy::PerBlock, 1, letters};
+            const MemoryPlan& k = kept.stages[r];
+            const double total = plan_training_memory(k.num_parameters, k.zero_stage, k.data_parallel_ranks,
+                                                      k.shard_ranks, k.bf16, k.accumulation_steps, &shape).total;
+            unsigned kinds = 0;
+            for (int i = 0; i < ranks[r].positions; i++) kinds |= 1u << (int)letters[i];
+            fullest[code] = std::max(fullest[code], total);
+            fullest_without_workspace[code] = std::max(fullest_without_workspace[code],
+                                                       total - recompute_workspace_bytes(ranks[r].terms, kinds));
+            sums_equal += total == recompute_rank_bytes(ranks[r], letters);
+        }
+        seconds[code] = recompute_seconds(ranks, letters);
+    }
+    check_true(std::string(c.name) + ": base + K sum d + w == plan_training_memory, every string and rank, to the byte",
+               sums_equal == strings * R, describe(sums_equal, strings * R));
+    const double least = *std::min_element(fullest.begin(), fullest.end());
+    const double most = *std::max_element(fullest.begin(), fullest.end());
+    // budgets from below the least memory to above the most, and each string's own memory near the optimum's
+    std::vector<double> budgets;
+    for (int b = 0; b <= 40; b++) budgets.push_back(least - 1 + (most - least + 2) * b / 40.0);
+    for (int code = 0; code < strings; code += std::max(1, strings / 40)) budgets.push_back(fullest[code]);
+    int agree = 0;
+    std::vector<std::string> optima;  // the distinct optima, from the least budget up
+    std::sort(budgets.begin(), budgets.end());
+    for (double budget : budgets) {
+        int best = -1;
+        for (int code = 0; code < strings; code++)
+            if (fullest[code] <= budget && (best < 0 || seconds[code] < seconds[best])) best = code;
+        const RecomputeChoice choice = recompute_choose(ranks, budget, c.hw);
+        double chosen_fullest = 0;
+        int chosen_code = 0;
+        for (int i = 0; i < positions; i++) chosen_code |= (int)choice.blocks[i] << (2 * i);
+        chosen_fullest = fullest[chosen_code];
+        bool same;
+        if (best < 0) {  // nothing fits: the error names the least memory, and the least-memory letters have it
+            same = !choice.error.empty() && chosen_fullest == least &&
+                   choice.error.find(format_bytes(least)) != std::string::npos;
+            coverage.none_fit++;
+        } else {
+            // the same optimum time (sums of the same few terms in another order: within 1e-12 relative), the
+            // chosen letters fit by the formula
+            same = choice.error.empty() && chosen_fullest <= budget &&
+                   std::fabs(seconds[chosen_code] - seconds[best]) <= 1e-12 * std::max(seconds[best], 1e-300) &&
+                   std::fabs(choice.seconds - seconds[best]) <= 1e-12 * std::max(seconds[best], 1e-300);
+            unsigned kinds = 0;
+            for (BlockKeep k : choice.blocks) kinds |= 1u << (int)k, coverage.kind_won[(int)k] = true;
+            coverage.mixed += __builtin_popcount(kinds) > 1;
+            if (std::find(optima.begin(), optima.end(), recompute_blocks_text(choice.blocks)) == optima.end())
+                optima.push_back(recompute_blocks_text(choice.blocks));
+            bool mattered = false;
+            for (int code = 0; code < strings && !mattered; code++)
+                mattered = seconds[code] < seconds[best] && fullest[code] > budget &&
+                           fullest_without_workspace[code] <= budget;
+            coverage.workspace_mattered += mattered;
+        }
+        if (!same)
+            printf("  budget %.0f: exhaustive %s (%.6g s, %.0f bytes), programme %s (%.6g s, %.0f bytes) %s\n", budget,
+                   best < 0 ? "none" : std::to_string(best).c_str(), best < 0 ? 0.0 : seconds[best],
+                   best < 0 ? 0.0 : fullest[best], recompute_blocks_text(choice.blocks).c_str(), choice.seconds,
+                   chosen_fullest, choice.error.c_str());
+        agree += same;
+    }
+    std::string listed;
+    for (const std::string& o : optima) listed += " " + o;
+    printf("  %d strings, memory %s .. %s; the optima from the least budget up:%s\n", strings,
+           format_bytes(least).c_str(), format_bytes(most).c_str(), listed.c_str());
+    check_true(std::string(c.name) + ": the programme's optimum == the exhaustive search's, " +
+                   std::to_string(budgets.size()) + " budgets over " + std::to_string(strings) + " strings",
+               agree == (int)budgets.size(), describe(agree, (double)budgets.size()));
+    // --plan under auto: the programme's letters, planned, fitting --gpu-memory (budget + the reserve)
+    PlanHardware hw = c.hw;
+    hw.gpu_memory_bytes = (least + most) / 2 + hw.reserve_bytes;
+    Layout auto_layout = c.layout;
+    auto_layout.recompute.policy = RecomputePolicy::Auto;
+    const LayoutPlan plan = plan_layout(c.config, auto_layout, hw);
+    const RecomputeChoice direct = recompute_choose(ranks, (least + most) / 2, hw);
+    check_true(std::string(c.name) + ": --plan under auto plans the programme's letters, and they fit",
+               plan.error.empty() && plan.recompute_auto && plan.fits &&
+                   plan.layout.recompute.blocks == direct.blocks && plan.peak_bytes <= (least + most) / 2,
+               plan.error + " " + recompute_blocks_text(plan.layout.recompute.blocks) + " vs " +
+                   recompute_blocks_text(direct.blocks));
+}
+
+static void test_recompute_auto() {
+    AutoCoverage coverage;
+    // GPT-2, one rank, 6 blocks. The hardware is chosen so that each kind has budgets where it is the best: at
+    // 1 TFLOP/s x 0.5 a block's forward pass takes f = 30 us, and at 5.5 GB/s a record (250 KB to move) takes about
+    // 1.5 f, so offload shows 0.5 f, less than full's f, for the same device bytes but twice full's workspace;
+    // selective's passes (200 KB at 3.35 TB/s) cost next to nothing but keep the most after keep
+    AutoCase gpt2{"GPT-2 6 layers C 64, one rank", {}, {}, {}};
+    gpt2.config.num_layers = 6, gpt2.config.channels = 64, gpt2.config.num_heads = 4, gpt2.config.vocab_size = 256;
+    gpt2.config.padded_vocab_size = 256, gpt2.config.max_seq_len = 64;
+    gpt2.config = gpt2_shape(gpt2.config);
+    gpt2.layout.ranks = 1, gpt2.layout.batch_size = 2, gpt2.layout.seq_len = 64, gpt2.layout.bf16 = true;
+    gpt2.layout.total_batch_size = 2 * 64 * 2;
+    gpt2.hw.pcie_bytes_per_second = 5.5e9, gpt2.hw.peak_flops = 1e12;
+    check_auto_case(gpt2, coverage);
+    // Llama, pp 2 under 1f1b with 4 microbatches: the first rank keeps 2 records, the last 1 and the LM head; 7
+    // blocks per stage record
+    AutoCase llama{"Llama 14 layers C 64 (2 K/V heads, SwiGLU 160), pp 2 1f1b, ZeRO-1", {}, {}, {}};
+    llama.config = gpt2.config;
+    llama.config.arch = Arch::Llama, llama.config.num_layers = 14, llama.config.kv_heads = 2;
+    llama.config.ffn_hidden = 160, llama.config.rope_theta = 10000;
+    llama.layout = gpt2.layout;
+    llama.layout.ranks = 4, llama.layout.pp = 2, llama.layout.zero_stage = 1;
+    llama.layout.schedule = PipelineSchedule::OneFOneB, llama.layout.pp_layers = {7, 7};
+    llama.layout.total_batch_size = 2 * 64 * 2 * 4;
+    llama.hw = gpt2.hw;
+    check_auto_case(llama, coverage);
+    // a mixture of experts in every 2nd block over uneven stages of 7 and 5: the ranks' positions differ in length
+    // and in which carry a mixture's buffers (two classes of ranks, two lengths)
+    AutoCase moe{"GPT-2 12 layers with 4 experts (2 per token) every 2nd block, pp 2 gpipe, stages 7 + 5", {}, {}, {}};
+    moe.config = gpt2.config;
+    moe.config.num_layers = 12, moe.config.experts = 4, moe.config.experts_per_token = 2;
+    moe.config.shared_experts = 1, moe.config.moe_every = 2;
+    moe.layout = gpt2.layout;
+    moe.layout.ranks = 2, moe.layout.pp = 2, moe.layout.schedule = PipelineSchedule::GPipe;
+    moe.layout.pp_layers = {7, 5};
+    moe.hw = gpt2.hw;
+    check_auto_case(moe, coverage);
+    std::string won;
+    for (int k = 0; k < kNumBlockKeeps; k++)
+        if (coverage.kind_won[k]) won += block_keep_letter((BlockKeep)k);
+    printf("  kinds in some optimum: %s; budgets with a mix %d, where the workspace decided %d, where none fit %d\n",
+           won.c_str(), coverage.mixed, coverage.workspace_mattered, coverage.none_fit);
+    check_true("recompute auto: every kind wins some budget, some optima mix kinds, the workspace decides some, and "
+               "some budgets fit nothing (the cases test what they claim)",
+               won == "ksfo" && coverage.mixed > 0 && coverage.workspace_mattered > 0 && coverage.none_fit > 0, won);
+}
+
 int run(int, char**) {
+    test_recompute_auto();
     test_experts();
     test_balanced_layers();
     Table4Result results[3];

@@ -216,7 +216,8 @@ inline Options parse_options(Flags& flags, int argc, char** argv) {
     std::string& recompute_policy = flags.add_choice("recompute", "none", recompute_policy_names(),
         "what the forward pass keeps: everything (none), all but the norms' outputs and the MLP activation's "
         "(selective), only the input of every --recompute-every'th block (full); the backward pass computes the "
-        "rest again");
+        "rest again; auto: the program chooses per block (the letters of --recompute-blocks), the fastest that "
+        "fits --gpu-memory (llmc/planning/recompute_choice.h)");
     int& recompute_every = flags.add_int("recompute-every", 1,
         "full: keep the input of every C-th block; the backward pass reruns C blocks at a time (sqrt(layers) "
         "needs the least memory)", 1, 1 << 20);
@@ -247,7 +248,8 @@ inline Options parse_options(Flags& flags, int argc, char** argv) {
         "list the layouts of N ranks (tp with or without sequence parallelism, pp and its schedule, cp and its "
         "mode, ZeRO stage, recompute policy) that fit in --gpu-memory, fastest first by the estimated step time, "
         "and exit (0: train)", 0);
-    float& gpu_memory_gib = flags.add_float("gpu-memory", 80.0f, "planning: memory per GPU, GiB", 0.0f);
+    float& gpu_memory_gib = flags.add_float("gpu-memory", 80.0f, "planning and --recompute auto: memory per GPU, GiB",
+                                            0.0f);
     int& gpus_per_node = flags.add_int("gpus-per-node", 8,
         "planning: GPUs joined by NVLink; groups spanning more use InfiniBand", 1, 1 << 20);
     float& nvlink_gbps = flags.add_float("nvlink-bandwidth", 450.0f,
@@ -256,6 +258,11 @@ inline Options parse_options(Flags& flags, int argc, char** argv) {
         "planning: GB/s per GPU across nodes (NDR InfiniBand, 400 Gb/s: 50)", 1e-3f);
     float& pcie_gbps = flags.add_float("pcie-bandwidth", 50.0f,
         "planning: GB/s per direction between a GPU and its host's pinned memory (H100 nodes, PCIe 5 x16: 50)", 1e-3f);
+    float& hbm_gbps = flags.add_float("hbm-bandwidth", 3350.0f,
+        "planning: GB/s of the GPU's own memory, for elementwise recomputation (H100 SXM, HBM3: 3350)", 1e-3f);
+    float& reserve_gib = flags.add_float("memory-reserve", 2.0f,
+        "planning and --recompute auto: GiB of --gpu-memory kept for what no formula counts (the CUDA context, "
+        "cuBLASLt, NCCL); the CPU build's own runs hold none of it, so tiny models there may give 0", 0.0f);
     float& peak_tflops = flags.add_float("peak-tflops", 989.4f,
         "planning: peak TFLOP/s per GPU (H100 SXM dense BF16: 989.4)", 1e-3f);
     float& efficiency = flags.add_float("efficiency", 0.5f, "planning: fraction of the peak the matmuls reach",
@@ -310,6 +317,7 @@ inline Options parse_options(Flags& flags, int argc, char** argv) {
     hw.gpu_memory_bytes = gpu_memory_gib * (double)(1 << 30), hw.gpus_per_node = gpus_per_node;
     hw.nvlink_bytes_per_second = nvlink_gbps * 1e9, hw.infiniband_bytes_per_second = infiniband_gbps * 1e9;
     hw.pcie_bytes_per_second = pcie_gbps * 1e9;
+    hw.hbm_bytes_per_second = hbm_gbps * 1e9, hw.reserve_bytes = reserve_gib * (double)(1 << 30);
     hw.peak_flops = peak_tflops * 1e12, hw.efficiency = efficiency;
     o.flags_json = flags.to_json();
     return o;

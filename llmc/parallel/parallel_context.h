@@ -139,8 +139,6 @@ inline void parallel_create(ParallelContext& par, const Layout& asked, const GPT
     par.dp_size = mesh_data_parallel_size(par.mesh);
     if (par.main_rank) mesh_print(par.mesh);
 
-    if (l.recompute.policy == RecomputePolicy::Auto)
-        fatal("--recompute %s: not built yet", recompute_describe(l.recompute).c_str());
     const int B = l.batch_size, T = l.seq_len;
     if (T > config.max_seq_len) fatal("--seq-len %d exceeds the model's %d positions", T, config.max_seq_len);
     const std::string moe_error = moe_layout_error(config, l);

@@ -111,6 +111,16 @@ inline std::string recompute_blocks_text(const std::vector<BlockKeep>& blocks) {
     return text;
 }
 
+// The letters as runs, for a narrow column: "kkkssf" -> "3k 2s 1f"
+inline std::string recompute_blocks_runs(const std::vector<BlockKeep>& blocks) {
+    std::string text;
+    for (size_t start = 0, end = 0; start < blocks.size(); start = end) {
+        while (end < blocks.size() && blocks[end] == blocks[start]) end++;
+        text += (text.empty() ? "" : " ") + std::to_string(end - start) + block_keep_letter(blocks[start]);
+    }
+    return text;
+}
+
 // A PerBlock policy for stage records of `slots` positions: --offload activations alone leaves the letters to
 // fill (every block offloaded); given letters must be one per position. "" or the error line.
 inline std::string recompute_blocks_resolve(Recompute& r, int slots) {
@@ -179,6 +189,11 @@ inline int recompute_kept_outputs(const Recompute& r, int num_layers) {
     return (num_layers + segment - 1) / segment;
 }
 
+// One block's forward pass, FLOPs per token, as MFU counts them (see the top of the file): what full reruns.
+inline double recompute_block_forward_flops_per_token(double block_parameters, int channels, int seq_len) {
+    return 2.0 * block_parameters + 4.0 * channels * seq_len;
+}
+
 // FLOPs per token the recomputation adds (see the top of the file); block_parameters: one block's.
 // (per block: the share of the blocks that are full)
 inline double recompute_extra_flops_per_token(const Recompute& r, double block_parameters, int num_layers,
@@ -186,7 +201,7 @@ inline double recompute_extra_flops_per_token(const Recompute& r, double block_p
     double full_share = r.policy == RecomputePolicy::Full ? 1.0 : 0.0;
     if (r.policy == RecomputePolicy::PerBlock && !r.blocks.empty())
         full_share = (double)std::count(r.blocks.begin(), r.blocks.end(), BlockKeep::Full) / r.blocks.size();
-    return full_share * num_layers * (2.0 * block_parameters + 4.0 * channels * seq_len);
+    return full_share * num_layers * recompute_block_forward_flops_per_token(block_parameters, channels, seq_len);
 }
 
 inline std::string recompute_describe(const Recompute& r) {

@@ -180,7 +180,13 @@ inline GPT2Config gpt2_memory_shape_config(const GPT2MemoryShape& shape) {
     return c;
 }
 
+// One layer's terms that per-block recomputation's bytes are made of (block_keep_bytes below): its whole record
+// without a mixture's buffers, those buffers (0 without experts), what selective recomputes (ln1, ln2, fch_gelu)
+// and the block's output R C s.
+struct BlockKeepTerms { double record = 0, mixture = 0, dropped = 0, output = 0; };
+
 struct ActivationBytes {
+    BlockKeepTerms block;    // the terms of block_keep_bytes (whatever the policy; llmc/planning/recompute_choice.h)
     double record = 0;       // one block's whole activation record (what recompute none keeps per layer; a
                              // mixture's buffers included, where the model has experts)
     double per_layer = 0;    // what the forward pass keeps per layer under the recompute policy (full: per
@@ -194,6 +200,11 @@ struct ActivationBytes {
     double workspace = 0;    // the buffers every layer reuses, gradients of activations included
     double host = 0;         // pinned host memory: the offloaded blocks' records (per-block recomputation)
 };
+
+// Whether position `slot` of the shape's stage records carries a mixture's buffers.
+inline bool gpt2_slot_has_mixture(const GPT2MemoryShape& shape, int slot) {
+    return shape.experts > 0 && (shape.mixture_slot.empty() || shape.mixture_slot[slot]);
+}
 
 // Per-block recomputation (llmc/parallel/recompute.h's BlockKeep), one position of a stage record: what it keeps on
 // the device and in pinned host memory, and the workspace the kinds in use add (their shared buffers). Terms of
@@ -304,6 +315,7 @@ inline ActivationBytes gpt2_activation_bytes(const GPT2MemoryShape& shape, bool 
                                      (2 * M + pieces * shape.batch * E) * i : 0;
     const double mixtures = shape.mixture_slots >= 0 ? shape.mixture_slots : l;
     const double dropped = (2 * R * C + N * H) * s;  // selective: ln1, ln2, fch_gelu
+    a.block = {a.record, mixture, dropped, R * C * s};
     switch (shape.recompute.policy) {
         case RecomputePolicy::None:
             a.kept_layers = l * a.record + mixtures * mixture;
@@ -322,7 +334,7 @@ inline ActivationBytes gpt2_activation_bytes(const GPT2MemoryShape& shape, bool 
             bool used[kNumBlockKeeps] = {};
             for (int slot = 0; slot < (int)l; slot++) {
                 const BlockKeep keep = shape.recompute.blocks.at(slot);
-                const bool has_mixture = moe && (shape.mixture_slot.empty() || shape.mixture_slot[slot]);
+                const bool has_mixture = gpt2_slot_has_mixture(shape, slot);
                 const BlockKeepBytes bytes = block_keep_bytes(keep, a.record, has_mixture ? mixture : 0, dropped, R * C * s);
                 a.kept_layers += bytes.device;
                 a.host += K * bytes.host;

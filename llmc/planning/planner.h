@@ -46,7 +46,10 @@ The cost model of the estimated step time (one step, seconds; each term printed 
                 nodes runs at one GPU's network bandwidth). Defaults: H100 SXM: NVLink 4, 450 GB/s per
                 direction per GPU; InfiniBand NDR 400 Gb/s = 50 GB/s per GPU; peak 989 TFLOP/s (dense BF16)
     cp shown  = the part of the cp axis's time that attention does not hide (ring; below), or all of it (Ulysses)
-    step      = (compute + tp + cp shown + pp) / (1 - bubble)  +  max(0, dp - compute)
+    recompute = selective's elementwise passes at HBM bandwidth and offload's PCIe transfers that compute does not
+                hide (llmc/planning/recompute_choice.h), for the policies and letters that have them (full's rerun
+                is in compute and tp)
+    step      = (compute + tp + cp shown + pp + recompute) / (1 - bubble)  +  max(0, dp - compute)
 Overlap: dp (the gradient all-reduce or reduce-scatter, the ZeRO all-gathers) runs on its own stream
 while the blocks compute (llmc/parallel/zero.h reduces each chunk as soon as its gradient is final, ZeRO-3 gathers
 ahead), so only the part longer than the compute shows. tp and pp are counted in full: a tp all-reduce
@@ -68,7 +71,7 @@ Not modelled: the efficiency lost by small matmuls at large tp or small B T, ker
 the optimizer step, contention of several axes for one link. The ranking is for comparing layouts, not
 a promise of seconds; --efficiency sets the fraction of peak a well-fed matmul reaches.
 
-Memory: "fits" means the plan's total on the fullest pp rank plus kPlanReserveBytes (the CUDA context,
+Memory: "fits" means the plan's total on the fullest pp rank plus --memory-reserve (2 GiB by default: the CUDA context,
 cuBLASLt's workspace and NCCL's buffers, which no formula here counts) is at most --gpu-memory.
 */
 #pragma once
@@ -92,10 +95,7 @@ cuBLASLt's workspace and NCCL's buffers, which no formula here counts) is at mos
 #include "hardware.h"
 #include "../parallel/pipeline_schedule.h"
 #include "../parallel/pipeline_simulator.h"
-
-// what the plan does not count but a GPU needs: the CUDA context (~0.5 GiB), cuBLASLt's 32 MiB workspace,
-// NCCL's buffers (a few hundred MiB with several communicators)
-constexpr double kPlanReserveBytes = 2.0 * (1 << 30);
+#include "recompute_choice.h"
 
 // ----------------------------------------------------------------------------
 // the inputs
@@ -123,7 +123,7 @@ struct LayoutPlan {
     std::vector<double> stage_seconds;    // per model stage: compute of one microbatch, forward + backward
     int fullest_stage = 0;                // the pp rank with the most memory
     double peak_bytes = 0;                // its total
-    bool fits = false;                    // peak_bytes + kPlanReserveBytes <= the GPU's memory
+    bool fits = false;                    // peak_bytes + the reserve <= the GPU's memory
     double bytes[kPlanAxes] = {};         // per step, sent by one rank (pp: the busiest pp rank)
     bool crosses_nodes[kPlanAxes] = {};   // the axis's group spans nodes: InfiniBand (else NVLink)
     double bubble = 0;          // simulated with each stage's cost
@@ -134,6 +134,9 @@ struct LayoutPlan {
     double shown_cp_seconds = 0;  // the part of axis_seconds[PLAN_CP] that attention does not hide
     double mfu = 0;
     double offload_bytes = 0, offload_seconds = 0;  // --offload optimizer: up and down per step, the rank with the most
+    double recompute_seconds = 0;  // selective's passes and offload's transfers (full's rerun is in compute and tp)
+    bool recompute_auto = false;   // --recompute auto: layout.recompute holds the letters recompute_choice chose
+    RecomputeChoice recompute_choice;
     Layout layout;
 };
 
@@ -184,9 +187,14 @@ inline double plan_tp_bytes(const GPT2Config& config, const Layout& l, int accum
     const int T = l.seq_len / l.cp;
     double bytes = tp_bytes_per_step(stage, l.batch_size, T, l.tp, l.sequence_parallel, accumulation, l.zero_stage,
                                      l.bf16, l.ep);
-    if (l.recompute.policy == RecomputePolicy::Full)  // the blocks' forward collectives, once more
-        bytes += 4.0 * stage.num_layers * (l.tp - 1.0) / l.tp * (double)l.batch_size * T * config.channels *
-                 (l.bf16 ? 2 : 4) * accumulation;
+    // the blocks' forward collectives, once more, for the blocks full reruns (per block: the 'f' positions of each
+    // of the rank's stage records)
+    const double rerun = l.recompute.policy == RecomputePolicy::Full ? stage.num_layers
+                         : l.recompute.policy == RecomputePolicy::PerBlock
+                             ? (double)std::count(l.recompute.blocks.begin(), l.recompute.blocks.end(), BlockKeep::Full) *
+                                   l.pp_virtual
+                             : 0.0;
+    if (rerun > 0) bytes += rerun * recompute_rerun_tp_bytes(config, l) * accumulation;
     return bytes;
 }
 
@@ -250,7 +258,58 @@ inline double plan_cp_shown_seconds(const GPT2Config& config, const Layout& l, i
     return per_layer * layers * microbatches;
 }
 
+// Each pp rank's memory and time as functions of the per-block letters (llmc/planning/recompute_choice.h), from a
+// plan of the layout: its shapes, and with_memory, its totals (the plan must keep every position: the base).
+inline std::vector<RecomputeRank> plan_recompute_ranks(const GPT2Config& config, const Layout& l, const PlanHardware& hw,
+                                                       const LayoutPlan& plan, bool with_memory) {
+    std::vector<RecomputeRank> ranks;
+    const double block_parameters = active_block_parameters(config);
+    for (int r = 0; r < l.pp; r++) {
+        std::vector<int> stage_sizes;
+        for (int v = 0; v < l.pp_virtual; v++)
+            stage_sizes.push_back(plan.stage_layers[pipeline_model_stage(l.schedule, r, v, l.pp)]);
+        const BlockKeepCosts costs = block_keep_costs(config, l, hw, gpt2_activation_bytes(plan.shapes[r], l.bf16).block,
+                                                      block_parameters);
+        ranks.push_back(recompute_rank(plan.shapes[r], l.bf16, with_memory ? plan.stages[r].total : 0.0, stage_sizes,
+                                       plan.accumulation, costs));
+    }
+    return ranks;
+}
+
+inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const PlanHardware& hw);
+
+// --recompute auto: the layout planned with every position kept gives each rank's memory as a function of the letters;
+// the fastest letters that fit every rank (recompute_choose); the layout planned again with them, each rank's total
+// checked to equal the choice's sum to the byte. No letters fit: the least-memory ones, planned, fits false, and
+// recompute_choice.error says why.
+inline LayoutPlan plan_layout_recompute_auto(const GPT2Config& config, const Layout& asked, const PlanHardware& hw) {
+    LayoutPlan refused;
+    refused.layout = asked;
+    refused.error = plan_layout_error(config, asked);
+    if (!refused.error.empty()) return refused;
+    const std::vector<int> stages = pipeline_stage_split(config, asked);
+    Layout keep = asked;
+    keep.recompute = Recompute{RecomputePolicy::PerBlock, 1,
+                               std::vector<BlockKeep>(*std::max_element(stages.begin(), stages.end()), BlockKeep::Keep)};
+    const LayoutPlan kept = plan_layout(config, keep, hw);
+    if (!kept.error.empty()) return kept;
+    RecomputeChoice choice = recompute_choose(plan_recompute_ranks(config, keep, hw, kept, true),
+                                              hw.gpu_memory_bytes - hw.reserve_bytes, hw);
+    Layout chosen = asked;
+    chosen.recompute = Recompute{RecomputePolicy::PerBlock, 1, choice.blocks};
+    LayoutPlan plan = plan_layout(config, chosen, hw);
+    for (int r = 0; r < asked.pp; r++)
+        if (plan.stages[r].total != choice.rank_bytes[r])
+            fatal("--recompute auto: pp rank %d's plan holds %.0f bytes under --recompute-blocks %s, the choice's sum "
+                  "says %.0f", r, plan.stages[r].total, recompute_blocks_text(choice.blocks).c_str(), choice.rank_bytes[r]);
+    if (!choice.error.empty()) plan.fits = false;
+    plan.recompute_auto = true;
+    plan.recompute_choice = std::move(choice);
+    return plan;
+}
+
 inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const PlanHardware& hw) {
+    if (l.recompute.policy == RecomputePolicy::Auto) return plan_layout_recompute_auto(config, l, hw);
     LayoutPlan plan;
     plan.layout = l;
     plan.error = plan_layout_error(config, l);
@@ -286,7 +345,7 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
         if (plan.stages[r].total > plan.stages[plan.fullest_stage].total) plan.fullest_stage = r;
     }
     plan.peak_bytes = plan.stages[plan.fullest_stage].total;
-    plan.fits = plan.peak_bytes + kPlanReserveBytes <= hw.gpu_memory_bytes;
+    plan.fits = plan.peak_bytes + hw.reserve_bytes <= hw.gpu_memory_bytes;
 
     // bytes per step on each axis; which link carries them
     plan.bytes[PLAN_DP] = plan.stages[0].communication;
@@ -346,8 +405,20 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
                                                   plan.crosses_nodes[PLAN_CP] ? hw.infiniband_bytes_per_second
                                                                               : hw.nvlink_bytes_per_second,
                                                   rate);
+    // selective's elementwise passes and offload's transfers (llmc/planning/recompute_choice.h)
+    if (l.recompute.policy == RecomputePolicy::Selective || l.recompute.policy == RecomputePolicy::PerBlock) {
+        const std::vector<RecomputeRank> ranks = plan_recompute_ranks(config, l, hw, plan, false);
+        const std::vector<BlockKeep> letters = l.recompute.policy == RecomputePolicy::PerBlock
+                                                   ? l.recompute.blocks
+                                                   : std::vector<BlockKeep>(*std::max_element(plan.stage_layers.begin(),
+                                                                                              plan.stage_layers.end()),
+                                                                            BlockKeep::Selective);
+        plan.recompute_seconds = recompute_seconds(ranks, letters, 1u << (int)BlockKeep::Selective |
+                                                                       1u << (int)BlockKeep::Offload);
+    }
     plan.step_seconds = (plan.compute_seconds + plan.axis_seconds[PLAN_TP] + plan.shown_cp_seconds +
-                         plan.axis_seconds[PLAN_PP] + plan.axis_seconds[PLAN_EP]) / (1.0 - plan.bubble) +
+                         plan.axis_seconds[PLAN_PP] + plan.axis_seconds[PLAN_EP] + plan.recompute_seconds) /
+                            (1.0 - plan.bubble) +
                         plan.exposed_dp_seconds;
     plan.offload_seconds = plan.offload_bytes / hw.pcie_bytes_per_second;  // none hidden (the top of the file)
     plan.step_seconds += plan.offload_seconds;
@@ -422,12 +493,16 @@ inline void print_plan_estimate(const LayoutPlan& plan, const PlanHardware& hw, 
     const std::string cp_hidden = plan.axis_seconds[PLAN_CP] > plan.shown_cp_seconds
                                       ? plan_format(" (of %.3f; attention hides the rest)", plan.axis_seconds[PLAN_CP])
                                       : "";
-    fprintf(out, "estimated step %.3f s = (compute %.3f + tp %.3f + cp %.3f%s + pp %.3f%s) / (1 - bubble %.3f) + dp "
+    fprintf(out, "estimated step %.3f s = (compute %.3f + tp %.3f + cp %.3f%s + pp %.3f%s%s) / (1 - bubble %.3f) + dp "
             "not hidden by compute %.3f; MFU %.1f%% (%.3g tokens per step, %.3g model FLOPs, %.3g with recomputation; "
             "peak %.0f TFLOP/s x efficiency %.2f; llmc/planning/planner.h's cost model)\n", plan.step_seconds,
             plan.compute_seconds, plan.axis_seconds[PLAN_TP], plan.shown_cp_seconds, cp_hidden.c_str(),
             plan.axis_seconds[PLAN_PP],
-            plan.layout.ep > 1 ? plan_format(" + ep %.3f", plan.axis_seconds[PLAN_EP]).c_str() : "", plan.bubble,
+            plan.layout.ep > 1 ? plan_format(" + ep %.3f", plan.axis_seconds[PLAN_EP]).c_str() : "",
+            plan.recompute_seconds > 0
+                ? plan_format(" + recompute %.3f (selective's passes, offload's transfers)", plan.recompute_seconds).c_str()
+                : "",
+            plan.bubble,
             plan.exposed_dp_seconds, 100 * plan.mfu, plan.tokens,
             plan.model_flops, plan.hardware_flops, hw.peak_flops / 1e12, hw.efficiency);
     if (plan.layout.offload_optimizer)
@@ -437,7 +512,7 @@ inline void print_plan_estimate(const LayoutPlan& plan, const PlanHardware& hw, 
                 format_bytes(plan.stages[plan.fullest_stage].host_total).c_str());
     fprintf(out, "fits in %s per GPU: %s (the fullest pp rank, %d: %s + %s reserved for the CUDA context, cuBLASLt "
             "and NCCL)\n", format_bytes(hw.gpu_memory_bytes).c_str(), plan.fits ? "yes" : "NO", plan.fullest_stage,
-            format_bytes(plan.peak_bytes).c_str(), format_bytes(kPlanReserveBytes).c_str());
+            format_bytes(plan.peak_bytes).c_str(), format_bytes(hw.reserve_bytes).c_str());
 }
 
 // Everything --plan prints for one layout (which must have no error).
@@ -471,6 +546,7 @@ inline void print_layout_plan(const GPT2Config& config, const LayoutPlan& plan, 
     print_plan_communication(plan, hw, out);
     if (l.pp > 1) print_pipeline_plan(plan, out);
     print_plan_estimate(plan, hw, out);
+    if (plan.recompute_auto) print_recompute_choice(plan.recompute_choice, hw, out);
     if (config.moe())  // Table 2 counts one dense MLP per layer
         fprintf(out, "per-layer activations: Korthikanti et al.'s Table 2 has no experts; llmc/planning/memory.h counts "
                      "them (the routed rows, K per token, through each expert's fc, activation and projection)\n");
@@ -508,7 +584,9 @@ struct PlanSearch {
 //   pp    divisors of the layers; 1f1b, and interleaved with 2 virtual stages where the layers and
 //         microbatches allow
 //   cp    divisors of the sequence that mesh_model_error accepts (zigzag split), ring and Ulysses
-//   ZeRO  0-3 (shards over all dp ranks); recompute none, selective, full (a checkpoint every block)
+//   ZeRO  0-3 (shards over all dp ranks); recompute none, selective, full (a checkpoint every block); or, when
+//         base asks --recompute auto, each layout under auto alone (its letters, chosen for its memory: at least
+//         as fast as any of the three that fits, since each of them is a choice of letters, kkk, sss or fff)
 //   dp    what is left: ranks / (tp pp cp)
 // A layout any check refuses (plan_layout_error) is counted and skipped, as is one that does not fit.
 inline PlanSearch plan_search(const GPT2Config& config, Layout base, const PlanHardware& hw) {
@@ -518,8 +596,9 @@ inline PlanSearch plan_search(const GPT2Config& config, Layout base, const PlanH
         if (tokens > INT_MAX) fatal("--plan-search: B x T x ranks = %lld tokens do not fit an int", tokens);
         base.total_batch_size = (int)tokens;
     }
-    const Recompute policies[3] = {Recompute{RecomputePolicy::None, 1}, Recompute{RecomputePolicy::Selective, 1},
-                                   Recompute{RecomputePolicy::Full, 1}};
+    std::vector<Recompute> policies = {Recompute{RecomputePolicy::None, 1}, Recompute{RecomputePolicy::Selective, 1},
+                                       Recompute{RecomputePolicy::Full, 1}};
+    if (base.recompute.policy == RecomputePolicy::Auto) policies = {base.recompute};
     for (int tp = 1; tp <= std::min(hw.gpus_per_node, config.num_heads); tp++) {
         if (config.num_heads % tp != 0 || base.ranks % tp != 0) continue;
         for (int pp = 1; pp <= config.num_layers; pp++) {
@@ -564,7 +643,8 @@ inline PlanSearch plan_search(const GPT2Config& config, Layout base, const PlanH
 inline std::string plan_choices(const LayoutPlan& plan) {
     const Layout& l = plan.layout;
     std::string text = plan_format("ZeRO %d, recompute %s", l.zero_stage,
-                                   l.recompute.policy == RecomputePolicy::None        ? "none"
+                                   plan.recompute_auto ? ("auto " + recompute_blocks_runs(l.recompute.blocks)).c_str()
+                                   : l.recompute.policy == RecomputePolicy::None      ? "none"
                                    : l.recompute.policy == RecomputePolicy::Selective ? "selective"
                                                                                       : "full");
     if (l.pp > 1) text += plan_format(", %s%s", pipeline_schedule_name(l.schedule),
@@ -603,5 +683,36 @@ inline void print_plan_search(const GPT2Config& config, const PlanSearch& search
     if (any) {
         fprintf(out, "the fastest, term by term:\n");
         print_plan_estimate(*any, hw, out);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// --recompute auto in a run
+
+// Every rank calls this after parallel_create, before the model is allocated: the run's layout planned under auto
+// (the same choice --plan prints; its records sized, as pipeline_create sizes the pools, for the batch phase with
+// the most microbatches), the letters kept for this rank's positions, the table printed by the main rank. Every
+// rank plans the same numbers (nothing in them depends on the rank), so all choose the same letters. No letters
+// fit: the one line why, and the run ends.
+inline void recompute_auto_for_run(ParallelContext& par, const GPT2Config& config, const PlanHardware& hw) {
+    Layout l = par.layout;
+    for (const BatchPhase& phase : par.ramp.phases) l.total_batch_size = std::max(l.total_batch_size, phase.tokens);
+    l.batch_ramp = BatchRamp{};
+    const LayoutPlan plan = plan_layout(config, l, hw);
+    if (!plan.error.empty()) fatal("%s", plan.error.c_str());
+    if (!plan.recompute_choice.error.empty()) fatal("%s", plan.recompute_choice.error.c_str());
+    const GPT2MemoryShape& mine = plan.shapes[par.pipe.rank];
+    if (mine.records != par.pipe.records || mine.weight_records != par.pipe.weight_records ||
+        mine.heads != std::max(1, par.pipe.heads) || mine.outboxes != par.pipe.outboxes)
+        fatal("--recompute auto: the plan of pp rank %d keeps %d records, %d weight records, %d heads and %d outboxes; "
+              "its pipeline %d, %d, %d and %d", par.pipe.rank, mine.records, mine.weight_records, mine.heads,
+              mine.outboxes, par.pipe.records, par.pipe.weight_records, std::max(1, par.pipe.heads), par.pipe.outboxes);
+    const std::vector<BlockKeep>& letters = plan.layout.recompute.blocks;
+    const int positions = mine.stage_layers > 0 ? mine.stage_layers : config.num_layers;
+    par.layout.recompute = Recompute{RecomputePolicy::PerBlock, 1,
+                                     std::vector<BlockKeep>(letters.begin(), letters.begin() + positions)};
+    if (par.main_rank) {
+        print_recompute_choice(plan.recompute_choice, hw);
+        fflush(stdout);  // before any rank may stop the job
     }
 }

@@ -120,6 +120,8 @@ run_suite "per-block recomputation and activation offload vs none, bit for bit, 
     bash scripts/test/test_recompute_blocks.sh ./train_gpt_fp32_cpu
 run_suite "optimizer offload vs none, bit for bit (dp, ZeRO 0-3, HSDP, pp, tp, resume, replica check), CPU, FP32 and BF16" \
     bash scripts/test/test_offload_optimizer.sh ./train_gpt_fp32_cpu ./train_gpt_cpu
+run_suite "--recompute auto: three budgets and one too small, the plan's letters, bits equal to none, a layout vs one rank, CPU, FP32" \
+    bash scripts/test/test_recompute_auto.sh ./train_gpt_fp32_cpu
 run_suite "stream waits: late streams vs one rank, CPU, FP32 (and BF16)" \
     bash scripts/test/test_streams.sh ./train_gpt_fp32_cpu ./train_gpt_cpu
 # what the compiler says about the GPU kernels (spills, tensor-core instructions): needs nvcc, not a GPU; ptxas
