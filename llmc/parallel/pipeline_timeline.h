@@ -10,10 +10,32 @@ rank's bubble as the simulator's timelines are measured (llmc/parallel/pipeline_
 replays the step with a core per rank (pipeline_replay), prints and logs the bubble beside the schedule's
 formula, and writes the timeline as a Chrome trace (--trace; scripts/pipeline_timeline.py draws it, and the
 simulator's timelines write the same way).
+
+The memory timeline. Beside the actions, the trace holds each pipeline rank's memory over the step as counter
+events (scripts/memory_timeline.py draws them as the lectures' profile). Every buffer is allocated before the
+first step and none during one, so what the books (llmc/device_memory.h) hold is flat over a step; pipeline_-
+begin_measuring reads each rank's books just before the step, its own room for the events' gather already
+booked. What moves is what the buffers hold: a stage record holds a microbatch from the start of the forward
+pass that fills it to the end of the backward pass that is done with it, and a weight record (split backward
+passes) from the start of B to the end of W. So the device's bytes are drawn as
+    parameters, gradients, optimizer state, workspace, communication, other   the books, flat
+    activations, other    the activation books that are not stage or weight records: head records (the
+                          logits), outboxes, token ids and losses
+    records               the records' bytes that hold a microbatch: rise through the forward passes, fall
+                          through the backward passes
+    records, idle         those that hold none at that moment
+and add up to the books at every moment. Pinned host memory (offload) is a second counter per rank, drawn
+the same way with the host share of each stage record. The peak of the device total is therefore what the
+books held during the step, and that is the run's peak (memory_totals().peak_total, the memory report's
+peak): nothing is allocated in a step, and nothing allocated after one outlives it on top of the step's
+books, except the whole model that --save-model gathers at the end of a run over more than one rank
+(llmc/parallel/reshard.h's gather_whole_model). scripts/test/test_memory_timeline.sh checks the equality.
 */
 #pragma once
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <ctime>
 #include <string>
@@ -78,8 +100,39 @@ inline PipelineTimeline pipeline_replay(const PipelineTimeline& measured, Pipeli
                                     measured.V, durations);
 }
 
-// Starts measuring the next pipeline_step: the stages agree on the moment it begins.
+// Events travel as 7 floats each: kind, microbatch, virtual stage, wait, start, end, work; room for a step's F, B
+// and W actions and their waits.
+constexpr size_t kEventFields = 7;
+inline size_t pipeline_event_capacity(const Pipeline& pipe) {
+    return 6 * (size_t)pipe.microbatches * pipe.virtual_stages;
+}
+
+// One rank's books as the memory timeline reads them, in 64-bit words: device bytes per MemoryKind, host bytes per
+// MemoryKind, then the stage records (how many, device bytes each, host bytes each) and the weight records (how
+// many, bytes each).
+constexpr size_t kMemoryWords = 2 * kNumMemoryKinds + 5;
+inline std::vector<uint64_t> pipeline_memory_words(const GPT2& model) {
+    const MemoryTotals device = memory_totals(), host = host_memory_totals();
+    std::vector<uint64_t> words;
+    for (const MemoryTotals* t : {&device, &host})
+        for (int k = 0; k < kNumMemoryKinds; k++) words.push_back(t->current[k]);
+    for (size_t word : {model.records.size(), model.stage_record_bytes, model.stage_record_host_bytes,
+                        model.weight_records.size(), model.weight_record_bytes})
+        words.push_back(word);
+    return words;
+}
+
+// Starts measuring the next pipeline_step: the room for gathering its events is booked and every pp rank's
+// books read (the memory timeline's: nothing is allocated from here to the step's end), then the stages agree
+// on the moment it begins.
 inline void pipeline_begin_measuring(Pipeline& pipe, GPT2& model) {
+    pipe.event_room = tracked_alloc<float>(kEventFields * pipeline_event_capacity(pipe) * pipe.size,
+                                           MemoryKind::Communication, "pipeline timeline");
+    // the words travel through the shared exchange room (all_gather_words: 4 bf16 each): grown first, so that
+    // the books read below are the step's
+    if (pipe.size > 1) host_exchange_room<__nv_bfloat16>(4 * kMemoryWords * pipe.size);
+    const std::vector<uint64_t> mine = pipeline_memory_words(model);
+    pipe.memory = pipe.size == 1 ? mine : all_gather_words(*pipe.group, mine, model.stream);
     barrier(*pipe.group, model.stream);
     pipe.measuring = true;
     pipe.events.clear();
@@ -87,13 +140,12 @@ inline void pipeline_begin_measuring(Pipeline& pipe, GPT2& model) {
 }
 
 // The measured step's events of every pipeline rank, on pp rank 0 (a collective over the pp axis; the other
-// ranks get an empty timeline). Events travel as 7 floats each: kind, microbatch, virtual stage, wait,
-// start, end, work.
+// ranks get an empty timeline).
 inline PipelineTimeline pipeline_collect_timeline(Pipeline& pipe, GPT2& model) {
     pipe.measuring = false;
-    const size_t capacity = 6 * (size_t)pipe.microbatches * pipe.virtual_stages;  // F, B, W actions and their waits
+    const size_t capacity = pipeline_event_capacity(pipe);
     if (pipe.events.size() > capacity) fatal("pipeline: %zu events measured, room for %zu", pipe.events.size(), capacity);
-    constexpr size_t kFields = 7;
+    constexpr size_t kFields = kEventFields;
     std::vector<float> mine(kFields * capacity, -1.0f);
     for (size_t i = 0; i < pipe.events.size(); i++) {
         const PipelineEvent& e = pipe.events[i];
@@ -101,12 +153,13 @@ inline PipelineTimeline pipeline_collect_timeline(Pipeline& pipe, GPT2& model) {
                                        e.wait ? 1.0f : 0.0f, (float)e.start_ms, (float)e.end_ms, (float)e.work_ms};
         std::copy(fields, fields + kFields, mine.begin() + kFields * i);
     }
-    float* device = tracked_alloc<float>(mine.size() * pipe.size, MemoryKind::Communication, "pipeline timeline");
+    float* device = pipe.event_room;
     copy_to_device(device + mine.size() * pipe.rank, mine.data(), mine.size(), model.stream);
     all_gather(*pipe.group, device, device + mine.size() * pipe.rank, mine.size(), model.stream);
     std::vector<float> everyone(mine.size() * pipe.size);
     copy_to_host(everyone.data(), device, everyone.size(), model.stream);
     tracked_free(device);
+    pipe.event_room = nullptr;
     if (pipe.rank != 0) return PipelineTimeline{};
     PipelineTimeline timeline = pipeline_timeline_of(pipe.schedule, pipe.size, pipe.microbatches, pipe.virtual_stages);
     for (int r = 0; r < pipe.size; r++)
@@ -126,7 +179,113 @@ inline PipelineTimeline pipeline_collect_timeline(Pipeline& pipe, GPT2& model) {
 // ("wait F3": before F3, category "wait"), thread = pipeline rank, times in microseconds (an action's processor
 // time, where measured, as args.work_ms), plus a name for each rank's row and the layout under "otherData".
 
-inline std::string pipeline_chrome_trace(const PipelineTimeline& timeline) {
+// The stage and weight records holding a microbatch on one rank, after each moment their count changes (and at
+// 0 and at the step's end): a forward pass takes a stage record at its start, a backward pass gives it back at
+// its end; with split backward passes B takes a weight record at its start and W gives it back at its end. At
+// one moment the records given back count first.
+struct RecordsHeld {
+    double ms;
+    int stage_records, weight_records;
+};
+inline std::vector<RecordsHeld> pipeline_records_held(const std::vector<PipelineEvent>& events, double step_ms) {
+    bool split = false;
+    for (const PipelineEvent& e : events) split |= e.action.kind == PipelineAction::Weights;
+    struct Change { double ms; int stage, weight; };
+    std::vector<Change> changes;
+    for (const PipelineEvent& e : events) {
+        if (e.wait) continue;
+        if (e.action.kind == PipelineAction::Forward) changes.push_back({e.start_ms, +1, 0});
+        if (e.action.kind == PipelineAction::Backward) {
+            changes.push_back({e.end_ms, -1, 0});
+            if (split) changes.push_back({e.start_ms, 0, +1});
+        }
+        if (e.action.kind == PipelineAction::Weights) changes.push_back({e.end_ms, 0, -1});
+    }
+    std::stable_sort(changes.begin(), changes.end(), [](const Change& a, const Change& b) {
+        return a.ms != b.ms ? a.ms < b.ms : a.stage + a.weight < b.stage + b.weight;
+    });
+    std::vector<RecordsHeld> held{{0.0, 0, 0}};
+    for (const Change& c : changes) {
+        RecordsHeld next = held.back();
+        next.ms = c.ms;
+        next.stage_records += c.stage;
+        next.weight_records += c.weight;
+        if (next.ms == held.back().ms) held.back() = next;
+        else held.push_back(next);
+    }
+    if (step_ms > held.back().ms) held.push_back({step_ms, held.back().stage_records, held.back().weight_records});
+    return held;
+}
+
+// One rank's memory at one moment, by the categories the file's header lists (device or host), as the args of a
+// counter event: categories that hold nothing on the rank left out, the records always in.
+inline std::string pipeline_memory_args(const uint64_t* kinds, uint64_t record_pool, uint64_t records_held) {
+    uint64_t rest[kNumMemoryKinds];
+    std::copy(kinds, kinds + kNumMemoryKinds, rest);
+    // the records' pool out of the activation books (on the host: out of whichever kinds hold it)
+    uint64_t pool_left = record_pool;
+    for (int k : {(int)MemoryKind::Activations, 0, 1, 2, 4, 5, 6}) {
+        const uint64_t taken = std::min(pool_left, rest[k]);
+        rest[k] -= taken;
+        pool_left -= taken;
+    }
+    if (pool_left > 0 || records_held > record_pool)
+        fatal("memory timeline: the records hold %llu of a pool of %llu bytes, more than the books hold",
+              (unsigned long long)records_held, (unsigned long long)record_pool);
+    std::string args;
+    auto add = [&](const char* name, uint64_t bytes) {
+        args += (args.empty() ? "" : ", ") + std::string("\"") + name + "\": " + std::to_string(bytes);
+    };
+    for (MemoryKind k : {MemoryKind::Parameters, MemoryKind::Gradients, MemoryKind::OptimizerState,
+                         MemoryKind::Workspace, MemoryKind::Communication, MemoryKind::Other})
+        if (rest[(int)k] > 0) add(memory_kind_name(k), rest[(int)k]);
+    if (rest[(int)MemoryKind::Activations] > 0) add("activations, other", rest[(int)MemoryKind::Activations]);
+    add("records", records_held);
+    add("records, idle", record_pool - records_held);
+    return "{" + args + "}";
+}
+
+// The counter events ("ph": "C") of every rank's memory over the step: "device memory, rank R" and, where the
+// rank holds pinned host memory, "host memory, rank R"; values in bytes. `memory`: the ranks' pipeline_memory_words.
+inline std::string pipeline_memory_counters(const PipelineTimeline& timeline, const std::vector<uint64_t>& memory,
+                                            const char* separator) {
+    if (memory.size() != kMemoryWords * timeline.ranks.size())
+        fatal("memory timeline: %zu words for %zu ranks", memory.size(), timeline.ranks.size());
+    std::string json;
+    char line[160];
+    for (size_t r = 0; r < timeline.ranks.size(); r++) {
+        const uint64_t* words = memory.data() + r * kMemoryWords;
+        const uint64_t *device = words, *host = words + kNumMemoryKinds, *records = words + 2 * kNumMemoryKinds;
+        const uint64_t stage_records = records[0], stage_bytes = records[1], stage_host_bytes = records[2],
+                       weight_records = records[3], weight_bytes = records[4];
+        uint64_t host_total = 0;
+        for (int k = 0; k < kNumMemoryKinds; k++) host_total += host[k];
+        for (const RecordsHeld& held : pipeline_records_held(timeline.ranks[r], timeline.step_ms)) {
+            const uint64_t device_held = held.stage_records * stage_bytes + held.weight_records * weight_bytes;
+            snprintf(line, sizeof(line), "%s{\"name\": \"device memory, rank %zu\", \"cat\": \"memory\", \"ph\": "
+                     "\"C\", \"pid\": 0, \"tid\": %zu, \"ts\": %.3f, \"args\": ", separator, r, r, held.ms * 1000.0);
+            json += line + pipeline_memory_args(device, stage_records * stage_bytes + weight_records * weight_bytes,
+                                                device_held) + "}";
+            separator = ",\n";
+            if (host_total == 0) continue;
+            snprintf(line, sizeof(line), "%s{\"name\": \"host memory, rank %zu\", \"cat\": \"memory\", \"ph\": "
+                     "\"C\", \"pid\": 0, \"tid\": %zu, \"ts\": %.3f, \"args\": ", separator, r, r, held.ms * 1000.0);
+            json += line + pipeline_memory_args(host, stage_records * stage_host_bytes,
+                                                held.stage_records * stage_host_bytes) + "}";
+        }
+    }
+    return json;
+}
+
+// The peak of one rank's device memory over the measured step: the sum of its books (flat over a step).
+inline uint64_t pipeline_memory_peak(const std::vector<uint64_t>& memory, int rank) {
+    uint64_t total = 0;
+    for (int k = 0; k < kNumMemoryKinds; k++) total += memory.at(rank * kMemoryWords + k);
+    return total;
+}
+
+// `memory` (a measured step's pipeline_memory_words of every rank, or null): the memory counters too.
+inline std::string pipeline_chrome_trace(const PipelineTimeline& timeline, const std::vector<uint64_t>* memory = nullptr) {
     std::string json = "{\"otherData\": {\"schedule\": \"" + timeline.schedule + "\", \"pipeline_ranks\": " +
                        std::to_string(timeline.p) + ", \"microbatches\": " + std::to_string(timeline.m) +
                        ", \"virtual_stages\": " + std::to_string(timeline.V) + "},\n\"traceEvents\": [";
@@ -152,6 +311,7 @@ inline std::string pipeline_chrome_trace(const PipelineTimeline& timeline) {
             json += line;
             separator = ",\n";
         }
+    if (memory) json += pipeline_memory_counters(timeline, *memory, separator);
     json += "\n]}\n";
     return json;
 }
@@ -206,7 +366,10 @@ inline void pipeline_report_timeline(ParallelContext& par, GPT2& model, Logger& 
                      .raw("peak_records", "[" + peaks + "]").raw("peak_records_formula", "[" + peak_formulas + "]")
                      .raw("stage_layers", "[" + layers + "]"));
     if (!trace_path.empty()) {
-        write_text_file(trace_path, pipeline_chrome_trace(timeline));
-        printf("wrote %s\n", trace_path.c_str());
+        write_text_file(trace_path, pipeline_chrome_trace(timeline, &pipe.memory));
+        printf("wrote %s (with each rank's memory over the step; its peak, device:", trace_path.c_str());
+        for (int r = 0; r < pipe.size; r++)
+            printf("%s pp rank %d %s", r ? "," : "", r, format_bytes((double)pipeline_memory_peak(pipe.memory, r)).c_str());
+        printf(")\n");
     }
 }
