@@ -14,10 +14,9 @@ nothing is allocated in one; what moves is which records hold a microbatch ("rec
 at the end, log.jsonl's "memory" event has it as peak_bytes for rank 0). The script prints each rank's peak,
 in bytes, and the most its records held.
 
-The picture in docs/memory/ was made so (4 stages of 1F1B over 8 microbatches, the CPU build; the tiny model
-of the README's tour with 8 layers):
+The picture in docs/memory/ was made so (4 stages of 1F1B over 8 microbatches of 512 tokens, the CPU build):
     make train_gpt_fp32_cpu && OMP_NUM_THREADS=1 mpirun --oversubscribe -np 4 ./train_gpt_fp32_cpu --model custom \\
-        --layers 8 --heads 4 --channels 64 --seq-len 64 --max-seq-len 64 --batch-size 1 --total-batch-size 512 \\
+        --layers 8 --heads 4 --channels 128 --seq-len 512 --max-seq-len 512 --batch-size 1 --total-batch-size 4096 \\
         --steps 2 --val-every 0 --sample-tokens 0 --save-model false --pp 4 --trace /tmp/memory.json
     /usr/bin/python3 scripts/memory_timeline.py /tmp/memory.json -o docs/memory/1f1b_p4_m8.png
 

@@ -97,6 +97,8 @@ run_suite "data parallelism vs one rank, CPU, FP32 (and ZeRO stages in BF16)" \
 run_suite "tensor and sequence parallelism vs one rank, CPU, FP32 (and BF16)" \
     bash scripts/test/test_tensor_parallel.sh ./train_gpt_fp32_cpu ./train_gpt_cpu
 run_suite "pipeline parallelism vs one rank, CPU, FP32" bash scripts/test/test_pipeline.sh ./train_gpt_fp32_cpu
+run_suite "memory timeline: --trace's counters by category, rank 0's peak equal to the memory report's, CPU, FP32" \
+    bash scripts/test/test_memory_timeline.sh ./train_gpt_fp32_cpu
 run_suite "gradient noise scale: estimator vs brute force, layouts, resume, refusals, CPU, FP32" \
     bash scripts/test/test_noise_scale.sh ./train_gpt_fp32_cpu
 run_suite "pipeline stages of any size and zero-bubble schedules vs one rank, CPU, FP32" \
