@@ -15,9 +15,10 @@ The memory timeline. Beside the actions, the trace holds each pipeline rank's me
 events (scripts/memory_timeline.py draws them as the lectures' profile). Every buffer is allocated before the
 first step and none during one, so what the books (llmc/device_memory.h) hold is flat over a step; pipeline_-
 begin_measuring reads each rank's books just before the step, its own room for the events' gather already
-booked. What moves is what the buffers hold: a stage record holds a microbatch from the start of the forward
-pass that fills it to the end of the backward pass that is done with it, and a weight record (split backward
-passes) from the start of B to the end of W. So the device's bytes are drawn as
+booked (pipeline_collect_timeline gathers the books through that room too). What moves is what the buffers
+hold: a stage record holds a microbatch from the start of the forward pass that fills it to the end of the
+backward pass that is done with it, and a weight record (split backward passes) from the start of B to the end
+of W. So the device's bytes are drawn as
     parameters, gradients, optimizer state, workspace, communication, other   the books, flat
     activations, other    the activation books that are not stage or weight records: head records (the
                           logits), outboxes, token ids and losses
@@ -122,17 +123,13 @@ inline std::vector<uint64_t> pipeline_memory_words(const GPT2& model) {
     return words;
 }
 
-// Starts measuring the next pipeline_step: the room for gathering its events is booked and every pp rank's
-// books read (the memory timeline's: nothing is allocated from here to the step's end), then the stages agree
-// on the moment it begins.
+// Starts measuring the next pipeline_step: the room for gathering its events is booked and this rank's books
+// read (the memory timeline's: nothing is allocated from here to the step's end), then the stages agree on the
+// moment it begins.
 inline void pipeline_begin_measuring(Pipeline& pipe, GPT2& model) {
     pipe.event_room = tracked_alloc<float>(kEventFields * pipeline_event_capacity(pipe) * pipe.size,
                                            MemoryKind::Communication, "pipeline timeline");
-    // the words travel through the shared exchange room (all_gather_words: 4 bf16 each): grown first, so that
-    // the books read below are the step's
-    if (pipe.size > 1) host_exchange_room<__nv_bfloat16>(4 * kMemoryWords * pipe.size);
-    const std::vector<uint64_t> mine = pipeline_memory_words(model);
-    pipe.memory = pipe.size == 1 ? mine : all_gather_words(*pipe.group, mine, model.stream);
+    pipe.memory = pipeline_memory_words(model);
     barrier(*pipe.group, model.stream);
     pipe.measuring = true;
     pipe.events.clear();
@@ -140,7 +137,7 @@ inline void pipeline_begin_measuring(Pipeline& pipe, GPT2& model) {
 }
 
 // The measured step's events of every pipeline rank, on pp rank 0 (a collective over the pp axis; the other
-// ranks get an empty timeline).
+// ranks get an empty timeline), and every rank's books in pipe.memory.
 inline PipelineTimeline pipeline_collect_timeline(Pipeline& pipe, GPT2& model) {
     pipe.measuring = false;
     const size_t capacity = pipeline_event_capacity(pipe);
@@ -158,6 +155,10 @@ inline PipelineTimeline pipeline_collect_timeline(Pipeline& pipe, GPT2& model) {
     all_gather(*pipe.group, device, device + mine.size() * pipe.rank, mine.size(), model.stream);
     std::vector<float> everyone(mine.size() * pipe.size);
     copy_to_host(everyone.data(), device, everyone.size(), model.stream);
+    // then every rank's books through the same room (which holds them: 6 events of 7 floats per rank at the
+    // least), so that the measuring books nothing the step's did not
+    static_assert(4 * kMemoryWords * sizeof(__nv_bfloat16) <= 6 * kEventFields * sizeof(float), "room for the books");
+    pipe.memory = all_gather_words(*pipe.group, pipe.memory, model.stream, reinterpret_cast<__nv_bfloat16*>(device));
     tracked_free(device);
     pipe.event_room = nullptr;
     if (pipe.rank != 0) return PipelineTimeline{};
