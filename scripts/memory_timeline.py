@@ -10,8 +10,9 @@ pipeline's actions, counter events ("ph": "C") named "device memory, rank R" (an
 a rank holds pinned host memory), one at every moment the records held change, args = bytes by category. The
 categories add up to what the rank's books hold (llmc/device_memory.h), which is flat over a step because
 nothing is allocated in one; what moves is which records hold a microbatch ("records") and which are idle
-("records, idle"). So the peak of the total is the books' total, the memory report's peak (train_gpt prints it
-at the end, log.jsonl's "memory" event has it as peak_bytes for rank 0). The script prints each rank's peak,
+("records, idle"). The last sample is the moment the timeline was collected, after the step, with the room its
+gather took ("communication"). So the peak of the total is the books' total then, the memory report's peak
+(train_gpt prints it at the end, log.jsonl's "memory" event has it as peak_bytes for rank 0). The script prints each rank's peak,
 in bytes, and the most its records held.
 
 The picture in docs/memory/ was made so (4 stages of 1F1B over 8 microbatches of 512 tokens, the CPU build):
@@ -80,12 +81,17 @@ def read_counters(path):
 
 
 def peak_of(samples):
-    """(bytes, ms) of the highest total, at the first moment the records hold the most there (the total is flat
-    over a step: the moment the forward passes' records pile up highest is the one the lectures mark)."""
-    totals = [(sum(values.values()), values.get("records", 0), ms) for ms, values in samples]
-    best = max(total for total, _, _ in totals)
-    most = max(records for total, records, _ in totals if total == best)
-    return best, next(ms for total, records, ms in totals if total == best and records == most)
+    """(bytes, ms) of the highest total, first reached: the books are flat over the step, and the last sample,
+    when the timeline was collected, adds the room its gather took."""
+    totals = [(sum(values.values()), ms) for ms, values in samples]
+    best = max(total for total, _ in totals)
+    return best, next(ms for total, ms in totals if total == best)
+
+
+def records_most(samples):
+    """(bytes, ms): the most the records held, first reached (the end of the warm-up's forward passes)."""
+    most = max(values.get("records", 0) for _, values in samples)
+    return most, next(ms for ms, values in samples if values.get("records", 0) == most)
 
 
 def draw_panel(ax, samples, title):
@@ -98,7 +104,8 @@ def draw_panel(ax, samples, title):
         ax.fill_between(times, bottom, top, step="post", color=COLOURS.get(category, "#cccccc"), label=category,
                         linewidth=0)
         bottom = top
-    peak, at = peak_of(samples)
+    peak, _ = peak_of(samples)
+    _, at = records_most(samples)  # where the lectures mark it: the records at their most
     ax.axhline(peak / 2**20, color="black", linestyle="--", linewidth=0.8)
     ax.plot([at], [peak / 2**20], marker="v", color="black")
     ax.annotate(f"peak {mebibytes(peak)}", (at, peak / 2**20), xytext=(4, 4), textcoords="offset points",
@@ -152,10 +159,10 @@ def main():
     series, layout = read_counters(args.trace)
     draw(series, layout, output, args.title)
     for (memory, rank), samples in sorted(series.items()):
-        peak, at = peak_of(samples)
-        records = max(values.get("records", 0) for _, values in samples)
-        print(f"rank {rank}: {memory} memory peak {peak} bytes ({mebibytes(peak)}) at {at:.3f} ms; "
-              f"records held at most {records} bytes ({mebibytes(records)})")
+        peak, _ = peak_of(samples)
+        records, at = records_most(samples)
+        print(f"rank {rank}: {memory} memory peak {peak} bytes ({mebibytes(peak)}); records held at most {records} "
+              f"bytes ({mebibytes(records)}) at {at:.3f} ms")
     print(f"wrote {output}")
 
 

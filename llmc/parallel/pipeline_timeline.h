@@ -13,10 +13,10 @@ simulator's timelines write the same way).
 
 The memory timeline. Beside the actions, the trace holds each pipeline rank's memory over the step as counter
 events (scripts/memory_timeline.py draws them as the lectures' profile). Every buffer is allocated before the
-first step and none during one, so what the books (llmc/device_memory.h) hold is flat over a step; pipeline_-
-begin_measuring reads each rank's books just before the step, its own room for the events' gather already
-booked (pipeline_collect_timeline gathers the books through that room too). What moves is what the buffers
-hold: a stage record holds a microbatch from the start of the forward pass that fills it to the end of the
+first step and none during one, so what the books (llmc/device_memory.h) hold is flat over a step: pipeline_-
+begin_measuring reads each rank's books just before the step. pipeline_collect_timeline books the room it
+gathers the events through after the step, reads the books again and gathers both through that room; the
+trace's last sample is that moment. What moves is what the buffers hold: a stage record holds a microbatch from the start of the forward pass that fills it to the end of the
 backward pass that is done with it, and a weight record (split backward passes) from the start of B to the end
 of W. So the device's bytes are drawn as
     parameters, gradients, optimizer state, workspace, communication, other   the books, flat
@@ -26,11 +26,12 @@ of W. So the device's bytes are drawn as
                           through the backward passes
     records, idle         those that hold none at that moment
 and add up to the books at every moment. Pinned host memory (offload) is a second counter per rank, drawn
-the same way with the host share of each stage record. The peak of the device total is therefore what the
-books held during the step, and that is the run's peak (memory_totals().peak_total, the memory report's
-peak): nothing is allocated in a step, and nothing allocated after one outlives it on top of the step's
-books, except the whole model that --save-model gathers at the end of a run over more than one rank
-(llmc/parallel/reshard.h's gather_whole_model). scripts/test/test_memory_timeline.sh checks the equality.
+the same way with the host share of each stage record. The peak of the device total is therefore the books of
+the step plus the collection's room, and that is the run's peak (memory_totals().peak_total, the memory
+report's peak): nothing is allocated in a step, and nothing allocated after one outlives it on top of the
+step's books but that room, except the whole model that --save-model gathers at the end of a run over more
+than one rank (llmc/parallel/reshard.h's gather_whole_model). scripts/test/test_memory_timeline.sh checks the
+equality.
 */
 #pragma once
 
@@ -123,12 +124,9 @@ inline std::vector<uint64_t> pipeline_memory_words(const GPT2& model) {
     return words;
 }
 
-// Starts measuring the next pipeline_step: the room for gathering its events is booked and this rank's books
-// read (the memory timeline's: nothing is allocated from here to the step's end), then the stages agree on the
-// moment it begins.
+// Starts measuring the next pipeline_step: this rank's books are read (the memory timeline's: nothing is
+// allocated from here to the step's end), then the stages agree on the moment it begins.
 inline void pipeline_begin_measuring(Pipeline& pipe, GPT2& model) {
-    pipe.event_room = tracked_alloc<float>(kEventFields * pipeline_event_capacity(pipe) * pipe.size,
-                                           MemoryKind::Communication, "pipeline timeline");
     pipe.memory = pipeline_memory_words(model);
     barrier(*pipe.group, model.stream);
     pipe.measuring = true;
@@ -137,8 +135,10 @@ inline void pipeline_begin_measuring(Pipeline& pipe, GPT2& model) {
 }
 
 // The measured step's events of every pipeline rank, on pp rank 0 (a collective over the pp axis; the other
-// ranks get an empty timeline), and every rank's books in pipe.memory.
+// ranks get an empty timeline), and every rank's books in pipe.memory (the step's) and pipe.memory_collected
+// (at pipe.collected_ms, the room for the events booked).
 inline PipelineTimeline pipeline_collect_timeline(Pipeline& pipe, GPT2& model) {
+    pipe.collected_ms = pipeline_clock(pipe, model);
     pipe.measuring = false;
     const size_t capacity = pipeline_event_capacity(pipe);
     if (pipe.events.size() > capacity) fatal("pipeline: %zu events measured, room for %zu", pipe.events.size(), capacity);
@@ -150,17 +150,18 @@ inline PipelineTimeline pipeline_collect_timeline(Pipeline& pipe, GPT2& model) {
                                        e.wait ? 1.0f : 0.0f, (float)e.start_ms, (float)e.end_ms, (float)e.work_ms};
         std::copy(fields, fields + kFields, mine.begin() + kFields * i);
     }
-    float* device = pipe.event_room;
+    float* device = tracked_alloc<float>(mine.size() * pipe.size, MemoryKind::Communication, "pipeline timeline");
+    pipe.memory_collected = pipeline_memory_words(model);
     copy_to_device(device + mine.size() * pipe.rank, mine.data(), mine.size(), model.stream);
     all_gather(*pipe.group, device, device + mine.size() * pipe.rank, mine.size(), model.stream);
     std::vector<float> everyone(mine.size() * pipe.size);
     copy_to_host(everyone.data(), device, everyone.size(), model.stream);
-    // then every rank's books through the same room (which holds them: 6 events of 7 floats per rank at the
-    // least), so that the measuring books nothing the step's did not
+    // then every rank's books, one set at a time, through the same room (which holds a set: 6 events of 7 floats
+    // per rank at the least), so that the measuring books nothing more
     static_assert(4 * kMemoryWords * sizeof(__nv_bfloat16) <= 6 * kEventFields * sizeof(float), "room for the books");
-    pipe.memory = all_gather_words(*pipe.group, pipe.memory, model.stream, reinterpret_cast<__nv_bfloat16*>(device));
+    for (std::vector<uint64_t>* books : {&pipe.memory, &pipe.memory_collected})
+        *books = all_gather_words(*pipe.group, *books, model.stream, reinterpret_cast<__nv_bfloat16*>(device));
     tracked_free(device);
-    pipe.event_room = nullptr;
     if (pipe.rank != 0) return PipelineTimeline{};
     PipelineTimeline timeline = pipeline_timeline_of(pipe.schedule, pipe.size, pipe.microbatches, pipe.virtual_stages);
     for (int r = 0; r < pipe.size; r++)
@@ -247,21 +248,26 @@ inline std::string pipeline_memory_args(const uint64_t* kinds, uint64_t record_p
 }
 
 // The counter events ("ph": "C") of every rank's memory over the step: "device memory, rank R" and, where the
-// rank holds pinned host memory, "host memory, rank R"; values in bytes. `memory`: the ranks' pipeline_memory_words.
+// rank holds pinned host memory, "host memory, rank R"; values in bytes. `memory`: the ranks' pipeline_memory_words
+// during the step; `collected`: at collected_ms, after it, every record idle (the trace's last sample).
 inline std::string pipeline_memory_counters(const PipelineTimeline& timeline, const std::vector<uint64_t>& memory,
+                                            const std::vector<uint64_t>& collected, double collected_ms,
                                             const char* separator) {
-    if (memory.size() != kMemoryWords * timeline.ranks.size())
-        fatal("memory timeline: %zu words for %zu ranks", memory.size(), timeline.ranks.size());
+    if (memory.size() != kMemoryWords * timeline.ranks.size() || collected.size() != memory.size())
+        fatal("memory timeline: %zu and %zu words for %zu ranks", memory.size(), collected.size(), timeline.ranks.size());
     std::string json;
     char line[160];
     for (size_t r = 0; r < timeline.ranks.size(); r++) {
-        const uint64_t* words = memory.data() + r * kMemoryWords;
-        const uint64_t *device = words, *host = words + kNumMemoryKinds, *records = words + 2 * kNumMemoryKinds;
-        const uint64_t stage_records = records[0], stage_bytes = records[1], stage_host_bytes = records[2],
-                       weight_records = records[3], weight_bytes = records[4];
-        uint64_t host_total = 0;
-        for (int k = 0; k < kNumMemoryKinds; k++) host_total += host[k];
-        for (const RecordsHeld& held : pipeline_records_held(timeline.ranks[r], timeline.step_ms)) {
+        std::vector<RecordsHeld> moments = pipeline_records_held(timeline.ranks[r], timeline.step_ms);
+        moments.push_back({std::max(collected_ms, moments.back().ms), 0, 0});
+        for (const RecordsHeld& held : moments) {
+            const bool last = &held == &moments.back();
+            const uint64_t* words = (last ? collected : memory).data() + r * kMemoryWords;
+            const uint64_t *device = words, *host = words + kNumMemoryKinds, *records = words + 2 * kNumMemoryKinds;
+            const uint64_t stage_records = records[0], stage_bytes = records[1], stage_host_bytes = records[2],
+                           weight_records = records[3], weight_bytes = records[4];
+            uint64_t host_total = 0;
+            for (int k = 0; k < kNumMemoryKinds; k++) host_total += host[k];
             const uint64_t device_held = held.stage_records * stage_bytes + held.weight_records * weight_bytes;
             snprintf(line, sizeof(line), "%s{\"name\": \"device memory, rank %zu\", \"cat\": \"memory\", \"ph\": "
                      "\"C\", \"pid\": 0, \"tid\": %zu, \"ts\": %.3f, \"args\": ", separator, r, r, held.ms * 1000.0);
@@ -278,15 +284,18 @@ inline std::string pipeline_memory_counters(const PipelineTimeline& timeline, co
     return json;
 }
 
-// The peak of one rank's device memory over the measured step: the sum of its books (flat over a step).
-inline uint64_t pipeline_memory_peak(const std::vector<uint64_t>& memory, int rank) {
-    uint64_t total = 0;
-    for (int k = 0; k < kNumMemoryKinds; k++) total += memory.at(rank * kMemoryWords + k);
-    return total;
+// The peak of one rank's device memory over the measured step and its collection: the sum of its books then.
+inline uint64_t pipeline_memory_peak(const Pipeline& pipe, int rank) {
+    uint64_t step = 0, collected = 0;
+    for (int k = 0; k < kNumMemoryKinds; k++) {
+        step += pipe.memory.at(rank * kMemoryWords + k);
+        collected += pipe.memory_collected.at(rank * kMemoryWords + k);
+    }
+    return std::max(step, collected);
 }
 
-// `memory` (a measured step's pipeline_memory_words of every rank, or null): the memory counters too.
-inline std::string pipeline_chrome_trace(const PipelineTimeline& timeline, const std::vector<uint64_t>* memory = nullptr) {
+// `pipe` (the measured step's, or null): each rank's memory counters too.
+inline std::string pipeline_chrome_trace(const PipelineTimeline& timeline, const Pipeline* pipe = nullptr) {
     std::string json = "{\"otherData\": {\"schedule\": \"" + timeline.schedule + "\", \"pipeline_ranks\": " +
                        std::to_string(timeline.p) + ", \"microbatches\": " + std::to_string(timeline.m) +
                        ", \"virtual_stages\": " + std::to_string(timeline.V) + "},\n\"traceEvents\": [";
@@ -312,7 +321,7 @@ inline std::string pipeline_chrome_trace(const PipelineTimeline& timeline, const
             json += line;
             separator = ",\n";
         }
-    if (memory) json += pipeline_memory_counters(timeline, *memory, separator);
+    if (pipe) json += pipeline_memory_counters(timeline, pipe->memory, pipe->memory_collected, pipe->collected_ms, separator);
     json += "\n]}\n";
     return json;
 }
@@ -367,10 +376,10 @@ inline void pipeline_report_timeline(ParallelContext& par, GPT2& model, Logger& 
                      .raw("peak_records", "[" + peaks + "]").raw("peak_records_formula", "[" + peak_formulas + "]")
                      .raw("stage_layers", "[" + layers + "]"));
     if (!trace_path.empty()) {
-        write_text_file(trace_path, pipeline_chrome_trace(timeline, &pipe.memory));
+        write_text_file(trace_path, pipeline_chrome_trace(timeline, &pipe));
         printf("wrote %s (with each rank's memory over the step; its peak, device:", trace_path.c_str());
         for (int r = 0; r < pipe.size; r++)
-            printf("%s pp rank %d %s", r ? "," : "", r, format_bytes((double)pipeline_memory_peak(pipe.memory, r)).c_str());
+            printf("%s pp rank %d %s", r ? "," : "", r, format_bytes((double)pipeline_memory_peak(pipe, r)).c_str());
         printf(")\n");
     }
 }

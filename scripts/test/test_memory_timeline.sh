@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The memory timeline that --trace writes beside the pipeline's actions (llmc/parallel/pipeline_timeline.h): one
 # rank, pp 2 under 1f1b (m 4) and pp 2 under zb-h1 (weight records), 2 steps of a 2-layer model (CPU build, FP32).
-# For each: counter events for every pp rank, with every category a rank holds; at every moment the categories
-# add up to the same total (the books are flat over a step); the stage records all idle at the step's start and
+# For each: counter events for every pp rank, with every category a rank holds; at every moment of the step the
+# categories add up to the same total (the books are flat over a step), and at the collection after it to more
+# (the room of the timeline's gather); the stage records all idle at the step's start and
 # end and, under 1f1b, held at most as many as the schedule's peak of records in flight (the run's "pipeline"
 # event); rank 0's peak equal to the memory report's (log.jsonl's "memory" peak_bytes, memory_totals().peak_total)
 # to the byte; and scripts/memory_timeline.py drawing the trace and printing that same peak. The runs save no
@@ -65,13 +66,16 @@ for name, ranks in (("one", 1), ("pp2_1f1b", 2), ("pp2_zbh1", 2)):
            f"{len(trace['traceEvents'])} events; categories missing: {missing}")
     pipeline = log_event(name, "pipeline")
     for r, samples in sorted(counters.items()):
-        totals = {sum(args.values()) for _, args in samples}
+        # the step's samples, then the collection's (its gather's room booked on top)
+        totals = {sum(args.values()) for _, args in samples[:-1]}
+        collected = sum(samples[-1][1].values())
         records = [args["records"] for _, args in samples]
         one_record = min((b for b in records if b > 0), default=0)
         held = max(records) // one_record if one_record else 0
-        words = (f"{name}, rank {r}: {len(samples)} samples, totals {sorted(totals)}; records held {records[0]} at "
-                 f"the start, {records[-1]} at the end, at most {max(records)} B")
-        good = len(totals) == 1 and records[0] == 0 and records[-1] == 0 and max(records) > 0
+        words = (f"{name}, rank {r}: {len(samples)} samples, totals {sorted(totals)} in the step, {collected} at the "
+                 f"collection; records held {records[0]} at the start, {records[-2]} at the end, at most {max(records)} B")
+        good = (len(totals) == 1 and collected > min(totals) and records[0] == 0 and records[-2] == 0 and
+                records[-1] == 0 and max(records) > 0)
         if name == "pp2_1f1b":  # records of one size only: count them against the schedule's peak in flight
             peak = pipeline["peak_records"][r]
             good = good and max(records) == held * one_record and held == peak
