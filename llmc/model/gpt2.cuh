@@ -324,6 +324,9 @@ struct GPT2 {
     std::vector<void*> host_buffers;    // the records' pinned host buffers
     // the pool of weight-gradient records (a schedule that splits the backward pass; empty otherwise)
     std::vector<StageWeightRecord> weight_records;
+    // what one stage record and one weight record hold of their own, as the books count them (device
+    // activations; pinned host bytes apart): the memory timeline's units (llmc/parallel/pipeline_timeline.h)
+    size_t stage_record_bytes = 0, stage_record_host_bytes = 0, weight_record_bytes = 0;
     std::vector<floatX*> outboxes;  // R x C each: a stage's input gradient, kept for a send held back
     // the last stage's pool of head records (part.heads of them); record 0 is the one a rank without a pipeline,
     // validation and sampling use
@@ -533,6 +536,7 @@ inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int
         ln2 = values(R * C, MemoryKind::Workspace);
         fch_gelu = values(N * hidden, MemoryKind::Workspace);
     }
+    const MemoryTotals before_records = memory_totals(), host_before_records = host_memory_totals();
     model.records.resize(part.records);
     for (StageActivations& stage : model.records) {
         stage.input = values(R * C, MemoryKind::Activations);
@@ -571,8 +575,13 @@ inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int
             stage.blocks[i].dresidual = stage.doutput;
         }
     }
+    const size_t activations = (size_t)MemoryKind::Activations;
+    const size_t records = std::max(1, part.records);
+    model.stage_record_bytes = (memory_totals().current[activations] - before_records.current[activations]) / records;
+    model.stage_record_host_bytes = (host_memory_totals().current_total - host_before_records.current_total) / records;
     model.outboxes.resize(part.outboxes);
     for (floatX*& outbox : model.outboxes) outbox = values(R * C, MemoryKind::Activations);
+    const size_t before_weight_records = memory_totals().current[activations];
     model.weight_records.resize(part.weight_records);
     for (StageWeightRecord& stage : model.weight_records) {
         stage.blocks.resize(layers);
@@ -599,6 +608,8 @@ inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int
             }
         }
     }
+    if (part.weight_records > 0)
+        model.weight_record_bytes = (memory_totals().current[activations] - before_weight_records) / part.weight_records;
 }
 
 // Allocates parameters, gradients and activations for micro-batches of up to B x T, for the part of the

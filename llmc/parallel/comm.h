@@ -384,17 +384,18 @@ inline std::vector<float> gather_values(Communicator& comm, float value, cudaStr
 
 // 64-bit words (ids, checksums, counts) travel as four bf16 elements each, because moving bf16 without
 // arithmetic is bit-exact in both builds. broadcast_word: root's word on every rank of the group.
-// all_gather_words: every rank's `count` words, rank after rank.
+// all_gather_words: every rank's `count` words, rank after rank, through `room` (device memory for 4 count x
+// group size bf16 values) when given, through the shared exchange room otherwise.
 inline void broadcast_word(Communicator& comm, uint64_t* word, int root, cudaStream_t stream) {
     broadcast_host(comm, reinterpret_cast<__nv_bfloat16*>(word), 4, root, stream);
 }
 inline std::vector<uint64_t> all_gather_words(Communicator& comm, const std::vector<uint64_t>& mine,
-                                              cudaStream_t stream) {
+                                              cudaStream_t stream, __nv_bfloat16* room = nullptr) {
     const size_t count = mine.size();
     std::vector<uint64_t> everyone(count * comm.size);
     std::copy(mine.begin(), mine.end(), everyone.begin() + comm.rank * count);
     if (comm.size == 1 || count == 0) return everyone;
-    __nv_bfloat16* device = host_exchange_room<__nv_bfloat16>(everyone.size() * 4);
+    __nv_bfloat16* device = room ? room : host_exchange_room<__nv_bfloat16>(everyone.size() * 4);
     __nv_bfloat16* host = reinterpret_cast<__nv_bfloat16*>(everyone.data());
     copy_to_device(device + comm.rank * count * 4, host + comm.rank * count * 4, count * 4, stream);
     all_gather(comm, device, device + comm.rank * count * 4, count * 4, stream);

@@ -163,6 +163,9 @@ struct Pipeline {
     bool measuring = false;
     std::chrono::steady_clock::time_point origin;
     std::vector<PipelineEvent> events;      // this rank's actions and waits
+    // every pp rank's books as the step holds them and when its timeline is collected (pipeline_timeline.h)
+    std::vector<uint64_t> memory, memory_collected;
+    double collected_ms = 0;
 };
 
 inline int pipeline_stage_count(const Pipeline& pipe) { return pipe.size * pipe.virtual_stages; }

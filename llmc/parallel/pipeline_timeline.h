@@ -10,10 +10,34 @@ rank's bubble as the simulator's timelines are measured (llmc/parallel/pipeline_
 replays the step with a core per rank (pipeline_replay), prints and logs the bubble beside the schedule's
 formula, and writes the timeline as a Chrome trace (--trace; scripts/pipeline_timeline.py draws it, and the
 simulator's timelines write the same way).
+
+The memory timeline. Beside the actions, the trace holds each pipeline rank's memory over the step as counter
+events (scripts/memory_timeline.py draws them as the lectures' profile). Every buffer is allocated before the
+first step and none during one, so what the books (llmc/device_memory.h) hold is flat over a step: pipeline_-
+begin_measuring reads each rank's books just before the step. pipeline_collect_timeline books the room it
+gathers the events through after the step, reads the books again and gathers both through that room; the
+trace's last sample is that moment. What moves is what the buffers hold: a stage record holds a microbatch from the start of the forward pass that fills it to the end of the
+backward pass that is done with it, and a weight record (split backward passes) from the start of B to the end
+of W. So the device's bytes are drawn as
+    parameters, gradients, optimizer state, workspace, communication, other   the books, flat
+    activations, other    the activation books that are not stage or weight records: head records (the
+                          logits), outboxes, token ids and losses
+    records               the records' bytes that hold a microbatch: rise through the forward passes, fall
+                          through the backward passes
+    records, idle         those that hold none at that moment
+and add up to the books at every moment. Pinned host memory (offload) is a second counter per rank, drawn
+the same way with the host share of each stage record. The peak of the device total is therefore the books of
+the step plus the collection's room, and that is the run's peak (memory_totals().peak_total, the memory
+report's peak): nothing is allocated in a step, and nothing allocated after one outlives it on top of the
+step's books but that room, except the whole model that --save-model gathers at the end of a run over more
+than one rank (llmc/parallel/reshard.h's gather_whole_model). scripts/test/test_memory_timeline.sh checks the
+equality.
 */
 #pragma once
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <ctime>
 #include <string>
@@ -78,8 +102,32 @@ inline PipelineTimeline pipeline_replay(const PipelineTimeline& measured, Pipeli
                                     measured.V, durations);
 }
 
-// Starts measuring the next pipeline_step: the stages agree on the moment it begins.
+// Events travel as 7 floats each: kind, microbatch, virtual stage, wait, start, end, work; room for a step's F, B
+// and W actions and their waits.
+constexpr size_t kEventFields = 7;
+inline size_t pipeline_event_capacity(const Pipeline& pipe) {
+    return 6 * (size_t)pipe.microbatches * pipe.virtual_stages;
+}
+
+// One rank's books as the memory timeline reads them, in 64-bit words: device bytes per MemoryKind, host bytes per
+// MemoryKind, then the stage records (how many, device bytes each, host bytes each) and the weight records (how
+// many, bytes each).
+constexpr size_t kMemoryWords = 2 * kNumMemoryKinds + 5;
+inline std::vector<uint64_t> pipeline_memory_words(const GPT2& model) {
+    const MemoryTotals device = memory_totals(), host = host_memory_totals();
+    std::vector<uint64_t> words;
+    for (const MemoryTotals* t : {&device, &host})
+        for (int k = 0; k < kNumMemoryKinds; k++) words.push_back(t->current[k]);
+    for (size_t word : {model.records.size(), model.stage_record_bytes, model.stage_record_host_bytes,
+                        model.weight_records.size(), model.weight_record_bytes})
+        words.push_back(word);
+    return words;
+}
+
+// Starts measuring the next pipeline_step: this rank's books are read (the memory timeline's: nothing is
+// allocated from here to the step's end), then the stages agree on the moment it begins.
 inline void pipeline_begin_measuring(Pipeline& pipe, GPT2& model) {
+    pipe.memory = pipeline_memory_words(model);
     barrier(*pipe.group, model.stream);
     pipe.measuring = true;
     pipe.events.clear();
@@ -87,13 +135,14 @@ inline void pipeline_begin_measuring(Pipeline& pipe, GPT2& model) {
 }
 
 // The measured step's events of every pipeline rank, on pp rank 0 (a collective over the pp axis; the other
-// ranks get an empty timeline). Events travel as 7 floats each: kind, microbatch, virtual stage, wait,
-// start, end, work.
+// ranks get an empty timeline), and every rank's books in pipe.memory (the step's) and pipe.memory_collected
+// (at pipe.collected_ms, the room for the events booked).
 inline PipelineTimeline pipeline_collect_timeline(Pipeline& pipe, GPT2& model) {
+    pipe.collected_ms = pipeline_clock(pipe, model);
     pipe.measuring = false;
-    const size_t capacity = 6 * (size_t)pipe.microbatches * pipe.virtual_stages;  // F, B, W actions and their waits
+    const size_t capacity = pipeline_event_capacity(pipe);
     if (pipe.events.size() > capacity) fatal("pipeline: %zu events measured, room for %zu", pipe.events.size(), capacity);
-    constexpr size_t kFields = 7;
+    constexpr size_t kFields = kEventFields;
     std::vector<float> mine(kFields * capacity, -1.0f);
     for (size_t i = 0; i < pipe.events.size(); i++) {
         const PipelineEvent& e = pipe.events[i];
@@ -102,10 +151,16 @@ inline PipelineTimeline pipeline_collect_timeline(Pipeline& pipe, GPT2& model) {
         std::copy(fields, fields + kFields, mine.begin() + kFields * i);
     }
     float* device = tracked_alloc<float>(mine.size() * pipe.size, MemoryKind::Communication, "pipeline timeline");
+    pipe.memory_collected = pipeline_memory_words(model);
     copy_to_device(device + mine.size() * pipe.rank, mine.data(), mine.size(), model.stream);
     all_gather(*pipe.group, device, device + mine.size() * pipe.rank, mine.size(), model.stream);
     std::vector<float> everyone(mine.size() * pipe.size);
     copy_to_host(everyone.data(), device, everyone.size(), model.stream);
+    // then every rank's books, one set at a time, through the same room (which holds a set: 6 events of 7 floats
+    // per rank at the least), so that the measuring books nothing more
+    static_assert(4 * kMemoryWords * sizeof(__nv_bfloat16) <= 6 * kEventFields * sizeof(float), "room for the books");
+    for (std::vector<uint64_t>* books : {&pipe.memory, &pipe.memory_collected})
+        *books = all_gather_words(*pipe.group, *books, model.stream, reinterpret_cast<__nv_bfloat16*>(device));
     tracked_free(device);
     if (pipe.rank != 0) return PipelineTimeline{};
     PipelineTimeline timeline = pipeline_timeline_of(pipe.schedule, pipe.size, pipe.microbatches, pipe.virtual_stages);
@@ -126,7 +181,121 @@ inline PipelineTimeline pipeline_collect_timeline(Pipeline& pipe, GPT2& model) {
 // ("wait F3": before F3, category "wait"), thread = pipeline rank, times in microseconds (an action's processor
 // time, where measured, as args.work_ms), plus a name for each rank's row and the layout under "otherData".
 
-inline std::string pipeline_chrome_trace(const PipelineTimeline& timeline) {
+// The stage and weight records holding a microbatch on one rank, after each moment their count changes (and at
+// 0 and at the step's end): a forward pass takes a stage record at its start, a backward pass gives it back at
+// its end; with split backward passes B takes a weight record at its start and W gives it back at its end. At
+// one moment the records given back count first.
+struct RecordsHeld {
+    double ms;
+    int stage_records, weight_records;
+};
+inline std::vector<RecordsHeld> pipeline_records_held(const std::vector<PipelineEvent>& events, double step_ms) {
+    bool split = false;
+    for (const PipelineEvent& e : events) split |= e.action.kind == PipelineAction::Weights;
+    struct Change { double ms; int stage, weight; };
+    std::vector<Change> changes;
+    for (const PipelineEvent& e : events) {
+        if (e.wait) continue;
+        if (e.action.kind == PipelineAction::Forward) changes.push_back({e.start_ms, +1, 0});
+        if (e.action.kind == PipelineAction::Backward) {
+            changes.push_back({e.end_ms, -1, 0});
+            if (split) changes.push_back({e.start_ms, 0, +1});
+        }
+        if (e.action.kind == PipelineAction::Weights) changes.push_back({e.end_ms, 0, -1});
+    }
+    std::stable_sort(changes.begin(), changes.end(), [](const Change& a, const Change& b) {
+        return a.ms != b.ms ? a.ms < b.ms : a.stage + a.weight < b.stage + b.weight;
+    });
+    std::vector<RecordsHeld> held{{0.0, 0, 0}};
+    for (const Change& c : changes) {
+        RecordsHeld next = held.back();
+        next.ms = c.ms;
+        next.stage_records += c.stage;
+        next.weight_records += c.weight;
+        if (next.ms == held.back().ms) held.back() = next;
+        else held.push_back(next);
+    }
+    if (step_ms > held.back().ms) held.push_back({step_ms, held.back().stage_records, held.back().weight_records});
+    return held;
+}
+
+// One rank's memory at one moment, by the categories the file's header lists (device or host), as the args of a
+// counter event: categories that hold nothing on the rank left out, the records always in.
+inline std::string pipeline_memory_args(const uint64_t* kinds, uint64_t record_pool, uint64_t records_held) {
+    uint64_t rest[kNumMemoryKinds];
+    std::copy(kinds, kinds + kNumMemoryKinds, rest);
+    // the records' pool out of the activation books (on the host: out of whichever kinds hold it)
+    uint64_t pool_left = record_pool;
+    for (int k : {(int)MemoryKind::Activations, 0, 1, 2, 4, 5, 6}) {
+        const uint64_t taken = std::min(pool_left, rest[k]);
+        rest[k] -= taken;
+        pool_left -= taken;
+    }
+    if (pool_left > 0 || records_held > record_pool)
+        fatal("memory timeline: the records hold %llu of a pool of %llu bytes, more than the books hold",
+              (unsigned long long)records_held, (unsigned long long)record_pool);
+    std::string args;
+    auto add = [&](const char* name, uint64_t bytes) {
+        args += (args.empty() ? "" : ", ") + std::string("\"") + name + "\": " + std::to_string(bytes);
+    };
+    for (MemoryKind k : {MemoryKind::Parameters, MemoryKind::Gradients, MemoryKind::OptimizerState,
+                         MemoryKind::Workspace, MemoryKind::Communication, MemoryKind::Other})
+        if (rest[(int)k] > 0) add(memory_kind_name(k), rest[(int)k]);
+    if (rest[(int)MemoryKind::Activations] > 0) add("activations, other", rest[(int)MemoryKind::Activations]);
+    add("records", records_held);
+    add("records, idle", record_pool - records_held);
+    return "{" + args + "}";
+}
+
+// The counter events ("ph": "C") of every rank's memory over the step: "device memory, rank R" and, where the
+// rank holds pinned host memory, "host memory, rank R"; values in bytes. `memory`: the ranks' pipeline_memory_words
+// during the step; `collected`: at collected_ms, after it, every record idle (the trace's last sample).
+inline std::string pipeline_memory_counters(const PipelineTimeline& timeline, const std::vector<uint64_t>& memory,
+                                            const std::vector<uint64_t>& collected, double collected_ms,
+                                            const char* separator) {
+    if (memory.size() != kMemoryWords * timeline.ranks.size() || collected.size() != memory.size())
+        fatal("memory timeline: %zu and %zu words for %zu ranks", memory.size(), collected.size(), timeline.ranks.size());
+    std::string json;
+    char line[160];
+    for (size_t r = 0; r < timeline.ranks.size(); r++) {
+        std::vector<RecordsHeld> moments = pipeline_records_held(timeline.ranks[r], timeline.step_ms);
+        moments.push_back({std::max(collected_ms, moments.back().ms), 0, 0});
+        for (const RecordsHeld& held : moments) {
+            const bool last = &held == &moments.back();
+            const uint64_t* words = (last ? collected : memory).data() + r * kMemoryWords;
+            const uint64_t *device = words, *host = words + kNumMemoryKinds, *records = words + 2 * kNumMemoryKinds;
+            const uint64_t stage_records = records[0], stage_bytes = records[1], stage_host_bytes = records[2],
+                           weight_records = records[3], weight_bytes = records[4];
+            uint64_t host_total = 0;
+            for (int k = 0; k < kNumMemoryKinds; k++) host_total += host[k];
+            const uint64_t device_held = held.stage_records * stage_bytes + held.weight_records * weight_bytes;
+            snprintf(line, sizeof(line), "%s{\"name\": \"device memory, rank %zu\", \"cat\": \"memory\", \"ph\": "
+                     "\"C\", \"pid\": 0, \"tid\": %zu, \"ts\": %.3f, \"args\": ", separator, r, r, held.ms * 1000.0);
+            json += line + pipeline_memory_args(device, stage_records * stage_bytes + weight_records * weight_bytes,
+                                                device_held) + "}";
+            separator = ",\n";
+            if (host_total == 0) continue;
+            snprintf(line, sizeof(line), "%s{\"name\": \"host memory, rank %zu\", \"cat\": \"memory\", \"ph\": "
+                     "\"C\", \"pid\": 0, \"tid\": %zu, \"ts\": %.3f, \"args\": ", separator, r, r, held.ms * 1000.0);
+            json += line + pipeline_memory_args(host, stage_records * stage_host_bytes,
+                                                held.stage_records * stage_host_bytes) + "}";
+        }
+    }
+    return json;
+}
+
+// The peak of one rank's device memory over the measured step and its collection: the sum of its books then.
+inline uint64_t pipeline_memory_peak(const Pipeline& pipe, int rank) {
+    uint64_t step = 0, collected = 0;
+    for (int k = 0; k < kNumMemoryKinds; k++) {
+        step += pipe.memory.at(rank * kMemoryWords + k);
+        collected += pipe.memory_collected.at(rank * kMemoryWords + k);
+    }
+    return std::max(step, collected);
+}
+
+// `pipe` (the measured step's, or null): each rank's memory counters too.
+inline std::string pipeline_chrome_trace(const PipelineTimeline& timeline, const Pipeline* pipe = nullptr) {
     std::string json = "{\"otherData\": {\"schedule\": \"" + timeline.schedule + "\", \"pipeline_ranks\": " +
                        std::to_string(timeline.p) + ", \"microbatches\": " + std::to_string(timeline.m) +
                        ", \"virtual_stages\": " + std::to_string(timeline.V) + "},\n\"traceEvents\": [";
@@ -152,6 +321,7 @@ inline std::string pipeline_chrome_trace(const PipelineTimeline& timeline) {
             json += line;
             separator = ",\n";
         }
+    if (pipe) json += pipeline_memory_counters(timeline, pipe->memory, pipe->memory_collected, pipe->collected_ms, separator);
     json += "\n]}\n";
     return json;
 }
@@ -206,7 +376,10 @@ inline void pipeline_report_timeline(ParallelContext& par, GPT2& model, Logger& 
                      .raw("peak_records", "[" + peaks + "]").raw("peak_records_formula", "[" + peak_formulas + "]")
                      .raw("stage_layers", "[" + layers + "]"));
     if (!trace_path.empty()) {
-        write_text_file(trace_path, pipeline_chrome_trace(timeline));
-        printf("wrote %s\n", trace_path.c_str());
+        write_text_file(trace_path, pipeline_chrome_trace(timeline, &pipe));
+        printf("wrote %s (with each rank's memory over the step; its peak, device:", trace_path.c_str());
+        for (int r = 0; r < pipe.size; r++)
+            printf("%s pp rank %d %s", r ? "," : "", r, format_bytes((double)pipeline_memory_peak(pipe, r)).c_str());
+        printf(")\n");
     }
 }

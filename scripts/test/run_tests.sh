@@ -12,6 +12,17 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} OMP_WAIT_POLICY=PASSIVE
 # type when the CPU has AVX-512 (on a CPU without it that kernel would crash).
 if grep -q avx512f /proc/cpuinfo 2>/dev/null; then export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-SkylakeX}; fi
 
+# The GPU programs' build (make test passes it as LLMC_GPU_BUILD): in the background at the lowest priority, in a
+# session of its own (stopped with the script), so that nvcc takes the time the CPU suites leave idle; the suites
+# that need its output wait for it below.
+gpu_build_pid=
+if [[ -n ${LLMC_GPU_BUILD:-} ]]; then
+    gpu_build_log=$(mktemp)
+    setsid nice -n 19 bash -c "$LLMC_GPU_BUILD" >"$gpu_build_log" 2>&1 </dev/null &
+    gpu_build_pid=$!
+    trap '[[ -n $gpu_build_pid ]] && kill -- -"$gpu_build_pid" 2>/dev/null' EXIT
+fi
+
 total_passed=0 total_failed=0 broken=()
 run_suite() {  # run_suite NAME COMMAND...
     local name=$1
@@ -97,6 +108,8 @@ run_suite "data parallelism vs one rank, CPU, FP32 (and ZeRO stages in BF16)" \
 run_suite "tensor and sequence parallelism vs one rank, CPU, FP32 (and BF16)" \
     bash scripts/test/test_tensor_parallel.sh ./train_gpt_fp32_cpu ./train_gpt_cpu
 run_suite "pipeline parallelism vs one rank, CPU, FP32" bash scripts/test/test_pipeline.sh ./train_gpt_fp32_cpu
+run_suite "memory timeline: --trace's counters by category, rank 0's peak equal to the memory report's, CPU, FP32" \
+    bash scripts/test/test_memory_timeline.sh ./train_gpt_fp32_cpu
 run_suite "gradient noise scale: estimator vs brute force, layouts, resume, refusals, CPU, FP32" \
     bash scripts/test/test_noise_scale.sh ./train_gpt_fp32_cpu
 run_suite "pipeline stages of any size and zero-bubble schedules vs one rank, CPU, FP32" \
@@ -124,6 +137,17 @@ run_suite "--recompute auto: three budgets and one too small, the plan's letters
     bash scripts/test/test_recompute_auto.sh ./train_gpt_fp32_cpu
 run_suite "stream waits: late streams vs one rank, CPU, FP32 (and BF16)" \
     bash scripts/test/test_streams.sh ./train_gpt_fp32_cpu ./train_gpt_cpu
+if [[ -n $gpu_build_pid ]]; then
+    wait "$gpu_build_pid"
+    gpu_build_status=$?
+    gpu_build_pid=
+    gpu_build_result() {
+        cat "$gpu_build_log"
+        if [[ $gpu_build_status -eq 0 ]]; then echo "1 passed, 0 failed"; else echo "0 passed, 1 failed"; fi
+    }
+    run_suite "the GPU programs compile and link (nvcc, built in the background)" gpu_build_result
+    rm -f "$gpu_build_log"
+fi
 # what the compiler says about the GPU kernels (spills, tensor-core instructions): needs nvcc, not a GPU; ptxas
 # reads the PTX that kernel_lab's build kept
 run_suite "kernel report (ptxas, PTX)" bash scripts/bench/kernel_report.sh --ptx build/kernel_lab_ptx

@@ -35,6 +35,8 @@ while IFS= read -r command; do
 done <"$work/commands"
 [[ -s out/tour/1f1b.png ]] && ok "the measured pipeline timeline was drawn (out/tour/1f1b.png)" ||
     bad "no out/tour/1f1b.png"
+[[ -s out/tour/1f1b_memory.png ]] && ok "the memory over that step was drawn (out/tour/1f1b_memory.png)" ||
+    bad "no out/tour/1f1b_memory.png"
 ramp_batches=$(grep -o '"batch_tokens": [0-9]*' out/tour/ramp/log.jsonl 2>/dev/null | awk '{printf "%s ", $2}')
 [[ $ramp_batches == "64 128 256 " ]] && ok "the batch ramp's steps trained 64, 128 and 256 tokens" ||
     bad "the batch ramp's steps trained: ${ramp_batches:-nothing logged}"
