@@ -352,11 +352,8 @@ int main(int argc, char** argv) {
     const GPT2Config config = model_config(options);
     ParallelContext par;
     parallel_create(par, options.layout, config, options.nccl_init_file, options.collective_timeout);
-    if (par.layout.recompute.policy == RecomputePolicy::Auto) {  // the letters chosen for --gpu-memory
+    if (par.layout.recompute.policy == RecomputePolicy::Auto)  // the letters chosen for --gpu-memory
         recompute_auto_for_run(par, config, options.hardware);
-        fatal("--recompute auto chose --recompute-blocks %s: per-block recomputation is not built yet",
-              recompute_blocks_text(par.layout.recompute.blocks).c_str());
-    }
     const int B = par.layout.batch_size, T = par.layout.seq_len;
     GPT2 model;
     gpt2_allocate(model, config, B, par.T_local, model_part(par, config));

@@ -177,10 +177,9 @@ inline void parallel_create(ParallelContext& par, const Layout& asked, const GPT
     pipeline_create(par.pipe, par.mesh, l.schedule, l.pp_virtual, microbatch_counts, pipeline_stage_split(config, l),
                     config.tied_head());
     parallel_set_step_tokens(par, par.ramp.phases[0].tokens);
-    // per-block recomputation: a letter per position of this rank's stage records (the most layers of its stages)
-    int positions = 0;
-    for (int v = 0; v < par.pipe.virtual_stages; v++)
-        positions = std::max(positions, par.pipe.stage_layers[pipeline_model_stage(l.schedule, par.pipe.rank, v, l.pp)]);
+    // per-block recomputation: a letter per position of the longest stage's records (a shorter stage's rank uses
+    // the first ones)
+    const int positions = *std::max_element(par.pipe.stage_layers.begin(), par.pipe.stage_layers.end());
     const std::string blocks_error = recompute_blocks_resolve(l.recompute, positions);
     if (!blocks_error.empty()) fatal("%s", blocks_error.c_str());
     const std::string noise_error = l.noise_scale ? noise_scale_layout_error(l, config.tied_head(), config.moe(),

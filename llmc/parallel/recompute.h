@@ -121,14 +121,16 @@ inline std::string recompute_blocks_runs(const std::vector<BlockKeep>& blocks) {
     return text;
 }
 
-// A PerBlock policy for stage records of `slots` positions: --offload activations alone leaves the letters to
-// fill (every block offloaded); given letters must be one per position. "" or the error line.
+// A PerBlock policy for a layout whose longest stage has `slots` blocks: the letters are one per position of that
+// stage's records, and a rank whose stages are shorter uses the first ones (uneven stages, llmc/parallel/pipeline.h).
+// --offload activations alone leaves the letters to fill (every block offloaded). "" or the error line.
 inline std::string recompute_blocks_resolve(Recompute& r, int slots) {
     if (r.policy != RecomputePolicy::PerBlock) return "";
     if (r.blocks.empty()) r.blocks.assign(slots, BlockKeep::Offload);
     if ((int)r.blocks.size() != slots)
         return "--recompute-blocks " + recompute_blocks_text(r.blocks) + ": " + std::to_string(r.blocks.size()) +
-               " letters for stage records of " + std::to_string(slots) + " blocks (one letter per block)";
+               " letters for stage records of " + std::to_string(slots) + " blocks (one letter per block of the "
+               "longest stage)";
     return "";
 }
 

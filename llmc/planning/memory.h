@@ -157,8 +157,13 @@ inline GPT2MemoryShape gpt2_memory_shape(const GPT2Config& config, const Layout&
     shape.mixture_slots = part.mixture_slots(config, positions);
     if (shape.recompute.policy == RecomputePolicy::PerBlock && config.moe())
         for (int slot = 0; slot < positions; slot++) shape.mixture_slot.push_back(part.slot_has_mixture(config, slot));
-    const std::string blocks_error = recompute_blocks_resolve(shape.recompute, positions);  // --offload activations
-    if (!blocks_error.empty()) fatal("%s", blocks_error.c_str());
+    // --offload activations' letters (the layout's, checked against the longest stage where it was made, hold at
+    // least this rank's positions)
+    if (shape.recompute.policy == RecomputePolicy::PerBlock && shape.recompute.blocks.empty())
+        shape.recompute.blocks.assign(positions, BlockKeep::Offload);
+    if (shape.recompute.policy == RecomputePolicy::PerBlock && (int)shape.recompute.blocks.size() < positions)
+        fatal("--recompute-blocks %s: %zu letters for stage records of %d blocks", recompute_blocks_text(shape.recompute.blocks).c_str(),
+              shape.recompute.blocks.size(), positions);
     return shape;
 }
 

@@ -272,6 +272,7 @@ inline std::vector<RecomputeRank> plan_recompute_ranks(const GPT2Config& config,
                                                       block_parameters);
         ranks.push_back(recompute_rank(plan.shapes[r], l.bf16, with_memory ? plan.stages[r].total : 0.0, stage_sizes,
                                        plan.accumulation, costs));
+        if (config.moe()) ranks.back().kinds_allowed &= ~(1u << (int)BlockKeep::Offload);
     }
     return ranks;
 }
@@ -707,10 +708,8 @@ inline void recompute_auto_for_run(ParallelContext& par, const GPT2Config& confi
         fatal("--recompute auto: the plan of pp rank %d keeps %d records, %d weight records, %d heads and %d outboxes; "
               "its pipeline %d, %d, %d and %d", par.pipe.rank, mine.records, mine.weight_records, mine.heads,
               mine.outboxes, par.pipe.records, par.pipe.weight_records, std::max(1, par.pipe.heads), par.pipe.outboxes);
-    const std::vector<BlockKeep>& letters = plan.layout.recompute.blocks;
-    const int positions = mine.stage_layers > 0 ? mine.stage_layers : config.num_layers;
-    par.layout.recompute = Recompute{RecomputePolicy::PerBlock, 1,
-                                     std::vector<BlockKeep>(letters.begin(), letters.begin() + positions)};
+    // the letters of the longest stage, as --recompute-blocks gives them (a shorter stage's rank uses the first ones)
+    par.layout.recompute = Recompute{RecomputePolicy::PerBlock, 1, plan.layout.recompute.blocks};
     if (par.main_rank) {
         print_recompute_choice(plan.recompute_choice, hw);
         fflush(stdout);  // before any rank may stop the job

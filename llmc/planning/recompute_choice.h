@@ -122,6 +122,8 @@ struct RecomputeRank {
     BlockKeepTerms terms;
     std::vector<std::array<BlockKeepBytes, kNumBlockKeeps>> bytes;  // per position: d and h of each kind
     std::vector<std::array<double, kNumBlockKeeps>> seconds;        // per position: seconds per step of each kind
+    unsigned kinds_allowed = 15;  // bit k: BlockKeep k may be chosen (a mixture of experts is not offloaded: the
+                                  // model refuses o there, llmc/model/gpt2.cuh)
 };
 
 // used[k] from a set of kinds (bit k: BlockKeep k)
@@ -226,13 +228,16 @@ inline bool recompute_search(const std::vector<RecomputeRank>& ranks, double bud
         if (class_of[r] < 0) class_of[r] = (int)class_rank.size(), class_rank.push_back(r);
     }
     const int classes = (int)class_rank.size();
+    unsigned allowed = 15;  // the kinds every rank may choose (keep always)
+    for (const RecomputeRank& r : ranks) allowed &= r.kinds_allowed | 1u;
     // per class, the least bytes positions i.. can still add; per rank, the workspace of each set of kinds
     std::vector<std::vector<double>> least_after(classes, std::vector<double>(positions + 1, 0.0));
     for (int c = 0; c < classes; c++) {
         const RecomputeRank& o = ranks[class_rank[c]];
         for (int slot = o.positions - 1; slot >= 0; slot--) {
-            double least = o.bytes[slot][0].device;
-            for (int k = 1; k < kNumBlockKeeps; k++) least = std::min(least, o.bytes[slot][k].device);
+            double least = o.bytes[slot][(int)BlockKeep::Keep].device;
+            for (int k = 1; k < kNumBlockKeeps; k++)
+                if ((allowed >> k) & 1) least = std::min(least, o.bytes[slot][k].device);
             least_after[c][slot] = least_after[c][slot + 1] + least;
         }
     }
@@ -266,6 +271,7 @@ inline bool recompute_search(const std::vector<RecomputeRank>& ranks, double bud
         std::vector<double> bytes(classes);
         for (size_t a = 0; a < from.key.size(); a++)
             for (int k = 0; k < kNumBlockKeeps; k++) {
+                if (!((allowed >> k) & 1)) continue;
                 uint64_t key = from.key[a];
                 for (size_t j = 0; j < lengths.size(); j++)
                     if (i < lengths[j]) key |= (uint64_t)1 << (4 * j + k);

@@ -13,15 +13,11 @@
 # (gpipe, 2 + 2 layers, 2 microbatches: 2 records in flight) x tp 2 under auto at the mix budget of that layout,
 # against one rank (scripts/test/layout_check.py). (With one block per stage record nothing saves memory: full's and
 # selective's shared buffers are as large as what they drop; the layout has two.)
-# A run refused with "per-block recomputation is not built yet" (a tree without the model's per-block records)
-# makes its checks SKIPPED: printed, counted apart, never passed.
 #   usage: scripts/test/test_recompute_auto.sh ./train_gpt_fp32_cpu
 set -u
 binary=${1:?usage: $0 TRAIN_BINARY}
 source "$(dirname "$0")/test_lib.sh"
 export OMP_NUM_THREADS=1
-skipped=0
-skip() { skipped=$((skipped + 1)); echo "  SKIPPED $* (per-block recomputation is not built in this tree)"; }
 
 flags=(--model custom --layers 4 --heads 2 --channels 32 --vocab-size 50257 --max-seq-len 32 --seq-len 32
        --lr-schedule constant --learning-rate 1e-3 --val-every 3 --val-batches 2 --sample-tokens 0 --steps 3
@@ -35,7 +31,6 @@ train() {  # train NAME RANKS B FLAGS...: into $work/NAME, output in $work/NAME.
         --output-dir "$work/$name" "$@" >"$work/$name.out" 2>&1
 }
 letters() { grep -o -- '--recompute-blocks [ksfo]*$' "$1" | head -1 | cut -d' ' -f2; }
-not_built() { grep -q 'per-block recomputation is not built yet' "$work/$1.out"; }
 memory() {  # memory RUN FIELD: a number from the run's memory event
     PYTHONPATH="$(dirname "$0")" /usr/bin/python3 -c "from layout_check import events; print(events('$work', '$1', 'memory')[-1]['$2'])"
 }
@@ -85,10 +80,6 @@ if probe one 1 8; then
         else
             bad "$which: --plan prints '$planned', the run chose '$chosen'"
         fi
-        if not_built "auto_$which"; then
-            skip "$which: peak within the budget, memory equal to the formula, bits equal to none"
-            continue
-        fi
         if [[ $status -ne 0 ]]; then bad "$which: the run failed: $(grep -m1 error: "$work/auto_$which.out")"; continue; fi
         peak=$(memory "auto_$which" peak_bytes)
         if [[ $peak -le $budget ]]; then ok "$which: peak $peak B held <= budget $budget B"; else bad "$which: peak $peak B > budget $budget B"; fi
@@ -116,10 +107,7 @@ if probe matrix 8 2 "${matrix[@]}"; then
     train matrix_auto 8 2 "${matrix[@]}" --recompute auto \
         --gpu-memory "$(gib $(((keep_bytes + least_bytes) / 2)))"
     echo "  letters $(letters "$work/matrix_auto.out")"
-    if not_built matrix_auto; then
-        skip "dp 2 x pp 2 x tp 2 under auto against one rank"
-    else
-        PYTHONPATH="$(dirname "$0")" /usr/bin/python3 - "$work" >"$work/compare.out" <<'EOF' || true
+    PYTHONPATH="$(dirname "$0")" /usr/bin/python3 - "$work" >"$work/compare.out" <<'EOF' || true
 import sys
 from layout_check import compare_run, memory_against_formula, report, result
 work = sys.argv[1]
@@ -131,9 +119,7 @@ except Exception as error:  # a run that failed left no log or no model
     results = [report(False, f"dp 2 x pp 2 x tp 2, auto: no result ({error})")]
 result(results)
 EOF
-        grep -v '^RESULT' "$work/compare.out"
-        add_python_result "$work/compare.out"
-    fi
+    grep -v '^RESULT' "$work/compare.out"
+    add_python_result "$work/compare.out"
 fi
-[[ $skipped -gt 0 ]] && echo "$skipped check(s) SKIPPED: they run once the model keeps per-block records"
 finish
