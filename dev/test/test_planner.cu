@@ -776,6 +776,29 @@ static void test_recompute_auto() {
     moe.layout.pp_layers = {7, 5};
     moe.hw = gpt2.hw;
     check_auto_case(moe, coverage);
+    // --plan-search under auto: every layout planned under auto, each listed one re-planned to the same letters, and
+    // none slower than the fastest of none, selective and full (a full-every-block plan is the letters fff..)
+    {
+        Layout base = gpt2.layout;
+        base.ranks = 4, base.total_batch_size = 2 * 64 * 4 * 2;
+        PlanHardware hw = gpt2.hw;
+        hw.reserve_bytes = 0, hw.gpu_memory_bytes = 5.8 * (1 << 20);
+        const PlanSearch uniform = plan_search(gpt2.config, base, hw);
+        base.recompute.policy = RecomputePolicy::Auto;
+        const PlanSearch chosen = plan_search(gpt2.config, base, hw);
+        int same = 0;
+        for (const LayoutPlan& p : chosen.fitting) {
+            Layout again = p.layout;
+            again.recompute = base.recompute;
+            same += p.recompute_auto && plan_layout(gpt2.config, again, hw).layout.recompute.blocks == p.layout.recompute.blocks;
+        }
+        const bool faster = !chosen.fitting.empty() && !uniform.fitting.empty() &&
+                            chosen.fitting[0].step_seconds <= uniform.fitting[0].step_seconds;
+        check_true("--plan-search under auto: every layout re-plans to its letters, the fastest no slower than none, "
+                   "selective or full's",
+                   same == (int)chosen.fitting.size() && same > 0 && faster && chosen.fitting.size() >= uniform.fitting.size() / 3,
+                   describe(same, (double)chosen.fitting.size()) + (faster ? "" : ", slower than a uniform policy"));
+    }
     std::string won;
     for (int k = 0; k < kNumBlockKeeps; k++)
         if (coverage.kind_won[k]) won += block_keep_letter((BlockKeep)k);
