@@ -201,14 +201,18 @@ static void log_expert_routing(ParallelContext& par, GPT2& model, Logger& logger
 // none where the build does not count them. Gathered after the step, so the gather is not in its counts.
 static std::vector<HostCalls> host_calls_of_every_rank(ParallelContext& par, const HostCalls& mine, cudaStream_t stream) {
     if (!host_calls_counted) return {};
-    const std::vector<uint64_t> words = all_gather_words(par.world, {(uint64_t)mine.allocations, (uint64_t)mine.frees,
+    std::vector<uint64_t> counts = {(uint64_t)mine.allocations, (uint64_t)mine.frees,
         (uint64_t)mine.device_to_host_copies, (uint64_t)mine.synchronizations, (uint64_t)mine.event_waits,
-        (uint64_t)mine.moe_layer_passes, (uint64_t)mine.offload_downloads}, stream);
+        (uint64_t)mine.moe_layer_passes};
+    // the offloaded optimizer's downloads travel only when there are any (without, the exchange is as it was)
+    const bool offload = par.layout.offload_optimizer;
+    if (offload) counts.push_back((uint64_t)mine.offload_downloads);
+    const std::vector<uint64_t> words = all_gather_words(par.world, counts, stream);
     std::vector<HostCalls> ranks(par.world.size);
     for (int r = 0; r < par.world.size; r++) {
-        const uint64_t* w = &words[(size_t)r * 7];
+        const uint64_t* w = &words[(size_t)r * counts.size()];
         ranks[r] = HostCalls{(long long)w[0], (long long)w[1], (long long)w[2], (long long)w[3], (long long)w[4],
-                             (long long)w[5], (long long)w[6]};
+                             (long long)w[5], offload ? (long long)w[6] : 0};
     }
     return ranks;
 }
