@@ -11,7 +11,7 @@
 # its activations and workspace equal the formula to the byte (the memory event, as test_recompute.sh reads it),
 # and its losses and model.bin are bit-identical to --recompute none. Then a layout of the matrix, dp 2 x pp 2
 # (gpipe, 2 + 2 layers, 2 microbatches: 2 records in flight) x tp 2 under auto at the mix budget of that layout,
-# against one rank (scripts/test/layout_check.py). (With one block per stage record nothing saves memory: full's and
+# against one rank on the same global batch of 512 tokens (scripts/test/layout_check.py). (With one block per stage record nothing saves memory: full's and
 # selective's shared buffers are as large as what they drop; the layout has two.)
 #   usage: scripts/test/test_recompute_auto.sh ./train_gpt_fp32_cpu
 set -u
@@ -102,9 +102,13 @@ if probe one 1 8; then
 fi
 
 echo "the matrix's auto layout: dp 2 x pp 2 (gpipe, 2 microbatches) x tp 2 vs one rank"
+# the global batch of 512 tokens: one rank B 8 in 2 micro-steps, the layout B 4 per dp rank in 2 microbatches, so that
+# both validate on the same 16 rows
+for i in "${!flags[@]}"; do [[ ${flags[$i]} == --total-batch-size ]] && flags[$((i + 1))]=512; done
+train matrix_one 1 8 --recompute none || bad "matrix_one: the run failed: $(grep -m1 error: "$work/matrix_one.out")"
 matrix=(--pp 2 --tp 2 --pp-schedule gpipe --pp-layers 2,2)
-if probe matrix 8 2 "${matrix[@]}"; then
-    train matrix_auto 8 2 "${matrix[@]}" --recompute auto \
+if probe matrix 8 4 "${matrix[@]}"; then
+    train matrix_auto 8 4 "${matrix[@]}" --recompute auto \
         --gpu-memory "$(gib $(((keep_bytes + least_bytes) / 2)))"
     echo "  letters $(letters "$work/matrix_auto.out")"
     PYTHONPATH="$(dirname "$0")" /usr/bin/python3 - "$work" >"$work/compare.out" <<'EOF' || true
@@ -112,7 +116,7 @@ import sys
 from layout_check import compare_run, memory_against_formula, report, result
 work = sys.argv[1]
 try:
-    same_run, run_words = compare_run(work, "matrix_auto", "none", steps=3, validations=2)
+    same_run, run_words = compare_run(work, "matrix_auto", "matrix_one", steps=3, validations=2)
     same_memory, memory_words, _ = memory_against_formula(work, "matrix_auto")
     results = [report(same_run and same_memory, f"dp 2 x pp 2 x tp 2, auto: {run_words}; {memory_words}")]
 except Exception as error:  # a run that failed left no log or no model
