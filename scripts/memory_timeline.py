@@ -24,7 +24,6 @@ The picture in docs/memory/ was made so (4 stages of 1F1B over 8 microbatches of
 Needs matplotlib (Debian: python3-matplotlib; call /usr/bin/python3).
 """
 import argparse
-import json
 import os
 import re
 import sys
@@ -33,6 +32,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
+from pipeline_timeline import read_trace_events  # noqa: E402
 
 # bottom to top, as the trace lists them: the records that hold a microbatch, whose top edge rises and falls as
 # the lectures' profile does, then the idle ones up to the books' flat total
@@ -57,14 +57,7 @@ def mebibytes(value):
 
 def read_counters(path):
     """Returns ({(memory, rank): [(ms, {category: bytes})]}, layout) from the trace's counter events."""
-    try:
-        with open(path) as f:
-            trace = json.load(f)
-    except (OSError, json.JSONDecodeError) as error:
-        sys.exit(f"error: cannot read the trace {path}: {error}")
-    raw = trace.get("traceEvents", trace) if isinstance(trace, dict) else trace
-    if not isinstance(raw, list):
-        sys.exit(f"error: {path} has no list of trace events")
+    trace, raw = read_trace_events(path)
     series = {}
     for e in raw:
         match = COUNTER.match(str(e.get("name", ""))) if e.get("ph") == "C" else None

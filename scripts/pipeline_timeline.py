@@ -47,9 +47,9 @@ PIXELS_PER_CHARACTER = 5.0  # of a 7-point label at DPI
 LABEL_PIXELS = 20  # "7.1" and a little space
 
 
-def read_trace(path):
-    """Returns (events, row names, layout): events as dicts with rank, name, kind, wait, microbatch,
-    virtual_stage, start and end in milliseconds."""
+def read_trace_events(path):
+    """Returns (the trace, its list of events): a Chrome trace is a list of events or an object holding them in
+    traceEvents. An unreadable file ends the script with one error line."""
     try:
         with open(path) as f:
             trace = json.load(f)
@@ -58,6 +58,13 @@ def read_trace(path):
     raw = trace.get("traceEvents", trace) if isinstance(trace, dict) else trace
     if not isinstance(raw, list):
         sys.exit(f"error: {path} has no list of trace events")
+    return trace, raw
+
+
+def read_trace(path):
+    """Returns (events, row names, layout): events as dicts with rank, name, kind, wait, microbatch,
+    virtual_stage, start and end in milliseconds."""
+    trace, raw = read_trace_events(path)
     events, row_names = [], {}
     for e in raw:
         if e.get("ph") == "M" and e.get("name") == "thread_name":
