@@ -102,7 +102,8 @@ Block `layer` for one microbatch on one rank (B sequences of T/cp rows, a tp ran
 kernels' bytes (s bytes a value, R = the rank's rows of the residual stream: B T/cp, / tp under SP; N = B T/cp
 the gathered rows; h = hidden/tp; q, k = the rank's query and K/V columns):
     forward   norm1 2 R C, the fused residual + norm2 4 R C, the last residual add 3 R C; GELU reads fch and
-              writes its output (2 N h; SwiGLU reads gate and up: 3 N h); RoPE rewrites q and k (2 N (q + k))
+              writes its output (2 N h; SwiGLU reads gate and up: 3 N h); RoPE rewrites q and k (2 N (q + k));
+              under the cp ring each step after the first merges its partial output into the running one (3 N q)
     B         the two norms' backward (each reads its input, the gradient in and the one it adds to, writes
               it: 4 R C); the activation's (GELU 3 N h: fch, the gradient in, the gradient out; SwiGLU 5 N h);
               RoPE's (2 N (q + k)); attention's preprocessing D = dO . O (2 N q)
@@ -127,20 +128,25 @@ inline PassSeconds block_pass_seconds(const GPT2Config& config, int layer, const
     }
     // attention: a causal row sees half of the sequence's T keys; 2 (forward) and 7 (backward) products of HS
     const double scores = N * l.seq_len / 2.0 * block.num_heads / t, HS = block.head_size();
-    const double keys = l.cp > 1 && l.cp_mode == ContextParallelMode::Ring ? (double)l.seq_len / l.cp : l.seq_len;
+    // the kernel's keys per call: the whole sequence; a ring step's block (T/cp; the zigzag split's pairs of chunks
+    // of T/(2 cp) are separate calls); Ulysses' whole sequence for cp's share of the heads
+    const bool ring = l.cp > 1 && l.cp_mode == ContextParallelMode::Ring;
+    const double keys = !ring ? l.seq_len : (double)l.seq_len / l.cp / (l.cp_split == SequenceSplit::Zigzag ? 2 : 1);
     const double attention_rate = hw.peak_flops * attention_efficiency(hw, keys);
     p.forward.attention = 2 * 2 * HS * scores / attention_rate;
     p.input_gradient.attention = 7 * 2 * HS * scores / attention_rate;
     // memory-bound kernels and launches
     const bool rope = block.llama(), swiglu = block.llama();
     const double forward_bytes = (9 * R * C + (swiglu ? 3 : 2) * N * h + (rope ? 2 * N * (q + k) : 0.0)) * s;
+    const double ring_steps = ring ? l.cp - 1 : 0;
+    // a ring step's merge of its partial output into the running one (reads both outputs, writes one; lse: small)
+    const double merges = ring_steps * 3 * N * q * s;
     const double backward_bytes = (8 * R * C + (swiglu ? 5 : 3) * N * h + (rope ? 2 * N * (q + k) : 0.0) + 2 * N * q) * s;
-    const double ring_steps = l.cp > 1 && l.cp_mode == ContextParallelMode::Ring ? l.cp - 1 : 0;
     const double experts = block.moe() ? 3.0 * block.experts / l.ep + 4 : 0;
     const double forward_launches = 9 + rope + 2 * ring_steps + experts;
     const double input_launches = 10 + rope + 3 * ring_steps + experts;
     const double weight_launches = 4 + (block.llama() ? 2 : 4) + (block.moe() ? 2.0 * block.experts / l.ep + 1 : 0);
-    p.forward.memory = forward_bytes / hw.hbm_bytes_per_second + forward_launches * hw.launch_seconds;
+    p.forward.memory = (forward_bytes + merges) / hw.hbm_bytes_per_second + forward_launches * hw.launch_seconds;
     p.input_gradient.memory = backward_bytes / hw.hbm_bytes_per_second + input_launches * hw.launch_seconds;
     p.weight_gradient.memory = weight_launches * hw.launch_seconds;
     p.forward = p.forward.scaled(1 / share);
@@ -213,9 +219,45 @@ inline double collective_calls_bytes(const std::vector<CollectiveCalls>& calls) 
         if (c.ranks > 1) sent += c.calls * collective_bus_factor(c.op, c.ranks) * c.bytes;
     return sent;
 }
+/*
+A group whose ranks lie in several leaves. The profile's spine bandwidth is a rank's share of the oversubscribed
+layer above the leaves when every rank of a leaf sends across it at once (an all-to-all's pattern: each rank's
+bytes leave its leaf). A ring (all-reduce, all-gather, reduce-scatter; send/receive between neighbours) over ranks
+in mesh order visits a leaf's ranks one after the other and crosses the spine once per leaf: the leaf's uplinks
+carry one crossing per group, not one per rank. With the world's groups all busy at once (every dp group reduces
+its chunk at the same point of the step) a leaf holds ranks / leaves ranks of each group, so its uplinks, sized
+for all of its ranks at the spine's per-rank bandwidth, give each crossing that bandwidth times the group's ranks in
+the leaf, up to the leaf's own bandwidth (a crossing is also a rank's link). So a ring priced on the spine gets
+    beta = min(leaf's beta, spine's beta x ranks / leaves spanned)      (alpha: the spine's)
+and an all-to-all the spine's beta. (Llama 3's network, 1:7 above its pods of 3,072 GPUs: a dp group of 128 ranks
+over 6 pods crosses with 21 ranks a pod, more than 7: the leaf's bandwidth.) A tree all-reduce is priced the same
+way: its links, too, join ranks near each other in the order.
+*/
+inline double spine_ring_seconds(const PlanHardware& hw, const CollectiveCalls& c) {
+    const int leaves = (c.span + hw.ranks_per_leaf - 1) / hw.ranks_per_leaf;
+    const double ranks_per_leaf = std::max(1.0, (double)c.ranks / leaves);
+    double best = -1;
+    for (int a = 0; a < kCollectiveAlgorithms; a++) {
+        const CollectiveCost& spine = hw.collectives[(int)Tier::Spine][(int)c.op][a];
+        if (!spine.present) continue;
+        double beta = spine.bus_bytes_per_second * ranks_per_leaf;
+        const CollectiveCost& leaf = hw.collectives[(int)Tier::Leaf][(int)c.op][a];
+        if (leaf.present) beta = std::min(beta, leaf.bus_bytes_per_second);
+        const double seconds = collective_steps(c.op, (CollectiveAlgorithm)a, c.ranks) * spine.alpha_seconds +
+                               collective_bus_factor(c.op, c.ranks) * c.bytes / beta;
+        if (best < 0 || seconds < best) best = seconds;
+    }
+    if (best < 0) return collective_seconds(hw, c.op, c.ranks, c.span, c.bytes, c.calls);  // no spine rows: the leaf's
+    return c.calls * best;
+}
 inline double collective_calls_seconds(const PlanHardware& hw, const std::vector<CollectiveCalls>& calls) {
     double seconds = 0;
-    for (const CollectiveCalls& c : calls) seconds += collective_seconds(hw, c.op, c.ranks, c.span, c.bytes, c.calls);
+    for (const CollectiveCalls& c : calls) {
+        if (c.ranks <= 1 || c.calls <= 0) continue;
+        const bool ring = c.op != CollectiveOp::AllToAll;
+        seconds += ring && group_tier(hw, c.span) == Tier::Spine ? spine_ring_seconds(hw, c)
+                                                                 : collective_seconds(hw, c.op, c.ranks, c.span, c.bytes, c.calls);
+    }
     return seconds;
 }
 inline int collective_calls_count(const std::vector<CollectiveCalls>& calls) {
