@@ -617,6 +617,22 @@ static void test_cost_model() {
                        describe(p.axis_seconds[PLAN_DP], by_hand));
         }
     }
+    // ZeRO 1's overlap: with compute slow enough to hide every reduction, what shows is the all-gather of the
+    // updated shards after the optimizer step (on the compute stream): 14 chunks x (7 alpha + 7/8 n / beta) in a
+    // node of 8, n = a chunk's P s / 14
+    {
+        GPT2Config c;
+        gpt2_config_by_name("124M", &c);
+        Layout z1;
+        z1.ranks = 8, z1.zero_stage = 1, z1.batch_size = 1, z1.seq_len = 64, z1.total_batch_size = 64 * 8 * 4, z1.bf16 = true;
+        PlanHardware slow = hand_profile();
+        slow.peak_flops = 1e9;  // seconds of compute per microbatch
+        const LayoutPlan p = plan_layout(c, z1, slow);
+        const double n = (double)p.stages[0].num_parameters * 2 / 14, gather = 14 * (7 * 1e-6 + 7.0 / 8 * n / 400e9);
+        check_true("ZeRO 1 under slow compute: the exposed dp is the post-update all-gathers alone",
+                   p.error.empty() && std::fabs(p.exposed_dp_seconds - gather) <= 1e-12 * gather,
+                   describe(p.exposed_dp_seconds, gather));
+    }
     // the calls' bytes (factor x n, summed) == the byte formulas of the files that send them, on every axis, over
     // layouts that use every kind of call (the pp axis's loss broadcast is counted by comm.h in whole bytes: 1 byte)
     {

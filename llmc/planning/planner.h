@@ -71,10 +71,13 @@ llmc/planning/cost_model.h:
                 hide (llmc/planning/recompute_choice.h, whose full letter is priced as here: the block's forward
                 and its tp calls), for the policies and letters that have them (full's rerun is in compute's B
                 and in tp)
-    step      = (compute + tp + cp shown + pp + ep + recompute) / (1 - bubble)  +  max(0, dp - compute)
-Overlap: dp (the gradient all-reduce or reduce-scatter, the ZeRO all-gathers) runs on its own stream
-while the blocks compute (llmc/parallel/zero.h reduces each chunk as soon as its gradient is final, ZeRO-3 gathers
-ahead), so only the part longer than the compute shows. tp and pp are counted in full: a tp all-reduce
+    step      = (compute + tp + cp shown + pp + ep + recompute) / (1 - bubble)  +  dp exposed (below)
+Overlap: dp's reductions (the gradient all-reduce or reduce-scatter) run on their own stream while the blocks
+compute (llmc/parallel/zero.h reduces each chunk as soon as its gradient is final), so only the part longer than the
+compute they run beside shows: ZeRO 0 and 1 reduce in the step's last microbatch, behind its backward pass alone
+(B + W of one microbatch); ZeRO 2 every microbatch, behind every backward pass; ZeRO 3 also gathers each chunk
+ahead of its forward and backward passes, behind all of the compute. ZeRO 1 and 2 gather the updated shards after
+the optimizer step on the compute stream, before anything else runs: those all-gathers show whole. tp and pp are counted in full: a tp all-reduce
 sits between two matmuls that need it (only f's backward overlaps, with the weight gradient), and a pp send is
 the next stage's input; counting them whole makes the estimate an upper bound for those axes. Ring attention
 passes the next K/V block on a stream of its own while the compute stream works on the block in hand
@@ -515,7 +518,18 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
         plan.tiers[a] = group_tier(hw, spans[a]);
         plan.axis_seconds[a] = collective_calls_seconds(hw, plan.collectives[a]);
     }
-    plan.exposed_dp_seconds = std::max(0.0, plan.axis_seconds[PLAN_DP] - plan.compute_seconds);
+    {
+        // dp's overlap (the top of the file): what the reductions hide behind, and ZeRO 1-2's gathers after the update
+        double backward = 0;  // the mean pp rank's B and W per step
+        for (const PassSeconds& stage : plan.stage_passes)
+            backward += (stage.input_gradient.total() + stage.weight_gradient.total()) * m / p;
+        const double behind = l.zero_stage == 3 ? plan.compute_seconds : l.zero_stage == 2 ? backward : backward / m;
+        std::vector<CollectiveCalls> during, after;
+        for (const CollectiveCalls& c : plan.collectives[PLAN_DP])
+            (c.op == CollectiveOp::AllGather && l.zero_stage < 3 ? after : during).push_back(c);
+        plan.exposed_dp_seconds = std::max(0.0, collective_calls_seconds(hw, during) - behind) +
+                                  collective_calls_seconds(hw, after);
+    }
     {
         double block_attention = 0;  // the mean block's attention forward, per microbatch
         for (int layer = 0; layer < L; layer++) block_attention += block_pass_seconds(config, layer, l, hw).forward.attention / L;
@@ -614,7 +628,8 @@ inline void print_plan_estimate(const LayoutPlan& plan, const PlanHardware& hw, 
                                       ? plan_format(" (of %.3f; attention hides the rest)", plan.axis_seconds[PLAN_CP])
                                       : "";
     fprintf(out, "estimated step %.3f s = (compute %.3f + tp %.3f + cp %.3f%s + pp %.3f%s%s) / (1 - bubble %.3f) + dp "
-            "not hidden by compute %.3f; MFU %.1f%% (%.3g tokens per step, %.3g model FLOPs, %.3g with recomputation; "
+            "exposed %.3f (of %.3f: the reductions beyond the compute they overlap, ZeRO 1-2's gathers after the "
+            "update); MFU %.1f%% (%.3g tokens per step, %.3g model FLOPs, %.3g with recomputation; "
             "machine profile %s, peak %.0f TFLOP/s; llmc/planning/planner.h's cost model)\n", plan.step_seconds,
             plan.compute_seconds, plan.axis_seconds[PLAN_TP], plan.shown_cp_seconds, cp_hidden.c_str(),
             plan.axis_seconds[PLAN_PP],
@@ -623,7 +638,7 @@ inline void print_plan_estimate(const LayoutPlan& plan, const PlanHardware& hw, 
                 ? plan_format(" + recompute %.3f (selective's passes, offload's transfers)", plan.recompute_seconds).c_str()
                 : "",
             plan.bubble,
-            plan.exposed_dp_seconds, 100 * plan.mfu, plan.tokens,
+            plan.exposed_dp_seconds, plan.axis_seconds[PLAN_DP], 100 * plan.mfu, plan.tokens,
             plan.model_flops, plan.hardware_flops, hw.name.c_str(), hw.peak_flops / 1e12);
     fprintf(out, "compute %.3f s per step on the mean pp rank = matmuls %.3f (by shape) + attention %.3f + memory-bound "
             "kernels, launches and AdamW %.3f\n", plan.compute_seconds, plan.compute.matmul, plan.compute.attention,
