@@ -15,9 +15,11 @@ warm-up), for the script to read:
         differ only in which operand is transposed (llmc/kernels/matmul.cuh): matmul_forward with N = M rows,
         C = K, OC = N; matmul_backward_input with N = M, C = N, OC = K; matmul_backward_weights with OC = M,
         C = N, N = K rows. Each does 2 M N K flops.
-    attention T B NH HS SECONDS FLOPS       causal attention_forward + attention_backward; FLOPS counted as
-                                            lab_attention.cuh's bench does: forward 4 B NH T^2 HS / 2, backward
-                                            2.5 x that (recomputation not counted as useful work)
+    attention T B NH HS SECONDS FLOPS       causal attention_forward + attention_backward; FLOPS counted as the
+                                            planner counts them (llmc/planning/mfu.h, after PaLM): 4 B T^2 C forward
+                                            and twice that backward, C = NH HS, the whole T x T matrix although the
+                                            causal kernel computes half of it; so the planner's count over
+                                            peak x efficiency gives back the kernel's time
     memory BYTES SECONDS                    residual_forward (out = a + b) over buffers well beyond the caches:
                                             BYTES = three buffers' bytes, read twice and written once
     launch SECONDS                          one launch of residual_forward on 16 bytes (a launch's fixed cost)
@@ -148,8 +150,8 @@ void measure_attention() {
             attention_forward(out, lse, qkv, B, T, heads, 0);
             attention_backward(dqkv, workspace, dout, qkv, out, lse, B, T, heads, 0);
         });
-        const double forward_flops = 4.0 * B * NH * (double)T * T * HS / 2;
-        printf("attention %d %d %d %d %.6e %.6e\n", T, B, NH, HS, seconds, 3.5 * forward_flops);
+        const double forward_flops = 4.0 * B * (double)T * T * NH * HS;
+        printf("attention %d %d %d %d %.6e %.6e\n", T, B, NH, HS, seconds, 3 * forward_flops);
         fflush(stdout);
         for (floatX* x : {qkv, out, dout, dqkv}) cudaCheck(cudaFree(x));
         for (float* x : {lse, workspace}) cudaCheck(cudaFree(x));

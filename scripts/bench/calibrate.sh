@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Measures this machine and writes its profile for the planner (--plan --machine FILE; the format is
 # llmc/planning/hardware.h's), with the fit of each collective's cost.
-#   usage: scripts/bench/calibrate.sh [--quick] [OUT]         (OUT default: build/machine.profile)
+#   usage: scripts/bench/calibrate.sh [--quick] [--from MEASUREMENTS] [OUT]   (OUT default: build/machine.profile)
 #     --quick   a coarse grid, 2 and 4 ranks, fewer calls: seconds, for the tests; the numbers are rougher
-# It also keeps what it measured, one line per measurement, in OUT.measurements.
+#     --from    measure nothing: fit the measurements of an earlier run (its OUT.measurements) again
+# It keeps what it measured, one line per measurement, in OUT.measurements.
 #
 # What is measured (dev/calibrate.cu, built as calibrate_fp32_cpu here, calibrate on a GPU machine), each time
 # through the project's own kernels and communication layer, the median of several calls after a warm-up:
@@ -14,7 +15,10 @@
 #                 the rate its calls average. peak_flops = the best rate of any call; each row's efficiency is
 #                 relative to it. The table below prints how far the transposed calls differ.
 #   attention     causal attention_forward + attention_backward, head size 64, T = 32 .. 512 (quick: 32, 128):
-#                 efficiency = the kernel's useful flops (lab_attention.cuh's count) per second / peak_flops
+#                 efficiency = the flops the planner counts for it (mfu.h's, PaLM's: 12 B T^2 C for forward and
+#                 backward, the whole T x T matrix) per second / peak_flops, so that the planner's count over
+#                 peak x efficiency is the kernel's time (at most 1: a causal kernel computes half the matrix, so on
+#                 a GPU it could pass 1, and is then written as 1 with a warning)
 #   memory        residual_forward over buffers far beyond the caches: hbm_bytes_per_second
 #   launch        residual_forward on 16 bytes, launched many times: launch_seconds
 #   copies        copy_to_device / copy_to_host with pinned host memory: pcie_bytes_per_second (the mean of the
@@ -50,14 +54,21 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
+usage="usage: scripts/bench/calibrate.sh [--quick] [--from MEASUREMENTS] [OUT]"
 quick=0
+from=
 out=build/machine.profile
-for arg in "$@"; do
-    case $arg in
+while [[ $# -gt 0 ]]; do
+    case $1 in
         --quick) quick=1 ;;
-        -*) echo "error: unknown option '$arg' (usage: scripts/bench/calibrate.sh [--quick] [OUT])" >&2; exit 1 ;;
-        *) out=$arg ;;
+        --from)
+            [[ $# -ge 2 && -f $2 ]] || { echo "error: --from needs an existing measurements file ($usage)" >&2; exit 1; }
+            from=$2
+            shift ;;
+        -*) echo "error: unknown option '$1' ($usage)" >&2; exit 1 ;;
+        *) out=$1 ;;
     esac
+    shift
 done
 mkdir -p "$(dirname "$out")"
 
@@ -82,21 +93,28 @@ else
     # OpenBLAS 0.3.21 does not recognise newer Intel cores (as in scripts/test/run_tests.sh)
     if grep -q avx512f /proc/cpuinfo 2>/dev/null; then export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-SkylakeX}; fi
 fi
-make --no-print-directory -s "${binary#./}" >/dev/null
-
 flags=()
 [[ $quick -eq 1 ]] && flags=(--quick)
 measurements=$out.measurements
-start=$SECONDS
-{
-    echo "# $binary ${flags[*]} on $(hostname), $(date -u +%Y-%m-%dT%H:%MZ), cores $(nproc), ranks: $(echo $ranks)"
-    "$binary" compute "${flags[@]}"
-    for g in $ranks; do
-        mpirun --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS -np "$g" "$binary" collectives "${flags[@]}" |
-            grep '^collective '
-    done
-} >"$measurements"
-echo "measured in $((SECONDS - start)) s: $measurements"
+if [[ -n $from ]]; then
+    measurements=$from
+    # the machine it measured, as its first lines say
+    read -r _ _ name cores ranks_per_node < <(grep -m1 '^# machine ' "$from" || echo "# machine")
+    [[ -n ${ranks_per_node:-} ]] || { echo "error: $from: no '# machine NAME CORES RANKS_PER_NODE' line" >&2; exit 1; }
+else
+    make --no-print-directory -s "${binary#./}" >/dev/null
+    start=$SECONDS
+    {
+        echo "# $binary ${flags[*]} on $(hostname), $(date -u +%Y-%m-%dT%H:%MZ), ranks: $(echo $ranks)"
+        echo "# machine $name $cores $ranks_per_node"
+        "$binary" compute "${flags[@]}"
+        for g in $ranks; do
+            mpirun --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS -np "$g" "$binary" collectives "${flags[@]}" |
+                grep '^collective '
+        done
+    } >"$measurements"
+    echo "measured in $((SECONDS - start)) s: $measurements"
+fi
 
 /usr/bin/python3 - "$measurements" "$out" "$name" "$cores" "$ranks_per_node" <<'PYTHON'
 import math, sys
@@ -139,6 +157,9 @@ hbm = positive("memory bandwidth", memory[0] / memory[1])
 pcie = positive("copy bandwidth", 2 * copy[0] / (copy[1] + copy[2]))
 launch = positive("launch seconds", launch)
 attention_rows = [(t, flops / seconds / peak) for t, b, nh, hs, seconds, flops in sorted(attention)]
+for t, e in attention_rows:
+    if e > 1: print("warning: attention at T %d runs at %.2f of peak as the planner counts it: written as 1" % (t, e))
+attention_rows = [(t, min(e, 1.0)) for t, e in attention_rows]
 
 # ---- collectives
 def steps(op, g): return 1 if op == "send_recv" else 2 * (g - 1) if op == "all_reduce" else g - 1
