@@ -40,6 +40,7 @@ the previous at once.
 #include <functional>
 #include <string>
 #include <vector>
+#include "../llmc/utils.h"
 #include "../llmc/cuda_common.cuh"
 #include "../llmc/kernels/matmul.cuh"
 #include "../llmc/kernels/attention.cuh"
