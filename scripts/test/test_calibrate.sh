@@ -102,6 +102,13 @@ if "$binary" "${model[@]}" --plan 4 --machine "$profile" >"$work/plan.out" 2>&1;
 else
     bad "$binary --plan 4 --machine PROFILE: $(tail -n 3 "$work/plan.out")"
 fi
+# and plans with its numbers: a core is some 10^4 times slower than the built-in H100, so the estimated step is longer
+"$binary" "${model[@]}" --plan 4 >"$work/plan_h100.out" 2>&1
+estimate() { sed -nE 's/^estimated step ([0-9.e+-]+) s.*/\1/p' "$1"; }
+calibrated=$(estimate "$work/plan.out") h100=$(estimate "$work/plan_h100.out")
+awk -v c="${calibrated:-0}" -v h="${h100:-inf}" 'BEGIN { exit !(c > h) }' &&
+    ok "the estimated step with this machine's profile ($calibrated s) longer than with the H100's ($h100 s)" ||
+    bad "estimated step: this machine's profile '$calibrated' s, the H100's '$h100' s"
 # and a broken profile is refused (the same file without its peak_flops line)
 grep -v '^peak_flops' "$profile" >"$work/broken.profile"
 if "$binary" "${model[@]}" --plan 4 --machine "$work/broken.profile" >"$work/broken.out" 2>&1; then
