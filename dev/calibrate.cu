@@ -111,6 +111,10 @@ T* device_filled(size_t count) {
 
 void measure_matmuls() {
     std::vector<int> sizes = quick ? std::vector<int>{64, 256, 1024} : std::vector<int>{64, 128, 256, 512, 1024};
+#ifndef LLMC_CPU
+    // a GPU reaches its peak only on large products (a CPU core already at 1024)
+    sizes = quick ? std::vector<int>{256, 2048, 8192} : std::vector<int>{256, 512, 1024, 2048, 4096, 8192};
+#endif
     const int largest = sizes.back();
     floatX* a = device_filled<floatX>((size_t)largest * largest);
     floatX* b = device_filled<floatX>((size_t)largest * largest);

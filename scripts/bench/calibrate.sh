@@ -8,12 +8,12 @@
 #
 # What is measured (dev/calibrate.cu, built as calibrate_fp32_cpu here, calibrate on a GPU machine), each time
 # through the project's own kernels and communication layer, the median of several calls after a warm-up:
-#   matmuls       M, N, K each 64 .. 1024 in powers of 2 (quick: 64, 256, 1024) through the three calls the model
-#                 makes of the matmul launcher (forward, backward input, backward weights: the same sgemm or
-#                 cuBLASLt call with other operands transposed); a shape's row is its mean time over the three, so
-#                 that the planner, which prices the three products of a layer by their shapes, gets each shape at
-#                 the rate its calls average. peak_flops = the best rate of any call; each row's efficiency is
-#                 relative to it. It prints how far the three calls' rates differ.
+#   matmuls       M, N, K each 64 .. 1024 in powers of 2 (quick: 64, 256, 1024; a GPU: 256 .. 8192) through the
+#                 three calls the model makes of the matmul launcher (forward, backward input, backward weights: the
+#                 same sgemm or cuBLASLt call with other operands transposed); a shape's row is its mean time over
+#                 the three, so that the planner, which prices the three products of a layer by their shapes, gets
+#                 each shape at the rate its calls average. peak_flops = the best rate of any call; each row's
+#                 efficiency is relative to it. It prints how far the three calls' rates differ.
 #   attention     causal attention_forward + attention_backward, head size 64, T = 32 .. 512 (quick: 32, 128):
 #                 efficiency = the flops the planner counts for it (mfu.h's, PaLM's: 12 B T^2 C for forward and
 #                 backward, the whole T x T matrix) per second / peak_flops, so that the planner's count over
