@@ -328,7 +328,6 @@ inline Options parse_options(Flags& flags, int argc, char** argv) {
     if (hw.ranks_per_leaf < hw.ranks_per_node)
         fatal("--gpus-per-node %d: more than the --machine profile's ranks_per_leaf %d", hw.ranks_per_node,
               hw.ranks_per_leaf);
-    hw.gpus_per_node = hw.ranks_per_node;  // to be removed with the field
     o.flags_json = flags.to_json();
     return o;
 }

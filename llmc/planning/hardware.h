@@ -155,12 +155,6 @@ struct PlanHardware : MachineProfile {
     // the run's choices (flags), not the profile's
     double gpu_memory_bytes = 80.0 * (1 << 30);
     double reserve_bytes = kPlanReserveBytes;    // kept free of the plan: "fits" is total + this <= gpu_memory_bytes
-
-    // to be removed: the two-tier, one-efficiency model the planner reads until it reads the profile
-    int gpus_per_node = 8;
-    double nvlink_bytes_per_second = 450e9;      // per direction per GPU (H100 SXM, NVLink 4)
-    double infiniband_bytes_per_second = 50e9;   // per GPU (NDR, 400 Gb/s)
-    double efficiency = 0.5;                     // fraction of peak the matmuls reach
 };
 
 // The fraction of peak_flops a matmul of this shape reaches: the table's rows weighted by their nearness in

@@ -3,8 +3,8 @@
 # on the same layouts (one rank, ZeRO-3 on 2 ranks, tp 2 + SP, pp 2 under 1f1b and zbv, cp 2 ring, ep 2 with a
 # capacity, a mixture in every 2nd block under zbv, the 16-rank 4-D layout), and compares what each run left:
 # model.bin byte for byte (cmp), and log.jsonl event by event without the fields that measure time (and the
-# pipeline's measured bubbles), in the fields the old build's log has (fields the new build adds are listed, not
-# compared). Numbers are compared as float32, so "0.00999999978" and "0.01" (one float,
+# pipeline's measured bubbles), in the fields the old build's log has (fields the new build adds, and flags it
+# no longer has, are listed, not compared). Numbers are compared as float32, so "0.00999999978" and "0.01" (one float,
 # printed two ways) agree. A refactoring that claims "bit for bit" passes every line here.
 #   usage: scripts/bench/compare_builds.sh OLD_COMMIT [LAYOUT_NAME...]    (all layouts when none is named)
 set -u
@@ -73,12 +73,19 @@ def events(path):
         sys.exit(f"unreadable log {path}: {error}")
 # the new build may add fields (a new flag in the config event, a new number in the step event): only the
 # fields the old log has are compared, and the added ones are listed, by their path in the event
-added = set()
+# A flag the new build no longer has is listed too: the layouts here give none (the new build would refuse it),
+# so its default did not shape the run; any other field the new build lost differs.
+added, removed = set(), set()
 def old_fields_of(old, new, where):
     if isinstance(old, dict) and isinstance(new, dict):
         added.update(f"{where}.{k}" for k in new if k not in old)
+        lost = [k for k in old if k not in new]
+        if where == "config.flags":
+            removed.update(f"{where}.{k}" for k in lost)
+            for k in lost:
+                del old[k]
         return {k: old_fields_of(old[k], new[k], f"{where}.{k}") for k in old if k in new} | \
-               {k: "(missing)" for k in old if k not in new}  # a field the new build lost differs
+               {k: "(missing)" for k in old if k not in new}
     return new
 old, new = events(sys.argv[1]), events(sys.argv[2])
 if len(old) != len(new):
@@ -88,8 +95,10 @@ for i, (a, b) in enumerate(zip(old, new)):
     if a != b:
         keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
         sys.exit(f"event {i} ({a.get('event')}) differs in {keys}")
-if added:
-    print(f"{len(old)} events equal in the old fields; the new build adds {', '.join(sorted(added))}")
+if added or removed:
+    print(f"{len(old)} events equal in the old fields" +
+          (f"; the new build adds {', '.join(sorted(added))}" if added else "") +
+          (f"; it no longer has the flags {', '.join(sorted(removed))}" if removed else ""))
     sys.exit(0)
 print(f"{len(old)} events equal")
 EOF
