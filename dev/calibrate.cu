@@ -20,8 +20,9 @@ warm-up), for the script to read:
                                             and twice that backward, C = NH HS, the whole T x T matrix although the
                                             causal kernel computes half of it; so the planner's count over
                                             peak x efficiency gives back the kernel's time
-    memory BYTES SECONDS                    residual_forward (out = a + b) over buffers well beyond the caches:
-                                            BYTES = three buffers' bytes, read twice and written once
+    memory BYTES SECONDS                    a block's memory-bound kernels (norm, GELU, residual add; forward and
+                                            backward) at a block's size: BYTES as the planner counts them, SECONDS
+                                            less their launches (measure_memory)
     launch SECONDS                          one launch of residual_forward on 16 bytes (a launch's fixed cost)
     copy BYTES TO_DEVICE TO_HOST            copy_to_device / copy_to_host between device memory and pinned host
                                             memory (cudaMallocHost)
@@ -45,6 +46,7 @@ the previous at once.
 #include "../llmc/kernels/matmul.cuh"
 #include "../llmc/kernels/attention.cuh"
 #include "../llmc/kernels/layernorm.cuh"
+#include "../llmc/kernels/gelu.cuh"
 #include "../llmc/parallel/comm.h"
 
 namespace {
@@ -163,27 +165,52 @@ void measure_attention() {
     }
 }
 
-// residual_forward reads two buffers and writes a third: three buffers of `count` elements move per call. Sized
-// well beyond a CPU's last-level cache (tens of MiB) and a GPU's L2 (50 MiB on an H100/H200).
-void measure_memory() {
-#ifdef LLMC_CPU
-    const size_t count = (quick ? 8u : 32u) << 20;
-#else
-    const size_t count = (size_t)512 << 20;
-#endif
-    floatX* a = device_filled<floatX>(count);
-    floatX* b = device_filled<floatX>(count);
-    floatX* out = device_filled<floatX>(count);
-    const double seconds = device_seconds([&] { residual_forward(out, a, b, count, 0); });
-    printf("memory %.6e %.6e\n", 3.0 * count * sizeof(floatX), seconds);
-    // a launch's fixed cost: the same kernel on one 16-byte vector, many launches back to back, then one wait
+// A launch's fixed cost: residual_forward on one 16-byte vector, many launches back to back, then one wait.
+double measure_launch() {
+    floatX* a = device_filled<floatX>(x128::size);
+    floatX* out = device_filled<floatX>(x128::size);
     const int launches = quick ? 200 : 2000;
     const double per_launch = device_seconds([&] {
-        for (int i = 0; i < launches; i++) residual_forward(out, a, b, x128::size, 0);
+        for (int i = 0; i < launches; i++) residual_forward(out, a, a, x128::size, 0);
     }) / launches;
     printf("launch %.6e\n", per_launch);
+    for (floatX* x : {a, out}) cudaCheck(cudaFree(x));
+    return per_launch;
+}
+
+// The memory-bound kernels a block runs, at a block's size: the norm forward and backward, GELU forward and backward,
+// a residual add, with the bytes the planner counts for each (llmc/planning/cost_model.h: a norm 2 R C forward and
+// 4 R C backward, GELU 2 N h and 3 N h, the add 3 R C; R rows of C, h = 4 C). Their time less their launches over
+// those bytes is the rate the planner's memory term divides by: on a GPU the memory's bandwidth, on the CPU build
+// what its emulated threads reach (warp shuffles and barriers, not bytes, set it there). The size is one of the
+// runs': R = 1024 rows of 256 on the CPU (a small model's microbatch, in its caches as the runs' are), 16384 of 4096
+// on a GPU (beyond its L2).
+void measure_memory(double per_launch) {
+#ifdef LLMC_CPU
+    const int R = 1024, C = 256;
+#else
+    const int R = 16384, C = 4096;
+#endif
+    const size_t h = (size_t)4 * C, values = (size_t)R * C;
+    floatX *x = device_filled<floatX>(values), *y = device_filled<floatX>(values), *dy = device_filled<floatX>(values);
+    floatX *dx = device_filled<floatX>(values), *weight = device_filled<floatX>(C), *bias = device_filled<floatX>(C);
+    floatX *dweight = device_filled<floatX>(C), *dbias = device_filled<floatX>(C);
+    floatX *pre = device_filled<floatX>(R * h), *act = device_filled<floatX>(R * h), *dact = device_filled<floatX>(R * h);
+    float *mean = device_filled<float>(R), *rstd = device_filled<float>(R);
+    float* scratch = device_filled<float>(layernorm_backward_scratch_floats(R, C));
+    const int launches = 1 + 3 + 1 + 1 + 1;  // layernorm_backward is 3 (the kernel and two column sums)
+    const double seconds = device_seconds([&] {
+        layernorm_forward(y, mean, rstd, x, weight, bias, R, C, 0);
+        layernorm_backward(dx, dweight, dbias, scratch, dy, x, weight, mean, rstd, R, C, 0);
+        gelu_forward(act, pre, R * h, 0);
+        gelu_backward(dact, pre, act, R * h, 0);
+        residual_forward(y, x, dx, values, 0);
+    });
+    const double bytes = (2.0 * values + 4.0 * values + 2.0 * R * h + 3.0 * R * h + 3.0 * values) * sizeof(floatX);
+    printf("memory %.6e %.6e\n", bytes, std::max(seconds - launches * per_launch, 0.1 * seconds));
     fflush(stdout);
-    for (floatX* x : {a, b, out}) cudaCheck(cudaFree(x));
+    for (floatX* p : {x, y, dy, dx, weight, bias, dweight, dbias, pre, act, dact}) cudaCheck(cudaFree(p));
+    for (float* p : {mean, rstd, scratch}) cudaCheck(cudaFree(p));
 }
 
 void measure_copies() {
@@ -307,7 +334,7 @@ int main(int argc, char** argv) {
         matmul_setup();
         measure_matmuls();
         measure_attention();
-        measure_memory();
+        measure_memory(measure_launch());
         measure_copies();
         matmul_teardown();
         return EXIT_SUCCESS;

@@ -19,7 +19,8 @@
 #                 backward, the whole T x T matrix) per second / peak_flops, so that the planner's count over
 #                 peak x efficiency is the kernel's time (at most 1: a causal kernel computes half the matrix, so on
 #                 a GPU it could pass 1, and is then written as 1 with a warning)
-#   memory        residual_forward over buffers far beyond the caches: hbm_bytes_per_second
+#   memory        a block's memory-bound kernels (norm, GELU, residual add, forward and backward) at a block's size,
+#                 the bytes the planner counts for them over their time less their launches: hbm_bytes_per_second
 #   launch        residual_forward on 16 bytes, launched many times: launch_seconds
 #   copies        copy_to_device / copy_to_host with pinned host memory: pcie_bytes_per_second (the mean of the
 #                 two directions' times)
