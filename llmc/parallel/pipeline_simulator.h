@@ -16,6 +16,7 @@ pipeline_create, through pipeline_all_groups), and keeps its rank's groups; the 
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -214,6 +215,25 @@ inline PipelineTimeline pipeline_simulate(PipelineSchedule schedule, int p, int 
     std::vector<std::vector<PipelineAction>> lists;
     for (int r = 0; r < p; r++) lists.push_back(pipeline_actions(schedule, r, p, m, V));
     return pipeline_simulate_actions(lists, schedule, m, V, forward_ms, backward_ms, send_ms);
+}
+
+// The schedule's lists simulated with each model stage's own pass times, free sends: stage_ms[s] is stage s's
+// F, B and W of one microbatch (where the schedule does not split the backward, B is all of it and W unused).
+// The planner's bubble (llmc/planning/planner.h, from its estimated passes) and a measured step's planned bubble
+// (llmc/parallel/pipeline_timeline.h, from the passes it measured) are both this.
+inline PipelineTimeline pipeline_simulate_stages(PipelineSchedule schedule, int p, int m, int V,
+                                                 const std::vector<std::array<double, 3>>& stage_ms) {
+    if ((int)stage_ms.size() != p * V) fatal("pipeline: %zu stage times for %d stages", stage_ms.size(), p * V);
+    std::vector<std::vector<PipelineAction>> lists;
+    std::vector<std::vector<double>> durations(p);
+    for (int r = 0; r < p; r++) {
+        lists.push_back(pipeline_actions(schedule, r, p, m, V));
+        for (const PipelineAction& a : lists[r])
+            durations[r].push_back(stage_ms[pipeline_model_stage(schedule, r, a.virtual_stage, p)][a.kind]);
+    }
+    PipelineTimeline t = pipeline_simulate_actions(lists, schedule, m, V, 0, 0, 0, &durations);
+    if (!t.problem.empty()) fatal("pipeline: the %s lists do not run: %s", pipeline_schedule_name(schedule), t.problem.c_str());
+    return t;
 }
 
 // ----------------------------------------------------------------------------
