@@ -71,6 +71,8 @@ endef
 $(eval $(call program_rules,train_gpt,train_gpt.cu))
 $(eval $(call program_rules,test_gpt,test_gpt.cu))
 $(eval $(call program_rules,kernel_lab,dev/lab/kernel_lab.cu))
+# the machine's measurements for its profile (scripts/bench/calibrate.sh): calibrate on a GPU, calibrate_fp32_cpu here
+$(eval $(call program_rules,calibrate,dev/calibrate.cu))
 # kernel_lab's GPU build keeps nvcc's intermediate files, among them its PTX per architecture
 # (build/kernel_lab_ptx/kernel_lab.compute_<arch>.ptx): make test's kernel report runs ptxas on that PTX instead
 # of compiling dev/lab/kernel_lab.cu once more per architecture
@@ -170,7 +172,7 @@ train:
 # (and the GPU suites when a GPU is present). scripts/test/run_tests.sh adds up the suites' closing lines.
 CPU_TEST_BINARIES := build/test_bf16 build/test_cpu_layer build/test_cpu_layer_asan build/test_host \
                      build/test_pipeline build/test_weight_split build/test_data build/test_comm build/test_memory build/test_parameter_layout build/test_planner build/test_fuzz_regressions kernel_lab_cpu kernel_lab_fp32_cpu kernel_lab_cpu_asan \
-                     train_gpt_cpu train_gpt_fp32_cpu test_gpt_cpu test_gpt_fp32_cpu
+                     train_gpt_cpu train_gpt_fp32_cpu test_gpt_cpu test_gpt_fp32_cpu calibrate_fp32_cpu
 GPU_TEST_BINARIES := kernel_lab kernel_lab_fp32 train_gpt train_gpt_fp32 test_gpt test_gpt_fp32 build/test_comm_gpu
 test:
 	@bash scripts/install_deps.sh
@@ -189,4 +191,4 @@ check-mpi-tools:
 	@bash scripts/check_tools.sh mpi
 
 clean:
-	rm -rf build $(DATA_FILES) $(foreach p,$(PROGRAMS),$(p) $(p)_fp32 $(p)_cpu $(p)_fp32_cpu $(p)_cpu_asan)
+	rm -rf build $(DATA_FILES) $(foreach p,$(PROGRAMS) calibrate,$(p) $(p)_fp32 $(p)_cpu $(p)_fp32_cpu $(p)_cpu_asan)

@@ -6,37 +6,94 @@ A profile is what one rank's device computes and moves, and what its links cost:
     peak FLOP/s and the fraction of it a matmul of shape (M, N, K) reaches, from a table of measured shapes;
     the attention kernel's fraction of peak by sequence length; the device memory's bandwidth (the memory-bound
     kernels: norms, activations, AdamW); the host link's (offload);
-    the three tiers of the network a group of ranks may span (inside a node; inside a leaf, the ranks one
-    switch layer joins at full bandwidth; across the spine, with its oversubscription), and on each tier each
-    collective's cost as NCCL's performance notes put it, a latency and a bandwidth:
-        seconds = steps(op, algorithm, g) x alpha + factor(op, g) x n / beta
-    n the collective's buffer in nccl-tests' convention, beta its bus bandwidth (nccl-tests' busbw), g the ranks;
+    the three tiers of the network a group of ranks may span, and on each tier each collective's cost;
     how many ranks share a node's processors (the CPU build's ranks take turns on its cores; a GPU is one rank's).
 
     PlanHardware hw = machine_profile_read("h100");         // the built-in H100 cluster, or a file's path
     double s = collective_seconds(hw, CollectiveOp::AllReduce, ranks, span, bytes);
     double e = matmul_efficiency(hw, M, N, K);
 
-The file format and the built-in profile's sources: machine_profile_parse below.
+The tiers. A group of ranks lies within `span` consecutive world ranks (llmc/parallel/mesh.h's order, tp fastest):
+    node   span <= ranks_per_node: the node's own links (NVLink 4 through NVSwitches on an H100 server);
+    leaf   span <= ranks_per_leaf: the ranks the first switch layers join at full bisection bandwidth (Llama 3's
+           pod of 3,072 GPUs), each rank through its own NIC;
+    spine  beyond: through the aggregation layer, oversubscribed (1:7 in Llama 3's network), so each rank gets a
+           fraction of its NIC.
+A tier without rows for an op borrows the next tier inside it (a leaf without rows: the node's).
+
+The alpha-beta cost. NCCL's performance notes model a collective as "overhead + size / bw"; per algorithm:
+    seconds = steps(op, algorithm, g) x alpha + factor(op, g) x n / beta
+    g      the group's ranks;
+    n      nccl-tests' size: all-reduce the buffer, all-gather the gathered output, reduce-scatter its input,
+           all-to-all one rank's send buffer, send/receive the message;
+    beta   nccl-tests' bus bandwidth (busbw), which nccl-tests reports as algbw x factor so that it compares with
+           a link's speed whatever g is;
+    factor nccl-tests' bus factor, the bytes one rank sends per byte of n: 2 (g-1)/g all-reduce (a reduce-scatter,
+           then an all-gather), (g-1)/g all-gather, reduce-scatter, all-to-all, 1 send/receive;
+    steps  the algorithm's latency steps, each costing alpha: a ring all-reduce 2 (g-1) (the data goes round twice),
+           a tree all-reduce 2 ceil(log2 g) (up a tree and down; NCCL's double binary tree keeps the ring's bus
+           bandwidth), the others g-1 (one ring pass), send/receive 1.
+So a large message costs its bytes over beta whatever the algorithm, and a small one its steps times alpha: the
+ring's steps grow with g, the tree's with log g, which is why NCCL switches to trees for small messages across many
+ranks. collective_seconds takes the cheapest algorithm the profile gives, as NCCL's tuner does.
+
+The file format (what --machine FILE reads, machine_profile_text writes and scripts/bench/calibrate.sh produces):
+    llmc machine profile 1                 the first line, exactly
+    # a comment                            from # to the end of a line; blank lines are skipped
+    name NAME                              one word
+    peak_flops 989.4e12                    per rank; numbers as C's strtod reads them
+    hbm_bytes_per_second 3.35e12           the device's own memory
+    pcie_bytes_per_second 50e9             one direction, device <-> pinned host memory
+    launch_seconds 4e-6                    optional (0): the fixed cost of one kernel launch
+    ranks_per_node 8                       whole numbers
+    ranks_per_leaf 3072                    at least ranks_per_node
+    cores_per_node 0                       optional (0): 0, each rank its own device; else the processors that a
+                                           node's ranks share (the CPU build: the host's)
+    matmul M N K EFFICIENCY                one or more rows; 0 < efficiency <= 1, of peak_flops
+    attention T EFFICIENCY                 zero or more rows, T increasing
+    collective TIER OP ALGORITHM ALPHA BETA
+                                           TIER node | leaf | spine; OP all_reduce | all_gather | reduce_scatter |
+                                           all_to_all | send_recv; ALGORITHM ring | tree (tree: all_reduce only);
+                                           ALPHA seconds per step (0 allowed), BETA bus bytes per second
+    fit OP ALGORITHM R2 POINTS             optional, informational: calibrate.sh's fit of alpha + n/beta per
+                                           collective, R2 at most 1, POINTS the measurements behind it
+Required: the first line, name, peak_flops, hbm_bytes_per_second, pcie_bytes_per_second, ranks_per_node,
+ranks_per_leaf, a matmul row, and on the node tier every op with at least one algorithm. Every other number is
+positive. Anything else is refused with one line naming the file, the line and the problem: an unknown key, a key
+(or a matmul shape, attention length, collective row, fit) given twice, a missing, non-numeric or out-of-range
+number, extra words, a tree row for an op other than all_reduce, ranks_per_leaf < ranks_per_node, T not increasing.
+
+The built-in profile "h100", a cluster of H100 SXM GPUs in Llama 3's network, is in this format, each number cited:
+llmc/planning/h100_profile.h. A default-constructed PlanHardware is that profile (its constructor reads it).
 */
 #pragma once
 
+#include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
+#include "../utils.h"
+#include "h100_profile.h"
 
 // what the plan does not count but a GPU needs: the CUDA context (~0.5 GiB), cuBLASLt's 32 MiB workspace,
 // NCCL's buffers (a few hundred MiB with several communicators); --memory-reserve sets it
 constexpr double kPlanReserveBytes = 2.0 * (1 << 30);
 
-// Where a group's ranks lie: all in one node; in one leaf (the ranks the first switch layers join at full
-// bisection bandwidth: Llama 3's pod of 3072 GPUs); or across the spine.
+// Where a group's ranks lie: all in one node; in one leaf; or across the spine (the top comment).
 enum class Tier { Node = 0, Leaf, Spine };
 constexpr int kTiers = 3;
 enum class CollectiveOp { AllReduce = 0, AllGather, ReduceScatter, AllToAll, SendRecv };
 constexpr int kCollectiveOps = 5;
 enum class CollectiveAlgorithm { Ring = 0, Tree };
 constexpr int kCollectiveAlgorithms = 2;
+// the names the file format uses, in the enums' order
+constexpr const char* kTierNames[kTiers] = {"node", "leaf", "spine"};
+constexpr const char* kCollectiveOpNames[kCollectiveOps] = {"all_reduce", "all_gather", "reduce_scatter",
+                                                            "all_to_all", "send_recv"};
+constexpr const char* kCollectiveAlgorithmNames[kCollectiveAlgorithms] = {"ring", "tree"};
 
 struct CollectiveCost {
     bool present = false;              // the profile gives this (tier, op, algorithm)
@@ -52,25 +109,53 @@ struct AttentionEfficiency {
     double seq_len = 0;   // keys per query (T / cp for one ring step: the kernel's T)
     double efficiency = 0;
 };
+// calibrate.sh's fit of alpha + n / beta to one collective's measurements (informational: no cost reads it)
+struct CollectiveFit {
+    CollectiveOp op = CollectiveOp::AllReduce;
+    CollectiveAlgorithm algorithm = CollectiveAlgorithm::Ring;
+    double r2 = 0;
+    int points = 0;
+};
 
-struct PlanHardware {
-    std::string name = "h100";
+// What a profile file holds (the format above); empty until parsed.
+struct MachineProfile {
+    std::string name;
+    int ranks_per_node = 0;                      // joined by the node tier (NVLink)
+    int ranks_per_leaf = 0;                      // joined by the leaf tier at full bandwidth
+    int cores_per_node = 0;                      // processors a node's ranks share; 0: each rank has its own device
+    double peak_flops = 0;                       // per rank
+    double hbm_bytes_per_second = 0;             // the device's own memory
+    double pcie_bytes_per_second = 0;            // per direction, device <-> pinned host memory
+    double launch_seconds = 0;                   // fixed cost per kernel launch
+    std::vector<MatmulShapeEfficiency> matmul;   // measured shapes, at least one
+    std::vector<AttentionEfficiency> attention;  // measured sequence lengths, increasing
+    CollectiveCost collectives[kTiers][kCollectiveOps][kCollectiveAlgorithms];
+    std::vector<CollectiveFit> fits;
+};
+
+inline std::string machine_profile_parse(const std::string& text, const std::string& source, MachineProfile* profile);
+
+// The built-in profiles by name ("h100"); nullptr for any other name.
+inline const MachineProfile* machine_profile_builtin(const std::string& name) {
+    if (name != "h100") return nullptr;
+    static const MachineProfile h100 = [] {
+        MachineProfile profile;
+        const std::string error = machine_profile_parse(kH100Profile, "the built-in profile h100", &profile);
+        if (!error.empty()) fatal("%s", error.c_str());
+        return profile;
+    }();
+    return &h100;
+}
+
+// The machine the planner assumes: a profile and the run's own choices. Default-constructed: the built-in h100.
+struct PlanHardware : MachineProfile {
+    PlanHardware() : MachineProfile(*machine_profile_builtin("h100")) {}
+
     // the run's choices (flags), not the profile's
     double gpu_memory_bytes = 80.0 * (1 << 30);
     double reserve_bytes = kPlanReserveBytes;    // kept free of the plan: "fits" is total + this <= gpu_memory_bytes
-    // the profile
-    int ranks_per_node = 8;                      // joined by the node tier (NVLink)
-    int ranks_per_leaf = 3072;                   // joined by the leaf tier at full bandwidth
-    int cores_per_node = 0;                      // processors a node's ranks share; 0: each rank has its own device
-    double peak_flops = 989.4e12;                // per rank, dense BF16 (H100 SXM, llmc/planning/mfu.h)
-    double hbm_bytes_per_second = 3.35e12;       // the device's own memory (H100 SXM, HBM3)
-    double pcie_bytes_per_second = 50e9;         // per direction, device <-> pinned host memory (PCIe 5 x16)
-    double launch_seconds = 0;                   // fixed cost per kernel launch
-    std::vector<MatmulShapeEfficiency> matmul;   // measured shapes
-    std::vector<AttentionEfficiency> attention;  // measured sequence lengths
-    CollectiveCost collectives[kTiers][kCollectiveOps][kCollectiveAlgorithms];
 
-    // until the planner reads the profile: the two-tier, one-efficiency model
+    // to be removed: the two-tier, one-efficiency model the planner reads until it reads the profile
     int gpus_per_node = 8;
     double nvlink_bytes_per_second = 450e9;      // per direction per GPU (H100 SXM, NVLink 4)
     double infiniband_bytes_per_second = 50e9;   // per GPU (NDR, 400 Gb/s)
@@ -80,8 +165,8 @@ struct PlanHardware {
 // The fraction of peak_flops a matmul of this shape reaches: the table's rows weighted by their nearness in
 // log2 space (1 / d^4, an exact match alone), so a shape between measured ones gets a blend of them and one
 // outside the table the nearest rows' values.
-inline double matmul_efficiency(const PlanHardware& hw, double m, double n, double k) {
-    if (hw.matmul.empty()) return hw.efficiency;
+inline double matmul_efficiency(const MachineProfile& hw, double m, double n, double k) {
+    if (hw.matmul.empty()) fatal("machine profile %s has no matmul rows", hw.name.c_str());  // the parser's rule
     double weights = 0, sum = 0;
     for (const MatmulShapeEfficiency& row : hw.matmul) {
         const double dm = std::log2(m / row.m), dn = std::log2(n / row.n), dk = std::log2(k / row.k);
@@ -94,7 +179,7 @@ inline double matmul_efficiency(const PlanHardware& hw, double m, double n, doub
 }
 // The attention kernel's fraction of peak_flops at this many keys per query: linear in log2 of the length
 // between the table's rows, the end rows' values outside them.
-inline double attention_efficiency(const PlanHardware& hw, double seq_len) {
+inline double attention_efficiency(const MachineProfile& hw, double seq_len) {
     if (hw.attention.empty()) return matmul_efficiency(hw, seq_len, seq_len, 128);
     const std::vector<AttentionEfficiency>& rows = hw.attention;  // sorted by seq_len (the parser's rule)
     if (seq_len <= rows.front().seq_len) return rows.front().efficiency;
@@ -106,20 +191,15 @@ inline double attention_efficiency(const PlanHardware& hw, double seq_len) {
     return rows.back().efficiency;
 }
 // The share of one device a rank gets when `ranks_on_node` ranks run on one node (1 on a GPU).
-inline double rank_compute_share(const PlanHardware& hw, int ranks_on_node) {
+inline double rank_compute_share(const MachineProfile& hw, int ranks_on_node) {
     if (hw.cores_per_node <= 0 || ranks_on_node <= hw.cores_per_node) return 1.0;
     return (double)hw.cores_per_node / ranks_on_node;
 }
 // The tier of a group whose ranks lie within `span` consecutive world ranks (mesh.h's order).
-inline Tier group_tier(const PlanHardware& hw, int span) {
+inline Tier group_tier(const MachineProfile& hw, int span) {
     return span <= hw.ranks_per_node ? Tier::Node : span <= hw.ranks_per_leaf ? Tier::Leaf : Tier::Spine;
 }
-// An algorithm's latency steps and nccl-tests' bus factor (the bytes one rank sends per byte of n):
-//   ring all-reduce      2 (g-1) steps, 2 (g-1)/g       (a reduce-scatter, then an all-gather)
-//   tree all-reduce      2 ceil(log2 g) steps, 2 (g-1)/g (up the tree and down; NCCL's double binary tree keeps
-//                        the ring's bus bandwidth)
-//   all-gather, reduce-scatter, all-to-all   g-1 steps, (g-1)/g (tree: the ring's, NCCL has no tree for them)
-//   send/receive         1 step, 1
+// An algorithm's latency steps and nccl-tests' bus factor (the top comment).
 inline double collective_steps(CollectiveOp op, CollectiveAlgorithm algorithm, int g) {
     if (op == CollectiveOp::SendRecv) return 1;
     if (op == CollectiveOp::AllReduce)
@@ -132,8 +212,9 @@ inline double collective_bus_factor(CollectiveOp op, int g) {
 }
 // Seconds of `calls` collectives of `bytes` each (nccl-tests' n) over `ranks` ranks lying within `span`
 // consecutive world ranks: the cheapest algorithm the profile has for the op on that tier (NCCL's tuner picks
-// by size too). A tier the profile lacks borrows the next one inside it (a leaf without rows: the node's).
-inline double collective_seconds(const PlanHardware& hw, CollectiveOp op, int ranks, int span, double bytes,
+// by size too). A tier the profile lacks borrows the next one inside it (a leaf without rows: the node's); the
+// node tier has every op (the parser's rule).
+inline double collective_seconds(const MachineProfile& hw, CollectiveOp op, int ranks, int span, double bytes,
                                  double calls = 1) {
     if (ranks <= 1 || calls <= 0) return 0.0;
     for (int tier = (int)group_tier(hw, span); tier >= 0; tier--) {
@@ -147,13 +228,278 @@ inline double collective_seconds(const PlanHardware& hw, CollectiveOp op, int ra
         }
         if (best >= 0) return calls * best;
     }
-    // no rows at all: the two-tier bandwidth model
-    const double link = span <= hw.gpus_per_node ? hw.nvlink_bytes_per_second : hw.infiniband_bytes_per_second;
-    return calls * collective_bus_factor(op, ranks) * bytes / link;
+    fatal("machine profile %s has no %s row on the node tier", hw.name.c_str(), kCollectiveOpNames[(int)op]);
 }
-// The profile named (the built-in "h100") or in the file at this path; a bad file: one line, and the run ends.
-inline PlanHardware machine_profile_read(const std::string& name_or_path);
-// Parses the format into *hw; returns the one-line error, or "" when it is good.
-inline std::string machine_profile_parse(const std::string& text, const std::string& source, PlanHardware* hw);
-// The format, written back (calibrate.sh's output; parse(text(hw)) == hw).
-inline std::string machine_profile_text(const PlanHardware& hw);
+
+// ---------------------------------------------------------------------------------------------------------------
+// The file format (the top comment): parsing, writing, reading.
+
+constexpr const char* kMachineProfileFirstLine = "llmc machine profile 1";
+
+// A line's words, its comment (from #) left out.
+inline std::vector<std::string> machine_profile_words(const std::string& line) {
+    std::vector<std::string> words;
+    std::string word;
+    for (char c : line) {
+        if (c == '#') break;
+        if (c == ' ' || c == '\t' || c == '\r') {
+            if (!word.empty()) words.push_back(word), word.clear();
+        } else {
+            word += c;
+        }
+    }
+    if (!word.empty()) words.push_back(word);
+    return words;
+}
+
+// The index of `word` in `names`, or -1.
+inline int machine_profile_name_index(const std::string& word, const char* const* names, int count) {
+    for (int i = 0; i < count; i++)
+        if (word == names[i]) return i;
+    return -1;
+}
+
+// What a number of the format may be.
+enum class ProfileNumber { Positive, NonNegative, Efficiency, R2, WholePositive, WholeNonNegative };
+
+// Reads `word` as `what` under `rule` into *value; returns the problem, or "" when it is good.
+inline std::string machine_profile_number(const std::string& word, const std::string& what, ProfileNumber rule,
+                                          double* value) {
+    char* end = nullptr;
+    errno = 0;
+    const double v = strtod(word.c_str(), &end);
+    if (word.empty() || *end != '\0' || !std::isfinite(v)) return what + ": '" + word + "' is not a number";
+    const bool whole = rule == ProfileNumber::WholePositive || rule == ProfileNumber::WholeNonNegative;
+    if (whole && (v != std::floor(v) || v > 2147483647.0)) return what + ": " + word + " is not a whole number";
+    const bool zero_ok = rule == ProfileNumber::NonNegative || rule == ProfileNumber::WholeNonNegative;
+    if (rule == ProfileNumber::R2) {
+        if (v > 1) return what + ": " + word + " is above 1 (R2 is at most 1)";
+    } else if (rule == ProfileNumber::Efficiency) {
+        if (v <= 0 || v > 1) return what + ": " + word + " is not a fraction of peak in (0, 1]";
+    } else if (zero_ok ? v < 0 : v <= 0) {
+        return what + ": " + word + (zero_ok ? " is negative" : " is not positive");
+    }
+    *value = v;
+    return "";
+}
+
+inline std::string machine_profile_parse(const std::string& text, const std::string& source, MachineProfile* profile) {
+    MachineProfile p;
+    struct Scalar {
+        const char* key;
+        double* real;  // or
+        int* whole;
+        bool required;
+        int line;      // where it was given (0: not yet)
+    };
+    Scalar scalars[] = {
+        {"peak_flops", &p.peak_flops, nullptr, true, 0},
+        {"hbm_bytes_per_second", &p.hbm_bytes_per_second, nullptr, true, 0},
+        {"pcie_bytes_per_second", &p.pcie_bytes_per_second, nullptr, true, 0},
+        {"launch_seconds", &p.launch_seconds, nullptr, false, 0},
+        {"ranks_per_node", nullptr, &p.ranks_per_node, true, 0},
+        {"ranks_per_leaf", nullptr, &p.ranks_per_leaf, true, 0},
+        {"cores_per_node", nullptr, &p.cores_per_node, false, 0},
+    };
+    int name_line = 0;
+    std::vector<int> matmul_lines;
+    int collective_lines[kTiers][kCollectiveOps][kCollectiveAlgorithms] = {};
+    int fit_lines[kCollectiveOps][kCollectiveAlgorithms] = {};
+
+    std::vector<std::string> lines = split_string(text, '\n');
+    if (!lines.empty() && lines.back().empty()) lines.pop_back();  // the newline that ends the last line
+    int number = 0;  // of the line being read, from 1
+    auto at = [&](int line, const std::string& problem) { return source + ":" + std::to_string(line) + ": " + problem; };
+    // words[0] must have exactly `count` values after it, as `usage` shows them
+    auto arity = [&](const std::vector<std::string>& words, size_t count, const char* usage) -> std::string {
+        if (words.size() - 1 < count)
+            return at(number, words[0] + " needs " + std::to_string(count) + (count == 1 ? " value" : " values") +
+                                  " (" + usage + "), got " + std::to_string(words.size() - 1));
+        if (words.size() - 1 > count) return at(number, "extra words after " + words[0] + "'s " + usage + ": '" +
+                                                             words[count + 1] + "'");
+        return "";
+    };
+    auto twice = [&](const std::string& what, int first) {
+        return at(number, what + " given twice (first on line " + std::to_string(first) + ")");
+    };
+
+    std::string first_line = lines.empty() ? "" : lines[0];
+    while (!first_line.empty() && (first_line.back() == '\r' || first_line.back() == ' ' || first_line.back() == '\t'))
+        first_line.pop_back();
+    if (first_line != kMachineProfileFirstLine)
+        return at(1, std::string("not a machine profile: the first line must be '") + kMachineProfileFirstLine + "'");
+    for (number = 2; number <= (int)lines.size(); number++) {
+        const std::vector<std::string> words = machine_profile_words(lines[number - 1]);
+        if (words.empty()) continue;
+        const std::string& key = words[0];
+        std::string error;
+        double v[4];
+        if (key == "name") {
+            if (!(error = arity(words, 1, "one word")).empty()) return error;
+            if (name_line) return twice("name", name_line);
+            p.name = words[1], name_line = number;
+            continue;
+        }
+        Scalar* scalar = nullptr;
+        for (Scalar& s : scalars)
+            if (key == s.key) scalar = &s;
+        if (scalar) {
+            if (!(error = arity(words, 1, "a number")).empty()) return error;
+            if (scalar->line) return twice(key, scalar->line);
+            const bool zero_ok = !scalar->required;  // launch_seconds, cores_per_node: 0 means none
+            const ProfileNumber rule = scalar->whole ? (zero_ok ? ProfileNumber::WholeNonNegative : ProfileNumber::WholePositive)
+                                                     : (zero_ok ? ProfileNumber::NonNegative : ProfileNumber::Positive);
+            if (!(error = machine_profile_number(words[1], key, rule, &v[0])).empty()) return at(number, error);
+            if (scalar->whole) *scalar->whole = (int)v[0];
+            else *scalar->real = v[0];
+            scalar->line = number;
+        } else if (key == "matmul") {
+            if (!(error = arity(words, 4, "M N K EFFICIENCY")).empty()) return error;
+            const char* what[4] = {"matmul M", "matmul N", "matmul K", "matmul efficiency"};
+            for (int i = 0; i < 4; i++)
+                if (!(error = machine_profile_number(words[i + 1], what[i], i < 3 ? ProfileNumber::Positive
+                                                                                    : ProfileNumber::Efficiency, &v[i]))
+                         .empty())
+                    return at(number, error);
+            for (size_t r = 0; r < p.matmul.size(); r++)
+                if (p.matmul[r].m == v[0] && p.matmul[r].n == v[1] && p.matmul[r].k == v[2])
+                    return twice("matmul " + words[1] + " " + words[2] + " " + words[3], matmul_lines[r]);
+            p.matmul.push_back({v[0], v[1], v[2], v[3]});
+            matmul_lines.push_back(number);
+        } else if (key == "attention") {
+            if (!(error = arity(words, 2, "T EFFICIENCY")).empty()) return error;
+            if (!(error = machine_profile_number(words[1], "attention T", ProfileNumber::Positive, &v[0])).empty() ||
+                !(error = machine_profile_number(words[2], "attention efficiency", ProfileNumber::Efficiency, &v[1]))
+                     .empty())
+                return at(number, error);
+            if (!p.attention.empty() && v[0] <= p.attention.back().seq_len)
+                return at(number, "attention T " + words[1] + " does not increase on the row before's");
+            p.attention.push_back({v[0], v[1]});
+        } else if (key == "collective") {
+            if (!(error = arity(words, 5, "TIER OP ALGORITHM ALPHA BETA")).empty()) return error;
+            const int tier = machine_profile_name_index(words[1], kTierNames, kTiers);
+            const int op = machine_profile_name_index(words[2], kCollectiveOpNames, kCollectiveOps);
+            const int algorithm = machine_profile_name_index(words[3], kCollectiveAlgorithmNames, kCollectiveAlgorithms);
+            if (tier < 0) return at(number, "collective: '" + words[1] + "' is not a tier (node, leaf, spine)");
+            if (op < 0)
+                return at(number, "collective: '" + words[2] + "' is not an op (all_reduce, all_gather, reduce_scatter, "
+                                  "all_to_all, send_recv)");
+            if (algorithm < 0) return at(number, "collective: '" + words[3] + "' is not an algorithm (ring, tree)");
+            if (algorithm == (int)CollectiveAlgorithm::Tree && op != (int)CollectiveOp::AllReduce)
+                return at(number, "collective: a tree row for " + words[2] + " (tree is all_reduce's only)");
+            if (collective_lines[tier][op][algorithm])
+                return twice("collective " + words[1] + " " + words[2] + " " + words[3],
+                             collective_lines[tier][op][algorithm]);
+            if (!(error = machine_profile_number(words[4], "collective alpha", ProfileNumber::NonNegative, &v[0]))
+                     .empty() ||
+                !(error = machine_profile_number(words[5], "collective bus bandwidth", ProfileNumber::Positive, &v[1]))
+                     .empty())
+                return at(number, error);
+            p.collectives[tier][op][algorithm] = {true, v[0], v[1]};
+            collective_lines[tier][op][algorithm] = number;
+        } else if (key == "fit") {
+            if (!(error = arity(words, 4, "OP ALGORITHM R2 POINTS")).empty()) return error;
+            const int op = machine_profile_name_index(words[1], kCollectiveOpNames, kCollectiveOps);
+            const int algorithm = machine_profile_name_index(words[2], kCollectiveAlgorithmNames, kCollectiveAlgorithms);
+            if (op < 0) return at(number, "fit: '" + words[1] + "' is not an op");
+            if (algorithm < 0) return at(number, "fit: '" + words[2] + "' is not an algorithm (ring, tree)");
+            if (fit_lines[op][algorithm]) return twice("fit " + words[1] + " " + words[2], fit_lines[op][algorithm]);
+            if (!(error = machine_profile_number(words[3], "fit R2", ProfileNumber::R2, &v[0])).empty() ||
+                !(error = machine_profile_number(words[4], "fit points", ProfileNumber::WholePositive, &v[1])).empty())
+                return at(number, error);
+            p.fits.push_back({(CollectiveOp)op, (CollectiveAlgorithm)algorithm, v[0], (int)v[1]});
+            fit_lines[op][algorithm] = number;
+        } else {
+            return at(number, "unknown key '" + key + "' (the keys: name, peak_flops, hbm_bytes_per_second, "
+                              "pcie_bytes_per_second, launch_seconds, ranks_per_node, ranks_per_leaf, cores_per_node, "
+                              "matmul, attention, collective, fit)");
+        }
+    }
+
+    const int end = std::max(1, (int)lines.size());  // what is missing is missing at the end
+    if (!name_line) return at(end, "the profile ends without name (required)");
+    for (const Scalar& s : scalars)
+        if (s.required && !s.line) return at(end, std::string("the profile ends without ") + s.key + " (required)");
+    if (p.matmul.empty()) return at(end, "the profile ends without a matmul row (at least one is required)");
+    for (int op = 0; op < kCollectiveOps; op++)
+        if (!collective_lines[(int)Tier::Node][op][0] && !collective_lines[(int)Tier::Node][op][1])
+            return at(end, std::string("the profile ends without a node-tier collective row for ") +
+                               kCollectiveOpNames[op] + " (every op needs one on the node tier)");
+    if (p.ranks_per_leaf < p.ranks_per_node)
+        return at(scalars[5].line, "ranks_per_leaf " + std::to_string(p.ranks_per_leaf) + " is below ranks_per_node " +
+                                       std::to_string(p.ranks_per_node) + " (a leaf holds whole nodes)");
+    *profile = p;
+    return "";
+}
+
+// A number as its fewest digits that read back as the same double, the exponent without + and leading zeros
+// (989.4e12 -> 9.894e14, 2.7e-6 -> 2.7e-6); whole numbers below a million in full (17920).
+inline std::string machine_profile_number_text(double value) {
+    char text[40];
+    if (value == std::floor(value) && std::fabs(value) < 1e6) {
+        snprintf(text, sizeof(text), "%.0f", value);
+        return text;
+    }
+    for (int digits = 1; digits <= 17; digits++) {
+        snprintf(text, sizeof(text), "%.*g", digits, value);
+        if (strtod(text, nullptr) == value) break;
+    }
+    std::string number = text;
+    const size_t e = number.find('e');
+    if (e == std::string::npos) return number;
+    size_t digits = e + 1;
+    if (number[digits] == '+') number.erase(digits, 1);
+    else if (number[digits] == '-') digits++;
+    while (digits + 1 < number.size() && number[digits] == '0') number.erase(digits, 1);
+    return number;
+}
+
+inline std::string machine_profile_text(const MachineProfile& p) {
+    auto number = machine_profile_number_text;
+    std::string text = std::string(kMachineProfileFirstLine) + "\n# the format: llmc/planning/hardware.h\n";
+    text += "name " + p.name + "\n";
+    text += "peak_flops " + number(p.peak_flops) + "\n";
+    text += "hbm_bytes_per_second " + number(p.hbm_bytes_per_second) + "\n";
+    text += "pcie_bytes_per_second " + number(p.pcie_bytes_per_second) + "\n";
+    text += "launch_seconds " + number(p.launch_seconds) + "\n";
+    text += "ranks_per_node " + std::to_string(p.ranks_per_node) + "\n";
+    text += "ranks_per_leaf " + std::to_string(p.ranks_per_leaf) + "\n";
+    text += "cores_per_node " + std::to_string(p.cores_per_node) + "\n";
+    for (const MatmulShapeEfficiency& row : p.matmul)
+        text += "matmul " + number(row.m) + " " + number(row.n) + " " + number(row.k) + " " + number(row.efficiency) + "\n";
+    for (const AttentionEfficiency& row : p.attention)
+        text += "attention " + number(row.seq_len) + " " + number(row.efficiency) + "\n";
+    for (int tier = 0; tier < kTiers; tier++)
+        for (int op = 0; op < kCollectiveOps; op++)
+            for (int a = 0; a < kCollectiveAlgorithms; a++) {
+                const CollectiveCost& c = p.collectives[tier][op][a];
+                if (c.present)
+                    text += std::string("collective ") + kTierNames[tier] + " " + kCollectiveOpNames[op] + " " +
+                            kCollectiveAlgorithmNames[a] + " " + number(c.alpha_seconds) + " " +
+                            number(c.bus_bytes_per_second) + "\n";
+            }
+    for (const CollectiveFit& fit : p.fits)
+        text += std::string("fit ") + kCollectiveOpNames[(int)fit.op] + " " +
+                kCollectiveAlgorithmNames[(int)fit.algorithm] + " " + number(fit.r2) + " " +
+                std::to_string(fit.points) + "\n";
+    return text;
+}
+
+// The profile named (the built-in "h100") or in the file at this path (./h100 for a file of that name); a missing
+// or bad file: one line, and the run ends.
+inline PlanHardware machine_profile_read(const std::string& name_or_path) {
+    PlanHardware hw;
+    if (const MachineProfile* builtin = machine_profile_builtin(name_or_path)) {
+        static_cast<MachineProfile&>(hw) = *builtin;
+        return hw;
+    }
+    if (!file_exists(name_or_path))
+        fatal("machine profile %s: not a built-in profile (h100) and no such file", name_or_path.c_str());
+    std::string text(file_size(name_or_path), '\0');
+    FILE* file = open_file(name_or_path, "rb");
+    read_exact(&text[0], 1, text.size(), file, name_or_path, "the machine profile");
+    close_file(file, name_or_path);
+    const std::string error = machine_profile_parse(text, name_or_path, &hw);
+    if (!error.empty()) fatal("%s", error.c_str());
+    return hw;
+}

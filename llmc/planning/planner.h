@@ -93,6 +93,7 @@ cuBLASLt's workspace and NCCL's buffers, which no formula here counts) is at mos
 #include "../parallel/expert_parallel.h"
 #include "../parallel/layout.h"
 #include "hardware.h"
+#include "cost_model.h"
 #include "../parallel/pipeline_schedule.h"
 #include "../parallel/pipeline_simulator.h"
 #include "recompute_choice.h"
@@ -121,16 +122,19 @@ struct LayoutPlan {
     std::vector<double> pp_bytes;         // per pp rank: bytes sent on the pp axis per step
     std::vector<int> stage_layers;        // per model stage: its layers (pipeline_stage_split)
     std::vector<double> stage_seconds;    // per model stage: compute of one microbatch, forward + backward
+    std::vector<PassSeconds> stage_passes;  // per model stage: F, B and W of one microbatch (plan_stage_passes)
     int fullest_stage = 0;                // the pp rank with the most memory
     double peak_bytes = 0;                // its total
     bool fits = false;                    // peak_bytes + the reserve <= the GPU's memory
     double bytes[kPlanAxes] = {};         // per step, sent by one rank (pp: the busiest pp rank)
-    bool crosses_nodes[kPlanAxes] = {};   // the axis's group spans nodes: InfiniBand (else NVLink)
+    Tier tiers[kPlanAxes] = {};           // the tier the axis's group spans (node, leaf, spine)
+    std::vector<CollectiveCalls> collectives[kPlanAxes];  // the calls one rank makes per step (pp: the busiest)
     double bubble = 0;          // simulated with each stage's cost
     double bubble_formula = 0;  // the schedule's formula for equal stages
     // the estimate (seconds per step)
     double tokens = 0, model_flops = 0, hardware_flops = 0;  // per step, all ranks
     double compute_seconds = 0, axis_seconds[kPlanAxes] = {}, exposed_dp_seconds = 0, step_seconds = 0;
+    ComputeSeconds compute;  // compute_seconds by kind (memory: the memory-bound kernels, launches, AdamW)
     double shown_cp_seconds = 0;  // the part of axis_seconds[PLAN_CP] that attention does not hide
     double mfu = 0;
     double offload_bytes = 0, offload_seconds = 0;  // --offload optimizer: up and down per step, the rank with the most
@@ -179,6 +183,15 @@ inline std::string plan_layout_error(const GPT2Config& config, const Layout& l) 
 // ----------------------------------------------------------------------------
 // one layout
 
+// Blocks a rank runs again per microbatch under recomputation: every one of its L/pp under full; the 'f'
+// positions of each of its stage records under per-block letters.
+inline double plan_rerun_blocks(const GPT2Config& config, const Layout& l) {
+    if (l.recompute.policy == RecomputePolicy::Full) return config.num_layers / l.pp;
+    if (l.recompute.policy == RecomputePolicy::PerBlock)
+        return (double)std::count(l.recompute.blocks.begin(), l.recompute.blocks.end(), BlockKeep::Full) * l.pp_virtual;
+    return 0.0;
+}
+
 // Bytes one rank sends on the tp axis per step, for the layers it runs (see the top of the file).
 inline double plan_tp_bytes(const GPT2Config& config, const Layout& l, int accumulation) {
     if (l.tp == 1) return 0.0;
@@ -187,25 +200,43 @@ inline double plan_tp_bytes(const GPT2Config& config, const Layout& l, int accum
     const int T = l.seq_len / l.cp;
     double bytes = tp_bytes_per_step(stage, l.batch_size, T, l.tp, l.sequence_parallel, accumulation, l.zero_stage,
                                      l.bf16, l.ep);
-    // the blocks' forward collectives, once more, for the blocks full reruns (per block: the 'f' positions of each
-    // of the rank's stage records)
-    const double rerun = l.recompute.policy == RecomputePolicy::Full ? stage.num_layers
-                         : l.recompute.policy == RecomputePolicy::PerBlock
-                             ? (double)std::count(l.recompute.blocks.begin(), l.recompute.blocks.end(), BlockKeep::Full) *
-                                   l.pp_virtual
-                             : 0.0;
+    // the blocks' forward collectives, once more, for the blocks full reruns
+    const double rerun = plan_rerun_blocks(config, l);
     if (rerun > 0) bytes += rerun * recompute_rerun_tp_bytes(config, l) * accumulation;
     return bytes;
 }
 
-// The bubble that the stages' own costs give (stage_seconds: each model stage's forward + backward of one
-// microbatch, the last stage's LM head and loss, head_seconds of it, included): every rank's list run by the
-// simulator, placing the work as llmc/parallel/pipeline.h does. A stage's blocks take a third of their time in
-// the forward and the rest in the backward (B and W half of it each where the schedule splits it); the head
-// runs whole in the last stage's forward, or where the backward splits, a third in each of F, B and W. The
-// mean idle share over the pp ranks.
-inline double plan_simulated_bubble(PipelineSchedule schedule, int p, int m, int V,
-                                    const std::vector<double>& stage_seconds, double head_seconds) {
+// Each model stage's F, B and W for one microbatch on one of its ranks (llmc/planning/cost_model.h): its blocks',
+// the embedding on the first stage, the LM head and loss on the last (whose backward counts as F where the schedule
+// does not split the backward: the program runs it right after the loss). A block that recomputation runs again
+// (--recompute full, or an f letter of --recompute-blocks at its position in the stage) adds its forward pass to B.
+// The pipeline bench compares these with the passes it measures.
+inline std::vector<PassSeconds> plan_stage_passes(const GPT2Config& config, const Layout& l, const PlanHardware& hw,
+                                                  const std::vector<int>& stage_layers) {
+    std::vector<PassSeconds> passes;
+    const int S = (int)stage_layers.size();
+    for (int stage = 0; stage < S; stage++) {
+        PassSeconds p;
+        const int first = pipeline_first_layer(stage_layers, stage);
+        for (int i = 0; i < stage_layers[stage]; i++) {
+            const PassSeconds block = block_pass_seconds(config, first + i, l, hw);
+            p += block;
+            const bool rerun = l.recompute.policy == RecomputePolicy::Full ||
+                               (l.recompute.policy == RecomputePolicy::PerBlock && i < (int)l.recompute.blocks.size() &&
+                                l.recompute.blocks[i] == BlockKeep::Full);
+            if (rerun) p.input_gradient += block.forward;
+        }
+        if (stage == 0) p += embedding_pass_seconds(config, l, hw);
+        if (stage == S - 1) p += head_pass_seconds(config, l, hw, pipeline_splits_backward(l.schedule));
+        passes.push_back(p);
+    }
+    return passes;
+}
+
+// The bubble that the stages' own F, B and W give: every rank's list run by the simulator, placing the work as
+// llmc/parallel/pipeline.h does (a backward that is not split takes B + W at once). The mean idle share over the
+// pp ranks.
+inline double plan_simulated_bubble(PipelineSchedule schedule, int p, int m, int V, const std::vector<PassSeconds>& passes) {
     if (p == 1) return 0.0;
     const bool split = pipeline_splits_backward(schedule);
     std::vector<std::vector<PipelineAction>> lists;
@@ -213,12 +244,12 @@ inline double plan_simulated_bubble(PipelineSchedule schedule, int p, int m, int
     for (int r = 0; r < p; r++) {
         lists.push_back(pipeline_actions(schedule, r, p, m, V));
         for (const PipelineAction& a : lists[r]) {
-            const int stage = pipeline_model_stage(schedule, r, a.virtual_stage, p);
-            const double head = stage == p * V - 1 ? head_seconds : 0.0, blocks = stage_seconds[stage] - head;
-            const bool forward = a.kind == PipelineAction::Forward;
-            const double block_share = forward || split ? 1.0 / 3 : 2.0 / 3;
-            const double head_share = split ? 1.0 / 3 : forward ? 1.0 : 0.0;
-            durations[r].push_back(blocks * block_share + head * head_share);
+            const PassSeconds& stage = passes[pipeline_model_stage(schedule, r, a.virtual_stage, p)];
+            const double seconds = a.kind == PipelineAction::Forward ? stage.forward.total()
+                                   : a.kind == PipelineAction::Weights
+                                       ? stage.weight_gradient.total()
+                                       : stage.input_gradient.total() + (split ? 0.0 : stage.weight_gradient.total());
+            durations[r].push_back(seconds);
         }
     }
     const PipelineTimeline t = pipeline_simulate_actions(lists, schedule, m, V, 0, 0, 0, &durations);
@@ -234,28 +265,79 @@ the next K/V block on its own stream before it computes the attention of the blo
 before the next step, so a step lasts max(transfer, attention) and only the excess shows. In the backward pass
 the block's dK/dV buffer sets out after the step's attention has added to it, and the next step adds to the
 buffer that arrives: that pass waits whole, as does the last one, which brings the gradient home. Per layer and
-microbatch, with t the time of one block (N rows of 2 k values, k = kv_heads HS / tp, on the cp link) and a one
-step's attention forward as the compute term charges it:
+microbatch, with t the time of one block's send/receive (N rows of 2 k values, k = kv_heads HS / tp; collective_seconds
+on the cp group's tier) and a one step's attention forward (cost_model.h's price of the block's attention forward, of
+which the zigzag split gives each of the cp steps the same share: 1/cp of it):
     forward   F (cp - 1) max(0, t - a)          (F = 2 under --recompute full, which reruns the ring)
-    backward  (cp - 1) max(0, t - 2a) + cp t    (the backward's attention: twice the forward's)
-    a = 4 c N^2 / (peak x efficiency)           (c = C/tp this rank's query channels, N = B T/cp rows)
-The compute term counts attention as PaLM does, 4 C T FLOPs per token and layer forward (llmc/planning/mfu.h): a
-rank's N rows against T keys, 4 c N T. The zigzag split gives each of the cp steps the same share of the causal
-mask's visible pairs (of another rank's block two of the four chunk pairs; of the rank's own, the pair below the
-diagonal and half of each diagonal pair), so one step is 1/cp of it: 4 c N^2. With a = 0 the lines add up to
-cp_bytes_per_step's ((cp - 1) F + 2 cp - 1) blocks, cp_seconds. The contiguous split's steps are not equal (the
-last cp rank sees every block whole, the first none): not modelled, as the compute term does not model it.
-Ulysses: nothing to hide behind, all of cp_seconds shows.
+    backward  (cp - 1) max(0, t - 2a) + cp t    (the backward's attention: more than twice the forward's, 2a taken)
+With a = 0 the lines add up to cp_bytes_per_step's ((cp - 1) F + 2 cp - 1) blocks, the axis's seconds. The
+contiguous split's steps are not equal (the last cp rank sees every block whole, the first none): not modelled.
+Ulysses: nothing to hide behind, all of the axis's seconds show.
 */
-inline double plan_cp_shown_seconds(const GPT2Config& config, const Layout& l, int layers, int microbatches,
-                                    double cp_seconds, double link_bytes_per_second, double flops_per_second) {
+inline double plan_cp_shown_seconds(const Layout& l, int layers, int microbatches, double cp_seconds,
+                                    double block_seconds, double step_attention_seconds) {
     if (l.cp == 1 || l.cp_mode != ContextParallelMode::Ring) return cp_seconds;
-    const double s = l.bf16 ? 2 : 4, kv_channels = (double)config.kv_heads * config.head_size() / l.tp;
-    const double N = (double)l.batch_size * l.seq_len / l.cp, c = (double)config.channels / l.tp, cp = l.cp;
-    const double F = l.recompute.policy == RecomputePolicy::Full ? 2 : 1;
-    const double t = N * 2 * kv_channels * s / link_bytes_per_second, a = 4 * c * N * N / flops_per_second;
+    const double cp = l.cp, F = l.recompute.policy == RecomputePolicy::Full ? 2 : 1;
+    const double t = block_seconds, a = step_attention_seconds;
     const double per_layer = F * (cp - 1) * std::max(0.0, t - a) + (cp - 1) * std::max(0.0, t - 2 * a) + cp * t;
     return per_layer * layers * microbatches;
+}
+
+// The pp axis's calls per step of pp rank `rank` (llmc/parallel/pipeline.h): a send per microbatch to each
+// neighbouring stage on another rank (the activation forward, its gradient backward: B T/cp C values, / tp under
+// SP); the tied embedding's gradient between the first and the last stage; the loss's broadcast and all-reduce of
+// one fp32 (the broadcast priced as an all-gather: the same bytes per rank, (p-1)/p n).
+inline std::vector<CollectiveCalls> pp_collective_calls(const Layout& l, int rank, int m, double activation_elements,
+                                                        double embedding_elements) {
+    std::vector<CollectiveCalls> calls;
+    const int p = l.pp, V = l.pp_virtual, S = p * V, span = l.tp * l.cp * l.pp;
+    if (p == 1) return calls;
+    const double s = l.bf16 ? 2 : 4;
+    int neighbours = 0;
+    for (int v = 0; v < V; v++) {
+        const int stage = pipeline_model_stage(l.schedule, rank, v, p);
+        neighbours += stage < S - 1 && pipeline_stage_rank(l.schedule, stage + 1, p) != rank;
+        neighbours += stage > 0 && pipeline_stage_rank(l.schedule, stage - 1, p) != rank;
+    }
+    calls.push_back({CollectiveOp::SendRecv, p, span, (double)neighbours * m, activation_elements * s});
+    const int last_stage_rank = pipeline_stage_rank(l.schedule, S - 1, p);
+    if (last_stage_rank != 0 && (rank == 0 || rank == last_stage_rank) && embedding_elements > 0)
+        calls.push_back({CollectiveOp::SendRecv, p, span, 1, embedding_elements * s});
+    calls.push_back({CollectiveOp::AllGather, p, span, 1, 4});
+    calls.push_back({CollectiveOp::AllReduce, p, span, 1, 4});
+    return calls;
+}
+
+// The dp axis's calls per step (llmc/parallel/zero.h reduces and gathers chunk by chunk: `chunks` of them on the
+// rank, each 1/chunks of its P parameters, an estimate for the sizes): ZeRO 0 an all-reduce of each chunk's
+// gradient per step; ZeRO 1 a reduce-scatter and an all-gather per chunk and step; ZeRO 2 the reduce-scatter every
+// microbatch; ZeRO 3 besides it an all-gather before each chunk's forward and backward pass, every microbatch; the
+// replicas of a shard (HSDP, or expert parallelism's dense shards) an all-reduce of each chunk's shard per step. The
+// bytes are memory.h's communication row, which splits as these calls do (what is not the shard group's within is
+// the replicas' all-reduce; under ZeRO 0 with experts the experts' all-reduce, over fewer ranks, is counted with the
+// dense one's ranks).
+inline std::vector<CollectiveCalls> dp_collective_calls(const MemoryPlan& rank, int chunks, int span) {
+    std::vector<CollectiveCalls> calls;
+    const double P = (double)rank.num_parameters, s = rank.bf16 ? 2 : 4, A = rank.accumulation_steps;
+    const int D = rank.data_parallel_ranks, N = rank.shard_ranks, M = rank.replica_groups;
+    chunks = std::max(chunks, 1);
+    if (rank.zero_stage == 0) {
+        if (D > 1) calls.push_back({CollectiveOp::AllReduce, D, span, (double)chunks,
+                                    rank.communication / collective_bus_factor(CollectiveOp::AllReduce, D) / chunks});
+        return calls;
+    }
+    double within = 0;
+    if (N > 1) {
+        const double scatters = rank.zero_stage == 1 ? 1 : A, gathers = rank.zero_stage == 3 ? 2 * A : 1;
+        calls.push_back({CollectiveOp::ReduceScatter, N, span, scatters * chunks, P * s / chunks});
+        calls.push_back({CollectiveOp::AllGather, N, span, gathers * chunks, P * s / chunks});
+        within = collective_calls_bytes(calls);
+    }
+    const double across = rank.communication - within;
+    if (M > 1 && across > 0)
+        calls.push_back({CollectiveOp::AllReduce, M, span, (double)chunks,
+                         across / collective_bus_factor(CollectiveOp::AllReduce, M) / chunks});
+    return calls;
 }
 
 // Each pp rank's memory and time as functions of the per-block letters (llmc/planning/recompute_choice.h), from a
@@ -263,13 +345,11 @@ inline double plan_cp_shown_seconds(const GPT2Config& config, const Layout& l, i
 inline std::vector<RecomputeRank> plan_recompute_ranks(const GPT2Config& config, const Layout& l, const PlanHardware& hw,
                                                        const LayoutPlan& plan, bool with_memory) {
     std::vector<RecomputeRank> ranks;
-    const double block_parameters = active_block_parameters(config);
     for (int r = 0; r < l.pp; r++) {
         std::vector<int> stage_sizes;
         for (int v = 0; v < l.pp_virtual; v++)
             stage_sizes.push_back(plan.stage_layers[pipeline_model_stage(l.schedule, r, v, l.pp)]);
-        const BlockKeepCosts costs = block_keep_costs(config, l, hw, gpt2_activation_bytes(plan.shapes[r], l.bf16).block,
-                                                      block_parameters);
+        const BlockKeepCosts costs = block_keep_costs(config, l, hw, gpt2_activation_bytes(plan.shapes[r], l.bf16).block);
         ranks.push_back(recompute_rank(plan.shapes[r], l.bf16, with_memory ? plan.stages[r].total : 0.0, stage_sizes,
                                        plan.accumulation, costs));
         if (config.moe()) ranks.back().kinds_allowed &= ~(1u << (int)BlockKeep::Offload);
@@ -331,6 +411,8 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
     // memory and pp bytes, per pp rank
     plan.stage_layers = pipeline_stage_split(config, l);
     const std::vector<std::vector<std::vector<PipelineMessage>>> groups = pipeline_all_groups(l.schedule, p, V, m);
+    std::vector<std::vector<CollectiveCalls>> pp_calls;  // per pp rank
+    int rank0_chunks = 1;
     for (int r = 0; r < p; r++) {
         const ModelPart part = pipeline_model_part(l.schedule, r, p, V, m, plan.stage_layers, config.tied_head(),
                                                    pipeline_outboxes(groups[r]));
@@ -343,28 +425,22 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
         // the tied embeddings' gradient, summed between the first and the last stage (GPT-2)
         const double embedding = part.held_chunks[0] && config.tied_head() ? (double)layout.chunk_size(0) / shards : 0.0;
         plan.pp_bytes.push_back(pipeline_bytes_per_step(l.schedule, r, p, V, m, activation_elements, s, embedding));
+        pp_calls.push_back(pp_collective_calls(l, r, m, activation_elements, embedding));
+        if (r == 0) rank0_chunks = (int)std::count(part.held_chunks.begin(), part.held_chunks.end(), 1);
         if (plan.stages[r].total > plan.stages[plan.fullest_stage].total) plan.fullest_stage = r;
     }
     plan.peak_bytes = plan.stages[plan.fullest_stage].total;
     plan.fits = plan.peak_bytes + hw.reserve_bytes <= hw.gpu_memory_bytes;
 
-    // bytes per step on each axis; which link carries them
+    // bytes per step on each axis (the formulas of the files that send them)
     plan.bytes[PLAN_DP] = plan.stages[0].communication;
     plan.bytes[PLAN_TP] = plan_tp_bytes(config, l, m);
-    plan.bytes[PLAN_PP] = *std::max_element(plan.pp_bytes.begin(), plan.pp_bytes.end());
-    // each stage's compute per microbatch (llmc/parallel/pipeline.h's FLOP counts, this rank's 1/tp and
-    // T/cp share); a pp rank works the sum of its stages', and the busiest rank sets the pipeline's pace
-    const double block_flops = pipeline_block_flops_per_token(config, l.seq_len) / l.tp;
-    const double head_flops = pipeline_head_flops_per_token(config) / l.tp;
-    const double microbatch_tokens = (double)l.batch_size * T_local;
-    const double rate = hw.peak_flops * hw.efficiency;
+    const int busiest_pp = (int)(std::max_element(plan.pp_bytes.begin(), plan.pp_bytes.end()) - plan.pp_bytes.begin());
+    plan.bytes[PLAN_PP] = plan.pp_bytes[busiest_pp];
+    // each stage's F, B and W per microbatch (llmc/planning/cost_model.h), on one of its ranks
+    plan.stage_passes = plan_stage_passes(config, l, hw, plan.stage_layers);
+    for (const PassSeconds& stage : plan.stage_passes) plan.stage_seconds.push_back(stage.total());
     int most_layers = 0, most_mixtures = 0;  // on one pp rank: blocks, and blocks with a mixture of experts
-    const double head_seconds = head_flops * microbatch_tokens / rate;
-    for (int stage = 0; stage < p * V; stage++) {
-        const bool last = stage == p * V - 1;
-        plan.stage_seconds.push_back(plan.stage_layers[stage] * block_flops * microbatch_tokens / rate +
-                                     (last ? head_seconds : 0.0));
-    }
     for (int r = 0; r < p; r++) {
         int layers = 0, mixtures = 0;
         for (int v = 0; v < V; v++) {
@@ -384,28 +460,46 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
     const RoutedSteps routed{config.experts, config.experts_per_token, config.channels, l.batch_size / l.tp, T_local,
                              most_mixtures, m, full ? 2 : 1, (size_t)s};
     plan.bytes[PLAN_EP] = config.moe() ? ep_bytes_per_step(l.ep, routed) : 0.0;
-    // (consecutive dp ranks are tp cp pp world ranks apart)
+    // the calls that send those bytes (consecutive dp ranks are tp cp pp world ranks apart)
     const int spans[kPlanAxes] = {l.ranks, l.tp, l.tp * l.cp * l.pp, l.tp * l.cp, l.tp * l.cp * l.pp * l.ep};
+    plan.collectives[PLAN_DP] = dp_collective_calls(plan.stages[0], rank0_chunks, spans[PLAN_DP]);
+    GPT2Config stage_config = config;  // the tp bytes' count of a rank's layers (plan_tp_bytes)
+    stage_config.num_layers = config.num_layers / l.pp;
+    plan.collectives[PLAN_TP] = tp_collective_calls(stage_config, l, m, plan_rerun_blocks(config, l));
+    plan.collectives[PLAN_PP] = pp_calls[busiest_pp];
+    plan.collectives[PLAN_CP] = cp_collective_calls(l, tp_rank_heads, most_layers, full ? 2 : 1, m);
+    plan.collectives[PLAN_EP] = ep_collective_calls(config, l, most_mixtures, full ? 2 : 1, m);
     plan.bubble_formula = pipeline_bubble_fraction(l.schedule, p, m, V);
-    plan.bubble = plan_simulated_bubble(l.schedule, p, m, V, plan.stage_seconds, head_seconds);
+    plan.bubble = plan_simulated_bubble(l.schedule, p, m, V, plan.stage_passes);
 
     // the estimate (the cost model at the top of the file)
     plan.tokens = (double)per_micro_step * m;
     plan.model_flops = model_flops_per_token(config, l.seq_len) * plan.tokens;
     plan.hardware_flops = plan.model_flops + recompute_extra_flops_per_token(l.recompute, active_block_parameters(config),
                                                                              L, config.channels, l.seq_len) * plan.tokens;
-    // the mean pp rank's: uneven stages idle the others, which the simulated bubble counts
-    plan.compute_seconds = plan.hardware_flops / l.ranks / (hw.peak_flops * hw.efficiency);
+    // the mean pp rank's: uneven stages idle the others, which the simulated bubble counts; AdamW on its shard
+    for (const PassSeconds& stage : plan.stage_passes) {
+        plan.compute += stage.forward.scaled((double)m / p);
+        plan.compute += stage.input_gradient.scaled((double)m / p);
+        plan.compute += stage.weight_gradient.scaled((double)m / p);
+    }
+    for (int r = 0; r < p; r++)
+        plan.compute.memory += optimizer_seconds((double)plan.stages[r].num_parameters / (l.zero_stage >= 1 ? shard_ranks : 1),
+                                                 rank0_chunks, l.bf16, hw, layout_compute_share(hw, l)) / p;
+    plan.compute_seconds = plan.compute.total();
     for (int a = 0; a < kPlanAxes; a++) {
-        plan.crosses_nodes[a] = spans[a] > hw.gpus_per_node;
-        plan.axis_seconds[a] = plan.bytes[a] / (plan.crosses_nodes[a] ? hw.infiniband_bytes_per_second
-                                                                      : hw.nvlink_bytes_per_second);
+        plan.tiers[a] = group_tier(hw, spans[a]);
+        plan.axis_seconds[a] = collective_calls_seconds(hw, plan.collectives[a]);
     }
     plan.exposed_dp_seconds = std::max(0.0, plan.axis_seconds[PLAN_DP] - plan.compute_seconds);
-    plan.shown_cp_seconds = plan_cp_shown_seconds(config, l, most_layers, m, plan.axis_seconds[PLAN_CP],
-                                                  plan.crosses_nodes[PLAN_CP] ? hw.infiniband_bytes_per_second
-                                                                              : hw.nvlink_bytes_per_second,
-                                                  rate);
+    {
+        double block_attention = 0;  // the mean block's attention forward, per microbatch
+        for (int layer = 0; layer < L; layer++) block_attention += block_pass_seconds(config, layer, l, hw).forward.attention / L;
+        const double kv_block = 2.0 * l.batch_size * T_local * tp_rank_heads.kv_columns() * s;
+        plan.shown_cp_seconds = plan_cp_shown_seconds(
+            l, most_layers, m, plan.axis_seconds[PLAN_CP],
+            collective_seconds(hw, CollectiveOp::SendRecv, l.cp, spans[PLAN_CP], kv_block), block_attention / l.cp);
+    }
     // selective's elementwise passes and offload's transfers (llmc/planning/recompute_choice.h)
     if (l.recompute.policy == RecomputePolicy::Selective || l.recompute.policy == RecomputePolicy::PerBlock) {
         const std::vector<RecomputeRank> ranks = plan_recompute_ranks(config, l, hw, plan, false);
@@ -474,14 +568,15 @@ inline void print_plan_communication(const LayoutPlan& plan, const PlanHardware&
         "the cp axis (llmc/parallel/context_parallel.h)",
         "the ep axis's all-to-alls (llmc/parallel/expert_parallel.h), rows spread evenly over the experts"};
     const int sizes[kPlanAxes] = {plan.dp * l.cp, l.tp, l.pp, l.cp, l.ep};
-    fprintf(out, "communication per step, bytes one rank sends on each axis, and the link the estimate assumes:\n");
+    fprintf(out, "communication per step, bytes one rank sends on each axis, its collective calls and the tier of the "
+            "%s profile they cross:\n", hw.name.c_str());
+    static const char* tier_names[kTiers] = {"node", "leaf", "spine"};
     for (int a = 0; a < kPlanAxes; a++) {
         std::string link = "-";
         if (sizes[a] > 1)
-            link = plan_format("%s %.0f GB/s: %.3f s", plan.crosses_nodes[a] ? "InfiniBand" : "NVLink",
-                               (plan.crosses_nodes[a] ? hw.infiniband_bytes_per_second : hw.nvlink_bytes_per_second) / 1e9,
-                               plan.axis_seconds[a]);
-        fprintf(out, "  communication %s %12s  %-29s %s\n", plan_axis_name(a), format_bytes(plan.bytes[a]).c_str(),
+            link = plan_format("%d calls, %s tier: %.3f s", collective_calls_count(plan.collectives[a]),
+                               tier_names[(int)plan.tiers[a]], plan.axis_seconds[a]);
+        fprintf(out, "  communication %s %12s  %-32s %s\n", plan_axis_name(a), format_bytes(plan.bytes[a]).c_str(),
                 link.c_str(), where[a]);
     }
     fprintf(out, "pipeline bubble %.3f (%s, pp %d, %d microbatch(es)%s)\n", plan.bubble,
@@ -496,7 +591,7 @@ inline void print_plan_estimate(const LayoutPlan& plan, const PlanHardware& hw, 
                                       : "";
     fprintf(out, "estimated step %.3f s = (compute %.3f + tp %.3f + cp %.3f%s + pp %.3f%s%s) / (1 - bubble %.3f) + dp "
             "not hidden by compute %.3f; MFU %.1f%% (%.3g tokens per step, %.3g model FLOPs, %.3g with recomputation; "
-            "peak %.0f TFLOP/s x efficiency %.2f; llmc/planning/planner.h's cost model)\n", plan.step_seconds,
+            "machine profile %s, peak %.0f TFLOP/s; llmc/planning/planner.h's cost model)\n", plan.step_seconds,
             plan.compute_seconds, plan.axis_seconds[PLAN_TP], plan.shown_cp_seconds, cp_hidden.c_str(),
             plan.axis_seconds[PLAN_PP],
             plan.layout.ep > 1 ? plan_format(" + ep %.3f", plan.axis_seconds[PLAN_EP]).c_str() : "",
@@ -505,7 +600,10 @@ inline void print_plan_estimate(const LayoutPlan& plan, const PlanHardware& hw, 
                 : "",
             plan.bubble,
             plan.exposed_dp_seconds, 100 * plan.mfu, plan.tokens,
-            plan.model_flops, plan.hardware_flops, hw.peak_flops / 1e12, hw.efficiency);
+            plan.model_flops, plan.hardware_flops, hw.name.c_str(), hw.peak_flops / 1e12);
+    fprintf(out, "compute %.3f s per step on the mean pp rank = matmuls %.3f (by shape) + attention %.3f + memory-bound "
+            "kernels, launches and AdamW %.3f\n", plan.compute_seconds, plan.compute.matmul, plan.compute.attention,
+            plan.compute.memory);
     if (plan.layout.offload_optimizer)
         fprintf(out, "optimizer offload: + %.3f s in the step above, not hidden (%s up and down per step over PCIe at "
                 "%.0f GB/s); pinned host memory per rank %s (the fullest pp rank's)\n", plan.offload_seconds,
@@ -580,7 +678,7 @@ struct PlanSearch {
 
 // Every layout of base.ranks ranks (base gives B, T, the total batch and the precision; its total batch 0
 // means B T ranks, so every layout does the same work per step):
-//   tp    divisors of the heads up to --gpus-per-node (tp_layout_error refuses the rest), with and without
+//   tp    divisors of the heads up to the profile's ranks per node (tp_layout_error refuses the rest), with and without
 //         sequence parallelism (tp > 1)
 //   pp    divisors of the layers; 1f1b, and interleaved with 2 virtual stages where the layers and
 //         microbatches allow
@@ -600,7 +698,7 @@ inline PlanSearch plan_search(const GPT2Config& config, Layout base, const PlanH
     std::vector<Recompute> policies = {Recompute{RecomputePolicy::None, 1}, Recompute{RecomputePolicy::Selective, 1},
                                        Recompute{RecomputePolicy::Full, 1}};
     if (base.recompute.policy == RecomputePolicy::Auto) policies = {base.recompute};
-    for (int tp = 1; tp <= std::min(hw.gpus_per_node, config.num_heads); tp++) {
+    for (int tp = 1; tp <= std::min(hw.ranks_per_node, config.num_heads); tp++) {
         if (config.num_heads % tp != 0 || base.ranks % tp != 0) continue;
         for (int pp = 1; pp <= config.num_layers; pp++) {
             if (base.ranks % (tp * pp) != 0) continue;  // stages of any size: pp need not divide the layers
@@ -661,16 +759,14 @@ inline void print_plan_search(const GPT2Config& config, const PlanSearch& search
             "of %s, %d per node; B %d x T %d per data-parallel rank, %.0f tokens per step\n", arch_name(config.arch),
             config.num_layers, config.channels, config.num_heads, config.kv_heads,
             format_count((double)ParameterLayout(config).num_parameters).c_str(), base.bf16 ? "BF16" : "FP32",
-            base.ranks, format_bytes(hw.gpu_memory_bytes).c_str(), hw.gpus_per_node, base.batch_size, base.seq_len,
+            base.ranks, format_bytes(hw.gpu_memory_bytes).c_str(), hw.ranks_per_node, base.batch_size, base.seq_len,
             any ? any->tokens : (double)base.total_batch_size);
     fprintf(out, "%d layouts considered: %d refused by the layout checks, %d too big, %zu fit; the %d fastest by "
             "the estimated step time (memory: the fullest pp rank; bytes: per step and rank; "
-            "llmc/planning/planner.h: compute at %.0f TFLOP/s x %.2f, NVLink %.0f GB/s within a node, "
-            "InfiniBand %.0f GB/s across; dp hidden behind compute, the cp ring's passes behind attention, tp/pp "
-            "not; stretched by the bubble):\n",
+            "llmc/planning/planner.h under the machine profile %s: matmuls by shape, collectives by call and tier; "
+            "dp hidden behind compute, the cp ring's passes behind attention, tp/pp not; stretched by the bubble):\n",
             search.considered, search.refused, search.too_big, search.fitting.size(),
-            std::min(top, (int)search.fitting.size()), hw.peak_flops / 1e12, hw.efficiency,
-            hw.nvlink_bytes_per_second / 1e9, hw.infiniband_bytes_per_second / 1e9);
+            std::min(top, (int)search.fitting.size()), hw.name.c_str());
     fprintf(out, "  %3s  %-38s %-50s %10s  %10s %10s %10s %10s  %6s  %8s %6s\n", "#", "layout", "choices", "memory",
             "dp bytes", "tp bytes", "pp bytes", "cp bytes", "bubble", "step s", "MFU");
     for (int i = 0; i < std::min(top, (int)search.fitting.size()); i++) {

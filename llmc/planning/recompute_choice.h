@@ -18,17 +18,21 @@ The choice fits when total(x) <= --gpu-memory - --memory-reserve on every pp ran
 
 Time. Seconds one position adds per microbatch on a rank, under kind k (N = B T/cp rows of the rank, s the bytes
 of an activation, R C s the block's output, D what selective drops, X = record + mixture - output what offload
-moves, F_b = recompute_block_forward_flops_per_token(active block parameters, C, T) N / tp):
+moves):
     keep       0
     selective  the norms and the activation run again, elementwise, at HBM bandwidth: each norm reads its
                input and writes its output (2 R C s each), the activation reads fch (N H s, SwiGLU's gate and
                up 2 N H s) and writes fch_gelu (N H s):
                    (4 R C s + (2 or 3) N H s) / hbm_bytes_per_second,  N H s = D - 2 R C s
+               (the rank's share of the device: rank_compute_share)
     full       the block's forward pass again and its tp collectives again (llmc/planning/planner.h counts the
-               same: hardware FLOPs, and 4 (t-1)/t N C s on the tp link per block):
-                   F_b / (peak x efficiency) + recompute_rerun_tp_bytes / tp link
+               same: the forward pass in B, and f and g once more on the tp axis):
+                   f + the rerun's tp calls (2 all-reduces, or 2 all-gathers + 2 reduce-scatters under SP, of
+                   N C s each, by collective_seconds)
+               f: the mean block's forward pass as llmc/planning/cost_model.h prices it (its matmuls at their
+               shapes, attention, the memory-bound kernels)
     offload    X goes down after the block's forward pass and comes back before its backward pass, on a copy
-               stream; the next block's forward pass (f = F_b / (peak x efficiency)) hides the first transfer,
+               stream; the next block's forward pass (f) hides the first transfer,
                the backward pass of the block after it (2 f) the second:
                    max(0, X / pcie - f) + max(0, X / pcie - 2 f)
 A position's seconds per step are that times the microbatches and times the stages of the rank that have the
@@ -62,6 +66,7 @@ choice that fits, the same programme without time finds the least memory possibl
 #include "../parallel/recompute.h"
 #include "../parallel/layout.h"
 #include "hardware.h"
+#include "cost_model.h"
 #include "memory.h"
 #include "mfu.h"
 
@@ -76,22 +81,26 @@ inline double recompute_rerun_tp_bytes(const GPT2Config& config, const Layout& l
 struct BlockKeepCosts {
     BlockKeepTerms terms;
     bool swiglu = false;           // the activation reads two inputs (Llama)
-    double forward_seconds = 0;    // f: the block's forward FLOPs at peak x efficiency
-    double tp_seconds = 0;         // the rerun's tp collectives on the tp link
+    double forward_seconds = 0;    // f: the mean block's forward pass (llmc/planning/cost_model.h)
+    double tp_seconds = 0;         // the rerun's tp collectives (collective_seconds)
     double hbm_bytes_per_second = 0, pcie_bytes_per_second = 0;
 };
 
 inline BlockKeepCosts block_keep_costs(const GPT2Config& config, const Layout& l, const PlanHardware& hw,
-                                       const BlockKeepTerms& terms, double block_parameters) {
+                                       const BlockKeepTerms& terms) {
     BlockKeepCosts c;
     c.terms = terms;
     c.swiglu = config.llama();
-    const double rows = (double)l.batch_size * (l.seq_len / l.cp);
-    c.forward_seconds = recompute_block_forward_flops_per_token(block_parameters, config.channels, l.seq_len) * rows /
-                        l.tp / (hw.peak_flops * hw.efficiency);
-    const double tp_link = l.tp > hw.gpus_per_node ? hw.infiniband_bytes_per_second : hw.nvlink_bytes_per_second;
-    c.tp_seconds = recompute_rerun_tp_bytes(config, l) / tp_link;
-    c.hbm_bytes_per_second = hw.hbm_bytes_per_second, c.pcie_bytes_per_second = hw.pcie_bytes_per_second;
+    for (int layer = 0; layer < config.num_layers; layer++)  // the mean block's forward pass, at its matmuls' shapes
+        c.forward_seconds += block_pass_seconds(config, layer, l, hw).forward.total() / config.num_layers;
+    if (l.tp > 1) {  // the forward pass's f and g once more: N C s each (recompute_rerun_tp_bytes)
+        const double n = (double)l.batch_size * (l.seq_len / l.cp) * config.channels * (l.bf16 ? 2 : 4);
+        c.tp_seconds = l.sequence_parallel ? collective_seconds(hw, CollectiveOp::AllGather, l.tp, l.tp, n, 2) +
+                                                 collective_seconds(hw, CollectiveOp::ReduceScatter, l.tp, l.tp, n, 2)
+                                           : collective_seconds(hw, CollectiveOp::AllReduce, l.tp, l.tp, n, 2);
+    }
+    const double share = layout_compute_share(hw, l);
+    c.hbm_bytes_per_second = hw.hbm_bytes_per_second * share, c.pcie_bytes_per_second = hw.pcie_bytes_per_second;
     return c;
 }
 

@@ -77,6 +77,8 @@ mpi_run=(env OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root -x OMP
 for ranks in 1 2 4 8; do
     run_suite "communication layer and mesh, CPU, $ranks MPI rank(s)" "${mpi_run[@]}" -np $ranks build/test_comm
 done
+run_suite "calibration: calibrate.sh --quick writes a profile (every key, fits, plausible rates) that --plan reads, CPU, FP32" \
+    bash scripts/test/test_calibrate.sh ./train_gpt_fp32_cpu
 run_suite "backward split into B and W vs the fused pass, CPU, FP32, 1 rank" build/test_weight_split
 for layout in "--tp 2" "--tp 2 --sequence-parallel 1" "--cp 2" ""; do
     run_suite "backward split into B and W vs the fused pass, 2 MPI ranks ${layout:-(dp 2)}" \

@@ -1,0 +1,307 @@
+/*
+The machine's measurements for its profile (scripts/bench/calibrate.sh runs this and fits the numbers): what one
+rank's device computes and moves, timed through the project's own kernels and communication layer, so the
+planner is priced by the code that train_gpt runs. One source for both builds: on the CPU build the "device" is
+the CPU execution layer (OpenBLAS matmuls, emulated kernels, MPI collectives); on the GPU build cuBLASLt, the
+CUDA kernels and NCCL.
+
+    ./calibrate_fp32_cpu compute [--quick]                  one rank: matmuls, attention, memory, launch, copies
+    mpirun -np G ./calibrate_fp32_cpu collectives [--quick] every collective over sizes 8 B .. 32 MiB
+
+Each measurement is one line, words separated by spaces, seconds per call (the median of several calls after a
+warm-up), for the script to read:
+    matmul M N K FORWARD BACKWARD_INPUT BACKWARD_WEIGHTS
+        C (M x N) = A (M x K) B (K x N) through each of the model's three calls of the matmul launcher, which
+        differ only in which operand is transposed (llmc/kernels/matmul.cuh): matmul_forward with N = M rows,
+        C = K, OC = N; matmul_backward_input with N = M, C = N, OC = K; matmul_backward_weights with OC = M,
+        C = N, N = K rows. Each does 2 M N K flops.
+    attention T B NH HS SECONDS FLOPS       causal attention_forward + attention_backward; FLOPS counted as the
+                                            planner counts them (llmc/planning/mfu.h, after PaLM): 4 B T^2 C forward
+                                            and twice that backward, C = NH HS, the whole T x T matrix although the
+                                            causal kernel computes half of it; so the planner's count over
+                                            peak x efficiency gives back the kernel's time
+    memory BYTES SECONDS                    residual_forward (out = a + b) over buffers well beyond the caches:
+                                            BYTES = three buffers' bytes, read twice and written once
+    launch SECONDS                          one launch of residual_forward on 16 bytes (a launch's fixed cost)
+    copy BYTES TO_DEVICE TO_HOST            copy_to_device / copy_to_host between device memory and pinned host
+                                            memory (cudaMallocHost)
+    collective OP G BYTES SECONDS           OP all_reduce | all_gather | reduce_scatter | all_to_all | send_recv,
+                                            BYTES in nccl-tests' convention (hardware.h), G ranks; per call the
+                                            slowest rank's time, after a barrier
+Collectives: every rank times each call from after a barrier to its stream's end; the slowest rank's time is
+the call's (a collective ends when its last member does), and the median over calls is printed by rank 0.
+send_recv is the ring shift the pipeline and ring attention do: every rank sends to the next and receives from
+the previous at once.
+*/
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+#include "../llmc/utils.h"
+#include "../llmc/cuda_common.cuh"
+#include "../llmc/kernels/matmul.cuh"
+#include "../llmc/kernels/attention.cuh"
+#include "../llmc/kernels/layernorm.cuh"
+#include "../llmc/parallel/comm.h"
+
+namespace {
+
+bool quick = false;  // --quick: a coarse grid and fewer calls (the test suite's)
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+double median(std::vector<double> values) {
+    std::sort(values.begin(), values.end());
+    const size_t n = values.size();
+    return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+// How many timed calls: enough to fill about `budget` seconds, within [fewest, most], from one call's time.
+int calls_for(double one_call_seconds, double budget, int fewest, int most) {
+    const double calls = budget / std::max(one_call_seconds, 1e-9);
+    return (int)std::clamp(calls, (double)fewest, (double)most);
+}
+
+// Seconds per call of `run` on the default stream: the median of single calls, each timed with events (the
+// device's clock on a GPU, the wall clock on the CPU device), after one warm-up call.
+double device_seconds(const std::function<void()>& run) {
+    cudaEvent_t start, stop;
+    cudaCheck(cudaEventCreate(&start));
+    cudaCheck(cudaEventCreate(&stop));
+    auto timed = [&] {
+        cudaCheck(cudaEventRecord(start, 0));
+        run();
+        cudaCheck(cudaEventRecord(stop, 0));
+        cudaCheck(cudaEventSynchronize(stop));
+        float ms = 0;
+        cudaCheck(cudaEventElapsedTime(&ms, start, stop));
+        return ms * 1e-3;
+    };
+    timed();  // warm-up: first-touch of the buffers, the matmul's plan, the kernel's code
+    const double first = timed();
+    const int calls = calls_for(first, quick ? 0.03 : 0.05, quick ? 2 : 5, quick ? 5 : 25);
+    std::vector<double> times{first};
+    for (int i = 1; i < calls; i++) times.push_back(timed());
+    cudaCheck(cudaEventDestroy(start));
+    cudaCheck(cudaEventDestroy(stop));
+    return median(times);
+}
+
+template <class T>
+T* device_alloc(size_t count) {
+    T* pointer = nullptr;
+    cudaCheck(cudaMalloc(&pointer, count * sizeof(T)));
+    return pointer;
+}
+// every byte set to 0x3c (bf16 1.17, fp32 0.0115): finite values, never NaN, never denormal
+template <class T>
+T* device_filled(size_t count) {
+    T* pointer = device_alloc<T>(count);
+    cudaCheck(cudaMemset(pointer, 0x3c, count * sizeof(T)));
+    return pointer;
+}
+
+// ----------------------------------------------------------------------------
+// one rank's device
+
+void measure_matmuls() {
+    std::vector<int> sizes = quick ? std::vector<int>{64, 256, 1024} : std::vector<int>{64, 128, 256, 512, 1024};
+    const int largest = sizes.back();
+    floatX* a = device_filled<floatX>((size_t)largest * largest);
+    floatX* b = device_filled<floatX>((size_t)largest * largest);
+    floatX* d = device_filled<floatX>((size_t)largest * largest);
+    for (int m : sizes)
+        for (int n : sizes)
+            for (int k : sizes) {
+                // operand roles as each call names them (see the header): only the transposes differ
+                const double forward = device_seconds([&] { matmul_forward(d, a, b, nullptr, m, k, n, 0); });
+                const double input = device_seconds([&] { matmul_backward_input(d, a, b, m, n, k, 0); });
+                const double weights =
+                    device_seconds([&] { matmul_backward_weights(d, nullptr, nullptr, a, b, k, n, m, 0); });
+                printf("matmul %d %d %d %.6e %.6e %.6e\n", m, n, k, forward, input, weights);
+                fflush(stdout);
+            }
+    for (floatX* x : {a, b, d}) cudaCheck(cudaFree(x));
+}
+
+// Causal attention at head size 64 (GPT-2's and the small models') over T; B x NH chosen so that every T does a
+// comparable amount of work per call on the CPU (B NH T = 4096 rows, at least one sequence of 4 heads).
+void measure_attention() {
+    std::vector<int> lengths = quick ? std::vector<int>{32, 128} : std::vector<int>{32, 64, 128, 256, 512};
+#ifndef LLMC_CPU
+    lengths = {128, 256, 512, 1024, 2048, 4096, 8192};  // a GPU: the lengths its runs use
+#endif
+    const int HS = 64, NH = 4;
+    for (int T : lengths) {
+        const int B = std::max(1, 1024 / T);
+        const AttentionHeads heads = attention_heads(NH, NH, HS);
+        const size_t rows = (size_t)B * T;
+        floatX* qkv = device_filled<floatX>(rows * heads.qkv_columns());
+        floatX* out = device_filled<floatX>(rows * heads.q_columns());
+        floatX* dout = device_filled<floatX>(rows * heads.q_columns());
+        floatX* dqkv = device_filled<floatX>(rows * heads.qkv_columns());
+        float* lse = device_filled<float>((size_t)B * NH * T);
+        float* workspace = device_filled<float>((size_t)B * NH * T);
+        const double seconds = device_seconds([&] {
+            attention_forward(out, lse, qkv, B, T, heads, 0);
+            attention_backward(dqkv, workspace, dout, qkv, out, lse, B, T, heads, 0);
+        });
+        const double forward_flops = 4.0 * B * (double)T * T * NH * HS;
+        printf("attention %d %d %d %d %.6e %.6e\n", T, B, NH, HS, seconds, 3 * forward_flops);
+        fflush(stdout);
+        for (floatX* x : {qkv, out, dout, dqkv}) cudaCheck(cudaFree(x));
+        for (float* x : {lse, workspace}) cudaCheck(cudaFree(x));
+    }
+}
+
+// residual_forward reads two buffers and writes a third: three buffers of `count` elements move per call. Sized
+// well beyond a CPU's last-level cache (tens of MiB) and a GPU's L2 (50 MiB on an H100/H200).
+void measure_memory() {
+#ifdef LLMC_CPU
+    const size_t count = (quick ? 8u : 32u) << 20;
+#else
+    const size_t count = (size_t)512 << 20;
+#endif
+    floatX* a = device_filled<floatX>(count);
+    floatX* b = device_filled<floatX>(count);
+    floatX* out = device_filled<floatX>(count);
+    const double seconds = device_seconds([&] { residual_forward(out, a, b, count, 0); });
+    printf("memory %.6e %.6e\n", 3.0 * count * sizeof(floatX), seconds);
+    // a launch's fixed cost: the same kernel on one 16-byte vector, many launches back to back, then one wait
+    const int launches = quick ? 200 : 2000;
+    const double per_launch = device_seconds([&] {
+        for (int i = 0; i < launches; i++) residual_forward(out, a, b, x128::size, 0);
+    }) / launches;
+    printf("launch %.6e\n", per_launch);
+    fflush(stdout);
+    for (floatX* x : {a, b, out}) cudaCheck(cudaFree(x));
+}
+
+void measure_copies() {
+    const size_t bytes = (size_t)(quick ? 16 : 64) << 20;
+    unsigned char* host = nullptr;
+    cudaCheck(cudaMallocHost(&host, bytes));
+    memset(host, 0x3c, bytes);
+    unsigned char* device = device_filled<unsigned char>(bytes);
+    const double to_device = device_seconds([&] { copy_to_device(device, host, bytes, 0); });
+    const double to_host = device_seconds([&] { copy_to_host(host, device, bytes, 0); });
+    printf("copy %.6e %.6e %.6e\n", (double)bytes, to_device, to_host);
+    fflush(stdout);
+    cudaCheck(cudaFreeHost(host));
+    cudaCheck(cudaFree(device));
+}
+
+// ----------------------------------------------------------------------------
+// the collectives
+
+const char* const kOpNames[] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"};
+
+// One call of collective `op` over `comm` moving `count` elements per block (all_reduce and send_recv: the
+// whole buffer); `in` and `out` hold size x count elements.
+void run_collective(int op, Communicator& comm, floatX* out, floatX* in, size_t count, cudaStream_t stream) {
+    const int g = comm.size, me = comm.rank;
+    switch (op) {
+        case 0: all_reduce(comm, in, count, Reduction::Sum, stream); break;
+        case 1: all_gather(comm, out, in, count, stream); break;
+        case 2: reduce_scatter(comm, out, in, count, Reduction::Sum, stream); break;
+        case 3: all_to_all(comm, out, in, count, stream); break;
+        default: send_recv(comm, in, (me + 1) % g, out, (me + g - 1) % g, count, stream); break;
+    }
+}
+
+// nccl-tests' n for `count` elements per block: all_reduce and send_recv the buffer; all_gather the gathered
+// output, reduce_scatter the input, all_to_all one rank's send buffer: g blocks
+size_t collective_bytes(int op, int g, size_t count) {
+    return (op == 0 || op == 4 ? 1 : (size_t)g) * count * sizeof(floatX);
+}
+
+void measure_collectives(Communicator& world, cudaStream_t stream) {
+    const int g = world.size;
+    std::vector<size_t> sizes;  // nccl-tests' n, 8 B to 32 MiB in powers of 4 (quick: of 16, to 8 MiB)
+    for (size_t n = 8; n <= ((size_t)32 << 20); n *= quick ? 16 : 4) sizes.push_back(n);
+    const size_t largest = sizes.back() / sizeof(floatX) + (size_t)g;  // rounding up below adds < g elements
+    floatX* in = device_filled<floatX>(largest);
+    floatX* out = device_filled<floatX>(largest);
+    float* slowest = device_alloc<float>(64);
+    for (int op = 0; op < 5; op++)
+        for (size_t n : sizes) {
+            const size_t blocks = op == 0 || op == 4 ? 1 : (size_t)g;
+            const size_t count = std::max<size_t>(1, n / (blocks * sizeof(floatX)));  // at least one element
+            auto timed = [&] {
+                barrier(world, stream);
+                const auto start = std::chrono::steady_clock::now();
+                run_collective(op, world, out, in, count, stream);
+                cudaCheck(cudaStreamSynchronize(stream));
+                return seconds_since(start);
+            };
+            timed();  // warm-up: the first use of each link waits for its peer (NCCL connects lazily)
+            std::vector<float> times;
+            for (int i = 0; i < 3; i++) times.push_back((float)timed());
+            // every rank must make the same number of calls: decided from the quickest of the first three on
+            // the slowest rank (a rank descheduled by another process's burst makes one call slow, not the count)
+            float first_slowest = *std::min_element(times.begin(), times.end());
+            copy_to_device(slowest, &first_slowest, 1, stream);
+            all_reduce(world, slowest, 1, Reduction::Max, stream);
+            copy_to_host(&first_slowest, slowest, 1, stream);
+            const int calls = calls_for(first_slowest, quick ? 0.02 : 0.15, quick ? 5 : 7, quick ? 9 : 31);
+            while ((int)times.size() < calls) times.push_back((float)timed());
+            // each call's time is its slowest rank's
+            for (size_t done = 0; done < times.size(); done += 64) {
+                const size_t part = std::min<size_t>(64, times.size() - done);
+                copy_to_device(slowest, times.data() + done, part, stream);
+                all_reduce(world, slowest, part, Reduction::Max, stream);
+                copy_to_host(times.data() + done, slowest, part, stream);
+            }
+            if (world.rank == 0) {
+                printf("collective %s %d %zu %.6e\n", kOpNames[op], g, collective_bytes(op, g, count),
+                       median(std::vector<double>(times.begin(), times.end())));
+                fflush(stdout);
+            }
+        }
+    cudaCheck(cudaFree(in));
+    cudaCheck(cudaFree(out));
+    cudaCheck(cudaFree(slowest));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const std::string usage = std::string("usage: ") + argv[0] + " compute|collectives [--quick]";
+    std::string what;
+    for (int i = 1; i < argc; i++) {
+        const std::string arg = argv[i];
+        if (arg == "--quick") quick = true;
+        else if ((arg == "compute" || arg == "collectives") && what.empty()) what = arg;
+        else {
+            fprintf(stderr, "error: unknown argument '%s' (%s)\n", arg.c_str(), usage.c_str());
+            return EXIT_FAILURE;
+        }
+    }
+    if (what.empty()) {
+        fprintf(stderr, "error: say what to measure (%s)\n", usage.c_str());
+        return EXIT_FAILURE;
+    }
+    if (what == "compute") {
+        printf("# calibrate: %s, %s\n", PRECISION_NAME, device_properties().name);
+        matmul_setup();
+        measure_matmuls();
+        measure_attention();
+        measure_memory();
+        measure_copies();
+        matmul_teardown();
+        return EXIT_SUCCESS;
+    }
+    Communicator world = comm_init_world();
+    cudaStream_t stream;
+    cudaCheck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    measure_collectives(world, stream);
+    cudaCheck(cudaStreamDestroy(stream));
+    comm_destroy(world);
+    comm_finalize();
+    return EXIT_SUCCESS;
+}

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# scripts/bench/calibrate.sh --quick (2 and 4 ranks, a coarse grid) into a scratch directory: the profile has every
+# key the format requires, every number positive and finite, rates that a CPU core can have, a fit and an R2
+# printed and written for each collective, and train_gpt plans with it (--plan 4 --machine PROFILE).
+#   usage: scripts/test/test_calibrate.sh [TRAIN_BINARY]      (default ./train_gpt_fp32_cpu)
+# About 15 s on 2 cores (plus the build of calibrate_fp32_cpu, ~20 s, when it is not built).
+set -u
+cd "$(dirname "$0")/../.."
+source scripts/test/test_lib.sh
+binary=${1:-./train_gpt_fp32_cpu}
+profile=$work/machine.profile
+
+if ! bash scripts/bench/calibrate.sh --quick "$profile" >"$work/calibrate.out" 2>&1; then
+    bad "calibrate.sh --quick exited non-zero: $(tail -n 5 "$work/calibrate.out")"
+    finish
+    exit
+fi
+ok "calibrate.sh --quick wrote $profile ($(wc -l <"$profile") lines)"
+
+# value KEY: the profile's number for a one-number key
+value() { awk -v key="$1" '$1 == key { print $2 }' "$profile"; }
+
+[[ $(head -n 1 "$profile") == "llmc machine profile 1" ]] && ok "first line" || bad "first line: $(head -n 1 "$profile")"
+for key in name peak_flops hbm_bytes_per_second pcie_bytes_per_second launch_seconds ranks_per_node ranks_per_leaf \
+    cores_per_node; do
+    count=$(awk -v key="$key" '$1 == key' "$profile" | wc -l)
+    [[ $count -eq 1 ]] && ok "$key $(value "$key")" || bad "$key given $count times"
+done
+[[ $(value cores_per_node) == "$(nproc)" && $(value ranks_per_node) -ge 8 && $(value ranks_per_leaf) -ge 8 ]] &&
+    ok "one host: cores_per_node = nproc, ranks_per_node and ranks_per_leaf hold every rank" ||
+    bad "cores_per_node $(value cores_per_node) (nproc $(nproc)), ranks_per_node $(value ranks_per_node)"
+
+# every number of every row positive and finite; efficiencies in (0, 1]; the quick grid's 27 shapes, 2 lengths
+/usr/bin/python3 - "$profile" >"$work/rows.out" <<'EOF'
+import math, sys
+good = bad = 0
+def check(name, condition, detail=""):
+    global good, bad
+    print("  %s %s %s" % ("ok  " if condition else "FAIL", name, detail))
+    good, bad = good + condition, bad + (not condition)
+rows = {"matmul": [], "attention": [], "collective": [], "fit": []}
+numbers_ok, words = True, 0
+for line in open(sys.argv[1]):
+    w = line.split("#")[0].split()
+    if not w or w[0] not in rows and w[0] not in ("peak_flops", "hbm_bytes_per_second", "pcie_bytes_per_second",
+                                                  "launch_seconds", "cores_per_node"):
+        continue
+    values = [float(x) for x in w[1:] if x not in ("node", "ring") and not x.replace("_", "").isalpha()]
+    # R2 may be negative in principle; everything else must be a positive finite number
+    checked = values[:-2] + values[-1:] if w[0] == "fit" else values
+    numbers_ok = numbers_ok and all(math.isfinite(v) for v in values) and all(v > 0 for v in checked)
+    words += len(values)
+    if w[0] in rows: rows[w[0]].append(w[1:])
+check("every number positive and finite", numbers_ok, "(%d numbers)" % words)
+efficiencies = [float(r[3]) for r in rows["matmul"]] + [float(r[1]) for r in rows["attention"]]
+check("matmul and attention efficiencies in (0, 1]", all(0 < e <= 1 for e in efficiencies),
+      "%.3g .. %.3g" % (min(efficiencies), max(efficiencies)))
+check("the quick grid: 27 matmul shapes, 2 attention lengths",
+      len(rows["matmul"]) == 27 and len(rows["attention"]) == 2,
+      "%d shapes, %d lengths" % (len(rows["matmul"]), len(rows["attention"])))
+ops = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
+check("a node ring row and a fit row for each collective",
+      sorted(r[1] for r in rows["collective"] if r[0] == "node" and r[2] == "ring") == sorted(ops) and
+      sorted(r[0] for r in rows["fit"] if r[1] == "ring") == sorted(ops))
+# quick: 2 and 4 ranks x sizes 8 B .. 8 MiB in powers of 16 = 12 points per collective
+check("each fit over 12 points (2 and 4 ranks, 6 sizes)", all(r[3] == "12" for r in rows["fit"]),
+      " ".join(r[0] + ":" + r[3] for r in rows["fit"]))
+check("each R2 at most 1", all(float(r[2]) <= 1 for r in rows["fit"]), " ".join(r[2] for r in rows["fit"]))
+print("RESULT %d %d" % (good, bad))
+EOF
+cat "$work/rows.out"
+add_python_result "$work/rows.out"
+
+# the table printed: a line per collective with alpha, beta, R2 and its points
+for op in all_reduce all_gather reduce_scatter all_to_all send_recv; do
+    line=$(grep -E "^$op +[0-9.e+-]+ +[0-9.e+-]+ +-?[0-9.]+ +12 " "$work/calibrate.out")
+    [[ -n $line ]] && ok "fit printed: $line" || bad "no fit line for $op in the output"
+done
+
+# Plausible for one core. peak_flops is one rank's, and a rank is one core running OpenBLAS's sgemm
+# (OMP_NUM_THREADS=1): a core of this decade does 1e9 .. 2e11 FLOP/s in fp32 (AVX-512: 2 FMA units x 16 lanes x 2
+# flops x ~3 GHz = 1.9e11); the bounds 1e8 .. 1e13 leave an order of magnitude or two for a slow or busy machine and
+# still catch a time in the wrong unit (x1000). A core streams 1e9 .. 1e11 B/s from memory (bounds 1e8 .. 1e12), the
+# host copy is a memcpy here (the same bounds), a launch on the CPU device costs microseconds (1e-8 .. 1e-2 s).
+# And against a peer measured in the same run: the matmul is compute-bound and the residual add memory-bound, so a
+# core's matmul does more flops per second than the add streams floats (4 bytes) per second (measured here: ~1e11
+# FLOP/s against ~5e9 floats/s); a matmul rate counted per call instead of per second, or bytes counted as floats,
+# breaks it.
+within() { awk -v x="$1" -v lo="$2" -v hi="$3" 'BEGIN { exit !(x > lo && x < hi) }'; }
+peak=$(value peak_flops) hbm=$(value hbm_bytes_per_second) pcie=$(value pcie_bytes_per_second) launch=$(value launch_seconds)
+within "$peak" 1e8 1e13 && ok "peak_flops $peak within 1e8 .. 1e13 (one core)" || bad "peak_flops $peak"
+within "$hbm" 1e8 1e12 && ok "hbm_bytes_per_second $hbm within 1e8 .. 1e12" || bad "hbm_bytes_per_second $hbm"
+within "$pcie" 1e8 1e12 && ok "pcie_bytes_per_second $pcie within 1e8 .. 1e12" || bad "pcie_bytes_per_second $pcie"
+within "$launch" 1e-8 1e-2 && ok "launch_seconds $launch within 1e-8 .. 1e-2" || bad "launch_seconds $launch"
+awk -v p="$peak" -v h="$hbm" 'BEGIN { exit !(p > h / 4) }' &&
+    ok "the matmul's FLOP/s ($peak) above the residual add's floats/s ($hbm B/s / 4)" || bad "peak $peak vs memory $hbm"
+
+# the planner reads it: --plan with the profile exits 0, for a small GPT-2 of the kind the planner's comparison runs
+model=(--model custom --layers 2 --heads 4 --channels 128 --vocab-size 1024 --max-seq-len 64 --seq-len 64 --batch-size 4)
+if "$binary" "${model[@]}" --plan 4 --machine "$profile" >"$work/plan.out" 2>&1; then
+    ok "$binary --plan 4 --machine PROFILE exits 0 ($(grep -c . "$work/plan.out") lines)"
+else
+    bad "$binary --plan 4 --machine PROFILE: $(tail -n 3 "$work/plan.out")"
+fi
+# and a broken profile is refused (the same file without its peak_flops line)
+grep -v '^peak_flops' "$profile" >"$work/broken.profile"
+if "$binary" "${model[@]}" --plan 4 --machine "$work/broken.profile" >"$work/broken.out" 2>&1; then
+    bad "a profile without peak_flops was accepted"
+else
+    message=$(cat "$work/broken.out")
+    [[ $(grep -c . "$work/broken.out") -eq 1 && $message == error:*broken.profile*peak_flops* ]] &&
+        ok "a profile without peak_flops refused: $message" || bad "a profile without peak_flops: $message"
+fi
+finish
