@@ -15,8 +15,9 @@
 #              agree, which the p = 2 table shows.
 #   planned    what the planner predicts from the passes as they were: each stage's mean F, B and W over the step
 #              (processor time), fed to the simulation the planner's bubble comes from (pipeline_simulator.h's
-#              pipeline_simulate_stages: the schedule's lists, every action of a stage as long as that stage's mean
-#              of its kind, sends free; logged as bubble_planned by llmc/parallel/pipeline_timeline.h).
+#              pipeline_simulate_stages: the schedule's lists and the executor's synchronous groups, every action
+#              of a stage as long as that stage's mean of its kind, the messages free; logged as bubble_planned by
+#              llmc/parallel/pipeline_timeline.h).
 # The check of the planner: at p = 2 the planned bubbles of 1f1b, zb-h1 and zbv against the measured ones (the
 # mean over the ranks of each), each within 15% of it (a PASS or FAIL line; the script exits 1 on a FAIL). The
 # wall clock is what the planner's bubble claims to predict (the share of a step a rank idles), and at p = 2 each
