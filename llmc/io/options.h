@@ -250,23 +250,27 @@ inline Options parse_options(Flags& flags, int argc, char** argv) {
         "and exit (0: train)", 0);
     float& gpu_memory_gib = flags.add_float("gpu-memory", 80.0f, "planning and --recompute auto: memory per GPU, GiB",
                                             0.0f);
-    int& gpus_per_node = flags.add_int("gpus-per-node", 8,
-        "planning: GPUs joined by NVLink; groups spanning more use InfiniBand", 1, 1 << 20);
-    float& nvlink_gbps = flags.add_float("nvlink-bandwidth", 450.0f,
-        "planning: GB/s per direction per GPU within a node (H100 SXM, NVLink 4: 450)", 1e-3f);
-    float& infiniband_gbps = flags.add_float("infiniband-bandwidth", 50.0f,
-        "planning: GB/s per GPU across nodes (NDR InfiniBand, 400 Gb/s: 50)", 1e-3f);
-    float& pcie_gbps = flags.add_float("pcie-bandwidth", 50.0f,
-        "planning: GB/s per direction between a GPU and its host's pinned memory (H100 nodes, PCIe 5 x16: 50)", 1e-3f);
-    float& hbm_gbps = flags.add_float("hbm-bandwidth", 3350.0f,
-        "planning: GB/s of the GPU's own memory, for elementwise recomputation (H100 SXM, HBM3: 3350)", 1e-3f);
+    std::string& machine = flags.add_string("machine", "h100",
+        "planning and --recompute auto: the machine profile, a rank's peak FLOP/s, matmul efficiency by shape, "
+        "memory and host-link bandwidths, and each collective's latency and bus bandwidth on the network's tiers "
+        "(node, leaf, spine): the built-in h100 (H100 SXM nodes of 8 in Llama 3's network, every number cited in "
+        "llmc/planning/h100_profile.h) or a profile file (the format: llmc/planning/hardware.h; "
+        "scripts/bench/calibrate.sh writes this machine's)");
     float& reserve_gib = flags.add_float("memory-reserve", 2.0f,
         "planning and --recompute auto: GiB of --gpu-memory kept for what no formula counts (the CUDA context, "
         "cuBLASLt, NCCL); the CPU build's own runs hold none of it, so tiny models there may give 0", 0.0f);
+    int& gpus_per_node = flags.add_int("gpus-per-node", 8,
+        "planning: when given, replaces the --machine profile's ranks_per_node (the ranks the node tier joins; "
+        "the built-in h100's: 8)", 1, 1 << 20);
     float& peak_tflops = flags.add_float("peak-tflops", 989.4f,
-        "planning: peak TFLOP/s per GPU (H100 SXM dense BF16: 989.4)", 1e-3f);
-    float& efficiency = flags.add_float("efficiency", 0.5f, "planning: fraction of the peak the matmuls reach",
-                                        1e-3f, 1.0f);
+        "planning: when given, replaces the --machine profile's peak TFLOP/s per rank (the built-in h100's: H100 SXM "
+        "dense BF16, 989.4)", 1e-3f);
+    float& hbm_gbps = flags.add_float("hbm-bandwidth", 3350.0f,
+        "planning: when given, replaces the --machine profile's GB/s of a rank's own memory (the built-in h100's: "
+        "HBM3, 3350)", 1e-3f);
+    float& pcie_gbps = flags.add_float("pcie-bandwidth", 50.0f,
+        "planning: when given, replaces the --machine profile's GB/s per direction between a rank's device and its "
+        "host's pinned memory (the built-in h100's: PCIe 5 x16, 50)", 1e-3f);
     int& plan_top = flags.add_int("plan-top", 10, "--plan-search: layouts listed", 1);
     flags.parse(argc, argv);
 
@@ -313,12 +317,18 @@ inline Options parse_options(Flags& flags, int argc, char** argv) {
     o.output_dir = output_dir, o.save_model = save_model, o.resume = resume;
     o.collective_timeout = collective_timeout, o.check_replicas = check_replicas;
     o.plan_ranks = plan_ranks, o.search_ranks = search_ranks, o.plan_top = plan_top;
+    // the profile, then the run's memory, then what the flags given replace
     PlanHardware& hw = o.hardware;
-    hw.gpu_memory_bytes = gpu_memory_gib * (double)(1 << 30), hw.gpus_per_node = gpus_per_node;
-    hw.nvlink_bytes_per_second = nvlink_gbps * 1e9, hw.infiniband_bytes_per_second = infiniband_gbps * 1e9;
-    hw.pcie_bytes_per_second = pcie_gbps * 1e9;
-    hw.hbm_bytes_per_second = hbm_gbps * 1e9, hw.reserve_bytes = reserve_gib * (double)(1 << 30);
-    hw.peak_flops = peak_tflops * 1e12, hw.efficiency = efficiency;
+    hw = machine_profile_read(machine);
+    hw.gpu_memory_bytes = gpu_memory_gib * (double)(1 << 30), hw.reserve_bytes = reserve_gib * (double)(1 << 30);
+    if (flags.was_given("gpus-per-node")) hw.ranks_per_node = gpus_per_node;
+    if (flags.was_given("peak-tflops")) hw.peak_flops = peak_tflops * 1e12;
+    if (flags.was_given("hbm-bandwidth")) hw.hbm_bytes_per_second = hbm_gbps * 1e9;
+    if (flags.was_given("pcie-bandwidth")) hw.pcie_bytes_per_second = pcie_gbps * 1e9;
+    if (hw.ranks_per_leaf < hw.ranks_per_node)
+        fatal("--gpus-per-node %d: more than the --machine profile's ranks_per_leaf %d", hw.ranks_per_node,
+              hw.ranks_per_leaf);
+    hw.gpus_per_node = hw.ranks_per_node;  // to be removed with the field
     o.flags_json = flags.to_json();
     return o;
 }

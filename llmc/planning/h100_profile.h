@@ -7,12 +7,14 @@ agree with a published result.
 
 Sources (the short names used below):
   [H100]     NVIDIA H100 Tensor Core GPU datasheet, SXM column: BF16 Tensor Core 1,979 TFLOPS "with sparsity" (989.4
-             dense: 528 tensor cores x 1024 FLOP per clock x 1.83 GHz), GPU memory bandwidth 3.35 TB/s, NVLink
-             900 GB/s (both directions together: 450 GB/s each way), PCIe Gen5 128 GB/s (both directions: 64 each way).
+             dense, half of it: 528 tensor cores x 1024 FLOP per clock x 1.83 GHz), GPU memory bandwidth 3.35 TB/s,
+             NVLink 900 GB/s (both directions together: 450 GB/s each way), PCIe Gen5 128 GB/s (both directions: 64
+             each way).
   [Llama3]   Dubey et al. 2024, "The Llama 3 Herd of Models", section 3.3.1 (Network): RoCE at 400 Gbps per GPU;
              eight GPUs per server; a rack of 16 GPUs; a pod of 192 racks = 3,072 GPUs with full bisection bandwidth;
              the aggregation layer above the pods oversubscribed 1:7.
-  [NCCL]     NCCL's own cost model, src/graph/tuning.cc (NVIDIA/nccl, 2.19 and later): hwLat, the latency per step
+  [NCCL]     NCCL's own cost model, src/graph/tuning.cc (NVIDIA/nccl, its recent releases; older ones had 0.47 us
+             for NVLink): hwLat, the latency per step
              of each algorithm and protocol on each link kind: NVLink ring LL 0.6 us, network ring LL 2.7 us, network
              tree LL 5.0 us. A step's latency is what the format calls alpha; the LL protocol is the one NCCL picks
              for the small messages where alpha matters. Its per-call base latency (baseLat) has no place in the
@@ -23,16 +25,18 @@ Sources (the short names used below):
   [nt267]    NVIDIA/nccl-tests issue 267, maintainers' answers (2024-11, 2025-01): an all-to-all "cannot aggregate the
              bandwidth of multiple NICs", so it runs at one NIC's rate; ConnectX-7 at NDR 400 Gb/s "should achieve up
              to 48-49GB/s per NIC".
-  [nccl1281] NVIDIA/nccl issue 1281 (2024-05): nccl-tests on H100, reduce_scatter 360 GB/s and all_gather 350 GB/s
-             bus bandwidth with the same settings.
+  [nccl1281] NVIDIA/nccl issue 1281 (2024-05), a user's report: nccl-tests on H100, reduce_scatter 360 GB/s and
+             all_gather 350 GB/s bus bandwidth with the same settings (the node count is not stated; rates above a
+             400 Gb/s NIC's are NVLink's, so one node).
   [nccl1264] NVIDIA/nccl issue 1264: p2pBandwidthLatencyTest between two H100 SXM over NVLink 4, 380 GB/s one way
              (376 in another report there): what one send reaches.
   [MAMF]     S. Bekman, "Machine Learning Engineering", compute/accelerator: the Maximum Achievable Matmul FLOPS
              table, H100 SXM BF16: 792.1 TFLOPS = 80.1% of 989, best shape 6144 x 17920 x 2816 (CUDA 12.1): the
              lectures' "about 80% on an H100 for large ones".
-  [FA3]      Shah et al. 2024, "FlashAttention-3", Figure 5 (forward, causal, head dimension 128, H100 80GB SXM5, BF16)
-             and Figure 6 (backward, head dimension 128; the paper shows the backward pass without the causal mask
-             only, so that one stands in for the causal backward: an estimate).
+  [FA3]      Shah et al. 2024, "FlashAttention-3" (arXiv 2407.08608), the forward-speed figure (Figure 5: causal,
+             head dimension 128, H100 80GB SXM5, FP16/BF16) and the backward-speed one (Figure 6: head dimension 128;
+             the paper shows the backward pass without the causal mask only, so that one stands in for the causal
+             backward: an estimate).
 
 How the rows that are not a single published number are derived:
   matmul   Only the largest shape is measured [MAMF]. The others are that 0.801 times two bounds, which makes them

@@ -58,10 +58,11 @@ The file format (what --machine FILE reads, machine_profile_text writes and scri
     fit OP ALGORITHM R2 POINTS             optional, informational: calibrate.sh's fit of alpha + n/beta per
                                            collective, R2 at most 1, POINTS the measurements behind it
 Required: the first line, name, peak_flops, hbm_bytes_per_second, pcie_bytes_per_second, ranks_per_node,
-ranks_per_leaf, a matmul row, and on the node tier every op with at least one algorithm. Every other number is
-positive. Anything else is refused with one line naming the file, the line and the problem: an unknown key, a key
-(or a matmul shape, attention length, collective row, fit) given twice, a missing, non-numeric or out-of-range
-number, extra words, a tree row for an op other than all_reduce, ranks_per_leaf < ranks_per_node, T not increasing.
+ranks_per_leaf, a matmul row, and on the node tier every op with at least one algorithm. Every number is positive
+but ALPHA, launch_seconds and cores_per_node (0 allowed) and R2 (any, up to 1). Anything else is refused with one
+line naming the file, the line and the problem: an unknown key, a key (or a matmul shape, attention length,
+collective row, fit) given twice, a missing, non-numeric or out-of-range number, extra words, a tree row for an
+op other than all_reduce, ranks_per_leaf < ranks_per_node, T not increasing.
 
 The built-in profile "h100", a cluster of H100 SXM GPUs in Llama 3's network, is in this format, each number cited:
 llmc/planning/h100_profile.h. A default-constructed PlanHardware is that profile (its constructor reads it).
@@ -283,14 +284,15 @@ inline std::string machine_profile_number(const std::string& word, const std::st
     return "";
 }
 
+// Parses the format into *profile (left as it was on an error); returns the one-line error, or "" when it is good.
 inline std::string machine_profile_parse(const std::string& text, const std::string& source, MachineProfile* profile) {
     MachineProfile p;
     struct Scalar {
         const char* key;
-        double* real;  // or
+        double* real;  // where its value goes: one of the two
         int* whole;
-        bool required;
-        int line;      // where it was given (0: not yet)
+        bool required;  // the optional ones may be 0 (none), the required ones must be positive
+        int line;       // where it was given (0: not yet)
     };
     Scalar scalars[] = {
         {"peak_flops", &p.peak_flops, nullptr, true, 0},
@@ -301,23 +303,30 @@ inline std::string machine_profile_parse(const std::string& text, const std::str
         {"ranks_per_leaf", nullptr, &p.ranks_per_leaf, true, 0},
         {"cores_per_node", nullptr, &p.cores_per_node, false, 0},
     };
-    int name_line = 0;
+    Scalar& ranks_per_leaf = scalars[5];
+    int name_line = 0;  // where each entry was given, to name the first when one comes again
     std::vector<int> matmul_lines;
     int collective_lines[kTiers][kCollectiveOps][kCollectiveAlgorithms] = {};
     int fit_lines[kCollectiveOps][kCollectiveAlgorithms] = {};
 
     std::vector<std::string> lines = split_string(text, '\n');
     if (!lines.empty() && lines.back().empty()) lines.pop_back();  // the newline that ends the last line
-    int number = 0;  // of the line being read, from 1
+    int number = 1;  // of the line being read
     auto at = [&](int line, const std::string& problem) { return source + ":" + std::to_string(line) + ": " + problem; };
-    // words[0] must have exactly `count` values after it, as `usage` shows them
-    auto arity = [&](const std::vector<std::string>& words, size_t count, const char* usage) -> std::string {
-        if (words.size() - 1 < count)
-            return at(number, words[0] + " needs " + std::to_string(count) + (count == 1 ? " value" : " values") +
-                                  " (" + usage + "), got " + std::to_string(words.size() - 1));
-        if (words.size() - 1 > count) return at(number, "extra words after " + words[0] + "'s " + usage + ": '" +
-                                                             words[count + 1] + "'");
-        return "";
+    std::string problem;
+    // the entry's word count: `count` values after the key, as `usage` shows them
+    auto values = [&](const std::vector<std::string>& words, size_t count, const char* usage) {
+        const size_t given = words.size() - 1;
+        if (given < count)
+            problem = words[0] + " needs " + std::to_string(count) + (count == 1 ? " value" : " values") + " (" +
+                      usage + "), got " + std::to_string(given);
+        else if (given > count)
+            problem = "extra words after " + words[0] + "'s " + usage + ": '" + words[count + 1] + "'";
+        return given == count;
+    };
+    auto read = [&](const std::string& word, const std::string& what, ProfileNumber rule, double* value) {
+        problem = machine_profile_number(word, what, rule, value);
+        return problem.empty();
     };
     auto twice = [&](const std::string& what, int first) {
         return at(number, what + " given twice (first on line " + std::to_string(first) + ")");
@@ -332,87 +341,80 @@ inline std::string machine_profile_parse(const std::string& text, const std::str
         const std::vector<std::string> words = machine_profile_words(lines[number - 1]);
         if (words.empty()) continue;
         const std::string& key = words[0];
-        std::string error;
         double v[4];
-        if (key == "name") {
-            if (!(error = arity(words, 1, "one word")).empty()) return error;
-            if (name_line) return twice("name", name_line);
-            p.name = words[1], name_line = number;
-            continue;
-        }
         Scalar* scalar = nullptr;
         for (Scalar& s : scalars)
             if (key == s.key) scalar = &s;
-        if (scalar) {
-            if (!(error = arity(words, 1, "a number")).empty()) return error;
+        if (key == "name") {
+            if (!values(words, 1, "one word")) return at(number, problem);
+            if (name_line) return twice("name", name_line);
+            p.name = words[1], name_line = number;
+        } else if (scalar) {
+            if (!values(words, 1, "a number")) return at(number, problem);
             if (scalar->line) return twice(key, scalar->line);
-            const bool zero_ok = !scalar->required;  // launch_seconds, cores_per_node: 0 means none
-            const ProfileNumber rule = scalar->whole ? (zero_ok ? ProfileNumber::WholeNonNegative : ProfileNumber::WholePositive)
-                                                     : (zero_ok ? ProfileNumber::NonNegative : ProfileNumber::Positive);
-            if (!(error = machine_profile_number(words[1], key, rule, &v[0])).empty()) return at(number, error);
+            const ProfileNumber rule =
+                scalar->whole ? (scalar->required ? ProfileNumber::WholePositive : ProfileNumber::WholeNonNegative)
+                              : (scalar->required ? ProfileNumber::Positive : ProfileNumber::NonNegative);
+            if (!read(words[1], key, rule, &v[0])) return at(number, problem);
             if (scalar->whole) *scalar->whole = (int)v[0];
             else *scalar->real = v[0];
             scalar->line = number;
         } else if (key == "matmul") {
-            if (!(error = arity(words, 4, "M N K EFFICIENCY")).empty()) return error;
-            const char* what[4] = {"matmul M", "matmul N", "matmul K", "matmul efficiency"};
-            for (int i = 0; i < 4; i++)
-                if (!(error = machine_profile_number(words[i + 1], what[i], i < 3 ? ProfileNumber::Positive
-                                                                                    : ProfileNumber::Efficiency, &v[i]))
-                         .empty())
-                    return at(number, error);
+            if (!values(words, 4, "M N K EFFICIENCY")) return at(number, problem);
+            if (!read(words[1], "matmul M", ProfileNumber::Positive, &v[0]) ||
+                !read(words[2], "matmul N", ProfileNumber::Positive, &v[1]) ||
+                !read(words[3], "matmul K", ProfileNumber::Positive, &v[2]) ||
+                !read(words[4], "matmul efficiency", ProfileNumber::Efficiency, &v[3]))
+                return at(number, problem);
             for (size_t r = 0; r < p.matmul.size(); r++)
                 if (p.matmul[r].m == v[0] && p.matmul[r].n == v[1] && p.matmul[r].k == v[2])
                     return twice("matmul " + words[1] + " " + words[2] + " " + words[3], matmul_lines[r]);
             p.matmul.push_back({v[0], v[1], v[2], v[3]});
             matmul_lines.push_back(number);
         } else if (key == "attention") {
-            if (!(error = arity(words, 2, "T EFFICIENCY")).empty()) return error;
-            if (!(error = machine_profile_number(words[1], "attention T", ProfileNumber::Positive, &v[0])).empty() ||
-                !(error = machine_profile_number(words[2], "attention efficiency", ProfileNumber::Efficiency, &v[1]))
-                     .empty())
-                return at(number, error);
+            if (!values(words, 2, "T EFFICIENCY")) return at(number, problem);
+            if (!read(words[1], "attention T", ProfileNumber::Positive, &v[0]) ||
+                !read(words[2], "attention efficiency", ProfileNumber::Efficiency, &v[1]))
+                return at(number, problem);
             if (!p.attention.empty() && v[0] <= p.attention.back().seq_len)
                 return at(number, "attention T " + words[1] + " does not increase on the row before's");
             p.attention.push_back({v[0], v[1]});
         } else if (key == "collective") {
-            if (!(error = arity(words, 5, "TIER OP ALGORITHM ALPHA BETA")).empty()) return error;
+            if (!values(words, 5, "TIER OP ALGORITHM ALPHA BETA")) return at(number, problem);
             const int tier = machine_profile_name_index(words[1], kTierNames, kTiers);
             const int op = machine_profile_name_index(words[2], kCollectiveOpNames, kCollectiveOps);
             const int algorithm = machine_profile_name_index(words[3], kCollectiveAlgorithmNames, kCollectiveAlgorithms);
             if (tier < 0) return at(number, "collective: '" + words[1] + "' is not a tier (node, leaf, spine)");
             if (op < 0)
-                return at(number, "collective: '" + words[2] + "' is not an op (all_reduce, all_gather, reduce_scatter, "
-                                  "all_to_all, send_recv)");
+                return at(number, "collective: '" + words[2] + "' is not an op (all_reduce, all_gather, "
+                                  "reduce_scatter, all_to_all, send_recv)");
             if (algorithm < 0) return at(number, "collective: '" + words[3] + "' is not an algorithm (ring, tree)");
             if (algorithm == (int)CollectiveAlgorithm::Tree && op != (int)CollectiveOp::AllReduce)
                 return at(number, "collective: a tree row for " + words[2] + " (tree is all_reduce's only)");
-            if (collective_lines[tier][op][algorithm])
-                return twice("collective " + words[1] + " " + words[2] + " " + words[3],
-                             collective_lines[tier][op][algorithm]);
-            if (!(error = machine_profile_number(words[4], "collective alpha", ProfileNumber::NonNegative, &v[0]))
-                     .empty() ||
-                !(error = machine_profile_number(words[5], "collective bus bandwidth", ProfileNumber::Positive, &v[1]))
-                     .empty())
-                return at(number, error);
+            int& first = collective_lines[tier][op][algorithm];
+            if (first) return twice("collective " + words[1] + " " + words[2] + " " + words[3], first);
+            if (!read(words[4], "collective alpha", ProfileNumber::NonNegative, &v[0]) ||
+                !read(words[5], "collective bus bandwidth", ProfileNumber::Positive, &v[1]))
+                return at(number, problem);
             p.collectives[tier][op][algorithm] = {true, v[0], v[1]};
-            collective_lines[tier][op][algorithm] = number;
+            first = number;
         } else if (key == "fit") {
-            if (!(error = arity(words, 4, "OP ALGORITHM R2 POINTS")).empty()) return error;
+            if (!values(words, 4, "OP ALGORITHM R2 POINTS")) return at(number, problem);
             const int op = machine_profile_name_index(words[1], kCollectiveOpNames, kCollectiveOps);
             const int algorithm = machine_profile_name_index(words[2], kCollectiveAlgorithmNames, kCollectiveAlgorithms);
             if (op < 0) return at(number, "fit: '" + words[1] + "' is not an op");
             if (algorithm < 0) return at(number, "fit: '" + words[2] + "' is not an algorithm (ring, tree)");
-            if (fit_lines[op][algorithm]) return twice("fit " + words[1] + " " + words[2], fit_lines[op][algorithm]);
-            if (!(error = machine_profile_number(words[3], "fit R2", ProfileNumber::R2, &v[0])).empty() ||
-                !(error = machine_profile_number(words[4], "fit points", ProfileNumber::WholePositive, &v[1])).empty())
-                return at(number, error);
+            int& first = fit_lines[op][algorithm];
+            if (first) return twice("fit " + words[1] + " " + words[2], first);
+            if (!read(words[3], "fit R2", ProfileNumber::R2, &v[0]) ||
+                !read(words[4], "fit points", ProfileNumber::WholePositive, &v[1]))
+                return at(number, problem);
             p.fits.push_back({(CollectiveOp)op, (CollectiveAlgorithm)algorithm, v[0], (int)v[1]});
-            fit_lines[op][algorithm] = number;
+            first = number;
         } else {
             return at(number, "unknown key '" + key + "' (the keys: name, peak_flops, hbm_bytes_per_second, "
-                              "pcie_bytes_per_second, launch_seconds, ranks_per_node, ranks_per_leaf, cores_per_node, "
-                              "matmul, attention, collective, fit)");
+                              "pcie_bytes_per_second, launch_seconds, ranks_per_node, ranks_per_leaf, "
+                              "cores_per_node, matmul, attention, collective, fit)");
         }
     }
 
@@ -426,8 +428,9 @@ inline std::string machine_profile_parse(const std::string& text, const std::str
             return at(end, std::string("the profile ends without a node-tier collective row for ") +
                                kCollectiveOpNames[op] + " (every op needs one on the node tier)");
     if (p.ranks_per_leaf < p.ranks_per_node)
-        return at(scalars[5].line, "ranks_per_leaf " + std::to_string(p.ranks_per_leaf) + " is below ranks_per_node " +
-                                       std::to_string(p.ranks_per_node) + " (a leaf holds whole nodes)");
+        return at(ranks_per_leaf.line, "ranks_per_leaf " + std::to_string(p.ranks_per_leaf) +
+                                           " is below ranks_per_node " + std::to_string(p.ranks_per_node) +
+                                           " (a leaf holds whole nodes)");
     *profile = p;
     return "";
 }
