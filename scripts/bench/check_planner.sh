@@ -27,7 +27,7 @@
 #   usage: scripts/bench/check_planner.sh [PROFILE] [RUNS]
 # PROFILE: a machine profile (llmc/planning/hardware.h's format); none: scripts/bench/calibrate.sh writes this
 # machine's first (build/machine.profile). RUNS: a directory that keeps every run (default: a fresh temporary
-# one); a layout whose 8 steps are already there is not run again, so a changed cost model can be checked
+# one); a layout whose 8 steps are already there, run with the same flags, is not run again, so a changed cost model can be checked
 # against the same measurements (the profile must be this machine's, from the same quiet state).
 # Takes about 5 minutes on a quiet 2-core host; other work on the host inflates the measured times.
 set -euo pipefail
@@ -104,8 +104,10 @@ for entry in $layouts; do
     IFS=: read -r name ranks group model batch total flag_list <<<"$entry"
     declare -n model_flags=$model
     flags=("${common[@]}" "${model_flags[@]}" --batch-size "$batch" --total-batch-size "$total" ${flag_list//,/ })
-    if [[ $(grep -c '"event": "step"' "$runs/$name/log.jsonl" 2>/dev/null) != "$steps" ]]; then
+    if [[ $(grep -c '"event": "step"' "$runs/$name/log.jsonl" 2>/dev/null) != "$steps" ||
+          $(cat "$runs/$name.flags" 2>/dev/null) != "$ranks ${flags[*]}" ]]; then
         rm -rf "${runs:?}/$name"
+        echo "$ranks ${flags[*]}" >"$runs/$name.flags"
         mpirun --oversubscribe --allow-run-as-root -np "$ranks" "$binary" "${flags[@]}" --output-dir "$runs/$name" \
             >"$runs/$name.out" 2>&1 || { echo "check_planner.sh: the $name run failed:"; tail -3 "$runs/$name.out"; exit 1; }
     fi
