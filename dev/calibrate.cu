@@ -111,6 +111,10 @@ T* device_filled(size_t count) {
 
 void measure_matmuls() {
     std::vector<int> sizes = quick ? std::vector<int>{64, 256, 1024} : std::vector<int>{64, 128, 256, 512, 1024};
+#ifndef LLMC_CPU
+    // a GPU reaches its peak only on large products (a CPU core already at 1024)
+    sizes = quick ? std::vector<int>{256, 2048, 8192} : std::vector<int>{256, 512, 1024, 2048, 4096, 8192};
+#endif
     const int largest = sizes.back();
     floatX* a = device_filled<floatX>((size_t)largest * largest);
     floatX* b = device_filled<floatX>((size_t)largest * largest);
@@ -240,15 +244,27 @@ void measure_collectives(Communicator& world, cudaStream_t stream) {
                 return seconds_since(start);
             };
             timed();  // warm-up: the first use of each link waits for its peer (NCCL connects lazily)
+            // Every rank must make the same number of calls: they agree on the quickest of three calls on the
+            // slowest rank (a call slowed by another process's burst does not set the count). Right after a start
+            // or a large call the ranks take some tens of milliseconds to settle (measured here: calls of 8 bytes
+            // after 32 MiB ones took 8-20 ms for about 60 ms, then 1 us), so while three calls are quick enough for
+            // that to matter (< 0.1 s) and the next three are twice as quick, the three were warm-up.
             std::vector<float> times;
-            for (int i = 0; i < 3; i++) times.push_back((float)timed());
-            // every rank must make the same number of calls: decided from the quickest of the first three on
-            // the slowest rank (a rank descheduled by another process's burst makes one call slow, not the count)
-            float first_slowest = *std::min_element(times.begin(), times.end());
-            copy_to_device(slowest, &first_slowest, 1, stream);
-            all_reduce(world, slowest, 1, Reduction::Max, stream);
-            copy_to_host(&first_slowest, slowest, 1, stream);
-            const int calls = calls_for(first_slowest, quick ? 0.02 : 0.15, quick ? 5 : 7, quick ? 9 : 31);
+            float quickest_call = INFINITY;
+            for (int probe = 0; probe < 4; probe++) {
+                std::vector<float> probed;
+                for (int i = 0; i < 3; i++) probed.push_back((float)timed());
+                float quickest = *std::min_element(probed.begin(), probed.end());
+                copy_to_device(slowest, &quickest, 1, stream);
+                all_reduce(world, slowest, 1, Reduction::Max, stream);
+                copy_to_host(&quickest, slowest, 1, stream);
+                const bool settling = quickest < 0.5f * quickest_call;  // (always on the first probe)
+                quickest_call = std::min(quickest_call, quickest);
+                times = probed;
+                if (!settling || quickest > 0.1f) break;
+            }
+            if (quickest_call < 0.01f) times.clear();  // cheap calls: the probes were warm-up, time afresh
+            const int calls = calls_for(quickest_call, quick ? 0.02 : 0.15, quick ? 5 : 7, quick ? 9 : 31);
             while ((int)times.size() < calls) times.push_back((float)timed());
             // each call's time is its slowest rank's
             for (size_t done = 0; done < times.size(); done += 64) {

@@ -23,36 +23,61 @@ work:
                         ep: expert_parallel.h ep_bytes_per_step, the routed rows spread evenly over the experts
                         (the real routing is what it is: the run logs it), not hidden by compute
     pipeline bubble     the schedule's lists (pipeline_schedule.h) simulated (pipeline_simulator.h) with each
-                        stage's own cost: a forward a third of the stage's FLOPs time, the backward two thirds
-                        (B and W a third each where the schedule splits it); the mean over the pp ranks of the
-                        time each is idle. Equal stages give pipeline_bubble_fraction, which --plan prints beside
-                        it.
+                        stage's own F, B and W (plan_stage_passes, below); the mean over the pp ranks of the time
+                        each is idle. Equal stages give pipeline_bubble_fraction, which --plan prints beside it.
 Two corrections to those formulas, which each count a plain step of a whole model: under pp a rank runs
 L/pp layers, so the tp bytes are counted for its layers (with the embedding and LM head terms on every
 pp rank: an upper bound by 4 (t-1)/t N C s per micro-step); under --recompute full the backward pass runs
 every block forward again, tp collectives included: + 4 l (t-1)/t N C s per micro-step (cp's formula
 already has its forward-pass count F).
 
-The cost model of the estimated step time (one step, seconds; each term printed beside the result):
-    compute   = hardware FLOPs per rank / (peak FLOP/s x efficiency)
-                hardware FLOPs = model FLOPs (llmc/planning/mfu.h: 6 P + 12 L C T per token, P every parameter) +
-                the recomputation's (recompute.h: full reruns every block forward, 2 P_block + 4 C T per
-                layer and token), times the tokens of the step, divided evenly over the ranks (uneven
-                stages idle some pp ranks: the simulated bubble counts that; a contiguous cp split gives
-                the last cp rank more causal attention: not modelled)
-    per axis  = bytes this rank sends per step on the axis / the bandwidth of the axis's link: NVLink when
-                the axis's group lies in one node of --gpus-per-node GPUs (tp: tp <= gpus per node; cp:
-                tp cp <= it; pp: tp cp pp <= it; dp: all ranks <= it), InfiniBand otherwise (a ring over
-                nodes runs at one GPU's network bandwidth). Defaults: H100 SXM: NVLink 4, 450 GB/s per
-                direction per GPU; InfiniBand NDR 400 Gb/s = 50 GB/s per GPU; peak 989 TFLOP/s (dense BF16)
+The cost model of the estimated step time (one step, seconds; each term printed beside the result), priced by a
+machine profile (llmc/planning/hardware.h: --machine, the built-in h100 by default, whose numbers are cited in
+llmc/planning/h100_profile.h; scripts/bench/calibrate.sh measures one). The prices are in
+llmc/planning/cost_model.h:
+    compute   the mean pp rank's passes, per microbatch and stage (plan_stage_passes), times the microbatches:
+              matmuls     every matmul a rank runs, forward (M, N, K) = (rows, out, in) and its backward dX
+                          (M, K, N) and dW (N, K, M), each 2 M N K / (peak x matmul_efficiency(M, N, K)), the
+                          profile's shape table. Rows: B T/cp (gathered under SP); tp splits qkv and fc by columns,
+                          the projections by rows, the LM head by the vocabulary; a mixture's experts take the
+                          rank's routed rows (B/tp sequences x K choices, spread evenly over the experts). Their FLOPs
+                          add up to pipeline.h's 6 x weights per token (dev/test/test_planner.cu checks it)
+              attention   what the flash kernel computes: the key tiles a causal row sees (T/2 of T), 2 products of
+                          HS per visible score forward, 7 backward (its deterministic two-kernel backward), at
+                          attention_efficiency(keys per kernel call: T; a ring step's T/cp, T/(2 cp) zigzag)
+              memory      the elementwise kernels (norms, residual adds, GELU / SwiGLU, RoPE, attention's
+                          preprocessing, the ring's merges, the encoder, the classifier's softmax over the
+                          vocabulary) at their bytes read + written / hbm_bytes_per_second, plus launch_seconds per
+                          kernel launch (counted per block from forward_backward.cuh); AdamW over the rank's
+                          parameter shard once per step (28 + s bytes a parameter)
+              F = forward; B = the dX matmuls, attention's backward and the memory-bound backward (+ a block's
+              forward again where recomputation reruns it: full, or the f letters); W = the dW matmuls. The LM
+              head's backward is F where the schedule does not split the backward (the program runs it after the
+              loss). Everything is divided by rank_compute_share (the CPU build's ranks share the host's cores:
+              ranks_on_node = min(ranks, ranks_per_node)). Hardware FLOPs (printed) are mfu.h's model FLOPs plus
+              the recomputation's; MFU counts the model FLOPs (PaLM's 12 L C T attention included).
+    per axis  = the collectives one rank calls per step (cost_model.h tp_collective_calls, cp_collective_calls,
+              ep_collective_calls; here dp_collective_calls, pp_collective_calls), each of its op, group size g
+              and nccl-tests' n, priced by collective_seconds: steps(op, algorithm, g) x alpha + factor x n / beta
+              on the tier the group spans (node: within ranks_per_node consecutive ranks; leaf: within
+              ranks_per_leaf; spine beyond), the cheaper of ring and tree where the profile has both. So alpha
+              counts once per call. A ring (not an all-to-all) that crosses the spine crosses it once per leaf,
+              so the leaf's uplinks pool the spine's per-rank bandwidth over the group's ranks in the leaf, up to
+              the leaf's (spine_ring_seconds). Spans (mesh order: tp fastest, then cp, pp, dp): tp g = tp; cp
+              tp cp; pp tp cp pp; ep tp cp pp ep; dp all ranks. The calls' bytes sum to the byte formulas above
+              (checked)
     cp shown  = the part of the cp axis's time that attention does not hide (ring; below), or all of it (Ulysses)
     recompute = selective's elementwise passes at HBM bandwidth and offload's PCIe transfers that compute does not
-                hide (llmc/planning/recompute_choice.h), for the policies and letters that have them (full's rerun
-                is in compute and tp)
-    step      = (compute + tp + cp shown + pp + recompute) / (1 - bubble)  +  max(0, dp - compute)
-Overlap: dp (the gradient all-reduce or reduce-scatter, the ZeRO all-gathers) runs on its own stream
-while the blocks compute (llmc/parallel/zero.h reduces each chunk as soon as its gradient is final, ZeRO-3 gathers
-ahead), so only the part longer than the compute shows. tp and pp are counted in full: a tp all-reduce
+                hide (llmc/planning/recompute_choice.h, whose full letter is priced as here: the block's forward
+                and its tp calls), for the policies and letters that have them (full's rerun is in compute's B
+                and in tp)
+    step      = (compute + tp + cp shown + pp + ep + recompute) / (1 - bubble)  +  dp exposed (below)
+Overlap: dp's reductions (the gradient all-reduce or reduce-scatter) run on their own stream while the blocks
+compute (llmc/parallel/zero.h reduces each chunk as soon as its gradient is final), so only the part longer than the
+compute they run beside shows: ZeRO 0 and 1 reduce in the step's last microbatch, behind its backward pass alone
+(B + W of one microbatch); ZeRO 2 every microbatch, behind every backward pass; ZeRO 3 also gathers each chunk
+ahead of its forward and backward passes, behind all of the compute. ZeRO 1 and 2 gather the updated shards after
+the optimizer step on the compute stream, before anything else runs: those all-gathers show whole. tp and pp are counted in full: a tp all-reduce
 sits between two matmuls that need it (only f's backward overlaps, with the weight gradient), and a pp send is
 the next stage's input; counting them whole makes the estimate an upper bound for those axes. Ring attention
 passes the next K/V block on a stream of its own while the compute stream works on the block in hand
@@ -62,14 +87,16 @@ each waiting for the other, and show whole. The pipeline's idle time stretches a
 communication on the critical path included: / (1 - bubble).
 Optimizer offload (--offload optimizer, llmc/parallel/zero.h): every step moves the rank's optimizer state (the
 memory plan's host bytes, 12 or 8 bytes per parameter of its shard) up to the device and back down once, over
-PCIe at --pcie-bandwidth (default 50 GB/s per direction, PCIe 5 x16), up and down one after the other on one copy
-stream: offload = 2 x host bytes / PCIe bandwidth, on the rank with the most. None of it counts as hidden: the
-update runs after the gradients are final and the next step's forward pass needs its parameters, so it adds to
-the step whole (the double buffering hides the kernels behind the copies, not the copies behind the step):
+PCIe at the profile's pcie_bytes_per_second, up and down one after the other on one copy stream: offload = 2 x host
+bytes / PCIe bandwidth, on the rank with the most. None of it counts as hidden: the update runs after the gradients
+are final and the next step's forward pass needs its parameters, so it adds to the step whole (the double buffering
+hides the kernels behind the copies, not the copies behind the step):
     step     += offload
-Not modelled: the efficiency lost by small matmuls at large tp or small B T, kernel launch overheads,
-the optimizer step, contention of several axes for one link. The ranking is for comparing layouts, not
-a promise of seconds; --efficiency sets the fraction of peak a well-fed matmul reaches.
+Not modelled: collective kernels taking SMs and memory bandwidth from the matmuls they overlap; contention of
+several axes for one link; stragglers and clock changes across many devices; the contiguous cp split's unequal
+steps; an uneven routing of a mixture's rows (the run logs it); the grad-norm and the loss's host round trips.
+Against Llama 3 405B's published MFU (Table 4) the model under the h100 profile is optimistic: the test prints
+each term and what the difference points at. The ranking is for comparing layouts, not a promise of seconds.
 
 Memory: "fits" means the plan's total on the fullest pp rank plus --memory-reserve (2 GiB by default: the CUDA context,
 cuBLASLt's workspace and NCCL's buffers, which no formula here counts) is at most --gpu-memory.
@@ -483,7 +510,18 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
         plan.tiers[a] = group_tier(hw, spans[a]);
         plan.axis_seconds[a] = collective_calls_seconds(hw, plan.collectives[a]);
     }
-    plan.exposed_dp_seconds = std::max(0.0, plan.axis_seconds[PLAN_DP] - plan.compute_seconds);
+    {
+        // dp's overlap (the top of the file): what the reductions hide behind, and ZeRO 1-2's gathers after the update
+        double backward = 0;  // the mean pp rank's B and W per step
+        for (const PassSeconds& stage : plan.stage_passes)
+            backward += (stage.input_gradient.total() + stage.weight_gradient.total()) * m / p;
+        const double behind = l.zero_stage == 3 ? plan.compute_seconds : l.zero_stage == 2 ? backward : backward / m;
+        std::vector<CollectiveCalls> during, after;
+        for (const CollectiveCalls& c : plan.collectives[PLAN_DP])
+            (c.op == CollectiveOp::AllGather && l.zero_stage < 3 ? after : during).push_back(c);
+        plan.exposed_dp_seconds = std::max(0.0, collective_calls_seconds(hw, during) - behind) +
+                                  collective_calls_seconds(hw, after);
+    }
     {
         double block_attention = 0;  // the mean block's attention forward, per microbatch
         for (int layer = 0; layer < L; layer++) block_attention += block_pass_seconds(config, layer, l, hw).forward.attention / L;
@@ -582,7 +620,8 @@ inline void print_plan_estimate(const LayoutPlan& plan, const PlanHardware& hw, 
                                       ? plan_format(" (of %.3f; attention hides the rest)", plan.axis_seconds[PLAN_CP])
                                       : "";
     fprintf(out, "estimated step %.3f s = (compute %.3f + tp %.3f + cp %.3f%s + pp %.3f%s%s) / (1 - bubble %.3f) + dp "
-            "not hidden by compute %.3f; MFU %.1f%% (%.3g tokens per step, %.3g model FLOPs, %.3g with recomputation; "
+            "exposed %.3f (of %.3f: the reductions beyond the compute they overlap, ZeRO 1-2's gathers after the "
+            "update); MFU %.1f%% (%.3g tokens per step, %.3g model FLOPs, %.3g with recomputation; "
             "machine profile %s, peak %.0f TFLOP/s; llmc/planning/planner.h's cost model)\n", plan.step_seconds,
             plan.compute_seconds, plan.axis_seconds[PLAN_TP], plan.shown_cp_seconds, cp_hidden.c_str(),
             plan.axis_seconds[PLAN_PP],
@@ -591,7 +630,7 @@ inline void print_plan_estimate(const LayoutPlan& plan, const PlanHardware& hw, 
                 ? plan_format(" + recompute %.3f (selective's passes, offload's transfers)", plan.recompute_seconds).c_str()
                 : "",
             plan.bubble,
-            plan.exposed_dp_seconds, 100 * plan.mfu, plan.tokens,
+            plan.exposed_dp_seconds, plan.axis_seconds[PLAN_DP], 100 * plan.mfu, plan.tokens,
             plan.model_flops, plan.hardware_flops, hw.name.c_str(), hw.peak_flops / 1e12);
     fprintf(out, "compute %.3f s per step on the mean pp rank = matmuls %.3f (by shape) + attention %.3f + memory-bound "
             "kernels, launches and AdamW %.3f\n", plan.compute_seconds, plan.compute.matmul, plan.compute.attention,

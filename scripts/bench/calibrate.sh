@@ -8,12 +8,12 @@
 #
 # What is measured (dev/calibrate.cu, built as calibrate_fp32_cpu here, calibrate on a GPU machine), each time
 # through the project's own kernels and communication layer, the median of several calls after a warm-up:
-#   matmuls       M, N, K each 64 .. 1024 in powers of 2 (quick: 64, 256, 1024) through the three calls the model
-#                 makes of the matmul launcher (forward, backward input, backward weights: the same sgemm or
-#                 cuBLASLt call with other operands transposed); a shape's row is its mean time over the three, so
-#                 that the planner, which prices the three products of a layer by their shapes, gets each shape at
-#                 the rate its calls average. peak_flops = the best rate of any call; each row's efficiency is
-#                 relative to it. The table below prints how far the transposed calls differ.
+#   matmuls       M, N, K each 64 .. 1024 in powers of 2 (quick: 64, 256, 1024; a GPU: 256 .. 8192) through the
+#                 three calls the model makes of the matmul launcher (forward, backward input, backward weights: the
+#                 same sgemm or cuBLASLt call with other operands transposed); a shape's row is its mean time over
+#                 the three, so that the planner, which prices the three products of a layer by their shapes, gets
+#                 each shape at the rate its calls average. peak_flops = the best rate of any call; each row's
+#                 efficiency is relative to it. It prints how far the three calls' rates differ.
 #   attention     causal attention_forward + attention_backward, head size 64, T = 32 .. 512 (quick: 32, 128):
 #                 efficiency = the flops the planner counts for it (mfu.h's, PaLM's: 12 B T^2 C for forward and
 #                 backward, the whole T x T matrix) per second / peak_flops, so that the planner's count over
@@ -38,19 +38,24 @@
 # R2 is reported on log(seconds) too (1 - residual / total sum of squares of the logs), with the median and the
 # worst ratio between fitted and measured time.
 # Why the stretch: beyond one rank per core the ranks take turns on the cores, and every step of a collective waits
-# for a rank that is not running; measured here, the plain law fitted to all G is off by x2 at the median (worse
-# for send_recv), while the stretched law's median error is x1.3-x2.7 with R2 0.87-0.93 on log time (on 2 cores).
-# So the profile's collective rows are a rank's costs when each rank has a core, and a planner prices a
-# collective on a node whose ranks share its cores as collective_seconds / rank_compute_share(hw, ranks on the
-# node): the same stretch as the compute's (the ranks on the node are the whole job's, not the group's). The
-# fits of each G alone are printed, and written as comments, for comparison.
-# Known on this host (OpenMPI 4.1): the reductions (all_reduce, reduce_scatter) switch algorithm between about
-# 1 and 8 MiB and become ~10-50x slower per byte, a step that alpha + n/beta cannot follow: their worst ratios.
+# for a rank that is not running. Measured here (2 cores, G = 2 .. 8), the stretched law fits better than the
+# same law on every G: R2 0.82-0.91 against 0.71-0.83, median ratio x1.7-2.4 against x1.9-2.7 (each G alone:
+# R2 0.85-0.99, median x1.1-1.7, alpha from ~1 us at G = 2 to 20-200 us at G = 8). So the profile's collective rows
+# are a rank's costs when each rank has a core, and a planner prices a collective on a node whose ranks share its
+# cores as collective_seconds / rank_compute_share(hw, ranks on the node): the same stretch as the compute's (the
+# ranks on the node are the whole job's, not the group's). The fits of each G alone are printed, and written as
+# comments, for comparison.
+# Known on this host (OpenMPI 4.1): the reductions (all_reduce, reduce_scatter) switch algorithm between 2 and 8
+# MiB and become ~10-50x slower per byte, a step that alpha + n/beta cannot follow (the same in a plain MPI
+# program); and while other processes load the cores, calls of a few bytes sometimes take a scheduler slice
+# (~16 ms) for a whole point. Both show as the worst ratios; R2 on log time and the median ratio stay honest.
 #
-# How long: about 2 minutes here, 2 shared cores, while others build (--quick: about 5 s, plus the build of
-# calibrate_fp32_cpu, ~20 s). Timings on a shared machine are noisy: calibrate on a quiet one.
+# How long: full 3-4 minutes here (2 shared cores, others building; collectives of 32 MiB on 6 and 8 ranks take
+# most of it), --quick 8-15 s, plus the build of calibrate_fp32_cpu (~20 s) when it is not built. Timings on a
+# shared machine are noisy: calibrate on a quiet one.
 # On a GPU machine (nvidia-smi lists GPUs) it builds `calibrate` (BF16, nvcc) and measures the GPU and NCCL on
-# 2 .. the GPUs it has (NCCL needs a GPU per rank): cores_per_node 0, ranks_per_node = ranks_per_leaf = the GPUs.
+# 2, 4, 8 ranks up to the GPUs it has (NCCL needs a GPU per rank): cores_per_node 0, ranks_per_node =
+# ranks_per_leaf = the GPUs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
