@@ -173,7 +173,7 @@ train:
 # (and the GPU suites when a GPU is present). scripts/test/run_tests.sh adds up the suites' closing lines.
 CPU_TEST_BINARIES := build/test_bf16 build/test_cpu_layer build/test_cpu_layer_asan build/test_host \
                      build/test_pipeline build/test_weight_split build/test_data build/test_comm build/test_memory build/test_parameter_layout build/test_planner build/test_machine build/test_fuzz_regressions kernel_lab_cpu kernel_lab_fp32_cpu kernel_lab_cpu_asan \
-                     train_gpt_cpu train_gpt_fp32_cpu test_gpt_cpu test_gpt_fp32_cpu
+                     train_gpt_cpu train_gpt_fp32_cpu test_gpt_cpu test_gpt_fp32_cpu calibrate_fp32_cpu
 GPU_TEST_BINARIES := kernel_lab kernel_lab_fp32 train_gpt train_gpt_fp32 test_gpt test_gpt_fp32 build/test_comm_gpu
 # the calibration's measuring program (scripts/test/test_calibrate.sh runs calibrate.sh --quick with the CPU one; the
 # GPU one must compile, for calibrate.sh on a GPU machine)

@@ -16,6 +16,7 @@ pipeline_create, through pipeline_all_groups), and keeps its rank's groups; the 
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -625,4 +626,27 @@ inline PipelineTimeline pipeline_simulate_groups(const std::vector<std::vector<P
         }
     pipeline_measure(timeline);
     return timeline;
+}
+
+// The schedule's lists run as the executor runs them, each model stage's passes taking their own times:
+// stage_ms[s] is stage s's F, B and W of one microbatch (where the schedule does not split the backward, B is
+// all of it and W unused). The groups of sends and receives are the executor's (pipeline_all_groups), timed with
+// its synchronous semantics (pipeline_simulate_groups): a rank that posts a group waits for its peers, which
+// under interleaved and zbv idles ranks that free sends would keep busy; the messages themselves take no time.
+// The planner's bubble (llmc/planning/planner.h, from its estimated passes) and a measured step's planned bubble
+// (llmc/parallel/pipeline_timeline.h, from the passes it measured) are both this.
+inline PipelineTimeline pipeline_simulate_stages(PipelineSchedule schedule, int p, int m, int V,
+                                                 const std::vector<std::array<double, 3>>& stage_ms) {
+    if ((int)stage_ms.size() != p * V) fatal("pipeline: %zu stage times for %d stages", stage_ms.size(), p * V);
+    std::vector<std::vector<PipelineAction>> lists;
+    std::vector<std::vector<double>> durations(p);
+    for (int r = 0; r < p; r++) {
+        lists.push_back(pipeline_actions(schedule, r, p, m, V));
+        for (const PipelineAction& a : lists[r])
+            durations[r].push_back(stage_ms[pipeline_model_stage(schedule, r, a.virtual_stage, p)][a.kind]);
+    }
+    PipelineTimeline t = pipeline_simulate_groups(lists, pipeline_message_groups(lists, schedule, V), schedule, m, V,
+                                                  durations);
+    if (!t.problem.empty()) fatal("pipeline: the %s lists do not run: %s", pipeline_schedule_name(schedule), t.problem.c_str());
+    return t;
 }

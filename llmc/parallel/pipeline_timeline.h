@@ -8,8 +8,10 @@ timeline is honest, the overlap slightly lower; the CPU build notes each action'
 pipeline_work_clock). pipeline_collect_timeline gathers the events to rank 0, which measures the step and each
 rank's bubble as the simulator's timelines are measured (llmc/parallel/pipeline_simulator.h's pipeline_measure),
 replays the step with a core per rank (pipeline_replay), prints and logs the bubble beside the schedule's
-formula, and writes the timeline as a Chrome trace (--trace; scripts/pipeline_timeline.py draws it, and the
-simulator's timelines write the same way).
+formula, logs the bubble the planner's simulation gives with each stage's measured F, B and W (bubble_planned:
+pipeline_measured_stage_ms fed to pipeline_simulator.h's pipeline_simulate_stages; scripts/bench/bench_pipeline_-
+bubble.sh sets it beside the measured one), and writes the timeline as a Chrome trace (--trace;
+scripts/pipeline_timeline.py draws it, and the simulator's timelines write the same way).
 
 The memory timeline. Beside the actions, the trace holds each pipeline rank's memory over the step as counter
 events (scripts/memory_timeline.py draws them as the lectures' profile). Every buffer is allocated before the
@@ -36,6 +38,7 @@ equality.
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -80,6 +83,9 @@ inline double pipeline_work_clock(const Pipeline& pipe) {
 #endif
 }
 
+// The time an action worked: its processor time where measured (the CPU build), else its wall time.
+inline double pipeline_event_work_ms(const PipelineEvent& e) { return e.work_ms >= 0 ? e.work_ms : e.end_ms - e.start_ms; }
+
 // The measured step replayed with one core per rank: each action takes the processor time it took and
 // starts as soon as its rank is free and its input has come. With free sends (pipeline_simulate_actions) on a
 // GPU, or with a core per rank, this is the measured step without the messages' time; on fewer cores than
@@ -94,12 +100,30 @@ inline PipelineTimeline pipeline_replay(const PipelineTimeline& measured, Pipeli
         for (const PipelineEvent& e : measured.ranks[r]) {
             if (e.wait) continue;
             lists[r].push_back(e.action);
-            durations[r].push_back(e.work_ms >= 0 ? e.work_ms : e.end_ms - e.start_ms);
+            durations[r].push_back(pipeline_event_work_ms(e));
         }
     if (!synchronous_groups)
         return pipeline_simulate_actions(lists, schedule, measured.m, measured.V, 0, 0, 0, &durations);
     return pipeline_simulate_groups(lists, pipeline_message_groups(lists, schedule, measured.V), schedule, measured.m,
                                     measured.V, durations);
+}
+
+// Each model stage's F, B and W over the measured step: the mean time its actions of each kind worked (0 for a
+// kind the schedule does not run). What the planner needs to know of the passes to plan the bubble.
+inline std::vector<std::array<double, 3>> pipeline_measured_stage_ms(const PipelineTimeline& measured,
+                                                                     PipelineSchedule schedule) {
+    std::vector<std::array<double, 3>> sum(measured.p * measured.V, {0, 0, 0});
+    std::vector<std::array<int, 3>> count(sum.size(), {0, 0, 0});
+    for (int r = 0; r < measured.p; r++)
+        for (const PipelineEvent& e : measured.ranks[r]) {
+            if (e.wait) continue;
+            const int s = pipeline_model_stage(schedule, r, e.action.virtual_stage, measured.p);
+            sum[s][e.action.kind] += pipeline_event_work_ms(e);
+            count[s][e.action.kind]++;
+        }
+    for (size_t s = 0; s < sum.size(); s++)
+        for (int kind = 0; kind < 3; kind++) sum[s][kind] /= std::max(count[s][kind], 1);
+    return sum;
 }
 
 // Events travel as 7 floats each: kind, microbatch, virtual stage, wait, start, end, work; room for a step's F, B
@@ -355,22 +379,32 @@ inline void pipeline_report_timeline(ParallelContext& par, GPT2& model, Logger& 
     for (const PipelineTimeline* t : {&replayed, &synchronous})
         if (!t->problem.empty()) fatal("pipeline: the measured step does not replay: %s", t->problem.c_str());
     pipeline_print_timeline(timeline, replayed, synchronous, pipe.schedule);
-    std::string bubbles, replayed_bubbles, synchronous_bubbles, peaks, peak_formulas, layers;
+    // the bubble the planner's simulation gives with each stage's measured passes (the bench's check)
+    const std::vector<std::array<double, 3>> stage_ms = pipeline_measured_stage_ms(timeline, pipe.schedule);
+    const PipelineTimeline planned = pipeline_simulate_stages(pipe.schedule, pipe.size, pipe.microbatches,
+                                                              pipe.virtual_stages, stage_ms);
+    std::string bubbles, replayed_bubbles, synchronous_bubbles, planned_bubbles, passes, peaks, peak_formulas, layers;
     for (int r = 0; r < pipe.size; r++) {
         bubbles += (r ? ", " : "") + std::to_string(timeline.bubble_fraction[r]);
         replayed_bubbles += (r ? ", " : "") + std::to_string(replayed.bubble_fraction[r]);
         synchronous_bubbles += (r ? ", " : "") + std::to_string(synchronous.bubble_fraction[r]);
+        planned_bubbles += (r ? ", " : "") + std::to_string(planned.bubble_fraction[r]);
         peaks += (r ? ", " : "") + std::to_string(timeline.peak_activations[r]);
         peak_formulas += (r ? ", " : "") + std::to_string(pipeline_peak_activations(pipe.schedule, r, pipe.size,
                                                                                     pipe.microbatches, pipe.virtual_stages));
     }
     for (size_t s = 0; s < pipe.stage_layers.size(); s++) layers += (s ? ", " : "") + std::to_string(pipe.stage_layers[s]);
+    for (size_t s = 0; s < stage_ms.size(); s++)
+        passes += (s ? ", [" : "[") + std::to_string(stage_ms[s][0]) + ", " + std::to_string(stage_ms[s][1]) + ", " +
+                  std::to_string(stage_ms[s][2]) + "]";
     logger.write(JsonLine("pipeline").text("schedule", timeline.schedule).integer("pp", pipe.size)
                      .integer("microbatches", pipe.microbatches).integer("virtual_stages", pipe.virtual_stages)
                      .number("step_ms", timeline.step_ms).raw("bubble", "[" + bubbles + "]")
                      .number("step_ms_replayed", replayed.step_ms).raw("bubble_replayed", "[" + replayed_bubbles + "]")
                      .number("step_ms_replayed_synchronous", synchronous.step_ms)
                      .raw("bubble_replayed_synchronous", "[" + synchronous_bubbles + "]")
+                     .raw("stage_pass_ms", "[" + passes + "]").number("step_ms_planned", planned.step_ms)
+                     .raw("bubble_planned", "[" + planned_bubbles + "]")
                      .number("bubble_formula", pipeline_bubble_fraction(pipe.schedule, pipe.size, pipe.microbatches,
                                                                         pipe.virtual_stages))
                      .raw("peak_records", "[" + peaks + "]").raw("peak_records_formula", "[" + peak_formulas + "]")

@@ -261,26 +261,18 @@ inline std::vector<PassSeconds> plan_stage_passes(const GPT2Config& config, cons
 }
 
 // The bubble that the stages' own F, B and W give: every rank's list run by the simulator, placing the work as
-// llmc/parallel/pipeline.h does (a backward that is not split takes B + W at once). The mean idle share over the
-// pp ranks.
+// llmc/parallel/pipeline.h does (a backward that is not split takes B + W at once; pipeline_simulator.h's
+// pipeline_simulate_stages, which also plans a measured step's bubble from its measured passes). The mean idle
+// share over the pp ranks.
 inline double plan_simulated_bubble(PipelineSchedule schedule, int p, int m, int V, const std::vector<PassSeconds>& passes) {
     if (p == 1) return 0.0;
     const bool split = pipeline_splits_backward(schedule);
-    std::vector<std::vector<PipelineAction>> lists;
-    std::vector<std::vector<double>> durations(p);
-    for (int r = 0; r < p; r++) {
-        lists.push_back(pipeline_actions(schedule, r, p, m, V));
-        for (const PipelineAction& a : lists[r]) {
-            const PassSeconds& stage = passes[pipeline_model_stage(schedule, r, a.virtual_stage, p)];
-            const double seconds = a.kind == PipelineAction::Forward ? stage.forward.total()
-                                   : a.kind == PipelineAction::Weights
-                                       ? stage.weight_gradient.total()
-                                       : stage.input_gradient.total() + (split ? 0.0 : stage.weight_gradient.total());
-            durations[r].push_back(seconds);
-        }
-    }
-    const PipelineTimeline t = pipeline_simulate_actions(lists, schedule, m, V, 0, 0, 0, &durations);
-    if (!t.problem.empty()) fatal("planner: the %s lists do not run: %s", pipeline_schedule_name(schedule), t.problem.c_str());
+    std::vector<std::array<double, 3>> stage_seconds;
+    for (const PassSeconds& stage : passes)
+        stage_seconds.push_back({stage.forward.total(),
+                                 stage.input_gradient.total() + (split ? 0.0 : stage.weight_gradient.total()),
+                                 stage.weight_gradient.total()});
+    const PipelineTimeline t = pipeline_simulate_stages(schedule, p, m, V, stage_seconds);
     double idle = 0;
     for (double b : t.bubble_fraction) idle += b;
     return idle / p;

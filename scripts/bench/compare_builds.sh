@@ -56,7 +56,8 @@ import json, struct, sys
 # measured times and what is computed from them (the pipeline's measured bubbles, the ranks' attention
 # balance), and where each run wrote
 TIMING = {"ms", "tokens_per_s", "mfu", "hfu", "time_s", "eta_s", "step_ms", "bubble", "step_ms_replayed",
-          "bubble_replayed", "step_ms_replayed_synchronous", "bubble_replayed_synchronous", "milliseconds",
+          "bubble_replayed", "step_ms_replayed_synchronous", "bubble_replayed_synchronous", "stage_pass_ms",
+          "step_ms_planned", "bubble_planned", "milliseconds",
           "max_over_min", "output-dir"}
 def as_float32(value):
     return struct.unpack("f", struct.pack("f", value))[0] if isinstance(value, float) else value
