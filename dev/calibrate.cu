@@ -16,10 +16,9 @@ warm-up), for the script to read:
         C = K, OC = N; matmul_backward_input with N = M, C = N, OC = K; matmul_backward_weights with OC = M,
         C = N, N = K rows. Each does 2 M N K flops.
     attention T B NH HS SECONDS FLOPS       causal attention_forward + attention_backward; FLOPS counted as the
-                                            planner counts them (llmc/planning/mfu.h, after PaLM): 4 B T^2 C forward
-                                            and twice that backward, C = NH HS, the whole T x T matrix although the
-                                            causal kernel computes half of it; so the planner's count over
-                                            peak x efficiency gives back the kernel's time
+                                            planner counts them (llmc/planning/hardware.h attention_flops: the
+                                            causal kernel's T^2/2 scores a head, 2 + 7 products each), so the
+                                            planner's count over peak x efficiency gives back the kernel's time
     memory BYTES SECONDS                    a block's memory-bound kernels (norm, GELU, residual add; forward and
                                             backward) at a block's size: BYTES as the planner counts them, SECONDS
                                             less their launches (measure_memory)
@@ -48,6 +47,7 @@ the previous at once.
 #include "../llmc/kernels/layernorm.cuh"
 #include "../llmc/kernels/gelu.cuh"
 #include "../llmc/parallel/comm.h"
+#include "../llmc/planning/hardware.h"
 
 namespace {
 
@@ -157,8 +157,9 @@ void measure_attention() {
             attention_forward(out, lse, qkv, B, T, heads, 0);
             attention_backward(dqkv, workspace, dout, qkv, out, lse, B, T, heads, 0);
         });
-        const double forward_flops = 4.0 * B * (double)T * T * NH * HS;
-        printf("attention %d %d %d %d %.6e %.6e\n", T, B, NH, HS, seconds, 3 * forward_flops);
+        const double scores = (double)B * NH * T * T / 2;
+        printf("attention %d %d %d %d %.6e %.6e\n", T, B, NH, HS, seconds,
+               attention_flops(kAttentionForwardProducts + kAttentionBackwardProducts, scores, HS));
         fflush(stdout);
         for (floatX* x : {qkv, out, dout, dqkv}) cudaCheck(cudaFree(x));
         for (float* x : {lse, workspace}) cudaCheck(cudaFree(x));

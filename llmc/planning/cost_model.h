@@ -133,8 +133,8 @@ inline PassSeconds block_pass_seconds(const GPT2Config& config, int layer, const
     const bool ring = l.cp > 1 && l.cp_mode == ContextParallelMode::Ring;
     const double keys = !ring ? l.seq_len : (double)l.seq_len / l.cp / (l.cp_split == SequenceSplit::Zigzag ? 2 : 1);
     const double attention_rate = hw.peak_flops * attention_efficiency(hw, keys);
-    p.forward.attention = 2 * 2 * HS * scores / attention_rate;
-    p.input_gradient.attention = 7 * 2 * HS * scores / attention_rate;
+    p.forward.attention = attention_flops(kAttentionForwardProducts, scores, HS) / attention_rate;
+    p.input_gradient.attention = attention_flops(kAttentionBackwardProducts, scores, HS) / attention_rate;
     // memory-bound kernels and launches
     const bool rope = block.llama(), swiglu = block.llama();
     const double forward_bytes = (9 * R * C + (swiglu ? 3 : 2) * N * h + (rope ? 2 * N * (q + k) : 0.0)) * s;

@@ -47,8 +47,10 @@ How the rows that are not a single published number are derived:
                that fills only some SMs idles the others: tiles / (132 ceil(tiles / 132)) (NVIDIA's "Matrix
                Multiplication Background User's Guide" names this wave quantization; the tile size is an assumption).
            e.g. 1024^3: intensity 341 (above the ridge), 64 tiles on 132 SMs: 0.801 x 1 x 64/132 = 0.388.
-  attention  forward and backward together, the backward counted as 2.5 forwards (the FlashAttention papers'
-           convention): 3.5 / (1/forward + 2.5/backward) TFLOP/s, over 989.4.
+  attention  forward and backward together. The papers count a causal forward's FLOPs F and the backward's as 2.5 F,
+           so one pass of both takes F/forward + 2.5 F/backward seconds; the efficiency is of the work as this project
+           counts it (hardware.h's attention_flops: 2 products a score forward and 7 backward, 4.5 F in all):
+           4.5 / (1/forward + 2.5/backward) TFLOP/s, over 989.4.
   tiers    ranks_per_node 8 [H100 servers, Llama3]; ranks_per_leaf 3072, a pod at full bisection bandwidth [Llama3].
            The leaf tier's bus bandwidth is one NIC's: a group that crosses nodes has, in the layouts the planner
            lays out (tp inside the node), one rank per node, whose traffic all goes through that rank's NIC; 47e9 is
@@ -81,13 +83,13 @@ matmul 8192  8192  8192  0.777  # 4096 tiles, 32 waves: 0.801 x 0.970 (estimate)
 matmul 16384 16384 16384 0.795  # 16384 tiles, 125 waves: 0.801 x 0.993 (estimate)
 matmul 6144  17920 2816  0.801  # [MAMF] measured: 792.1 / 989
 
-#         T      efficiency: [FA3] causal forward, backward (TFLOP/s) -> 3.5 / (1/f + 2.5/b) / 989.4
-attention 512    0.312   # 292, 316 -> 308.7
-attention 1024   0.428   # 423, 424 -> 423.7
-attention 2048   0.512   # 521, 501 -> 506.6
-attention 4096   0.558   # 579, 542 -> 552.1
-attention 8192   0.577   # 602, 559 -> 570.6
-attention 16384  0.582   # 616, 561 -> 575.7
+#         T      efficiency: [FA3] causal forward, backward (TFLOP/s) -> 4.5 / (1/f + 2.5/b) / 989.4
+attention 512    0.401   # 292, 316 -> 397.0
+attention 1024   0.551   # 423, 424 -> 544.8
+attention 2048   0.658   # 521, 501 -> 651.3
+attention 4096   0.717   # 579, 542 -> 709.8
+attention 8192   0.742   # 602, 559 -> 733.7
+attention 16384  0.748   # 616, 561 -> 740.2
 
 #          tier  op             algorithm alpha (s) bus bandwidth (bytes/s)
 collective node  all_reduce     ring      0.6e-6    476e9  # [NCCL] NVLink ring LL; [nt290] NVLink SHARP's busbw

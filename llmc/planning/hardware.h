@@ -172,6 +172,17 @@ inline double matmul_efficiency(const MachineProfile& hw, double m, double n, do
     }
     return sum / weights;
 }
+/*
+The attention rows' efficiency is a fraction of the causal kernel's work counted one way everywhere (the planner's
+cost model, dev/calibrate.cu, the built-in profile's rows): a query meets the keys at or before it, T^2/2 scores
+per sequence and head, and each score costs products of two head-size vectors, 2 forward (q.k, then the weighted
+sum of V) and 7 backward (llmc/kernels/attention.cuh recomputes the scores and probabilities, then dV, dP, dQ and
+dK), 2 FLOPs per element of a product.
+*/
+constexpr double kAttentionForwardProducts = 2, kAttentionBackwardProducts = 7;
+inline double attention_flops(double products, double scores, double head_size) {
+    return products * 2 * head_size * scores;
+}
 // The attention kernel's fraction of peak_flops at this many keys per query: linear in log2 of the length
 // between the table's rows, the end rows' values outside them.
 inline double attention_efficiency(const MachineProfile& hw, double seq_len) {

@@ -15,10 +15,9 @@
 #                 each shape at the rate its calls average. peak_flops = the best rate of any call; each row's
 #                 efficiency is relative to it. It prints how far the three calls' rates differ.
 #   attention     causal attention_forward + attention_backward, head size 64, T = 32 .. 512 (quick: 32, 128):
-#                 efficiency = the flops the planner counts for it (mfu.h's, PaLM's: 12 B T^2 C for forward and
-#                 backward, the whole T x T matrix) per second / peak_flops, so that the planner's count over
-#                 peak x efficiency is the kernel's time (at most 1: a causal kernel computes half the matrix, so on
-#                 a GPU it could pass 1, and is then written as 1 with a warning)
+#                 efficiency = the flops the planner counts for it (hardware.h's attention_flops: the causal
+#                 kernel's T^2/2 scores a head, 2 + 7 products each) per second / peak_flops, so that the planner's
+#                 count over peak x efficiency is the kernel's time (above 1, written as 1 with a warning)
 #   memory        a block's memory-bound kernels (norm, GELU, residual add, forward and backward) at a block's size,
 #                 the bytes the planner counts for them over their time less their launches: hbm_bytes_per_second
 #   launch        residual_forward on 16 bytes, launched many times: launch_seconds
