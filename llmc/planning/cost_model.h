@@ -250,7 +250,11 @@ inline double spine_ring_seconds(const PlanHardware& hw, const CollectiveCalls& 
     if (best < 0) return collective_seconds(hw, c.op, c.ranks, c.span, c.bytes, c.calls);  // no spine rows: the leaf's
     return c.calls * best;
 }
-inline double collective_calls_seconds(const PlanHardware& hw, const std::vector<CollectiveCalls>& calls) {
+// The calls' seconds on a rank that gets `share` of its node's processors (layout_compute_share): a GPU's
+// collectives run on its own engines (share 1); the CPU build's are copies its ranks make in turn on the host's
+// cores, and calibrate.sh measured the profile's alpha and beta with one core per rank, so fewer stretch them.
+inline double collective_calls_seconds(const PlanHardware& hw, const std::vector<CollectiveCalls>& calls,
+                                       double share) {
     double seconds = 0;
     for (const CollectiveCalls& c : calls) {
         if (c.ranks <= 1 || c.calls <= 0) continue;
@@ -258,7 +262,7 @@ inline double collective_calls_seconds(const PlanHardware& hw, const std::vector
         seconds += ring && group_tier(hw, c.span) == Tier::Spine ? spine_ring_seconds(hw, c)
                                                                  : collective_seconds(hw, c.op, c.ranks, c.span, c.bytes, c.calls);
     }
-    return seconds;
+    return seconds / share;
 }
 inline int collective_calls_count(const std::vector<CollectiveCalls>& calls) {
     double n = 0;

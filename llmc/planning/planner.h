@@ -61,7 +61,8 @@ llmc/planning/cost_model.h:
               and nccl-tests' n, priced by collective_seconds: steps(op, algorithm, g) x alpha + factor x n / beta
               on the tier the group spans (node: within ranks_per_node consecutive ranks; leaf: within
               ranks_per_leaf; spine beyond), the cheaper of ring and tree where the profile has both. So alpha
-              counts once per call. A ring (not an all-to-all) that crosses the spine crosses it once per leaf,
+              counts once per call. Divided by rank_compute_share too: the CPU build's collectives are copies its
+              ranks make on the shared cores (calibrate.sh measures alpha and beta with a core per rank). A ring (not an all-to-all) that crosses the spine crosses it once per leaf,
               so the leaf's uplinks pool the spine's per-rank bandwidth over the group's ranks in the leaf, up to
               the leaf's (spine_ring_seconds). Spans (mesh order: tp fastest, then cp, pp, dp): tp g = tp; cp
               tp cp; pp tp cp pp; ep tp cp pp ep; dp all ranks. The calls' bytes sum to the byte formulas above
@@ -506,9 +507,10 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
         plan.compute.memory += optimizer_seconds((double)plan.stages[r].num_parameters / (l.zero_stage >= 1 ? shard_ranks : 1),
                                                  rank0_chunks, l.bf16, hw, layout_compute_share(hw, l)) / p;
     plan.compute_seconds = plan.compute.total();
+    const double share = layout_compute_share(hw, l);
     for (int a = 0; a < kPlanAxes; a++) {
         plan.tiers[a] = group_tier(hw, spans[a]);
-        plan.axis_seconds[a] = collective_calls_seconds(hw, plan.collectives[a]);
+        plan.axis_seconds[a] = collective_calls_seconds(hw, plan.collectives[a], share);
     }
     {
         // dp's overlap (the top of the file): what the reductions hide behind, and ZeRO 1-2's gathers after the update
@@ -519,8 +521,8 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
         std::vector<CollectiveCalls> during, after;
         for (const CollectiveCalls& c : plan.collectives[PLAN_DP])
             (c.op == CollectiveOp::AllGather && l.zero_stage < 3 ? after : during).push_back(c);
-        plan.exposed_dp_seconds = std::max(0.0, collective_calls_seconds(hw, during) - behind) +
-                                  collective_calls_seconds(hw, after);
+        plan.exposed_dp_seconds = std::max(0.0, collective_calls_seconds(hw, during, share) - behind) +
+                                  collective_calls_seconds(hw, after, share);
     }
     {
         double block_attention = 0;  // the mean block's attention forward, per microbatch
@@ -528,7 +530,8 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
         const double kv_block = 2.0 * l.batch_size * T_local * tp_rank_heads.kv_columns() * s;
         plan.shown_cp_seconds = plan_cp_shown_seconds(
             l, most_layers, m, plan.axis_seconds[PLAN_CP],
-            collective_seconds(hw, CollectiveOp::SendRecv, l.cp, spans[PLAN_CP], kv_block), block_attention / l.cp);
+            collective_seconds(hw, CollectiveOp::SendRecv, l.cp, spans[PLAN_CP], kv_block) / share,
+            block_attention / l.cp);
     }
     // selective's elementwise passes and offload's transfers (llmc/planning/recompute_choice.h)
     if (l.recompute.policy == RecomputePolicy::Selective || l.recompute.policy == RecomputePolicy::PerBlock) {

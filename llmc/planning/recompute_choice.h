@@ -93,13 +93,15 @@ inline BlockKeepCosts block_keep_costs(const GPT2Config& config, const Layout& l
     c.swiglu = config.llama();
     for (int layer = 0; layer < config.num_layers; layer++)  // the mean block's forward pass, at its matmuls' shapes
         c.forward_seconds += block_pass_seconds(config, layer, l, hw).forward.total() / config.num_layers;
+    const double share = layout_compute_share(hw, l);
     if (l.tp > 1) {  // the forward pass's f and g once more: N C s each (recompute_rerun_tp_bytes)
         const double n = (double)l.batch_size * (l.seq_len / l.cp) * config.channels * (l.bf16 ? 2 : 4);
-        c.tp_seconds = l.sequence_parallel ? collective_seconds(hw, CollectiveOp::AllGather, l.tp, l.tp, n, 2) +
-                                                 collective_seconds(hw, CollectiveOp::ReduceScatter, l.tp, l.tp, n, 2)
-                                           : collective_seconds(hw, CollectiveOp::AllReduce, l.tp, l.tp, n, 2);
+        const CollectiveOp ops[2][2] = {{CollectiveOp::AllReduce, CollectiveOp::AllReduce},
+                                        {CollectiveOp::AllGather, CollectiveOp::ReduceScatter}};
+        std::vector<CollectiveCalls> rerun;
+        for (CollectiveOp op : ops[l.sequence_parallel]) rerun.push_back(CollectiveCalls{op, l.tp, l.tp, 1, n});
+        c.tp_seconds = collective_calls_seconds(hw, rerun, share);
     }
-    const double share = layout_compute_share(hw, l);
     c.hbm_bytes_per_second = hw.hbm_bytes_per_second * share, c.pcie_bytes_per_second = hw.pcie_bytes_per_second;
     return c;
 }
