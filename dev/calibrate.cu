@@ -19,9 +19,10 @@ warm-up), for the script to read:
                                             planner counts them (llmc/planning/hardware.h attention_flops: the
                                             causal kernel's T^2/2 scores a head, 2 + 7 products each), so the
                                             planner's count over peak x efficiency gives back the kernel's time
-    memory BYTES SECONDS                    a block's memory-bound kernels (norm, GELU, residual add; forward and
-                                            backward) at a block's size: BYTES as the planner counts them, SECONDS
-                                            less their launches (measure_memory)
+    stream BYTES SECONDS                    residual_forward over buffers beyond the caches: the streaming rate
+    memory C BYTES SECONDS                  a block's memory-bound kernels (norm, GELU, residual add; forward and
+                                            backward) on rows of C values: BYTES as the planner counts them,
+                                            SECONDS less their launches (measure_memory)
     launch SECONDS                          one launch of residual_forward on 16 bytes (a launch's fixed cost)
     copy BYTES TO_DEVICE TO_HOST            copy_to_device / copy_to_host between device memory and pinned host
                                             memory (cudaMallocHost)
@@ -179,18 +180,34 @@ double measure_launch() {
     return per_launch;
 }
 
-// The memory-bound kernels a block runs, at a block's size: the norm forward and backward, GELU forward and backward,
-// a residual add, with the bytes the planner counts for each (llmc/planning/cost_model.h: a norm 2 R C forward and
-// 4 R C backward, GELU 2 N h and 3 N h, the add 3 R C; R rows of C, h = 4 C). Their time less their launches over
-// those bytes is the rate the planner's memory term divides by: on a GPU the memory's bandwidth, on the CPU build
-// what its emulated threads reach (warp shuffles and barriers, not bytes, set it there). The size is one of the
-// runs': R = 1024 rows of 256 on the CPU (a small model's microbatch, in its caches as the runs' are), 16384 of 4096
-// on a GPU (beyond its L2).
-void measure_memory(double per_launch) {
+// residual_forward reads two buffers and writes a third, over buffers well beyond a CPU's last-level cache (tens
+// of MiB) and a GPU's L2 (50 MiB on an H100/H200): the memory's streaming rate (AdamW's, the profile's
+// hbm_bytes_per_second).
+void measure_stream() {
 #ifdef LLMC_CPU
-    const int R = 1024, C = 256;
+    const size_t count = (quick ? 8u : 32u) << 20;
 #else
-    const int R = 16384, C = 4096;
+    const size_t count = (size_t)512 << 20;
+#endif
+    floatX *a = device_filled<floatX>(count), *b = device_filled<floatX>(count), *out = device_filled<floatX>(count);
+    const double seconds = device_seconds([&] { residual_forward(out, a, b, count, 0); });
+    printf("stream %.6e %.6e\n", 3.0 * count * sizeof(floatX), seconds);
+    fflush(stdout);
+    for (floatX* x : {a, b, out}) cudaCheck(cudaFree(x));
+}
+
+// The memory-bound kernels a block runs, on R rows of C values: the norm forward and backward, GELU forward and
+// backward, a residual add, with the bytes the planner counts for each (llmc/planning/cost_model.h: a norm 2 R C
+// forward and 4 R C backward, GELU 2 N h and 3 N h, the add 3 R C; h = 4 C). Their time less their launches, over
+// those bytes, is the rate the planner's memory term divides by at width C (the profile's memory rows): on a GPU
+// near its memory's bandwidth; on the CPU build what its emulated threads reach, set by rows and barriers more
+// than by bytes, so it grows with C. R: a small model's microbatch on the CPU (1024 rows, in its caches as the
+// runs' are), 16384 rows on a GPU.
+void measure_memory(int C, double per_launch) {
+#ifdef LLMC_CPU
+    const int R = 1024;
+#else
+    const int R = 16384;
 #endif
     const size_t h = (size_t)4 * C, values = (size_t)R * C;
     floatX *x = device_filled<floatX>(values), *y = device_filled<floatX>(values), *dy = device_filled<floatX>(values);
@@ -208,7 +225,7 @@ void measure_memory(double per_launch) {
         residual_forward(y, x, dx, values, 0);
     });
     const double bytes = (2.0 * values + 4.0 * values + 2.0 * R * h + 3.0 * R * h + 3.0 * values) * sizeof(floatX);
-    printf("memory %.6e %.6e\n", bytes, std::max(seconds - launches * per_launch, 0.1 * seconds));
+    printf("memory %d %.6e %.6e\n", C, bytes, std::max(seconds - launches * per_launch, 0.1 * seconds));
     fflush(stdout);
     for (floatX* p : {x, y, dy, dx, weight, bias, dweight, dbias, pre, act, dact}) cudaCheck(cudaFree(p));
     for (float* p : {mean, rstd, scratch}) cudaCheck(cudaFree(p));
@@ -335,7 +352,14 @@ int main(int argc, char** argv) {
         matmul_setup();
         measure_matmuls();
         measure_attention();
-        measure_memory(measure_launch());
+        const double per_launch = measure_launch();
+        measure_stream();
+#ifdef LLMC_CPU
+        const std::vector<int> widths = quick ? std::vector<int>{128, 256} : std::vector<int>{64, 128, 256, 512};
+#else
+        const std::vector<int> widths = {1024, 4096, 8192};
+#endif
+        for (int C : widths) measure_memory(C, per_launch);
         measure_copies();
         matmul_teardown();
         return EXIT_SUCCESS;

@@ -43,6 +43,10 @@ static std::string profile_difference(const MachineProfile& a, const MachineProf
     for (size_t i = 0; i < a.attention.size(); i++)
         if (a.attention[i].seq_len != b.attention[i].seq_len || a.attention[i].efficiency != b.attention[i].efficiency)
             return "attention row " + std::to_string(i);
+    if (a.memory.size() != b.memory.size()) return "memory rows";
+    for (size_t i = 0; i < a.memory.size(); i++)
+        if (a.memory[i].width != b.memory[i].width || a.memory[i].bytes_per_second != b.memory[i].bytes_per_second)
+            return "memory row " + std::to_string(i);
     for (int t = 0; t < kTiers; t++)
         for (int op = 0; op < kCollectiveOps; op++)
             for (int al = 0; al < kCollectiveAlgorithms; al++) {
@@ -67,6 +71,11 @@ static std::string describe(double got, double want) {
 }
 // equal to a hand-worked value but for the last bits of double rounding
 static bool near(double got, double want) { return std::fabs(got - want) <= 1e-12 * std::fabs(want); }
+
+static std::string parse_error(const std::string& text) {
+    MachineProfile profile;
+    return machine_profile_parse(text, "test", &profile);
+}
 
 static MachineProfile parsed(const std::string& text, const std::string& source = "test") {
     MachineProfile profile;
@@ -327,6 +336,19 @@ static void test_tiers_and_tables() {
     check_true("attention_efficiency at a row, below the first and above the last: the rows' values",
                attention_efficiency(h100, 4096) == 0.717 && attention_efficiency(h100, 64) == 0.401 &&
                    attention_efficiency(h100, 1 << 20) == 0.748);
+
+    MachineProfile rows = parsed(kTiered);
+    check_true("memory_bytes_per_second without memory rows: hbm_bytes_per_second at every width",
+               rows.memory.empty() && memory_bytes_per_second(rows, 64) == rows.hbm_bytes_per_second);
+    rows = parsed(std::string(kTiered) + "memory 128 1e8\nmemory 512 3e8\n");
+    check_true("memory rows: a row's rate at its width, the ends' outside, halfway in log2 the mean",
+               memory_bytes_per_second(rows, 128) == 1e8 && memory_bytes_per_second(rows, 32) == 1e8 &&
+                   memory_bytes_per_second(rows, 4096) == 3e8 && near(memory_bytes_per_second(rows, 256), 2e8),
+               describe(memory_bytes_per_second(rows, 256), 2e8));
+    check_true("memory rows: a width that does not increase is refused with its line",
+               parse_error(std::string(kTiered) + "memory 128 1e8\nmemory 128 3e8\n").find("memory WIDTH 128 does not "
+                                                                                              "increase") != std::string::npos,
+               parse_error(std::string(kTiered) + "memory 128 1e8\nmemory 128 3e8\n"));
 
     const MachineProfile cpu = parsed(kTiered);  // cores_per_node 2
     check_true("rank_compute_share with 2 cores: 1 rank 1, 2 ranks 1, 4 ranks 0.5; h100 (a device per rank): 1",

@@ -12,7 +12,8 @@ gradients dW). Each is the sum of three parts:
                   causal row of T keys costs its T/2 visible keys: forward 2 products of HS per visible score
                   (S = QK, O = PV), backward 7 (S and dP twice, dV, dK, dQ: the deterministic two-kernel
                   backward); at attention_efficiency(keys per query of one kernel call: T, or T/cp per ring step)
-    memory-bound  the elementwise kernels' bytes read and written over hbm_bytes_per_second, and launch_seconds
+    memory-bound  the elementwise kernels' bytes read and written over the rate the profile gives rows of C values
+                  (memory_bytes_per_second: its memory rows, or hbm_bytes_per_second), and launch_seconds
                   per kernel launch (the counts below, from the code)
 and everything a rank computes is divided by rank_compute_share (the CPU build's ranks share the host's cores).
 
@@ -146,8 +147,9 @@ inline PassSeconds block_pass_seconds(const GPT2Config& config, int layer, const
     const double forward_launches = 9 + rope + 2 * ring_steps + experts;
     const double input_launches = 10 + rope + 3 * ring_steps + experts;
     const double weight_launches = 4 + (block.llama() ? 2 : 4) + (block.moe() ? 2.0 * block.experts / l.ep + 1 : 0);
-    p.forward.memory = (forward_bytes + merges) / hw.hbm_bytes_per_second + forward_launches * hw.launch_seconds;
-    p.input_gradient.memory = backward_bytes / hw.hbm_bytes_per_second + input_launches * hw.launch_seconds;
+    const double rate = memory_bytes_per_second(hw, C);
+    p.forward.memory = (forward_bytes + merges) / rate + forward_launches * hw.launch_seconds;
+    p.input_gradient.memory = backward_bytes / rate + input_launches * hw.launch_seconds;
     p.weight_gradient.memory = weight_launches * hw.launch_seconds;
     p.forward = p.forward.scaled(1 / share);
     p.input_gradient = p.input_gradient.scaled(1 / share);
@@ -169,10 +171,11 @@ inline PassSeconds head_pass_seconds(const GPT2Config& config, const Layout& l, 
     const MatmulShape head = head_forward_matmul(config, N, l.tp);
     PassSeconds p;
     p.forward.matmul = matmul_seconds(hw, head);
-    p.forward.memory = ((2 * R * C + (l.tp > 1 ? 3 : 2) * N * head.n) * s) / hw.hbm_bytes_per_second +
+    const double rate = memory_bytes_per_second(hw, C);
+    p.forward.memory = ((2 * R * C + (l.tp > 1 ? 3 : 2) * N * head.n) * s) / rate +
                        (l.tp > 1 ? 5 : 3) * hw.launch_seconds;
     p.input_gradient.matmul = matmul_seconds(hw, input_gradient_shape(head));
-    p.input_gradient.memory = 4 * R * C * s / hw.hbm_bytes_per_second + 2 * hw.launch_seconds;
+    p.input_gradient.memory = 4 * R * C * s / rate + 2 * hw.launch_seconds;
     p.weight_gradient.matmul = matmul_seconds(hw, weight_gradient_shape(head));
     p.weight_gradient.memory = hw.launch_seconds;
     if (!split) {
@@ -191,8 +194,9 @@ inline PassSeconds embedding_pass_seconds(const GPT2Config& config, const Layout
     const double share = layout_compute_share(hw, l), s = l.bf16 ? 2 : 4, C = config.channels;
     const double N = (double)l.batch_size * l.seq_len / l.cp;
     PassSeconds p;
-    p.forward.memory = ((config.llama() ? 2 : 3) * N * C * s / hw.hbm_bytes_per_second + hw.launch_seconds) / share;
-    p.input_gradient.memory = (3 * N * C * s / hw.hbm_bytes_per_second + hw.launch_seconds) / share;
+    const double rate = memory_bytes_per_second(hw, C);
+    p.forward.memory = ((config.llama() ? 2 : 3) * N * C * s / rate + hw.launch_seconds) / share;
+    p.input_gradient.memory = (3 * N * C * s / rate + hw.launch_seconds) / share;
     return p;
 }
 

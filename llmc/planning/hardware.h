@@ -51,6 +51,10 @@ The file format (what --machine FILE reads, machine_profile_text writes and scri
                                            node's ranks share (the CPU build: the host's)
     matmul M N K EFFICIENCY                one or more rows; 0 < efficiency <= 1, of peak_flops
     attention T EFFICIENCY                 zero or more rows, T increasing
+    memory WIDTH BYTES_PER_SECOND          zero or more rows, WIDTH increasing: the rate a block's memory-bound
+                                           kernels reach on rows of WIDTH values (channels); none: the
+                                           hbm_bytes_per_second at every width (a GPU's kernels stream at its
+                                           bandwidth; the CPU build's emulated warps pay per row and per barrier)
     collective TIER OP ALGORITHM ALPHA BETA
                                            TIER node | leaf | spine; OP all_reduce | all_gather | reduce_scatter |
                                            all_to_all | send_recv; ALGORITHM ring | tree (tree: all_reduce only);
@@ -110,6 +114,10 @@ struct AttentionEfficiency {
     double seq_len = 0;   // keys per query (T / cp for one ring step: the kernel's T)
     double efficiency = 0;
 };
+struct MemoryRate {
+    double width = 0;             // the rows' values (a block's channels)
+    double bytes_per_second = 0;
+};
 // calibrate.sh's fit of alpha + n / beta to one collective's measurements (informational: no cost reads it)
 struct CollectiveFit {
     CollectiveOp op = CollectiveOp::AllReduce;
@@ -130,6 +138,7 @@ struct MachineProfile {
     double launch_seconds = 0;                   // fixed cost per kernel launch
     std::vector<MatmulShapeEfficiency> matmul;   // measured shapes, at least one
     std::vector<AttentionEfficiency> attention;  // measured sequence lengths, increasing
+    std::vector<MemoryRate> memory;              // measured widths, increasing; none: hbm_bytes_per_second
     CollectiveCost collectives[kTiers][kCollectiveOps][kCollectiveAlgorithms];
     std::vector<CollectiveFit> fits;
 };
@@ -195,6 +204,19 @@ inline double attention_efficiency(const MachineProfile& hw, double seq_len) {
             return rows[i - 1].efficiency + x * (rows[i].efficiency - rows[i - 1].efficiency);
         }
     return rows.back().efficiency;
+}
+// The rate a block's memory-bound kernels reach on rows of `width` values: linear in log2 of the width between
+// the memory rows, the end rows' outside them; no rows: hbm_bytes_per_second.
+inline double memory_bytes_per_second(const MachineProfile& hw, double width) {
+    const std::vector<MemoryRate>& rows = hw.memory;
+    if (rows.empty()) return hw.hbm_bytes_per_second;
+    if (width <= rows.front().width) return rows.front().bytes_per_second;
+    for (size_t i = 1; i < rows.size(); i++)
+        if (width <= rows[i].width) {
+            const double x = std::log2(width / rows[i - 1].width) / std::log2(rows[i].width / rows[i - 1].width);
+            return rows[i - 1].bytes_per_second + x * (rows[i].bytes_per_second - rows[i - 1].bytes_per_second);
+        }
+    return rows.back().bytes_per_second;
 }
 // The share of one device a rank gets when `ranks_on_node` ranks run on one node (1 on a GPU).
 inline double rank_compute_share(const MachineProfile& hw, int ranks_on_node) {
@@ -384,6 +406,14 @@ inline std::string machine_profile_parse(const std::string& text, const std::str
             if (!p.attention.empty() && v[0] <= p.attention.back().seq_len)
                 return at(number, "attention T " + words[1] + " does not increase on the row before's");
             p.attention.push_back({v[0], v[1]});
+        } else if (key == "memory") {
+            if (!values(words, 2, "WIDTH BYTES_PER_SECOND")) return at(number, problem);
+            if (!read(words[1], "memory WIDTH", ProfileNumber::Positive, &v[0]) ||
+                !read(words[2], "memory bytes per second", ProfileNumber::Positive, &v[1]))
+                return at(number, problem);
+            if (!p.memory.empty() && v[0] <= p.memory.back().width)
+                return at(number, "memory WIDTH " + words[1] + " does not increase on the row before's");
+            p.memory.push_back({v[0], v[1]});
         } else if (key == "collective") {
             if (!values(words, 5, "TIER OP ALGORITHM ALPHA BETA")) return at(number, problem);
             const int tier = machine_profile_name_index(words[1], kTierNames, kTiers);
@@ -419,7 +449,7 @@ inline std::string machine_profile_parse(const std::string& text, const std::str
         } else {
             return at(number, "unknown key '" + key + "' (the keys: name, peak_flops, hbm_bytes_per_second, "
                               "pcie_bytes_per_second, launch_seconds, ranks_per_node, ranks_per_leaf, "
-                              "cores_per_node, matmul, attention, collective, fit)");
+                              "cores_per_node, matmul, attention, memory, collective, fit)");
         }
     }
 
@@ -477,6 +507,8 @@ inline std::string machine_profile_text(const MachineProfile& p) {
         text += "matmul " + number(row.m) + " " + number(row.n) + " " + number(row.k) + " " + number(row.efficiency) + "\n";
     for (const AttentionEfficiency& row : p.attention)
         text += "attention " + number(row.seq_len) + " " + number(row.efficiency) + "\n";
+    for (const MemoryRate& row : p.memory)
+        text += "memory " + number(row.width) + " " + number(row.bytes_per_second) + "\n";
     for (int tier = 0; tier < kTiers; tier++)
         for (int op = 0; op < kCollectiveOps; op++)
             for (int a = 0; a < kCollectiveAlgorithms; a++) {

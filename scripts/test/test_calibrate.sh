@@ -38,8 +38,8 @@ def check(name, condition, detail=""):
     global good, bad
     print("  %s %s %s" % ("ok  " if condition else "FAIL", name, detail))
     good, bad = good + condition, bad + (not condition)
-rows = {"matmul": [], "attention": [], "collective": [], "fit": []}
-numbers_ok, words = True, 0
+rows = {"matmul": [], "attention": [], "memory": [], "collective": [], "fit": []}
+numbers_ok, words, hbm = True, 0, []
 for line in open(sys.argv[1]):
     w = line.split("#")[0].split()
     if not w or w[0] not in rows and w[0] not in ("peak_flops", "hbm_bytes_per_second", "pcie_bytes_per_second",
@@ -51,6 +51,7 @@ for line in open(sys.argv[1]):
     numbers_ok = numbers_ok and all(math.isfinite(v) for v in values) and all(v > 0 for v in checked)
     words += len(values)
     if w[0] in rows: rows[w[0]].append(w[1:])
+    if w[0] == "hbm_bytes_per_second": hbm = w[1:]
 check("every number positive and finite", numbers_ok, "(%d numbers)" % words)
 efficiencies = [float(r[3]) for r in rows["matmul"]] + [float(r[1]) for r in rows["attention"]]
 check("matmul and attention efficiencies in (0, 1]", all(0 < e <= 1 for e in efficiencies),
@@ -58,6 +59,10 @@ check("matmul and attention efficiencies in (0, 1]", all(0 < e <= 1 for e in eff
 check("the quick grid: 27 matmul shapes, 2 attention lengths",
       len(rows["matmul"]) == 27 and len(rows["attention"]) == 2,
       "%d shapes, %d lengths" % (len(rows["matmul"]), len(rows["attention"])))
+widths = [float(r[0]) for r in rows["memory"]]
+check("memory rows at the quick widths 128 and 256, each a rate below the streaming one",
+      widths == [128, 256] and all(float(r[1]) <= float(stream) for r in rows["memory"] for stream in hbm),
+      " ".join("%s:%s" % (r[0], r[1]) for r in rows["memory"]))
 ops = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
 check("a node ring row and a fit row for each collective",
       sorted(r[1] for r in rows["collective"] if r[0] == "node" and r[2] == "ring") == sorted(ops) and
