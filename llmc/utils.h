@@ -5,6 +5,7 @@ never a crash or a silently wrong answer; these helpers make that the easy path.
 */
 #pragma once
 
+#include <cmath>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -92,6 +93,32 @@ inline size_t file_size(const std::string& path) {
     struct stat info;
     if (stat(path.c_str(), &info) != 0) fatal("cannot open %s: %s", path.c_str(), strerror(errno));
     return (size_t)info.st_size;
+}
+
+// A number as a person writes it: the fewest significant digits that read back as the same float or double
+// (0.01f as 0.01, not 0.00999999978), whole numbers below whole_below in full (500000, not 5e+05), an exponent
+// without its sign's + and leading zeros (1e-8). The flags' JSON and the machine profile's text use it.
+template <typename Real>
+inline std::string shortest_number_text(Real value, double whole_below) {
+    char text[64];
+    if (value == std::floor(value) && std::fabs((double)value) < whole_below) {
+        snprintf(text, sizeof(text), "%.0f", (double)value);
+        return text;
+    }
+    constexpr int most_digits = sizeof(Real) == sizeof(float) ? 9 : 17;  // always enough to read back the same
+    for (int digits = 1; digits <= most_digits; digits++) {
+        snprintf(text, sizeof(text), "%.*g", digits, (double)value);
+        const Real back = sizeof(Real) == sizeof(float) ? (Real)strtof(text, nullptr) : (Real)strtod(text, nullptr);
+        if (back == value) break;
+    }
+    std::string number = text;
+    const size_t e = number.find('e');
+    if (e == std::string::npos) return number;
+    size_t digits = e + 1;
+    if (number[digits] == '+') number.erase(digits, 1);
+    else if (number[digits] == '-') digits++;
+    while (digits + 1 < number.size() && number[digits] == '0') number.erase(digits, 1);
+    return number;
 }
 
 // "a,b,,c" -> {"a", "b", "", "c"}; "" -> {}

@@ -8,7 +8,7 @@ hand-worked numbers (no GPU, no MPI ranks: the planner allocates nothing):
       sequence, BF16. With the choices the paper describes (section 3.3.2, see meta_layout) each must fit in
       80 GB per GPU, and the estimated MFU, under the built-in h100 machine profile (no number in it picked to
       fit), must be at or above the paper's 43%, 41% and 38% (the model leaves out what a step over thousands of
-      GPUs adds); whether it is within 15% is printed, not checked (it is not: +19% to +39%, the efficiencies are
+      GPUs adds); whether it is within 15% is printed, not checked (it is not: +19% to +53%, the efficiencies are
       one GPU's); each term's seconds are printed, and where the model and the paper differ. The paper trains
       at 8K without activation checkpointing; in our accounting none of the three fits without any
       recomputation (the reason is printed: check_llama), so they are planned with the least that fits,

@@ -349,28 +349,7 @@ private:
         return text;
     }
 
-    // A number as a person writes it: the fewest significant digits that read back as the same float (9
-    // always do), so 0.01f prints as 0.01, not 0.00999999978; whole numbers in full (500000, not 5e+05), and
-    // an exponent without its sign's + and leading zeros (1e-8).
-    static std::string number_text(float value) {
-        char text[64];
-        if (value == std::floor(value) && std::fabs(value) < 1e15f) {
-            snprintf(text, sizeof(text), "%.0f", value);
-            return text;
-        }
-        for (int digits = 1; digits <= 9; digits++) {
-            snprintf(text, sizeof(text), "%.*g", digits, value);
-            if (strtof(text, nullptr) == value) break;
-        }
-        std::string number = text;
-        const size_t e = number.find('e');
-        if (e == std::string::npos) return number;
-        size_t digits = e + 1;
-        if (number[digits] == '+') number.erase(digits, 1);
-        else if (number[digits] == '-') digits++;
-        while (digits + 1 < number.size() && number[digits] == '0') number.erase(digits, 1);
-        return number;
-    }
+    static std::string number_text(float value) { return shortest_number_text(value, 1e15); }
 
     static std::string value_text(const Flag& flag) {
         switch (flag.type) {

@@ -470,27 +470,9 @@ inline std::string machine_profile_parse(const std::string& text, const std::str
     return "";
 }
 
-// A number as its fewest digits that read back as the same double, the exponent without + and leading zeros
-// (989.4e12 -> 9.894e14, 2.7e-6 -> 2.7e-6); whole numbers below a million in full (17920).
-inline std::string machine_profile_number_text(double value) {
-    char text[40];
-    if (value == std::floor(value) && std::fabs(value) < 1e6) {
-        snprintf(text, sizeof(text), "%.0f", value);
-        return text;
-    }
-    for (int digits = 1; digits <= 17; digits++) {
-        snprintf(text, sizeof(text), "%.*g", digits, value);
-        if (strtod(text, nullptr) == value) break;
-    }
-    std::string number = text;
-    const size_t e = number.find('e');
-    if (e == std::string::npos) return number;
-    size_t digits = e + 1;
-    if (number[digits] == '+') number.erase(digits, 1);
-    else if (number[digits] == '-') digits++;
-    while (digits + 1 < number.size() && number[digits] == '0') number.erase(digits, 1);
-    return number;
-}
+// A number as its fewest digits that read back as the same double (989.4e12 -> 9.894e14); whole numbers below a
+// million in full (17920).
+inline std::string machine_profile_number_text(double value) { return shortest_number_text(value, 1e6); }
 
 inline std::string machine_profile_text(const MachineProfile& p) {
     auto number = machine_profile_number_text;

@@ -625,7 +625,7 @@ inline void print_plan_estimate(const LayoutPlan& plan, const PlanHardware& hw, 
     fprintf(out, "estimated step %.3f s = (compute %.3f + tp %.3f + cp %.3f%s + pp %.3f%s%s) / (1 - bubble %.3f) + dp "
             "exposed %.3f (of %.3f: the reductions beyond the compute they overlap, ZeRO 1-2's gathers after the "
             "update); MFU %.1f%% (%.3g tokens per step, %.3g model FLOPs, %.3g with recomputation; "
-            "machine profile %s, peak %.0f TFLOP/s; llmc/planning/planner.h's cost model)\n", plan.step_seconds,
+            "machine profile %s, peak %.4g TFLOP/s; llmc/planning/planner.h's cost model)\n", plan.step_seconds,
             plan.compute_seconds, plan.axis_seconds[PLAN_TP], plan.shown_cp_seconds, cp_hidden.c_str(),
             plan.axis_seconds[PLAN_PP],
             plan.layout.ep > 1 ? plan_format(" + ep %.3f", plan.axis_seconds[PLAN_EP]).c_str() : "",
