@@ -20,9 +20,9 @@ warm-up), for the script to read:
                                             causal kernel's T^2/2 scores a head, 2 + 7 products each), so the
                                             planner's count over peak x efficiency gives back the kernel's time
     stream BYTES SECONDS                    residual_forward over buffers beyond the caches: the streaming rate
-    memory C BYTES SECONDS                  a block's memory-bound kernels (norm, GELU, residual add; forward and
-                                            backward) on rows of C values: BYTES as the planner counts them,
-                                            SECONDS less their launches (measure_memory)
+    memory KIND C R BYTES SECONDS           a block's memory-bound kernels of one kind (hardware.h's memory KIND:
+                                            pointwise, row, route) on R rows of C values: BYTES as the planner
+                                            counts them, SECONDS less their launches (measure_memory)
     launch SECONDS                          one launch of residual_forward on 16 bytes (a launch's fixed cost)
     copy BYTES TO_DEVICE TO_HOST            copy_to_device / copy_to_host between device memory and pinned host
                                             memory (cudaMallocHost)
@@ -47,8 +47,10 @@ the previous at once.
 #include "../llmc/kernels/attention.cuh"
 #include "../llmc/kernels/layernorm.cuh"
 #include "../llmc/kernels/gelu.cuh"
+#include "../llmc/kernels/moe_routing.cuh"
 #include "../llmc/parallel/comm.h"
 #include "../llmc/planning/hardware.h"
+#include "../llmc/planning/cost_model.h"
 
 namespace {
 
@@ -196,39 +198,80 @@ void measure_stream() {
     for (floatX* x : {a, b, out}) cudaCheck(cudaFree(x));
 }
 
-// The memory-bound kernels a block runs, on R rows of C values: the norm forward and backward, GELU forward and
-// backward, a residual add, with the bytes the planner counts for each (llmc/planning/cost_model.h: a norm 2 R C
-// forward and 4 R C backward, GELU 2 N h and 3 N h, the add 3 R C; h = 4 C). Their time less their launches, over
-// those bytes, is the rate the planner's memory term divides by at width C (the profile's memory rows): on a GPU
-// near its memory's bandwidth; on the CPU build what its emulated threads reach, set by rows and barriers more
-// than by bytes, so it grows with C. R: a small model's microbatch on the CPU (1024 rows, in its caches as the
-// runs' are), 16384 rows on a GPU.
-void measure_memory(int C, double per_launch) {
-#ifdef LLMC_CPU
-    const int R = 1024;
-#else
-    const int R = 16384;
-#endif
+// The memory-bound kernels a block runs on R rows of C values, kind by kind (hardware.h's memory KIND), with the
+// bytes the planner counts for each (llmc/planning/cost_model.h block_pass_seconds):
+//     row        a norm forward, the fused residual + norm forward, two norm backwards: 2 + 4 + 2 x 4 = 14 R C
+//     pointwise  GELU forward and backward on R x 4C, a residual add: 2 + 3 (x 4 R C) + 3 R C = 23 R C
+//     route      a mixture's routing of the R rows, 8 experts, 2 a row, forward and backward (route_forward_bytes
+//                and route_backward_bytes), the router's logits spread so that every expert gets rows; R / T
+//                sequences of T rows
+// Their time less their launches, over those bytes, is the rate the planner's memory term divides by at (C, R)
+// (the profile's memory rows): on a GPU near its memory's bandwidth once R fills it; on the CPU build what its
+// emulated warps reach, set by rows and barriers more than by bytes.
+void measure_memory(int C, int R, double per_launch) {
     const size_t h = (size_t)4 * C, values = (size_t)R * C;
+    const double s = sizeof(floatX);
     floatX *x = device_filled<floatX>(values), *y = device_filled<floatX>(values), *dy = device_filled<floatX>(values);
     floatX *dx = device_filled<floatX>(values), *weight = device_filled<floatX>(C), *bias = device_filled<floatX>(C);
-    floatX *dweight = device_filled<floatX>(C), *dbias = device_filled<floatX>(C);
+    floatX *dweight = device_filled<floatX>(C), *dbias = device_filled<floatX>(C), *sum = device_filled<floatX>(values);
     floatX *pre = device_filled<floatX>(R * h), *act = device_filled<floatX>(R * h), *dact = device_filled<floatX>(R * h);
     float *mean = device_filled<float>(R), *rstd = device_filled<float>(R);
     float* scratch = device_filled<float>(layernorm_backward_scratch_floats(R, C));
-    const int launches = 1 + 3 + 1 + 1 + 1;  // layernorm_backward is 3 (the kernel and two column sums)
-    const double seconds = device_seconds([&] {
+    auto report = [&](const char* kind, double bytes, int launches, const std::function<void()>& run) {
+        const double seconds = device_seconds(run);
+        printf("memory %s %d %d %.6e %.6e\n", kind, C, R, bytes, std::max(seconds - launches * per_launch, 0.1 * seconds));
+        fflush(stdout);
+    };
+    report("row", 14.0 * values * s, 1 + 1 + 2 * 3, [&] {  // layernorm_backward is 3 launches (the kernel, two sums)
         layernorm_forward(y, mean, rstd, x, weight, bias, R, C, 0);
+        fused_residual_layernorm_forward(sum, y, mean, rstd, x, dx, weight, bias, R, C, 0);
         layernorm_backward(dx, dweight, dbias, scratch, dy, x, weight, mean, rstd, R, C, 0);
+        layernorm_backward(dx, dweight, dbias, scratch, dy, x, weight, mean, rstd, R, C, 0);
+    });
+    report("pointwise", 23.0 * values * s, 3, [&] {
         gelu_forward(act, pre, R * h, 0);
         gelu_backward(dact, pre, act, R * h, 0);
         residual_forward(y, x, dx, values, 0);
     });
-    const double bytes = (2.0 * values + 4.0 * values + 2.0 * R * h + 3.0 * R * h + 3.0 * values) * sizeof(floatX);
-    printf("memory %d %.6e %.6e\n", C, bytes, std::max(seconds - launches * per_launch, 0.1 * seconds));
-    fflush(stdout);
-    for (floatX* p : {x, y, dy, dx, weight, bias, dweight, dbias, pre, act, dact}) cudaCheck(cudaFree(p));
-    for (float* p : {mean, rstd, scratch}) cudaCheck(cudaFree(p));
+
+    // the plan's kernels take a sequence a block: the runs' sequences (the CPU build's small models' 64 positions)
+#ifdef LLMC_CPU
+    const int T = std::min(R, 64);
+#else
+    const int T = std::min(R, 8192);
+#endif
+    const MoeShape shape{R / T, T, T, 8, 2, C};
+    const int E = shape.E, K = shape.K;
+    std::vector<floatX> spread((size_t)R * E);  // logits that send each row's top 2 to different experts by row
+    for (size_t i = 0; i < spread.size(); i++) spread[i] = (floatX)(float)((i * 7919) % 61) * 0.05f;
+    floatX* logits = device_alloc<floatX>(spread.size());
+    cudaCheck(cudaMemcpy(logits, spread.data(), spread.size() * sizeof(floatX), cudaMemcpyHostToDevice));
+    MoeRouting r;
+    r.probs = device_filled<float>((size_t)R * E), r.dprobs = device_filled<float>((size_t)R * E);
+    r.lse = device_filled<float>(R), r.weights = device_filled<float>((size_t)R * K);
+    r.dweights = device_filled<float>((size_t)R * K), r.experts = device_alloc<int>((size_t)R * K);
+    r.slots = device_alloc<int>((size_t)R * K), r.routed_counts = device_alloc<int>((size_t)shape.B * E);
+    int* expert_counts = device_alloc<int>(E);
+    floatX *permuted = device_filled<floatX>(values * K), *dpermuted = device_filled<floatX>(values * K);
+    floatX* dlogits = device_filled<floatX>(spread.size());
+    float* loss_sums = device_filled<float>(2);
+    // forward: the router, the plan (count, offsets, place), permute, aux loss, combine; backward: the combine's,
+    // the permute's, the aux loss's, the router's
+    report("route", route_forward_bytes(R, C, E, K, s) + route_backward_bytes(R, C, E, K, s), 10, [&] {
+        moe_router_forward(r, logits, shape, 0);
+        moe_dispatch_plan(r, expert_counts, shape, 0, 0);
+        moe_permute_forward(permuted, x, r, shape, 0);
+        moe_aux_loss_forward(loss_sums, loss_sums + 1, r, shape, 0);
+        moe_unpermute_forward(y, permuted, r, shape, 0);
+        moe_unpermute_backward(dpermuted, dy, permuted, r, shape, 0);
+        moe_permute_backward(dx, dpermuted, r, shape, 0);
+        moe_aux_loss_backward(r, shape, 1e-3f, 0);
+        moe_router_backward(dlogits, r, shape, 1e-3f, 0);
+    });
+    for (floatX* p : {x, y, dy, dx, weight, bias, dweight, dbias, sum, pre, act, dact, logits, permuted, dpermuted, dlogits})
+        cudaCheck(cudaFree(p));
+    for (float* p : {mean, rstd, scratch, r.probs, r.dprobs, r.lse, r.weights, r.dweights, loss_sums}) cudaCheck(cudaFree(p));
+    for (int* p : {r.experts, r.slots, r.routed_counts, expert_counts}) cudaCheck(cudaFree(p));
 }
 
 void measure_copies() {
@@ -354,12 +397,16 @@ int main(int argc, char** argv) {
         measure_attention();
         const double per_launch = measure_launch();
         measure_stream();
+        // the widths and rows the runs have: the CPU build's small models' microbatches; a GPU's blocks
 #ifdef LLMC_CPU
-        const std::vector<int> widths = quick ? std::vector<int>{128, 256} : std::vector<int>{64, 128, 256, 512};
+        const std::vector<int> widths = quick ? std::vector<int>{128, 256} : std::vector<int>{128, 256, 512};
+        const std::vector<int> rows = quick ? std::vector<int>{128, 1024} : std::vector<int>{128, 256, 512, 1024};
 #else
         const std::vector<int> widths = {1024, 4096, 8192};
+        const std::vector<int> rows = {2048, 8192, 32768};
 #endif
-        for (int C : widths) measure_memory(C, per_launch);
+        for (int C : widths)
+            for (int R : rows) measure_memory(C, R, per_launch);
         measure_copies();
         matmul_teardown();
         return EXIT_SUCCESS;

@@ -45,7 +45,8 @@ static std::string profile_difference(const MachineProfile& a, const MachineProf
             return "attention row " + std::to_string(i);
     if (a.memory.size() != b.memory.size()) return "memory rows";
     for (size_t i = 0; i < a.memory.size(); i++)
-        if (a.memory[i].width != b.memory[i].width || a.memory[i].bytes_per_second != b.memory[i].bytes_per_second)
+        if (a.memory[i].kind != b.memory[i].kind || a.memory[i].width != b.memory[i].width ||
+            a.memory[i].rows != b.memory[i].rows || a.memory[i].bytes_per_second != b.memory[i].bytes_per_second)
             return "memory row " + std::to_string(i);
     for (int t = 0; t < kTiers; t++)
         for (int op = 0; op < kCollectiveOps; op++)
@@ -109,10 +110,12 @@ static void test_round_trip() {
     other.collectives[(int)Tier::Spine][(int)CollectiveOp::SendRecv][0] = {};
     other.fits.push_back({CollectiveOp::AllReduce, CollectiveAlgorithm::Ring, 0.998, 24});
     other.fits.push_back({CollectiveOp::SendRecv, CollectiveAlgorithm::Ring, -0.25, 7});
+    other.memory.push_back({MemoryBoundKind::Row, 128, 1024, 1.25e8});
+    other.memory.push_back({MemoryBoundKind::Route, 256, 64, 3e8 / 7});
     MachineProfile other_again;
     const std::string other_error = machine_profile_parse(machine_profile_text(other), "other", &other_again);
     const std::string other_difference = other_error.empty() ? profile_difference(other, other_again) : other_error;
-    check_true("cores_per_node, launch_seconds, fits, no attention rows, a 17-digit number: every field back",
+    check_true("cores_per_node, launch_seconds, fits, memory rows, no attention rows, a 17-digit number: every field back",
                other_difference.empty(), other_difference);
 
     const std::string path = "/tmp/llmc_test_machine_" + std::to_string(getpid()) + ".txt";
@@ -338,17 +341,32 @@ static void test_tiers_and_tables() {
                    attention_efficiency(h100, 1 << 20) == 0.748);
 
     MachineProfile rows = parsed(kTiered);
-    check_true("memory_bytes_per_second without memory rows: hbm_bytes_per_second at every width",
-               rows.memory.empty() && memory_bytes_per_second(rows, 64) == rows.hbm_bytes_per_second);
-    rows = parsed(std::string(kTiered) + "memory 128 1e8\nmemory 512 3e8\n");
-    check_true("memory rows: a row's rate at its width, the ends' outside, halfway in log2 the mean",
-               memory_bytes_per_second(rows, 128) == 1e8 && memory_bytes_per_second(rows, 32) == 1e8 &&
-                   memory_bytes_per_second(rows, 4096) == 3e8 && near(memory_bytes_per_second(rows, 256), 2e8),
-               describe(memory_bytes_per_second(rows, 256), 2e8));
-    check_true("memory rows: a width that does not increase is refused with its line",
-               parse_error(std::string(kTiered) + "memory 128 1e8\nmemory 128 3e8\n").find("memory WIDTH 128 does not "
-                                                                                              "increase") != std::string::npos,
-               parse_error(std::string(kTiered) + "memory 128 1e8\nmemory 128 3e8\n"));
+    check_true("memory_bytes_per_second without memory rows: hbm_bytes_per_second for every kind, width and rows",
+               rows.memory.empty() && memory_bytes_per_second(rows, MemoryBoundKind::Row, 64, 128) == rows.hbm_bytes_per_second &&
+                   memory_bytes_per_second(rows, MemoryBoundKind::Route, 4096, 8) == rows.hbm_bytes_per_second);
+    rows = parsed(std::string(kTiered) + "memory row 128 1024 1e8\nmemory row 512 1024 3e8\nmemory pointwise 128 1024 2e9\n");
+    const double row_at = memory_bytes_per_second(rows, MemoryBoundKind::Row, 128, 1024),
+                 pointwise_at = memory_bytes_per_second(rows, MemoryBoundKind::Pointwise, 128, 1024),
+                 route_none = memory_bytes_per_second(rows, MemoryBoundKind::Route, 128, 1024);
+    check_true("memory rows: a row's rate at its (kind, width, rows); a kind without rows: hbm_bytes_per_second",
+               row_at == 1e8 && pointwise_at == 2e9 && route_none == rows.hbm_bytes_per_second);
+    // two rows 2 apart in log2: the point halfway is as near to each, so the blend is their mean; a point beyond the
+    // wider row (4096: 3 and 5 from them) blends 1/3^4 : 1/5^4, mostly the nearer row's
+    const double halfway = memory_bytes_per_second(rows, MemoryBoundKind::Row, 256, 1024),
+                 beyond = memory_bytes_per_second(rows, MemoryBoundKind::Row, 4096, 1024),
+                 beyond_expected = (3e8 / 81 + 1e8 / 625) / (1.0 / 81 + 1.0 / 625);
+    check_true("memory rows: blended by nearness in log2 of (width, rows): halfway the mean, beyond mostly the nearer",
+               near(halfway, 2e8) && near(beyond, beyond_expected),
+               describe(halfway, 2e8) + "; " + describe(beyond, beyond_expected));
+    const std::string twice = parse_error(std::string(kTiered) + "memory row 128 1024 1e8\nmemory row 128 1024 3e8\n"),
+                      unknown = parse_error(std::string(kTiered) + "memory norm 128 1024 1e8\n"),
+                      old_form = parse_error(std::string(kTiered) + "memory 128 1e8\n");
+    check_true("memory rows: a (kind, width, rows) given twice is refused with its line",
+               twice.find("memory row 128 1024 given twice (first on line") != std::string::npos, twice);
+    check_true("memory rows: an unknown kind is refused, naming the kinds",
+               unknown.find("'norm' is not a kind (pointwise, row, route)") != std::string::npos, unknown);
+    check_true("memory rows: a row without its kind and rows is refused (4 values needed)",
+               old_form.find("memory needs 4 values") != std::string::npos, old_form);
 
     const MachineProfile cpu = parsed(kTiered);  // cores_per_node 2
     check_true("rank_compute_share with 2 cores: 1 rank 1, 2 ranks 1, 4 ranks 0.5; h100 (a device per rank): 1",

@@ -12,7 +12,8 @@ gradients dW). Each is the sum of three parts:
                   causal row of T keys costs its T/2 visible keys: forward 2 products of HS per visible score
                   (S = QK, O = PV), backward 7 (S and dP twice, dV, dK, dQ: the deterministic two-kernel
                   backward); at attention_efficiency(keys per query of one kernel call: T, or T/cp per ring step)
-    memory-bound  the elementwise kernels' bytes read and written over the rate the profile gives rows of C values
+    memory-bound  the kernels' bytes read and written, by kind (pointwise, row reductions, a mixture's routing),
+                  over the rate the profile gives that kind at the microbatch's width and rows
                   (memory_bytes_per_second: its memory rows, or hbm_bytes_per_second), and launch_seconds
                   per kernel launch (the counts below, from the code)
 and everything a rank computes is divided by rank_compute_share (the CPU build's ranks share the host's cores).
@@ -98,17 +99,46 @@ inline double layout_compute_share(const PlanHardware& hw, const Layout& l) {
     return rank_compute_share(hw, std::min(l.ranks, hw.ranks_per_node));
 }
 
+// Seconds of `bytes` moved by memory-bound kernels of `kind` on `rows` rows of `width` values.
+inline double memory_seconds(const PlanHardware& hw, MemoryBoundKind kind, double bytes, double width, double rows) {
+    return bytes / memory_bytes_per_second(hw, kind, width, rows);
+}
+
+/*
+A mixture's routing of N rows of C values, K choices a row among E experts (llmc/kernels/moe_routing.cuh), in bytes
+of s-byte values (dev/calibrate.cu measures the route kind's rate with these same counts):
+    forward   the router's softmax and top-K read N E logits and write N E fp32 probabilities, the log-sum-exp and
+              N K choices and weights (N (E (s + 4) + 4 + 8K)); counting and placing them read and write the N K
+              choices (16 N K); the permute reads a row per choice and writes it (2 N K C s); the combine reads
+              the N K expert outputs and writes N rows (N K C s + N C s); the auxiliary loss reads the
+              probabilities (4 N E)
+    backward  the combine's backward reads the gradient once a choice, the expert outputs, and writes their
+              gradients (3 N K C s) and the weights' (4 N K); the permute's backward reads the N K rows' gradients
+              and writes N (N K C s + N C s); the router's backward reads the probabilities, their gradient and
+              the log-sum-exp and writes the logits' gradient (N (E (8 + s) + 4 + 8K))
+*/
+inline double route_forward_bytes(double N, double C, double E, double K, double s) {
+    return N * (E * (s + 4) + 4 + 8 * K) + 16 * N * K + 2 * N * K * C * s + (N * K * C + N * C) * s + 4 * N * E;
+}
+inline double route_backward_bytes(double N, double C, double E, double K, double s) {
+    return 3 * N * K * C * s + 4 * N * K + (N * K * C + N * C) * s + N * (E * (8 + s) + 4 + 8 * K);
+}
+
 /*
 Block `layer` for one microbatch on one rank (B sequences of T/cp rows, a tp rank's heads). The memory-bound
 kernels' bytes (s bytes a value, R = the rank's rows of the residual stream: B T/cp, / tp under SP; N = B T/cp
-the gathered rows; h = hidden/tp; q, k = the rank's query and K/V columns):
-    forward   norm1 2 R C, the fused residual + norm2 4 R C, the last residual add 3 R C; GELU reads fch and
-              writes its output (2 N h; SwiGLU reads gate and up: 3 N h); RoPE rewrites q and k (2 N (q + k));
-              under the cp ring each step after the first merges its partial output into the running one (3 N q)
-    B         the two norms' backward (each reads its input, the gradient in and the one it adds to, writes
-              it: 4 R C); the activation's (GELU 3 N h: fch, the gradient in, the gradient out; SwiGLU 5 N h);
-              RoPE's (2 N (q + k)); attention's preprocessing D = dO . O (2 N q)
+the gathered rows; h = hidden/tp; q, k = the rank's query and K/V columns), by kind:
+    forward   row: norm1 2 R C, the fused residual + norm2 4 R C; pointwise: the last residual add 3 R C; GELU
+              reads fch and writes its output (2 N h; SwiGLU reads gate and up: 3 N h, and so do a mixture's
+              experts on their N K routed rows of expert_hidden units); RoPE rewrites q and k (2 N (q + k));
+              under the cp ring each step after the first merges its partial output into the running one (3 N q);
+              route: a mixture's routing (route_forward_bytes, on the rank's N / tp rows)
+    B         row: the two norms' backward (each reads its input, the gradient in and the one it adds to, writes
+              it: 4 R C); pointwise: the activation's (GELU 3 N h: fch, the gradient in, the gradient out; SwiGLU
+              5 N h), RoPE's (2 N (q + k)), attention's preprocessing D = dO . O (2 N q); route: the routing's
+              backward (route_backward_bytes)
     W         the norms' weight gradients, added to the chunk (C values: nothing)
+Each kind at its rate for the block's width C and rows (R for the norms, N for the rest).
 Launches counted from forward_backward.cuh: forward norm1, qkv, attention, attproj, residual+norm2, fc,
 activation, fcproj, residual (9; + RoPE), B: fcproj dX, activation, fc dX, norm2, attproj dX, the attention
 preprocessing and its two kernels, qkv dX, norm1 (10; + RoPE), W: 4 dW and 2 norm-gradient adds (4 with
@@ -138,18 +168,29 @@ inline PassSeconds block_pass_seconds(const GPT2Config& config, int layer, const
     p.input_gradient.attention = attention_flops(kAttentionBackwardProducts, scores, HS) / attention_rate;
     // memory-bound kernels and launches
     const bool rope = block.llama(), swiglu = block.llama();
-    const double forward_bytes = (9 * R * C + (swiglu ? 3 : 2) * N * h + (rope ? 2 * N * (q + k) : 0.0)) * s;
     const double ring_steps = ring ? l.cp - 1 : 0;
-    // a ring step's merge of its partial output into the running one (reads both outputs, writes one; lse: small)
-    const double merges = ring_steps * 3 * N * q * s;
-    const double backward_bytes = (8 * R * C + (swiglu ? 5 : 3) * N * h + (rope ? 2 * N * (q + k) : 0.0) + 2 * N * q) * s;
+    // the experts' activation on their routed rows (N K over the rank's experts, ep's share of every rank's rows)
+    const double expert_units = block.moe() ? (double)block.experts_per_token * block.expert_hidden() / t : 0.0;
+    const double forward_pointwise = (3 * R * C + (swiglu ? 3 : 2) * N * (h + expert_units) +
+                                      (rope ? 2 * N * (q + k) : 0.0) + ring_steps * 3 * N * q) * s;
+    const double backward_pointwise = ((swiglu ? 5 : 3) * N * (h + expert_units) + (rope ? 2 * N * (q + k) : 0.0) +
+                                       2 * N * q) * s;
+    p.forward.memory = memory_seconds(hw, MemoryBoundKind::Row, 6 * R * C * s, C, R) +
+                       memory_seconds(hw, MemoryBoundKind::Pointwise, forward_pointwise, C, N);
+    p.input_gradient.memory = memory_seconds(hw, MemoryBoundKind::Row, 8 * R * C * s, C, R) +
+                              memory_seconds(hw, MemoryBoundKind::Pointwise, backward_pointwise, C, N);
+    if (block.moe()) {
+        const double routed = N / t, E = block.experts, K = block.experts_per_token;
+        p.forward.memory += memory_seconds(hw, MemoryBoundKind::Route, route_forward_bytes(routed, C, E, K, s), C, routed);
+        p.input_gradient.memory +=
+            memory_seconds(hw, MemoryBoundKind::Route, route_backward_bytes(routed, C, E, K, s), C, routed);
+    }
     const double experts = block.moe() ? 3.0 * block.experts / l.ep + 4 : 0;
     const double forward_launches = 9 + rope + 2 * ring_steps + experts;
     const double input_launches = 10 + rope + 3 * ring_steps + experts;
     const double weight_launches = 4 + (block.llama() ? 2 : 4) + (block.moe() ? 2.0 * block.experts / l.ep + 1 : 0);
-    const double rate = memory_bytes_per_second(hw, C);
-    p.forward.memory = (forward_bytes + merges) / rate + forward_launches * hw.launch_seconds;
-    p.input_gradient.memory = backward_bytes / rate + input_launches * hw.launch_seconds;
+    p.forward.memory += forward_launches * hw.launch_seconds;
+    p.input_gradient.memory += input_launches * hw.launch_seconds;
     p.weight_gradient.memory = weight_launches * hw.launch_seconds;
     p.forward = p.forward.scaled(1 / share);
     p.input_gradient = p.input_gradient.scaled(1 / share);
@@ -158,10 +199,10 @@ inline PassSeconds block_pass_seconds(const GPT2Config& config, int layer, const
 }
 
 /*
-The last stage's final norm, LM head and loss for one microbatch: the norm (2 R C forward, 4 R C backward), the
-head's matmul (N rows x Vp/tp) and its dX and dW, and the classifier: the softmax reads this rank's N x Vp/tp
-logits and writes the gradient over them (2 N Vp/tp s; under tp one more read for the split softmax's max and
-sums). Launches: norm, matmul, classifier (3 + 2 under tp) | dX, norm backward (2) | dW (1). Where the schedule
+The last stage's final norm, LM head and loss for one microbatch: the norm (2 R C forward, 4 R C backward, row
+kernels of width C), the head's matmul (N rows x Vp/tp) and its dX and dW, and the classifier: the softmax reads
+this rank's N x Vp/tp logits and writes the gradient over them (2 N Vp/tp s; under tp one more read for the split
+softmax's max and sums), a row kernel of width Vp/tp. Launches: norm, matmul, classifier (3 + 2 under tp) | dX, norm backward (2) | dW (1). Where the schedule
 does not split the backward (split false) the head's whole backward runs with its forward (forward_backward.cuh),
 so all of it is F.
 */
@@ -171,11 +212,11 @@ inline PassSeconds head_pass_seconds(const GPT2Config& config, const Layout& l, 
     const MatmulShape head = head_forward_matmul(config, N, l.tp);
     PassSeconds p;
     p.forward.matmul = matmul_seconds(hw, head);
-    const double rate = memory_bytes_per_second(hw, C);
-    p.forward.memory = ((2 * R * C + (l.tp > 1 ? 3 : 2) * N * head.n) * s) / rate +
+    p.forward.memory = memory_seconds(hw, MemoryBoundKind::Row, 2 * R * C * s, C, R) +
+                       memory_seconds(hw, MemoryBoundKind::Row, (l.tp > 1 ? 3 : 2) * N * head.n * s, head.n, N) +
                        (l.tp > 1 ? 5 : 3) * hw.launch_seconds;
     p.input_gradient.matmul = matmul_seconds(hw, input_gradient_shape(head));
-    p.input_gradient.memory = 4 * R * C * s / rate + 2 * hw.launch_seconds;
+    p.input_gradient.memory = memory_seconds(hw, MemoryBoundKind::Row, 4 * R * C * s, C, R) + 2 * hw.launch_seconds;
     p.weight_gradient.matmul = matmul_seconds(hw, weight_gradient_shape(head));
     p.weight_gradient.memory = hw.launch_seconds;
     if (!split) {
@@ -189,14 +230,15 @@ inline PassSeconds head_pass_seconds(const GPT2Config& config, const Layout& l, 
 }
 
 // The first stage's embedding for one microbatch: the lookup reads a row of wte (and wpe) per token and writes
-// it (2 or 3 N C s), its backward reads the gradient and adds it to the table's rows (3 N C s); 1 launch each.
+// it (2 or 3 N C s), its backward reads the gradient and adds it to the table's rows (3 N C s), pointwise; 1
+// launch each.
 inline PassSeconds embedding_pass_seconds(const GPT2Config& config, const Layout& l, const PlanHardware& hw) {
     const double share = layout_compute_share(hw, l), s = l.bf16 ? 2 : 4, C = config.channels;
     const double N = (double)l.batch_size * l.seq_len / l.cp;
     PassSeconds p;
-    const double rate = memory_bytes_per_second(hw, C);
-    p.forward.memory = ((config.llama() ? 2 : 3) * N * C * s / rate + hw.launch_seconds) / share;
-    p.input_gradient.memory = (3 * N * C * s / rate + hw.launch_seconds) / share;
+    p.forward.memory =
+        (memory_seconds(hw, MemoryBoundKind::Pointwise, (config.llama() ? 2 : 3) * N * C * s, C, N) + hw.launch_seconds) / share;
+    p.input_gradient.memory = (memory_seconds(hw, MemoryBoundKind::Pointwise, 3 * N * C * s, C, N) + hw.launch_seconds) / share;
     return p;
 }
 

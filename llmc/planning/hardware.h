@@ -4,8 +4,9 @@ reading the flags needs neither the model nor a kernel.
 
 A profile is what one rank's device computes and moves, and what its links cost:
     peak FLOP/s and the fraction of it a matmul of shape (M, N, K) reaches, from a table of measured shapes;
-    the attention kernel's fraction of peak by sequence length; the device memory's bandwidth (the memory-bound
-    kernels: norms, activations, AdamW); the host link's (offload);
+    the attention kernel's fraction of peak by sequence length; the device memory's bandwidth (AdamW), and the
+    rate each kind of memory-bound kernel reaches by width and rows (norms, activations, a mixture's routing);
+    the host link's (offload);
     the three tiers of the network a group of ranks may span, and on each tier each collective's cost;
     how many ranks share a node's processors (the CPU build's ranks take turns on its cores; a GPU is one rank's).
 
@@ -51,10 +52,21 @@ The file format (what --machine FILE reads, machine_profile_text writes and scri
                                            node's ranks share (the CPU build: the host's)
     matmul M N K EFFICIENCY                one or more rows; 0 < efficiency <= 1, of peak_flops
     attention T EFFICIENCY                 zero or more rows, T increasing
-    memory WIDTH BYTES_PER_SECOND          zero or more rows, WIDTH increasing: the rate a block's memory-bound
-                                           kernels reach on rows of WIDTH values (channels); none: the
-                                           hbm_bytes_per_second at every width (a GPU's kernels stream at its
-                                           bandwidth; the CPU build's emulated warps pay per row and per barrier)
+    memory KIND WIDTH ROWS BYTES_PER_SECOND
+                                           zero or more rows, each (KIND, WIDTH, ROWS) once: the rate a block's
+                                           memory-bound kernels of one kind reach on a microbatch of ROWS rows of
+                                           WIDTH channels, their bytes read and written over their time. KIND:
+                                             pointwise  value by value: the activation (GELU, SwiGLU), residual
+                                                        adds, RoPE, the embedding, the cp ring's merge
+                                             row        a reduction along each row: the norms forward and backward
+                                                        (and the fused residual + norm), the classifier's softmax
+                                                        (its rows are the vocabulary's: WIDTH Vp / tp)
+                                             route      a mixture's routing: the router's softmax and top-K, the
+                                                        dispatch (count, place, permute), the combine, and their
+                                                        backward passes
+                                           A kind without rows: hbm_bytes_per_second (a GPU's kernels stream at
+                                           its bandwidth; the CPU build's emulated warps pay per row and per
+                                           barrier, so there each kind has its own rate, which grows with WIDTH)
     collective TIER OP ALGORITHM ALPHA BETA
                                            TIER node | leaf | spine; OP all_reduce | all_gather | reduce_scatter |
                                            all_to_all | send_recv; ALGORITHM ring | tree (tree: all_reduce only);
@@ -65,8 +77,8 @@ Required: the first line, name, peak_flops, hbm_bytes_per_second, pcie_bytes_per
 ranks_per_leaf, a matmul row, and on the node tier every op with at least one algorithm. Every number is positive
 but ALPHA, launch_seconds and cores_per_node (0 allowed) and R2 (any, up to 1). Anything else is refused with one
 line naming the file, the line and the problem: an unknown key, a key (or a matmul shape, attention length,
-collective row, fit) given twice, a missing, non-numeric or out-of-range number, extra words, a tree row for an
-op other than all_reduce, ranks_per_leaf < ranks_per_node, T not increasing.
+collective row, fit, memory row) given twice, a missing, non-numeric or out-of-range number, extra words, a tree
+row for an op other than all_reduce, ranks_per_leaf < ranks_per_node, T not increasing, an unknown memory KIND.
 
 The built-in profile "h100", a cluster of H100 SXM GPUs in Llama 3's network, is in this format, each number cited:
 llmc/planning/h100_profile.h. A default-constructed PlanHardware is that profile (its constructor reads it).
@@ -114,8 +126,14 @@ struct AttentionEfficiency {
     double seq_len = 0;   // keys per query (T / cp for one ring step: the kernel's T)
     double efficiency = 0;
 };
+// The kinds of memory-bound kernel (the format's memory KIND), in the names' order.
+enum class MemoryBoundKind { Pointwise = 0, Row, Route };
+constexpr int kMemoryKinds = 3;
+constexpr const char* kMemoryKindNames[kMemoryKinds] = {"pointwise", "row", "route"};
 struct MemoryRate {
-    double width = 0;             // the rows' values (a block's channels)
+    MemoryBoundKind kind = MemoryBoundKind::Pointwise;
+    double width = 0;             // the rows' values (a block's channels; the classifier's vocabulary)
+    double rows = 0;              // the microbatch's rows (B T / cp, a tp rank's under SP)
     double bytes_per_second = 0;
 };
 // calibrate.sh's fit of alpha + n / beta to one collective's measurements (informational: no cost reads it)
@@ -138,7 +156,7 @@ struct MachineProfile {
     double launch_seconds = 0;                   // fixed cost per kernel launch
     std::vector<MatmulShapeEfficiency> matmul;   // measured shapes, at least one
     std::vector<AttentionEfficiency> attention;  // measured sequence lengths, increasing
-    std::vector<MemoryRate> memory;              // measured widths, increasing; none: hbm_bytes_per_second
+    std::vector<MemoryRate> memory;              // measured (kind, width, rows); a kind without: hbm
     CollectiveCost collectives[kTiers][kCollectiveOps][kCollectiveAlgorithms];
     std::vector<CollectiveFit> fits;
 };
@@ -166,20 +184,33 @@ struct PlanHardware : MachineProfile {
     double reserve_bytes = kPlanReserveBytes;    // kept free of the plan: "fits" is total + this <= gpu_memory_bytes
 };
 
-// The fraction of peak_flops a matmul of this shape reaches: the table's rows weighted by their nearness in
-// log2 space (1 / d^4, an exact match alone), so a shape between measured ones gets a blend of them and one
-// outside the table the nearest rows' values.
-inline double matmul_efficiency(const MachineProfile& hw, double m, double n, double k) {
-    if (hw.matmul.empty()) fatal("machine profile %s has no matmul rows", hw.name.c_str());  // the parser's rule
+// A value at `point` from measured ones at `points` (each with its value), weighted by their nearness in log2
+// space (1 / d^4; an exact match alone): a point between measured ones gets a blend of them, one outside them the
+// nearest ones' values. The matmul table (M, N, K) and the memory rows (width, rows) are read this way.
+template <size_t D>
+struct Log2Point {
+    double at[D];
+    double value;
+};
+template <size_t D>
+inline double log2_nearness_blend(const std::vector<Log2Point<D>>& points, const double (&point)[D]) {
     double weights = 0, sum = 0;
-    for (const MatmulShapeEfficiency& row : hw.matmul) {
-        const double dm = std::log2(m / row.m), dn = std::log2(n / row.n), dk = std::log2(k / row.k);
-        const double d2 = dm * dm + dn * dn + dk * dk;
-        if (d2 < 1e-12) return row.efficiency;
+    for (const Log2Point<D>& p : points) {
+        double d2 = 0;
+        for (size_t i = 0; i < D; i++) d2 += std::log2(point[i] / p.at[i]) * std::log2(point[i] / p.at[i]);
+        if (d2 < 1e-12) return p.value;
         const double w = 1.0 / (d2 * d2);
-        weights += w, sum += w * row.efficiency;
+        weights += w, sum += w * p.value;
     }
     return sum / weights;
+}
+
+// The fraction of peak_flops a matmul of this shape reaches, blended from the table's measured shapes.
+inline double matmul_efficiency(const MachineProfile& hw, double m, double n, double k) {
+    if (hw.matmul.empty()) fatal("machine profile %s has no matmul rows", hw.name.c_str());  // the parser's rule
+    std::vector<Log2Point<3>> points;
+    for (const MatmulShapeEfficiency& row : hw.matmul) points.push_back({{row.m, row.n, row.k}, row.efficiency});
+    return log2_nearness_blend(points, {m, n, k});
 }
 /*
 The attention rows' efficiency is a fraction of the causal kernel's work counted one way everywhere (the planner's
@@ -205,18 +236,14 @@ inline double attention_efficiency(const MachineProfile& hw, double seq_len) {
         }
     return rows.back().efficiency;
 }
-// The rate a block's memory-bound kernels reach on rows of `width` values: linear in log2 of the width between
-// the memory rows, the end rows' outside them; no rows: hbm_bytes_per_second.
-inline double memory_bytes_per_second(const MachineProfile& hw, double width) {
-    const std::vector<MemoryRate>& rows = hw.memory;
-    if (rows.empty()) return hw.hbm_bytes_per_second;
-    if (width <= rows.front().width) return rows.front().bytes_per_second;
-    for (size_t i = 1; i < rows.size(); i++)
-        if (width <= rows[i].width) {
-            const double x = std::log2(width / rows[i - 1].width) / std::log2(rows[i].width / rows[i - 1].width);
-            return rows[i - 1].bytes_per_second + x * (rows[i].bytes_per_second - rows[i - 1].bytes_per_second);
-        }
-    return rows.back().bytes_per_second;
+// The rate memory-bound kernels of `kind` reach on `rows` rows of `width` values, blended from that kind's memory
+// rows; a kind without rows: hbm_bytes_per_second.
+inline double memory_bytes_per_second(const MachineProfile& hw, MemoryBoundKind kind, double width, double rows) {
+    std::vector<Log2Point<2>> points;
+    for (const MemoryRate& row : hw.memory)
+        if (row.kind == kind) points.push_back({{row.width, row.rows}, row.bytes_per_second});
+    if (points.empty()) return hw.hbm_bytes_per_second;
+    return log2_nearness_blend(points, {std::max(width, 1.0), std::max(rows, 1.0)});
 }
 // The share of one device a rank gets when `ranks_on_node` ranks run on one node (1 on a GPU).
 inline double rank_compute_share(const MachineProfile& hw, int ranks_on_node) {
@@ -332,7 +359,7 @@ inline std::string machine_profile_parse(const std::string& text, const std::str
     };
     Scalar& ranks_per_leaf = scalars[5];
     int name_line = 0;  // where each entry was given, to name the first when one comes again
-    std::vector<int> matmul_lines;
+    std::vector<int> matmul_lines, memory_lines;
     int collective_lines[kTiers][kCollectiveOps][kCollectiveAlgorithms] = {};
     int fit_lines[kCollectiveOps][kCollectiveAlgorithms] = {};
 
@@ -407,13 +434,18 @@ inline std::string machine_profile_parse(const std::string& text, const std::str
                 return at(number, "attention T " + words[1] + " does not increase on the row before's");
             p.attention.push_back({v[0], v[1]});
         } else if (key == "memory") {
-            if (!values(words, 2, "WIDTH BYTES_PER_SECOND")) return at(number, problem);
-            if (!read(words[1], "memory WIDTH", ProfileNumber::Positive, &v[0]) ||
-                !read(words[2], "memory bytes per second", ProfileNumber::Positive, &v[1]))
+            if (!values(words, 4, "KIND WIDTH ROWS BYTES_PER_SECOND")) return at(number, problem);
+            const int kind = machine_profile_name_index(words[1], kMemoryKindNames, kMemoryKinds);
+            if (kind < 0) return at(number, "memory: '" + words[1] + "' is not a kind (pointwise, row, route)");
+            if (!read(words[2], "memory WIDTH", ProfileNumber::Positive, &v[0]) ||
+                !read(words[3], "memory ROWS", ProfileNumber::Positive, &v[1]) ||
+                !read(words[4], "memory bytes per second", ProfileNumber::Positive, &v[2]))
                 return at(number, problem);
-            if (!p.memory.empty() && v[0] <= p.memory.back().width)
-                return at(number, "memory WIDTH " + words[1] + " does not increase on the row before's");
-            p.memory.push_back({v[0], v[1]});
+            for (size_t r = 0; r < p.memory.size(); r++)
+                if ((int)p.memory[r].kind == kind && p.memory[r].width == v[0] && p.memory[r].rows == v[1])
+                    return twice("memory " + words[1] + " " + words[2] + " " + words[3], memory_lines[r]);
+            p.memory.push_back({(MemoryBoundKind)kind, v[0], v[1], v[2]});
+            memory_lines.push_back(number);
         } else if (key == "collective") {
             if (!values(words, 5, "TIER OP ALGORITHM ALPHA BETA")) return at(number, problem);
             const int tier = machine_profile_name_index(words[1], kTierNames, kTiers);
@@ -490,7 +522,8 @@ inline std::string machine_profile_text(const MachineProfile& p) {
     for (const AttentionEfficiency& row : p.attention)
         text += "attention " + number(row.seq_len) + " " + number(row.efficiency) + "\n";
     for (const MemoryRate& row : p.memory)
-        text += "memory " + number(row.width) + " " + number(row.bytes_per_second) + "\n";
+        text += std::string("memory ") + kMemoryKindNames[(int)row.kind] + " " + number(row.width) + " " +
+                number(row.rows) + " " + number(row.bytes_per_second) + "\n";
     for (int tier = 0; tier < kTiers; tier++)
         for (int op = 0; op < kCollectiveOps; op++)
             for (int a = 0; a < kCollectiveAlgorithms; a++) {

@@ -45,11 +45,13 @@ llmc/planning/cost_model.h:
               attention   what the flash kernel computes: the key tiles a causal row sees (T/2 of T), 2 products of
                           HS per visible score forward, 7 backward (its deterministic two-kernel backward), at
                           attention_efficiency(keys per kernel call: T; a ring step's T/cp, T/(2 cp) zigzag)
-              memory      the elementwise kernels (norms, residual adds, GELU / SwiGLU, RoPE, attention's
-                          preprocessing, the ring's merges, the encoder, the classifier's softmax over the
-                          vocabulary) at their bytes read + written / hbm_bytes_per_second, plus launch_seconds per
-                          kernel launch (counted per block from forward_backward.cuh); AdamW over the rank's
-                          parameter shard once per step (28 + s bytes a parameter)
+              memory      the memory-bound kernels at their bytes read + written over the rate the profile gives
+                          their kind at the block's width and rows (memory_bytes_per_second): row reductions (the
+                          norms, the classifier's softmax over the vocabulary), pointwise (residual adds, GELU /
+                          SwiGLU, RoPE, attention's preprocessing, the ring's merges, the encoder) and a mixture's
+                          routing (router, dispatch, combine), plus launch_seconds per kernel launch (counted per
+                          block from forward_backward.cuh); AdamW over the rank's parameter shard once per step
+                          (28 + s bytes a parameter) at hbm_bytes_per_second
               F = forward; B = the dX matmuls, attention's backward and the memory-bound backward (+ a block's
               forward again where recomputation reruns it: full, or the f letters); W = the dW matmuls. The LM
               head's backward is F where the schedule does not split the backward (the program runs it after the
@@ -68,7 +70,7 @@ llmc/planning/cost_model.h:
               tp cp; pp tp cp pp; ep tp cp pp ep; dp all ranks. The calls' bytes sum to the byte formulas above
               (checked)
     cp shown  = the part of the cp axis's time that attention does not hide (ring; below), or all of it (Ulysses)
-    recompute = selective's elementwise passes at HBM bandwidth and offload's PCIe transfers that compute does not
+    recompute = selective's norms and activation again (priced as above) and offload's PCIe transfers that compute does not
                 hide (llmc/planning/recompute_choice.h, whose full letter is priced as here: the block's forward
                 and its tp calls), for the policies and letters that have them (full's rerun is in compute's B
                 and in tp)

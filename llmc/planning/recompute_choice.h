@@ -20,10 +20,10 @@ Time. Seconds one position adds per microbatch on a rank, under kind k (N = B T/
 of an activation, R C s the block's output, D what selective drops, X = record + mixture - output what offload
 moves):
     keep       0
-    selective  the norms and the activation run again, elementwise, at HBM bandwidth: each norm reads its
-               input and writes its output (2 R C s each), the activation reads fch (N H s, SwiGLU's gate and
-               up 2 N H s) and writes fch_gelu (N H s):
-                   (4 R C s + (2 or 3) N H s) / hbm_bytes_per_second,  N H s = D - 2 R C s
+    selective  the norms and the activation run again, at the rates cost_model.h prices them: each norm reads
+               its input and writes its output (2 R C s each, row kernels), the activation reads fch (N H s,
+               SwiGLU's gate and up 2 N H s) and writes fch_gelu (N H s, pointwise), 3 launches:
+                   4 R C s / row rate + (2 or 3) N H s / pointwise rate + 3 launches,  N H s = D - 2 R C s
                (the rank's share of the device: rank_compute_share)
     full       the block's forward pass again and its tp collectives again (llmc/planning/planner.h counts the
                same: the forward pass in B, and f and g once more on the tp axis):
@@ -83,7 +83,8 @@ struct BlockKeepCosts {
     bool swiglu = false;           // the activation reads two inputs (Llama)
     double forward_seconds = 0;    // f: the mean block's forward pass (llmc/planning/cost_model.h)
     double tp_seconds = 0;         // the rerun's tp collectives (collective_seconds)
-    double hbm_bytes_per_second = 0, pcie_bytes_per_second = 0;
+    double selective_seconds = 0;  // the norms and the activation again
+    double pcie_bytes_per_second = 0;
 };
 
 inline BlockKeepCosts block_keep_costs(const GPT2Config& config, const Layout& l, const PlanHardware& hw,
@@ -102,7 +103,13 @@ inline BlockKeepCosts block_keep_costs(const GPT2Config& config, const Layout& l
         for (CollectiveOp op : ops[l.sequence_parallel]) rerun.push_back(CollectiveCalls{op, l.tp, l.tp, 1, n});
         c.tp_seconds = collective_calls_seconds(hw, rerun, share);
     }
-    c.hbm_bytes_per_second = hw.hbm_bytes_per_second * share, c.pcie_bytes_per_second = hw.pcie_bytes_per_second;
+    const double N = (double)l.batch_size * l.seq_len / l.cp, R = l.sequence_parallel ? N / l.tp : N;
+    const double activation_output = terms.dropped - 2 * terms.output;  // fch_gelu, N H s
+    c.selective_seconds = (memory_seconds(hw, MemoryBoundKind::Row, 4 * terms.output, config.channels, R) +
+                           memory_seconds(hw, MemoryBoundKind::Pointwise, (c.swiglu ? 3 : 2) * activation_output,
+                                          config.channels, N) +
+                           3 * hw.launch_seconds) / share;
+    c.pcie_bytes_per_second = hw.pcie_bytes_per_second;
     return c;
 }
 
@@ -111,10 +118,7 @@ inline double block_keep_seconds(BlockKeep keep, const BlockKeepCosts& c, bool h
     const BlockKeepTerms& t = c.terms;
     switch (keep) {
         case BlockKeep::Keep: return 0.0;
-        case BlockKeep::Selective: {
-            const double activation_output = t.dropped - 2 * t.output;  // fch_gelu, N H s
-            return (4 * t.output + (c.swiglu ? 3 : 2) * activation_output) / c.hbm_bytes_per_second;
-        }
+        case BlockKeep::Selective: return c.selective_seconds;
         case BlockKeep::Full: return c.forward_seconds + c.tp_seconds;
         case BlockKeep::Offload: {
             const BlockKeepBytes moved = block_keep_bytes(keep, t.record, has_mixture ? t.mixture : 0, t.dropped, t.output);

@@ -19,9 +19,11 @@
 #                 kernel's T^2/2 scores a head, 2 + 7 products each) per second / peak_flops, so that the planner's
 #                 count over peak x efficiency is the kernel's time (above 1, written as 1 with a warning)
 #   memory        streaming: residual_forward over buffers far beyond the caches: hbm_bytes_per_second (AdamW's
-#                 rate); a block's memory-bound kernels (norm, GELU, residual add, forward and backward) on rows
-#                 of C = 64 .. 512 values (quick: 128, 256), the bytes the planner counts over their time less their
-#                 launches: the memory rows (the CPU build's emulated warps pay per row and barrier, not per byte)
+#                 rate); a block's memory-bound kernels by kind (row: the norms forward and backward; pointwise:
+#                 GELU forward and backward, a residual add; route: a mixture's routing and its backward) on
+#                 R = 128 .. 1024 rows of C = 128 .. 512 values (quick: R 128, 1024, C 128, 256), the bytes the
+#                 planner counts over their time less their launches: the memory rows (the CPU build's emulated
+#                 warps pay per row and barrier, not per byte)
 #   launch        residual_forward on 16 bytes, launched many times: launch_seconds
 #   copies        copy_to_device / copy_to_host with pinned host memory: pcie_bytes_per_second (the mean of the
 #                 two directions' times)
@@ -139,10 +141,12 @@ for line in open(measurements):
     if w[0] == "collective":
         collectives[w[1]].append((int(w[2]), int(w[3]), float(w[4])))  # G n seconds
         continue
+    if w[0] == "memory":                                # KIND C R bytes seconds
+        memory.append((w[1], int(w[2]), int(w[3]), float(w[4]), float(w[5])))
+        continue
     v = [float(x) for x in w[1:]]
     if w[0] == "matmul": matmuls.append(v)              # M N K forward input weights
     elif w[0] == "attention": attention.append(v)       # T B NH HS seconds flops
-    elif w[0] == "memory": memory.append(v)             # C bytes seconds
     elif w[0] == "stream": stream = v                   # bytes seconds
     elif w[0] == "launch": launch = v[0]
     elif w[0] == "copy": copy = v                       # bytes to_device to_host
@@ -162,7 +166,8 @@ rows = [(m, n, k, 2 * m * n * k / (sum(times) / 3) / peak) for m, n, k, *times i
 spread = max(max(times) / min(times) for m, n, k, *times in matmuls)
 geo = [math.exp(sum(math.log(2 * m * n * k / times[i]) for m, n, k, *times in matmuls) / len(matmuls)) for i in range(3)]
 hbm = positive("streaming bandwidth", stream[0] / stream[1])
-memory_rows = [(c, positive("memory rate at width %d" % c, b / t)) for c, b, t in sorted(memory)]
+memory_rows = [(kind, c, r, positive("%s memory rate at width %d, %d rows" % (kind, c, r), b / t))
+               for kind, c, r, b, t in sorted(memory)]
 pcie = positive("copy bandwidth", 2 * copy[0] / (copy[1] + copy[2]))
 launch = positive("launch seconds", launch)
 attention_rows = [(t, flops / seconds / peak) for t, b, nh, hs, seconds, flops in sorted(attention)]
@@ -233,8 +238,9 @@ print("\nmatmuls: peak %.3e FLOP/s (best call), %d shapes, efficiency %.3f .. %.
       "between them on one shape x%.2f" % (peak, len(rows), min(r[3] for r in rows), max(r[3] for r in rows),
                                            geo[0], geo[1], geo[2], spread))
 print("attention: " + ", ".join("T %d %.4f" % (t, e) for t, e in attention_rows) + " of peak")
-print("memory: streaming %.3e B/s; a block's kernels " % hbm +
-      ", ".join("C %d %.3e B/s" % (c, r) for c, r in memory_rows) + "; host copies %.3e B/s, launch %.3e s" % (pcie, launch))
+print("memory: streaming %.3e B/s; host copies %.3e B/s, launch %.3e s; a block's kernels by kind, B/s:" % (hbm, pcie, launch))
+for kind in sorted(set(k for k, *_ in memory_rows)):
+    print("  %-9s " % kind + ", ".join("C %d R %d %.3g" % (c, r, rate) for k, c, r, rate in memory_rows if k == kind))
 
 lines = ["llmc machine profile 1",
          "# written by scripts/bench/calibrate.sh from %s" % measurements,
@@ -250,7 +256,7 @@ lines = ["llmc machine profile 1",
          "cores_per_node %d" % cores]
 lines += ["matmul %d %d %d %.4f" % (m, n, k, e) for m, n, k, e in rows]
 lines += ["attention %d %.6f" % (t, e) for t, e in attention_rows]
-lines += ["memory %d %.6e" % (c, r) for c, r in memory_rows]
+lines += ["memory %s %d %d %.6e" % row for row in memory_rows]
 for op in OPS:
     alpha, beta, r2, points, _ = fits[op]
     lines.append("collective node %s ring %.6e %.6e" % (op, alpha, beta))

@@ -59,10 +59,12 @@ check("matmul and attention efficiencies in (0, 1]", all(0 < e <= 1 for e in eff
 check("the quick grid: 27 matmul shapes, 2 attention lengths",
       len(rows["matmul"]) == 27 and len(rows["attention"]) == 2,
       "%d shapes, %d lengths" % (len(rows["matmul"]), len(rows["attention"])))
-widths = [float(r[0]) for r in rows["memory"]]
-check("memory rows at the quick widths 128 and 256, each a rate below the streaming one",
-      widths == [128, 256] and all(float(r[1]) <= float(stream) for r in rows["memory"] for stream in hbm),
-      " ".join("%s:%s" % (r[0], r[1]) for r in rows["memory"]))
+grid = sorted((r[0], float(r[1]), float(r[2])) for r in rows["memory"])
+expected = sorted((k, c, n) for k in ("pointwise", "route", "row") for c in (128, 256) for n in (128, 1024))
+check("memory rows: each kind (pointwise, row, route) at the quick widths 128, 256 and rows 128, 1024, each a rate "
+      "below the streaming one",
+      grid == expected and all(float(r[3]) <= float(stream) for r in rows["memory"] for stream in hbm),
+      " ".join("%s:%s:%s:%s" % tuple(r) for r in rows["memory"]))
 ops = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
 check("a node ring row and a fit row for each collective",
       sorted(r[1] for r in rows["collective"] if r[0] == "node" and r[2] == "ring") == sorted(ops) and
