@@ -1087,7 +1087,6 @@ int run(int, char**) {
     test_matmul_plan_cache();
     std::string cleanup = "rm -rf '" + test_dir + "'";
     if (system(cleanup.c_str()) != 0) printf("could not remove %s\n", test_dir.c_str());
-    printf("%d passed, %d failed\n", lab.passed, lab.failed);
-    return lab.failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return lab_closing_line();
 }
 }  // namespace test_host

@@ -18,11 +18,6 @@ failed`.
 
 namespace test_memory {  // one suite of dev/test/host_suites.cu
 
-static std::string describe(double got, double want) {
-    char text[128];
-    snprintf(text, sizeof(text), "got %.12g, expected %.12g", got, want);
-    return text;
-}
 static void check_equal(const std::string& name, double got, double want) {
     check_true(name, got == want, describe(got, want));
 }
@@ -783,7 +778,6 @@ int run(int, char**) {
     test_pipeline_parts();
     test_pipeline_zero_buffers();
     test_weight_records();
-    printf("%d passed, %d failed\n", lab.passed, lab.failed);
-    return lab.failed != 0;
+    return lab_closing_line();
 }
 }  // namespace test_memory
