@@ -15,6 +15,7 @@ command, its output and its closing line `N passed, M failed`.
 #include "test_memory.cu"
 #include "test_parameter_layout.cu"
 #include "test_planner.cu"
+#include "test_cost_model.cu"
 #include "test_machine.cu"
 #include "test_pipeline.cu"
 #include "test_comm.cu"
@@ -29,6 +30,7 @@ constexpr HostSuite kHostSuites[] = {
     {"test_memory", test_memory::run},
     {"test_parameter_layout", test_parameter_layout::run},
     {"test_planner", test_planner::run},
+    {"test_cost_model", test_cost_model::run},
     {"test_machine", test_machine::run},
     {"test_pipeline", test_pipeline::run},
     {"test_comm", test_comm::run},
