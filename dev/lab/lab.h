@@ -154,6 +154,9 @@ inline bool check_true(const std::string& name, bool condition, const std::strin
     return condition;
 }
 
+// Whether `text` holds `part` (a message checked for the words that name its problem).
+inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
 // A check_true's detail for a number against the value worked out for it.
 inline std::string describe(double got, double want) {
     char text[128];

@@ -11,6 +11,7 @@ command, its output and its closing line `N passed, M failed`.
 */
 #include <cstring>
 #include "test_host.cu"
+#include "test_flags.cu"
 #include "test_data.cu"
 #include "test_memory.cu"
 #include "test_parameter_layout.cu"
@@ -26,6 +27,7 @@ struct HostSuite {
 };
 constexpr HostSuite kHostSuites[] = {
     {"test_host", test_host::run},
+    {"test_flags", test_flags::run},
     {"test_data", test_data::run},
     {"test_memory", test_memory::run},
     {"test_parameter_layout", test_parameter_layout::run},

@@ -64,6 +64,7 @@ run_suite "kernel lab, CPU, FP32" ./kernel_lab_fp32_cpu
 run_suite "kernel lab, CPU, FP32, reverse lane order" env LLMC_CPU_REVERSE_LANES=1 ./kernel_lab_fp32_cpu --skip models
 run_suite "kernel lab, CPU, BF16, ASan+UBSan" ./kernel_lab_cpu_asan
 run_suite "flags, checkpoints, schedules, logger, MFU" build/test_host
+run_suite "flags: the parser, and train_gpt's --help against it" build/test_flags
 run_suite "the house's rules: options.h's includes, file names, the pipeline's files, MoE's parameters" \
     bash scripts/test/test_structure.sh
 run_suite "pipeline schedules: every layout simulated, bubbles and memory vs formulas" build/test_pipeline
