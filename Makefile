@@ -90,13 +90,14 @@ build/test_cpu_layer_asan: dev/test/test_cpu_layer.cu $(HEADERS) | check-cpu-too
 	@mkdir -p build
 	$(CXX) $(ASAN_FLAGS) -x c++ $< -o $@ $(CPU_LIBS)
 # host-side suites, one program compiled once (dev/test/host_suites.cu) and linked under each suite's name:
-# flags, checkpoints, schedules, logging, MFU (test_host); data loader and tokenizer (test_data); memory accounting
-# and the --plan arithmetic (test_memory); the parameter buffer's layout: operand alignment, a pipeline or ep
-# rank's chunks, conversions between layouts (test_parameter_layout); the planner against published layouts
-# (test_planner); the machine profile: its format, alpha-beta costs, tiers and shape tables (test_machine);
-# pipeline schedules, their simulator and trace, no model (test_pipeline; --trace writes a simulated trace to
-# draw); the communication layer and the mesh, under mpirun (test_comm)
-HOST_SUITES := test_host test_data test_memory test_parameter_layout test_planner test_machine test_pipeline test_comm
+# checkpoints, schedules, logging, MFU (test_host); flags and train_gpt's --help (test_flags); data loader and
+# tokenizer (test_data); memory accounting and the --plan arithmetic (test_memory); the parameter buffer's layout:
+# operand alignment, a pipeline or ep rank's chunks, conversions between layouts (test_parameter_layout); the
+# planner against published layouts (test_planner); its cost model by hand (test_cost_model); the machine profile:
+# its format, alpha-beta costs, tiers and shape tables (test_machine); pipeline schedules, their simulator and
+# trace, no model (test_pipeline; --trace writes a simulated trace to draw); the communication layer and the mesh,
+# under mpirun (test_comm)
+HOST_SUITES := test_host test_flags test_data test_memory test_parameter_layout test_planner test_cost_model test_machine test_pipeline test_comm
 build/host_suites: dev/test/host_suites.cu $(foreach suite,$(HOST_SUITES),dev/test/$(suite).cu) $(HEADERS) \
                    | check-cpu-tools check-mpi-tools
 	@mkdir -p build
@@ -171,8 +172,8 @@ train:
 # ---------------------------------------------------------------------------------------------------
 # test: CPU suites in both precisions and both lane orders, the sanitizer build, the GPU compile
 # (and the GPU suites when a GPU is present). scripts/test/run_tests.sh adds up the suites' closing lines.
-CPU_TEST_BINARIES := build/test_bf16 build/test_cpu_layer build/test_cpu_layer_asan build/test_host \
-                     build/test_pipeline build/test_weight_split build/test_data build/test_comm build/test_memory build/test_parameter_layout build/test_planner build/test_machine build/test_fuzz_regressions kernel_lab_cpu kernel_lab_fp32_cpu kernel_lab_cpu_asan \
+CPU_TEST_BINARIES := build/test_bf16 build/test_cpu_layer build/test_cpu_layer_asan build/test_host build/test_flags \
+                     build/test_pipeline build/test_weight_split build/test_data build/test_comm build/test_memory build/test_parameter_layout build/test_planner build/test_cost_model build/test_machine build/test_fuzz_regressions kernel_lab_cpu kernel_lab_fp32_cpu kernel_lab_cpu_asan \
                      train_gpt_cpu train_gpt_fp32_cpu test_gpt_cpu test_gpt_fp32_cpu calibrate_fp32_cpu
 GPU_TEST_BINARIES := kernel_lab kernel_lab_fp32 train_gpt train_gpt_fp32 test_gpt test_gpt_fp32 build/test_comm_gpu
 # the calibration's measuring program (scripts/test/test_calibrate.sh runs calibrate.sh --quick with the CPU one; the

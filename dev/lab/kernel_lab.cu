@@ -56,6 +56,5 @@ int main(int argc, char** argv) {
     lab_global_norm();
     lab_models();
     matmul_teardown();
-    printf("%d passed, %d failed\n", lab.passed, lab.failed);
-    return lab.failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return lab_closing_line();
 }

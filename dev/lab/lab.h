@@ -18,6 +18,7 @@ A result passes when |got - ref| <= atol + rtol * |ref| for every element (and g
 #include <string>
 #include <functional>
 #include <cstdio>
+#include <cstdlib>
 #include <cstdint>
 #include <cmath>
 #include <cstring>
@@ -151,6 +152,23 @@ inline bool check_true(const std::string& name, bool condition, const std::strin
     if (condition && lab.quiet) return true;
     printf("  %s %-48s %s\n", condition ? "ok  " : "FAIL", name.c_str(), detail.c_str());
     return condition;
+}
+
+// Whether `text` holds `part` (a message checked for the words that name its problem).
+inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// A check_true's detail for a number against the value worked out for it.
+inline std::string describe(double got, double want) {
+    char text[128];
+    snprintf(text, sizeof(text), "got %.12g, expected %.12g", got, want);
+    return text;
+}
+
+// The closing line every suite prints, `N passed, M failed`, which scripts/test/run_tests.sh adds up; returns the
+// suite's exit status (non-zero when a check failed).
+inline int lab_closing_line() {
+    printf("%d passed, %d failed\n", lab.passed, lab.failed);
+    return lab.failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
 
 // ----------------------------------------------------------------------------

@@ -11,10 +11,12 @@ command, its output and its closing line `N passed, M failed`.
 */
 #include <cstring>
 #include "test_host.cu"
+#include "test_flags.cu"
 #include "test_data.cu"
 #include "test_memory.cu"
 #include "test_parameter_layout.cu"
 #include "test_planner.cu"
+#include "test_cost_model.cu"
 #include "test_machine.cu"
 #include "test_pipeline.cu"
 #include "test_comm.cu"
@@ -25,10 +27,12 @@ struct HostSuite {
 };
 constexpr HostSuite kHostSuites[] = {
     {"test_host", test_host::run},
+    {"test_flags", test_flags::run},
     {"test_data", test_data::run},
     {"test_memory", test_memory::run},
     {"test_parameter_layout", test_parameter_layout::run},
     {"test_planner", test_planner::run},
+    {"test_cost_model", test_cost_model::run},
     {"test_machine", test_machine::run},
     {"test_pipeline", test_pipeline::run},
     {"test_comm", test_comm::run},

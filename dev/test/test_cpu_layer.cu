@@ -532,6 +532,5 @@ int main() {
     test_late_streams();
     test_reported_failures();
     test_emulated_gpus();
-    printf("%d passed, %d failed\n", lab.passed, lab.failed);
-    return lab.failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return lab_closing_line();
 }

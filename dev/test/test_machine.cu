@@ -65,11 +65,6 @@ static std::string profile_difference(const MachineProfile& a, const MachineProf
     return "";
 }
 
-static std::string describe(double got, double want) {
-    char text[128];
-    snprintf(text, sizeof(text), "got %.12g, expected %.12g", got, want);
-    return text;
-}
 // equal to a hand-worked value but for the last bits of double rounding
 static bool near(double got, double want) { return std::fabs(got - want) <= 1e-12 * std::fabs(want); }
 
@@ -414,7 +409,6 @@ int run(int, char**) {
     test_alpha_beta();
     test_tiers_and_tables();
     test_flags();
-    printf("%d passed, %d failed\n", lab.passed, lab.failed);
-    return lab.failed != 0;
+    return lab_closing_line();
 }
 }  // namespace test_machine

@@ -18,11 +18,6 @@ failed`.
 
 namespace test_memory {  // one suite of dev/test/host_suites.cu
 
-static std::string describe(double got, double want) {
-    char text[128];
-    snprintf(text, sizeof(text), "got %.12g, expected %.12g", got, want);
-    return text;
-}
 static void check_equal(const std::string& name, double got, double want) {
     check_true(name, got == want, describe(got, want));
 }
@@ -438,9 +433,9 @@ static void test_korthikanti_shapes() {
     print_korthikanti_table2(plan_shape, true);
 }
 
-// Llama's block against the adapted Table 2 (llmc/planning/memory.h), a small shape by hand: s = 8, b = 2, h = 32,
-// a = 4, 2 K/V heads of 8 channels (k = 16), f = 48 hidden units, t = 2; sbh = 512, sbk = 256, sbf = 768,
-// a s^2 b = 512, asb = 64, sb = 16. Replicated 8sbh = 4096, split sb(4h + 4k + 6f) = 2048 + 1024 + 4608 = 7680
+// Llama's block against the adapted Table 2 (llmc/planning/korthikanti_table2.h), a small shape by hand: s = 8,
+// b = 2, h = 32, a = 4, 2 K/V heads of 8 channels (k = 16), f = 48 hidden units, t = 2; sbh = 512, sbk = 256,
+// sbf = 768, a s^2 b = 512, asb = 64, sb = 16. Replicated 8sbh = 4096, split sb(4h + 4k + 6f) = 2048 + 1024 + 4608 = 7680
 // (whole 11776), attention matrix 2as^2b = 1024:
 //   row                  adapted Table 2                  corrections (lse 4asb/t, rstd 8sb)    corrected
 //   no parallelism (t=1) 11776 + 1024 = 12800             -1024 +256 +128 = -640                 12160
@@ -783,7 +778,6 @@ int run(int, char**) {
     test_pipeline_parts();
     test_pipeline_zero_buffers();
     test_weight_records();
-    printf("%d passed, %d failed\n", lab.passed, lab.failed);
-    return lab.failed != 0;
+    return lab_closing_line();
 }
 }  // namespace test_memory

@@ -273,7 +273,6 @@ static void test_held_layouts() {
 int run(int, char**) {
     test_matmul_alignment();
     test_held_layouts();
-    printf("%d passed, %d failed\n", lab.passed, lab.failed);
-    return lab.failed != 0;
+    return lab_closing_line();
 }
 }  // namespace test_parameter_layout

@@ -828,7 +828,6 @@ int run(int argc, char** argv) {
     test_message_groups();
     test_communicator_orders();
     test_held_chunks();
-    printf("%d passed, %d failed\n", lab.passed, lab.failed);
-    return lab.failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return lab_closing_line();
 }
 }  // namespace test_pipeline

@@ -614,7 +614,7 @@ inline void gpt2_allocate_records(GPT2& model, const ModelPart& part, int B, int
 
 // Allocates parameters, gradients and activations for micro-batches of up to B x T, for the part of the
 // model `part` says this rank holds. Without full_gradients there is no model.grads (ZeRO-2 keeps gradients
-// elsewhere), without full_parameters no model.params (ZeRO-3). llmc/planning/memory.h's
+// elsewhere), without full_parameters no model.params (ZeRO-3). llmc/planning/activation_memory.h's
 // gpt2_activation_bytes counts the same buffers.
 inline void gpt2_allocate(GPT2& model, const GPT2Config& config, int B, int T, const ModelPart& part = ModelPart{}) {
     gpt2_validate_config(config, "model");

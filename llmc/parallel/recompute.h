@@ -37,7 +37,7 @@ block's record knows its letter (BlockActivations::keep): gpt2_allocate_records 
 gpt2_stage_forward and gpt2_stage_backward (llmc/model/forward_backward.cuh) rerun, recompute, copy out and
 fetch. Every schedule works, the zero-bubble ones too (B fetches or reruns as the whole pass does; W reads only
 its weight record). A mixture of experts' block is not offloaded (refused): its routing counts are read on the
-host, which would need the record back before the step's end. Memory: llmc/planning/memory.h's
+host, which would need the record back before the step's end. Memory: llmc/planning/activation_memory.h's
 block_keep_bytes per position (device and host) and block_keep_workspace_bytes (the shared buffers: one set of
 selective's outputs, one record for every f position, two staging records for the o positions), held by the
 run to the byte (dev/test/test_memory.cu, scripts/test/test_recompute_blocks.sh).

@@ -5,7 +5,7 @@ the fastest choice whose memory fits --gpu-memory on every pp rank. The same let
 of every pp rank (a rank whose stages are shorter takes the first letters). llmc/planning/planner.h calls it for
 --plan and --plan-search, train_gpt before the model is allocated.
 
-Memory. For one pp rank holding K stage records of l positions, the plan's total (llmc/planning/memory.h,
+Memory. For one pp rank holding K stage records of l positions, the plan's total (llmc/planning/memory_plan.h,
 plan_training_memory with a PerBlock policy) is, for letters x_0 .. x_{l-1}:
     total(x) = base + K sum_i d(i, x_i) + w(U)
     d(i, k)  device bytes position i keeps under kind k: block_keep_bytes (and h(i, k), its host bytes)
