@@ -20,7 +20,7 @@ and everything a rank computes is divided by rank_compute_share (the CPU build's
 
 Collectives, per step and axis: the calls the code makes (each with its op, group size and nccl-tests' n),
 priced by collective_seconds (alpha per call, the bytes over the tier's bus bandwidth). Their bytes, factor x n
-summed over the calls, equal the per-axis byte formulas the planner always used (dev/test/test_planner.cu
+summed over the calls, equal the per-axis byte formulas the planner always used (dev/test/test_cost_model.cu
 checks it).
 */
 #pragma once

@@ -41,7 +41,7 @@ llmc/planning/cost_model.h:
                           profile's shape table. Rows: B T/cp (gathered under SP); tp splits qkv and fc by columns,
                           the projections by rows, the LM head by the vocabulary; a mixture's experts take the
                           rank's routed rows (B/tp sequences x K choices, spread evenly over the experts). Their FLOPs
-                          add up to pipeline.h's 6 x weights per token (dev/test/test_planner.cu checks it)
+                          add up to pipeline.h's 6 x weights per token (dev/test/test_cost_model.cu checks it)
               attention   what the flash kernel computes: the key tiles a causal row sees (T/2 of T), 2 products of
                           HS per visible score forward, 7 backward (its deterministic two-kernel backward), at
                           attention_efficiency(keys per kernel call: T; a ring step's T/cp, T/(2 cp) zigzag)

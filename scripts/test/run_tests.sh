@@ -63,7 +63,7 @@ run_suite "kernel lab, CPU, BF16, reverse lane order" env LLMC_CPU_REVERSE_LANES
 run_suite "kernel lab, CPU, FP32" ./kernel_lab_fp32_cpu
 run_suite "kernel lab, CPU, FP32, reverse lane order" env LLMC_CPU_REVERSE_LANES=1 ./kernel_lab_fp32_cpu --skip models
 run_suite "kernel lab, CPU, BF16, ASan+UBSan" ./kernel_lab_cpu_asan
-run_suite "flags, checkpoints, schedules, logger, MFU" build/test_host
+run_suite "checkpoints, schedules, logger, MFU" build/test_host
 run_suite "flags: the parser, and train_gpt's --help against it" build/test_flags
 run_suite "the house's rules: options.h's includes, file names, the pipeline's files, MoE's parameters" \
     bash scripts/test/test_structure.sh
@@ -72,7 +72,7 @@ run_suite "data loader and tokenizer file" build/test_data
 run_suite "readers of untrusted input: fuzzer-found and malformed files, flags (dev/fuzz/)" build/test_fuzz_regressions
 run_suite "memory accounting and the ZeRO memory plan" build/test_memory
 run_suite "parameter layouts: operand alignment, a pipeline or ep rank's chunks" build/test_parameter_layout
-run_suite "planner: Llama 3 405B's layouts fit, the cost model by hand, --plan-search" build/test_planner
+run_suite "planner: Llama 3 405B's layouts fit, recompute auto against an exhaustive search, --plan-search" build/test_planner
 run_suite "cost model by hand: the plan's terms and the prices per call, under a hand-written profile" build/test_cost_model
 run_suite "machine profile: the format and its refusals, alpha-beta costs, tiers, shape tables" build/test_machine
 # one process per rank, more ranks than cores; mpirun refuses root unless told
