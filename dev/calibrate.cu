@@ -21,8 +21,8 @@ warm-up), for the script to read:
                                             planner's count over peak x efficiency gives back the kernel's time
     stream BYTES SECONDS                    residual_forward over buffers beyond the caches: the streaming rate
     memory KIND C R BYTES SECONDS           a block's memory-bound kernels of one kind (hardware.h's memory KIND:
-                                            pointwise, row, route) on R rows of C values: BYTES as the planner
-                                            counts them, SECONDS less their launches (measure_memory)
+                                            pointwise, layernorm, rmsnorm, route) on R rows of C values: BYTES as
+                                            the planner counts them, SECONDS less their launches (measure_memory)
     launch SECONDS                          one launch of residual_forward on 16 bytes (a launch's fixed cost)
     copy BYTES TO_DEVICE TO_HOST            copy_to_device / copy_to_host between device memory and pinned host
                                             memory (cudaMallocHost)
@@ -141,7 +141,7 @@ void measure_matmuls() {
 // Causal attention at head size 64 (GPT-2's and the small models') over T; B x NH chosen so that every T does a
 // comparable amount of work per call on the CPU (B NH T = 4096 rows, at least one sequence of 4 heads).
 void measure_attention() {
-    std::vector<int> lengths = quick ? std::vector<int>{32, 128} : std::vector<int>{32, 64, 128, 256, 512};
+    std::vector<int> lengths = quick ? std::vector<int>{32, 128} : std::vector<int>{16, 32, 64, 128, 256, 512};
 #ifndef LLMC_CPU
     lengths = {128, 256, 512, 1024, 2048, 4096, 8192};  // a GPU: the lengths its runs use
 #endif
@@ -200,7 +200,8 @@ void measure_stream() {
 
 // The memory-bound kernels a block runs on R rows of C values, kind by kind (hardware.h's memory KIND), with the
 // bytes the planner counts for each (llmc/planning/cost_model.h block_pass_seconds):
-//     row        a norm forward, the fused residual + norm forward, two norm backwards: 2 + 4 + 2 x 4 = 14 R C
+//     layernorm  a norm forward, the fused residual + norm forward, two norm backwards: 2 + 4 + 2 x 4 = 14 R C
+//     rmsnorm    the same with RMSNorm's kernels
 //     pointwise  GELU forward and backward on R x 4C, a residual add: 2 + 3 (x 4 R C) + 3 R C = 23 R C
 //     route      a mixture's routing of the R rows, 8 experts, 2 a row, forward and backward (route_forward_bytes
 //                and route_backward_bytes), the router's logits spread so that every expert gets rows; R / T
@@ -222,11 +223,17 @@ void measure_memory(int C, int R, double per_launch) {
         printf("memory %s %d %d %.6e %.6e\n", kind, C, R, bytes, std::max(seconds - launches * per_launch, 0.1 * seconds));
         fflush(stdout);
     };
-    report("row", 14.0 * values * s, 1 + 1 + 2 * 3, [&] {  // layernorm_backward is 3 launches (the kernel, two sums)
+    report("layernorm", 14.0 * values * s, 1 + 1 + 2 * 3, [&] {  // layernorm_backward is 3 launches (kernel, 2 sums)
         layernorm_forward(y, mean, rstd, x, weight, bias, R, C, 0);
         fused_residual_layernorm_forward(sum, y, mean, rstd, x, dx, weight, bias, R, C, 0);
         layernorm_backward(dx, dweight, dbias, scratch, dy, x, weight, mean, rstd, R, C, 0);
         layernorm_backward(dx, dweight, dbias, scratch, dy, x, weight, mean, rstd, R, C, 0);
+    });
+    report("rmsnorm", 14.0 * values * s, 1 + 1 + 2 * 2, [&] {  // rmsnorm_backward is 2 launches (kernel, 1 sum)
+        rmsnorm_forward(y, rstd, x, weight, R, C, 1e-5f, 0);
+        fused_residual_rmsnorm_forward(sum, y, rstd, x, dx, weight, R, C, 1e-5f, 0);
+        rmsnorm_backward(dx, dweight, scratch, dy, x, weight, rstd, R, C, 0);
+        rmsnorm_backward(dx, dweight, scratch, dy, x, weight, rstd, R, C, 0);
     });
     report("pointwise", 23.0 * values * s, 3, [&] {
         gelu_forward(act, pre, R * h, 0);

@@ -116,6 +116,34 @@ static void test_by_hand() {
     check_true("step == (compute + tp + cp shown + pp) / (1 - bubble) + exposed dp",
                std::fabs(plan.step_seconds - stretched) <= 1e-12 * stretched, describe(plan.step_seconds, stretched));
 
+    // ranks sharing cores: 124M on pp 4 with 4 ranks on a node of 2 cores gets half a core a rank, every price
+    // doubled; a rank waiting out the bubble leaves its core to the others, so the step is the longer of the
+    // pipeline at a whole core each (the sum x 0.5 / (1 - bubble)) and the sum itself (all the node's work over its
+    // 2 cores). With 4 microbatches 1f1b's bubble is about 3/7: 0.5 / (1 - 3/7) = 0.875 < 1, the node's work is
+    // longer; on 4 cores (share 1) the step is the pipeline.
+    {
+        PlanHardware shared = hand_profile(80 * kGB);
+        shared.cores_per_node = 2;
+        Layout piped = one;
+        piped.ranks = 4, piped.pp = 4, piped.schedule = PipelineSchedule::OneFOneB, piped.total_batch_size = 4 * 1024 * 4;
+        const LayoutPlan two_cores = plan_layout(small, piped, shared);
+        shared.cores_per_node = 4;
+        const LayoutPlan four_cores = plan_layout(small, piped, shared);
+        const auto sum_of = [](const LayoutPlan& p) {
+            return p.compute_seconds + p.axis_seconds[PLAN_TP] + p.shown_cp_seconds + p.axis_seconds[PLAN_PP];
+        };
+        const double node_work = sum_of(two_cores) + two_cores.exposed_dp_seconds,
+                     pipeline = sum_of(four_cores) / (1 - four_cores.bubble) + four_cores.exposed_dp_seconds;
+        check_true("pp 4 on 4 ranks over 2 cores: the step is the node's work (the sum at half a core), not / (1 - bubble)",
+                   two_cores.bubble > 0.3 && std::fabs(two_cores.step_seconds - node_work) <= 1e-12 * node_work &&
+                       two_cores.step_seconds > two_cores.pipelined_seconds + two_cores.exposed_dp_seconds,
+                   describe(two_cores.step_seconds, node_work));
+        check_true("... and over 4 cores (a core each): the pipeline, (sum) / (1 - bubble), at half the compute",
+                   std::fabs(four_cores.step_seconds - pipeline) <= 1e-12 * pipeline &&
+                       std::fabs(two_cores.compute_seconds - 2 * four_cores.compute_seconds) <= 1e-12 * two_cores.compute_seconds,
+                   describe(four_cores.step_seconds, pipeline));
+    }
+
     // The cp ring carries K and V of the 8 K/V heads: per layer and microbatch ((cp-1) F + 2cp - 1) blocks of
     // N rows x 2 x 128 values (N = 8192 rows, kv_heads HS / tp = 8 x 128 / 8), F = 2 under full: 61 blocks of
     // 4 MiB; l = 8 layers (the busiest pp rank of {7, 8 x 14, 7}) x m = 16 microbatches. Ulysses' all-to-alls

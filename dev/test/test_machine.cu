@@ -105,7 +105,7 @@ static void test_round_trip() {
     other.collectives[(int)Tier::Spine][(int)CollectiveOp::SendRecv][0] = {};
     other.fits.push_back({CollectiveOp::AllReduce, CollectiveAlgorithm::Ring, 0.998, 24});
     other.fits.push_back({CollectiveOp::SendRecv, CollectiveAlgorithm::Ring, -0.25, 7});
-    other.memory.push_back({MemoryBoundKind::Row, 128, 1024, 1.25e8});
+    other.memory.push_back({MemoryBoundKind::LayerNorm, 128, 1024, 1.25e8});
     other.memory.push_back({MemoryBoundKind::Route, 256, 64, 3e8 / 7});
     MachineProfile other_again;
     const std::string other_error = machine_profile_parse(machine_profile_text(other), "other", &other_again);
@@ -337,29 +337,29 @@ static void test_tiers_and_tables() {
 
     MachineProfile rows = parsed(kTiered);
     check_true("memory_bytes_per_second without memory rows: hbm_bytes_per_second for every kind, width and rows",
-               rows.memory.empty() && memory_bytes_per_second(rows, MemoryBoundKind::Row, 64, 128) == rows.hbm_bytes_per_second &&
+               rows.memory.empty() && memory_bytes_per_second(rows, MemoryBoundKind::LayerNorm, 64, 128) == rows.hbm_bytes_per_second &&
                    memory_bytes_per_second(rows, MemoryBoundKind::Route, 4096, 8) == rows.hbm_bytes_per_second);
-    rows = parsed(std::string(kTiered) + "memory row 128 1024 1e8\nmemory row 512 1024 3e8\nmemory pointwise 128 1024 2e9\n");
-    const double row_at = memory_bytes_per_second(rows, MemoryBoundKind::Row, 128, 1024),
+    rows = parsed(std::string(kTiered) + "memory layernorm 128 1024 1e8\nmemory layernorm 512 1024 3e8\nmemory pointwise 128 1024 2e9\n");
+    const double row_at = memory_bytes_per_second(rows, MemoryBoundKind::LayerNorm, 128, 1024),
                  pointwise_at = memory_bytes_per_second(rows, MemoryBoundKind::Pointwise, 128, 1024),
                  route_none = memory_bytes_per_second(rows, MemoryBoundKind::Route, 128, 1024);
     check_true("memory rows: a row's rate at its (kind, width, rows); a kind without rows: hbm_bytes_per_second",
                row_at == 1e8 && pointwise_at == 2e9 && route_none == rows.hbm_bytes_per_second);
     // two rows 2 apart in log2: the point halfway is as near to each, so the blend is their mean; a point beyond the
     // wider row (4096: 3 and 5 from them) blends 1/3^4 : 1/5^4, mostly the nearer row's
-    const double halfway = memory_bytes_per_second(rows, MemoryBoundKind::Row, 256, 1024),
-                 beyond = memory_bytes_per_second(rows, MemoryBoundKind::Row, 4096, 1024),
+    const double halfway = memory_bytes_per_second(rows, MemoryBoundKind::LayerNorm, 256, 1024),
+                 beyond = memory_bytes_per_second(rows, MemoryBoundKind::LayerNorm, 4096, 1024),
                  beyond_expected = (3e8 / 81 + 1e8 / 625) / (1.0 / 81 + 1.0 / 625);
     check_true("memory rows: blended by nearness in log2 of (width, rows): halfway the mean, beyond mostly the nearer",
                near(halfway, 2e8) && near(beyond, beyond_expected),
                describe(halfway, 2e8) + "; " + describe(beyond, beyond_expected));
-    const std::string twice = parse_error(std::string(kTiered) + "memory row 128 1024 1e8\nmemory row 128 1024 3e8\n"),
+    const std::string twice = parse_error(std::string(kTiered) + "memory rmsnorm 128 1024 1e8\nmemory rmsnorm 128 1024 3e8\n"),
                       unknown = parse_error(std::string(kTiered) + "memory norm 128 1024 1e8\n"),
                       old_form = parse_error(std::string(kTiered) + "memory 128 1e8\n");
     check_true("memory rows: a (kind, width, rows) given twice is refused with its line",
-               twice.find("memory row 128 1024 given twice (first on line") != std::string::npos, twice);
+               twice.find("memory rmsnorm 128 1024 given twice (first on line") != std::string::npos, twice);
     check_true("memory rows: an unknown kind is refused, naming the kinds",
-               unknown.find("'norm' is not a kind (pointwise, row, route)") != std::string::npos, unknown);
+               unknown.find("'norm' is not a kind (pointwise, layernorm, rmsnorm, route)") != std::string::npos, unknown);
     check_true("memory rows: a row without its kind and rows is refused (4 values needed)",
                old_form.find("memory needs 4 values") != std::string::npos, old_form);
 

@@ -12,7 +12,7 @@ gradients dW). Each is the sum of three parts:
                   causal row of T keys costs its T/2 visible keys: forward 2 products of HS per visible score
                   (S = QK, O = PV), backward 7 (S and dP twice, dV, dK, dQ: the deterministic two-kernel
                   backward); at attention_efficiency(keys per query of one kernel call: T, or T/cp per ring step)
-    memory-bound  the kernels' bytes read and written, by kind (pointwise, row reductions, a mixture's routing),
+    memory-bound  the kernels' bytes read and written, by kind (pointwise, the norms, a mixture's routing),
                   over the rate the profile gives that kind at the microbatch's width and rows
                   (memory_bytes_per_second: its memory rows, or hbm_bytes_per_second), and launch_seconds
                   per kernel launch (the counts below, from the code)
@@ -128,12 +128,12 @@ inline double route_backward_bytes(double N, double C, double E, double K, doubl
 Block `layer` for one microbatch on one rank (B sequences of T/cp rows, a tp rank's heads). The memory-bound
 kernels' bytes (s bytes a value, R = the rank's rows of the residual stream: B T/cp, / tp under SP; N = B T/cp
 the gathered rows; h = hidden/tp; q, k = the rank's query and K/V columns), by kind:
-    forward   row: norm1 2 R C, the fused residual + norm2 4 R C; pointwise: the last residual add 3 R C; GELU
+    forward   norm (the block's: layernorm or rmsnorm): norm1 2 R C, the fused residual + norm2 4 R C; pointwise: the last residual add 3 R C; GELU
               reads fch and writes its output (2 N h; SwiGLU reads gate and up: 3 N h, and so do a mixture's
               experts on their N K routed rows of expert_hidden units); RoPE rewrites q and k (2 N (q + k));
               under the cp ring each step after the first merges its partial output into the running one (3 N q);
               route: a mixture's routing (route_forward_bytes, on the rank's N / tp rows)
-    B         row: the two norms' backward (each reads its input, the gradient in and the one it adds to, writes
+    B         norm: the two norms' backward (each reads its input, the gradient in and the one it adds to, writes
               it: 4 R C); pointwise: the activation's (GELU 3 N h: fch, the gradient in, the gradient out; SwiGLU
               5 N h), RoPE's (2 N (q + k)), attention's preprocessing D = dO . O (2 N q); route: the routing's
               backward (route_backward_bytes)
@@ -168,6 +168,7 @@ inline PassSeconds block_pass_seconds(const GPT2Config& config, int layer, const
     p.input_gradient.attention = attention_flops(kAttentionBackwardProducts, scores, HS) / attention_rate;
     // memory-bound kernels and launches
     const bool rope = block.llama(), swiglu = block.llama();
+    const MemoryBoundKind norm = block.llama() ? MemoryBoundKind::RmsNorm : MemoryBoundKind::LayerNorm;
     const double ring_steps = ring ? l.cp - 1 : 0;
     // the experts' activation on their routed rows (N K over the rank's experts, ep's share of every rank's rows)
     const double expert_units = block.moe() ? (double)block.experts_per_token * block.expert_hidden() / t : 0.0;
@@ -175,9 +176,9 @@ inline PassSeconds block_pass_seconds(const GPT2Config& config, int layer, const
                                       (rope ? 2 * N * (q + k) : 0.0) + ring_steps * 3 * N * q) * s;
     const double backward_pointwise = ((swiglu ? 5 : 3) * N * (h + expert_units) + (rope ? 2 * N * (q + k) : 0.0) +
                                        2 * N * q) * s;
-    p.forward.memory = memory_seconds(hw, MemoryBoundKind::Row, 6 * R * C * s, C, R) +
+    p.forward.memory = memory_seconds(hw, norm, 6 * R * C * s, C, R) +
                        memory_seconds(hw, MemoryBoundKind::Pointwise, forward_pointwise, C, N);
-    p.input_gradient.memory = memory_seconds(hw, MemoryBoundKind::Row, 8 * R * C * s, C, R) +
+    p.input_gradient.memory = memory_seconds(hw, norm, 8 * R * C * s, C, R) +
                               memory_seconds(hw, MemoryBoundKind::Pointwise, backward_pointwise, C, N);
     if (block.moe()) {
         const double routed = N / t, E = block.experts, K = block.experts_per_token;
@@ -199,10 +200,10 @@ inline PassSeconds block_pass_seconds(const GPT2Config& config, int layer, const
 }
 
 /*
-The last stage's final norm, LM head and loss for one microbatch: the norm (2 R C forward, 4 R C backward, row
-kernels of width C), the head's matmul (N rows x Vp/tp) and its dX and dW, and the classifier: the softmax reads
-this rank's N x Vp/tp logits and writes the gradient over them (2 N Vp/tp s; under tp one more read for the split
-softmax's max and sums), a row kernel of width Vp/tp. Launches: norm, matmul, classifier (3 + 2 under tp) | dX, norm backward (2) | dW (1). Where the schedule
+The last stage's final norm, LM head and loss for one microbatch: the norm (2 R C forward, 4 R C backward, at the
+model's norm's rate for width C), the head's matmul (N rows x Vp/tp) and its dX and dW, and the classifier: the
+softmax reads this rank's N x Vp/tp logits and writes the gradient over them (2 N Vp/tp s; under tp one more read
+for the split softmax's max and sums), at the layernorm rate for width Vp/tp (two reductions a row, max and sum). Launches: norm, matmul, classifier (3 + 2 under tp) | dX, norm backward (2) | dW (1). Where the schedule
 does not split the backward (split false) the head's whole backward runs with its forward (forward_backward.cuh),
 so all of it is F.
 */
@@ -212,11 +213,12 @@ inline PassSeconds head_pass_seconds(const GPT2Config& config, const Layout& l, 
     const MatmulShape head = head_forward_matmul(config, N, l.tp);
     PassSeconds p;
     p.forward.matmul = matmul_seconds(hw, head);
-    p.forward.memory = memory_seconds(hw, MemoryBoundKind::Row, 2 * R * C * s, C, R) +
-                       memory_seconds(hw, MemoryBoundKind::Row, (l.tp > 1 ? 3 : 2) * N * head.n * s, head.n, N) +
+    const MemoryBoundKind norm = config.llama() ? MemoryBoundKind::RmsNorm : MemoryBoundKind::LayerNorm;
+    p.forward.memory = memory_seconds(hw, norm, 2 * R * C * s, C, R) +
+                       memory_seconds(hw, MemoryBoundKind::LayerNorm, (l.tp > 1 ? 3 : 2) * N * head.n * s, head.n, N) +
                        (l.tp > 1 ? 5 : 3) * hw.launch_seconds;
     p.input_gradient.matmul = matmul_seconds(hw, input_gradient_shape(head));
-    p.input_gradient.memory = memory_seconds(hw, MemoryBoundKind::Row, 4 * R * C * s, C, R) + 2 * hw.launch_seconds;
+    p.input_gradient.memory = memory_seconds(hw, norm, 4 * R * C * s, C, R) + 2 * hw.launch_seconds;
     p.weight_gradient.matmul = matmul_seconds(hw, weight_gradient_shape(head));
     p.weight_gradient.memory = hw.launch_seconds;
     if (!split) {

@@ -5,7 +5,7 @@ reading the flags needs neither the model nor a kernel.
 A profile is what one rank's device computes and moves, and what its links cost:
     peak FLOP/s and the fraction of it a matmul of shape (M, N, K) reaches, from a table of measured shapes;
     the attention kernel's fraction of peak by sequence length; the device memory's bandwidth (AdamW), and the
-    rate each kind of memory-bound kernel reaches by width and rows (norms, activations, a mixture's routing);
+    rate each kind of memory-bound kernel reaches by width and rows (activations, each norm, a mixture's routing);
     the host link's (offload);
     the three tiers of the network a group of ranks may span, and on each tier each collective's cost;
     how many ranks share a node's processors (the CPU build's ranks take turns on its cores; a GPU is one rank's).
@@ -58,9 +58,12 @@ The file format (what --machine FILE reads, machine_profile_text writes and scri
                                            WIDTH channels, their bytes read and written over their time. KIND:
                                              pointwise  value by value: the activation (GELU, SwiGLU), residual
                                                         adds, RoPE, the embedding, the cp ring's merge
-                                             row        a reduction along each row: the norms forward and backward
-                                                        (and the fused residual + norm), the classifier's softmax
-                                                        (its rows are the vocabulary's: WIDTH Vp / tp)
+                                             layernorm  GPT-2's norms forward and backward (and the fused
+                                                        residual + norm), reductions along each row; also the
+                                                        classifier's softmax (its rows are the vocabulary's:
+                                                        WIDTH Vp / tp), whose max and sum are a row's two
+                                                        reductions as a LayerNorm's mean and variance are
+                                             rmsnorm    Llama's norms, one reduction a row
                                              route      a mixture's routing: the router's softmax and top-K, the
                                                         dispatch (count, place, permute), the combine, and their
                                                         backward passes
@@ -127,9 +130,9 @@ struct AttentionEfficiency {
     double efficiency = 0;
 };
 // The kinds of memory-bound kernel (the format's memory KIND), in the names' order.
-enum class MemoryBoundKind { Pointwise = 0, Row, Route };
-constexpr int kMemoryKinds = 3;
-constexpr const char* kMemoryKindNames[kMemoryKinds] = {"pointwise", "row", "route"};
+enum class MemoryBoundKind { Pointwise = 0, LayerNorm, RmsNorm, Route };
+constexpr int kMemoryKinds = 4;
+constexpr const char* kMemoryKindNames[kMemoryKinds] = {"pointwise", "layernorm", "rmsnorm", "route"};
 struct MemoryRate {
     MemoryBoundKind kind = MemoryBoundKind::Pointwise;
     double width = 0;             // the rows' values (a block's channels; the classifier's vocabulary)
@@ -436,7 +439,7 @@ inline std::string machine_profile_parse(const std::string& text, const std::str
         } else if (key == "memory") {
             if (!values(words, 4, "KIND WIDTH ROWS BYTES_PER_SECOND")) return at(number, problem);
             const int kind = machine_profile_name_index(words[1], kMemoryKindNames, kMemoryKinds);
-            if (kind < 0) return at(number, "memory: '" + words[1] + "' is not a kind (pointwise, row, route)");
+            if (kind < 0) return at(number, "memory: '" + words[1] + "' is not a kind (pointwise, layernorm, rmsnorm, route)");
             if (!read(words[2], "memory WIDTH", ProfileNumber::Positive, &v[0]) ||
                 !read(words[3], "memory ROWS", ProfileNumber::Positive, &v[1]) ||
                 !read(words[4], "memory bytes per second", ProfileNumber::Positive, &v[2]))

@@ -75,6 +75,9 @@ llmc/planning/cost_model.h:
                 and its tp calls), for the policies and letters that have them (full's rerun is in compute's B
                 and in tp)
     step      = (compute + tp + cp shown + pp + ep + recompute) / (1 - bubble)  +  dp exposed (below)
+              where ranks share a node's cores (share < 1), a rank waiting out the bubble leaves its core to the
+              others: the longer of that sum x share / (1 - bubble) (the pipeline at a whole core each) and the sum
+              itself (the node's work over its cores)
 Overlap: dp's reductions (the gradient all-reduce or reduce-scatter) run on their own stream while the blocks
 compute (llmc/parallel/zero.h reduces each chunk as soon as its gradient is final), so only the part longer than the
 compute they run beside shows: ZeRO 0 and 1 reduce in the step's last microbatch, behind its backward pass alone
@@ -161,6 +164,7 @@ struct LayoutPlan {
     std::vector<CollectiveCalls> collectives[kPlanAxes];  // the calls one rank makes per step (pp: the busiest)
     double bubble = 0;          // simulated with each stage's cost
     double bubble_formula = 0;  // the schedule's formula for equal stages
+    double pipelined_seconds = 0;  // the step but dp at a whole core a rank: (compute + axes) x share / (1 - bubble)
     // the estimate (seconds per step)
     double tokens = 0, model_flops = 0, hardware_flops = 0;  // per step, all ranks
     double compute_seconds = 0, axis_seconds[kPlanAxes] = {}, exposed_dp_seconds = 0, step_seconds = 0;
@@ -546,10 +550,12 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
         plan.recompute_seconds = recompute_seconds(ranks, letters, 1u << (int)BlockKeep::Selective |
                                                                        1u << (int)BlockKeep::Offload);
     }
-    plan.step_seconds = (plan.compute_seconds + plan.axis_seconds[PLAN_TP] + plan.shown_cp_seconds +
-                         plan.axis_seconds[PLAN_PP] + plan.axis_seconds[PLAN_EP] + plan.recompute_seconds) /
-                            (1.0 - plan.bubble) +
-                        plan.exposed_dp_seconds;
+    // ranks that share a node's cores (share < 1) wait out the bubble blocked, and the others run on the core it
+    // leaves: the step is the longer of the pipeline with a whole core a rank and the node's work over its cores
+    const double busy = plan.compute_seconds + plan.axis_seconds[PLAN_TP] + plan.shown_cp_seconds +
+                        plan.axis_seconds[PLAN_PP] + plan.axis_seconds[PLAN_EP] + plan.recompute_seconds;
+    plan.pipelined_seconds = busy * share / (1.0 - plan.bubble);
+    plan.step_seconds = std::max(plan.pipelined_seconds, share < 1 ? busy : 0.0) + plan.exposed_dp_seconds;
     plan.offload_seconds = plan.offload_bytes / hw.pcie_bytes_per_second;  // none hidden (the top of the file)
     plan.step_seconds += plan.offload_seconds;
     plan.mfu = plan.model_flops / l.ranks / plan.step_seconds / hw.peak_flops;
@@ -624,17 +630,25 @@ inline void print_plan_estimate(const LayoutPlan& plan, const PlanHardware& hw, 
     const std::string cp_hidden = plan.axis_seconds[PLAN_CP] > plan.shown_cp_seconds
                                       ? plan_format(" (of %.3f; attention hides the rest)", plan.axis_seconds[PLAN_CP])
                                       : "";
-    fprintf(out, "estimated step %.3f s = (compute %.3f + tp %.3f + cp %.3f%s + pp %.3f%s%s) / (1 - bubble %.3f) + dp "
+    // ranks sharing cores under a pipeline: the longer of the pipeline at a whole core a rank and the node's work
+    const double share = layout_compute_share(hw, plan.layout);
+    const bool shared_pipeline = share < 1 && plan.bubble > 0;
+    const std::string sum = plan_format(
+        "(compute %.3f + tp %.3f + cp %.3f%s + pp %.3f%s%s)", plan.compute_seconds, plan.axis_seconds[PLAN_TP],
+        plan.shown_cp_seconds, cp_hidden.c_str(), plan.axis_seconds[PLAN_PP],
+        plan.layout.ep > 1 ? plan_format(" + ep %.3f", plan.axis_seconds[PLAN_EP]).c_str() : "",
+        plan.recompute_seconds > 0
+            ? plan_format(" + recompute %.3f (selective's passes, offload's transfers)", plan.recompute_seconds).c_str()
+            : "");
+    const std::string critical =
+        shared_pipeline ? plan_format("max(%s x share %.3f / (1 - bubble %.3f), the same sum: ranks sharing cores fill "
+                                      "each other's bubbles)", sum.c_str(), share, plan.bubble)
+                        : plan_format("%s / (1 - bubble %.3f)", sum.c_str(), plan.bubble);
+    fprintf(out, "estimated step %.3f s = %s + dp "
             "exposed %.3f (of %.3f: the reductions beyond the compute they overlap, ZeRO 1-2's gathers after the "
             "update); MFU %.1f%% (%.3g tokens per step, %.3g model FLOPs, %.3g with recomputation; "
             "machine profile %s, peak %.4g TFLOP/s; llmc/planning/planner.h's cost model)\n", plan.step_seconds,
-            plan.compute_seconds, plan.axis_seconds[PLAN_TP], plan.shown_cp_seconds, cp_hidden.c_str(),
-            plan.axis_seconds[PLAN_PP],
-            plan.layout.ep > 1 ? plan_format(" + ep %.3f", plan.axis_seconds[PLAN_EP]).c_str() : "",
-            plan.recompute_seconds > 0
-                ? plan_format(" + recompute %.3f (selective's passes, offload's transfers)", plan.recompute_seconds).c_str()
-                : "",
-            plan.bubble,
+            critical.c_str(),
             plan.exposed_dp_seconds, plan.axis_seconds[PLAN_DP], 100 * plan.mfu, plan.tokens,
             plan.model_flops, plan.hardware_flops, hw.name.c_str(), hw.peak_flops / 1e12);
     fprintf(out, "compute %.3f s per step on the mean pp rank = matmuls %.3f (by shape) + attention %.3f + memory-bound "

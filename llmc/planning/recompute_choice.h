@@ -21,9 +21,9 @@ of an activation, R C s the block's output, D what selective drops, X = record +
 moves):
     keep       0
     selective  the norms and the activation run again, at the rates cost_model.h prices them: each norm reads
-               its input and writes its output (2 R C s each, row kernels), the activation reads fch (N H s,
+               its input and writes its output (2 R C s each, at the block's norm's rate), the activation reads fch (N H s,
                SwiGLU's gate and up 2 N H s) and writes fch_gelu (N H s, pointwise), 3 launches:
-                   4 R C s / row rate + (2 or 3) N H s / pointwise rate + 3 launches,  N H s = D - 2 R C s
+                   4 R C s / norm rate + (2 or 3) N H s / pointwise rate + 3 launches,  N H s = D - 2 R C s
                (the rank's share of the device: rank_compute_share)
     full       the block's forward pass again and its tp collectives again (llmc/planning/planner.h counts the
                same: the forward pass in B, and f and g once more on the tp axis):
@@ -105,7 +105,8 @@ inline BlockKeepCosts block_keep_costs(const GPT2Config& config, const Layout& l
     }
     const double N = (double)l.batch_size * l.seq_len / l.cp, R = l.sequence_parallel ? N / l.tp : N;
     const double activation_output = terms.dropped - 2 * terms.output;  // fch_gelu, N H s
-    c.selective_seconds = (memory_seconds(hw, MemoryBoundKind::Row, 4 * terms.output, config.channels, R) +
+    const MemoryBoundKind norm = config.llama() ? MemoryBoundKind::RmsNorm : MemoryBoundKind::LayerNorm;
+    c.selective_seconds = (memory_seconds(hw, norm, 4 * terms.output, config.channels, R) +
                            memory_seconds(hw, MemoryBoundKind::Pointwise, (c.swiglu ? 3 : 2) * activation_output,
                                           config.channels, N) +
                            3 * hw.launch_seconds) / share;

@@ -14,13 +14,14 @@
 #                 the three, so that the planner, which prices the three products of a layer by their shapes, gets
 #                 each shape at the rate its calls average. peak_flops = the best rate of any call; each row's
 #                 efficiency is relative to it. It prints how far the three calls' rates differ.
-#   attention     causal attention_forward + attention_backward, head size 64, T = 32 .. 512 (quick: 32, 128):
+#   attention     causal attention_forward + attention_backward, head size 64, T = 16 .. 512 (quick: 32, 128):
 #                 efficiency = the flops the planner counts for it (hardware.h's attention_flops: the causal
 #                 kernel's T^2/2 scores a head, 2 + 7 products each) per second / peak_flops, so that the planner's
 #                 count over peak x efficiency is the kernel's time (above 1, written as 1 with a warning)
 #   memory        streaming: residual_forward over buffers far beyond the caches: hbm_bytes_per_second (AdamW's
-#                 rate); a block's memory-bound kernels by kind (row: the norms forward and backward; pointwise:
-#                 GELU forward and backward, a residual add; route: a mixture's routing and its backward) on
+#                 rate); a block's memory-bound kernels by kind (layernorm and rmsnorm: each norm forward and
+#                 backward; pointwise: GELU forward and backward, a residual add; route: a mixture's routing and
+#                 its backward) on
 #                 R = 128 .. 1024 rows of C = 128 .. 512 values (quick: R 128, 1024, C 128, 256), the bytes the
 #                 planner counts over their time less their launches: the memory rows (the CPU build's emulated
 #                 warps pay per row and barrier, not per byte)

@@ -60,8 +60,8 @@ check("the quick grid: 27 matmul shapes, 2 attention lengths",
       len(rows["matmul"]) == 27 and len(rows["attention"]) == 2,
       "%d shapes, %d lengths" % (len(rows["matmul"]), len(rows["attention"])))
 grid = sorted((r[0], float(r[1]), float(r[2])) for r in rows["memory"])
-expected = sorted((k, c, n) for k in ("pointwise", "route", "row") for c in (128, 256) for n in (128, 1024))
-check("memory rows: each kind (pointwise, row, route) at the quick widths 128, 256 and rows 128, 1024, each a rate "
+expected = sorted((k, c, n) for k in ("layernorm", "pointwise", "rmsnorm", "route") for c in (128, 256) for n in (128, 1024))
+check("memory rows: each kind (pointwise, layernorm, rmsnorm, route) at the quick widths 128, 256 and rows 128, 1024, each a rate "
       "below the streaming one",
       grid == expected and all(float(r[3]) <= float(stream) for r in rows["memory"] for stream in hbm),
       " ".join("%s:%s:%s:%s" % tuple(r) for r in rows["memory"]))
