@@ -138,35 +138,39 @@ void measure_matmuls() {
     for (floatX* x : {a, b, d}) cudaCheck(cudaFree(x));
 }
 
-// Causal attention at head size 64 (GPT-2's and the small models') over T; B x NH chosen so that every T does a
-// comparable amount of work per call on the CPU (B NH T = 4096 rows, at least one sequence of 4 heads).
+// Causal attention over T at the head sizes the runs have (the CPU build's small models' 32 and 64; Llama's 128 and
+// GPT-2's 64 on a GPU); B x NH chosen so that every T does a comparable amount of work per call on the CPU
+// (B NH T = 4096 rows, at least one sequence of 4 heads).
 void measure_attention() {
     std::vector<int> lengths = quick ? std::vector<int>{32, 128} : std::vector<int>{16, 32, 64, 128, 256, 512};
+    std::vector<int> head_sizes = {32, 64};
 #ifndef LLMC_CPU
     lengths = {128, 256, 512, 1024, 2048, 4096, 8192};  // a GPU: the lengths its runs use
+    head_sizes = {64, 128};
 #endif
-    const int HS = 64, NH = 4;
-    for (int T : lengths) {
-        const int B = std::max(1, 1024 / T);
-        const AttentionHeads heads = attention_heads(NH, NH, HS);
-        const size_t rows = (size_t)B * T;
-        floatX* qkv = device_filled<floatX>(rows * heads.qkv_columns());
-        floatX* out = device_filled<floatX>(rows * heads.q_columns());
-        floatX* dout = device_filled<floatX>(rows * heads.q_columns());
-        floatX* dqkv = device_filled<floatX>(rows * heads.qkv_columns());
-        float* lse = device_filled<float>((size_t)B * NH * T);
-        float* workspace = device_filled<float>((size_t)B * NH * T);
-        const double seconds = device_seconds([&] {
-            attention_forward(out, lse, qkv, B, T, heads, 0);
-            attention_backward(dqkv, workspace, dout, qkv, out, lse, B, T, heads, 0);
-        });
-        const double scores = (double)B * NH * T * T / 2;
-        printf("attention %d %d %d %d %.6e %.6e\n", T, B, NH, HS, seconds,
-               attention_flops(kAttentionForwardProducts + kAttentionBackwardProducts, scores, HS));
-        fflush(stdout);
-        for (floatX* x : {qkv, out, dout, dqkv}) cudaCheck(cudaFree(x));
-        for (float* x : {lse, workspace}) cudaCheck(cudaFree(x));
-    }
+    const int NH = 4;
+    for (int HS : head_sizes)
+        for (int T : lengths) {
+            const int B = std::max(1, 1024 / T);
+            const AttentionHeads heads = attention_heads(NH, NH, HS);
+            const size_t rows = (size_t)B * T;
+            floatX* qkv = device_filled<floatX>(rows * heads.qkv_columns());
+            floatX* out = device_filled<floatX>(rows * heads.q_columns());
+            floatX* dout = device_filled<floatX>(rows * heads.q_columns());
+            floatX* dqkv = device_filled<floatX>(rows * heads.qkv_columns());
+            float* lse = device_filled<float>((size_t)B * NH * T);
+            float* workspace = device_filled<float>((size_t)B * NH * T);
+            const double seconds = device_seconds([&] {
+                attention_forward(out, lse, qkv, B, T, heads, 0);
+                attention_backward(dqkv, workspace, dout, qkv, out, lse, B, T, heads, 0);
+            });
+            const double scores = (double)B * NH * T * T / 2;
+            printf("attention %d %d %d %d %.6e %.6e\n", T, B, NH, HS, seconds,
+                   attention_flops(kAttentionForwardProducts + kAttentionBackwardProducts, scores, HS));
+            fflush(stdout);
+            for (floatX* x : {qkv, out, dout, dqkv}) cudaCheck(cudaFree(x));
+            for (float* x : {lse, workspace}) cudaCheck(cudaFree(x));
+        }
 }
 
 // A launch's fixed cost: residual_forward on one 16-byte vector, many launches back to back, then one wait.

@@ -62,7 +62,7 @@ inline PlanHardware hand_profile(double gpu_memory_bytes = 80.0 * (1 << 30)) {
     hw.peak_flops = 1e15, hw.hbm_bytes_per_second = 2e12, hw.pcie_bytes_per_second = 50e9, hw.launch_seconds = 0;
     hw.ranks_per_node = 8, hw.ranks_per_leaf = 1024, hw.cores_per_node = 0;
     hw.matmul = {{256, 256, 256, 0.2}, {4096, 4096, 4096, 0.6}, {16384, 16384, 16384, 0.8}};
-    hw.attention = {{1024, 0.3}, {8192, 0.5}};
+    hw.attention = {{1024, 128, 0.3}, {8192, 128, 0.5}};
     const double alpha[kTiers] = {1e-6, 5e-6, 10e-6}, beta[kTiers] = {400e9, 50e9, 10e9};
     for (int tier = 0; tier < kTiers; tier++)
         for (int op = 0; op < kCollectiveOps; op++)

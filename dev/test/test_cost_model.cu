@@ -323,7 +323,7 @@ static void test_prices() {
     PlanHardware small_rows = hand_profile();
     small_rows.hbm_bytes_per_second = 1e300;
     small_rows.matmul = {{128, 128, 128, 0.05}};
-    small_rows.attention = {{64, 0.02}};
+    small_rows.attention = {{64, 16, 0.02}};  // the tiny model's head size: 64 channels / 4 heads
     const double tokens = 2 * 64 * 3, C = 64;
     const double matmul_flops_by_hand = (2 * 72 * C * C + 6 * C * 256) * tokens;
     const double attention_flops_by_hand = 2 * 9 * C * 64 * tokens;

@@ -41,7 +41,8 @@ static std::string profile_difference(const MachineProfile& a, const MachineProf
             return "matmul row " + std::to_string(i);
     if (a.attention.size() != b.attention.size()) return "attention rows";
     for (size_t i = 0; i < a.attention.size(); i++)
-        if (a.attention[i].seq_len != b.attention[i].seq_len || a.attention[i].efficiency != b.attention[i].efficiency)
+        if (a.attention[i].seq_len != b.attention[i].seq_len || a.attention[i].head_size != b.attention[i].head_size ||
+            a.attention[i].efficiency != b.attention[i].efficiency)
             return "attention row " + std::to_string(i);
     if (a.memory.size() != b.memory.size()) return "memory rows";
     for (size_t i = 0; i < a.memory.size(); i++)
@@ -193,8 +194,9 @@ static void test_refusals() {
         {"a collective row given twice", appended({"collective node send_recv ring 2e-6 1e10"}), 14,
          "collective node send_recv ring given twice (first on line 13)"},
         {"ranks_per_leaf below ranks_per_node", replaced(7, "ranks_per_leaf 2"), 7, "ranks_per_leaf 2 is below ranks_per_node 4"},
-        {"attention lengths not increasing", appended({"attention 1024 0.5", "attention 512 0.6"}), 15,
-         "attention T 512 does not increase"},
+        {"attention lengths not increasing within a head size", appended({"attention 1024 64 0.5", "attention 512 64 0.6"}),
+         15, "attention T 512 does not increase on the rows before's of head size 64"},
+        {"an attention row without its head size", appended({"attention 1024 0.5"}), 14, "attention needs 3 values"},
         {"a matmul efficiency above 1", replaced(8, "matmul 64 64 64 1.5"), 8, "1.5 is not a fraction of peak in (0, 1]"},
         {"a matmul shape given twice", appended({"matmul 64 64 64 0.4"}), 14, "matmul 64 64 64 given twice (first on line 8)"},
         {"a fit's R2 above 1", appended({"fit all_reduce ring 1.5 10"}), 14, "R2 is at most 1"},
@@ -328,12 +330,22 @@ static void test_tiers_and_tables() {
     check_true("h100: the small shape far below the large ones (0.056 at 512^3, 0.795 at 16384^3)",
                matmul_efficiency(h100, 512, 512, 512) < 0.1 && matmul_efficiency(h100, 16384, 16384, 16384) > 0.75);
 
-    const double mid = attention_efficiency(h100, std::sqrt(1024.0 * 2048.0));
+    const double mid = attention_efficiency(h100, std::sqrt(1024.0 * 2048.0), 128);
     check_true("attention_efficiency halfway (in log2) between 1024 and 2048: the mean of 0.551 and 0.658",
                near(mid, 0.6045), describe(mid, 0.6045));
-    check_true("attention_efficiency at a row, below the first and above the last: the rows' values",
-               attention_efficiency(h100, 4096) == 0.717 && attention_efficiency(h100, 64) == 0.401 &&
-                   attention_efficiency(h100, 1 << 20) == 0.748);
+    check_true("attention_efficiency at a row, below the first and above the last: the rows' values; h100's head size "
+               "128 for any other",
+               attention_efficiency(h100, 4096, 128) == 0.717 && attention_efficiency(h100, 64, 128) == 0.401 &&
+                   attention_efficiency(h100, 1 << 20, 128) == 0.748 && attention_efficiency(h100, 4096, 64) == 0.717);
+    // two head sizes: at T 64, 0.1 at HS 32 and 0.3 at HS 128 (2 apart in log2); HS 64 is halfway: 0.2; T between
+    // rows of one head size is linear in log2 there first (T 128 of HS 32: halfway between 0.1 and 0.2)
+    const MachineProfile sizes = parsed(std::string(kTiered) + "attention 64 32 0.1\nattention 256 32 0.2\n"
+                                                               "attention 64 128 0.3\n");
+    check_true("attention_efficiency across head sizes: linear in log2 of the head size, each size's rows in T first",
+               near(attention_efficiency(sizes, 64, 64), 0.2) && near(attention_efficiency(sizes, 128, 32), 0.15) &&
+                   near(attention_efficiency(sizes, 128, 64), (0.15 + 0.3) / 2) &&
+                   attention_efficiency(sizes, 64, 16) == 0.1 && attention_efficiency(sizes, 64, 256) == 0.3,
+               describe(attention_efficiency(sizes, 64, 64), 0.2));
 
     MachineProfile rows = parsed(kTiered);
     check_true("memory_bytes_per_second without memory rows: hbm_bytes_per_second for every kind, width and rows",

@@ -11,7 +11,8 @@ gradients dW). Each is the sum of three parts:
     attention     the flash kernel (llmc/kernels/attention.cuh) visits only the key tiles a query sees, so a
                   causal row of T keys costs its T/2 visible keys: forward 2 products of HS per visible score
                   (S = QK, O = PV), backward 7 (S and dP twice, dV, dK, dQ: the deterministic two-kernel
-                  backward); at attention_efficiency(keys per query of one kernel call: T, or T/cp per ring step)
+                  backward); at attention_efficiency(keys per query of one kernel call: T, or T/cp per ring step; the
+                  head size)
     memory-bound  the kernels' bytes read and written, by kind (pointwise, the norms, a mixture's routing),
                   over the rate the profile gives that kind at the microbatch's width and rows
                   (memory_bytes_per_second: its memory rows, or hbm_bytes_per_second), and launch_seconds
@@ -128,15 +129,17 @@ inline double route_backward_bytes(double N, double C, double E, double K, doubl
 Block `layer` for one microbatch on one rank (B sequences of T/cp rows, a tp rank's heads). The memory-bound
 kernels' bytes (s bytes a value, R = the rank's rows of the residual stream: B T/cp, / tp under SP; N = B T/cp
 the gathered rows; h = hidden/tp; q, k = the rank's query and K/V columns), by kind:
-    forward   norm (the block's: layernorm or rmsnorm): norm1 2 R C, the fused residual + norm2 4 R C; pointwise: the last residual add 3 R C; GELU
-              reads fch and writes its output (2 N h; SwiGLU reads gate and up: 3 N h, and so do a mixture's
-              experts on their N K routed rows of expert_hidden units); RoPE rewrites q and k (2 N (q + k));
-              under the cp ring each step after the first merges its partial output into the running one (3 N q);
-              route: a mixture's routing (route_forward_bytes, on the rank's N / tp rows)
+    forward   norm (the block's: layernorm or rmsnorm): norm1 2 R C, the fused residual + norm2 4 R C;
+              pointwise: the last residual add 3 R C; GELU reads fch and writes its output (2 N h; SwiGLU reads
+              gate and up: 3 N h, and so do a mixture's experts on their N K routed rows of expert_hidden units);
+              RoPE rewrites q and k (2 N (q + k)); under the cp ring each step after the first merges its partial
+              output into the running one (3 N q); GPT-2's biases start each biased matmul's output (the N rows of
+              qkv, attproj, fc and fcproj's outputs written once more); route: a mixture's routing
+              (route_forward_bytes, on the rank's N / tp rows)
     B         norm: the two norms' backward (each reads its input, the gradient in and the one it adds to, writes
               it: 4 R C); pointwise: the activation's (GELU 3 N h: fch, the gradient in, the gradient out; SwiGLU
-              5 N h), RoPE's (2 N (q + k)), attention's preprocessing D = dO . O (2 N q); route: the routing's
-              backward (route_backward_bytes)
+              5 N h), RoPE's (2 N (q + k)), attention's preprocessing D = dO . O (2 N q), the bias gradients' column
+              sums (those outputs' gradients read once); route: the routing's backward (route_backward_bytes)
     W         the norms' weight gradients, added to the chunk (C values: nothing)
 Each kind at its rate for the block's width C and rows (R for the norms, N for the rest).
 Launches counted from forward_backward.cuh: forward norm1, qkv, attention, attproj, residual+norm2, fc,
@@ -163,7 +166,7 @@ inline PassSeconds block_pass_seconds(const GPT2Config& config, int layer, const
     // of T/(2 cp) are separate calls); Ulysses' whole sequence for cp's share of the heads
     const bool ring = l.cp > 1 && l.cp_mode == ContextParallelMode::Ring;
     const double keys = !ring ? l.seq_len : (double)l.seq_len / l.cp / (l.cp_split == SequenceSplit::Zigzag ? 2 : 1);
-    const double attention_rate = hw.peak_flops * attention_efficiency(hw, keys);
+    const double attention_rate = hw.peak_flops * attention_efficiency(hw, keys, HS);
     p.forward.attention = attention_flops(kAttentionForwardProducts, scores, HS) / attention_rate;
     p.input_gradient.attention = attention_flops(kAttentionBackwardProducts, scores, HS) / attention_rate;
     // memory-bound kernels and launches
@@ -172,10 +175,13 @@ inline PassSeconds block_pass_seconds(const GPT2Config& config, int layer, const
     const double ring_steps = ring ? l.cp - 1 : 0;
     // the experts' activation on their routed rows (N K over the rank's experts, ep's share of every rank's rows)
     const double expert_units = block.moe() ? (double)block.experts_per_token * block.expert_hidden() / t : 0.0;
+    // GPT-2's matmul biases: N rows of each biased output (qkv and fc split over tp; a mixture has no MLP biases)
+    const double biased =
+        block.llama() ? 0.0 : N * (block.qkv_channels() / t + C + (block.moe() ? 0.0 : block.fc_channels() / t + C));
     const double forward_pointwise = (3 * R * C + (swiglu ? 3 : 2) * N * (h + expert_units) +
-                                      (rope ? 2 * N * (q + k) : 0.0) + ring_steps * 3 * N * q) * s;
+                                      (rope ? 2 * N * (q + k) : 0.0) + ring_steps * 3 * N * q + biased) * s;
     const double backward_pointwise = ((swiglu ? 5 : 3) * N * (h + expert_units) + (rope ? 2 * N * (q + k) : 0.0) +
-                                       2 * N * q) * s;
+                                       2 * N * q + biased) * s;
     p.forward.memory = memory_seconds(hw, norm, 6 * R * C * s, C, R) +
                        memory_seconds(hw, MemoryBoundKind::Pointwise, forward_pointwise, C, N);
     p.input_gradient.memory = memory_seconds(hw, norm, 8 * R * C * s, C, R) +
@@ -203,7 +209,8 @@ inline PassSeconds block_pass_seconds(const GPT2Config& config, int layer, const
 The last stage's final norm, LM head and loss for one microbatch: the norm (2 R C forward, 4 R C backward, at the
 model's norm's rate for width C), the head's matmul (N rows x Vp/tp) and its dX and dW, and the classifier: the
 softmax reads this rank's N x Vp/tp logits and writes the gradient over them (2 N Vp/tp s; under tp one more read
-for the split softmax's max and sums), at the layernorm rate for width Vp/tp (two reductions a row, max and sum). Launches: norm, matmul, classifier (3 + 2 under tp) | dX, norm backward (2) | dW (1). Where the schedule
+for the split softmax's max and sums), at the layernorm rate for width Vp/tp (two reductions a row, max and sum).
+Launches: norm, matmul, classifier (3 + 2 under tp) | dX, norm backward (2) | dW (1). Where the schedule
 does not split the backward (split false) the head's whole backward runs with its forward (forward_backward.cuh),
 so all of it is F.
 */

@@ -83,13 +83,13 @@ matmul 8192  8192  8192  0.777  # 4096 tiles, 32 waves: 0.801 x 0.970 (estimate)
 matmul 16384 16384 16384 0.795  # 16384 tiles, 125 waves: 0.801 x 0.993 (estimate)
 matmul 6144  17920 2816  0.801  # [MAMF] measured: 792.1 / 989
 
-#         T      efficiency: [FA3] causal forward, backward (TFLOP/s) -> 4.5 / (1/f + 2.5/b) / 989.4
-attention 512    0.401   # 292, 316 -> 397.0
-attention 1024   0.551   # 423, 424 -> 544.8
-attention 2048   0.658   # 521, 501 -> 651.3
-attention 4096   0.717   # 579, 542 -> 709.8
-attention 8192   0.742   # 602, 559 -> 733.7
-attention 16384  0.748   # 616, 561 -> 740.2
+#         T  HS  efficiency: [FA3] causal forward, backward (TFLOP/s) -> 4.5 / (1/f + 2.5/b) / 989.4
+attention 512 128    0.401   # 292, 316 -> 397.0
+attention 1024 128   0.551   # 423, 424 -> 544.8
+attention 2048 128   0.658   # 521, 501 -> 651.3
+attention 4096 128   0.717   # 579, 542 -> 709.8
+attention 8192 128   0.742   # 602, 559 -> 733.7
+attention 16384 128  0.748   # 616, 561 -> 740.2
 
 #          tier  op             algorithm alpha (s) bus bandwidth (bytes/s)
 collective node  all_reduce     ring      0.6e-6    476e9  # [NCCL] NVLink ring LL; [nt290] NVLink SHARP's busbw

@@ -4,7 +4,7 @@ reading the flags needs neither the model nor a kernel.
 
 A profile is what one rank's device computes and moves, and what its links cost:
     peak FLOP/s and the fraction of it a matmul of shape (M, N, K) reaches, from a table of measured shapes;
-    the attention kernel's fraction of peak by sequence length; the device memory's bandwidth (AdamW), and the
+    the attention kernel's fraction of peak by sequence length and head size; the device memory's bandwidth (AdamW), and the
     rate each kind of memory-bound kernel reaches by width and rows (activations, each norm, a mixture's routing);
     the host link's (offload);
     the three tiers of the network a group of ranks may span, and on each tier each collective's cost;
@@ -51,7 +51,7 @@ The file format (what --machine FILE reads, machine_profile_text writes and scri
     cores_per_node 0                       optional (0): 0, each rank its own device; else the processors that a
                                            node's ranks share (the CPU build: the host's)
     matmul M N K EFFICIENCY                one or more rows; 0 < efficiency <= 1, of peak_flops
-    attention T EFFICIENCY                 zero or more rows, T increasing
+    attention T HEAD_SIZE EFFICIENCY       zero or more rows; among the rows of one HEAD_SIZE, T increasing
     memory KIND WIDTH ROWS BYTES_PER_SECOND
                                            zero or more rows, each (KIND, WIDTH, ROWS) once: the rate a block's
                                            memory-bound kernels of one kind reach on a microbatch of ROWS rows of
@@ -81,7 +81,8 @@ ranks_per_leaf, a matmul row, and on the node tier every op with at least one al
 but ALPHA, launch_seconds and cores_per_node (0 allowed) and R2 (any, up to 1). Anything else is refused with one
 line naming the file, the line and the problem: an unknown key, a key (or a matmul shape, attention length,
 collective row, fit, memory row) given twice, a missing, non-numeric or out-of-range number, extra words, a tree
-row for an op other than all_reduce, ranks_per_leaf < ranks_per_node, T not increasing, an unknown memory KIND.
+row for an op other than all_reduce, ranks_per_leaf < ranks_per_node, T not increasing within a head size, an unknown
+memory KIND.
 
 The built-in profile "h100", a cluster of H100 SXM GPUs in Llama 3's network, is in this format, each number cited:
 llmc/planning/h100_profile.h. A default-constructed PlanHardware is that profile (its constructor reads it).
@@ -126,7 +127,8 @@ struct MatmulShapeEfficiency {
     double efficiency = 0;       // of peak_flops
 };
 struct AttentionEfficiency {
-    double seq_len = 0;   // keys per query (T / cp for one ring step: the kernel's T)
+    double seq_len = 0;    // keys per query (T / cp for one ring step: the kernel's T)
+    double head_size = 0;  // HS of its heads
     double efficiency = 0;
 };
 // The kinds of memory-bound kernel (the format's memory KIND), in the names' order.
@@ -158,7 +160,7 @@ struct MachineProfile {
     double pcie_bytes_per_second = 0;            // per direction, device <-> pinned host memory
     double launch_seconds = 0;                   // fixed cost per kernel launch
     std::vector<MatmulShapeEfficiency> matmul;   // measured shapes, at least one
-    std::vector<AttentionEfficiency> attention;  // measured sequence lengths, increasing
+    std::vector<AttentionEfficiency> attention;  // measured (T, HS), T increasing within a head size
     std::vector<MemoryRate> memory;              // measured (kind, width, rows); a kind without: hbm
     CollectiveCost collectives[kTiers][kCollectiveOps][kCollectiveAlgorithms];
     std::vector<CollectiveFit> fits;
@@ -208,6 +210,21 @@ inline double log2_nearness_blend(const std::vector<Log2Point<D>>& points, const
     return sum / weights;
 }
 
+// A value at x from points (x_i, y_i), x increasing: linear in log2 x between two points, the end points' values
+// outside them.
+struct Log2Segment {
+    double x, y;
+};
+inline double log2_piecewise_linear(const std::vector<Log2Segment>& points, double x) {
+    if (x <= points.front().x) return points.front().y;
+    for (size_t i = 1; i < points.size(); i++)
+        if (x <= points[i].x) {
+            const double t = std::log2(x / points[i - 1].x) / std::log2(points[i].x / points[i - 1].x);
+            return points[i - 1].y + t * (points[i].y - points[i - 1].y);
+        }
+    return points.back().y;
+}
+
 // The fraction of peak_flops a matmul of this shape reaches, blended from the table's measured shapes.
 inline double matmul_efficiency(const MachineProfile& hw, double m, double n, double k) {
     if (hw.matmul.empty()) fatal("machine profile %s has no matmul rows", hw.name.c_str());  // the parser's rule
@@ -226,18 +243,24 @@ constexpr double kAttentionForwardProducts = 2, kAttentionBackwardProducts = 7;
 inline double attention_flops(double products, double scores, double head_size) {
     return products * 2 * head_size * scores;
 }
-// The attention kernel's fraction of peak_flops at this many keys per query: linear in log2 of the length
-// between the table's rows, the end rows' values outside them.
-inline double attention_efficiency(const MachineProfile& hw, double seq_len) {
-    if (hw.attention.empty()) return matmul_efficiency(hw, seq_len, seq_len, 128);
-    const std::vector<AttentionEfficiency>& rows = hw.attention;  // sorted by seq_len (the parser's rule)
-    if (seq_len <= rows.front().seq_len) return rows.front().efficiency;
-    for (size_t i = 1; i < rows.size(); i++)
-        if (seq_len <= rows[i].seq_len) {
-            const double x = std::log2(seq_len / rows[i - 1].seq_len) / std::log2(rows[i].seq_len / rows[i - 1].seq_len);
-            return rows[i - 1].efficiency + x * (rows[i].efficiency - rows[i - 1].efficiency);
-        }
-    return rows.back().efficiency;
+// The attention kernel's fraction of peak_flops at this many keys per query and head size: among the rows of one
+// head size, linear in log2 of the length between them and the end rows' values outside them; between two head
+// sizes, linear in log2 of the head size (the nearest one's outside them). No rows: a (T, T, HS) matmul's.
+inline double attention_efficiency(const MachineProfile& hw, double seq_len, double head_size) {
+    if (hw.attention.empty()) return matmul_efficiency(hw, seq_len, seq_len, head_size);
+    std::vector<double> sizes;  // the head sizes the rows give, increasing
+    for (const AttentionEfficiency& row : hw.attention) sizes.push_back(row.head_size);
+    std::sort(sizes.begin(), sizes.end());
+    sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+    auto along_length = [&](double size) {  // the rows of one head size, in T order (the parser's rule)
+        std::vector<Log2Segment> rows;
+        for (const AttentionEfficiency& row : hw.attention)
+            if (row.head_size == size) rows.push_back({row.seq_len, row.efficiency});
+        return log2_piecewise_linear(rows, seq_len);
+    };
+    std::vector<Log2Segment> by_size;
+    for (double size : sizes) by_size.push_back({size, along_length(size)});
+    return log2_piecewise_linear(by_size, head_size);
 }
 // The rate memory-bound kernels of `kind` reach on `rows` rows of `width` values, blended from that kind's memory
 // rows; a kind without rows: hbm_bytes_per_second.
@@ -429,13 +452,16 @@ inline std::string machine_profile_parse(const std::string& text, const std::str
             p.matmul.push_back({v[0], v[1], v[2], v[3]});
             matmul_lines.push_back(number);
         } else if (key == "attention") {
-            if (!values(words, 2, "T EFFICIENCY")) return at(number, problem);
+            if (!values(words, 3, "T HEAD_SIZE EFFICIENCY")) return at(number, problem);
             if (!read(words[1], "attention T", ProfileNumber::Positive, &v[0]) ||
-                !read(words[2], "attention efficiency", ProfileNumber::Efficiency, &v[1]))
+                !read(words[2], "attention head size", ProfileNumber::Positive, &v[1]) ||
+                !read(words[3], "attention efficiency", ProfileNumber::Efficiency, &v[2]))
                 return at(number, problem);
-            if (!p.attention.empty() && v[0] <= p.attention.back().seq_len)
-                return at(number, "attention T " + words[1] + " does not increase on the row before's");
-            p.attention.push_back({v[0], v[1]});
+            for (const AttentionEfficiency& row : p.attention)
+                if (row.head_size == v[1] && v[0] <= row.seq_len)
+                    return at(number, "attention T " + words[1] + " does not increase on the rows before's of head size " +
+                                          words[2]);
+            p.attention.push_back({v[0], v[1], v[2]});
         } else if (key == "memory") {
             if (!values(words, 4, "KIND WIDTH ROWS BYTES_PER_SECOND")) return at(number, problem);
             const int kind = machine_profile_name_index(words[1], kMemoryKindNames, kMemoryKinds);
@@ -523,7 +549,7 @@ inline std::string machine_profile_text(const MachineProfile& p) {
     for (const MatmulShapeEfficiency& row : p.matmul)
         text += "matmul " + number(row.m) + " " + number(row.n) + " " + number(row.k) + " " + number(row.efficiency) + "\n";
     for (const AttentionEfficiency& row : p.attention)
-        text += "attention " + number(row.seq_len) + " " + number(row.efficiency) + "\n";
+        text += "attention " + number(row.seq_len) + " " + number(row.head_size) + " " + number(row.efficiency) + "\n";
     for (const MemoryRate& row : p.memory)
         text += std::string("memory ") + kMemoryKindNames[(int)row.kind] + " " + number(row.width) + " " +
                 number(row.rows) + " " + number(row.bytes_per_second) + "\n";

@@ -44,7 +44,7 @@ llmc/planning/cost_model.h:
                           add up to pipeline.h's 6 x weights per token (dev/test/test_cost_model.cu checks it)
               attention   what the flash kernel computes: the key tiles a causal row sees (T/2 of T), 2 products of
                           HS per visible score forward, 7 backward (its deterministic two-kernel backward), at
-                          attention_efficiency(keys per kernel call: T; a ring step's T/cp, T/(2 cp) zigzag)
+                          attention_efficiency(keys per kernel call: T; a ring step's T/cp, T/(2 cp) zigzag; head size)
               memory      the memory-bound kernels at their bytes read + written over the rate the profile gives
                           their kind at the block's width and rows (memory_bytes_per_second): row reductions (the
                           norms, the classifier's softmax over the vocabulary), pointwise (residual adds, GELU /

@@ -14,7 +14,7 @@
 #                 the three, so that the planner, which prices the three products of a layer by their shapes, gets
 #                 each shape at the rate its calls average. peak_flops = the best rate of any call; each row's
 #                 efficiency is relative to it. It prints how far the three calls' rates differ.
-#   attention     causal attention_forward + attention_backward, head size 64, T = 16 .. 512 (quick: 32, 128):
+#   attention     causal attention_forward + attention_backward, head size 32 and 64, T = 16 .. 512 (quick: 32, 128):
 #                 efficiency = the flops the planner counts for it (hardware.h's attention_flops: the causal
 #                 kernel's T^2/2 scores a head, 2 + 7 products each) per second / peak_flops, so that the planner's
 #                 count over peak x efficiency is the kernel's time (above 1, written as 1 with a warning)
@@ -171,10 +171,10 @@ memory_rows = [(kind, c, r, positive("%s memory rate at width %d, %d rows" % (ki
                for kind, c, r, b, t in sorted(memory)]
 pcie = positive("copy bandwidth", 2 * copy[0] / (copy[1] + copy[2]))
 launch = positive("launch seconds", launch)
-attention_rows = [(t, flops / seconds / peak) for t, b, nh, hs, seconds, flops in sorted(attention)]
-for t, e in attention_rows:
-    if e > 1: print("warning: attention at T %d runs at %.2f of peak as the planner counts it: written as 1" % (t, e))
-attention_rows = [(t, min(e, 1.0)) for t, e in attention_rows]
+attention_rows = [(t, hs, flops / seconds / peak) for t, b, nh, hs, seconds, flops in sorted(attention, key=lambda a: (a[3], a[0]))]
+for t, hs, e in attention_rows:
+    if e > 1: print("warning: attention at T %d, head size %d runs at %.2f of peak as the planner counts it: written as 1" % (t, hs, e))
+attention_rows = [(t, hs, min(e, 1.0)) for t, hs, e in attention_rows]
 
 # ---- collectives
 def steps(op, g): return 1 if op == "send_recv" else 2 * (g - 1) if op == "all_reduce" else g - 1
@@ -238,7 +238,7 @@ print("\nmatmuls: peak %.3e FLOP/s (best call), %d shapes, efficiency %.3f .. %.
       "(geometric mean over shapes): forward %.3e, backward input %.3e, backward weights %.3e; worst spread "
       "between them on one shape x%.2f" % (peak, len(rows), min(r[3] for r in rows), max(r[3] for r in rows),
                                            geo[0], geo[1], geo[2], spread))
-print("attention: " + ", ".join("T %d %.4f" % (t, e) for t, e in attention_rows) + " of peak")
+print("attention: " + ", ".join("T %d HS %d %.4f" % row for row in attention_rows) + " of peak")
 print("memory: streaming %.3e B/s; host copies %.3e B/s, launch %.3e s; a block's kernels by kind, B/s:" % (hbm, pcie, launch))
 for kind in sorted(set(k for k, *_ in memory_rows)):
     print("  %-9s " % kind + ", ".join("C %d R %d %.3g" % (c, r, rate) for k, c, r, rate in memory_rows if k == kind))
@@ -256,7 +256,7 @@ lines = ["llmc machine profile 1",
          "ranks_per_leaf %d" % ranks_per_node,
          "cores_per_node %d" % cores]
 lines += ["matmul %d %d %d %.4f" % (m, n, k, e) for m, n, k, e in rows]
-lines += ["attention %d %.6f" % (t, e) for t, e in attention_rows]
+lines += ["attention %d %d %.6f" % row for row in attention_rows]
 lines += ["memory %s %d %d %.6e" % row for row in memory_rows]
 for op in OPS:
     alpha, beta, r2, points, _ = fits[op]

@@ -53,12 +53,13 @@ for line in open(sys.argv[1]):
     if w[0] in rows: rows[w[0]].append(w[1:])
     if w[0] == "hbm_bytes_per_second": hbm = w[1:]
 check("every number positive and finite", numbers_ok, "(%d numbers)" % words)
-efficiencies = [float(r[3]) for r in rows["matmul"]] + [float(r[1]) for r in rows["attention"]]
+efficiencies = [float(r[3]) for r in rows["matmul"]] + [float(r[2]) for r in rows["attention"]]
 check("matmul and attention efficiencies in (0, 1]", all(0 < e <= 1 for e in efficiencies),
       "%.3g .. %.3g" % (min(efficiencies), max(efficiencies)))
-check("the quick grid: 27 matmul shapes, 2 attention lengths",
-      len(rows["matmul"]) == 27 and len(rows["attention"]) == 2,
-      "%d shapes, %d lengths" % (len(rows["matmul"]), len(rows["attention"])))
+check("the quick grid: 27 matmul shapes, attention at 2 lengths x head sizes 32 and 64",
+      len(rows["matmul"]) == 27 and sorted((float(r[0]), float(r[1])) for r in rows["attention"]) ==
+          sorted((t, hs) for t in (32, 128) for hs in (32, 64)),
+      "%d shapes, attention %s" % (len(rows["matmul"]), " ".join("%s/%s" % (r[0], r[1]) for r in rows["attention"])))
 grid = sorted((r[0], float(r[1]), float(r[2])) for r in rows["memory"])
 expected = sorted((k, c, n) for k in ("layernorm", "pointwise", "rmsnorm", "route") for c in (128, 256) for n in (128, 1024))
 check("memory rows: each kind (pointwise, layernorm, rmsnorm, route) at the quick widths 128, 256 and rows 128, 1024, each a rate "
