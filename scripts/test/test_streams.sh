@@ -6,7 +6,7 @@
 # forces it, so a kernel that is not ordered after its producer runs before it and computes garbage.
 # Mode 1 lets the stream the host forces run ahead of the others, mode 2 lets the others run ahead of it:
 # between them a missing wait on either side of the compute/communication pair shows.
-# The runs: the data-parallel matrix's tiny model with one more layer (3 blocks, so that ZeRO-3 gathers
+# The runs: the data-parallel matrix's tiny model, on 512 token ids, with one more layer (3 blocks, so that ZeRO-3 gathers
 # a block into a buffer that an earlier block of the same pass used) and its global batch (2 micro-steps
 # per step, validation every 2 steps, checkpoints), on one rank, at --zero 0, 1, 2 and 3 on 2 ranks, in
 # 2 x 2 hybrid sharding at --zero 3, tp 2 with sequence parallelism x dp 2 at --zero 2, a 3-stage 1f1b
