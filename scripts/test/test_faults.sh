@@ -26,9 +26,12 @@ binary=${1:?usage: $0 TRAIN_BINARY}
 source "$(dirname "$0")/test_lib.sh"
 export OMP_NUM_THREADS=1
 
-flags=(--layers 2 --heads 2 --channels 32 --vocab-size 50257 --max-seq-len 32 --seq-len 16
+# the classics folded into 512 token ids (test_lib.sh's folded_data): the faults are this suite's subject, and
+# GPT-2's 50,257 columns of embedding, LM head, loss and AdamW took most of each run's time
+folded_data "$work/data" 512
+flags=(--layers 2 --heads 2 --channels 32 --vocab-size 512 --max-seq-len 32 --seq-len 16
        --lr-schedule constant --learning-rate 1e-3 --val-every 0 --sample-tokens 0 --save-model 0
-       --train-data "data/classics_train.bin")
+       --train-data "$work/data/train.bin")
 mpi=(mpirun --oversubscribe --allow-run-as-root)
 custom=(--model custom)  # run_layout adds it itself
 

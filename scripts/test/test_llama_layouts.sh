@@ -18,10 +18,13 @@ run_steps=3  # a step after the first (which may allocate) for the budget, and o
 
 # 2 layers (pp 2: one each), 4 query heads of 16 channels over 2 K/V heads (tp 2: 2 and 1 per rank; Ulysses cp 2:
 # 1 K/V head per rank), 96 hidden units (tp 2: 48, a multiple of 8), T = 16 (cp 2 zigzag: 4 chunks of 4)
-flags=(--arch llama --layers 2 --heads 4 --kv-heads 2 --channels 64 --ffn-hidden 96 --vocab-size 50257
+# the classics folded into 512 token ids (test_lib.sh's folded_data): the layouts are this suite's subject, and
+# GPT-2's 50,257 columns of embedding, LM head, loss and AdamW took most of each run's time
+folded_data "$work/data" 512
+flags=(--arch llama --layers 2 --heads 4 --kv-heads 2 --channels 64 --ffn-hidden 96 --vocab-size 512
        --max-seq-len 32 --seq-len 16 --lr-schedule constant --learning-rate 1e-3 --val-every 3 --val-batches 2
-       --sample-tokens 8 --train-data "data/classics_train.bin" --val-data "data/classics_val.bin"
-       --total-batch-size 256)
+       --sample-tokens 8 --train-data "$work/data/train.bin" --val-data "$work/data/val.bin"
+       --tokenizer "$work/data/tokenizer.bin" --total-batch-size 256)
 run_layout one 1 8
 # name:ranks:B:flags (commas for spaces); B = 8 / data-parallel ranks
 layouts="tp2:2:8:--tp,2
@@ -57,7 +60,7 @@ import sys
 from layout_check import (compare_continued, compare_resumed, compare_run, cp_bytes, cp_bytes_against_formula,
                           events, memory_against_formula, pp_bytes, report, result)
 work, samples, layouts = sys.argv[1], sys.argv[2].split(), [l.split(":") for l in sys.argv[3:]]
-L, C, NH, KV, H, Vp, T, A, s = 2, 64, 4, 2, 96, 50304, 16, 2, 4
+L, C, NH, KV, H, Vp, T, A, s = 2, 64, 4, 2, 96, 512, 16, 2, 4
 HS = C // NH
 Q = (NH + 2 * KV) * HS                      # the qkv projection's output columns
 

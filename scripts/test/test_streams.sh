@@ -6,7 +6,7 @@
 # forces it, so a kernel that is not ordered after its producer runs before it and computes garbage.
 # Mode 1 lets the stream the host forces run ahead of the others, mode 2 lets the others run ahead of it:
 # between them a missing wait on either side of the compute/communication pair shows.
-# The runs: the data-parallel matrix's tiny model with one more layer (3 blocks, so that ZeRO-3 gathers
+# The runs: the data-parallel matrix's tiny model, on 512 token ids, with one more layer (3 blocks, so that ZeRO-3 gathers
 # a block into a buffer that an earlier block of the same pass used) and its global batch (2 micro-steps
 # per step, validation every 2 steps, checkpoints), on one rank, at --zero 0, 1, 2 and 3 on 2 ranks, in
 # 2 x 2 hybrid sharding at --zero 3, tp 2 with sequence parallelism x dp 2 at --zero 2, a 3-stage 1f1b
@@ -32,9 +32,12 @@ export OMP_NUM_THREADS=1
 modes=${LATE_STREAMS_MODES:-1 2}
 late_modes=${modes//0/}
 
-flags=(--model custom --layers 3 --heads 2 --channels 32 --vocab-size 50257 --max-seq-len 32 --seq-len 16
+# the classics folded into 512 token ids (test_lib.sh's folded_data): the waits between streams are this suite's
+# subject, and GPT-2's 50,257 columns of embedding, LM head, loss and AdamW took most of each run's time
+folded_data "$work/data" 512
+flags=(--model custom --layers 3 --heads 2 --channels 32 --vocab-size 512 --max-seq-len 32 --seq-len 16
        --lr-schedule constant --learning-rate 1e-3 --val-every 2 --val-batches 2 --sample-tokens 0
-       --train-data "data/classics_train.bin" --val-data "data/classics_val.bin" --total-batch-size 256)
+       --train-data "$work/data/train.bin" --val-data "$work/data/val.bin" --total-batch-size 256)
 run() {  # run NAME MODE RANKS ZERO DP_SHARD [FLAGS...]: B = 8 / data-parallel ranks (RANKS / (tp pp cp)) rows per
          # rank and micro-step, 5 steps
     local name=$1 mode=$2 ranks=$3 zero=$4 shard=$5 tp=1 pp=1 cp=1
