@@ -83,14 +83,16 @@ compute (llmc/parallel/zero.h reduces each chunk as soon as its gradient is fina
 compute they run beside shows: ZeRO 0 and 1 reduce in the step's last microbatch, behind its backward pass alone
 (B + W of one microbatch); ZeRO 2 every microbatch, behind every backward pass; ZeRO 3 also gathers each chunk
 ahead of its forward and backward passes, behind all of the compute. ZeRO 1 and 2 gather the updated shards after
-the optimizer step on the compute stream, before anything else runs: those all-gathers show whole. tp and pp are counted in full: a tp all-reduce
-sits between two matmuls that need it (only f's backward overlaps, with the weight gradient), and a pp send is
+the optimizer step on the compute stream, before anything else runs: those all-gathers show whole. tp and pp are
+counted in full: a tp all-reduce sits between two matmuls that need it (only f's backward overlaps, with the weight gradient), and a pp send is
 the next stage's input; counting them whole makes the estimate an upper bound for those axes. Ring attention
 passes the next K/V block on a stream of its own while the compute stream works on the block in hand
 (llmc/parallel/context_parallel.h), so only a transfer longer than its step's attention shows
 (plan_cp_shown_seconds); Ulysses' all-to-alls sit between the qkv matmul, attention and the output projection,
-each waiting for the other, and show whole. The pipeline's idle time stretches all of a microbatch's work,
-communication on the critical path included: / (1 - bubble).
+each waiting for the other, and show whole. Hiding needs something idle to move the bytes: a GPU's copy engines and
+NCCL's kernels beside the compute; the CPU build's collectives are copies on the cores its ranks compute on, so where
+the ranks outnumber the cores (share < 1) dp's and the cp ring's transfers show whole. The pipeline's idle time
+stretches all of a microbatch's work, communication on the critical path included: / (1 - bubble).
 Optimizer offload (--offload optimizer, llmc/parallel/zero.h): every step moves the rank's optimizer state (the
 memory plan's host bytes, 12 or 8 bytes per parameter of its shard) up to the device and back down once, over
 PCIe at the profile's pcie_bytes_per_second, up and down one after the other on one copy stream: offload = 2 x host
@@ -523,7 +525,11 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
         double backward = 0;  // the mean pp rank's B and W per step
         for (const PassSeconds& stage : plan.stage_passes)
             backward += (stage.input_gradient.total() + stage.weight_gradient.total()) * m / p;
-        const double behind = l.zero_stage == 3 ? plan.compute_seconds : l.zero_stage == 2 ? backward : backward / m;
+        // ranks that share the cores (share < 1) have no idle core to copy on while they compute: nothing hides
+        const double behind = share < 1                ? 0.0
+                              : l.zero_stage == 3 ? plan.compute_seconds
+                              : l.zero_stage == 2 ? backward
+                                                  : backward / m;
         std::vector<CollectiveCalls> during, after;
         for (const CollectiveCalls& c : plan.collectives[PLAN_DP])
             (c.op == CollectiveOp::AllGather && l.zero_stage < 3 ? after : during).push_back(c);
@@ -534,10 +540,11 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
         double block_attention = 0;  // the mean block's attention forward, per microbatch
         for (int layer = 0; layer < L; layer++) block_attention += block_pass_seconds(config, layer, l, hw).forward.attention / L;
         const double kv_block = 2.0 * l.batch_size * T_local * tp_rank_heads.kv_columns() * s;
-        plan.shown_cp_seconds = plan_cp_shown_seconds(
-            l, most_layers, m, plan.axis_seconds[PLAN_CP],
-            collective_seconds(hw, CollectiveOp::SendRecv, l.cp, spans[PLAN_CP], kv_block) / share,
-            block_attention / l.cp);
+        plan.shown_cp_seconds = share < 1 ? plan.axis_seconds[PLAN_CP]  // no idle core to copy on (as dp's)
+                                          : plan_cp_shown_seconds(
+                                                l, most_layers, m, plan.axis_seconds[PLAN_CP],
+                                                collective_seconds(hw, CollectiveOp::SendRecv, l.cp, spans[PLAN_CP], kv_block) / share,
+                                                block_attention / l.cp);
     }
     // selective's elementwise passes and offload's transfers (llmc/planning/recompute_choice.h)
     if (l.recompute.policy == RecomputePolicy::Selective || l.recompute.policy == RecomputePolicy::PerBlock) {
