@@ -46,10 +46,10 @@ llmc/planning/cost_model.h:
                           HS per visible score forward, 7 backward (its deterministic two-kernel backward), at
                           attention_efficiency(keys per kernel call: T; a ring step's T/cp, T/(2 cp) zigzag; head size)
               memory      the memory-bound kernels at their bytes read + written over the rate the profile gives
-                          their kind at the block's width and rows (memory_bytes_per_second): row reductions (the
-                          norms, the classifier's softmax over the vocabulary), pointwise (residual adds, GELU /
-                          SwiGLU, RoPE, attention's preprocessing, the ring's merges, the encoder) and a mixture's
-                          routing (router, dispatch, combine), plus launch_seconds per kernel launch (counted per
+                          their kind at the block's width and rows (memory_bytes_per_second): the norms (LayerNorm's
+                          or RMSNorm's; the classifier's softmax over the vocabulary at LayerNorm's), pointwise
+                          (residual adds, GELU / SwiGLU, RoPE, attention's preprocessing, the ring's merges, the
+                          encoder, GPT-2's biases) and a mixture's routing (router, dispatch, combine), plus launch_seconds per kernel launch (counted per
                           block from forward_backward.cuh); AdamW over the rank's parameter shard once per step
                           (28 + s bytes a parameter) at hbm_bytes_per_second
               F = forward; B = the dX matmuls, attention's backward and the memory-bound backward (+ a block's
@@ -64,14 +64,15 @@ llmc/planning/cost_model.h:
               on the tier the group spans (node: within ranks_per_node consecutive ranks; leaf: within
               ranks_per_leaf; spine beyond), the cheaper of ring and tree where the profile has both. So alpha
               counts once per call. Divided by rank_compute_share too: the CPU build's collectives are copies its
-              ranks make on the shared cores (calibrate.sh measures alpha and beta with a core per rank). A ring (not an all-to-all) that crosses the spine crosses it once per leaf,
+              ranks make on the shared cores (calibrate.sh measures alpha and beta with a core per rank). A ring
+              (not an all-to-all) that crosses the spine crosses it once per leaf,
               so the leaf's uplinks pool the spine's per-rank bandwidth over the group's ranks in the leaf, up to
               the leaf's (spine_ring_seconds). Spans (mesh order: tp fastest, then cp, pp, dp): tp g = tp; cp
               tp cp; pp tp cp pp; ep tp cp pp ep; dp all ranks. The calls' bytes sum to the byte formulas above
               (checked)
     cp shown  = the part of the cp axis's time that attention does not hide (ring; below), or all of it (Ulysses)
-    recompute = selective's norms and activation again (priced as above) and offload's PCIe transfers that compute does not
-                hide (llmc/planning/recompute_choice.h, whose full letter is priced as here: the block's forward
+    recompute = selective's norms and activation again (priced as above) and offload's PCIe transfers that compute
+                does not hide (llmc/planning/recompute_choice.h, whose full letter is priced as here: the block's forward
                 and its tp calls), for the policies and letters that have them (full's rerun is in compute's B
                 and in tp)
     step      = (compute + tp + cp shown + pp + ep + recompute) / (1 - bubble)  +  dp exposed (below)
@@ -84,7 +85,8 @@ compute they run beside shows: ZeRO 0 and 1 reduce in the step's last microbatch
 (B + W of one microbatch); ZeRO 2 every microbatch, behind every backward pass; ZeRO 3 also gathers each chunk
 ahead of its forward and backward passes, behind all of the compute. ZeRO 1 and 2 gather the updated shards after
 the optimizer step on the compute stream, before anything else runs: those all-gathers show whole. tp and pp are
-counted in full: a tp all-reduce sits between two matmuls that need it (only f's backward overlaps, with the weight gradient), and a pp send is
+counted in full: a tp all-reduce sits between two matmuls that need it (only f's backward overlaps, with the weight
+gradient), and a pp send is
 the next stage's input; counting them whole makes the estimate an upper bound for those axes. Ring attention
 passes the next K/V block on a stream of its own while the compute stream works on the block in hand
 (llmc/parallel/context_parallel.h), so only a transfer longer than its step's attention shows
@@ -166,7 +168,7 @@ struct LayoutPlan {
     std::vector<CollectiveCalls> collectives[kPlanAxes];  // the calls one rank makes per step (pp: the busiest)
     double bubble = 0;          // simulated with each stage's cost
     double bubble_formula = 0;  // the schedule's formula for equal stages
-    double pipelined_seconds = 0;  // the step but dp at a whole core a rank: (compute + axes) x share / (1 - bubble)
+    double pipelined_seconds = 0;  // the pipeline with a whole core a rank, dp aside: (compute + axes) x share / (1 - bubble)
     // the estimate (seconds per step)
     double tokens = 0, model_flops = 0, hardware_flops = 0;  // per step, all ranks
     double compute_seconds = 0, axis_seconds[kPlanAxes] = {}, exposed_dp_seconds = 0, step_seconds = 0;
@@ -543,7 +545,7 @@ inline LayoutPlan plan_layout(const GPT2Config& config, const Layout& l, const P
         plan.shown_cp_seconds = share < 1 ? plan.axis_seconds[PLAN_CP]  // no idle core to copy on (as dp's)
                                           : plan_cp_shown_seconds(
                                                 l, most_layers, m, plan.axis_seconds[PLAN_CP],
-                                                collective_seconds(hw, CollectiveOp::SendRecv, l.cp, spans[PLAN_CP], kv_block) / share,
+                                                collective_seconds(hw, CollectiveOp::SendRecv, l.cp, spans[PLAN_CP], kv_block),
                                                 block_attention / l.cp);
     }
     // selective's elementwise passes and offload's transfers (llmc/planning/recompute_choice.h)
