@@ -526,7 +526,8 @@ inline Communicator comm_init_world(const std::string& nccl_init_file = "", doub
     {
         CollectiveWait wait(world.watch, world.rank, "NCCL start-up (ncclCommInitRankConfig)");
         ncclConfig_t config = nccl_config();
-        ncclCheckCreated(ncclCommInitRankConfig(&world.nccl, world.size, id, world.rank, &config), world.nccl);
+        ncclCheckCreated(ncclCommInitRankConfig(&world.nccl, world.size, id, world.rank, &config), world.nccl,
+                         world.nccl);
     }
     // the communicator is ready only once every rank has joined, so nobody still needs the file
     if (!by_mpi && world.size > 1 && world.rank == 0) remove(nccl_init_file.c_str());
@@ -559,7 +560,8 @@ inline Communicator comm_split(Communicator& parent, int color, int key, const s
 #else
         ncclConfig_t config = nccl_config();
         ncclCheckCreated(ncclCommSplit(parent.nccl, member ? color : NCCL_SPLIT_NOCOLOR, key, &group.nccl, &config),
-                         group.nccl);
+                         group.nccl, parent.nccl);
+        if (member && !group.nccl) fatal("ncclCommSplit gave the %s group no communicator", name.c_str());
 #endif
     }
     if (!member) {
@@ -608,7 +610,7 @@ inline void comm_destroy(Communicator& comm) {
 #ifndef LLMC_CPU
     watched_group_nccl(comm.watch, nullptr);  // not one to abort any more
     if (comm.nccl) {
-        ncclCheckCreated(ncclCommFinalize(comm.nccl), comm.nccl);  // its operations done, on every member
+        ncclCheckCreated(ncclCommFinalize(comm.nccl), comm.nccl, comm.nccl);  // its operations done, on every member
         ncclCheck(ncclCommDestroy(comm.nccl));
     }
     if (comm.barrier_token) cudaCheck(cudaFree(comm.barrier_token));

@@ -75,12 +75,16 @@ inline void nccl_settle(ncclResult_t result, const char* call, const char* file,
         const ncclResult_t result_ = (call); \
         nccl_settle(result_, #call, __FILE__, __LINE__); \
     } while (0)
-// The same for a call that creates, splits or finalizes `comm`: it is settled too.
-#define ncclCheckCreated(call, comm) \
+// The same for a call that creates, splits or finalizes a communicator. `runs_under` is the communicator whose
+// background job does the work (a split's parent; the communicator itself otherwise); once it has settled, the
+// job has written `comm` (a split's child is written by that job, after the call has returned: read before, it
+// is still null) and `comm`, when there is one, is settled too.
+#define ncclCheckCreated(call, comm, runs_under) \
     do { \
         HostCallWait watched_call_(#call); \
-        const ncclResult_t result_ = (call); /* before (comm) is read: the call may write it */ \
-        nccl_settle(result_, #call, __FILE__, __LINE__, (comm)); \
+        const ncclResult_t result_ = (call); \
+        nccl_settle(result_, #call, __FILE__, __LINE__, (runs_under)); \
+        if ((comm) != nullptr) nccl_settle(ncclInProgress, #call, __FILE__, __LINE__, (comm)); \
     } while (0)
 #endif
 
