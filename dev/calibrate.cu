@@ -6,6 +6,7 @@ the CPU execution layer (OpenBLAS matmuls, emulated kernels, MPI collectives); o
 CUDA kernels and NCCL.
 
     ./calibrate_fp32_cpu compute [--quick]                  one rank: matmuls, attention, memory, launch, copies
+    ./calibrate_fp32_cpu matmul M N K                       one rank: the matmul line of one shape, as compute's
     mpirun -np G ./calibrate_fp32_cpu collectives [--quick] every collective over sizes 8 B .. 32 MiB
 
 Each measurement is one line, words separated by spaces, seconds per call (the median of several calls after a
@@ -37,6 +38,7 @@ the previous at once.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <string>
@@ -111,47 +113,76 @@ T* device_filled(size_t count) {
     return pointer;
 }
 
+// uniform values in [-1, 1): a matmul's operands. A GPU multiplies constant or zero operands faster than real ones
+// (fewer bits toggle, so it draws less power and keeps a higher clock: H200, 8192^3 BF16, ~790 TFLOP/s on random
+// values and ~890 on zeros), so memset-filled operands would overstate its rate.
+template <class T>
+T* device_random(size_t count) {
+    std::vector<T> host(count);
+    uint64_t state = 0x9E3779B97F4A7C15ull;
+    for (T& x : host) {
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        x = (T)((float)(state >> 40) / (float)(1ull << 23) - 1.0f);
+    }
+    T* pointer = device_alloc<T>(count);
+    cudaCheck(cudaMemcpy(pointer, host.data(), count * sizeof(T), cudaMemcpyHostToDevice));
+    return pointer;
+}
+
 // ----------------------------------------------------------------------------
 // one rank's device
 
-void measure_matmuls() {
+// One shape through the three calls (operands of at least M x K, K x N and M x N values), its line printed.
+void measure_matmul(int m, int n, int k, floatX* a, floatX* b, floatX* d) {
+    // operand roles as each call names them (see the header): only the transposes differ
+    const double forward = device_seconds([&] { matmul_forward(d, a, b, nullptr, m, k, n, 0); });
+    const double input = device_seconds([&] { matmul_backward_input(d, a, b, m, n, k, 0); });
+    const double weights = device_seconds([&] { matmul_backward_weights(d, nullptr, nullptr, a, b, k, n, m, 0); });
+    printf("matmul %d %d %d %.6e %.6e %.6e\n", m, n, k, forward, input, weights);
+    fflush(stdout);
+}
+
+// Every shape of the grid, and each of `extra` (M, N, K triples) after it.
+void measure_matmuls(const std::vector<int>& extra) {
     std::vector<int> sizes = quick ? std::vector<int>{64, 256, 1024} : std::vector<int>{64, 128, 256, 512, 1024};
 #ifndef LLMC_CPU
     // a GPU reaches its peak only on large products (a CPU core already at 1024)
     sizes = quick ? std::vector<int>{256, 2048, 8192} : std::vector<int>{256, 512, 1024, 2048, 4096, 8192};
 #endif
-    const int largest = sizes.back();
-    floatX* a = device_filled<floatX>((size_t)largest * largest);
-    floatX* b = device_filled<floatX>((size_t)largest * largest);
-    floatX* d = device_filled<floatX>((size_t)largest * largest);
+    if (!extra.empty()) sizes.clear();  // one shape asked for: that one alone
+    // the operands' largest product of two of M, N, K
+    size_t largest = 0;
+    for (int x : sizes) largest = std::max(largest, (size_t)x * x);
+    for (size_t i = 0; i < extra.size(); i += 3)
+        largest = std::max({largest, (size_t)extra[i] * extra[i + 1], (size_t)extra[i + 1] * extra[i + 2],
+                            (size_t)extra[i] * extra[i + 2]});
+    floatX* a = device_random<floatX>(largest);
+    floatX* b = device_random<floatX>(largest);
+    floatX* d = device_random<floatX>(largest);
     for (int m : sizes)
         for (int n : sizes)
-            for (int k : sizes) {
-                // operand roles as each call names them (see the header): only the transposes differ
-                const double forward = device_seconds([&] { matmul_forward(d, a, b, nullptr, m, k, n, 0); });
-                const double input = device_seconds([&] { matmul_backward_input(d, a, b, m, n, k, 0); });
-                const double weights =
-                    device_seconds([&] { matmul_backward_weights(d, nullptr, nullptr, a, b, k, n, m, 0); });
-                printf("matmul %d %d %d %.6e %.6e %.6e\n", m, n, k, forward, input, weights);
-                fflush(stdout);
-            }
+            for (int k : sizes) measure_matmul(m, n, k, a, b, d);
+    for (size_t i = 0; i < extra.size(); i += 3) measure_matmul(extra[i], extra[i + 1], extra[i + 2], a, b, d);
     for (floatX* x : {a, b, d}) cudaCheck(cudaFree(x));
 }
 
 // Causal attention over T at the head sizes the runs have (the CPU build's small models' 32 and 64; Llama's 128 and
-// GPT-2's 64 on a GPU); B x NH chosen so that every T does a comparable amount of work per call on the CPU
-// (B NH T = 4096 rows, at least one sequence of 4 heads).
+// GPT-2's 64 on a GPU). B x NH chosen so that every T does a comparable amount of work per call: on the CPU
+// B NH T = 4096 rows (at least one sequence of 4 heads); on a GPU 2^18 rows of 16 heads, as many (sequence, head)
+// pairs as a training step has (GPT-2 124M at B 16: 192 of T 1024), since a GPU given a few heads idles most of its
+// multiprocessors (an H200 measured T 1024, head size 64 with B 1 x 4 heads at 2% of peak).
 void measure_attention() {
     std::vector<int> lengths = quick ? std::vector<int>{32, 128} : std::vector<int>{16, 32, 64, 128, 256, 512};
     std::vector<int> head_sizes = {32, 64};
+    int NH = 4, rows_per_call = 4096;
 #ifndef LLMC_CPU
     lengths = {128, 256, 512, 1024, 2048, 4096, 8192};  // a GPU: the lengths its runs use
     head_sizes = {64, 128};
+    NH = 16, rows_per_call = 1 << 18;
 #endif
-    const int NH = 4;
     for (int HS : head_sizes)
         for (int T : lengths) {
-            const int B = std::max(1, 1024 / T);
+            const int B = std::max(1, rows_per_call / (NH * T));
             const AttentionHeads heads = attention_heads(NH, NH, HS);
             const size_t rows = (size_t)B * T;
             floatX* qkv = device_filled<floatX>(rows * heads.qkv_columns());
@@ -386,13 +417,27 @@ void measure_collectives(Communicator& world, cudaStream_t stream) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    const std::string usage = std::string("usage: ") + argv[0] + " compute|collectives [--quick]";
+    const std::string usage = std::string("usage: ") + argv[0] + " compute|collectives [--quick] | matmul M N K";
     std::string what;
+    std::vector<int> shape;  // matmul M N K
     for (int i = 1; i < argc; i++) {
         const std::string arg = argv[i];
         if (arg == "--quick") quick = true;
         else if ((arg == "compute" || arg == "collectives") && what.empty()) what = arg;
-        else {
+        else if (arg == "matmul" && what.empty()) {
+            what = arg;
+            for (int j = 0; j < 3; j++) {
+                const char* word = i + 1 < argc ? argv[++i] : "";
+                char* end = nullptr;
+                const long v = strtol(word, &end, 10);
+                if (*word == '\0' || *end != '\0' || v < 1 || v > (1 << 20)) {
+                    fprintf(stderr, "error: matmul needs M N K, whole numbers 1 .. 1048576, not '%s' (%s)\n", word,
+                            usage.c_str());
+                    return EXIT_FAILURE;
+                }
+                shape.push_back((int)v);
+            }
+        } else {
             fprintf(stderr, "error: unknown argument '%s' (%s)\n", arg.c_str(), usage.c_str());
             return EXIT_FAILURE;
         }
@@ -401,10 +446,16 @@ int main(int argc, char** argv) {
         fprintf(stderr, "error: say what to measure (%s)\n", usage.c_str());
         return EXIT_FAILURE;
     }
+    if (what == "matmul") {
+        matmul_setup();
+        measure_matmuls(shape);
+        matmul_teardown();
+        return EXIT_SUCCESS;
+    }
     if (what == "compute") {
         printf("# calibrate: %s, %s\n", PRECISION_NAME, device_properties().name);
         matmul_setup();
-        measure_matmuls();
+        measure_matmuls({});
         measure_attention();
         const double per_launch = measure_launch();
         measure_stream();

@@ -13,8 +13,11 @@
 #                 same sgemm or cuBLASLt call with other operands transposed); a shape's row is its mean time over
 #                 the three, so that the planner, which prices the three products of a layer by their shapes, gets
 #                 each shape at the rate its calls average. peak_flops = the best rate of any call; each row's
-#                 efficiency is relative to it. It prints how far the three calls' rates differ.
-#   attention     causal attention_forward + attention_backward, head size 32 and 64, T = 16 .. 512 (quick: 32, 128):
+#                 efficiency is relative to it. It prints how far the three calls' rates differ. The operands are
+#                 random values (a GPU runs constant ones faster). A model's own shapes can be added to the
+#                 measurements: `calibrate matmul M N K` prints one shape's line.
+#   attention     causal attention_forward + attention_backward, head size 32 and 64, T = 16 .. 512 (quick: 32, 128;
+#                 a GPU: head size 64 and 128, T = 128 .. 8192, 2^18 rows of 16 heads a call, a training step's size):
 #                 efficiency = the flops the planner counts for it (hardware.h's attention_flops: the causal
 #                 kernel's T^2/2 scores a head, 2 + 7 products each) per second / peak_flops, so that the planner's
 #                 count over peak x efficiency is the kernel's time (above 1, written as 1 with a warning)
@@ -60,7 +63,8 @@
 # shared machine are noisy: calibrate on a quiet one.
 # On a GPU machine (nvidia-smi lists GPUs) it builds `calibrate` (BF16, nvcc) and measures the GPU and NCCL on
 # 2, 4, 8 ranks up to the GPUs it has (NCCL needs a GPU per rank): cores_per_node 0, ranks_per_node =
-# ranks_per_leaf = the GPUs.
+# ranks_per_leaf = the GPUs. With one GPU it measures the compute alone, and the profile's collective rows are the
+# built-in h100's NVLink (node) rows, said so in the file: a one-GPU run never uses them.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -85,10 +89,7 @@ mkdir -p "$(dirname "$out")"
 gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)
 if [[ $gpus -gt 0 ]]; then
     binary=./calibrate
-    if [[ $gpus -lt 2 ]]; then
-        echo "error: 1 GPU: NCCL needs a GPU per rank, so the collectives need at least 2" >&2
-        exit 1
-    fi
+    # NCCL needs a GPU per rank: one GPU measures no collective (the profile then borrows h100's NVLink rows)
     ranks=$(for g in 2 4 8; do [[ $g -le $gpus ]] && echo $g; done)
     cores=0
     ranks_per_node=$gpus
@@ -152,7 +153,13 @@ for line in open(measurements):
     elif w[0] == "launch": launch = v[0]
     elif w[0] == "copy": copy = v                       # bytes to_device to_host
 missing = [k for k, x in (("matmul", matmuls), ("memory", memory), ("stream", stream), ("launch", launch), ("copy", copy)) if not x]
-missing += [op for op in OPS if not collectives[op]]
+# one GPU measures no collective: h100's node rows stand in (llmc/planning/h100_profile.h), written as borrowed
+borrowed = not collectives and cores == 0 and ranks_per_node == 1
+if borrowed:
+    h100 = open("llmc/planning/h100_profile.h").read()
+    borrowed_rows = [line.split("#")[0].split() for line in h100.splitlines() if line.startswith("collective node ")]
+else:
+    missing += [op for op in OPS if not collectives[op]]
 if missing:
     sys.exit("error: %s: no %s measurements" % (measurements, ", ".join(missing)))
 
@@ -211,28 +218,29 @@ def quality(points, op, law, alpha, beta):
     return r2, ratios[len(ratios) // 2], ratios[-1]
 
 fits, per_g = {}, {}
-print("\ncollectives: seconds = stretch x (steps x alpha + factor x n / beta), stretch = max(1, G / %d cores)" % cores)
-print("fitted by least squares on log(seconds) over every (G, n); R2 on log(seconds); ratio = fitted vs measured")
-print("%-15s %11s %13s %7s %7s %9s %9s" % ("collective", "alpha (s)", "beta (B/s)", "R2", "points", "median x", "worst x"))
-for op in OPS:
-    points = collectives[op]
-    alpha, beta = fit(points, op, stretch)
-    r2, median, worst = quality(points, op, stretch, alpha, beta)
-    fits[op] = (alpha, beta, r2, len(points))
-    print("%-15s %11.3e %13.3e %7.3f %7d %9.2f %9.1f" % (op, alpha, beta, r2, len(points), median, worst))
-    for g in sorted({g for g, n, t in points}):
-        alone = [p for p in points if p[0] == g]
-        a, b = fit(alone, op, lambda g: 1.0)
-        per_g[op, g] = (a, b) + quality(alone, op, lambda g: 1.0, a, b)
-    plain = fit(points, op, lambda g: 1.0)
-    fits[op] += (quality(points, op, lambda g: 1.0, *plain),)
-print("\nwithout the stretch (the same law on every G), and each G alone (no stretch):")
-print("%-15s %5s %11s %13s %7s %9s %9s" % ("collective", "G", "alpha (s)", "beta (B/s)", "R2", "median x", "worst x"))
-for op in OPS:
-    r2, median, worst = fits[op][4]
-    print("%-15s %5s %11s %13s %7.3f %9.2f %9.1f" % (op, "all", "", "", r2, median, worst))
-    for (o, g), (a, b, r2, median, worst) in sorted(per_g.items()):
-        if o == op: print("%-15s %5d %11.3e %13.3e %7.3f %9.2f %9.1f" % ("", g, a, b, r2, median, worst))
+if not borrowed:  # the fits of what was measured
+    print("\ncollectives: seconds = stretch x (steps x alpha + factor x n / beta), stretch = max(1, G / %d cores)" % cores)
+    print("fitted by least squares on log(seconds) over every (G, n); R2 on log(seconds); ratio = fitted vs measured")
+    print("%-15s %11s %13s %7s %7s %9s %9s" % ("collective", "alpha (s)", "beta (B/s)", "R2", "points", "median x", "worst x"))
+    for op in OPS:
+        points = collectives[op]
+        alpha, beta = fit(points, op, stretch)
+        r2, median, worst = quality(points, op, stretch, alpha, beta)
+        fits[op] = (alpha, beta, r2, len(points))
+        print("%-15s %11.3e %13.3e %7.3f %7d %9.2f %9.1f" % (op, alpha, beta, r2, len(points), median, worst))
+        for g in sorted({g for g, n, t in points}):
+            alone = [p for p in points if p[0] == g]
+            a, b = fit(alone, op, lambda g: 1.0)
+            per_g[op, g] = (a, b) + quality(alone, op, lambda g: 1.0, a, b)
+        plain = fit(points, op, lambda g: 1.0)
+        fits[op] += (quality(points, op, lambda g: 1.0, *plain),)
+    print("\nwithout the stretch (the same law on every G), and each G alone (no stretch):")
+    print("%-15s %5s %11s %13s %7s %9s %9s" % ("collective", "G", "alpha (s)", "beta (B/s)", "R2", "median x", "worst x"))
+    for op in OPS:
+        r2, median, worst = fits[op][4]
+        print("%-15s %5s %11s %13s %7.3f %9.2f %9.1f" % (op, "all", "", "", r2, median, worst))
+        for (o, g), (a, b, r2, median, worst) in sorted(per_g.items()):
+            if o == op: print("%-15s %5d %11.3e %13.3e %7.3f %9.2f %9.1f" % ("", g, a, b, r2, median, worst))
 
 print("\nmatmuls: peak %.3e FLOP/s (best call), %d shapes, efficiency %.3f .. %.3f; the three calls' rates "
       "(geometric mean over shapes): forward %.3e, backward input %.3e, backward weights %.3e; worst spread "
@@ -258,10 +266,13 @@ lines = ["llmc machine profile 1",
 lines += ["matmul %d %d %d %.4f" % (m, n, k, e) for m, n, k, e in rows]
 lines += ["attention %d %d %.6f" % row for row in attention_rows]
 lines += ["memory %s %d %d %.6e" % row for row in memory_rows]
-for op in OPS:
+if borrowed:
+    lines.append("# collective rows: not measured (one GPU, and NCCL needs one a rank): the built-in h100's NVLink rows")
+    lines += [" ".join(row) for row in borrowed_rows]
+for op in OPS if not borrowed else []:
     alpha, beta, r2, points, _ = fits[op]
     lines.append("collective node %s ring %.6e %.6e" % (op, alpha, beta))
-for op in OPS:
+for op in OPS if not borrowed else []:
     alpha, beta, r2, points, _ = fits[op]
     lines.append("fit %s ring %.4f %d" % (op, r2, points))
 lines.append("# each G alone, no stretch: OP G ALPHA BETA R2")

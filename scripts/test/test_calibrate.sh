@@ -117,6 +117,34 @@ calibrated=$(estimate "$work/plan.out") h100=$(estimate "$work/plan_h100.out")
 awk -v c="${calibrated:-0}" -v h="${h100:-inf}" 'BEGIN { exit !(c > h) }' &&
     ok "the estimated step with this machine's profile ($calibrated s) longer than with the H100's ($h100 s)" ||
     bad "estimated step: this machine's profile '$calibrated' s, the H100's '$h100' s"
+# one shape on its own (what a GPU session measures at a model's own shapes): one matmul line of three positive
+# times; a shape that is not three whole numbers from 1 is refused in one line
+line=$(./calibrate_fp32_cpu matmul 64 32 16 2>&1)
+[[ $line =~ ^matmul\ 64\ 32\ 16(\ [0-9.]+e[-+][0-9]+){3}$ ]] && ok "calibrate matmul 64 32 16: $line" ||
+    bad "calibrate matmul 64 32 16: $line"
+for shape in "64 0 16" "64 32" "64 32 x"; do
+    if out=$(./calibrate_fp32_cpu matmul $shape 2>&1); then
+        bad "calibrate matmul $shape accepted: $out"
+    else
+        [[ $(grep -c . <<<"$out") -eq 1 && $out == error:*matmul* ]] && ok "calibrate matmul $shape refused: $out" ||
+            bad "calibrate matmul $shape: $out"
+    fi
+done
+# One GPU measures no collective (NCCL needs a GPU a rank): the fit of compute lines alone from a machine of one
+# rank and no cores writes the built-in h100's NVLink rows, said so, and the planner reads the profile
+{ echo "# machine gpu-1 0 1"; grep -v -e '^collective ' -e '^# machine ' "$profile.measurements"; } >"$work/one_gpu.measurements"
+if bash scripts/bench/calibrate.sh --from "$work/one_gpu.measurements" "$work/one_gpu.profile" >"$work/one_gpu.out" 2>&1; then
+    borrowed=$(grep -c '^collective node ' "$work/one_gpu.profile")
+    h100_rows=$(grep -c '^collective node ' llmc/planning/h100_profile.h)
+    [[ $borrowed -eq $h100_rows && $borrowed -gt 0 ]] && grep -q "not measured (one GPU" "$work/one_gpu.profile" &&
+        ! grep -q '^fit ' "$work/one_gpu.profile" &&
+        ok "one GPU: the profile borrows h100's $h100_rows node rows, says so, and has no fit" ||
+        bad "one GPU: $borrowed node rows (h100 has $h100_rows), fit rows $(grep -c '^fit ' "$work/one_gpu.profile")"
+    "$binary" "${model[@]}" --plan 1 --machine "$work/one_gpu.profile" >"$work/one_gpu_plan.out" 2>&1 &&
+        ok "one GPU: --plan 1 reads its profile" || bad "one GPU: --plan 1: $(tail -n 2 "$work/one_gpu_plan.out")"
+else
+    bad "calibrate.sh --from, one GPU's measurements: $(tail -n 3 "$work/one_gpu.out")"
+fi
 # and a broken profile is refused (the same file without its peak_flops line)
 grep -v '^peak_flops' "$profile" >"$work/broken.profile"
 if "$binary" "${model[@]}" --plan 4 --machine "$work/broken.profile" >"$work/broken.out" 2>&1; then
