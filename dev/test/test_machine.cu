@@ -85,8 +85,8 @@ static MachineProfile parsed(const std::string& text, const std::string& source 
 static void test_round_trip() {
     printf("the format: the built-in profile and what machine_profile_text writes parse back the same\n");
     const MachineProfile h100 = machine_profile_read("h100");
-    check_true("h100 parses: 7 matmul rows, 6 attention rows, 5 node ops, tree rows on the leaf and spine",
-               h100.name == "h100" && h100.matmul.size() == 7 && h100.attention.size() == 6 &&
+    check_true("h100 parses: 11 matmul rows, 6 attention rows, 5 node ops, tree rows on the leaf and spine",
+               h100.name == "h100" && h100.matmul.size() == 11 && h100.attention.size() == 6 &&
                    h100.collectives[(int)Tier::Leaf][(int)CollectiveOp::AllReduce][(int)CollectiveAlgorithm::Tree].present &&
                    h100.collectives[(int)Tier::Spine][(int)CollectiveOp::AllReduce][(int)CollectiveAlgorithm::Tree].present);
     const std::string text = machine_profile_text(h100);
@@ -315,20 +315,21 @@ static void test_tiers_and_tables() {
     const double between = matmul_efficiency(h100, 1448, 1448, 1448);  // sqrt(1024 2048)
     check_true("matmul_efficiency between the 1024^3 and 2048^3 rows: between their 0.388 and 0.777",
                between > 0.388 && between < 0.777, "got " + std::to_string(between));
-    // the blend takes a little from every row, so where two neighbours are equal the far small rows pull it a little
-    // below them; 0.01 bounds that (the worst on this diagonal is printed)
-    double previous = 0, worst_fall = 0, worst_at = 0;
-    for (double s = 512; s <= 16384 * 1.0001; s *= std::pow(2.0, 0.25)) {
+    const double fc_405b = matmul_efficiency(h100, 8192, 13312, 16384);
+    check_true("matmul_efficiency at a measured 405B shape (fc at tp 8): 0.734", fc_405b == 0.734, describe(fc_405b, 0.734));
+    // the rows are measurements and estimates side by side (the estimated 4096^3 0.777 above the measured 8192^3
+    // 0.698), so the diagonal need not rise; the blend must stay within the rows' values all along it
+    double lowest = 1, highest = 0;
+    for (double s = 512; s <= 8192 * 1.0001; s *= std::pow(2.0, 0.25)) {
         const double e = matmul_efficiency(h100, s, s, s);
-        if (previous - e > worst_fall) worst_fall = previous - e, worst_at = s;
-        previous = e;
+        lowest = std::min(lowest, e), highest = std::max(highest, e);
     }
-    char fall[96];
-    snprintf(fall, sizeof(fall), "largest fall %.4f at %.0f^3", worst_fall, worst_at);
-    check_true("h100 matmul_efficiency along the diagonal 512^3 .. 16384^3: never falls by more than 0.01",
-               worst_fall <= 0.01, fall);
-    check_true("h100: the small shape far below the large ones (0.056 at 512^3, 0.795 at 16384^3)",
-               matmul_efficiency(h100, 512, 512, 512) < 0.1 && matmul_efficiency(h100, 16384, 16384, 16384) > 0.75);
+    char range[96];
+    snprintf(range, sizeof(range), "from %.4f to %.4f", lowest, highest);
+    check_true("h100 matmul_efficiency along the diagonal 512^3 .. 8192^3: within the rows' 0.056 .. 0.833",
+               lowest >= 0.056 && highest <= 0.833, range);
+    check_true("h100: the small shape far below the large ones (0.056 at 512^3, 0.698 at 8192^3)",
+               matmul_efficiency(h100, 512, 512, 512) < 0.1 && matmul_efficiency(h100, 8192, 8192, 8192) > 0.65);
 
     const double mid = attention_efficiency(h100, std::sqrt(1024.0 * 2048.0), 128);
     check_true("attention_efficiency halfway (in log2) between 1024 and 2048: the mean of 0.551 and 0.658",

@@ -33,14 +33,24 @@ Sources (the short names used below):
   [MAMF]     S. Bekman, "Machine Learning Engineering", compute/accelerator: the Maximum Achievable Matmul FLOPS
              table, H100 SXM BF16: 792.1 TFLOPS = 80.1% of 989, best shape 6144 x 17920 x 2816 (CUDA 12.1): the
              lectures' "about 80% on an H100 for large ones".
+  [H200]     measured by this project on one NVIDIA H200 SXM (driver 580.159.04, CUDA 13.0, 2026-11-28): dev/calibrate.cu's
+             `calibrate matmul M N K` (BF16 through cuBLASLt, random operands; a shape's rate is 2 M N K over the mean
+             time of its three calls, each the median of single calls timed with events). The H200 is the H100 SXM's
+             compute: the same GH100 with 132 SMs at up to 1980 MHz, 700 W, the same 989.4 dense BF16 TFLOP/s; only
+             its HBM is faster (4.8 TB/s), which no shape above the ridge feels. So its rates stand in for an
+             H100's at these compute-bound shapes (each at least 0.7 ms a call, where the call's host-side issue,
+             ~10 us, is under 1.5%).
   [FA3]      Shah et al. 2024, "FlashAttention-3" (arXiv 2407.08608), the forward-speed figure (Figure 5: causal,
              head dimension 128, H100 80GB SXM5, FP16/BF16) and the backward-speed one (Figure 6: head dimension 128;
              the paper shows the backward pass without the causal mask only, so that one stands in for the causal
              backward: an estimate).
 
 How the rows that are not a single published number are derived:
-  matmul   Only the largest shape is measured [MAMF]. The others are that 0.801 times two bounds, which makes them
-           estimates (upper bounds under the stated assumptions), to be replaced by measurements on an H100:
+  matmul   Measured: [MAMF]'s best shape on an H100, and on an H200 [H200] the cube of 8192 and the five products
+           of a Llama 3 405B layer and its LM head at tp 8 and 8192 rows (what Table 4's plans spend their matmul
+           time on). The smaller cubes are [MAMF]'s 0.801 times two bounds, which makes them estimates (upper bounds
+           under the stated assumptions): the H200 timed them lower (1024^3 0.16, 2048^3 0.54, 4096^3 0.74) but
+           one call at a time, so with its ~10 us of host-side issue in each, which a step's queued calls hide:
              the roofline: a matmul moves at least 2 (MK + KN + MN) bytes (BF16) for 2 MNK FLOPs, and below the ridge
                peak / HBM = 989.4e12 / 3.35e12 = 295 FLOP/byte it cannot exceed intensity / 295 of peak;
              the last wave: C is cut into 128 x 128 tiles, one per SM at a time on the 132 SMs, and a last wave
@@ -79,9 +89,13 @@ matmul 512   512   512   0.056  # roofline 170.7/295 = 0.578, 16 tiles of 132 SM
 matmul 1024  1024  1024  0.388  # 64 tiles of 132: 0.801 x 0.485 (estimate)
 matmul 2048  2048  2048  0.777  # 256 tiles, 2 waves of 132: 0.801 x 0.970 (estimate)
 matmul 4096  4096  4096  0.777  # 1024 tiles, 8 waves: 0.801 x 0.970 (estimate)
-matmul 8192  8192  8192  0.777  # 4096 tiles, 32 waves: 0.801 x 0.970 (estimate)
-matmul 16384 16384 16384 0.795  # 16384 tiles, 125 waves: 0.801 x 0.993 (estimate)
+matmul 8192  8192  8192  0.698  # [H200] 691 TFLOP/s
 matmul 6144  17920 2816  0.801  # [MAMF] measured: 792.1 / 989
+matmul 8192  2304  16384 0.833  # [H200] 824 TFLOP/s: 405B's qkv at tp 8
+matmul 8192  16384 2048  0.765  # [H200] 757 TFLOP/s: attproj
+matmul 8192  13312 16384 0.734  # [H200] 726 TFLOP/s: fc (gate and up)
+matmul 8192  16384 6656  0.755  # [H200] 747 TFLOP/s: fcproj
+matmul 8192  16032 16384 0.745  # [H200] 737 TFLOP/s: the LM head
 
 #         T  HS  efficiency: [FA3] causal forward, backward (TFLOP/s) -> 4.5 / (1/f + 2.5/b) / 989.4
 attention 512 128    0.401   # 292, 316 -> 397.0
