@@ -113,7 +113,10 @@ if [[ -n $from ]]; then
     read -r _ _ name cores ranks_per_node < <(grep -m1 '^# machine ' "$from" || echo "# machine")
     [[ -n ${ranks_per_node:-} ]] || { echo "error: $from: no '# machine NAME CORES RANKS_PER_NODE' line" >&2; exit 1; }
 else
-    make --no-print-directory -s "${binary#./}" >/dev/null
+    if ! make --no-print-directory -s "${binary#./}" >/dev/null; then
+        [[ -x $binary ]] || { echo "error: no $binary, and make could not build it" >&2; exit 1; }
+        echo "warning: make could not build $binary: measuring with the one already here" >&2
+    fi
     start=$SECONDS
     {
         echo "# $binary ${flags[*]} on $(hostname), $(date -u +%Y-%m-%dT%H:%MZ), ranks: $(echo $ranks)"
