@@ -5,7 +5,7 @@
 #                     2-core machine), with one error line naming the waiting rank, the operation, the
 #                     group, the step and the rank that did not arrive; once on a data-parallel all-reduce,
 #                     once on a pipeline receive
-#   a rank stalled    (LLMC_FAULT_STALL, --collective-timeout 5) before MPI_Init, inside a split, before its
+#   a rank stalled    (LLMC_FAULT_STALL, --collective-timeout 3) before MPI_Init, inside a split, before its
 #   unseen            first pipeline receive, and one whose abort never returns: each job ends within the
 #                     timeout plus slack with the one line; without the arrival board (LLMC_FAULT_NO_BOARD)
 #                     one line says so, a run trains on, and a stall still ends the job
@@ -98,10 +98,10 @@ stall stalled_dp 1 --zero 1
 stall stalled_pp 0 --pp 2
 
 # stall_at NAME FAULT SLACK PATTERN FLAGS...: a 2-rank run with LLMC_FAULT_STALL=FAULT (a rank that stops making
-# progress at a point where it is in no collective, llmc/cpu/faults.h) and --collective-timeout 5 must end
-# within 5 s plus SLACK, not exit 0, report the injected fault, and print one error line matching PATTERN.
+# progress at a point where it is in no collective, llmc/cpu/faults.h) and --collective-timeout 3 must end
+# within 3 s plus SLACK, not exit 0, report the injected fault, and print one error line matching PATTERN.
 # (`timeout 60` turns a job that never ends into a failure instead of a hung suite.)
-stall_timeout=5
+stall_timeout=3
 stall_at() {
     local name=$1 fault=$2 slack=$3 pattern=$4
     shift 4

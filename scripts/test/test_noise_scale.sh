@@ -22,12 +22,15 @@ set -u
 binary=${1:?usage: $0 TRAIN_BINARY}
 source "$(dirname "$0")/test_lib.sh"
 export OMP_NUM_THREADS=1
-data=(--train-data data/classics_train.bin --val-data data/classics_val.bin)
+# the classics folded into 512 token ids (test_lib.sh's folded_data): the gradient's statistics are this suite's
+# subject, and GPT-2's 50,257 columns of embedding, LM head, loss and AdamW took most of each run's time
+folded_data "$work/data" 512
+data=(--train-data "$work/data/train.bin" --val-data "$work/data/val.bin")
 quiet=(--val-every 0 --sample-tokens 0 --lr-schedule constant)
 mpi() { mpirun --oversubscribe --allow-run-as-root "$@"; }
 
 echo "(a) the estimator against a brute-force variance, at a fixed checkpoint"
-tiny=(--layers 1 --heads 2 --channels 32 --vocab-size 50257 --max-seq-len 16 --seq-len 16 --batch-size 1
+tiny=(--layers 1 --heads 2 --channels 32 --vocab-size 512 --max-seq-len 16 --seq-len 16 --batch-size 1
       "${quiet[@]}" "${data[@]}")
 "$binary" "${tiny[@]}" --model custom --learning-rate 1e-3 --steps 5 --output-dir "$work/trained" >"$work/trained.out" 2>&1 ||
     bad "training the checkpoint failed: $(grep -m1 error: "$work/trained.out")"
@@ -71,10 +74,10 @@ brute = B_small * trace_B / grad_squared
 estimate = noise[-1]["b_simple"]
 # The estimator's own sampling error (the delta method on the ratio of the 16 steps' mean estimates): its |G|^2
 # comes from the 6 pairs of microbatches within each step (g_i . g_j), the brute force's from all 2016 pairs, and
-# in this noise-dominated regime (B_simple ~ 8 B_small) one pair's product is mostly noise. Printed beside the
-# check: about 10% here. The brute force sees the same rows, so the two differ by less than that; the check
-# allows 10%, as the issue asks. A wrong scale (the buffer's 1/m, a missing average over the ranks) moves
-# B_simple by a factor of 2 or more.
+# in this noise-dominated regime (B_simple ~ 12 B_small) one pair's product is mostly noise. Printed beside the
+# check: about 17% here (measured 1.4% apart; 11% and 4.9% at GPT-2's 50,257 ids). The brute force sees the same
+# rows, so the two differ by less than that; the check allows 10%, as the issue asks. A wrong scale (the buffer's
+# 1/m, a missing average over the ranks) moves B_simple by a factor of 2 or more.
 S = [n["trace_sigma_step"] for n in noise]
 G = [n["grad_sq_step"] for n in noise]
 mS, mG, n = statistics.fmean(S), statistics.fmean(G), len(S)
@@ -92,7 +95,7 @@ grep -v '^RESULT' "$work/estimator.check"
 add_python_result "$work/estimator.check"
 
 echo "(b) the same noise-scale log on layouts with the same small batch"
-model=(--heads 2 --channels 32 --vocab-size 50257 --max-seq-len 32 --seq-len 16 --layers 4 --learning-rate 1e-3
+model=(--heads 2 --channels 32 --vocab-size 512 --max-seq-len 32 --seq-len 16 --layers 4 --learning-rate 1e-3
        "${quiet[@]}" "${data[@]}" --noise-scale 1)
 # Llama's untied head: under a pipeline GPT-2's tied wte gradient is split between two stages (refused, (d))
 flags=("${model[@]}" --arch llama --kv-heads 2 --total-batch-size 128)
@@ -116,8 +119,8 @@ results = []
 # the layout tolerance, 1e-5 relative (scripts/test/layout_check.py). B_simple and the smoothed estimates are
 # differences of those norms (|G|^2 = (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small), a small
 # difference of two large terms while the noise dominates), which magnify their relative error by that
-# cancellation: measured up to ~2e-5 here from norms within ~2e-7. So 1e-4 for those; another microbatch or a
-# wrong scale moves them by 1e-2 and more.
+# cancellation: measured up to ~3e-6 here from norms within ~1e-7 (~2e-5 from ~2e-7 at GPT-2's 50,257 ids). So
+# 1e-4 for those; another microbatch or a wrong scale moves them by 1e-2 and more.
 FIELDS = {"small_norm_sq": 1e-5, "big_norm_sq": 1e-5, "grad_sq": 1e-4, "trace_sigma": 1e-4, "b_simple": 1e-4}
 def compare(name, reference):
     mine, theirs = noise(name), noise(reference)
