@@ -410,6 +410,7 @@ int main(int argc, char** argv) {
                !batch_ramp_is_fixed(par.ramp));
 
     // ---- training
+    AsyncCheckpoint async_checkpoint;  // --checkpoint-async's save in flight
     for (int step = first_step; step < options.steps; step++) {
         watchdog_phase("step", step + 1);  // named by a rank that waits too long (--collective-timeout)
         if (options.val_every > 0 && step % options.val_every == 0)
@@ -454,11 +455,19 @@ int main(int argc, char** argv) {
         if (measured) pipeline_report_timeline(par, model, logger, options.trace);
 
         if (options.checkpoint_every > 0 && ((step + 1) % options.checkpoint_every == 0 || last)) {
-            save_checkpoint(options.output_dir, step + 1, options.keep_checkpoints, model, par, train_loader.state(),
-                            sample_rng, measured_noise);
-            logger.checkpoint(step + 1, checkpoint_path(options.output_dir, step + 1));
+            const auto save_start = std::chrono::steady_clock::now();
+            if (options.checkpoint_async)
+                save_checkpoint_async(async_checkpoint, options.output_dir, step + 1, options.keep_checkpoints, model,
+                                      par, train_loader.state(), sample_rng, measured_noise);
+            else
+                save_checkpoint(options.output_dir, step + 1, options.keep_checkpoints, model, par,
+                                train_loader.state(), sample_rng, measured_noise);
+            const double save_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                                             save_start).count();
+            logger.checkpoint(step + 1, checkpoint_path(options.output_dir, step + 1), save_ms, options.checkpoint_async);
         }
     }
+    async_checkpoint_free(async_checkpoint);  // the last save's files are complete
 
     // ---- the end: a last validation loss and a sample, the model, the memory held against the formulas
     watchdog_phase("the end of the run");

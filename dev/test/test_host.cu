@@ -541,7 +541,7 @@ void test_logger() {
         printf("  (console line of a diverged step on an unknown GPU follows)\n  ");
         logger.step(diverged);
         logger.sample(4, "He said \"hi\"\n\tand left\\");
-        logger.checkpoint(4, dir + "/checkpoint_4.bin");
+        logger.checkpoint(4, dir + "/checkpoint_4.bin", 12.5, true);
         logger.write(JsonLine("custom").integer("step", 4).number("value", 0.5).text("note", "ok"));
     }
     std::vector<std::string> lines = read_lines(dir + "/log.jsonl");
@@ -573,7 +573,9 @@ void test_logger() {
     check_true("NaN loss, infinite norm and unknown MFU are null",
                objects[3]["loss"] == "null" && objects[3]["grad_norm"] == "null" && objects[3]["mfu"] == "null", lines[3]);
     check_true("sample text escaped", objects[4]["text"] == "\"He said \\\"hi\\\"\\n\\tand left\\\\\"", lines[4]);
-    check_true("checkpoint line names the path", objects[5]["path"] == json_quote(dir + "/checkpoint_4.bin"));
+    check_true("checkpoint line names the path, the time the loop was held and the mode",
+               objects[5]["path"] == json_quote(dir + "/checkpoint_4.bin") && objects[5]["save_ms"] == "12.5" &&
+                   objects[5]["async"] == "true", lines[5]);
     check_true("custom event members", objects[6]["value"] == "0.5" && objects[6]["note"] == "\"ok\"");
 
     // the ETA: formatting, and the mean step time that leaves the warm-up step out

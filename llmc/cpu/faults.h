@@ -11,7 +11,9 @@ nothing and cannot be hurt by a stray variable).
         world rank RANK kills itself (SIGKILL: no clean-up, like a lost node) when it reaches the point
         named POINT during step STEP; the points: "mid-step" (train_gpt.cu: the step's forward and backward
         passes are issued, the gradients not yet reduced) and "before-main-file" (llmc/parallel/reshard.h:
-        every shard file of the checkpoint of step STEP is written, the main file is not)
+        every shard file of the checkpoint of step STEP is written, the main file is not) and "in-async-save"
+        (llmc/parallel/reshard.h, under --checkpoint-async: the rank's writer thread has written its file of the
+        checkpoint of step STEP, a shard file or on rank 0 the main file, and not committed it)
     LLMC_FAULT_UNGROUPED_P2P=1
         the pipeline sends each result right after the action that made it and receives each input right before
         the action that needs it, each operation alone (llmc/parallel/pipeline.h's pipeline_exchange), blocking

@@ -11,7 +11,7 @@ machine-readable JSON lines (one JSON object per line) in <output_dir>/log.jsonl
     logger.step(stats);
     logger.val_loss(step + 1, val_loss);
     logger.sample(step + 1, text);
-    logger.checkpoint(step + 1, path);
+    logger.checkpoint(step + 1, path, save_ms, async);
     logger.write(JsonLine("my_event").integer("step", s).number("value", v));   // anything else
 
 Step numbers everywhere are the number of optimizer steps completed: the line after the first step says
@@ -359,11 +359,14 @@ public:
         write(JsonLine("sample").integer("step", step).text("text", text));
     }
 
-    void checkpoint(long long step, const std::string& path) {
+    // save_ms: how long the training loop was held (an asynchronous save: the copy to host memory and the wait for
+    // the save before it; its files are complete once the next save or the end of the run has waited for them)
+    void checkpoint(long long step, const std::string& path, double save_ms, bool async) {
         if (!enabled_) return;
-        printf("checkpoint at step %lld: %s\n", step, path.c_str());
+        printf("checkpoint at step %lld: %s%s\n", step, path.c_str(), async ? " (being written in the background)" : "");
         fflush(stdout);
-        write(JsonLine("checkpoint").integer("step", step).text("path", path));
+        write(JsonLine("checkpoint").integer("step", step).text("path", path).number("save_ms", save_ms)
+                  .raw("async", async ? "true" : "false"));
     }
 
     // Appends one line to log.jsonl, with "time_s" added as its last member.

@@ -43,6 +43,7 @@ struct Options {
     int val_every = 0, val_batches = 0, sample_every = 0, sample_tokens = 0;
     bool sample_cache = true;
     int checkpoint_every = 0, keep_checkpoints = 0;
+    bool checkpoint_async = false;  // written by a thread while training goes on (llmc/parallel/reshard.h)
     std::string output_dir;
     bool save_model = true, resume = false;
     // faults: a rank that stops arriving, silent corruption of the replicas
@@ -166,6 +167,8 @@ inline Options parse_options(Flags& flags, int argc, char** argv) {
     int& checkpoint_every = flags.add_int("checkpoint-every", 0, "checkpoint every N steps and at the end (0: never)",
                                           0);
     int& keep_checkpoints = flags.add_int("keep-checkpoints", 2, "checkpoints kept in the output directory", 1);
+    bool& checkpoint_async = flags.add_bool("checkpoint-async", false,
+        "copy the state to host memory at a checkpoint and write the files in the background while training goes on");
     std::string& output_dir = flags.add_string("output-dir", "out", "log.jsonl, checkpoints and model.bin go here");
     bool& save_model = flags.add_bool("save-model", true,
                                       "at the end, write the model to <output-dir>/model.bin in llm.c's format (fp32)");
@@ -315,6 +318,8 @@ inline Options parse_options(Flags& flags, int argc, char** argv) {
     o.val_every = val_every, o.val_batches = val_batches, o.sample_every = sample_every;
     o.sample_tokens = sample_tokens, o.sample_cache = sample_cache, o.checkpoint_every = checkpoint_every, o.keep_checkpoints = keep_checkpoints;
     o.output_dir = output_dir, o.save_model = save_model, o.resume = resume;
+    if (checkpoint_async && checkpoint_every == 0) fatal("--checkpoint-async: there is no checkpoint to write without --checkpoint-every N");
+    o.checkpoint_async = checkpoint_async;
     o.collective_timeout = collective_timeout, o.check_replicas = check_replicas;
     o.plan_ranks = plan_ranks, o.search_ranks = search_ranks, o.plan_top = plan_top;
     // the profile, then the run's memory, then what the flags given replace

@@ -26,6 +26,7 @@ ZeRO-3, and one saved at tp 2 or pp 2 on 1 rank, or at tp 4 or pp 4.
 #include <cstring>
 #include <unistd.h>
 #include <string>
+#include <thread>
 #include <vector>
 #include "../utils.h"
 #include "../rand.h"
@@ -123,27 +124,101 @@ inline std::vector<float> gather_whole_model(Communicator& model_group, const La
 // ----------------------------------------------------------------------------
 // a training checkpoint: everything needed to continue bit for bit
 
+// What the main file holds besides the shard files' list and rank 0's shard: everything that is not sharded (the
+// data position, the tokens seen, which say where in a batch ramp the run stands, the layout that saved it, ...),
+// taken at the save, so that an asynchronous save writes what a synchronous one would. `noise`: the noise
+// scale's moving averages (llmc/noise_scale.h), when measured.
+struct MainFileValues {
+    GPT2Config config;
+    DataLoaderState data;
+    Rng sample_rng;
+    long long tokens_seen = 0;
+    bool measured_noise = false;
+    NoiseScaleState noise;
+    int shards = 1, tp = 1, ep = 1, pp = 1, pp_virtual = 1, pp_schedule = 0;
+    std::vector<int> stage_layers;
+};
+inline MainFileValues main_file_values(const GPT2& model, const ParallelContext& par, int step,
+                                       const DataLoaderState& data, const Rng& sample_rng,
+                                       const NoiseScaleState* noise) {
+    MainFileValues v;  // (the structs' bytes, padding included, as the file stores them)
+    memcpy(&v.config, &model.config, sizeof(v.config));
+    memcpy(&v.data, &data, sizeof(v.data));
+    memcpy(&v.sample_rng, &sample_rng, sizeof(v.sample_rng));
+    v.tokens_seen = batch_ramp_tokens_after(par.ramp, step);
+    v.measured_noise = noise != nullptr;
+    if (noise) memcpy(&v.noise, noise, sizeof(v.noise));
+    v.shards = par.zero.shards, v.tp = par.tp.size, v.ep = par.ep.size, v.pp = par.pipe.size;
+    v.pp_virtual = par.pipe.virtual_stages, v.pp_schedule = (int)par.pipe.schedule;
+    v.stage_layers = par.pipe.stage_layers;
+    return v;
+}
+// The main file's sections up to rank 0's shard, in file order.
+inline void add_main_file_sections(CheckpointWriter& writer, uint64_t id, long long step,
+                                   const std::vector<ShardFileEntry>& shard_files, const MainFileValues& v) {
+    add_checkpoint_identity(writer, id, step);
+    writer.add("shard_files", shard_files.data(), shard_files.size() * sizeof(ShardFileEntry));
+    writer.add_value("config", v.config);
+    writer.add_value("precision_bytes", (int)sizeof(floatX));
+    writer.add_value("train_data", v.data);
+    writer.add_value("sample_rng", v.sample_rng);
+    writer.add_value("tokens_seen", v.tokens_seen);
+    if (v.measured_noise) writer.add_value("noise_scale", v.noise);
+    writer.add_value("shards", v.shards);
+    writer.add_value("tensor_parallel", v.tp);
+    writer.add_value("expert_parallel", v.ep);
+    writer.add_value("pipeline", v.pp);
+    writer.add_value("pipeline_virtual", v.pp_virtual);
+    writer.add_value("pipeline_schedule", v.pp_schedule);
+    writer.add("pipeline_stage_layers", v.stage_layers.data(), v.stage_layers.size() * sizeof(int));
+}
+
+// One id for every file of the checkpoint, drawn by rank 0 from its clock and address space (a collective).
+inline uint64_t draw_checkpoint_id(ParallelContext& par, cudaStream_t stream) {
+    uint64_t id = par.main_rank ? mix64((uint64_t)std::chrono::steady_clock::now().time_since_epoch().count() ^
+                                        (uint64_t)(uintptr_t)&id ^ ((uint64_t)getpid() << 32))
+                                : 0;
+    broadcast_word(par.world, &id, 0, stream);
+    return id;
+}
+// Whether this rank writes a shard file of its own (rank 0's shard goes into the main file).
+inline bool writes_shard_file(const ParallelContext& par) {
+    return !par.main_rank && zero_writes_shard(par.zero) && checkpoint_file_of(par) > 0;
+}
+
+// The entries of shard files 1 .. files-1 of the checkpoint whose main file is `path`, each read back. With
+// `wait`, a file not yet there (or one a run abandoned at the same step, with another id) is waited for: an
+// asynchronous save's writers commit theirs while rank 0's runs.
+inline std::vector<ShardFileEntry> shard_file_entries(const std::string& path, int files, uint64_t id,
+                                                      long long step, bool wait) {
+    std::vector<ShardFileEntry> entries;
+    for (int f = 1; f < files; f++) {
+        const std::string shard = shard_path(path, f);
+        while (wait && !(file_exists(shard) && CheckpointReader(shard).read_value<uint64_t>("checkpoint_id") == id))
+            usleep(2000);
+        CheckpointReader reader(shard);
+        const ShardFileEntry entry{(uint64_t)f, id, reader.table_checksum()};
+        check_shard_file(reader, shard, path, entry, step);  // what the writer just committed
+        entries.push_back(entry);
+    }
+    return entries;
+}
+
 // A checkpoint of step `step` (llmc/io/checkpoint.h): every rank of the first replica group that holds a
 // shard writes it to its own file; after a barrier, rank 0 reads back every shard file's identity and
-// table checksum, lists them in the main file with its own shard and everything that is not sharded (the
-// data position, the tokens seen, which say where in a batch ramp the run stands, ...), and commits it,
-// which completes the checkpoint. Only then are old checkpoints beyond
-// the newest keep_last removed, so a crash at any moment leaves a complete checkpoint behind. `noise`: the noise
-// scale's moving averages (llmc/noise_scale.h), when measured (null: not).
+// table checksum, lists them in the main file with its own shard and everything that is not sharded, and
+// commits it, which completes the checkpoint. Only then are old checkpoints beyond the newest keep_last
+// removed, so a crash at any moment leaves a complete checkpoint behind. `noise`: the noise scale's moving
+// averages (llmc/noise_scale.h), when measured (null: not).
 inline void save_checkpoint(const std::string& output_dir, int step, int keep_last, GPT2& model,
                             ParallelContext& par, const DataLoaderState& data, const Rng& sample_rng,
                             const NoiseScaleState* noise = nullptr) {
     watchdog_phase("checkpoint of step", step);
     Zero& optimizer = par.zero;
     const std::string path = checkpoint_path(output_dir, step);
-    // one id for every file of this checkpoint, drawn by rank 0 from its clock and address space
-    uint64_t id = par.main_rank ? mix64((uint64_t)std::chrono::steady_clock::now().time_since_epoch().count() ^
-                                        (uint64_t)(uintptr_t)&id ^ ((uint64_t)getpid() << 32))
-                                : 0;
-    broadcast_word(par.world, &id, 0, model.stream);
-    const int file = checkpoint_file_of(par);
-    if (!par.main_rank && zero_writes_shard(optimizer) && file > 0) {
-        CheckpointWriter writer(shard_path(path, file));
+    const uint64_t id = draw_checkpoint_id(par, model.stream);
+    if (writes_shard_file(par)) {
+        CheckpointWriter writer(shard_path(path, checkpoint_file_of(par)));
         add_checkpoint_identity(writer, id, step);
         zero_write_shard(optimizer, model, writer);
         writer.commit();
@@ -151,32 +226,91 @@ inline void save_checkpoint(const std::string& output_dir, int step, int keep_la
     barrier(par.world, model.stream);  // every shard file is complete before the main file appears
     fault_point("before-main-file", par.world.rank, step);
     if (!par.main_rank) return;
-    std::vector<ShardFileEntry> shard_files;
-    for (int f = 1; f < checkpoint_grid(par).files(); f++) {
-        CheckpointReader shard(shard_path(path, f));
-        const ShardFileEntry entry{(uint64_t)f, id, shard.table_checksum()};
-        check_shard_file(shard, shard_path(path, f), path, entry, step);  // what the writer just committed
-        shard_files.push_back(entry);
-    }
+    const std::vector<ShardFileEntry> shard_files = shard_file_entries(path, checkpoint_grid(par).files(), id, step,
+                                                                       /*wait=*/false);
     CheckpointWriter writer(path);
-    add_checkpoint_identity(writer, id, step);
-    writer.add("shard_files", shard_files.data(), shard_files.size() * sizeof(ShardFileEntry));
-    writer.add_value("config", model.config);
-    writer.add_value("precision_bytes", (int)sizeof(floatX));
-    writer.add_value("train_data", data);
-    writer.add_value("sample_rng", sample_rng);
-    writer.add_value("tokens_seen", batch_ramp_tokens_after(par.ramp, step));
-    if (noise) writer.add_value("noise_scale", *noise);
-    writer.add_value("shards", optimizer.shards);
-    writer.add_value("tensor_parallel", par.tp.size);
-    writer.add_value("expert_parallel", par.ep.size);
-    writer.add_value("pipeline", par.pipe.size);
-    writer.add_value("pipeline_virtual", par.pipe.virtual_stages);
-    writer.add_value("pipeline_schedule", (int)par.pipe.schedule);
-    writer.add("pipeline_stage_layers", par.pipe.stage_layers.data(), par.pipe.stage_layers.size() * sizeof(int));
+    add_main_file_sections(writer, id, step, shard_files, main_file_values(model, par, step, data, sample_rng, noise));
     zero_write_shard(optimizer, model, writer);
     writer.commit();
     remove_old_checkpoints(output_dir, keep_last, step);
+}
+
+// ----------------------------------------------------------------------------
+// asynchronous checkpoints (--checkpoint-async)
+//
+// The same files as save_checkpoint, with the same ids, in the same order, but written by a thread of the rank's
+// own while training goes on. At the save each writing rank copies its shard's sections into pinned host memory
+// (one device-to-host copy each, waited for once: the step after it may change the parameters) and rank 0 takes
+// the main file's values; the loop continues, and the thread writes the shard file, or on rank 0 waits for every
+// shard file to be committed (it polls the directory: the thread makes no collective, so it cannot meet the
+// training loop's on a communicator) and then writes and commits the main file, last, and removes old
+// checkpoints. The next save, and the end of the run, first waits for the thread: one save in flight at most, and
+// the id's broadcast at the next save holds every rank until rank 0's write is done. A rank killed during the
+// write leaves a shard file or the main file uncommitted (a .tmp), so the previous checkpoint stays the newest
+// complete one. What the loop still pays: the copies to host memory, and a write that outlasts the steps between
+// two saves (README, "Asynchronous checkpoints").
+struct AsyncCheckpoint {
+    std::vector<void*> sections;  // pinned host copies of this rank's shard, by kShardSections (null: absent)
+    std::thread writer;           // the save in flight (joinable until waited for)
+};
+
+inline void wait_for_checkpoint(AsyncCheckpoint& async) {
+    if (async.writer.joinable()) async.writer.join();
+}
+inline void async_checkpoint_free(AsyncCheckpoint& async) {
+    wait_for_checkpoint(async);
+    for (void* section : async.sections) tracked_free(section);
+    async.sections.clear();
+}
+
+// Starts the save of step `step` and returns once the state is in host memory (a collective, like save_checkpoint).
+inline void save_checkpoint_async(AsyncCheckpoint& async, const std::string& output_dir, int step, int keep_last,
+                                  GPT2& model, ParallelContext& par, const DataLoaderState& data,
+                                  const Rng& sample_rng, const NoiseScaleState* noise = nullptr) {
+    watchdog_phase("checkpoint of step", step);
+    wait_for_checkpoint(async);
+    const uint64_t id = draw_checkpoint_id(par, model.stream);
+    const bool shard_writer = writes_shard_file(par);
+    if (!shard_writer && !par.main_rank) return;
+    Zero& z = par.zero;
+    if (async.sections.empty())  // zeroed once: the places of chunks this rank does not hold stay zero
+        for (ShardSection section : kShardSections) {
+            const size_t bytes = zero_has_shard_section(z, section) ? zero_shard_section_bytes(z, model, section) : 0;
+            char* host = tracked_host_alloc<char>(bytes, MemoryKind::Other, "checkpoint snapshot");
+            if (host) memset(host, 0, bytes);
+            async.sections.push_back(host);
+        }
+    struct Section {
+        const char* name;
+        const void* data;
+        size_t bytes;
+    };
+    std::vector<Section> shard;
+    for (ShardSection section : kShardSections) {
+        void* host = async.sections[(int)section];
+        if (!host) continue;
+        zero_copy_shard_section(z, model, section, host);
+        shard.push_back({shard_section_name(section), host, zero_shard_section_bytes(z, model, section)});
+    }
+    cudaCheck(cudaStreamSynchronize(model.stream));  // the snapshot is in host memory
+    // the thread gets copies of everything it uses: the loop goes on changing the originals
+    const std::string path = checkpoint_path(output_dir, step);
+    const bool main_rank = par.main_rank;
+    const int rank = par.world.rank, files = checkpoint_grid(par).files();
+    const std::string file_path = shard_path(path, main_rank ? 0 : checkpoint_file_of(par));
+    MainFileValues values;
+    if (main_rank) values = main_file_values(model, par, step, data, sample_rng, noise);
+    async.writer = std::thread([=, values = std::move(values), shard = std::move(shard)] {
+        std::vector<ShardFileEntry> shard_files;
+        if (main_rank) shard_files = shard_file_entries(path, files, id, step, /*wait=*/true);
+        CheckpointWriter writer(file_path);
+        if (main_rank) add_main_file_sections(writer, id, step, shard_files, values);
+        else add_checkpoint_identity(writer, id, step);
+        for (const Section& section : shard) writer.add(section.name, section.data, section.bytes);
+        fault_point("in-async-save", rank, step);  // the tests' kill: this file written, not committed
+        writer.commit();
+        if (main_rank) remove_old_checkpoints(output_dir, keep_last, step);
+    });
 }
 
 // The step of the newest complete checkpoint in `output_dir` (-1: none), the same on every rank: rank 0 looks

@@ -714,23 +714,63 @@ inline bool zero_writes_shard(const Zero& z) {
     return z.replicate_group == nullptr || z.replicate_group->rank == 0;
 }
 
-// Adds this rank's shard of the parameters and the optimizer state to `writer`.
-inline void zero_write_shard(Zero& z, GPT2& model, CheckpointWriter& writer) {
-    const size_t count = model.layout.total / z.shards;
-    std::vector<floatX> params(count);
-    for (int c = 0; c < model.layout.num_chunks(); c++) {
-        if (!model.layout.holds(c)) continue;
-        const floatX* from = z.stage == 3 ? z.param_shard + shard_offset(z, c) : model.params + shard_start(z, c);
-        copy_to_host(params.data() + shard_offset(z, c), from, shard_size(z, c), model.stream);
+// The sections of this rank's shard in its checkpoint file, in file order: the parameters (floatX, gathered from
+// the chunks it holds; the others' places are zeros), then in fp32 the master weights (where kept) and AdamW's two
+// moments. A synchronous save streams them to the file one by one (zero_write_shard); an asynchronous one copies
+// them all to host memory first (llmc/parallel/reshard.h's AsyncCheckpoint).
+enum class ShardSection { Params, Master, AdamM, AdamV };
+constexpr ShardSection kShardSections[] = {ShardSection::Params, ShardSection::Master, ShardSection::AdamM,
+                                           ShardSection::AdamV};
+inline const char* shard_section_name(ShardSection section) {
+    switch (section) {
+        case ShardSection::Params: return "params";
+        case ShardSection::Master: return "master";
+        case ShardSection::AdamM: return "adamw_m";
+        case ShardSection::AdamV: return "adamw_v";
     }
-    writer.add("params", params.data(), count * sizeof(floatX));
-    std::vector<float> state(count);
-    if (z.offload) cudaCheck(cudaStreamSynchronize(z.copy_stream));  // the last step's downloads have landed
-    for (auto [name, buffer] : {std::pair<const char*, float*>{"master", z.master}, {"adamw_m", z.m}, {"adamw_v", z.v}}) {
-        if (!buffer) continue;
-        if (z.offload) std::copy(buffer, buffer + count, state.begin());  // host memory already
-        else copy_to_host(state.data(), buffer, count, model.stream);
-        writer.add(name, state.data(), count * sizeof(float));
+    return "";
+}
+inline bool zero_has_shard_section(const Zero& z, ShardSection section) {
+    return section == ShardSection::Params || (section == ShardSection::Master ? z.master != nullptr
+                                               : section == ShardSection::AdamM ? z.m != nullptr : z.v != nullptr);
+}
+inline size_t zero_shard_section_bytes(const Zero& z, const GPT2& model, ShardSection section) {
+    return model.layout.total / z.shards * (section == ShardSection::Params ? sizeof(floatX) : sizeof(float));
+}
+
+// Copies a section of this rank's shard into host memory `to` (zero_shard_section_bytes, zeroed where no held
+// chunk lands): issued on model.stream, in host memory once that stream is synchronised (the offloaded state is
+// host memory already, and is copied at once).
+inline void zero_copy_shard_section(Zero& z, GPT2& model, ShardSection section, void* to) {
+    if (section == ShardSection::Params) {
+        floatX* params = static_cast<floatX*>(to);
+        for (int c = 0; c < model.layout.num_chunks(); c++) {
+            if (!model.layout.holds(c)) continue;
+            const floatX* from = z.stage == 3 ? z.param_shard + shard_offset(z, c) : model.params + shard_start(z, c);
+            cudaCheck(cudaMemcpyAsync(params + shard_offset(z, c), from, shard_size(z, c) * sizeof(floatX),
+                                      cudaMemcpyDeviceToHost, model.stream));
+        }
+        return;
+    }
+    const float* state = section == ShardSection::Master ? z.master : section == ShardSection::AdamM ? z.m : z.v;
+    const size_t bytes = zero_shard_section_bytes(z, model, section);
+    if (!z.offload) {
+        cudaCheck(cudaMemcpyAsync(to, state, bytes, cudaMemcpyDeviceToHost, model.stream));
+        return;
+    }
+    cudaCheck(cudaStreamSynchronize(z.copy_stream));  // the last step's downloads have landed
+    memcpy(to, state, bytes);
+}
+
+// Adds this rank's shard of the parameters and the optimizer state to `writer`, section by section through one
+// host buffer.
+inline void zero_write_shard(Zero& z, GPT2& model, CheckpointWriter& writer) {
+    for (ShardSection section : kShardSections) {
+        if (!zero_has_shard_section(z, section)) continue;
+        std::vector<char> host(zero_shard_section_bytes(z, model, section));
+        zero_copy_shard_section(z, model, section, host.data());
+        cudaCheck(cudaStreamSynchronize(model.stream));
+        writer.add(shard_section_name(section), host.data(), host.size());
     }
 }
 
