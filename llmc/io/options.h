@@ -15,6 +15,9 @@ the planner takes too.
 #include "../optimizer_config.h"
 #include "../planning/hardware.h"
 
+// --checkpoint-every auto: the interval from the measured save cost and --mtbf-hours (llmc/io/young_daly.h)
+constexpr int kCheckpointEveryAuto = -1;
+
 struct Options {
     // the model: a GPT-2 shape by name, a custom shape, or a model file
     std::string model;
@@ -42,7 +45,8 @@ struct Options {
     // evaluation, samples, checkpoints
     int val_every = 0, val_batches = 0, sample_every = 0, sample_tokens = 0;
     bool sample_cache = true;
-    int checkpoint_every = 0, keep_checkpoints = 0;
+    int checkpoint_every = 0, keep_checkpoints = 0;  // kCheckpointEveryAuto: the Young-Daly interval
+    float mtbf_hours = 0.0f;                         // --checkpoint-every auto: the mean time between failures
     std::string output_dir;
     bool save_model = true, resume = false;
     // faults: a rank that stops arriving, silent corruption of the replicas
@@ -163,8 +167,11 @@ inline Options parse_options(Flags& flags, int argc, char** argv) {
     int& sample_tokens = flags.add_int("sample-tokens", 48, "tokens per sample (0: no samples)", 0);
     bool& sample_cache = flags.add_bool("sample-cache", true,
         "sample with a key/value cache (one token's forward pass per token); false: the whole sequence's");
-    int& checkpoint_every = flags.add_int("checkpoint-every", 0, "checkpoint every N steps and at the end (0: never)",
-                                          0);
+    int& checkpoint_every = flags.add_int_or_word("checkpoint-every", 0, "auto", kCheckpointEveryAuto,
+        "checkpoint every N steps and at the end (0: never); auto: after the first step, then every Young-Daly "
+        "interval sqrt(2 x that save's seconds x --mtbf-hours) in steps (README: Runs that heal themselves)", 0);
+    float& mtbf_hours = flags.add_float("mtbf-hours", 0.0f,
+        "--checkpoint-every auto: the job's mean time between failures in hours (0: not given)", 0.0f);
     int& keep_checkpoints = flags.add_int("keep-checkpoints", 2, "checkpoints kept in the output directory", 1);
     std::string& output_dir = flags.add_string("output-dir", "out", "log.jsonl, checkpoints and model.bin go here");
     bool& save_model = flags.add_bool("save-model", true,
@@ -314,6 +321,9 @@ inline Options parse_options(Flags& flags, int argc, char** argv) {
     o.grad_clip = grad_clip;
     o.val_every = val_every, o.val_batches = val_batches, o.sample_every = sample_every;
     o.sample_tokens = sample_tokens, o.sample_cache = sample_cache, o.checkpoint_every = checkpoint_every, o.keep_checkpoints = keep_checkpoints;
+    if ((checkpoint_every == kCheckpointEveryAuto) != (mtbf_hours > 0.0f))
+        fatal("--checkpoint-every auto and --mtbf-hours: give both (the interval is sqrt(2 x save cost x MTBF)) or neither");
+    o.mtbf_hours = mtbf_hours;
     o.output_dir = output_dir, o.save_model = save_model, o.resume = resume;
     o.collective_timeout = collective_timeout, o.check_replicas = check_replicas;
     o.plan_ranks = plan_ranks, o.search_ranks = search_ranks, o.plan_top = plan_top;
