@@ -10,8 +10,8 @@ The sum is least where its derivative -C / tau^2 + 1 / (2 M) is zero:
     tau = sqrt(2 x C x M)
 
 (first order in C / M: it assumes saves much shorter than the MTBF, as they are). In steps: tau over the step time,
-rounded, at least 1. Example: C = 30 s, M = 2.7 h = 9720 s: tau = sqrt(2 x 30 x 9720) = 763.7 s, at 2 s a step
-every 382 steps.
+rounded, at least 1. Example: C = 30 s, M = 2.8 h = 10080 s: tau = sqrt(2 x 30 x 10080) = 777.7 s, at 2 s a step
+every 389 steps.
 */
 #pragma once
 
