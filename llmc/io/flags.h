@@ -230,7 +230,7 @@ public:
         for (const auto& flag : flags_) {
             if (text.size() > 1) text += ", ";
             bool is_text = flag->type == kString || flag->type == kChoice || is_word(*flag);
-            text += json_quote(flag->name) + ": " + (is_text ? json_quote(flag->string_value) : value_text(*flag));
+            text += json_quote(flag->name) + ": " + (is_text ? json_quote(value_text(*flag)) : value_text(*flag));
         }
         return text + "}";
     }
