@@ -36,6 +36,7 @@ Where each part lives (llmc/):
 #include "llmc/io/tokenizer.h"
 #include "llmc/io/checkpoint.h"
 #include "llmc/io/logger.h"
+#include "llmc/io/young_daly.h"
 #include "llmc/model/gpt2.cuh"
 #include "llmc/model/forward_backward.cuh"
 #include "llmc/parallel/parallel_context.h"
@@ -346,6 +347,25 @@ static void print_run(const ParallelContext& par, const GPT2& model) {
     printf("recompute: %s\n", recompute_describe(l.recompute).c_str());
 }
 
+// --checkpoint-every auto: the Young-Daly interval in steps from the first save's seconds and the step after it
+// (the first step holds the warm-up), rank 0's measurement told to every rank (each must save at the same steps);
+// printed and logged.
+int agreed_checkpoint_interval(ParallelContext& par, Logger& logger, double save_seconds, double step_seconds,
+                               float mtbf_hours, cudaStream_t stream) {
+    const CheckpointInterval interval = young_daly_interval(save_seconds, mtbf_hours, step_seconds);
+    uint64_t steps = (uint64_t)interval.steps;
+    broadcast_word(par.world, &steps, 0, stream);
+    if (par.main_rank) {
+        printf("checkpoint interval: Young-Daly sqrt(2 x save %.3f s x MTBF %.0f s) = %.2f s = %d steps of %.3f s\n",
+               interval.save_seconds, interval.mtbf_seconds, interval.interval_seconds, interval.steps,
+               interval.step_seconds);
+        logger.write(JsonLine("checkpoint_interval").number("save_s", interval.save_seconds)
+                         .number("mtbf_hours", mtbf_hours).number("step_s", interval.step_seconds)
+                         .number("interval_s", interval.interval_seconds).integer("steps", interval.steps));
+    }
+    return (int)steps;
+}
+
 // ----------------------------------------------------------------------------
 
 int main(int argc, char** argv) {
@@ -411,6 +431,8 @@ int main(int argc, char** argv) {
 
     // ---- training
     AsyncCheckpoint async_checkpoint;  // --checkpoint-async's save in flight
+    int checkpoint_every = options.checkpoint_every, checkpoints_from = 0;  // auto: set after the first save
+    double first_save_seconds = -1.0;                                         // auto: measured at the first step
     for (int step = first_step; step < options.steps; step++) {
         watchdog_phase("step", step + 1);  // named by a rank that waits too long (--collective-timeout)
         if (options.val_every > 0 && step % options.val_every == 0)
@@ -454,7 +476,11 @@ int main(int argc, char** argv) {
         if (last && par.cp.size > 1) cp_report_attention_balance(par.cp, logger, par.main_rank, model.stream);
         if (measured) pipeline_report_timeline(par, model, logger, options.trace);
 
-        if (options.checkpoint_every > 0 && ((step + 1) % options.checkpoint_every == 0 || last)) {
+        if (checkpoint_every == kCheckpointEveryAuto && first_save_seconds >= 0.0)  // the step after that save
+            checkpoint_every = agreed_checkpoint_interval(par, logger, first_save_seconds, seconds, options.mtbf_hours,
+                                                          model.stream);
+        const bool measure_save = checkpoint_every == kCheckpointEveryAuto;  // (the run's first step)
+        if (measure_save || (checkpoint_every > 0 && ((step + 1 - checkpoints_from) % checkpoint_every == 0 || last))) {
             const auto save_start = std::chrono::steady_clock::now();
             if (options.checkpoint_async)
                 save_checkpoint_async(async_checkpoint, options.output_dir, step + 1, options.keep_checkpoints, model,
@@ -462,9 +488,11 @@ int main(int argc, char** argv) {
             else
                 save_checkpoint(options.output_dir, step + 1, options.keep_checkpoints, model, par,
                                 train_loader.state(), sample_rng, measured_noise);
-            const double save_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
-                                                                             save_start).count();
-            logger.checkpoint(step + 1, checkpoint_path(options.output_dir, step + 1), save_ms, options.checkpoint_async);
+            // how long the loop was held (asynchronous: the copy to host memory): the C of the Young-Daly interval
+            const double save_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - save_start).count();
+            logger.checkpoint(step + 1, checkpoint_path(options.output_dir, step + 1), 1e3 * save_seconds,
+                              options.checkpoint_async);
+            if (measure_save) first_save_seconds = save_seconds, checkpoints_from = step + 1;
         }
     }
     async_checkpoint_free(async_checkpoint);  // the last save's files are complete

@@ -5,6 +5,7 @@ values are worked out by hand in the comments, not taken from the code under tes
 forked child whose exit status and message are checked: it must fail, in one line, naming the problem.
 Prints `N passed, M failed` and exits non-zero on any failure.
 */
+#include <memory>
 #include <string>
 #include <vector>
 #include "../lab/lab.h"
@@ -76,6 +77,34 @@ void test_parser() {
     expect_flags_failure("bool with a bad value", {"--resume=maybe"}, "flag --resume expects true or false, got 'maybe'");
     expect_flags_failure("stray argument", {"--batch-size", "2", "3"}, "unexpected argument '3'");
     expect_flags_failure("single-dash flag", {"-b", "2"}, "unexpected argument '-b'");
+    {
+        // an integer that also takes a word (train_gpt's --checkpoint-every auto): the word's value -1 lies below
+        // the range, so no number can mean it
+        auto parse_every = [](std::vector<std::string> arguments) {
+            auto flags = std::make_unique<Flags>("x", "y");
+            flags->add_int_or_word("every", 0, "auto", -1, "steps between saves", 0);
+            arguments.insert(arguments.begin(), "x");
+            std::vector<char*> argv;
+            for (std::string& a : arguments) argv.push_back(a.data());
+            flags->parse((int)argv.size(), argv.data());
+            return flags;
+        };
+        auto word = parse_every({"--every", "auto"}), number = parse_every({"--every=7"}), fallback = parse_every({});
+        check_true("an integer or a word: the word's value, as text in the JSON; a number as a number",
+                   word->exact_value("every") == "auto" && word->to_json() == "{\"every\": \"auto\"}" &&
+                       number->exact_value("every") == "7" && number->to_json() == "{\"every\": 7}" &&
+                       fallback->to_json() == "{\"every\": 0}",
+                   word->to_json() + " " + number->to_json() + " " + fallback->to_json());
+        auto [status, help] = run_in_child([&] { parse_every({"--help"}); });
+        const bool shown = status == 0 && contains(help, "--every INT|auto");
+        check_true("an integer or a word: --help shows INT|auto", shown, shown ? "" : help);
+        expect_failure("an integer or a word: another word", [&] { parse_every({"--every", "often"}); },
+                       "flag --every expects an integer or auto, got 'often'");
+        expect_failure("an integer or a word: the word's value as a number", [&] { parse_every({"--every", "-1"}); },
+                       "flag --every must be at least 0 or auto, got -1");
+        expect_failure("a word whose value the range accepts is a programming error",
+                       [] { Flags f("x", "y"); f.add_int_or_word("n", 0, "auto", 3, ".", 0); }, "is a number the flag accepts");
+    }
     expect_failure("default outside the choices is a programming error",
                    [] { Flags f("x", "y"); f.add_choice("mode", "c", {"a", "b"}, "..."); }, "default 'c'");
     expect_failure("a flag declared twice is a programming error",

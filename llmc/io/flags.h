@@ -76,6 +76,16 @@ public:
         flag.int_max = max;
         return flag.int_value;
     }
+    // An integer flag that also takes one word in place of a number ("--checkpoint-every auto"): the word sets the
+    // value to `word_value`, which lies outside [min, max] so that no number can mean the word.
+    int& add_int_or_word(const std::string& name, int default_value, const std::string& word, int word_value,
+                         const std::string& help, int min = INT_MIN, int max = INT_MAX) {
+        if (word_value >= min && word_value <= max)
+            fatal("flag --%s: the value %d of '%s' is a number the flag accepts", name.c_str(), word_value, word.c_str());
+        int& value = add_int(name, default_value, help, min, max);
+        flags_.back()->word = word, flags_.back()->word_value = word_value;
+        return value;
+    }
     float& add_float(const std::string& name, float default_value, const std::string& help,
                      float min = -INFINITY, float max = INFINITY) {
         Flag& flag = add(name, kFloat, help);
@@ -167,7 +177,7 @@ public:
         if (!flag) fatal("exact_value: no flag named --%s", name.c_str());
         char text[64];
         switch (flag->type) {
-            case kInt: return std::to_string(flag->int_value);
+            case kInt: return value_text(*flag);
             case kFloat: snprintf(text, sizeof(text), "%a", flag->float_value); return text;
             case kBool: return flag->bool_value ? "true" : "false";
             default: return flag->string_value;
@@ -219,8 +229,8 @@ public:
         std::string text = "{";
         for (const auto& flag : flags_) {
             if (text.size() > 1) text += ", ";
-            bool is_text = flag->type == kString || flag->type == kChoice;
-            text += json_quote(flag->name) + ": " + (is_text ? json_quote(flag->string_value) : value_text(*flag));
+            bool is_text = flag->type == kString || flag->type == kChoice || is_word(*flag);
+            text += json_quote(flag->name) + ": " + (is_text ? json_quote(value_text(*flag)) : value_text(*flag));
         }
         return text + "}";
     }
@@ -232,6 +242,8 @@ private:
         Type type;
         bool given = false;
         int int_value = 0, int_min = INT_MIN, int_max = INT_MAX;
+        std::string word;  // add_int_or_word: the word that stands for word_value
+        int word_value = 0;
         float float_value = 0.0f, float_min = -INFINITY, float_max = INFINITY;
         bool bool_value = false;
         std::string string_value;
@@ -271,12 +283,18 @@ private:
         const char* text = value.c_str();
         switch (flag.type) {
             case kInt: {
+                if (!flag.word.empty() && value == flag.word) {
+                    flag.int_value = flag.word_value;
+                    break;
+                }
                 char* end = nullptr;
                 errno = 0;
                 long long parsed = strtoll(text, &end, 10);
-                if (value.empty() || *end != '\0') fatal("flag --%s expects an integer, got '%s'", name, text);
+                if (value.empty() || *end != '\0')
+                    fatal("flag --%s expects an integer%s, got '%s'", name, word_alternative(flag).c_str(), text);
                 if (errno == ERANGE || parsed < flag.int_min || parsed > flag.int_max)
-                    fatal("flag --%s must be %s, got %s", name, range_words(flag).c_str(), text);
+                    fatal("flag --%s must be %s%s, got %s", name, range_words(flag).c_str(),
+                          word_alternative(flag).c_str(), text);
                 flag.int_value = (int)parsed;
                 break;
             }
@@ -351,9 +369,14 @@ private:
 
     static std::string number_text(float value) { return shortest_number_text(value, 1e15); }
 
+    static bool is_word(const Flag& flag) {
+        return flag.type == kInt && !flag.word.empty() && flag.int_value == flag.word_value;
+    }
+    static std::string word_alternative(const Flag& flag) { return flag.word.empty() ? "" : " or " + flag.word; }
+
     static std::string value_text(const Flag& flag) {
         switch (flag.type) {
-            case kInt: return std::to_string(flag.int_value);
+            case kInt: return is_word(flag) ? flag.word : std::to_string(flag.int_value);
             case kFloat: return number_text(flag.float_value);
             case kBool: return flag.bool_value ? "true" : "false";
             default: return flag.string_value;
@@ -386,7 +409,7 @@ private:
 
     static std::string placeholder(const Flag& flag) {
         switch (flag.type) {
-            case kInt: return "an integer";
+            case kInt: return "an integer" + word_alternative(flag);
             case kFloat: return "a number";
             case kBool: return "true or false";
             case kString: return "a string";
@@ -397,7 +420,7 @@ private:
 
     static std::string usage(const Flag& flag) {
         switch (flag.type) {
-            case kInt: return "--" + flag.name + " INT";
+            case kInt: return "--" + flag.name + " INT" + (flag.word.empty() ? "" : "|" + flag.word);
             case kFloat: return "--" + flag.name + " NUMBER";
             case kBool: return "--" + flag.name + "[=true|false]";
             case kString: return "--" + flag.name + " TEXT";

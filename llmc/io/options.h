@@ -15,6 +15,9 @@ the planner takes too.
 #include "../optimizer_config.h"
 #include "../planning/hardware.h"
 
+// --checkpoint-every auto: the interval from the measured save cost and --mtbf-hours (llmc/io/young_daly.h)
+constexpr int kCheckpointEveryAuto = -1;
+
 struct Options {
     // the model: a GPT-2 shape by name, a custom shape, or a model file
     std::string model;
@@ -42,7 +45,8 @@ struct Options {
     // evaluation, samples, checkpoints
     int val_every = 0, val_batches = 0, sample_every = 0, sample_tokens = 0;
     bool sample_cache = true;
-    int checkpoint_every = 0, keep_checkpoints = 0;
+    int checkpoint_every = 0, keep_checkpoints = 0;  // kCheckpointEveryAuto: the Young-Daly interval
+    float mtbf_hours = 0.0f;                         // --checkpoint-every auto: the mean time between failures
     bool checkpoint_async = false;  // written by a thread while training goes on (llmc/parallel/reshard.h)
     std::string output_dir;
     bool save_model = true, resume = false;
@@ -164,8 +168,11 @@ inline Options parse_options(Flags& flags, int argc, char** argv) {
     int& sample_tokens = flags.add_int("sample-tokens", 48, "tokens per sample (0: no samples)", 0);
     bool& sample_cache = flags.add_bool("sample-cache", true,
         "sample with a key/value cache (one token's forward pass per token); false: the whole sequence's");
-    int& checkpoint_every = flags.add_int("checkpoint-every", 0, "checkpoint every N steps and at the end (0: never)",
-                                          0);
+    int& checkpoint_every = flags.add_int_or_word("checkpoint-every", 0, "auto", kCheckpointEveryAuto,
+        "checkpoint every N steps and at the end (0: never); auto: after the first step, then every Young-Daly "
+        "interval sqrt(2 x that save's seconds x --mtbf-hours) in steps (README: Runs that heal themselves)", 0);
+    float& mtbf_hours = flags.add_float("mtbf-hours", 0.0f,
+        "--checkpoint-every auto: the job's mean time between failures in hours (0: not given)", 0.0f);
     int& keep_checkpoints = flags.add_int("keep-checkpoints", 2, "checkpoints kept in the output directory", 1);
     bool& checkpoint_async = flags.add_bool("checkpoint-async", false,
         "copy the state to host memory at a checkpoint and write the files in the background while training goes on");
@@ -317,6 +324,9 @@ inline Options parse_options(Flags& flags, int argc, char** argv) {
     o.grad_clip = grad_clip;
     o.val_every = val_every, o.val_batches = val_batches, o.sample_every = sample_every;
     o.sample_tokens = sample_tokens, o.sample_cache = sample_cache, o.checkpoint_every = checkpoint_every, o.keep_checkpoints = keep_checkpoints;
+    if ((checkpoint_every == kCheckpointEveryAuto) != (mtbf_hours > 0.0f))
+        fatal("--checkpoint-every auto and --mtbf-hours: give both (the interval is sqrt(2 x save cost x MTBF)) or neither");
+    o.mtbf_hours = mtbf_hours;
     o.output_dir = output_dir, o.save_model = save_model, o.resume = resume;
     if (checkpoint_async && checkpoint_every == 0) fatal("--checkpoint-async: there is no checkpoint to write without --checkpoint-every N");
     o.checkpoint_async = checkpoint_async;

@@ -134,6 +134,8 @@ run_suite "faults: a stalled rank (also at start-up, in a split, before a first 
     bash scripts/test/test_faults.sh ./train_gpt_fp32_cpu
 run_suite "asynchronous checkpoints: the same bits as synchronous ones, resumed, killed mid-write, refusals, CPU, FP32" \
     bash scripts/test/test_async_checkpoint.sh ./train_gpt_fp32_cpu
+run_suite "runs that heal themselves: the supervisor past a killed and a stalled rank, goodput, the Young-Daly interval, CPU, FP32" \
+    bash scripts/test/test_supervise.sh ./train_gpt_fp32_cpu
 run_suite "activation recomputation vs none, bit for bit, CPU, FP32 and BF16" \
     bash scripts/test/test_recompute.sh ./train_gpt_fp32_cpu ./train_gpt_cpu
 run_suite "per-block recomputation and activation offload vs none, bit for bit, memory held vs the formula, CPU, FP32" \
