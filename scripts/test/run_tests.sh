@@ -132,6 +132,8 @@ run_suite "mixture of experts through dp, ZeRO, pp, tp, cp, ep and recompute vs 
 run_suite "the README's guided tour: every command" bash scripts/test/test_tour.sh
 run_suite "faults: a stalled rank (also at start-up, in a split, before a first receive, in the abort), mixed or interrupted checkpoints, bit flips, a killed rank moved, CPU, FP32" \
     bash scripts/test/test_faults.sh ./train_gpt_fp32_cpu
+run_suite "stragglers: a rank slowed 2x named in one line and log.jsonl, none without, refusals, 4 MPI ranks, CPU, FP32" \
+    bash scripts/test/test_stragglers.sh ./train_gpt_fp32_cpu
 run_suite "activation recomputation vs none, bit for bit, CPU, FP32 and BF16" \
     bash scripts/test/test_recompute.sh ./train_gpt_fp32_cpu ./train_gpt_cpu
 run_suite "per-block recomputation and activation offload vs none, bit for bit, memory held vs the formula, CPU, FP32" \
