@@ -96,10 +96,11 @@ struct State {
     std::vector<cudaEvent_t> spare_events;
     int device = -1;  // set by watchdog_attach, once the rank has picked its GPU
 #endif
-    // The waits' clock (waits_clock_start): the seconds spent inside outermost brackets, whether or not the
-    // watchdog watches. The brackets open and close on the main thread only (the CPU build runs a stream's
-    // work inline or from a synchronisation on that thread), so one depth counts the nesting.
+    // The waits' clock (waits_clock_start): the seconds the thread that started it spends inside outermost
+    // brackets, whether or not the watchdog watches (another thread's waits, a background writer's, are not
+    // that thread's compute left out).
     bool timing_waits = false;
+    std::thread::id timed_thread;
     int timed_depth = 0;
     double timed_since = 0.0;  // waits_clock_seconds() when the outermost bracket opened
     double waited_total = 0.0;
@@ -373,7 +374,7 @@ protected:
     CollectiveWait() = default;
     // the waits' clock: the outermost bracket starts it
     void start_timing(watchdog::State& s) {
-        if (!s.timing_waits) return;
+        if (!s.timing_waits || std::this_thread::get_id() != s.timed_thread) return;
         timed_ = true;
         if (s.timed_depth++ == 0) s.timed_since = watchdog::waits_clock_seconds();
     }
@@ -390,12 +391,13 @@ private:
     WatchedWait outer_;
 };
 
-// From now on, the brackets above add up the seconds (waits_clock_seconds) this rank spends inside them, nested
+// From now on, the brackets above add up the seconds (waits_clock_seconds) this thread spends inside them, nested
 // ones once.
 inline void waits_clock_start() {
     watchdog::State& s = watchdog::state();
     std::lock_guard<std::mutex> guard(s.lock);
     s.timing_waits = true;
+    s.timed_thread = std::this_thread::get_id();
 }
 // The seconds spent inside brackets since waits_clock_start, an open one's so far included.
 inline double waited_seconds() {
