@@ -15,15 +15,16 @@ line's ms) less the time this rank spent inside the communication layer's waits,
 llmc/parallel/watchdog.h's CollectiveWait and HostCallWait put around every host call that can block (the same
 ones the watchdog reads; waits_clock_start turns their clock on).
   CPU build: every collective, send and receive is an MPI call inside such a bracket, and the time is the
-    process's CPU time (watchdog.h's waits_clock_seconds), so the measure is the CPU time spent on its own
-    kernels, copies and bookkeeping: what a slower rank takes longer to do. Wall time would not do there:
+    process's CPU time (watchdog.h's waits_clock_seconds; all its threads, OpenMP's workers too), so the
+    measure is the CPU time spent on its own kernels, copies and bookkeeping: what a slower rank takes longer
+    to do. Wall time would not do there:
     ranks share cores (tests run 4 ranks on 2), so a rank's wall time counts the time others held its core,
     and ranks that arrive early at a collective poll in MPI, taking the CPU from the late ones. Measured on
     4 ranks on 2 cores (a tiny model, ~14 ms a step): wall time less waits put a healthy rank at up to 1.56x
     the others' median and a rank slowed 2x at 0.7x-2.4x; CPU time less waits, at most 1.2x and 1.8x-1.9x.
     MPI's polling costs CPU time too, and the brackets take it out.
-  GPU build: wall time. NCCL's calls only enqueue work (the brackets cover those host calls, and the rare ones that
-    block: a link's first use, a group's end), and the host waits for the device in the step's one read of
+  GPU build: wall time. NCCL's calls only enqueue work (the brackets cover those host calls, and the rare
+    ones that block: a link's first use, a group's end), and the host waits for the device in the step's one read of
     the loss and in the final synchronisation, which are not brackets: a wait on the device cannot tell this
     GPU's kernels from its NCCL kernels waiting for a peer. So there the measure is the host's wall time less
     its blocking NCCL calls, and it names a rank whose HOST is slow (data loading, a starved CPU, a slow file
@@ -34,9 +35,9 @@ Time spent elsewhere in the loop (validation, samples, checkpoints) is outside t
 
 The exchange: one all-gather of one 64-bit word per rank on the world (the seconds as a double's bits, which
 all_gather_words moves exactly), after the step's measure, only with --straggler-factor above 0: without it
-the run has no extra collective and nothing here runs. The decision is the main rank's: for each rank the
-median of the OTHER ranks' compute (with one other rank, its compute), so the straggler does not raise the
-yardstick it is measured against; a rank above factor x that median for `steps` steps in a row gets one line
+the run has no extra collective, and reading the clock twice a step is all it costs. The decision is the
+main rank's: for each rank the median of the OTHER ranks' compute (with one other rank, its compute), so the
+straggler does not raise the yardstick it is measured against; a rank above factor x that median for `steps` steps in a row gets one line
 "warning: straggler: rank 2 computed 2.03x the median for 3 steps (step 7)" (the ratio: the mean over those
 steps) on stdout and one event in log.jsonl (Logger::straggler):
     {"event": "straggler", "step": 7, "rank": 2, "ratio": 2.03, "steps": 3, "compute_ms": 41.2, "median_ms": 20.3}
@@ -118,7 +119,8 @@ inline std::vector<StragglerNotice> straggler_update(StragglerWatch& watch, cons
         }
         watch.ratio_total[r] += ratio;
         if (++watch.streak[r] == watch.steps)
-            named.push_back(StragglerNotice{r, watch.steps, step, watch.ratio_total[r] / watch.steps, seconds[r], median});
+            named.push_back(StragglerNotice{r, watch.steps, step, watch.ratio_total[r] / watch.steps, seconds[r],
+                                            median});
     }
     return named;
 }
