@@ -2,8 +2,8 @@
 # Stragglers named (llmc/parallel/stragglers.h), on the CPU build under mpirun with 4 data-parallel ranks:
 #   a slow rank       LLMC_FAULT_SLOW=2:2 makes rank 2 compute twice as long each step; with --straggler-factor
 #                     1.5 the run prints one warning line naming rank 2 within 5 steps, and log.jsonl has its
-#                     "straggler" event (rank 2, a ratio above 1.5, its compute and the median); the ranks that
-#                     wait for it are not named (their waits are not compute)
+#                     "straggler" event (rank 2, a ratio above 1.5, its compute and the median), and no other
+#                     rank is named
 #   no slow rank      the same run without the fault names nobody
 #   refusals          --straggler-factor below 0 or in (0, 1], --straggler-steps 0, a malformed LLMC_FAULT_SLOW:
 #                     one line each and a non-zero exit
