@@ -8,7 +8,7 @@ story of a run:
                  embeddings' gradients summed over the first and last stage -> gradient norm -> clip -> AdamW
     main         options -> parallel context (which rank holds which slice on every axis) -> model (this
                  rank's part) -> data -> [resume] -> for each step: [validation loss, sample] train_step, log,
-                 [checkpoint] -> validation, sample, model.bin, memory report
+                 [stragglers named], [checkpoint] -> validation, sample, model.bin, memory report
 
 Where each part lives (llmc/):
     io/options.h                   the flags                       parallel/parallel_context.h  every axis
@@ -43,6 +43,7 @@ Where each part lives (llmc/):
 #include "llmc/parallel/pipeline.h"
 #include "llmc/parallel/reshard.h"
 #include "llmc/parallel/replica_check.h"
+#include "llmc/parallel/stragglers.h"
 #include "llmc/planning/memory.h"
 #include "llmc/planning/mfu.h"
 #include "llmc/planning/planner.h"
@@ -60,11 +61,12 @@ struct StepBatch {
 // The host issues the whole step without waiting: the loss and the gradient norm stay on the device until
 // the one read, which clipping needs before AdamW.
 static StepResults train_step(ParallelContext& par, GPT2& model, const StepBatch& batch, const Options& options,
-                              int step) {
+                              int step, const ComputeClock& clock) {
     const int B = par.layout.batch_size, T = par.T_local, m = par.microbatches;
     zero_begin_step(par.zero, model);                     // no gradient yet
     pipeline_step(par, model, batch.inputs.data(), batch.targets.data(), B, T, step_loss_scale(par));
     fault_point("mid-step", par.world.rank, step + 1);    // the tests' killed rank (llmc/cpu/faults.h)
+    straggle_if_injected(par.world.rank, clock);          // the tests' straggler (llmc/cpu/faults.h)
     zero_wait_for_gradients(par.zero, model);             // the data-parallel reductions (which overlapped the
                                                           // backward passes) are done
     pipeline_sum_tied_embedding(par, model);              // wte's gradient on the first and last stage, summed
@@ -433,6 +435,7 @@ int main(int argc, char** argv) {
     AsyncCheckpoint async_checkpoint;  // --checkpoint-async's save in flight
     int checkpoint_every = options.checkpoint_every, checkpoints_from = 0;  // auto: set after the first save
     double first_save_seconds = -1.0;                                         // auto: measured at the first step
+    StragglerWatch stragglers = straggler_watch(options.straggler_factor, options.straggler_steps, par.world.size);
     for (int step = first_step; step < options.steps; step++) {
         watchdog_phase("step", step + 1);  // named by a rank that waits too long (--collective-timeout)
         if (options.val_every > 0 && step % options.val_every == 0)
@@ -448,6 +451,7 @@ int main(int argc, char** argv) {
         logger.step_tokens(step_tokens);
 
         const auto start = std::chrono::steady_clock::now();
+        const ComputeClock compute;  // the step less its waits (llmc/parallel/stragglers.h)
         parallel_reset_traffic(par);
         const StepBatch batch = next_step_batch(train_loader, par);
         const bool last = step + 1 == options.steps;
@@ -456,7 +460,7 @@ int main(int argc, char** argv) {
         if (last && par.cp.size > 1) cp_begin_measuring(par.cp);  // each cp rank's attention time
         const HostCalls calls_before = host_calls_so_far();
         const long long moe_passes_before = model.moe.layer_passes, downloads_before = par.zero.offload_downloads;
-        const StepResults results = train_step(par, model, batch, options, step);
+        const StepResults results = train_step(par, model, batch, options, step, compute);
         HostCalls step_calls = host_calls_since(calls_before);
         step_calls.moe_layer_passes = model.moe.layer_passes - moe_passes_before;
         step_calls.offload_downloads = par.zero.offload_downloads - downloads_before;
@@ -464,6 +468,7 @@ int main(int argc, char** argv) {
         if (options.check_replicas > 0 && (step + 1) % options.check_replicas == 0) check_replicas(par, model, step + 1);
         cudaCheck(cudaDeviceSynchronize());
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        const double compute_seconds = compute.seconds();
         const StepTraffic traffic = parallel_traffic(par);  // (before the counts' gather, which is not the step's)
         logger.step(step + 1, results.loss, options.schedule.at(step), sqrtf(results.grad_norm_squared), seconds,
                     traffic,  // (a measured pipeline timeline waits on its events: not counted)
@@ -472,6 +477,7 @@ int main(int argc, char** argv) {
             logger.noise_scale(noise_scale_update(noise, options.noise_scale_decay, step + 1, (double)B * T,
                                                   par.layout.total_batch_size, results.small_batch_norm_squared *
                                                   (double)par.microbatches * par.microbatches, results.grad_norm_squared));
+        straggler_step(stragglers, par.world, compute_seconds, step + 1, logger, model.stream);  // when on
         if (config.moe()) log_expert_routing(par, model, logger, step + 1);
         if (last && par.cp.size > 1) cp_report_attention_balance(par.cp, logger, par.main_rank, model.stream);
         if (measured) pipeline_report_timeline(par, model, logger, options.trace);

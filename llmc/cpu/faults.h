@@ -33,6 +33,11 @@ nothing and cannot be hurt by a stray variable).
         once did, instead of all on the pp axis (llmc/parallel/pipeline.h): a group then spans two
         communicators, which NCCL runs one after the other in an order of its choosing, and the test sees it
         deadlock here under such an order too (LLMC_CPU_GROUP_ORDER, llmc/parallel/cpu_nccl_rules.h)
+    LLMC_FAULT_SLOW=RANK:FACTOR
+        world rank RANK computes about FACTOR (a number from 1 to 100) times as long as it would: at the
+        "mid-step" point (train_gpt.cu) it keeps its CPU busy until its compute since the step began
+        (llmc/parallel/stragglers.h's ComputeClock) is FACTOR times what it was, so the others wait for it
+        in the collectives that follow, as for a slow GPU: the straggler --straggler-factor names
 A malformed value stops the program with one line, so a test cannot pass by injecting nothing.
 */
 #pragma once
@@ -163,6 +168,25 @@ inline bool fault_no_board(int rank) {
     return planned == rank;
 }
 
+// The factor LLMC_FAULT_SLOW slows this rank's compute by; 1 when it names another rank or is unset (read once).
+inline double fault_slow_factor(int rank) {
+    struct PlannedSlowness {
+        long long rank = -1;
+        double factor = 1.0;
+    };
+    static const PlannedSlowness planned = [] {
+        const char* name = "LLMC_FAULT_SLOW";
+        const std::vector<std::string> f = fault_fields(name, 2);
+        if (f.empty()) return PlannedSlowness{};
+        char* end = nullptr;
+        const double factor = strtod(f[1].c_str(), &end);
+        if (f[1].empty() || *end != '\0' || !(factor >= 1.0) || factor > 100.0)
+            fatal("%s: '%s' is not a factor between 1 and 100", name, f[1].c_str());
+        return PlannedSlowness{fault_number(name, f[0]), factor};
+    }();
+    return planned.rank == rank ? planned.factor : 1.0;
+}
+
 // Whether LLMC_FAULT_PER_LINK_P2P=1 asks for the pipeline's messages on a communicator per link (read once).
 inline bool fault_per_link_point_to_point() {
     static const bool per_link = fault_switch("LLMC_FAULT_PER_LINK_P2P");
@@ -173,6 +197,7 @@ inline const PlannedBitFlip* planned_bit_flip() { return nullptr; }
 inline void fault_stall(const char*, int) {}
 inline bool fault_no_board(int) { return false; }
 inline void fault_point(const char*, int, long long) {}
+inline double fault_slow_factor(int) { return 1.0; }
 inline bool fault_ungrouped_point_to_point() { return false; }
 inline bool fault_per_link_point_to_point() { return false; }
 #endif

@@ -12,6 +12,7 @@ machine-readable JSON lines (one JSON object per line) in <output_dir>/log.jsonl
     logger.val_loss(step + 1, val_loss);
     logger.sample(step + 1, text);
     logger.checkpoint(step + 1, path, save_ms, async);
+    logger.straggler(step + 1, rank, ratio, steps, compute_seconds, median_seconds);  // llmc/parallel/stragglers.h
     logger.write(JsonLine("my_event").integer("step", s).number("value", v));   // anything else
 
 Step numbers everywhere are the number of optimizer steps completed: the line after the first step says
@@ -367,6 +368,18 @@ public:
         fflush(stdout);
         write(JsonLine("checkpoint").integer("step", step).text("path", path).number("save_ms", save_ms)
                   .raw("async", async ? "true" : "false"));
+    }
+
+    // A rank whose compute stayed above --straggler-factor times the others' median (llmc/parallel/stragglers.h):
+    // over `steps` steps up to `step` by `ratio` on average; the last step's compute and median.
+    void straggler(long long step, int rank, double ratio, int steps, double compute_seconds, double median_seconds) {
+        if (!enabled_) return;
+        printf("warning: straggler: rank %d computed %.2fx the median for %d steps (step %lld)\n", rank, ratio, steps,
+               step);
+        fflush(stdout);
+        write(JsonLine("straggler").integer("step", step).integer("rank", rank).number("ratio", ratio)
+                  .integer("steps", steps).number("compute_ms", compute_seconds * 1e3)
+                  .number("median_ms", median_seconds * 1e3));
     }
 
     // Appends one line to log.jsonl, with "time_s" added as its last member.

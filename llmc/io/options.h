@@ -50,9 +50,11 @@ struct Options {
     bool checkpoint_async = false;  // written by a thread while training goes on (llmc/parallel/reshard.h)
     std::string output_dir;
     bool save_model = true, resume = false;
-    // faults: a rank that stops arriving, silent corruption of the replicas
+    // faults: a rank that stops arriving, silent corruption of the replicas, a slow rank
     float collective_timeout = 0.0f;
     int check_replicas = 0;
+    float straggler_factor = 0.0f;  // 0: off (llmc/parallel/stragglers.h)
+    int straggler_steps = 3;
     // planning instead of training (llmc/planning/planner.h)
     int plan_ranks = 0, search_ranks = 0, plan_top = 0;
     PlanHardware hardware;
@@ -250,6 +252,11 @@ inline Options parse_options(Flags& flags, int argc, char** argv) {
     int& check_replicas = flags.add_int("check-replicas", 0,
         "every N steps, compare a checksum of every parameter chunk across the ranks that hold copies of it "
         "(data-parallel replicas, tp copies of replicated tensors); a mismatch ends the run (0: never)", 0);
+    float& straggler_factor = flags.add_float("straggler-factor", 0.0f,
+        "name a rank whose compute per step (its step time less its waits in collectives and receives) is above F "
+        "times the median of the other ranks' for --straggler-steps steps in a row, in a warning line and "
+        "log.jsonl; costs one small collective per step (0: off; otherwise above 1)", 0.0f);
+    int& straggler_steps = flags.add_int("straggler-steps", 3, "--straggler-factor: steps in a row", 1, 1000000);
     flags.heading("Planning (arithmetic only, llmc/planning/planner.h: no GPU, no MPI, nothing allocated)");
     int& plan_ranks = flags.add_int("plan", 0,
         "print the memory per rank, the bytes per step on each axis, the pipeline bubble and the estimated step "
@@ -331,6 +338,10 @@ inline Options parse_options(Flags& flags, int argc, char** argv) {
     if (checkpoint_async && checkpoint_every == 0) fatal("--checkpoint-async: there is no checkpoint to write without --checkpoint-every N");
     o.checkpoint_async = checkpoint_async;
     o.collective_timeout = collective_timeout, o.check_replicas = check_replicas;
+    if (straggler_factor != 0.0f && !(straggler_factor > 1.0f))
+        fatal("--straggler-factor %g: 0 (off) or above 1 (at or below 1, a rank as fast as the others is named)",
+              straggler_factor);
+    o.straggler_factor = straggler_factor, o.straggler_steps = straggler_steps;
     o.plan_ranks = plan_ranks, o.search_ranks = search_ranks, o.plan_top = plan_top;
     // the profile, then the run's memory, then what the flags given replace
     PlanHardware& hw = o.hardware;

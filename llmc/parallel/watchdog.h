@@ -7,6 +7,9 @@ llmc/parallel/comm.h, under "The watchdog"; this file is the code.
     watchdog_attach(rank, world, group)      once the world exists: its rank, the arrival board
     watched_group(name, members)             a group's description, by index (Communicator::watch)
     watchdog_phase("step", 12)               what the job is doing, for the error line
+    waits_clock_start() / waited_seconds()   the seconds this rank has spent inside the brackets below, for
+                                             llmc/parallel/stragglers.h (counted only once started; CPU time
+                                             on the CPU build: waits_clock_seconds)
     CollectiveWait wait(group, rank, "all-reduce", peer)
                                              brackets one host call that can block (CPU: every MPI call
                                              that waits for others; both: start-up, splits)
@@ -24,6 +27,7 @@ llmc/parallel/comm.h, under "The watchdog"; this file is the code.
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <deque>
 #include <mutex>
 #include <string>
@@ -92,6 +96,14 @@ struct State {
     std::vector<cudaEvent_t> spare_events;
     int device = -1;  // set by watchdog_attach, once the rank has picked its GPU
 #endif
+    // The waits' clock (waits_clock_start): the seconds the thread that started it spends inside outermost
+    // brackets, whether or not the watchdog watches (another thread's waits, a background writer's, are not
+    // that thread's compute left out).
+    bool timing_waits = false;
+    std::thread::id timed_thread;
+    int timed_depth = 0;
+    double timed_since = 0.0;  // waits_clock_seconds() when the outermost bracket opened
+    double waited_total = 0.0;
     MPI_Win board = MPI_WIN_NULL;
     uint64_t* board_counts = nullptr;
     bool mpi_from_thread = false;  // MPI_THREAD_MULTIPLE: the thread may read the board and call MPI_Abort
@@ -109,6 +121,19 @@ inline State& state() {
 // What the job is doing, for the error line: "step 12", "start-up".
 inline std::string phase_text(const State& s) {
     return s.phase_step >= 0 ? s.phase + " " + std::to_string(s.phase_step) : s.phase;
+}
+
+// What the waits' clock reads. The CPU build: the process's CPU time, because ranks there share cores (often
+// more ranks than cores) and wall time would count the time another rank had this one's core; MPI's waits
+// poll, so they cost CPU time too, and the brackets take it out. The GPU build: wall time.
+inline double waits_clock_seconds() {
+#ifdef LLMC_CPU
+    timespec t;
+    if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t) != 0) fatal("clock_gettime(CLOCK_PROCESS_CPUTIME_ID) failed");
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+#else
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+#endif
 }
 
 inline double seconds_since(std::chrono::steady_clock::time_point t) {
@@ -328,14 +353,17 @@ public:
     CollectiveWait(int group, int group_rank, const char* operation, int peer = -1) {
         watchdog::State& s = watchdog::state();
         std::lock_guard<std::mutex> guard(s.lock);
+        start_timing(s);
         if (s.timeout_seconds <= 0.0) return;
         open(s, WatchedWait{group, group_rank, operation, peer, watchdog_arrive(s, group),
                             std::chrono::steady_clock::now()});
     }
     ~CollectiveWait() {
-        if (!opened_) return;
+        if (!opened_ && !timed_) return;
         watchdog::State& s = watchdog::state();
         std::lock_guard<std::mutex> guard(s.lock);
+        if (timed_ && --s.timed_depth == 0) s.waited_total += watchdog::waits_clock_seconds() - s.timed_since;
+        if (!opened_) return;
         s.waiting = outer_waiting_;
         s.current = outer_;
     }
@@ -344,6 +372,12 @@ public:
 
 protected:
     CollectiveWait() = default;
+    // the waits' clock: the outermost bracket starts it
+    void start_timing(watchdog::State& s) {
+        if (!s.timing_waits || std::this_thread::get_id() != s.timed_thread) return;
+        timed_ = true;
+        if (s.timed_depth++ == 0) s.timed_since = watchdog::waits_clock_seconds();
+    }
     void open(watchdog::State& s, const WatchedWait& wait) {
         opened_ = true;
         outer_waiting_ = s.waiting;
@@ -353,9 +387,24 @@ protected:
     }
 
 private:
-    bool opened_ = false, outer_waiting_ = false;
+    bool opened_ = false, outer_waiting_ = false, timed_ = false;
     WatchedWait outer_;
 };
+
+// From now on, the brackets above add up the seconds (waits_clock_seconds) this thread spends inside them, nested
+// ones once.
+inline void waits_clock_start() {
+    watchdog::State& s = watchdog::state();
+    std::lock_guard<std::mutex> guard(s.lock);
+    s.timing_waits = true;
+    s.timed_thread = std::this_thread::get_id();
+}
+// The seconds spent inside brackets since waits_clock_start, an open one's so far included.
+inline double waited_seconds() {
+    watchdog::State& s = watchdog::state();
+    std::lock_guard<std::mutex> guard(s.lock);
+    return s.waited_total + (s.timed_depth > 0 ? watchdog::waits_clock_seconds() - s.timed_since : 0.0);
+}
 
 #ifndef LLMC_CPU
 // Brackets one NCCL host call (llmc/parallel/communicator.h's ncclCheck), named by its text, when no bracket that
@@ -366,6 +415,7 @@ public:
     explicit HostCallWait(const char* call) {
         watchdog::State& s = watchdog::state();
         std::lock_guard<std::mutex> guard(s.lock);
+        start_timing(s);
         if (s.timeout_seconds <= 0.0 || s.waiting) return;
         open(s, WatchedWait{-1, 0, call, -1, 0, std::chrono::steady_clock::now()});
     }

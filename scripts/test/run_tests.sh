@@ -136,6 +136,8 @@ run_suite "asynchronous checkpoints: the same bits as synchronous ones, resumed,
     bash scripts/test/test_async_checkpoint.sh ./train_gpt_fp32_cpu
 run_suite "runs that heal themselves: the supervisor past a killed and a stalled rank, goodput, the Young-Daly interval, CPU, FP32" \
     bash scripts/test/test_supervise.sh ./train_gpt_fp32_cpu
+run_suite "stragglers: a rank slowed 2x named in one line and log.jsonl, none without, refusals, 4 MPI ranks, CPU, FP32" \
+    bash scripts/test/test_stragglers.sh ./train_gpt_fp32_cpu
 run_suite "activation recomputation vs none, bit for bit, CPU, FP32 and BF16" \
     bash scripts/test/test_recompute.sh ./train_gpt_fp32_cpu ./train_gpt_cpu
 run_suite "per-block recomputation and activation offload vs none, bit for bit, memory held vs the formula, CPU, FP32" \
