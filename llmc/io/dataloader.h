@@ -163,15 +163,19 @@ struct DataLoader {
         return saved;
     }
 
-    // Continues from a saved position; the configuration must match the one the state was saved with
-    // (the number of processes may differ as long as B * num_processes is the same).
+    // Continues from a saved position; the configuration must match the one the state was saved with. B and
+    // the number of processes may differ where the rows read so far in the shard are a whole number of this
+    // loader's global batches (a relaunch on fewer ranks with the same tokens per step: the position is at a
+    // step's end, and a step's rows are a multiple of both).
     void restore(const DataLoaderState& saved) {
+        const size_t rows_read = (size_t)saved.batch_in_shard * (size_t)std::max(saved.global_rows, 0);
         if (saved.num_shards != (int32_t)files.size() || saved.seq_len != T ||
-            saved.global_rows != (int32_t)global_rows() || saved.shuffle != (shuffle ? 1 : 0) ||
+            saved.global_rows <= 0 || rows_read % global_rows() != 0 || saved.shuffle != (shuffle ? 1 : 0) ||
             saved.seed != seed) {
-            fatal("data loader state was saved for %d shard(s), T=%d, %d rows per global batch, shuffle %d, "
-                  "seed %llu; this loader has %zu, T=%d, %zu, shuffle %d, seed %llu",
-                  saved.num_shards, saved.seq_len, saved.global_rows, saved.shuffle,
+            fatal("data loader state was saved for %d shard(s), T=%d, %d rows per global batch (%zu rows read), "
+                  "shuffle %d, seed %llu; this loader has %zu, T=%d, %zu (the rows read must be a multiple), "
+                  "shuffle %d, seed %llu",
+                  saved.num_shards, saved.seq_len, saved.global_rows, rows_read, saved.shuffle,
                   (unsigned long long)saved.seed, files.size(), T, global_rows(), shuffle ? 1 : 0,
                   (unsigned long long)seed);
         }
@@ -181,7 +185,7 @@ struct DataLoader {
         }
         epoch = saved.epoch;
         shard_position = saved.shard_position;
-        batch_in_shard = saved.batch_in_shard;
+        batch_in_shard = rows_read / global_rows();
         prepare_epoch();
         if (batch_in_shard > batches_in_shard(shard_order[shard_position])) {
             fatal("data loader state has batch %llu of a shard with %zu batches",
