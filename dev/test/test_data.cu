@@ -232,6 +232,19 @@ static void test_state(const std::string& pattern) {
     std::vector<int> joined(rank0.inputs);
     joined.insert(joined.end(), rank1.inputs.begin(), rank1.inputs.end());
     check_true("a state restores into more ranks with the same global batch", joined == single.inputs);
+    // ... and into another global batch where the rows read so far in the shard are a multiple of it (a relaunch
+    // on other ranks with the same tokens per step): 2 ranks of 1 row read the next 2 rows `single` read
+    DataLoader narrow0, narrow1;
+    narrow0.init(pattern, 1, T, 0, 2, true, 5, kVocab);
+    narrow1.init(pattern, 1, T, 1, 2, true, 5, kVocab);
+    narrow0.restore(saved);
+    narrow1.restore(saved);
+    narrow0.next_batch();
+    narrow1.next_batch();
+    std::vector<int> narrow(narrow0.inputs);
+    narrow.insert(narrow.end(), narrow1.inputs.begin(), narrow1.inputs.end());
+    check_true("a state restores into another global batch that divides the rows read",
+               narrow == std::vector<int>(single.inputs.begin(), single.inputs.begin() + 2 * T));
     static_assert(std::is_trivially_copyable<DataLoaderState>::value, "state must be plain bytes");
 }
 
@@ -284,8 +297,9 @@ static void test_bad_shards(const std::string& pattern) {
         DataLoader a, b;
         a.init(pattern, 2, 4, 0, 1, true, 1, kVocab);
         b.init(pattern, 3, 4, 0, 1, true, 1, kVocab);
+        a.next_batch();  // 2 rows read: not a whole number of b's batches of 3
         b.restore(a.state());
-    }, "data loader state was saved for");
+    }, "T=4, 2 rows per global batch (2 rows read)");
 }
 
 // ---------------------------------------------------------------------------------------------------
