@@ -8,6 +8,9 @@
 #                    within 1e-5 (FP32: layouts change only the order of additions, as in test_faults.sh's move);
 #                    the supervisor's log has one line per restart and the goodput; its Slurm dry run shows each
 #                    srun with the failed nodes in --exclude
+#   five faults      one supervised job of 12 steps on 4 ranks: a straggler (logged, no restart), a kill mid-step, a
+#                    stall, a bit flip (the job resumes from a checkpoint the replica check saw clean), a kill during
+#                    an asynchronous save; it finishes on 1 rank, its losses within 1e-5 of one uninterrupted rank's
 #   Young-Daly       --checkpoint-every auto --mtbf-hours H (0.001 h = 3.6 s: an interval of a few of the 12 steps
 #                    here, whatever the load): the logged interval is sqrt(2 x save s x H x 3600) over the step time,
 #                    from the numbers logged beside it, and the checkpoints fall at the steps it gives
