@@ -37,6 +37,7 @@ the token's index.
 
 #include <glob.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
