@@ -59,16 +59,19 @@ no others to compare with: nothing is exchanged.
 struct ComputeClock {
     double start = watchdog::waits_clock_seconds();
     double waited_at_start = waited_seconds();
-    double seconds() const { return watchdog::waits_clock_seconds() - start - (waited_seconds() - waited_at_start); }
+    double seconds() const { return elapsed() - (waited_seconds() - waited_at_start); }
+    double elapsed() const { return watchdog::waits_clock_seconds() - start; }  // waits included
 };
 
-// The tests' straggler (LLMC_FAULT_SLOW, llmc/cpu/faults.h): this rank's compute so far in the step, done
-// FACTOR times over, busy as a slower device would be (a sleep would not be compute on the CPU's clock).
+// The tests' straggler (LLMC_FAULT_SLOW, llmc/cpu/faults.h): this rank's clock so far in the step, run FACTOR
+// times over, busy as a slower device would be (a sleep would not be compute on the CPU's clock). The clock with
+// its waits: the waits are wall time taken from the CPU's clock, so under load they can exceed it and leave
+// nothing to repeat.
 inline void straggle_if_injected(int world_rank, const ComputeClock& clock) {
     const double factor = fault_slow_factor(world_rank);
     if (factor <= 1.0) return;
-    const double until = factor * clock.seconds();
-    while (clock.seconds() < until) {}
+    const double until = factor * clock.elapsed();
+    while (clock.elapsed() < until) {}
 }
 
 // A rank named: over `steps` steps up to `step`, its compute was `ratio` (their mean) times the others' median.
